@@ -1,0 +1,312 @@
+//! A bucket's stored state ([`Bucket`]) and the same bucket refilled to an instant ([`Level`]).
+
+use crate::{Limit, Nanos};
+
+/// Latest `full_at` a stored bucket may carry: keeps `full_at / 1e6` a valid `i64`
+/// millisecond expiry and leaves values above it free as markers for the storage layer.
+pub const MAX_INSTANT: Nanos = i64::MAX as Nanos;
+
+/// The stored state of one bucket: 16 bytes.
+///
+/// `full_at` is the instant the bucket is full again, so `full_at <= now` means full and an
+/// absent key means the same thing. `rate` and `cap` record the limit the bucket was last
+/// written under, as `f32`: they are only needed when a caller changes the limit (to carry
+/// the tokens over) and for inspection; while the limit stays the same every computation
+/// uses the caller's exact `f64` values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C)]
+pub struct Bucket {
+    full_at: Nanos,
+    rate: f32,
+    cap: f32,
+}
+
+impl Bucket {
+    /// Rebuilds a bucket from stored parts (RDB, a replicated effect), or `None` if they
+    /// could not have been written by this crate.
+    pub fn from_parts(full_at: Nanos, rate: f32, cap: f32) -> Option<Bucket> {
+        let ok = |x: f32| x.is_finite() && x > 0.0;
+        (full_at <= MAX_INSTANT && ok(rate) && ok(cap)).then_some(Bucket { full_at, rate, cap })
+    }
+
+    pub fn full_at(&self) -> Nanos {
+        self.full_at
+    }
+
+    pub fn rate(&self) -> f32 {
+        self.rate
+    }
+
+    pub fn cap(&self) -> f32 {
+        self.cap
+    }
+
+    /// The limit this bucket was last written under (to `f32` precision).
+    pub fn stored_limit(&self) -> Limit {
+        Limit::from_stored(self.rate, self.cap)
+    }
+
+    fn written_under(&self, limit: &Limit) -> bool {
+        (self.rate, self.cap) == limit.compact()
+    }
+}
+
+/// A bucket refilled to an instant under a limit: what a command reads, changes and writes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Level {
+    limit: Limit,
+    /// The instant the level is taken at: the caller's `now`, except after the clock stepped
+    /// back, where it stays where the stored state puts it so no tokens appear.
+    at: Nanos,
+    /// How far the caller's clock is behind `at` (0 unless it stepped back).
+    behind: Nanos,
+    /// Nanoseconds until full; `0..=limit.fill_nanos()`.
+    deficit: Nanos,
+}
+
+impl Level {
+    /// `bucket` refilled to `now` under `limit`; an absent bucket is full. If the bucket was
+    /// written under another limit, its tokens carry over, clamped to the new cap.
+    pub fn new(bucket: Option<&Bucket>, limit: Limit, now: Nanos) -> Level {
+        let Some(b) = bucket else {
+            return Level {
+                limit,
+                at: now,
+                behind: 0,
+                deficit: 0,
+            };
+        };
+        if b.written_under(&limit) {
+            return Level::refill(b.full_at, limit, now);
+        }
+        let old = Level::refill(b.full_at, b.stored_limit(), now);
+        let tokens = old.tokens().min(limit.cap());
+        let deficit = limit.nanos_for(limit.cap() - tokens);
+        Level {
+            deficit,
+            limit,
+            ..old
+        }
+    }
+
+    /// A bucket that does not exist yet, starting with `tokens` instead of full (warm start).
+    pub fn starting_with(limit: Limit, tokens: f64, now: Nanos) -> Level {
+        let tokens = tokens.clamp(0.0, limit.cap());
+        let deficit = limit.nanos_for(limit.cap() - tokens);
+        Level {
+            limit,
+            at: now,
+            behind: 0,
+            deficit,
+        }
+    }
+
+    fn refill(full_at: Nanos, limit: Limit, now: Nanos) -> Level {
+        // A clock that stepped back must not show more tokens than an empty bucket has, nor
+        // let a write move `full_at` back: never take the level before the bucket was empty.
+        let at = now.max(full_at.saturating_sub(limit.fill_nanos()));
+        Level {
+            limit,
+            at,
+            behind: at - now,
+            deficit: full_at.saturating_sub(at),
+        }
+    }
+
+    pub fn limit(&self) -> &Limit {
+        &self.limit
+    }
+
+    /// Tokens in the bucket, fractional, in `[0, cap]`.
+    pub fn tokens(&self) -> f64 {
+        (self.limit.cap() - self.limit.tokens_for(self.deficit)).max(0.0)
+    }
+
+    /// The largest deficit at which `n` tokens are there, or `None` if `n > cap`.
+    fn deficit_allowing(&self, n: f64) -> Option<Nanos> {
+        let spare = self.limit.cap() - n;
+        (spare >= 0.0).then(|| self.limit.nanos_for_floor(spare))
+    }
+
+    /// How long until `n` tokens are there (0 if they are now), or `None` if never (`n > cap`).
+    /// Exact: a caller that waits this long finds them, unless someone else took them.
+    pub fn wait_for(&self, n: f64) -> Option<Nanos> {
+        let wait = |ok| self.deficit.saturating_sub(ok);
+        self.deficit_allowing(n).map(|ok| {
+            if wait(ok) == 0 {
+                0
+            } else {
+                self.behind + wait(ok)
+            }
+        })
+    }
+
+    /// Takes `n` tokens if they are all there; otherwise changes nothing.
+    pub fn try_take(&mut self, n: f64) -> bool {
+        if self.wait_for(n) != Some(0) {
+            return false;
+        }
+        self.deficit += self.limit.nanos_for(n);
+        true
+    }
+
+    /// Takes as many whole tokens as are there, up to `n`, if that is at least `min`;
+    /// returns how many were taken (0 if fewer than `min` were there).
+    pub fn take_up_to(&mut self, n: u64, min: u64) -> u64 {
+        let mut got = n.min(self.tokens().floor() as u64);
+        // `tokens()` and the time check round differently; trust the time check.
+        while got >= min.max(1) {
+            if self.try_take(got as f64) {
+                return got;
+            }
+            got -= 1;
+        }
+        0
+    }
+
+    /// Gives `tokens` back, clamped to `cap`.
+    pub fn credit(&mut self, tokens: f64) {
+        self.deficit = self
+            .deficit
+            .saturating_sub(self.limit.nanos_for_floor(tokens));
+    }
+
+    /// Time until the bucket is full again.
+    pub fn reset_after(&self) -> Nanos {
+        self.behind + self.deficit
+    }
+
+    /// The state to store.
+    pub fn bucket(&self) -> Bucket {
+        let (rate, cap) = self.limit.compact();
+        Bucket {
+            full_at: (self.at + self.deficit).min(MAX_INSTANT),
+            rate,
+            cap,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Nanos = 1_000_000_000;
+    const T0: Nanos = 1_700_000_000 * S;
+
+    fn limit(rate: f64, cap: f64) -> Limit {
+        Limit::new(rate, cap).unwrap()
+    }
+
+    #[test]
+    fn absent_bucket_is_full() {
+        let l = Level::new(None, limit(10.0, 5.0), T0);
+        assert_eq!(l.tokens(), 5.0);
+        assert_eq!(l.reset_after(), 0);
+        assert_eq!(l.bucket().full_at(), T0);
+    }
+
+    #[test]
+    fn take_debits_and_refills_with_time() {
+        let lim = limit(2.0, 4.0);
+        let mut l = Level::new(None, lim, T0);
+        assert!(l.try_take(3.0));
+        assert_eq!(l.tokens(), 1.0);
+        assert!(!l.try_take(2.0));
+        assert_eq!(l.wait_for(2.0), Some(S / 2));
+        let b = l.bucket();
+        let later = Level::new(Some(&b), lim, T0 + S / 2);
+        assert_eq!(later.tokens(), 2.0);
+        assert_eq!(later.wait_for(2.0), Some(0));
+        assert_eq!(later.reset_after(), S);
+    }
+
+    #[test]
+    fn fractional_rate() {
+        let lim = limit(0.5, 1.0);
+        let mut l = Level::new(None, lim, T0);
+        assert!(l.try_take(1.0));
+        assert_eq!(l.wait_for(1.0), Some(2 * S));
+        let b = l.bucket();
+        let l = Level::new(Some(&b), lim, T0 + S);
+        assert!((l.tokens() - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn never_more_than_cap() {
+        let lim = limit(100.0, 3.0);
+        let mut l = Level::new(None, lim, T0);
+        assert!(l.try_take(1.0));
+        let b = l.bucket();
+        let l = Level::new(Some(&b), lim, T0 + 3600 * S);
+        assert_eq!(l.tokens(), 3.0);
+        assert_eq!(l.reset_after(), 0);
+    }
+
+    #[test]
+    fn n_above_cap_never_fits() {
+        let l = Level::new(None, limit(1.0, 2.5), T0);
+        assert_eq!(l.wait_for(3.0), None);
+        assert_eq!(l.wait_for(2.0), Some(0));
+    }
+
+    #[test]
+    fn cap_change_carries_tokens_clamped() {
+        let mut l = Level::new(None, limit(1.0, 10.0), T0);
+        assert!(l.try_take(2.0));
+        let b = l.bucket();
+        // Shrinking the cap clamps the 8 tokens to 5.
+        let small = Level::new(Some(&b), limit(1.0, 5.0), T0);
+        assert!((small.tokens() - 5.0).abs() < 1e-6);
+        // Growing it keeps the 8 tokens; the bucket is now 12 short of full.
+        let big = Level::new(Some(&b), limit(2.0, 20.0), T0);
+        assert!((big.tokens() - 8.0).abs() < 1e-6);
+        assert_eq!(big.reset_after(), 6 * S);
+    }
+
+    #[test]
+    fn clock_step_back_mints_nothing() {
+        let lim = limit(1.0, 10.0);
+        let mut l = Level::new(None, lim, T0);
+        assert!(l.try_take(10.0));
+        let b = l.bucket();
+        // The clock steps back an hour: still empty, and the level stays at the empty point.
+        let mut back = Level::new(Some(&b), lim, T0 - 3600 * S);
+        assert_eq!(back.tokens(), 0.0);
+        back.credit(1.0);
+        let b2 = back.bucket();
+        assert_eq!(b2.full_at(), b.full_at() - S);
+        // Nothing refills until the original clock catches up.
+        let l = Level::new(Some(&b2), lim, T0);
+        assert!((l.tokens() - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn take_up_to_respects_min() {
+        let lim = limit(1.0, 10.0);
+        let mut l = Level::new(None, lim, T0);
+        assert!(l.try_take(7.5));
+        assert_eq!(l.take_up_to(5, 2), 2);
+        assert_eq!(l.take_up_to(5, 1), 0);
+        let mut l = Level::new(None, lim, T0);
+        assert!(l.try_take(7.5));
+        assert_eq!(l.take_up_to(5, 3), 0);
+        assert!((l.tokens() - 2.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn warm_start() {
+        let l = Level::starting_with(limit(10.0, 100.0), 20.0, T0);
+        assert!((l.tokens() - 20.0).abs() < 1e-9);
+        assert_eq!(l.reset_after(), 8 * S);
+    }
+
+    #[test]
+    fn from_parts_validates() {
+        assert!(Bucket::from_parts(T0, 1.0, 1.0).is_some());
+        assert!(Bucket::from_parts(T0, f32::NAN, 1.0).is_none());
+        assert!(Bucket::from_parts(T0, 1.0, -1.0).is_none());
+        assert!(Bucket::from_parts(u64::MAX, 1.0, 1.0).is_none());
+        assert_eq!(std::mem::size_of::<Bucket>(), 16);
+    }
+}

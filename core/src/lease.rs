@@ -1,0 +1,199 @@
+//! Leases: batches of tokens taken from a bucket in one call and spent by their holder
+//! until they expire, with what is left returnable exactly once.
+//!
+//! The tokens of a lease are debited from the bucket when it is granted (see
+//! [`crate::Level::take_up_to`]), so leases never let out more than single takes would; the
+//! table only remembers what each live lease holds, so that a return can credit at most that,
+//! at most once, and only before expiry.
+
+use crate::Nanos;
+
+/// Most live leases one bucket may hold. A fleet renews one lease per instance, so this is
+/// the largest fleet that can share one key through leases.
+pub const MAX_LEASES: usize = 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// Unique within the key, never reused: see [`LeaseTable::open`].
+    pub id: u64,
+    /// Tokens granted.
+    pub tokens: u64,
+    /// Its holder may spend its tokens until this instant.
+    pub expires_at: Nanos,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseError {
+    /// The bucket already holds [`MAX_LEASES`] live leases.
+    TooMany,
+}
+
+impl LeaseError {
+    pub fn message(self) -> &'static str {
+        match self {
+            LeaseError::TooMany => "too many live leases on this key (at most 1024)",
+        }
+    }
+}
+
+/// What a return did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// The lease was live: it is closed and `credited` tokens go back to the bucket.
+    Returned { credited: u64 },
+    /// Unknown, expired or already returned: nothing is credited.
+    NotLive,
+}
+
+/// The live leases of one bucket.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseTable {
+    last_id: u64,
+    leases: Vec<Lease>,
+}
+
+impl LeaseTable {
+    /// Rebuilds a table from stored parts, or `None` if they are inconsistent.
+    pub fn from_parts(last_id: u64, leases: Vec<Lease>) -> Option<LeaseTable> {
+        let ok = leases.len() <= MAX_LEASES
+            && leases.iter().all(|l| l.id <= last_id && l.id > 0)
+            && leases.windows(2).all(|w| w[0].id < w[1].id);
+        ok.then_some(LeaseTable { last_id, leases })
+    }
+
+    pub fn last_id(&self) -> u64 {
+        self.last_id
+    }
+
+    /// Live leases, oldest first (ids ascending).
+    pub fn leases(&self) -> &[Lease] {
+        &self.leases
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.leases.is_empty()
+    }
+
+    /// Tokens held by live leases.
+    pub fn held(&self) -> u64 {
+        self.leases.iter().map(|l| l.tokens).sum()
+    }
+
+    /// When the last live lease expires.
+    pub fn last_expiry(&self) -> Option<Nanos> {
+        self.leases.iter().map(|l| l.expires_at).max()
+    }
+
+    /// Drops leases that expired by `now`; returns how many.
+    pub fn prune(&mut self, now: Nanos) -> usize {
+        let before = self.leases.len();
+        self.leases.retain(|l| l.expires_at > now);
+        before - self.leases.len()
+    }
+
+    pub fn has_room(&self) -> bool {
+        self.leases.len() < MAX_LEASES
+    }
+
+    /// Records a lease of `tokens` until `now + ttl`.
+    ///
+    /// Ids come from the clock (microseconds) and only grow, so an id is not reused even after
+    /// the key expired and was created again: a late return of an old lease cannot close a new one.
+    pub fn open(&mut self, tokens: u64, ttl: Nanos, now: Nanos) -> Result<Lease, LeaseError> {
+        if !self.has_room() {
+            return Err(LeaseError::TooMany);
+        }
+        let id = (self.last_id + 1).max(now / 1000);
+        let lease = Lease {
+            id,
+            tokens,
+            expires_at: now.saturating_add(ttl),
+        };
+        self.last_id = id;
+        self.leases.push(lease);
+        Ok(lease)
+    }
+
+    /// Closes lease `id` if it is live at `now`, crediting `min(unused, its tokens)`.
+    pub fn settle(&mut self, id: u64, unused: u64, now: Nanos) -> Settled {
+        match self.leases.binary_search_by_key(&id, |l| l.id) {
+            Ok(i) if self.leases[i].expires_at > now => {
+                let lease = self.leases.remove(i);
+                Settled::Returned {
+                    credited: unused.min(lease.tokens),
+                }
+            }
+            _ => Settled::NotLive,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Nanos = 1_000_000;
+    const T0: Nanos = 1_700_000_000_000 * MS;
+
+    #[test]
+    fn ids_grow_and_follow_the_clock() {
+        let mut t = LeaseTable::default();
+        let a = t.open(5, 100 * MS, T0).unwrap();
+        let b = t.open(5, 100 * MS, T0).unwrap();
+        assert_eq!(a.id, T0 / 1000);
+        assert_eq!(b.id, a.id + 1);
+        // A table recreated later (the key expired) still hands out larger ids.
+        let mut fresh = LeaseTable::default();
+        assert!(fresh.open(1, MS, T0 + MS).unwrap().id > b.id);
+    }
+
+    #[test]
+    fn settle_credits_once_and_at_most_the_lease() {
+        let mut t = LeaseTable::default();
+        let l = t.open(5, 100 * MS, T0).unwrap();
+        assert_eq!(
+            t.settle(l.id, 9, T0 + MS),
+            Settled::Returned { credited: 5 }
+        );
+        assert_eq!(t.settle(l.id, 9, T0 + MS), Settled::NotLive);
+        let l = t.open(5, 100 * MS, T0).unwrap();
+        assert_eq!(t.settle(l.id, 2, T0), Settled::Returned { credited: 2 });
+        assert_eq!(t.settle(12345, 1, T0), Settled::NotLive);
+    }
+
+    #[test]
+    fn expired_leases_credit_nothing_and_are_pruned() {
+        let mut t = LeaseTable::default();
+        let l = t.open(5, 100 * MS, T0).unwrap();
+        assert_eq!(t.settle(l.id, 5, T0 + 100 * MS), Settled::NotLive);
+        t.open(3, 200 * MS, T0).unwrap();
+        assert_eq!(t.held(), 8);
+        assert_eq!(t.prune(T0 + 150 * MS), 1);
+        assert_eq!(t.held(), 3);
+        assert_eq!(t.last_expiry(), Some(T0 + 200 * MS));
+    }
+
+    #[test]
+    fn table_is_bounded() {
+        let mut t = LeaseTable::default();
+        for _ in 0..MAX_LEASES {
+            t.open(1, MS, T0).unwrap();
+        }
+        assert_eq!(t.open(1, MS, T0), Err(LeaseError::TooMany));
+        assert_eq!(t.prune(T0 + MS), MAX_LEASES);
+        assert!(t.open(1, MS, T0).is_ok());
+    }
+
+    #[test]
+    fn from_parts_rejects_inconsistent_tables() {
+        let l = |id| Lease {
+            id,
+            tokens: 1,
+            expires_at: T0,
+        };
+        assert!(LeaseTable::from_parts(5, vec![l(1), l(5)]).is_some());
+        assert!(LeaseTable::from_parts(4, vec![l(1), l(5)]).is_none());
+        assert!(LeaseTable::from_parts(5, vec![l(5), l(1)]).is_none());
+        assert!(LeaseTable::from_parts(5, vec![l(0)]).is_none());
+    }
+}
