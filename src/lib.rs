@@ -1,1 +1,44 @@
+//! redis-rl: a distributed token bucket as native Redis commands.
+//!
+//! This file only registers things. The arithmetic lives in the `rl-core` crate; each
+//! command has its own file under `commands/`.
 
+pub mod api;
+pub mod args;
+pub mod clock;
+pub mod command;
+pub mod commands;
+pub mod datatype;
+pub mod error;
+pub mod key;
+pub mod propagate;
+pub mod stats;
+pub mod stored;
+
+use datatype::BUCKET_TYPE;
+use redis_module::{redis_module, Context, RedisString, Status};
+
+fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    if let Err(missing) = api::check() {
+        ctx.log_warning(&format!(
+            "redis-rl: this server lacks {missing}; not loading"
+        ));
+        return Status::Err;
+    }
+    let raw = ctx.ctx;
+    if commands::register(raw).is_err() {
+        ctx.log_warning("redis-rl: could not register the RL.* commands");
+        return Status::Err;
+    }
+    rm!(RedisModule_RegisterInfoFunc(raw, Some(stats::info)));
+    Status::Ok
+}
+
+redis_module! {
+    name: "rl",
+    version: 1,
+    allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
+    data_types: [BUCKET_TYPE],
+    init: init,
+    commands: [],
+}

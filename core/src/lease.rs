@@ -91,6 +91,38 @@ impl LeaseTable {
         before - self.leases.len()
     }
 
+    /// Lease `id` if it is live at `now`.
+    pub fn live(&self, id: u64, now: Nanos) -> Option<&Lease> {
+        let i = self.leases.binary_search_by_key(&id, |l| l.id).ok()?;
+        Some(&self.leases[i]).filter(|l| l.expires_at > now)
+    }
+
+    /// Leases live at `now`.
+    pub fn count_live(&self, now: Nanos) -> usize {
+        self.leases.iter().filter(|l| l.expires_at > now).count()
+    }
+
+    /// Removes lease `id` whatever its state (a replayed effect; no credit is computed).
+    pub fn remove(&mut self, id: u64) {
+        self.leases.retain(|l| l.id != id);
+    }
+
+    /// Inserts a lease recorded elsewhere (a replayed effect), keeping ids ascending.
+    pub fn insert(&mut self, lease: Lease) -> Result<(), LeaseError> {
+        match self.leases.binary_search_by_key(&lease.id, |l| l.id) {
+            Ok(i) => self.leases[i] = lease,
+            Err(i) if self.has_room() => self.leases.insert(i, lease),
+            Err(_) => return Err(LeaseError::TooMany),
+        }
+        self.last_id = self.last_id.max(lease.id);
+        Ok(())
+    }
+
+    /// Raises the last id handed out (a replayed effect).
+    pub fn raise_last_id(&mut self, id: u64) {
+        self.last_id = self.last_id.max(id);
+    }
+
     pub fn has_room(&self) -> bool {
         self.leases.len() < MAX_LEASES
     }

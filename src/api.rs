@@ -1,0 +1,105 @@
+//! The few Redis module API calls the hot path makes, called directly (no `Vec`, no
+//! `String`), each checked for presence instead of `.unwrap()`ed: a missing API becomes a
+//! panic, which the command boundary turns into an error reply. [`check`] runs at load time
+//! so a server that lacks one refuses the module instead.
+
+use redis_module::raw;
+use std::os::raw::{c_char, c_int};
+
+pub use raw::{RedisModuleCtx as Ctx, RedisModuleKey as Key, RedisModuleString as RStr};
+
+/// Calls `RedisModule_<name>(args)`.
+#[macro_export]
+macro_rules! rm {
+    ($name:ident ( $($arg:expr),* $(,)? )) => {
+        match unsafe { redis_module::raw::$name } {
+            Some(f) => unsafe { f($($arg),*) },
+            None => panic!(concat!("Redis lacks ", stringify!($name))),
+        }
+    };
+}
+
+/// Every API this module calls; loading fails with the first one missing.
+pub fn check() -> Result<(), &'static str> {
+    macro_rules! need {
+        ($($name:ident),*) => { $(if unsafe { raw::$name }.is_none() { return Err(stringify!($name)); })* };
+    }
+    need!(
+        RedisModule_CreateCommand,
+        RedisModule_StringPtrLen,
+        RedisModule_OpenKey,
+        RedisModule_CloseKey,
+        RedisModule_KeyType,
+        RedisModule_ModuleTypeGetType,
+        RedisModule_ModuleTypeGetValue,
+        RedisModule_ModuleTypeSetValue,
+        RedisModule_SetAbsExpire,
+        RedisModule_DeleteKey,
+        RedisModule_Replicate,
+        RedisModule_ReplyWithLongLong,
+        RedisModule_ReplyWithDouble,
+        RedisModule_ReplyWithArray,
+        RedisModule_ReplyWithError,
+        RedisModule_ReplyWithNull,
+        RedisModule_ReplyWithSimpleString,
+        RedisModule_EmitAOF,
+        RedisModule_SaveUnsigned,
+        RedisModule_LoadUnsigned,
+        RedisModule_SaveFloat,
+        RedisModule_LoadFloat,
+        RedisModule_IsIOError,
+        RedisModule_DigestAddLongLong,
+        RedisModule_DigestEndSequence,
+        RedisModule_RegisterInfoFunc,
+        RedisModule_InfoAddSection,
+        RedisModule_InfoAddFieldULongLong,
+        RedisModule_WrongArity,
+        RedisModule_CreateString,
+        RedisModule_FreeString,
+        RedisModule_ReplicateVerbatim
+    );
+    Ok(())
+}
+
+/// The bytes of a Redis string argument.
+///
+/// # Safety
+/// `s` must be a live `RedisModuleString`; the slice borrows its buffer.
+pub unsafe fn bytes<'a>(s: *mut RStr) -> &'a [u8] {
+    let mut len = 0usize;
+    let ptr = rm!(RedisModule_StringPtrLen(s, &mut len));
+    std::slice::from_raw_parts(ptr.cast::<u8>(), len)
+}
+
+pub fn reply_integer(ctx: *mut Ctx, v: i64) {
+    rm!(RedisModule_ReplyWithLongLong(ctx, v));
+}
+
+pub fn reply_double(ctx: *mut Ctx, v: f64) {
+    rm!(RedisModule_ReplyWithDouble(ctx, v));
+}
+
+pub fn reply_array(ctx: *mut Ctx, len: usize) {
+    rm!(RedisModule_ReplyWithArray(ctx, len as std::os::raw::c_long));
+}
+
+pub fn reply_null(ctx: *mut Ctx) {
+    rm!(RedisModule_ReplyWithNull(ctx));
+}
+
+pub fn reply_ok(ctx: *mut Ctx) {
+    rm!(RedisModule_ReplyWithSimpleString(ctx, c"OK".as_ptr()));
+}
+
+/// `msg` must hold its own error code (`ERR ...`, `WRONGTYPE ...`) and end in NUL.
+pub fn reply_error(ctx: *mut Ctx, msg: &std::ffi::CStr) {
+    rm!(RedisModule_ReplyWithError(ctx, msg.as_ptr()));
+}
+
+pub fn reply_wrong_arity(ctx: *mut Ctx) -> c_int {
+    rm!(RedisModule_WrongArity(ctx))
+}
+
+pub fn cstr(s: &std::ffi::CStr) -> *const c_char {
+    s.as_ptr()
+}

@@ -1,0 +1,119 @@
+//! Parsing command arguments straight from the argument bytes (no allocation).
+
+use crate::api::{self, RStr};
+use crate::error::{Error, Result};
+
+/// The arguments of one call, without the command name.
+#[derive(Clone, Copy)]
+pub struct Args<'a> {
+    argv: &'a [*mut RStr],
+}
+
+impl<'a> Args<'a> {
+    /// # Safety
+    /// `argv` must be the command's live argument vector, command name first.
+    pub unsafe fn new(argv: &'a [*mut RStr]) -> Args<'a> {
+        Args {
+            argv: argv.get(1..).unwrap_or(&[]),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.argv.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.argv.is_empty()
+    }
+
+    /// The raw argument `i` (for keys, and for values passed on verbatim).
+    pub fn raw(&self, i: usize) -> Result<*mut RStr> {
+        self.argv.get(i).copied().ok_or(Error::Arity)
+    }
+
+    pub fn bytes(&self, i: usize) -> Result<&'a [u8]> {
+        // SAFETY: the strings live as long as the call, which outlives `'a`.
+        self.raw(i).map(|s| unsafe { api::bytes(s) })
+    }
+
+    /// A decimal number; range checks are the caller's.
+    pub fn number(&self, i: usize, what: &'static str) -> Result<f64> {
+        parse_number(self.bytes(i)?).ok_or(Error::Invalid(what))
+    }
+
+    /// A non-negative integer.
+    pub fn integer(&self, i: usize, what: &'static str) -> Result<u64> {
+        parse_integer(self.bytes(i)?).ok_or(Error::Invalid(what))
+    }
+
+    /// A positive integer.
+    pub fn positive(&self, i: usize, what: &'static str) -> Result<u64> {
+        match self.integer(i, what)? {
+            0 => Err(Error::Invalid(what)),
+            n => Ok(n),
+        }
+    }
+
+    /// Whether argument `i` is the option `name` (case-insensitive).
+    pub fn is(&self, i: usize, name: &str) -> bool {
+        self.bytes(i)
+            .is_ok_and(|b| b.eq_ignore_ascii_case(name.as_bytes()))
+    }
+
+    /// The error for an option argument `i` that no rule matched.
+    pub fn unknown(&self, i: usize) -> Error {
+        let b = self.bytes(i).unwrap_or(&[]);
+        let shown = String::from_utf8_lossy(&b[..b.len().min(64)]).replace('\0', "?");
+        Error::UnknownOption(shown)
+    }
+}
+
+pub fn parse_number(b: &[u8]) -> Option<f64> {
+    // `f64::from_str` takes "inf" and "nan": the range checks that follow refuse them.
+    std::str::from_utf8(b).ok()?.parse().ok()
+}
+
+pub fn parse_integer(b: &[u8]) -> Option<u64> {
+    // Digits only: no sign, no spaces, at most 18 digits so it also fits an i64.
+    if b.is_empty() || b.len() > 18 || !b.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(b.iter().fold(0u64, |acc, d| acc * 10 + u64::from(d - b'0')))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers() {
+        assert_eq!(parse_number(b"0.5"), Some(0.5));
+        assert_eq!(parse_number(b"1e9"), Some(1e9));
+        assert_eq!(parse_number(b"abc"), None);
+        assert_eq!(parse_number(b" 1"), None);
+        assert_eq!(parse_number(&[0xff, b'1']), None);
+        assert!(parse_number(b"nan").is_some_and(f64::is_nan));
+    }
+
+    #[test]
+    fn integers() {
+        assert_eq!(parse_integer(b"20"), Some(20));
+        assert_eq!(parse_integer(b"0"), Some(0));
+        for bad in [
+            &b""[..],
+            b"-1",
+            b"+1",
+            b"1.0",
+            b"1e3",
+            b"1234567890123456789",
+            b" 1",
+        ] {
+            assert_eq!(
+                parse_integer(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+}

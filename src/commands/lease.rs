@@ -1,0 +1,139 @@
+//! `RL.LEASE key rate cap n ttl_ms [MIN m] [RETURN lease_id unused]`: take up to `n` tokens
+//! at once for a holder to spend locally until `ttl_ms` passes, optionally settling the
+//! holder's previous lease in the same call.
+
+use crate::api::{self, Ctx};
+use crate::args::Args;
+use crate::error::{Error, Result};
+use crate::key::{take_table, BucketKey};
+use crate::propagate::{self, Head};
+use crate::{clock, stats};
+use rl_core::{ceil_millis, Level, Settled, MAX_LEASES};
+
+/// Longest lease: a day. A lease keeps its key alive, and a holder that needs tokens for
+/// longer renews.
+const MAX_TTL_MS: u64 = 86_400_000;
+
+struct Request {
+    n: u64,
+    ttl_ms: u64,
+    min: u64,
+    returning: Option<(u64, u64)>,
+}
+
+fn parse(args: &Args) -> Result<Request> {
+    if args.len() < 5 {
+        return Err(Error::Arity);
+    }
+    let n = args.positive(3, "n must be a positive integer")?;
+    let ttl_ms = args.positive(4, "ttl_ms must be a positive integer")?;
+    if ttl_ms > MAX_TTL_MS {
+        return Err(Error::Invalid("ttl_ms must be at most 86400000 (a day)"));
+    }
+    let mut req = Request {
+        n,
+        ttl_ms,
+        min: 1,
+        returning: None,
+    };
+    let mut i = 5;
+    while i < args.len() {
+        if args.is(i, "MIN") {
+            req.min = args.positive(i + 1, "MIN must be a positive integer")?;
+            i += 2;
+        } else if args.is(i, "RETURN") {
+            let id = args.integer(i + 1, "lease_id must be a non-negative integer")?;
+            let unused = args.integer(i + 2, "unused must be a non-negative integer")?;
+            req.returning = Some((id, unused));
+            i += 3;
+        } else {
+            return Err(args.unknown(i));
+        }
+    }
+    if req.min > req.n {
+        return Err(Error::Invalid("MIN must not exceed n"));
+    }
+    Ok(req)
+}
+
+pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
+    let limit = super::limit(&args, 1)?;
+    let req = parse(&args)?;
+    super::fits(req.min, &limit)?;
+
+    let now = clock::now();
+    let key = BucketKey::open(ctx, args.raw(0)?);
+    let mut state = key.state()?;
+    let mut level = Level::new(state.as_ref().map(|s| s.bucket()), limit, now);
+
+    // Decide everything before changing anything, so an error or a denial writes nothing.
+    let table = state.as_ref().and_then(|s| s.table());
+    let returned = req.returning.and_then(|(id, unused)| {
+        table
+            .and_then(|t| t.live(id, now))
+            .map(|l| (id, unused.min(l.tokens)))
+    });
+    let live = table.map_or(0, |t| t.count_live(now)) - usize::from(returned.is_some());
+    if let Some((_, credit)) = returned {
+        level.credit(credit as f64);
+    }
+    let got = if live < MAX_LEASES {
+        level.take_up_to(req.n, req.min)
+    } else {
+        0
+    };
+    if got == 0 && live >= MAX_LEASES && returned.is_none() {
+        return Err(rl_core::LeaseError::TooMany.into());
+    }
+
+    let mut opened = None;
+    if got > 0 || returned.is_some() {
+        let mut table = take_table(&mut state);
+        stats::LEASES_EXPIRED.add(table.prune(now) as u64);
+        if let Some((id, unused)) = req.returning {
+            if let Settled::Returned { credited } = table.settle(id, unused, now) {
+                stats::RETURNS.add(1);
+                stats::TOKENS_RETURNED.add(credited);
+            }
+        }
+        if got > 0 {
+            // Room was checked above; a failure here would be a bug, caught at the boundary.
+            opened = Some(table.open(got, req.ttl_ms * 1_000_000, now)?);
+        }
+        let bucket = level.bucket();
+        key.store_with_leases(state, bucket, table);
+        let head = Head {
+            key: args.raw(0)?,
+            full_at: bucket.full_at(),
+            rate: args.raw(1)?,
+            cap: args.raw(2)?,
+        };
+        propagate::leases(ctx, &head, now, returned.map(|(id, _)| id), opened.as_ref());
+    }
+
+    match opened {
+        Some(l) => {
+            stats::LEASES_GRANTED.add(1);
+            stats::LEASE_TOKENS_GRANTED.add(l.tokens);
+        }
+        None => stats::LEASES_DENIED.add(1),
+    }
+    let retry = if opened.is_some() {
+        0
+    } else {
+        level.wait_for(req.min as f64).map_or(0, ceil_millis)
+    };
+    api::reply_array(ctx, 4);
+    api::reply_integer(ctx, opened.map_or(0, |l| l.tokens) as i64);
+    api::reply_integer(ctx, opened.map_or(0, |l| l.id) as i64);
+    api::reply_integer(
+        ctx,
+        if opened.is_some() {
+            req.ttl_ms as i64
+        } else {
+            0
+        },
+    );
+    api::reply_integer(ctx, retry as i64);
+    Ok(())
+}

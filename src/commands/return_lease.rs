@@ -1,0 +1,71 @@
+//! `RL.RETURN key lease_id unused`: give back what a lease did not spend, once.
+
+use crate::api::{self, Ctx};
+use crate::args::Args;
+use crate::error::{Error, Result};
+use crate::key::{take_table, BucketKey};
+use crate::propagate::{self, Head};
+use crate::{clock, rm, stats};
+use rl_core::{Level, Settled};
+
+pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {
+    if args.len() != 3 {
+        return Err(Error::Arity);
+    }
+    let id = args.integer(1, "lease_id must be a non-negative integer")?;
+    let unused = args.integer(2, "unused must be a non-negative integer")?;
+
+    let now = clock::now();
+    let key = BucketKey::open(ctx, args.raw(0)?);
+    let mut state = key.state()?;
+    let live = state
+        .as_ref()
+        .and_then(|s| s.table())
+        .and_then(|t| t.live(id, now));
+    let Some(bucket) = live.and(state.as_ref()).map(|s| *s.bucket()) else {
+        // Unknown, expired or already returned: credits nothing and writes nothing.
+        api::reply_integer(ctx, 0);
+        return Ok(());
+    };
+
+    let mut table = take_table(&mut state);
+    stats::LEASES_EXPIRED.add(table.prune(now) as u64);
+    let Settled::Returned { credited } = table.settle(id, unused, now) else {
+        unreachable!("the lease was live a moment ago");
+    };
+    stats::RETURNS.add(1);
+    stats::TOKENS_RETURNED.add(credited);
+
+    // The limit is the one the bucket was last written under.
+    let limit = bucket.stored_limit();
+    let mut level = Level::new(Some(&bucket), limit, now);
+    level.credit(credited as f64);
+    let bucket = level.bucket();
+    if table.is_empty() && level.reset_after() == 0 {
+        // Full and no lease left: the same as no key at all.
+        key.delete();
+        propagate::deleted(ctx, args.raw(0)?);
+    } else {
+        key.store_with_leases(state, bucket, table);
+        let number = |x: f32| {
+            let text = propagate::stored_number(x);
+            rm!(RedisModule_CreateString(
+                ctx,
+                text.as_ptr().cast(),
+                text.len()
+            ))
+        };
+        let (rate, cap) = (number(bucket.rate()), number(bucket.cap()));
+        let head = Head {
+            key: args.raw(0)?,
+            full_at: bucket.full_at(),
+            rate,
+            cap,
+        };
+        propagate::leases(ctx, &head, now, Some(id), None);
+        rm!(RedisModule_FreeString(ctx, rate));
+        rm!(RedisModule_FreeString(ctx, cap));
+    }
+    api::reply_integer(ctx, credited as i64);
+    Ok(())
+}

@@ -1,0 +1,65 @@
+//! `RL.TAKE key rate cap [n] [WITHSTATE]`: refill, check and debit in one step.
+
+use crate::api::{self, Ctx};
+use crate::args::Args;
+use crate::error::{Error, Result};
+use crate::key::BucketKey;
+use crate::propagate::{self, Head};
+use crate::{clock, stats};
+use rl_core::{ceil_millis, Level};
+
+pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
+    if !(3..=5).contains(&args.len()) {
+        return Err(Error::Arity);
+    }
+    let limit = super::limit(&args, 1)?;
+    let (mut n, mut with_state) = (1, false);
+    for i in 3..args.len() {
+        if args.is(i, "WITHSTATE") {
+            with_state = true;
+        } else if i == 3 {
+            n = args.positive(i, "n must be a positive integer")?;
+        } else {
+            return Err(args.unknown(i));
+        }
+    }
+    super::fits(n, &limit)?;
+
+    let now = clock::now();
+    let key = BucketKey::open(ctx, args.raw(0)?);
+    let state = key.state()?;
+    let mut level = Level::new(state.as_ref().map(|s| s.bucket()), limit, now);
+    let granted = level.try_take(n as f64);
+    if granted {
+        let bucket = level.bucket();
+        key.store(state, bucket);
+        let head = Head {
+            key: args.raw(0)?,
+            full_at: bucket.full_at(),
+            rate: args.raw(1)?,
+            cap: args.raw(2)?,
+        };
+        propagate::bucket(ctx, &head);
+        stats::GRANTED.add(1);
+        stats::TOKENS_GRANTED.add(n);
+    } else {
+        stats::DENIED.add(1);
+    }
+
+    let reply = if granted { n as i64 } else { 0 };
+    if !with_state {
+        api::reply_integer(ctx, reply);
+        return Ok(());
+    }
+    let retry = if granted {
+        0
+    } else {
+        level.wait_for(n as f64).map_or(0, ceil_millis)
+    };
+    api::reply_array(ctx, 4);
+    api::reply_integer(ctx, reply);
+    api::reply_double(ctx, level.tokens());
+    api::reply_integer(ctx, retry as i64);
+    api::reply_integer(ctx, ceil_millis(level.reset_after()) as i64);
+    Ok(())
+}

@@ -1,0 +1,166 @@
+//! The `rl-bucket` module type: persistence (RDB, AOF rewrite), digest, copy, memory usage.
+//!
+//! RDB encoding version 1, per key:
+//! `full_at rate cap lease_count [last_id (id tokens expires_at) * lease_count]`
+//! (unsigned, float, float, unsigned, then unsigneds). A newer module that changes the layout
+//! bumps [`ENCODING_VERSION`] and keeps reading version 1.
+
+use crate::propagate;
+use crate::rm;
+use crate::stored::{self, StateMut, Stored};
+use redis_module::native_types::RedisType;
+use redis_module::raw::{self, RedisModuleDigest, RedisModuleIO, RedisModuleString};
+use rl_core::{Bucket, Lease, LeaseTable, MAX_LEASES};
+use std::os::raw::{c_int, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+pub const ENCODING_VERSION: i32 = 1;
+
+pub static BUCKET_TYPE: RedisType = RedisType::new(
+    "rl-bucket",
+    ENCODING_VERSION,
+    raw::RedisModuleTypeMethods {
+        version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
+        rdb_load: Some(rdb_load),
+        rdb_save: Some(rdb_save),
+        aof_rewrite: Some(aof_rewrite),
+        mem_usage: Some(mem_usage),
+        digest: Some(digest),
+        free: Some(free),
+        aux_load: None,
+        aux_save: None,
+        aux_save2: None,
+        aux_save_triggers: 0,
+        free_effort: None,
+        unlink: None,
+        copy: Some(copy),
+        defrag: None,
+        copy2: None,
+        free_effort2: None,
+        mem_usage2: None,
+        unlink2: None,
+    },
+);
+
+/// The registered type, to recognise our keys.
+pub fn raw_type() -> *mut raw::RedisModuleType {
+    *BUCKET_TYPE.raw_type.borrow()
+}
+
+/// Runs a callback, turning a panic into `fallback` instead of unwinding into C.
+fn guard<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
+}
+
+unsafe extern "C" fn rdb_save(io: *mut RedisModuleIO, value: *mut c_void) {
+    guard((), || {
+        let state = StateMut::from_raw(value);
+        let b = state.bucket();
+        rm!(RedisModule_SaveUnsigned(io, b.full_at()));
+        rm!(RedisModule_SaveFloat(io, b.rate()));
+        rm!(RedisModule_SaveFloat(io, b.cap()));
+        let Some(table) = state.table() else {
+            rm!(RedisModule_SaveUnsigned(io, 0));
+            return;
+        };
+        rm!(RedisModule_SaveUnsigned(io, table.leases().len() as u64));
+        rm!(RedisModule_SaveUnsigned(io, table.last_id()));
+        for l in table.leases() {
+            rm!(RedisModule_SaveUnsigned(io, l.id));
+            rm!(RedisModule_SaveUnsigned(io, l.tokens));
+            rm!(RedisModule_SaveUnsigned(io, l.expires_at));
+        }
+    })
+}
+
+unsafe extern "C" fn rdb_load(io: *mut RedisModuleIO, encver: c_int) -> *mut c_void {
+    guard(std::ptr::null_mut(), || {
+        if encver != ENCODING_VERSION {
+            return std::ptr::null_mut();
+        }
+        load(io).map_or(std::ptr::null_mut(), Stored::into_raw)
+    })
+}
+
+/// Reads one value; `None` on an I/O error or data this module could not have written.
+unsafe fn load(io: *mut RedisModuleIO) -> Option<Stored> {
+    let full_at = rm!(RedisModule_LoadUnsigned(io));
+    let rate = rm!(RedisModule_LoadFloat(io));
+    let cap = rm!(RedisModule_LoadFloat(io));
+    let count = rm!(RedisModule_LoadUnsigned(io));
+    let mut leases = Vec::new();
+    let mut last_id = 0;
+    if count > 0 && count <= MAX_LEASES as u64 {
+        last_id = rm!(RedisModule_LoadUnsigned(io));
+        for _ in 0..count {
+            let id = rm!(RedisModule_LoadUnsigned(io));
+            let tokens = rm!(RedisModule_LoadUnsigned(io));
+            let expires_at = rm!(RedisModule_LoadUnsigned(io));
+            leases.push(Lease {
+                id,
+                tokens,
+                expires_at,
+            });
+        }
+    }
+    if rm!(RedisModule_IsIOError(io)) != 0 || count > MAX_LEASES as u64 {
+        return None;
+    }
+    let bucket = Bucket::from_parts(full_at, rate, cap)?;
+    let table = LeaseTable::from_parts(last_id, leases)?;
+    Some(Stored::new(bucket, table))
+}
+
+unsafe extern "C" fn aof_rewrite(
+    aof: *mut RedisModuleIO,
+    key: *mut RedisModuleString,
+    value: *mut c_void,
+) {
+    guard((), || {
+        propagate::rewrite(aof, key, &StateMut::from_raw(value))
+    })
+}
+
+unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
+    guard(0, || {
+        stored::mem_usage(&StateMut::from_raw(value.cast_mut()))
+    })
+}
+
+unsafe extern "C" fn digest(md: *mut RedisModuleDigest, value: *mut c_void) {
+    guard((), || {
+        let state = StateMut::from_raw(value);
+        let b = state.bucket();
+        let add = |x: u64| rm!(RedisModule_DigestAddLongLong(md, x as i64));
+        add(b.full_at());
+        add(u64::from(b.rate().to_bits()));
+        add(u64::from(b.cap().to_bits()));
+        if let Some(t) = state.table() {
+            add(t.last_id());
+            for l in t.leases() {
+                add(l.id);
+                add(l.tokens);
+                add(l.expires_at);
+            }
+        }
+        rm!(RedisModule_DigestEndSequence(md));
+    })
+}
+
+unsafe extern "C" fn free(value: *mut c_void) {
+    guard((), || drop(Stored::from_raw(value)))
+}
+
+unsafe extern "C" fn copy(
+    _from: *mut RedisModuleString,
+    _to: *mut RedisModuleString,
+    value: *const c_void,
+) -> *mut c_void {
+    guard(std::ptr::null_mut(), || {
+        let copy = match StateMut::from_raw(value.cast_mut()) {
+            StateMut::Plain(b) => Stored::Plain(Box::new(*b)),
+            StateMut::Leased(l) => Stored::new(l.bucket, l.table.clone()),
+        };
+        copy.into_raw()
+    })
+}

@@ -1,0 +1,54 @@
+//! The one error type of the commands, with the texts users see.
+
+use crate::api::{self, Ctx};
+use std::ffi::CString;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// Wrong number of arguments: Redis's own message.
+    Arity,
+    /// The key holds another type: Redis's own `WRONGTYPE` message.
+    WrongType,
+    /// `ERR <message>`.
+    Invalid(&'static str),
+    /// `ERR unknown option '<what>'`.
+    UnknownOption(String),
+}
+
+impl Error {
+    pub fn reply(&self, ctx: *mut Ctx) {
+        match self {
+            Error::Arity => {
+                api::reply_wrong_arity(ctx);
+            }
+            Error::WrongType => api::reply_error(
+                ctx,
+                c"WRONGTYPE Operation against a key holding the wrong kind of value",
+            ),
+            other => {
+                let text = match other {
+                    Error::Invalid(msg) => format!("ERR {msg}"),
+                    Error::UnknownOption(opt) => format!("ERR unknown option '{opt}'"),
+                    _ => unreachable!(),
+                };
+                // The texts are ours or lossy-decoded and cut short: a NUL cannot occur.
+                let text = CString::new(text).unwrap_or_else(|_| c"ERR invalid input".into());
+                api::reply_error(ctx, &text);
+            }
+        }
+    }
+}
+
+impl From<rl_core::LimitError> for Error {
+    fn from(e: rl_core::LimitError) -> Error {
+        Error::Invalid(e.message())
+    }
+}
+
+impl From<rl_core::LeaseError> for Error {
+    fn from(e: rl_core::LeaseError) -> Error {
+        Error::Invalid(e.message())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

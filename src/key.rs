@@ -1,0 +1,121 @@
+//! Opening a bucket's key and writing it back with its expiry.
+
+use crate::api::{Ctx, Key, RStr};
+use crate::datatype;
+use crate::error::{Error, Result};
+use crate::rm;
+use crate::stats;
+use crate::stored::{self, StateMut, Stored};
+use redis_module::raw;
+use rl_core::{Bucket, LeaseTable, Nanos};
+
+/// A key opened for one command; closed when dropped.
+pub struct BucketKey {
+    key: *mut Key,
+}
+
+impl BucketKey {
+    pub fn open(ctx: *mut Ctx, name: *mut RStr) -> BucketKey {
+        let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as i32;
+        BucketKey {
+            key: rm!(RedisModule_OpenKey(ctx, name, mode)).cast(),
+        }
+    }
+
+    /// The bucket held here: `None` if the key does not exist, `WRONGTYPE` if it holds
+    /// something else.
+    pub fn state(&self) -> Result<Option<StateMut<'_>>> {
+        let kind = rm!(RedisModule_KeyType(self.key)) as isize;
+        if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
+            return Ok(None);
+        }
+        if kind != raw::REDISMODULE_KEYTYPE_MODULE
+            || rm!(RedisModule_ModuleTypeGetType(self.key)) != datatype::raw_type()
+        {
+            return Err(Error::WrongType);
+        }
+        let value = rm!(RedisModule_ModuleTypeGetValue(self.key));
+        // SAFETY: a value of our type was made by `Stored::into_raw`; the key keeps it alive
+        // and this command is the only user while it runs.
+        Ok(Some(unsafe { StateMut::from_raw(value) }))
+    }
+
+    /// Stores a new value (replacing any) and sets the key's expiry.
+    pub fn put(&self, stored: Stored, expires_at: Nanos) {
+        let p = stored.into_raw();
+        if rm!(RedisModule_ModuleTypeSetValue(
+            self.key,
+            datatype::raw_type(),
+            p
+        )) != raw::REDISMODULE_OK as i32
+        {
+            // Not stored: the value is still ours to free.
+            // SAFETY: `p` came from `into_raw` just above and Redis did not take it.
+            drop(unsafe { Stored::from_raw(p) });
+            return;
+        }
+        self.expire_at(expires_at);
+    }
+
+    /// Sets the expiry to `at`, rounded up to Redis's milliseconds so the key never goes
+    /// before the bucket is full.
+    pub fn expire_at(&self, at: Nanos) {
+        rm!(RedisModule_SetAbsExpire(
+            self.key,
+            rl_core::ceil_millis(at) as i64
+        ));
+    }
+
+    /// Writes a new bucket state, leaving any leases as they are.
+    pub fn store(&self, state: Option<StateMut>, bucket: Bucket) {
+        match state {
+            Some(mut s) => {
+                s.set_bucket(bucket);
+                self.expire_at(s.expires_at());
+            }
+            None => self.put(Stored::Plain(Box::new(bucket)), bucket.full_at()),
+        }
+    }
+
+    /// Writes a bucket state with its leases (taken out by [`take_table`]), in the
+    /// encoding that fits.
+    pub fn store_with_leases(&self, state: Option<StateMut>, bucket: Bucket, table: LeaseTable) {
+        stats::LEASES_ACTIVE.add(table.leases().len() as u64);
+        let expires = stored::expires_at(&bucket, Some(&table));
+        match state {
+            Some(StateMut::Leased(l)) if !table.is_empty() => {
+                l.bucket = bucket;
+                l.table = table;
+                self.expire_at(expires);
+            }
+            Some(StateMut::Plain(b)) if table.is_empty() => {
+                *b = bucket;
+                self.expire_at(expires);
+            }
+            _ => self.put(Stored::new(bucket, table), expires),
+        }
+    }
+
+    pub fn delete(&self) {
+        rm!(RedisModule_DeleteKey(self.key));
+    }
+}
+
+impl Drop for BucketKey {
+    fn drop(&mut self) {
+        rm!(RedisModule_CloseKey(self.key));
+    }
+}
+
+/// Moves the lease table out of a bucket to change it; [`BucketKey::store_with_leases`]
+/// puts it back.
+pub fn take_table(state: &mut Option<StateMut>) -> LeaseTable {
+    match state {
+        Some(StateMut::Leased(l)) => {
+            let table = std::mem::take(&mut l.table);
+            stats::LEASES_ACTIVE.sub(table.leases().len() as u64);
+            table
+        }
+        _ => LeaseTable::default(),
+    }
+}

@@ -1,0 +1,184 @@
+//! Effects, not commands: what replicas and the AOF receive.
+//!
+//! A write never replicates the command that made it (its outcome depends on the master's
+//! clock at that instant); it replicates `RL.SETSTATE` with the resulting absolute state:
+//!
+//! `RL.SETSTATE key full_at rate cap [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
+//!
+//! The same command rebuilds keys on AOF rewrite, so a replica, an AOF replay and an RDB
+//! load all end with the master's bytes. The key's expiry is not sent: it is a function of
+//! the state (see [`crate::stored::expires_at`]) and every side computes it the same way.
+
+use crate::api::{Ctx, RStr};
+use crate::rm;
+use crate::stored::StateMut;
+use redis_module::raw::RedisModuleIO;
+use rl_core::{Bucket, Lease, Nanos};
+use std::os::raw::c_char;
+
+const SETSTATE: &std::ffi::CStr = c"RL.SETSTATE";
+
+/// The head of an effect: the key, its new bucket, and the limit as the strings that
+/// parse to it (the caller's own arguments where there are some: no formatting).
+pub struct Head {
+    pub key: *mut RStr,
+    pub full_at: Nanos,
+    pub rate: *mut RStr,
+    pub cap: *mut RStr,
+}
+
+/// A new bucket state and nothing else (a take).
+pub fn bucket(ctx: *mut Ctx, h: &Head) {
+    let at = h.full_at as i64;
+    rm!(RedisModule_Replicate(
+        ctx,
+        SETSTATE.as_ptr(),
+        c"slss".as_ptr(),
+        h.key,
+        at,
+        h.rate,
+        h.cap
+    ));
+}
+
+/// A new bucket state with lease changes: expired leases pruned at `now`, one lease
+/// closed, one opened.
+pub fn leases(ctx: *mut Ctx, h: &Head, now: Nanos, closed: Option<u64>, opened: Option<&Lease>) {
+    let (cmd, at, now) = (SETSTATE.as_ptr(), h.full_at as i64, now as i64);
+    let (prune, drop, add) = (c"PRUNE".as_ptr(), c"DROP".as_ptr(), c"ADD".as_ptr());
+    match (closed, opened) {
+        (None, None) => {
+            rm!(RedisModule_Replicate(
+                ctx,
+                cmd,
+                c"slsscl".as_ptr(),
+                h.key,
+                at,
+                h.rate,
+                h.cap,
+                prune,
+                now
+            ))
+        }
+        (Some(id), None) => rm!(RedisModule_Replicate(
+            ctx,
+            cmd,
+            c"slssclcl".as_ptr(),
+            h.key,
+            at,
+            h.rate,
+            h.cap,
+            prune,
+            now,
+            drop,
+            id as i64
+        )),
+        (None, Some(l)) => rm!(RedisModule_Replicate(
+            ctx,
+            cmd,
+            c"slssclclll".as_ptr(),
+            h.key,
+            at,
+            h.rate,
+            h.cap,
+            prune,
+            now,
+            add,
+            l.id as i64,
+            l.tokens as i64,
+            l.expires_at as i64
+        )),
+        (Some(id), Some(l)) => rm!(RedisModule_Replicate(
+            ctx,
+            cmd,
+            c"slssclclclll".as_ptr(),
+            h.key,
+            at,
+            h.rate,
+            h.cap,
+            prune,
+            now,
+            drop,
+            id as i64,
+            add,
+            l.id as i64,
+            l.tokens as i64,
+            l.expires_at as i64
+        )),
+    };
+}
+
+/// The key was deleted (its bucket is full again and holds no lease).
+pub fn deleted(ctx: *mut Ctx, key: *mut RStr) {
+    rm!(RedisModule_Replicate(
+        ctx,
+        c"DEL".as_ptr(),
+        c"s".as_ptr(),
+        key
+    ));
+}
+
+/// The text of a stored `f32` that parses back to exactly it (through `f64`, as
+/// `RL.SETSTATE` parses): its exact `f64` value, shortest form.
+pub fn stored_number(x: f32) -> String {
+    format!("{}", f64::from(x))
+}
+
+/// AOF rewrite: the commands that rebuild this key.
+///
+/// # Safety
+/// `aof` and `key` must be the live arguments of an `aof_rewrite` callback.
+pub unsafe fn rewrite(aof: *mut RedisModuleIO, key: *mut RStr, state: &StateMut) {
+    let b: &Bucket = state.bucket();
+    let (rate, cap) = (stored_number(b.rate()), stored_number(b.cap()));
+    let (r, c) = (
+        rate.as_ptr().cast::<c_char>(),
+        cap.as_ptr().cast::<c_char>(),
+    );
+    let (cmd, at) = (SETSTATE.as_ptr(), b.full_at() as i64);
+    let Some(table) = state.table() else {
+        rm!(RedisModule_EmitAOF(
+            aof,
+            cmd,
+            c"slbb".as_ptr(),
+            key,
+            at,
+            r,
+            rate.len(),
+            c,
+            cap.len()
+        ));
+        return;
+    };
+    let last = table.last_id() as i64;
+    rm!(RedisModule_EmitAOF(
+        aof,
+        cmd,
+        c"slbbcl".as_ptr(),
+        key,
+        at,
+        r,
+        rate.len(),
+        c,
+        cap.len(),
+        c"LASTID".as_ptr(),
+        last
+    ));
+    for l in table.leases() {
+        rm!(RedisModule_EmitAOF(
+            aof,
+            cmd,
+            c"slbbclll".as_ptr(),
+            key,
+            at,
+            r,
+            rate.len(),
+            c,
+            cap.len(),
+            c"ADD".as_ptr(),
+            l.id as i64,
+            l.tokens as i64,
+            l.expires_at as i64
+        ));
+    }
+}

@@ -1,0 +1,77 @@
+//! Counters shown by `INFO rl` (fields `rl_<name>`).
+//!
+//! Commands run on Redis's main thread only, so a counter is a plain load and store: no
+//! locked instruction on the hot path.
+
+use crate::rm;
+use redis_module::raw::RedisModuleInfoCtx;
+use std::os::raw::c_int;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    const fn new() -> Counter {
+        Counter(AtomicU64::new(0))
+    }
+
+    pub fn add(&self, n: u64) {
+        self.0.store(self.0.load(Relaxed).wrapping_add(n), Relaxed);
+    }
+
+    pub fn sub(&self, n: u64) {
+        self.0
+            .store(self.0.load(Relaxed).saturating_sub(n), Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+macro_rules! counters {
+    ($($name:ident: $doc:literal),* $(,)?) => {
+        $(#[doc = $doc] pub static $name: Counter = Counter::new();)*
+        const FIELDS: &[(&std::ffi::CStr, &Counter)] = &[$((
+            // Field names are the counters' names, lowercased.
+            match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                Ok(s) => s,
+                Err(_) => panic!(),
+            },
+            &$name,
+        )),*];
+    };
+}
+
+counters! {
+    CALLS: "Calls of every RL command clients make.",
+    ERRORS: "Calls answered with an error.",
+    GRANTED: "RL.TAKE calls granted.",
+    DENIED: "RL.TAKE calls denied.",
+    TOKENS_GRANTED: "Tokens granted by RL.TAKE.",
+    LEASES_GRANTED: "RL.LEASE calls that granted a lease.",
+    LEASES_DENIED: "RL.LEASE calls that granted nothing.",
+    LEASE_TOKENS_GRANTED: "Tokens granted in leases.",
+    RETURNS: "Leases closed by a return (RL.RETURN or RL.LEASE ... RETURN).",
+    TOKENS_RETURNED: "Tokens credited back by returns.",
+    LEASES_EXPIRED: "Leases that expired without a return (counted when pruned).",
+    LEASES_ACTIVE: "Leases recorded in buckets now (expired ones leave at the key's next write).",
+}
+
+/// The `INFO rl` section.
+pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
+    let _ = std::panic::catch_unwind(|| {
+        rm!(RedisModule_InfoAddSection(ctx, c"".as_ptr()));
+        for (name, counter) in FIELDS {
+            let mut field = [0u8; 64];
+            let upper = name.to_bytes();
+            field[..upper.len()].copy_from_slice(upper);
+            field.make_ascii_lowercase();
+            rm!(RedisModule_InfoAddFieldULongLong(
+                ctx,
+                field.as_ptr().cast(),
+                counter.get()
+            ));
+        }
+    });
+}
