@@ -8,7 +8,8 @@ use std::os::raw::{c_char, c_int};
 
 pub use raw::{RedisModuleCtx as Ctx, RedisModuleKey as Key, RedisModuleString as RStr};
 
-/// Calls `RedisModule_<name>(args)`.
+/// Calls `RedisModule_<name>(args)`. The arguments are evaluated inside `unsafe`: they are
+/// pointers Redis handed to the running callback, passed straight back.
 #[macro_export]
 macro_rules! rm {
     ($name:ident ( $($arg:expr),* $(,)? )) => {

@@ -75,7 +75,8 @@ pub struct Spec {
     pub key_step: c_int,
 }
 
-pub fn register(ctx: *mut Ctx, spec: &Spec) -> std::result::Result<(), ()> {
+/// Registers one command; `Err` names it if Redis refused.
+pub fn register(ctx: *mut Ctx, spec: &Spec) -> std::result::Result<(), &'static CStr> {
     let status = rm!(RedisModule_CreateCommand(
         ctx,
         spec.name.as_ptr(),
@@ -88,6 +89,6 @@ pub fn register(ctx: *mut Ctx, spec: &Spec) -> std::result::Result<(), ()> {
     if status == redis_module::raw::REDISMODULE_OK as c_int {
         Ok(())
     } else {
-        Err(())
+        Err(spec.name)
     }
 }

@@ -3,6 +3,11 @@
 //! This file only registers things. The arithmetic lives in the `rl-core` crate; each
 //! command has its own file under `commands/`.
 
+// Every raw pointer passed around here is one Redis handed to the current callback.
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
+// `rm!` passes those pointers straight back to Redis inside its `unsafe` block.
+#![allow(clippy::macro_metavars_in_unsafe)]
+
 pub mod api;
 pub mod args;
 pub mod clock;
@@ -26,8 +31,8 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         return Status::Err;
     }
     let raw = ctx.ctx;
-    if commands::register(raw).is_err() {
-        ctx.log_warning("redis-rl: could not register the RL.* commands");
+    if let Err(name) = commands::register(raw) {
+        ctx.log_warning(&format!("redis-rl: could not register {name:?}"));
         return Status::Err;
     }
     rm!(RedisModule_RegisterInfoFunc(raw, Some(stats::info)));

@@ -59,6 +59,9 @@ counters! {
 }
 
 /// The `INFO rl` section.
+///
+/// # Safety
+/// Called by Redis with a live info context.
 pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
     let _ = std::panic::catch_unwind(|| {
         rm!(RedisModule_InfoAddSection(ctx, c"".as_ptr()));

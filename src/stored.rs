@@ -118,8 +118,7 @@ pub fn mem_usage(state: &StateMut) -> usize {
     match state {
         StateMut::Plain(_) => std::mem::size_of::<Bucket>(),
         StateMut::Leased(l) => {
-            std::mem::size_of::<Leased>()
-                + l.table.leases().len() * std::mem::size_of::<rl_core::Lease>()
+            std::mem::size_of::<Leased>() + std::mem::size_of_val(l.table.leases())
         }
     }
 }

@@ -27,7 +27,7 @@ fn fits(n: u64, limit: &Limit) -> Result<()> {
     Ok(())
 }
 
-pub fn register(ctx: *mut Ctx) -> std::result::Result<(), ()> {
+pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CStr> {
     let write = c"write deny-oom fast";
     let specs = [
         Spec {
