@@ -1,0 +1,208 @@
+//! Real servers for the integration tests: each test starts its own redis-server (or
+//! valkey-server, with `RL_SERVER=/path/to/valkey-server`) in a temp dir, with the module
+//! built from this tree, and stops it when dropped.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub use redis::{Commands, Connection, Value};
+
+/// The server binary: `$RL_SERVER`, else `redis-server` from `PATH`.
+pub fn server_binary() -> String {
+    std::env::var("RL_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
+/// `target/<profile>/libredis_rl.so`, next to the test binary's `deps/` folder.
+pub fn module_path() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let so = dir.join(format!("libredis_rl.{}", if cfg!(target_os = "macos") { "dylib" } else { "so" }));
+    assert!(so.exists(), "module not built at {} (run cargo build first)", so.display());
+    so
+}
+
+/// A free loopback port (for servers that must talk to each other over TCP).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn spawn(dir: &Path, port: u16, extra: &[String]) -> Child {
+    let mut cmd = Command::new(server_binary());
+    cmd.arg("--port")
+        .arg(port.to_string())
+        .args(["--bind", "127.0.0.1", "--save", "", "--enable-debug-command", "yes"])
+        .args(["--daemonize", "no", "--loglevel", "warning"])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(dir.join("server.log"))
+        .arg("--loadmodule")
+        .arg(module_path())
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    cmd.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", server_binary()))
+}
+
+pub struct Server {
+    child: Child,
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    extra: Vec<String>,
+}
+
+impl Server {
+    /// A server on a free loopback port with the module loaded and `extra` config args
+    /// (`["--appendonly", "yes"]`, ...).
+    pub fn start(extra: &[&str]) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        Server::launch(dir, free_port(), extra)
+    }
+
+    fn launch(dir: tempfile::TempDir, port: u16, extra: Vec<String>) -> Server {
+        let child = spawn(dir.path(), port, &extra);
+        let server = Server { child, dir, port, extra };
+        server.wait_ready();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn conn(&self) -> Connection {
+        let client = redis::Client::open(self.url()).unwrap();
+        let conn = client.get_connection_with_timeout(Duration::from_secs(5)).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        conn
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(client) = redis::Client::open(self.url()) {
+                if let Ok(mut c) = client.get_connection_with_timeout(Duration::from_millis(200)) {
+                    // LOADING replies an error until the dataset is in.
+                    if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                        return;
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "server did not start: {}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// Stops the server (no save) and starts it again on the same dir, port and config.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.child = spawn(self.dir.path(), self.port, &self.extra);
+        self.wait_ready();
+    }
+
+    fn stop(&mut self) {
+        if let Ok(client) = redis::Client::open(self.url()) {
+            if let Ok(mut c) = client.get_connection_with_timeout(Duration::from_millis(500)) {
+                let _ = redis::cmd("SHUTDOWN").arg("NOSAVE").query::<()>(&mut c);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Kills the process hard (a crash).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Whether the process has exited (a crash, if the test did not stop it).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `DEBUG DIGEST-VALUE key` as hex.
+pub fn digest(c: &mut Connection, key: &str) -> String {
+    let v: Vec<String> = redis::cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(c).unwrap();
+    v.into_iter().next().unwrap()
+}
+
+/// `DEBUG DIGEST` of the whole dataset.
+pub fn dataset_digest(c: &mut Connection) -> String {
+    redis::cmd("DEBUG").arg("DIGEST").query(c).unwrap()
+}
+
+/// One field of `INFO <section>`, as a number.
+pub fn info_field(c: &mut Connection, section: &str, field: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg(section).query(c).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in INFO {section}:\n{info}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// `RL.TAKE key rate cap n` → tokens granted.
+pub fn take(c: &mut Connection, key: &str, rate: f64, cap: f64, n: u64) -> i64 {
+    redis::cmd("RL.TAKE").arg(key).arg(rate).arg(cap).arg(n).query(c).unwrap()
+}
+
+/// `RL.TAKE key rate cap n WITHSTATE` → (granted, remaining, retry_after_ms, reset_after_ms).
+pub fn take_state(c: &mut Connection, key: &str, rate: f64, cap: f64, n: u64) -> (i64, f64, i64, i64) {
+    let v: (i64, f64, i64, i64) =
+        redis::cmd("RL.TAKE").arg(key).arg(rate).arg(cap).arg(n).arg("WITHSTATE").query(c).unwrap();
+    v
+}
+
+/// Waits until `f` holds, or panics after `secs` with `what`.
+pub fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Makes `replica` replicate `master` and waits until the link is up and in sync.
+pub fn replicate(replica: &Server, master: &Server) {
+    let mut r = replica.conn();
+    let _: () = redis::cmd("REPLICAOF").arg("127.0.0.1").arg(master.port).query(&mut r).unwrap();
+    wait_until(30, "replica link up", || {
+        let info: String = redis::cmd("INFO").arg("replication").query(&mut r).unwrap();
+        info.contains("master_link_status:up")
+    });
+}
+
+/// Waits until `replica` has processed everything `master` sent so far.
+pub fn wait_synced(master: &Server, replica: &Server) {
+    let mut m = master.conn();
+    let mut r = replica.conn();
+    let target = info_field(&mut m, "replication", "master_repl_offset");
+    wait_until(30, "replica offset", || {
+        info_field(&mut r, "replication", "slave_repl_offset") >= target
+    });
+}

@@ -1,0 +1,152 @@
+//! RL.TAKE semantics against a real server.
+
+mod support;
+use std::time::Duration;
+use support::*;
+
+#[test]
+fn grants_until_empty_then_denies() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    assert_eq!(take(&mut c, "k", 1.0, 3.0, 1), 1);
+    assert_eq!(take(&mut c, "k", 1.0, 3.0, 2), 2);
+    assert_eq!(take(&mut c, "k", 1.0, 3.0, 1), 0);
+}
+
+#[test]
+fn fractional_rate_refills_slowly() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    // 0.5 tokens/s: one token every 2 s.
+    assert_eq!(take(&mut c, "k", 0.5, 1.0, 1), 1);
+    let (granted, remaining, retry, reset) = take_state(&mut c, "k", 0.5, 1.0, 1);
+    assert_eq!(granted, 0);
+    assert!(remaining < 0.01, "remaining {remaining}");
+    assert!((1990..=2000).contains(&retry), "retry {retry}");
+    assert!((1990..=2000).contains(&reset), "reset {reset}");
+}
+
+#[test]
+fn retry_after_is_enough() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    assert_eq!(take(&mut c, "k", 10.0, 5.0, 5), 5);
+    let (granted, _, retry, _) = take_state(&mut c, "k", 10.0, 5.0, 3);
+    assert_eq!(granted, 0);
+    assert!((250..=300).contains(&retry), "retry {retry}");
+    std::thread::sleep(Duration::from_millis(retry as u64));
+    assert_eq!(take(&mut c, "k", 10.0, 5.0, 3), 3, "sleeping retry_after_ms must be enough");
+}
+
+#[test]
+fn withstate_on_grant() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let (granted, remaining, retry, reset) = take_state(&mut c, "k", 100.0, 10.0, 4);
+    assert_eq!(granted, 4);
+    assert!((remaining - 6.0).abs() < 0.01, "remaining {remaining}");
+    assert_eq!(retry, 0);
+    assert_eq!(reset, 40);
+}
+
+#[test]
+fn ttl_is_time_to_full() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    // 10 tokens at 2/s: 5 s to refill.
+    assert_eq!(take(&mut c, "k", 2.0, 100.0, 10), 10);
+    let pttl: i64 = redis::cmd("PTTL").arg("k").query(&mut c).unwrap();
+    // Rounded up to whole ms, so up to 1 ms above.
+    assert!((4900..=5001).contains(&pttl), "pttl {pttl}");
+    let (_, _, _, reset) = take_state(&mut c, "k", 2.0, 100.0, 1);
+    let pttl: i64 = redis::cmd("PTTL").arg("k").query(&mut c).unwrap();
+    assert!((pttl - reset).abs() <= 2, "pttl {pttl} reset {reset}");
+    // A full bucket and no key are the same: the key goes when the bucket is full.
+    assert_eq!(take(&mut c, "short", 100.0, 10.0, 1), 1);
+    std::thread::sleep(Duration::from_millis(150));
+    let exists: i64 = c.exists("short").unwrap();
+    assert_eq!(exists, 0);
+}
+
+#[test]
+fn cap_change_carries_tokens_clamped() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    assert_eq!(take(&mut c, "k", 0.001, 10.0, 2), 2); // 8 left
+    let (_, remaining, _, _) = take_state(&mut c, "k", 0.001, 5.0, 1); // clamped to 5, take 1
+    assert!((remaining - 4.0).abs() < 0.01, "remaining {remaining}");
+    let (_, remaining, _, _) = take_state(&mut c, "k", 0.001, 20.0, 1); // carried over: 4 - 1
+    assert!((remaining - 3.0).abs() < 0.01, "remaining {remaining}");
+}
+
+#[test]
+fn n_above_cap_is_an_error() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let err = redis::cmd("RL.TAKE").arg("k").arg(1).arg(3).arg(4).query::<i64>(&mut c).unwrap_err();
+    assert!(err.to_string().contains("n must not exceed cap"), "{err}");
+    let exists: i64 = c.exists("k").unwrap();
+    assert_eq!(exists, 0);
+}
+
+#[test]
+fn wrong_type_is_refused_and_untouched() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let _: () = c.set("s", "hello").unwrap();
+    let err = redis::cmd("RL.TAKE").arg("s").arg(1).arg(3).query::<i64>(&mut c).unwrap_err();
+    assert_eq!(err.code(), Some("WRONGTYPE"), "{err}");
+    let v: String = c.get("s").unwrap();
+    assert_eq!(v, "hello");
+}
+
+#[test]
+fn very_high_rate() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    for _ in 0..100 {
+        assert_eq!(take(&mut c, "k", 1e9, 1e6, 1000), 1000);
+    }
+}
+
+#[test]
+fn command_metadata_routes_by_first_key() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let keys: Vec<String> =
+        redis::cmd("COMMAND").arg("GETKEYS").arg("RL.TAKE").arg("bucket").arg(1).arg(2).query(&mut c).unwrap();
+    assert_eq!(keys, vec!["bucket"]);
+    let info: Value = redis::cmd("COMMAND").arg("INFO").arg("RL.TAKE").query(&mut c).unwrap();
+    let text = format!("{info:?}");
+    for flag in ["write", "denyoom", "fast"] {
+        assert!(text.contains(flag), "flag {flag} missing: {text}");
+    }
+}
+
+#[test]
+fn denied_call_dirties_nothing() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    assert_eq!(take(&mut c, "k", 0.001, 1.0, 1), 1);
+    let before = info_field(&mut c, "persistence", "rdb_changes_since_last_save");
+    let digest_before = digest(&mut c, "k");
+    for _ in 0..10 {
+        assert_eq!(take(&mut c, "k", 0.001, 1.0, 1), 0);
+    }
+    assert_eq!(info_field(&mut c, "persistence", "rdb_changes_since_last_save"), before);
+    assert_eq!(digest(&mut c, "k"), digest_before);
+}
+
+#[test]
+fn info_counts_decisions() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    take(&mut c, "k", 0.001, 3.0, 2);
+    take(&mut c, "k", 0.001, 3.0, 2);
+    let _ = redis::cmd("RL.TAKE").arg("k").arg("x").arg(3).query::<i64>(&mut c);
+    assert_eq!(info_field(&mut c, "rl", "rl_calls"), 3);
+    assert_eq!(info_field(&mut c, "rl", "rl_granted"), 1);
+    assert_eq!(info_field(&mut c, "rl", "rl_denied"), 1);
+    assert_eq!(info_field(&mut c, "rl", "rl_tokens_granted"), 2);
+    assert_eq!(info_field(&mut c, "rl", "rl_errors"), 1);
+}
