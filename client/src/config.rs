@@ -1,0 +1,220 @@
+//! Limiter configuration: timeouts, the failure policy, and the lease batch and TTL.
+
+use std::time::Duration;
+
+use crate::Error;
+
+/// What a limiter decides when Redis is unreachable, slow (a call exceeded
+/// [`LimiterConfig::timeout`]) or answers with an error. Every such decision is counted in
+/// [`Metrics`](crate::Metrics) as a fallback decision.
+///
+/// Pick per limiter, by what a wrong decision costs (seed 001 section 4): `Allow` where
+/// wrongly refusing costs more than letting a burst through (reads), `LastKnown` for steady
+/// traffic where a short drift is acceptable, `Deny` for writes and costly operations.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FailurePolicy {
+    /// Fail open, through a local token bucket per key at `share` of the configured limit
+    /// (`rate * share`, `cap * share`, at least one token of cap). With `N` instances,
+    /// `share = 1/N` keeps the fleet near the global rate; `share = 1.0` lets every instance
+    /// spend the full rate on its own.
+    Allow {
+        /// Fraction of the rate and cap each instance allows locally, in `(0, 1000]`.
+        share: f64,
+    },
+    /// Keep spending at the rate this instance was last seen to get from Redis for the key
+    /// (tokens granted per second, measured over roughly the last seconds), starting from
+    /// the last level Redis reported. A key with no history yet gets the full configured
+    /// limit locally.
+    LastKnown,
+    /// Fail closed: deny every request until Redis answers again, with
+    /// [`LimiterConfig::deny_retry_after`] as the retry hint.
+    Deny,
+}
+
+impl FailurePolicy {
+    fn validate(&self) -> Result<(), Error> {
+        match *self {
+            FailurePolicy::Allow { share } if !(share > 0.0 && share <= 1000.0) => {
+                Err(Error::Config("Allow share must be in (0, 1000]"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Settings every limiter has.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimiterConfig {
+    /// Longest wait for one Redis call before it counts as failed (then the policy
+    /// decides). Keep it inside the request's latency budget. Default 200 ms.
+    pub timeout: Duration,
+    /// After a failed call, how long to decide locally before one call probes Redis again.
+    /// Callers never wait for a Redis that is known to be down; recovery is at most this
+    /// late. Default 500 ms.
+    pub probe_interval: Duration,
+    /// What to decide while Redis is unavailable. Default `Allow { share: 1.0 }`: a limiter
+    /// is a fuse, not a main switch (seed 000 section 4.3).
+    pub policy: FailurePolicy,
+    /// The retry hint of a `Deny` fallback decision. Default 1 s.
+    pub deny_retry_after: Duration,
+    /// Most keys whose fallback state (local buckets, observed rates) is kept; beyond it
+    /// the stalest are dropped. Default 100 000.
+    pub max_keys: usize,
+}
+
+impl Default for LimiterConfig {
+    fn default() -> Self {
+        LimiterConfig {
+            timeout: Duration::from_millis(200),
+            probe_interval: Duration::from_millis(500),
+            policy: FailurePolicy::Allow { share: 1.0 },
+            deny_retry_after: Duration::from_secs(1),
+            max_keys: 100_000,
+        }
+    }
+}
+
+impl LimiterConfig {
+    /// Checks every field; limiters call this when built.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.timeout.is_zero() {
+            return Err(Error::Config("timeout must be positive"));
+        }
+        if self.max_keys == 0 {
+            return Err(Error::Config("max_keys must be positive"));
+        }
+        self.policy.validate()
+    }
+}
+
+/// Settings of a [`PrefetchLimiter`](crate::PrefetchLimiter): how many tokens to lease at
+/// once, for how long, and when to renew.
+///
+/// Sizing (see the README): `batch` should be of the order of what one instance spends
+/// within its latency budget (one Redis round trip plus margin). A bigger batch means
+/// fewer Redis calls but more over-issue: with `I` instances up to `batch * I` tokens are
+/// held locally at once, spent or not. A lease's unspent tokens are returned on renewal
+/// and on [`close`](crate::PrefetchLimiter::close); tokens a lease still holds when its TTL
+/// passes are lost (the server keeps them debited), so `ttl` should comfortably exceed the
+/// time an instance takes to spend a batch, yet stay short enough that a crashed instance
+/// does not hold tokens for long.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefetchConfig {
+    /// Tokens asked for per lease. Default 20.
+    pub batch: u64,
+    /// Lease lifetime; the client stops spending a lease at `sent + ttl`, never later than
+    /// the server's expiry. Default 2 s.
+    pub ttl: Duration,
+    /// Renew when the tokens left fall to this fraction of the batch, in `[0, 1)`. The
+    /// renewal runs in the background while the rest is spent. Default 0.2 (renew after
+    /// 80 % is spent).
+    pub renew_at: f64,
+    /// Spread of the renewal threshold, as a fraction of the batch, drawn anew for every
+    /// lease, so a fleet that started together does not renew in lockstep. Default 0.1.
+    pub jitter: f64,
+    /// Timeouts, failure policy and fallback settings.
+    pub limiter: LimiterConfig,
+}
+
+impl Default for PrefetchConfig {
+    fn default() -> Self {
+        PrefetchConfig {
+            batch: 20,
+            ttl: Duration::from_secs(2),
+            renew_at: 0.2,
+            jitter: 0.1,
+            limiter: LimiterConfig::default(),
+        }
+    }
+}
+
+/// Longest TTL the server accepts: a day.
+const MAX_TTL: Duration = Duration::from_secs(86_400);
+
+impl PrefetchConfig {
+    /// Checks every field; `PrefetchLimiter::new` calls this.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.batch == 0 {
+            return Err(Error::Config("batch must be positive"));
+        }
+        if self.ttl < Duration::from_millis(1) || self.ttl > MAX_TTL {
+            return Err(Error::Config("ttl must be between 1 ms and a day"));
+        }
+        if !(0.0..1.0).contains(&self.renew_at) {
+            return Err(Error::Config("renew_at must be in [0, 1)"));
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err(Error::Config("jitter must be in [0, 1]"));
+        }
+        self.limiter.validate()
+    }
+
+    /// A renewal threshold in tokens: `renew_at` of the batch, moved by the jitter.
+    pub(crate) fn draw_threshold(&self) -> u64 {
+        let batch = self.batch as f64;
+        let at = crate::jitter::around(self.renew_at * batch, self.jitter * batch);
+        at.clamp(0.0, batch - 1.0).round() as u64
+    }
+
+    pub(crate) fn ttl_ms(&self) -> u64 {
+        self.ttl.as_millis().clamp(1, MAX_TTL.as_millis()) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        assert!(LimiterConfig::default().validate().is_ok());
+        assert!(PrefetchConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        let bad = [
+            PrefetchConfig {
+                batch: 0,
+                ..Default::default()
+            },
+            PrefetchConfig {
+                ttl: Duration::ZERO,
+                ..Default::default()
+            },
+            PrefetchConfig {
+                renew_at: 1.0,
+                ..Default::default()
+            },
+            PrefetchConfig {
+                jitter: -0.1,
+                ..Default::default()
+            },
+        ];
+        for c in bad {
+            assert!(c.validate().is_err(), "{c:?}");
+        }
+        let share = LimiterConfig {
+            policy: FailurePolicy::Allow { share: 0.0 },
+            ..Default::default()
+        };
+        assert!(share.validate().is_err());
+    }
+
+    #[test]
+    fn thresholds_spread_within_bounds() {
+        let c = PrefetchConfig {
+            batch: 100,
+            renew_at: 0.2,
+            jitter: 0.1,
+            ..Default::default()
+        };
+        let draws: Vec<u64> = (0..500).map(|_| c.draw_threshold()).collect();
+        assert!(draws.iter().all(|t| (10..=30).contains(t)));
+        let distinct: std::collections::BTreeSet<_> = draws.iter().collect();
+        assert!(
+            distinct.len() > 5,
+            "jitter should spread thresholds: {distinct:?}"
+        );
+    }
+}

@@ -1,0 +1,45 @@
+//! The connection abstraction and the one place a Redis call is made: with a timeout,
+//! counted and timed.
+
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, Value};
+
+use crate::{Error, Metrics};
+
+/// Any async Redis connection the limiters can clone and share between tasks: a
+/// [`redis::aio::ConnectionManager`] (reconnects by itself), a
+/// [`redis::aio::MultiplexedConnection`], or a [`redis::cluster_async::ClusterConnection`]
+/// (every `RL.*` command names its key first, so the cluster client routes it to the
+/// key's slot).
+pub trait RedisConnection: ConnectionLike + Clone + Send + Sync + 'static {}
+
+impl<T: ConnectionLike + Clone + Send + Sync + 'static> RedisConnection for T {}
+
+/// Runs `cmd` on a clone of `conn`, giving up after `timeout`.
+pub(crate) async fn call<C: RedisConnection>(
+    conn: &C,
+    cmd: &Cmd,
+    timeout: Duration,
+    metrics: &Metrics,
+) -> Result<Value, Error> {
+    let mut conn = conn.clone();
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(timeout, conn.req_packed_command(cmd)).await;
+    let took = started.elapsed();
+    match outcome {
+        Err(_) => {
+            metrics.redis_call(took, false, true);
+            Err(Error::Timeout(timeout))
+        }
+        Ok(Err(e)) => {
+            metrics.redis_call(took, false, false);
+            Err(Error::Redis(e))
+        }
+        Ok(Ok(value)) => {
+            metrics.redis_call(took, true, false);
+            Ok(value)
+        }
+    }
+}

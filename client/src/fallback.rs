@@ -1,0 +1,239 @@
+//! Local decisions while Redis is unavailable, by the limiter's [`FailurePolicy`].
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rl_core::{Bucket, Level, Limit, Nanos};
+
+use crate::meter::Meter;
+use crate::{Decision, FailurePolicy, LimiterConfig, Source};
+
+/// Entries not touched for this long are the first to go when the map is full.
+const STALE: Nanos = 60 * 1_000_000_000;
+
+#[derive(Debug, Default)]
+struct KeyState {
+    /// Grants seen from Redis (kept only under `LastKnown`).
+    meter: Meter,
+    /// The bucket level Redis last reported (kept only under `LastKnown`).
+    last_tokens: Option<f64>,
+    /// The local bucket of the current outage and the limit it was started under.
+    local: Option<(Limit, Bucket)>,
+    touched: Nanos,
+}
+
+/// Per-key local state of one limiter's failure policy.
+#[derive(Debug)]
+pub(crate) struct Fallback {
+    policy: FailurePolicy,
+    limit: Limit,
+    deny_retry_after: Duration,
+    max_keys: usize,
+    keys: Mutex<HashMap<String, KeyState>>,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic elsewhere while holding the lock leaves plain data behind; keep serving.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Fallback {
+    pub(crate) fn new(limit: Limit, config: &LimiterConfig) -> Fallback {
+        Fallback {
+            policy: config.policy,
+            limit,
+            deny_retry_after: config.deny_retry_after,
+            max_keys: config.max_keys,
+            keys: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Records what Redis granted for `key` (and the level it reported, if any). Only the
+    /// `LastKnown` policy needs this; the others skip the map entirely.
+    pub(crate) fn observe(&self, key: &str, granted: u64, level: Option<f64>, now: Nanos) {
+        if self.policy != FailurePolicy::LastKnown {
+            return;
+        }
+        let mut keys = lock(&self.keys);
+        let entry = self.entry(&mut keys, key, now);
+        entry.meter.add(granted, now);
+        if level.is_some() {
+            entry.last_tokens = level;
+        }
+    }
+
+    /// Redis answered again: the next outage starts from fresh local buckets.
+    pub(crate) fn end_outage(&self) {
+        let mut keys = lock(&self.keys);
+        keys.retain(|_, state| {
+            state.local = None;
+            state.last_tokens.is_some() || state.meter != Meter::default()
+        });
+    }
+
+    /// The policy's decision for `n` tokens of `key` at `now`.
+    pub(crate) fn decide(&self, key: &str, n: u64, now: Nanos) -> Decision {
+        if self.policy == FailurePolicy::Deny {
+            return self.denied(0.0, self.deny_retry_after, Duration::ZERO);
+        }
+        let mut keys = lock(&self.keys);
+        let entry = self.entry(&mut keys, key, now);
+        let mut level = match entry.local {
+            Some((limit, bucket)) => Level::new(Some(&bucket), limit, now),
+            None => self.start_level(entry, now),
+        };
+        let allowed = level.try_take(n as f64);
+        entry.local = Some((*level.limit(), level.bucket()));
+        let remaining = level.tokens();
+        let reset_after = Duration::from_nanos(level.reset_after());
+        if allowed {
+            return Decision {
+                allowed,
+                granted: n,
+                remaining,
+                retry_after: Duration::ZERO,
+                reset_after,
+                limit: self.limit.cap(),
+                source: Source::Fallback,
+            };
+        }
+        let retry_after = level
+            .wait_for(n as f64)
+            .map_or(self.deny_retry_after, Duration::from_nanos);
+        self.denied(remaining, retry_after, reset_after)
+    }
+
+    fn denied(&self, remaining: f64, retry_after: Duration, reset_after: Duration) -> Decision {
+        Decision {
+            allowed: false,
+            granted: 0,
+            remaining,
+            retry_after,
+            reset_after,
+            limit: self.limit.cap(),
+            source: Source::Fallback,
+        }
+    }
+
+    /// The local bucket an outage starts with, by policy.
+    fn start_level(&self, entry: &KeyState, now: Nanos) -> Level {
+        let (rate, cap) = (self.limit.rate(), self.limit.cap());
+        let scaled = |share: f64| {
+            let local_cap = (cap * share).max(cap.min(1.0));
+            Limit::new((rate * share).max(rate * 1e-3), local_cap).unwrap_or(self.limit)
+        };
+        match self.policy {
+            FailurePolicy::Allow { share } => Level::new(None, scaled(share), now),
+            FailurePolicy::LastKnown => match entry.meter.rate(now) {
+                // No history: nothing better to go on than the configured limit.
+                None => Level::new(None, self.limit, now),
+                Some(seen) => {
+                    let local = scaled((seen / rate).clamp(0.0, 1.0));
+                    match entry.last_tokens {
+                        Some(tokens) => Level::starting_with(local, tokens, now),
+                        None => Level::new(None, local, now),
+                    }
+                }
+            },
+            FailurePolicy::Deny => Level::starting_with(self.limit, 0.0, now),
+        }
+    }
+
+    fn entry<'a>(
+        &self,
+        keys: &'a mut HashMap<String, KeyState>,
+        key: &str,
+        now: Nanos,
+    ) -> &'a mut KeyState {
+        if !keys.contains_key(key) && keys.len() >= self.max_keys {
+            keys.retain(|_, s| now.saturating_sub(s.touched) < STALE);
+            if keys.len() >= self.max_keys {
+                keys.clear();
+            }
+        }
+        let entry = keys.entry(key.to_owned()).or_default();
+        entry.touched = now;
+        entry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Nanos = 1_000_000_000;
+    const T0: Nanos = 1_700_000_000 * S;
+
+    fn fallback(policy: FailurePolicy) -> Fallback {
+        let config = LimiterConfig {
+            policy,
+            ..Default::default()
+        };
+        Fallback::new(Limit::new(10.0, 20.0).unwrap(), &config)
+    }
+
+    fn allowed_in_burst(f: &Fallback, key: &str) -> u64 {
+        (0..100).filter(|_| f.decide(key, 1, T0).allowed).count() as u64
+    }
+
+    #[test]
+    fn deny_denies_with_the_hint() {
+        let f = fallback(FailurePolicy::Deny);
+        let d = f.decide("k", 1, T0);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Duration::from_secs(1));
+        assert_eq!(d.source, Source::Fallback);
+    }
+
+    #[test]
+    fn allow_uses_a_share_of_the_limit() {
+        let f = fallback(FailurePolicy::Allow { share: 0.5 });
+        assert_eq!(allowed_in_burst(&f, "a"), 10);
+        let d = f.decide("a", 1, T0);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Duration::from_millis(200)); // 5 tokens/s locally
+                                                               // Keys are independent, and time refills.
+        assert_eq!(allowed_in_burst(&f, "b"), 10);
+        assert!(f.decide("a", 1, T0 + S).allowed);
+    }
+
+    #[test]
+    fn last_known_keeps_the_observed_rate_and_level() {
+        let f = fallback(FailurePolicy::LastKnown);
+        // Redis granted this instance 2 tokens a second for 3 s and last reported 3 left.
+        for i in 0..=6 {
+            f.observe("k", 1, Some(3.0), T0 + i * S / 2);
+        }
+        let start = T0 + 3 * S;
+        assert_eq!(
+            (0..10).filter(|_| f.decide("k", 1, start).allowed).count(),
+            3
+        );
+        let d = f.decide("k", 1, start);
+        assert_eq!(d.retry_after, Duration::from_millis(500));
+        // A key never seen gets the configured limit.
+        assert_eq!(allowed_in_burst(&f, "new"), 20);
+    }
+
+    #[test]
+    fn outage_end_resets_local_buckets() {
+        let f = fallback(FailurePolicy::Allow { share: 1.0 });
+        assert_eq!(allowed_in_burst(&f, "a"), 20);
+        f.end_outage();
+        assert_eq!(allowed_in_burst(&f, "a"), 20);
+    }
+
+    #[test]
+    fn map_stays_bounded() {
+        let config = LimiterConfig {
+            max_keys: 10,
+            ..Default::default()
+        };
+        let f = Fallback::new(Limit::new(1.0, 1.0).unwrap(), &config);
+        for i in 0..100 {
+            f.decide(&format!("k{i}"), 1, T0);
+        }
+        assert!(lock(&f.keys).len() <= 10);
+    }
+}

@@ -1,0 +1,41 @@
+//! Async Rust client for the redis-rl module: a distributed token bucket as native Redis
+//! commands (`RL.TAKE`, `RL.LEASE`, `RL.RETURN`).
+//!
+//! - [`Limiter`]: one `RL.TAKE ... WITHSTATE` call per request; any number of keys under
+//!   one limit. Its [`Decision`] carries what an HTTP 429 needs
+//!   ([`Decision::http_headers`]).
+//! - [`PrefetchLimiter`]: leases tokens in batches and grants locally, renewing ahead with
+//!   jitter, honouring lease expiry and returning leftovers.
+//! - Both take a [`FailurePolicy`] for when Redis is unreachable or slow (every call has a
+//!   timeout), count everything in [`Metrics`], and recover when Redis answers again.
+//!
+//! The connection is any [`RedisConnection`]: a single-node
+//! [`redis::aio::ConnectionManager`] or [`redis::aio::MultiplexedConnection`], or a
+//! [`redis::cluster_async::ClusterConnection`]. This crate does not build the module.
+
+mod clock;
+mod config;
+mod conn;
+mod decision;
+mod error;
+mod fallback;
+mod health;
+mod jitter;
+mod lease;
+mod meter;
+mod metrics;
+mod prefetch;
+mod reply;
+mod take;
+
+pub use config::{FailurePolicy, LimiterConfig, PrefetchConfig};
+pub use conn::RedisConnection;
+pub use decision::{Decision, Source};
+pub use error::Error;
+pub use metrics::{Metrics, MetricsSnapshot, LATENCY_BUCKETS_US};
+pub use prefetch::PrefetchLimiter;
+pub use rl_core::{Limit, LimitError};
+pub use take::Limiter;
+
+/// The redis crate this client is built on, for building connections of the same version.
+pub use redis;
