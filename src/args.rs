@@ -74,11 +74,18 @@ pub fn parse_number(b: &[u8]) -> Option<f64> {
 }
 
 pub fn parse_integer(b: &[u8]) -> Option<u64> {
-    // Digits only: no sign, no spaces, at most 18 digits so it also fits an i64.
-    if b.is_empty() || b.len() > 18 || !b.iter().all(u8::is_ascii_digit) {
+    // Digits only (no sign, no spaces), and at most i64::MAX so Redis can take it back.
+    if b.is_empty() || b.len() > 19 {
         return None;
     }
-    Some(b.iter().fold(0u64, |acc, d| acc * 10 + u64::from(d - b'0')))
+    let mut n: u64 = 0;
+    for d in b {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n = n * 10 + u64::from(d - b'0');
+    }
+    (n <= i64::MAX as u64).then_some(n)
 }
 
 #[cfg(test)]

@@ -35,7 +35,11 @@ fn retry_after_is_enough() {
     assert_eq!(granted, 0);
     assert!((250..=300).contains(&retry), "retry {retry}");
     std::thread::sleep(Duration::from_millis(retry as u64));
-    assert_eq!(take(&mut c, "k", 10.0, 5.0, 3), 3, "sleeping retry_after_ms must be enough");
+    assert_eq!(
+        take(&mut c, "k", 10.0, 5.0, 3),
+        3,
+        "sleeping retry_after_ms must be enough"
+    );
 }
 
 #[test]
@@ -83,7 +87,13 @@ fn cap_change_carries_tokens_clamped() {
 fn n_above_cap_is_an_error() {
     let s = Server::start(&[]);
     let mut c = s.conn();
-    let err = redis::cmd("RL.TAKE").arg("k").arg(1).arg(3).arg(4).query::<i64>(&mut c).unwrap_err();
+    let err = redis::cmd("RL.TAKE")
+        .arg("k")
+        .arg(1)
+        .arg(3)
+        .arg(4)
+        .query::<i64>(&mut c)
+        .unwrap_err();
     assert!(err.to_string().contains("n must not exceed cap"), "{err}");
     let exists: i64 = c.exists("k").unwrap();
     assert_eq!(exists, 0);
@@ -94,7 +104,12 @@ fn wrong_type_is_refused_and_untouched() {
     let s = Server::start(&[]);
     let mut c = s.conn();
     let _: () = c.set("s", "hello").unwrap();
-    let err = redis::cmd("RL.TAKE").arg("s").arg(1).arg(3).query::<i64>(&mut c).unwrap_err();
+    let err = redis::cmd("RL.TAKE")
+        .arg("s")
+        .arg(1)
+        .arg(3)
+        .query::<i64>(&mut c)
+        .unwrap_err();
     assert_eq!(err.code(), Some("WRONGTYPE"), "{err}");
     let v: String = c.get("s").unwrap();
     assert_eq!(v, "hello");
@@ -113,10 +128,20 @@ fn very_high_rate() {
 fn command_metadata_routes_by_first_key() {
     let s = Server::start(&[]);
     let mut c = s.conn();
-    let keys: Vec<String> =
-        redis::cmd("COMMAND").arg("GETKEYS").arg("RL.TAKE").arg("bucket").arg(1).arg(2).query(&mut c).unwrap();
+    let keys: Vec<String> = redis::cmd("COMMAND")
+        .arg("GETKEYS")
+        .arg("RL.TAKE")
+        .arg("bucket")
+        .arg(1)
+        .arg(2)
+        .query(&mut c)
+        .unwrap();
     assert_eq!(keys, vec!["bucket"]);
-    let info: Value = redis::cmd("COMMAND").arg("INFO").arg("RL.TAKE").query(&mut c).unwrap();
+    let info: Value = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("RL.TAKE")
+        .query(&mut c)
+        .unwrap();
     let text = format!("{info:?}");
     for flag in ["write", "denyoom", "fast"] {
         assert!(text.contains(flag), "flag {flag} missing: {text}");
@@ -133,7 +158,10 @@ fn denied_call_dirties_nothing() {
     for _ in 0..10 {
         assert_eq!(take(&mut c, "k", 0.001, 1.0, 1), 0);
     }
-    assert_eq!(info_field(&mut c, "persistence", "rdb_changes_since_last_save"), before);
+    assert_eq!(
+        info_field(&mut c, "persistence", "rdb_changes_since_last_save"),
+        before
+    );
     assert_eq!(digest(&mut c, "k"), digest_before);
 }
 
@@ -143,7 +171,11 @@ fn info_counts_decisions() {
     let mut c = s.conn();
     take(&mut c, "k", 0.001, 3.0, 2);
     take(&mut c, "k", 0.001, 3.0, 2);
-    let _ = redis::cmd("RL.TAKE").arg("k").arg("x").arg(3).query::<i64>(&mut c);
+    let _ = redis::cmd("RL.TAKE")
+        .arg("k")
+        .arg("x")
+        .arg(3)
+        .query::<i64>(&mut c);
     assert_eq!(info_field(&mut c, "rl", "rl_calls"), 3);
     assert_eq!(info_field(&mut c, "rl", "rl_granted"), 1);
     assert_eq!(info_field(&mut c, "rl", "rl_denied"), 1);

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 pub use redis::{Commands, Connection, Value};
 
+pub mod cluster;
+
 /// The server binary: `$RL_SERVER`, else `redis-server` from `PATH`.
 pub fn server_binary() -> String {
     std::env::var("RL_SERVER").unwrap_or_else(|_| "redis-server".into())
@@ -20,21 +22,43 @@ pub fn server_binary() -> String {
 pub fn module_path() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let so = dir.join(format!("libredis_rl.{}", if cfg!(target_os = "macos") { "dylib" } else { "so" }));
-    assert!(so.exists(), "module not built at {} (run cargo build first)", so.display());
+    let so = dir.join(format!(
+        "libredis_rl.{}",
+        if cfg!(target_os = "macos") {
+            "dylib"
+        } else {
+            "so"
+        }
+    ));
+    assert!(
+        so.exists(),
+        "module not built at {} (run cargo build first)",
+        so.display()
+    );
     so
 }
 
 /// A free loopback port (for servers that must talk to each other over TCP).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn spawn(dir: &Path, port: u16, extra: &[String]) -> Child {
     let mut cmd = Command::new(server_binary());
     cmd.arg("--port")
         .arg(port.to_string())
-        .args(["--bind", "127.0.0.1", "--save", "", "--enable-debug-command", "yes"])
+        .args([
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--enable-debug-command",
+            "yes",
+        ])
         .args(["--daemonize", "no", "--loglevel", "warning"])
         .arg("--dir")
         .arg(dir)
@@ -45,7 +69,8 @@ fn spawn(dir: &Path, port: u16, extra: &[String]) -> Child {
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    cmd.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", server_binary()))
+    cmd.spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", server_binary()))
 }
 
 pub struct Server {
@@ -66,7 +91,12 @@ impl Server {
 
     fn launch(dir: tempfile::TempDir, port: u16, extra: Vec<String>) -> Server {
         let child = spawn(dir.path(), port, &extra);
-        let server = Server { child, dir, port, extra };
+        let server = Server {
+            child,
+            dir,
+            port,
+            extra,
+        };
         server.wait_ready();
         server
     }
@@ -77,8 +107,11 @@ impl Server {
 
     pub fn conn(&self) -> Connection {
         let client = redis::Client::open(self.url()).unwrap();
-        let conn = client.get_connection_with_timeout(Duration::from_secs(5)).unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let conn = client
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
         conn
     }
 
@@ -93,7 +126,11 @@ impl Server {
                     }
                 }
             }
-            assert!(Instant::now() < deadline, "server did not start: {}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "server did not start: {}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -146,7 +183,11 @@ impl Drop for Server {
 
 /// `DEBUG DIGEST-VALUE key` as hex.
 pub fn digest(c: &mut Connection, key: &str) -> String {
-    let v: Vec<String> = redis::cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(c).unwrap();
+    let v: Vec<String> = redis::cmd("DEBUG")
+        .arg("DIGEST-VALUE")
+        .arg(key)
+        .query(c)
+        .unwrap();
     v.into_iter().next().unwrap()
 }
 
@@ -168,13 +209,31 @@ pub fn info_field(c: &mut Connection, section: &str, field: &str) -> u64 {
 
 /// `RL.TAKE key rate cap n` → tokens granted.
 pub fn take(c: &mut Connection, key: &str, rate: f64, cap: f64, n: u64) -> i64 {
-    redis::cmd("RL.TAKE").arg(key).arg(rate).arg(cap).arg(n).query(c).unwrap()
+    redis::cmd("RL.TAKE")
+        .arg(key)
+        .arg(rate)
+        .arg(cap)
+        .arg(n)
+        .query(c)
+        .unwrap()
 }
 
 /// `RL.TAKE key rate cap n WITHSTATE` → (granted, remaining, retry_after_ms, reset_after_ms).
-pub fn take_state(c: &mut Connection, key: &str, rate: f64, cap: f64, n: u64) -> (i64, f64, i64, i64) {
-    let v: (i64, f64, i64, i64) =
-        redis::cmd("RL.TAKE").arg(key).arg(rate).arg(cap).arg(n).arg("WITHSTATE").query(c).unwrap();
+pub fn take_state(
+    c: &mut Connection,
+    key: &str,
+    rate: f64,
+    cap: f64,
+    n: u64,
+) -> (i64, f64, i64, i64) {
+    let v: (i64, f64, i64, i64) = redis::cmd("RL.TAKE")
+        .arg(key)
+        .arg(rate)
+        .arg(cap)
+        .arg(n)
+        .arg("WITHSTATE")
+        .query(c)
+        .unwrap();
     v
 }
 
@@ -189,8 +248,20 @@ pub fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
 
 /// Makes `replica` replicate `master` and waits until the link is up and in sync.
 pub fn replicate(replica: &Server, master: &Server) {
+    // The default waits 5 s for more replicas before a full sync starts.
+    let mut m = master.conn();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("repl-diskless-sync-delay")
+        .arg(0)
+        .query(&mut m)
+        .unwrap();
     let mut r = replica.conn();
-    let _: () = redis::cmd("REPLICAOF").arg("127.0.0.1").arg(master.port).query(&mut r).unwrap();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(master.port)
+        .query(&mut r)
+        .unwrap();
     wait_until(30, "replica link up", || {
         let info: String = redis::cmd("INFO").arg("replication").query(&mut r).unwrap();
         info.contains("master_link_status:up")
