@@ -59,7 +59,7 @@ fn parse(args: &Args) -> Result<Request> {
 pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
     let limit = super::limit(&args, 1)?;
     let req = parse(&args)?;
-    super::fits(req.min, &limit)?;
+    super::fits(req.min, &limit, "MIN must not exceed cap")?;
 
     let now = clock::now();
     let key = BucketKey::open(ctx, args.raw(0)?);

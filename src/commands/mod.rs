@@ -19,10 +19,10 @@ fn limit(args: &Args, i: usize) -> Result<Limit> {
     Ok(Limit::new(rate, cap)?)
 }
 
-/// A request for `n` tokens must be one the bucket can ever grant.
-fn fits(n: u64, limit: &Limit) -> Result<()> {
+/// A request for `n` tokens must be one the bucket can ever grant; `what` names it.
+fn fits(n: u64, limit: &Limit, what: &'static str) -> Result<()> {
     if n as f64 > limit.cap() {
-        return Err(Error::Invalid("n must not exceed cap"));
+        return Err(Error::Invalid(what));
     }
     Ok(())
 }

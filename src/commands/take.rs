@@ -23,7 +23,7 @@ pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
             return Err(args.unknown(i));
         }
     }
-    super::fits(n, &limit)?;
+    super::fits(n, &limit, "n must not exceed cap")?;
 
     let now = clock::now();
     let key = BucketKey::open(ctx, args.raw(0)?);
