@@ -2,7 +2,14 @@
 
 use std::time::Duration;
 
+use rl_core::Limit;
+
 use crate::Error;
+
+/// `rate` tokens per second, bursts of `cap`: [`Limit::new`] with this crate's error type.
+pub fn limit(rate: f64, cap: f64) -> Result<Limit, Error> {
+    Ok(Limit::new(rate, cap)?)
+}
 
 /// What a limiter decides when Redis is unreachable, slow (a call exceeded
 /// [`LimiterConfig::timeout`]) or answers with an error. Every such decision is counted in

@@ -56,3 +56,9 @@ impl From<redis::RedisError> for Error {
         Error::Redis(e)
     }
 }
+
+impl From<rl_core::LimitError> for Error {
+    fn from(e: rl_core::LimitError) -> Error {
+        Error::Config(e.message())
+    }
+}

@@ -13,6 +13,8 @@
 //! [`redis::aio::ConnectionManager`] or [`redis::aio::MultiplexedConnection`], or a
 //! [`redis::cluster_async::ClusterConnection`]. This crate does not build the module.
 
+#![warn(missing_docs)]
+
 mod clock;
 mod config;
 mod conn;
@@ -28,7 +30,7 @@ mod prefetch;
 mod reply;
 mod take;
 
-pub use config::{FailurePolicy, LimiterConfig, PrefetchConfig};
+pub use config::{limit, FailurePolicy, LimiterConfig, PrefetchConfig};
 pub use conn::RedisConnection;
 pub use decision::{Decision, Source};
 pub use error::Error;

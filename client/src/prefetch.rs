@@ -30,12 +30,12 @@ use crate::{reply, Decision, Error, Metrics, PrefetchConfig, Source};
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use rl_client::{Limit, PrefetchConfig, PrefetchLimiter};
+/// use rl_client::{limit, PrefetchConfig, PrefetchLimiter};
 /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
 /// let conn = redis::aio::ConnectionManager::new(client).await?;
 /// // The whole fleet may call the partner API 500 times a second, bursts of 1000.
-/// let limit = Limit::new(500.0, 1000.0)?;
-/// let limiter = PrefetchLimiter::new(conn, "partner-api", limit, PrefetchConfig::default())?;
+/// let quota = limit(500.0, 1000.0)?;
+/// let limiter = PrefetchLimiter::new(conn, "partner-api", quota, PrefetchConfig::default())?;
 /// if limiter.take(1).await?.allowed {
 ///     // call the partner API
 /// }

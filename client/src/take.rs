@@ -20,11 +20,11 @@ use crate::{Decision, Error, LimiterConfig, Metrics, Source};
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use rl_client::{Limit, Limiter, LimiterConfig};
+/// use rl_client::{limit, Limiter, LimiterConfig};
 /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
 /// let conn = redis::aio::ConnectionManager::new(client).await?;
 /// // 10 requests a second per user, bursts of 20.
-/// let limiter = Limiter::new(conn, Limit::new(10.0, 20.0)?, LimiterConfig::default())?;
+/// let limiter = Limiter::new(conn, limit(10.0, 20.0)?, LimiterConfig::default())?;
 /// let decision = limiter.take("user:42", 1).await?;
 /// if !decision.allowed {
 ///     println!("retry in {:?}", decision.retry_after);
