@@ -57,7 +57,13 @@ pub fn check() -> Result<(), &'static str> {
         RedisModule_WrongArity,
         RedisModule_CreateString,
         RedisModule_FreeString,
-        RedisModule_ReplicateVerbatim
+        RedisModule_ReplicateVerbatim,
+        RedisModule_ReplyWithMap,
+        RedisModule_ReplyWithCString,
+        RedisModule_ReplyWithString,
+        RedisModule_IsKeysPositionRequest,
+        RedisModule_KeyAtPos,
+        RedisModule_InfoAddFieldCString
     );
     Ok(())
 }
@@ -82,6 +88,21 @@ pub fn reply_double(ctx: *mut Ctx, v: f64) {
 
 pub fn reply_array(ctx: *mut Ctx, len: usize) {
     rm!(RedisModule_ReplyWithArray(ctx, len as std::os::raw::c_long));
+}
+
+/// A map of `len` pairs (a flat array of `2 * len` under RESP2).
+pub fn reply_map(ctx: *mut Ctx, len: usize) {
+    rm!(RedisModule_ReplyWithMap(ctx, len as std::os::raw::c_long));
+}
+
+/// A bulk string.
+pub fn reply_text(ctx: *mut Ctx, s: &std::ffi::CStr) {
+    rm!(RedisModule_ReplyWithCString(ctx, s.as_ptr()));
+}
+
+/// A Redis string as it is (a key name, say).
+pub fn reply_string(ctx: *mut Ctx, s: *mut RStr) {
+    rm!(RedisModule_ReplyWithString(ctx, s));
 }
 
 pub fn reply_null(ctx: *mut Ctx) {

@@ -16,9 +16,17 @@ pub struct BucketKey {
 
 impl BucketKey {
     pub fn open(ctx: *mut Ctx, name: *mut RStr) -> BucketKey {
-        let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as i32;
+        BucketKey::open_with(ctx, name, raw::REDISMODULE_READ | raw::REDISMODULE_WRITE)
+    }
+
+    /// Opens a key only to read it (read-only commands; replicas serve these).
+    pub fn open_read(ctx: *mut Ctx, name: *mut RStr) -> BucketKey {
+        BucketKey::open_with(ctx, name, raw::REDISMODULE_READ)
+    }
+
+    fn open_with(ctx: *mut Ctx, name: *mut RStr, mode: u32) -> BucketKey {
         BucketKey {
-            key: rm!(RedisModule_OpenKey(ctx, name, mode)).cast(),
+            key: rm!(RedisModule_OpenKey(ctx, name, mode as i32)).cast(),
         }
     }
 

@@ -13,6 +13,7 @@ pub mod args;
 pub mod clock;
 pub mod command;
 pub mod commands;
+pub mod config;
 pub mod datatype;
 pub mod error;
 pub mod key;
@@ -21,6 +22,7 @@ pub mod stats;
 pub mod stored;
 
 use datatype::BUCKET_TYPE;
+use redis_module::configuration::ConfigurationFlags;
 use redis_module::{redis_module, Context, RedisString, Status};
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
@@ -46,4 +48,14 @@ redis_module! {
     data_types: [BUCKET_TYPE],
     init: init,
     commands: [],
+    // The macro wants every kind listed when module args are configs.
+    configurations: [
+        i64: [],
+        string: [],
+        bool: [],
+        enum: [
+            ["mode", &config::MODE, config::Mode::Enforce, ConfigurationFlags::DEFAULT, None],
+        ],
+        module_args_as_configuration: true,
+    ]
 }

@@ -124,6 +124,11 @@ pub fn stored_number(x: f32) -> String {
     format!("{}", f64::from(x))
 }
 
+/// A stored `f32` as people wrote it: `0.1`, not `0.10000000149011612`.
+pub fn shown_number(x: f32) -> f64 {
+    x.to_string().parse().unwrap_or(f64::from(x))
+}
+
 /// AOF rewrite: the commands that rebuild this key.
 ///
 /// # Safety

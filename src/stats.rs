@@ -48,6 +48,9 @@ counters! {
     ERRORS: "Calls answered with an error.",
     GRANTED: "RL.TAKE calls granted.",
     DENIED: "RL.TAKE calls denied.",
+    SHADOW_DENIED: "Calls that would have been denied but were granted: rl.mode is shadow.",
+    MTAKE_GRANTED: "RL.MTAKE calls granted (every bucket debited).",
+    MTAKE_DENIED: "RL.MTAKE calls denied (no bucket debited).",
     TOKENS_GRANTED: "Tokens granted by RL.TAKE.",
     LEASES_GRANTED: "RL.LEASE calls that granted a lease.",
     LEASES_DENIED: "RL.LEASE calls that granted nothing.",
@@ -76,5 +79,15 @@ pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c
                 counter.get()
             ));
         }
+        let mode = if crate::config::shadow() {
+            c"shadow"
+        } else {
+            c"enforce"
+        };
+        rm!(RedisModule_InfoAddFieldCString(
+            ctx,
+            c"mode".as_ptr(),
+            mode.as_ptr()
+        ));
     });
 }

@@ -1,14 +1,14 @@
-//! `RL.LEASE key rate cap n ttl_ms [MIN m] [RETURN lease_id unused]`: take up to `n` tokens
-//! at once for a holder to spend locally until `ttl_ms` passes, optionally settling the
-//! holder's previous lease in the same call.
+//! `RL.LEASE key rate cap n ttl_ms [MIN m] [RETURN lease_id unused] [INIT tokens]`: take up
+//! to `n` tokens at once for a holder to spend locally until `ttl_ms` passes, optionally
+//! settling the holder's previous lease in the same call.
 
 use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::key::{take_table, BucketKey};
 use crate::propagate::{self, Head};
-use crate::{clock, stats};
-use rl_core::{ceil_millis, Level, Settled, MAX_LEASES};
+use crate::{clock, config, stats};
+use rl_core::{ceil_millis, Limit, Settled, MAX_LEASES};
 
 /// Longest lease: a day. A lease keeps its key alive, and a holder that needs tokens for
 /// longer renews.
@@ -19,9 +19,10 @@ struct Request {
     ttl_ms: u64,
     min: u64,
     returning: Option<(u64, u64)>,
+    init: Option<f64>,
 }
 
-fn parse(args: &Args) -> Result<Request> {
+fn parse(args: &Args, limit: &Limit) -> Result<Request> {
     if args.len() < 5 {
         return Err(Error::Arity);
     }
@@ -35,6 +36,7 @@ fn parse(args: &Args) -> Result<Request> {
         ttl_ms,
         min: 1,
         returning: None,
+        init: None,
     };
     let mut i = 5;
     while i < args.len() {
@@ -46,6 +48,9 @@ fn parse(args: &Args) -> Result<Request> {
             let unused = args.integer(i + 2, "unused must be a non-negative integer")?;
             req.returning = Some((id, unused));
             i += 3;
+        } else if args.is(i, "INIT") {
+            req.init = Some(super::init_tokens(args, i + 1, limit)?);
+            i += 2;
         } else {
             return Err(args.unknown(i));
         }
@@ -58,13 +63,14 @@ fn parse(args: &Args) -> Result<Request> {
 
 pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
     let limit = super::limit(&args, 1)?;
-    let req = parse(&args)?;
+    let req = parse(&args, &limit)?;
     super::fits(req.min, &limit, "MIN must not exceed cap")?;
 
     let now = clock::now();
     let key = BucketKey::open(ctx, args.raw(0)?);
     let mut state = key.state()?;
-    let mut level = Level::new(state.as_ref().map(|s| s.bucket()), limit, now);
+    let mut level = super::level_of(state.as_ref(), limit, now, req.init);
+    let created = super::created_below_full(state.as_ref(), &level);
 
     // Decide everything before changing anything, so an error or a denial writes nothing.
     let table = state.as_ref().and_then(|s| s.table());
@@ -87,7 +93,7 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
     }
 
     let mut opened = None;
-    if got > 0 || returned.is_some() {
+    if got > 0 || returned.is_some() || created {
         let mut table = take_table(&mut state);
         stats::LEASES_EXPIRED.add(table.prune(now) as u64);
         if let Some((id, unused)) = req.returning {
@@ -111,29 +117,30 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
         propagate::leases(ctx, &head, now, returned.map(|(id, _)| id), opened.as_ref());
     }
 
+    let shadow = opened.is_none() && config::shadow();
     match opened {
         Some(l) => {
             stats::LEASES_GRANTED.add(1);
             stats::LEASE_TOKENS_GRANTED.add(l.tokens);
         }
+        None if shadow => stats::SHADOW_DENIED.add(1),
         None => stats::LEASES_DENIED.add(1),
     }
-    let retry = if opened.is_some() {
-        0
-    } else {
-        level.wait_for(req.min as f64).map_or(0, ceil_millis)
+    // In shadow mode a denial answers as a grant of `n` under no lease (id 0): nothing is
+    // recorded, so there is nothing to return.
+    let (granted, id) = match opened {
+        Some(l) => (l.tokens, l.id),
+        None if shadow => (req.n, 0),
+        None => (0, 0),
+    };
+    let (retry, ttl) = match granted {
+        0 => (level.wait_for(req.min as f64).map_or(0, ceil_millis), 0),
+        _ => (0, req.ttl_ms),
     };
     api::reply_array(ctx, 4);
-    api::reply_integer(ctx, opened.map_or(0, |l| l.tokens) as i64);
-    api::reply_integer(ctx, opened.map_or(0, |l| l.id) as i64);
-    api::reply_integer(
-        ctx,
-        if opened.is_some() {
-            req.ttl_ms as i64
-        } else {
-            0
-        },
-    );
+    api::reply_integer(ctx, granted as i64);
+    api::reply_integer(ctx, id as i64);
+    api::reply_integer(ctx, ttl as i64);
     api::reply_integer(ctx, retry as i64);
     Ok(())
 }

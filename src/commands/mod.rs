@@ -1,6 +1,8 @@
 //! The commands, one file each, and what they share.
 
 pub mod lease;
+pub mod mtake;
+pub mod peek;
 pub mod return_lease;
 pub mod setstate;
 pub mod take;
@@ -10,7 +12,8 @@ use crate::args::Args;
 use crate::command::{self, Spec};
 use crate::entry;
 use crate::error::{Error, Result};
-use rl_core::Limit;
+use crate::stored::StateMut;
+use rl_core::{Level, Limit, Nanos};
 
 /// `rate cap` at argument `i`.
 fn limit(args: &Args, i: usize) -> Result<Limit> {
@@ -25,6 +28,31 @@ fn fits(n: u64, limit: &Limit, what: &'static str) -> Result<()> {
         return Err(Error::Invalid(what));
     }
     Ok(())
+}
+
+/// The `tokens` of `INIT tokens` at argument `i`: what a bucket that does not exist yet
+/// starts with instead of full (warm start).
+fn init_tokens(args: &Args, i: usize, limit: &Limit) -> Result<f64> {
+    let tokens = args.number(i, "INIT must be a number")?;
+    if !(0.0..=limit.cap()).contains(&tokens) {
+        return Err(Error::Invalid("INIT must be between 0 and cap"));
+    }
+    Ok(tokens)
+}
+
+/// The bucket a command works on: the stored one refilled to `now`, or a new one (full, or
+/// holding `init` tokens).
+fn level_of(state: Option<&StateMut>, limit: Limit, now: Nanos, init: Option<f64>) -> Level {
+    match (state, init) {
+        (None, Some(tokens)) => Level::starting_with(limit, tokens, now),
+        (state, _) => Level::new(state.map(|s| s.bucket()), limit, now),
+    }
+}
+
+/// Whether a new bucket started below full must be stored even if the call is denied:
+/// otherwise every call would start it afresh and it would never fill.
+fn created_below_full(state: Option<&StateMut>, level: &Level) -> bool {
+    state.is_none() && level.reset_after() > 0
 }
 
 pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CStr> {
@@ -45,6 +73,24 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
             first_key: 1,
             last_key: 1,
             key_step: 1,
+        },
+        Spec {
+            name: c"RL.PEEK",
+            func: entry!(peek::peek, true),
+            flags: c"readonly fast",
+            first_key: 1,
+            last_key: 1,
+            key_step: 1,
+        },
+        // Keys at 2, 5, 8...; options after them, so the command reports its keys itself
+        // (getkeys-api) and counts its own calls (key-position requests are not calls).
+        Spec {
+            name: c"RL.MTAKE",
+            func: entry!(mtake::mtake, false),
+            flags: c"write deny-oom getkeys-api",
+            first_key: 2,
+            last_key: -1,
+            key_step: 3,
         },
         Spec {
             name: c"RL.RETURN",

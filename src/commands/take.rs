@@ -1,36 +1,42 @@
-//! `RL.TAKE key rate cap [n] [WITHSTATE]`: refill, check and debit in one step.
+//! `RL.TAKE key rate cap [n] [WITHSTATE] [INIT tokens]`: refill, check and debit in one step.
 
 use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
 use crate::propagate::{self, Head};
-use crate::{clock, stats};
-use rl_core::{ceil_millis, Level};
+use crate::{clock, config, stats};
+use rl_core::ceil_millis;
 
 pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
-    if !(3..=5).contains(&args.len()) {
+    if !(3..=7).contains(&args.len()) {
         return Err(Error::Arity);
     }
     let limit = super::limit(&args, 1)?;
-    let (mut n, mut with_state) = (1, false);
-    for i in 3..args.len() {
+    let (mut n, mut with_state, mut init) = (1, false, None);
+    let mut i = 3;
+    while i < args.len() {
         if args.is(i, "WITHSTATE") {
             with_state = true;
+        } else if args.is(i, "INIT") {
+            init = Some(super::init_tokens(&args, i + 1, &limit)?);
+            i += 1;
         } else if i == 3 {
             n = args.positive(i, "n must be a positive integer")?;
         } else {
             return Err(args.unknown(i));
         }
+        i += 1;
     }
     super::fits(n, &limit, "n must not exceed cap")?;
 
     let now = clock::now();
     let key = BucketKey::open(ctx, args.raw(0)?);
     let state = key.state()?;
-    let mut level = Level::new(state.as_ref().map(|s| s.bucket()), limit, now);
+    let mut level = super::level_of(state.as_ref(), limit, now, init);
+    let created = super::created_below_full(state.as_ref(), &level);
     let granted = level.try_take(n as f64);
-    if granted {
+    if granted || created {
         let bucket = level.bucket();
         key.store(state, bucket);
         let head = Head {
@@ -40,18 +46,23 @@ pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
             cap: args.raw(2)?,
         };
         propagate::bucket(ctx, &head);
-        stats::GRANTED.add(1);
-        stats::TOKENS_GRANTED.add(n);
-    } else {
-        stats::DENIED.add(1);
+    }
+    let answered = granted || config::shadow();
+    match (granted, answered) {
+        (true, _) => {
+            stats::GRANTED.add(1);
+            stats::TOKENS_GRANTED.add(n);
+        }
+        (false, true) => stats::SHADOW_DENIED.add(1),
+        (false, false) => stats::DENIED.add(1),
     }
 
-    let reply = if granted { n as i64 } else { 0 };
+    let reply = if answered { n as i64 } else { 0 };
     if !with_state {
         api::reply_integer(ctx, reply);
         return Ok(());
     }
-    let retry = if granted {
+    let retry = if answered {
         0
     } else {
         level.wait_for(n as f64).map_or(0, ceil_millis)

@@ -1,0 +1,159 @@
+//! `RL.MTAKE n key rate cap [key rate cap ...] [WITHSTATE] [INIT tokens]`: take `n` tokens
+//! from every bucket, or from none. For limits checked together (per user, per API,
+//! global) in one round trip.
+//!
+//! Reply: `[granted, denied_by, retry_after_ms]` (+ `[remaining...]` with `WITHSTATE`):
+//! `granted` is `n` or 0; `denied_by` the key whose wait is longest (nil when granted);
+//! `retry_after_ms` that wait, rounded up. In Cluster the keys must share a slot (hash tags).
+
+use crate::api::{self, Ctx};
+use crate::args::Args;
+use crate::error::{Error, Result};
+use crate::key::BucketKey;
+use crate::propagate::{self, Head};
+use crate::{clock, config, rm, stats};
+use rl_core::{ceil_millis, Limit};
+
+/// Most buckets one call may check.
+const MAX_BUCKETS: usize = 64;
+
+/// Where the bucket triples end and what options follow them. Options are read from the
+/// end: a `WITHSTATE` or `INIT x` there cannot be part of a triple (rate and cap are numbers).
+struct Shape {
+    /// Arguments `1..end` are the triples.
+    end: usize,
+    with_state: bool,
+    /// Argument index of `INIT`'s value.
+    init_at: Option<usize>,
+}
+
+fn shape(args: &Args) -> Result<Shape> {
+    let mut s = Shape {
+        end: args.len(),
+        with_state: false,
+        init_at: None,
+    };
+    loop {
+        if s.end > 1 && args.is(s.end - 1, "WITHSTATE") && !s.with_state {
+            s.with_state = true;
+            s.end -= 1;
+        } else if s.end > 2 && args.is(s.end - 2, "INIT") && s.init_at.is_none() {
+            s.init_at = Some(s.end - 1);
+            s.end -= 2;
+        } else {
+            break;
+        }
+    }
+    let triples = s.end.saturating_sub(1);
+    if triples == 0 || triples % 3 != 0 {
+        return Err(Error::Arity);
+    }
+    if triples / 3 > MAX_BUCKETS {
+        return Err(Error::Invalid("at most 64 buckets per call"));
+    }
+    Ok(s)
+}
+
+pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
+    // Cluster routing and COMMAND GETKEYS ask where the keys are (options follow them).
+    if rm!(RedisModule_IsKeysPositionRequest(ctx)) != 0 {
+        if let Ok(s) = shape(&args) {
+            // Argument `i` is at argv position `i + 1` (the command name is argv 0).
+            for i in (1..s.end).step_by(3) {
+                rm!(RedisModule_KeyAtPos(ctx, (i + 1) as i32));
+            }
+        }
+        return Ok(());
+    }
+    stats::CALLS.add(1);
+    let s = shape(&args)?;
+    let n = args.positive(0, "n must be a positive integer")?;
+    let mut limits: Vec<Limit> = Vec::with_capacity(s.end / 3);
+    let mut init = None;
+    for i in (1..s.end).step_by(3) {
+        let limit = super::limit(&args, i + 1)?;
+        super::fits(n, &limit, "n must not exceed cap")?;
+        if let Some(at) = s.init_at {
+            init = Some(super::init_tokens(&args, at, &limit)?);
+        }
+        let name = args.bytes(i)?;
+        if (1..i)
+            .step_by(3)
+            .any(|j| args.bytes(j).is_ok_and(|b| b == name))
+        {
+            return Err(Error::Invalid("a key appears twice"));
+        }
+        limits.push(limit);
+    }
+
+    let now = clock::now();
+    let keys: Vec<BucketKey> = (1..s.end)
+        .step_by(3)
+        .map(|i| args.raw(i).map(|k| BucketKey::open(ctx, k)))
+        .collect::<Result<_>>()?;
+    let states = keys
+        .iter()
+        .map(BucketKey::state)
+        .collect::<Result<Vec<_>>>()?;
+    let mut levels: Vec<_> = states
+        .iter()
+        .zip(&limits)
+        .map(|(st, l)| super::level_of(st.as_ref(), *l, now, init))
+        .collect();
+    let created: Vec<bool> = states
+        .iter()
+        .zip(&levels)
+        .map(|(st, lv)| super::created_below_full(st.as_ref(), lv))
+        .collect();
+
+    // All or nothing: look at every bucket before debiting any.
+    let waits: Vec<u64> = levels
+        .iter()
+        .map(|l| l.wait_for(n as f64).unwrap_or(u64::MAX))
+        .collect();
+    let (worst, &longest) = waits
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, w)| **w)
+        .unwrap_or((0, &0));
+    let granted = longest == 0;
+    for (j, ((key, state), level)) in keys.iter().zip(states).zip(levels.iter_mut()).enumerate() {
+        let debited = granted && level.try_take(n as f64);
+        if !debited && !created[j] {
+            continue;
+        }
+        let bucket = level.bucket();
+        key.store(state, bucket);
+        let i = 1 + 3 * j;
+        let head = Head {
+            key: args.raw(i)?,
+            full_at: bucket.full_at(),
+            rate: args.raw(i + 1)?,
+            cap: args.raw(i + 2)?,
+        };
+        propagate::bucket(ctx, &head);
+    }
+
+    let answered = granted || config::shadow();
+    match (granted, answered) {
+        (true, _) => stats::MTAKE_GRANTED.add(1),
+        (false, true) => stats::SHADOW_DENIED.add(1),
+        (false, false) => stats::MTAKE_DENIED.add(1),
+    }
+    api::reply_array(ctx, if s.with_state { 4 } else { 3 });
+    api::reply_integer(ctx, if answered { n as i64 } else { 0 });
+    if answered {
+        api::reply_null(ctx);
+        api::reply_integer(ctx, 0);
+    } else {
+        api::reply_string(ctx, args.raw(1 + 3 * worst)?);
+        api::reply_integer(ctx, ceil_millis(longest) as i64);
+    }
+    if s.with_state {
+        api::reply_array(ctx, levels.len());
+        for level in &levels {
+            api::reply_double(ctx, level.tokens());
+        }
+    }
+    Ok(())
+}
