@@ -166,5 +166,8 @@ async fn fleet_never_spends_more_than_the_bucket_allows() {
     // Every token spent was debited by the server and not credited back.
     let leased = server.info("rl", "rl_lease_tokens_granted");
     let returned = server.info("rl", "rl_tokens_returned");
-    assert!(leased - returned >= spent as f64, "{leased} - {returned} < {spent}");
+    assert!(
+        leased - returned >= spent as f64,
+        "{leased} - {returned} < {spent}"
+    );
 }
