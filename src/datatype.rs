@@ -1,13 +1,16 @@
 //! The `rl-bucket` module type: persistence (RDB, AOF rewrite), digest, copy, memory usage.
 //!
 //! RDB encoding version 1, per key:
-//! `full_at rate cap lease_count [last_id (id tokens expires_at) * lease_count]`
-//! (unsigned, float, float, unsigned, then unsigneds). A newer module that changes the layout
-//! bumps [`ENCODING_VERSION`] and keeps reading version 1.
+//! `full_at rate cap table [last_id (id tokens expires_at) * (table - 1)]`
+//! (unsigned, float, float, unsigned, then unsigneds), where `table` is 0 for a bucket that
+//! never had a lease and `1 + live leases` for one that did. A newer module that changes
+//! the layout bumps [`ENCODING_VERSION`] and keeps reading version 1.
+//!
+//! `free`, `copy` and `rdb_load` keep `rl_leases_active` equal to the leases held in memory.
 
-use crate::propagate;
 use crate::rm;
 use crate::stored::{self, StateMut, Stored};
+use crate::{propagate, stats};
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleDigest, RedisModuleIO, RedisModuleString};
 use rl_core::{Bucket, Lease, LeaseTable, MAX_LEASES};
@@ -63,7 +66,10 @@ unsafe extern "C" fn rdb_save(io: *mut RedisModuleIO, value: *mut c_void) {
             rm!(RedisModule_SaveUnsigned(io, 0));
             return;
         };
-        rm!(RedisModule_SaveUnsigned(io, table.leases().len() as u64));
+        rm!(RedisModule_SaveUnsigned(
+            io,
+            1 + table.leases().len() as u64
+        ));
         rm!(RedisModule_SaveUnsigned(io, table.last_id()));
         for l in table.leases() {
             rm!(RedisModule_SaveUnsigned(io, l.id));
@@ -87,10 +93,11 @@ unsafe fn load(io: *mut RedisModuleIO) -> Option<Stored> {
     let full_at = rm!(RedisModule_LoadUnsigned(io));
     let rate = rm!(RedisModule_LoadFloat(io));
     let cap = rm!(RedisModule_LoadFloat(io));
-    let count = rm!(RedisModule_LoadUnsigned(io));
+    let table = rm!(RedisModule_LoadUnsigned(io));
+    let count = table.saturating_sub(1);
     let mut leases = Vec::new();
     let mut last_id = 0;
-    if count > 0 && count <= MAX_LEASES as u64 {
+    if table > 0 && count <= MAX_LEASES as u64 {
         last_id = rm!(RedisModule_LoadUnsigned(io));
         for _ in 0..count {
             let id = rm!(RedisModule_LoadUnsigned(io));
@@ -108,6 +115,7 @@ unsafe fn load(io: *mut RedisModuleIO) -> Option<Stored> {
     }
     let bucket = Bucket::from_parts(full_at, rate, cap)?;
     let table = LeaseTable::from_parts(last_id, leases)?;
+    stats::LEASES_ACTIVE.add_shared(table.leases().len() as u64);
     Some(Stored::new(bucket, table))
 }
 
@@ -148,7 +156,15 @@ unsafe extern "C" fn digest(md: *mut RedisModuleDigest, value: *mut c_void) {
 }
 
 unsafe extern "C" fn free(value: *mut c_void) {
-    guard((), || drop(Stored::from_raw(value)))
+    guard((), || {
+        if let Stored::Leased(l) = Stored::from_raw(value) {
+            // A key goes when its bucket is full and its leases expired (or by DEL, FLUSHALL):
+            // what it still holds is gone without a return.
+            let held = l.table.leases().len() as u64;
+            stats::LEASES_ACTIVE.sub_shared(held);
+            stats::LEASES_EXPIRED.add_shared(held);
+        }
+    })
 }
 
 unsafe extern "C" fn copy(
@@ -159,7 +175,10 @@ unsafe extern "C" fn copy(
     guard(std::ptr::null_mut(), || {
         let copy = match StateMut::from_raw(value.cast_mut()) {
             StateMut::Plain(b) => Stored::Plain(Box::new(*b)),
-            StateMut::Leased(l) => Stored::new(l.bucket, l.table.clone()),
+            StateMut::Leased(l) => {
+                stats::LEASES_ACTIVE.add_shared(l.table.leases().len() as u64);
+                Stored::new(l.bucket, l.table.clone())
+            }
         };
         copy.into_raw()
     })

@@ -87,16 +87,18 @@ impl BucketKey {
 
     /// Writes a bucket state with its leases (taken out by [`take_table`]), in the
     /// encoding that fits.
+    /// A bucket that had leases keeps its table (see [`Stored::new`]).
     pub fn store_with_leases(&self, state: Option<StateMut>, bucket: Bucket, table: LeaseTable) {
-        stats::LEASES_ACTIVE.add(table.leases().len() as u64);
+        stats::LEASES_ACTIVE.add_shared(table.leases().len() as u64);
         let expires = stored::expires_at(&bucket, Some(&table));
+        let never_leased = table.is_empty() && table.last_id() == 0;
         match state {
-            Some(StateMut::Leased(l)) if !table.is_empty() => {
+            Some(StateMut::Leased(l)) => {
                 l.bucket = bucket;
                 l.table = table;
                 self.expire_at(expires);
             }
-            Some(StateMut::Plain(b)) if table.is_empty() => {
+            Some(StateMut::Plain(b)) if never_leased => {
                 *b = bucket;
                 self.expire_at(expires);
             }
@@ -121,7 +123,7 @@ pub fn take_table(state: &mut Option<StateMut>) -> LeaseTable {
     match state {
         Some(StateMut::Leased(l)) => {
             let table = std::mem::take(&mut l.table);
-            stats::LEASES_ACTIVE.sub(table.leases().len() as u64);
+            stats::LEASES_ACTIVE.sub_shared(table.leases().len() as u64);
             table
         }
         _ => LeaseTable::default(),

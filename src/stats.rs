@@ -19,9 +19,17 @@ impl Counter {
         self.0.store(self.0.load(Relaxed).wrapping_add(n), Relaxed);
     }
 
-    pub fn sub(&self, n: u64) {
-        self.0
-            .store(self.0.load(Relaxed).saturating_sub(n), Relaxed);
+    /// For counters that values' lifecycle callbacks also move: `free` may run on a
+    /// background thread (`FLUSHALL ASYNC`), so these use atomic read-modify-writes.
+    pub fn add_shared(&self, n: u64) {
+        self.0.fetch_add(n, Relaxed);
+    }
+
+    pub fn sub_shared(&self, n: u64) {
+        // Never below zero, even if some count was missed.
+        let _ = self
+            .0
+            .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(n)));
     }
 
     pub fn get(&self) -> u64 {
@@ -57,7 +65,7 @@ counters! {
     LEASE_TOKENS_GRANTED: "Tokens granted in leases.",
     RETURNS: "Leases closed by a return (RL.RETURN or RL.LEASE ... RETURN).",
     TOKENS_RETURNED: "Tokens credited back by returns.",
-    LEASES_EXPIRED: "Leases that expired without a return (counted when pruned).",
+    LEASES_EXPIRED: "Leases gone without a return: expired (counted when dropped) or deleted with their key.",
     LEASES_ACTIVE: "Leases recorded in buckets now (expired ones leave at the key's next write).",
 }
 

@@ -43,9 +43,11 @@ pub enum StateMut<'a> {
 }
 
 impl Stored {
-    /// The encoding that fits: leases only when there are some.
+    /// The encoding that fits: plain for a bucket that never had a lease. One that had some
+    /// stays leased while its key lives, so the last lease id is remembered and ids are
+    /// never handed out twice.
     pub fn new(bucket: Bucket, table: LeaseTable) -> Stored {
-        if table.is_empty() {
+        if table.is_empty() && table.last_id() == 0 {
             Stored::Plain(Box::new(bucket))
         } else {
             Stored::Leased(Box::new(Leased::new(bucket, table)))

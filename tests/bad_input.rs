@@ -155,3 +155,21 @@ fn malformed_calls_get_errors_and_change_nothing() {
     assert_eq!(pong, "PONG");
     assert!(info_field(&mut c, "rl", "rl_errors") >= calls.len() as u64 - 10);
 }
+
+#[test]
+fn a_panic_inside_a_command_is_an_error_reply() {
+    // RL.DEBUG-PANIC exists in debug builds (the ones the tests load) and panics inside
+    // the command boundary.
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let err = redis::cmd("RL.DEBUG-PANIC")
+        .query::<Value>(&mut c)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("internal error in redis-rl"),
+        "{err}"
+    );
+    let pong: String = redis::cmd("PING").query(&mut c).unwrap();
+    assert_eq!(pong, "PONG");
+    assert_eq!(take(&mut c, "k", 1.0, 1.0, 1), 1);
+}

@@ -19,6 +19,14 @@ pub enum LimitError {
     FillTime,
 }
 
+impl std::fmt::Display for LimitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl std::error::Error for LimitError {}
+
 impl LimitError {
     pub fn message(self) -> &'static str {
         match self {

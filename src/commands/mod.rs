@@ -1,5 +1,7 @@
 //! The commands, one file each, and what they share.
 
+#[cfg(debug_assertions)]
+pub mod debug_panic;
 pub mod lease;
 pub mod mtake;
 pub mod peek;
@@ -112,5 +114,18 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
     ];
     specs
         .iter()
-        .try_for_each(|spec| command::register(ctx, spec))
+        .try_for_each(|spec| command::register(ctx, spec))?;
+    #[cfg(debug_assertions)]
+    command::register(
+        ctx,
+        &Spec {
+            name: c"RL.DEBUG-PANIC",
+            func: entry!(debug_panic::debug_panic, false),
+            flags: c"readonly",
+            first_key: 0,
+            last_key: 0,
+            key_step: 0,
+        },
+    )?;
+    Ok(())
 }

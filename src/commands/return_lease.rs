@@ -29,7 +29,7 @@ pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {
     };
 
     let mut table = take_table(&mut state);
-    stats::LEASES_EXPIRED.add(table.prune(now) as u64);
+    stats::LEASES_EXPIRED.add_shared(table.prune(now) as u64);
     let Settled::Returned { credited } = table.settle(id, unused, now) else {
         unreachable!("the lease was live a moment ago");
     };
