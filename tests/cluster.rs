@@ -146,8 +146,9 @@ fn ten_thousand_buckets_over_all_shards() {
     // Each replica holds exactly its master's buckets.
     for &m in &masters {
         let mut mc = cluster.conn(m);
-        wait_one_replica(&mut mc);
         let r = cluster.replica_of(m);
+        // The writes came from the cluster client: wait by offset, not WAIT.
+        wait_synced(&cluster.servers[m], &cluster.servers[r]);
         assert_eq!(
             dataset_digest(&mut mc),
             dataset_digest(&mut cluster.conn(r)),
@@ -230,6 +231,7 @@ fn hash_tagged_buckets_land_together() {
         .map(|i| format!("{{other-{i}}}:api"))
         .find(|k| owners[slot_of(k)] == owner && get_slot(k.as_bytes()) != get_slot(b"tenant-0"))
         .unwrap();
+    let before = digest(&mut oc, "{tenant-0}:api");
     let queued: String = redis::cmd("MULTI").query(&mut oc).unwrap();
     assert_eq!(queued, "OK");
     let _: String = redis::cmd("RL.TAKE")
@@ -239,7 +241,6 @@ fn hash_tagged_buckets_land_together() {
         .arg(1)
         .query(&mut oc)
         .unwrap();
-    let before = digest(&mut oc, "{tenant-0}:api");
     // Redis queues it and refuses at EXEC; either way nothing of the transaction runs.
     let _ = redis::cmd("RL.TAKE")
         .arg(&stranger)
@@ -526,8 +527,9 @@ fn resharding_moves_buckets_with_their_state() {
     assert!(digests(&mut cluster.conn(from), &moved)
         .iter()
         .all(|d| d == MISSING));
-    wait_one_replica(&mut cluster.conn(to));
-    let on_replica = digests(&mut cluster.conn(cluster.replica_of(to)), &moved);
+    let to_replica = cluster.replica_of(to);
+    wait_synced(&cluster.servers[to], &cluster.servers[to_replica]);
+    let on_replica = digests(&mut cluster.conn(to_replica), &moved);
     assert_eq!(
         on_replica,
         moved.iter().map(|k| before[k].clone()).collect::<Vec<_>>()
