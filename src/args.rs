@@ -106,13 +106,15 @@ mod tests {
     fn integers() {
         assert_eq!(parse_integer(b"20"), Some(20));
         assert_eq!(parse_integer(b"0"), Some(0));
+        assert_eq!(parse_integer(b"9223372036854775807"), Some(i64::MAX as u64));
         for bad in [
             &b""[..],
             b"-1",
             b"+1",
             b"1.0",
             b"1e3",
-            b"1234567890123456789",
+            b"9223372036854775808",
+            b"99999999999999999999",
             b" 1",
         ] {
             assert_eq!(

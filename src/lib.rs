@@ -25,6 +25,17 @@ use datatype::BUCKET_TYPE;
 use redis_module::configuration::ConfigurationFlags;
 use redis_module::{redis_module, Context, RedisString, Status};
 
+/// Inside Redis every allocation goes through Redis's allocator, so `used_memory` and
+/// `MEMORY USAGE` see it. Unit tests run without Redis, on the system allocator.
+#[cfg(not(test))]
+type Allocator = redis_module::alloc::RedisAlloc;
+#[cfg(not(test))]
+const ALLOCATOR: Allocator = redis_module::alloc::RedisAlloc;
+#[cfg(test)]
+type Allocator = std::alloc::System;
+#[cfg(test)]
+const ALLOCATOR: Allocator = std::alloc::System;
+
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     if let Err(missing) = api::check() {
         ctx.log_warning(&format!(
@@ -44,7 +55,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
 redis_module! {
     name: "rl",
     version: 1,
-    allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
+    allocator: (Allocator, ALLOCATOR),
     data_types: [BUCKET_TYPE],
     init: init,
     commands: [],
