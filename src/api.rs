@@ -63,7 +63,9 @@ pub fn check() -> Result<(), &'static str> {
         RedisModule_ReplyWithString,
         RedisModule_IsKeysPositionRequest,
         RedisModule_KeyAtPos,
-        RedisModule_InfoAddFieldCString
+        RedisModule_InfoAddFieldCString,
+        RedisModule_SetModuleOptions,
+        RedisModule_SignalModifiedKey
     );
     Ok(())
 }

@@ -10,8 +10,15 @@ use redis_module::raw;
 use rl_core::{Bucket, LeaseTable, Nanos};
 
 /// A key opened for one command; closed when dropped.
+///
+/// The module turns off Redis's implicit "modified" signal on closing a writable key (see
+/// `lib.rs`): a denied call opens the key for writing but changes nothing, and must not
+/// break a client's `WATCH`. Writes mark the key, and closing signals only those.
 pub struct BucketKey {
     key: *mut Key,
+    ctx: *mut Ctx,
+    name: *mut RStr,
+    modified: std::cell::Cell<bool>,
 }
 
 impl BucketKey {
@@ -27,6 +34,9 @@ impl BucketKey {
     fn open_with(ctx: *mut Ctx, name: *mut RStr, mode: u32) -> BucketKey {
         BucketKey {
             key: rm!(RedisModule_OpenKey(ctx, name, mode as i32)).cast(),
+            ctx,
+            name,
+            modified: std::cell::Cell::new(false),
         }
     }
 
@@ -68,6 +78,7 @@ impl BucketKey {
     /// Sets the expiry to `at`, rounded up to Redis's milliseconds so the key never goes
     /// before the bucket is full.
     pub fn expire_at(&self, at: Nanos) {
+        self.modified.set(true);
         rm!(RedisModule_SetAbsExpire(
             self.key,
             rl_core::ceil_millis(at) as i64
@@ -107,12 +118,16 @@ impl BucketKey {
     }
 
     pub fn delete(&self) {
+        self.modified.set(true);
         rm!(RedisModule_DeleteKey(self.key));
     }
 }
 
 impl Drop for BucketKey {
     fn drop(&mut self) {
+        if self.modified.get() {
+            rm!(RedisModule_SignalModifiedKey(self.ctx, self.name));
+        }
         rm!(RedisModule_CloseKey(self.key));
     }
 }

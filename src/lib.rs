@@ -44,6 +44,9 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         return Status::Err;
     }
     let raw = ctx.ctx;
+    // Keys signal "modified" (WATCH, client tracking) only when a command wrote them.
+    let options = redis_module::raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
+    rm!(RedisModule_SetModuleOptions(raw, options as i32));
     if let Err(name) = commands::register(raw) {
         ctx.log_warning(&format!("redis-rl: could not register {name:?}"));
         return Status::Err;

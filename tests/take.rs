@@ -182,3 +182,22 @@ fn info_counts_decisions() {
     assert_eq!(info_field(&mut c, "rl", "rl_tokens_granted"), 2);
     assert_eq!(info_field(&mut c, "rl", "rl_errors"), 1);
 }
+
+#[test]
+fn watch_sees_grants_but_not_denials() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let mut other = s.conn();
+    assert_eq!(take(&mut c, "k", 0.001, 1.0, 1), 1);
+    // A denial in between: the transaction still runs.
+    let _: () = redis::cmd("WATCH").arg("k").query(&mut c).unwrap();
+    assert_eq!(take(&mut other, "k", 0.001, 1.0, 1), 0);
+    let ran: Value = redis::pipe().atomic().cmd("PING").query(&mut c).unwrap();
+    assert_ne!(ran, Value::Nil, "a denied call touched the WATCHed key");
+    // A grant in between: the transaction is aborted.
+    assert_eq!(take(&mut c, "fast", 1e6, 10.0, 1), 1);
+    let _: () = redis::cmd("WATCH").arg("fast").query(&mut c).unwrap();
+    assert_eq!(take(&mut other, "fast", 1e6, 10.0, 1), 1);
+    let ran: Option<Value> = redis::pipe().atomic().cmd("PING").query(&mut c).unwrap();
+    assert_eq!(ran, None, "a grant must invalidate WATCH");
+}
