@@ -5,7 +5,7 @@
 
 mod support;
 use redis::cluster::{cluster_pipe, ClusterConnection};
-use redis::cluster_routing::get_slot;
+use redis::cluster_routing::{get_slot, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{ConnectionLike, ErrorKind};
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -125,6 +125,7 @@ fn ten_thousand_buckets_over_all_shards() {
     let slots: BTreeSet<u16> = keys.iter().map(|k| get_slot(k.as_bytes())).collect();
     let mut total = 0;
     let (mut granted, mut denied) = (0, 0);
+    let mut shares = Vec::new();
     for &m in &masters {
         let mut mc = cluster.conn(m);
         let held: u64 = redis::cmd("DBSIZE").query(&mut mc).unwrap();
@@ -132,15 +133,15 @@ fn ten_thousand_buckets_over_all_shards() {
         assert_eq!(held, expected, "master {m}");
         assert!(held > 0, "master {m} holds no bucket");
         total += held;
+        shares.push(held);
         granted += info_field(&mut mc, "rl", "rl_granted");
         denied += info_field(&mut mc, "rl", "rl_denied");
     }
     assert_eq!(total, keys.len() as u64);
     assert_eq!((granted, denied), (20_000, 10_000));
     eprintln!(
-        "10000 buckets over {} slots on {} masters",
-        slots.len(),
-        masters.len()
+        "10000 buckets over {} slots, per master: {shares:?}",
+        slots.len()
     );
 
     // Each replica holds exactly its master's buckets.
@@ -185,7 +186,7 @@ fn hash_tagged_buckets_land_together() {
             .map(|k| format!("{{tenant-{t}}}:{k}"))
             .collect();
         for k in &keys {
-            assert_eq!(take_on(&mut c, k, 1.0, 10.0, 4), 4);
+            assert_eq!(take_on(&mut c, k, RATE, CAP, 4), 4);
         }
         let slot = get_slot(format!("tenant-{t}").as_bytes());
         assert!(keys.iter().all(|k| get_slot(k.as_bytes()) == slot));
@@ -207,6 +208,55 @@ fn hash_tagged_buckets_land_together() {
         assert!(counted >= keys.len() as i64);
     }
 
+    // One slot is what lets RL.MTAKE debit a tenant's buckets together, atomically. The
+    // client routes by the first argument (`n` here, not a key); the node it picks answers
+    // MOVED from the command's declared key positions, and the client follows.
+    let mtake = |c: &mut ClusterConnection, n: u64, keys: &[String]| {
+        let mut cmd = redis::cmd("RL.MTAKE");
+        cmd.arg(n);
+        for k in keys {
+            cmd.arg(k).arg(RATE).arg(CAP);
+        }
+        cmd.query::<(i64, Option<String>, i64)>(c)
+    };
+    let tenant = |t: usize| -> Vec<String> {
+        kinds
+            .iter()
+            .map(|k| format!("{{tenant-{t}}}:{k}"))
+            .collect()
+    };
+    for t in 0..50 {
+        let (granted, denied_by, _) = mtake(&mut c, 2, &tenant(t)).unwrap();
+        assert_eq!((granted, denied_by), (2, None), "tenant {t}");
+    }
+    // Routed explicitly to the slot of its first key, it goes straight to the owner.
+    let mut cmd = redis::cmd("RL.MTAKE");
+    cmd.arg(1);
+    for k in tenant(4) {
+        cmd.arg(k).arg(RATE).arg(CAP);
+    }
+    let route = Route::new(get_slot(b"tenant-4"), SlotAddr::Master);
+    let reply = c
+        .route_command(
+            &cmd,
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+        )
+        .unwrap();
+    let (granted, _, _): (i64, Option<String>, i64) = redis::from_redis_value(&reply).unwrap();
+    assert_eq!(granted, 1);
+    // 4 left in each of tenant 3's buckets; empty one and the others are not debited.
+    assert_eq!(take_on(&mut c, "{tenant-3}:search", RATE, CAP, 4), 4);
+    let (granted, denied_by, _) = mtake(&mut c, 1, &tenant(3)).unwrap();
+    assert_eq!(
+        (granted, denied_by.as_deref()),
+        (0, Some("{tenant-3}:search"))
+    );
+    assert_eq!(take_on(&mut c, "{tenant-3}:api", RATE, CAP, 4), 4);
+    // Buckets of two tenants are in two slots: the server refuses.
+    let mixed = [tenant(1)[0].clone(), tenant(2)[0].clone()];
+    let err = mtake(&mut c, 1, &mixed).unwrap_err();
+    assert_eq!(err.code(), Some("CROSSSLOT"), "{err}");
+
     // Being in one slot is what lets one transaction check several buckets at once...
     let owner = cluster.owner("{tenant-0}:api");
     let mut oc = cluster.conn(owner);
@@ -214,13 +264,13 @@ fn hash_tagged_buckets_land_together() {
         .atomic()
         .cmd("RL.TAKE")
         .arg("{tenant-0}:api")
-        .arg(1.0)
-        .arg(10.0)
+        .arg(RATE)
+        .arg(CAP)
         .arg(1)
         .cmd("RL.TAKE")
         .arg("{tenant-0}:login")
-        .arg(1.0)
-        .arg(10.0)
+        .arg(RATE)
+        .arg(CAP)
         .arg(1)
         .query(&mut oc)
         .unwrap();
@@ -236,16 +286,16 @@ fn hash_tagged_buckets_land_together() {
     assert_eq!(queued, "OK");
     let _: String = redis::cmd("RL.TAKE")
         .arg("{tenant-0}:api")
-        .arg(1.0)
-        .arg(10.0)
+        .arg(RATE)
+        .arg(CAP)
         .arg(1)
         .query(&mut oc)
         .unwrap();
     // Redis queues it and refuses at EXEC; either way nothing of the transaction runs.
     let _ = redis::cmd("RL.TAKE")
         .arg(&stranger)
-        .arg(1.0)
-        .arg(10.0)
+        .arg(RATE)
+        .arg(CAP)
         .arg(1)
         .query::<Value>(&mut oc);
     let err = redis::cmd("EXEC").query::<Value>(&mut oc).unwrap_err();
@@ -464,6 +514,10 @@ fn killed_master_under_load_overgrants_at_most_replication_lag() {
     };
     let plain_kept = consumed(&mut rc, &plain);
     let waited_kept = consumed(&mut rc, &waited);
+    assert!(
+        plain_acked > 0 && waited_acked > 0,
+        "no grants: {plain_acked}, {waited_acked}"
+    );
     // At most one grant was applied but not acknowledged (the one in flight at the kill).
     assert!(
         plain_kept <= plain_acked + 1,

@@ -269,6 +269,36 @@ impl Cluster {
             assert!(Instant::now() < deadline, "cluster not stable: {why}");
             std::thread::sleep(Duration::from_millis(50));
         }
+        self.probe_replication();
+    }
+
+    /// A write on every master with a replica, acknowledged by it (`WAIT`), then removed.
+    /// After a full sync, Redis 7.0 marks the replica online at once but streams writes to
+    /// it only from the replica's next ACK, up to a second later: a master killed in that
+    /// second loses everything written since. This waits that second out.
+    fn probe_replication(&self) {
+        let nodes = self.nodes();
+        for n in nodes
+            .iter()
+            .filter(|n| n.master && !n.failed && !n.slots.is_empty())
+        {
+            if !nodes
+                .iter()
+                .any(|r| r.master_id.as_deref() == Some(n.id.as_str()) && !r.failed)
+            {
+                continue;
+            }
+            let m = self.index_of_port(n.port);
+            let key = self.keys_on(m, "rl-test-probe:", 1).remove(0);
+            let mut c = self.conn(m);
+            let _: () = redis::cmd("SET").arg(&key).arg(1).query(&mut c).unwrap();
+            let _: i64 = redis::cmd("DEL").arg(&key).query(&mut c).unwrap();
+            let acked: i64 = redis::cmd("WAIT").arg(1).arg(10_000).query(&mut c).unwrap();
+            assert_eq!(
+                acked, 1,
+                "master {m}: its replica does not acknowledge writes"
+            );
+        }
     }
 
     /// Why the cluster is not yet stable, or `None`.
@@ -313,9 +343,23 @@ impl Cluster {
                 }
             }
             replicas.sort();
-            views.push((owners, replicas));
+            views.push((owners, replicas.clone()));
             let me = nodes.iter().find(|n| n.myself).unwrap();
-            if !me.master {
+            if me.master {
+                // A master sends its writes to a replica only once the replica is online on
+                // its side (after the replica's first ACK, up to a second after the sync).
+                let repl: String = redis::cmd("INFO").arg("replication").query(&mut c).unwrap();
+                let expected = replicas.iter().filter(|(_, m)| *m == me.id).count();
+                let online = repl
+                    .lines()
+                    .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+                    .count();
+                if online != expected {
+                    return Some(format!(
+                        "master {i}: {online} of {expected} replicas online"
+                    ));
+                }
+            } else {
                 let repl: String = redis::cmd("INFO").arg("replication").query(&mut c).unwrap();
                 if !repl.contains("master_link_status:up")
                     || !repl.contains("master_sync_in_progress:0")
