@@ -418,8 +418,10 @@ fn killed_master_loses_only_unreplicated_grants() {
         .arg("replica")
         .query(&mut mc)
         .unwrap();
-    let mut window_grants = 0;
-    for k in &f.keys {
+    // The first bucket's 2 tokens go in a lease, the others' in plain grants.
+    let (window_lease_granted, window_lease) = lease(&mut mc, &f.keys[0], RATE, CAP, 2, 600_000);
+    let mut window_grants = window_lease_granted;
+    for k in &f.keys[1..] {
         window_grants += take_on(&mut mc, k, RATE, CAP, 2);
     }
     assert_eq!(window_grants, 2 * f.keys.len() as i64);
@@ -440,6 +442,8 @@ fn killed_master_loses_only_unreplicated_grants() {
     // The window's grants are lost: each bucket has its 2 tokens again (an over-grant of
     // exactly the unreplicated grants), the WAITed state and leases are all there.
     let mut c = cluster.client();
+    // A lease made in the window is unknown: returning it credits nothing.
+    assert_eq!(give_back(&mut c, &f.keys[0], window_lease, 2), 0);
     check_filled(&mut c, &f);
     eprintln!(
         "failover after a kill: {} grants acknowledged but not replicated were lost; {} WAITed grants and {} leases kept",
