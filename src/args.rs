@@ -70,7 +70,36 @@ impl<'a> Args<'a> {
 
 pub fn parse_number(b: &[u8]) -> Option<f64> {
     // `f64::from_str` takes "inf" and "nan": the range checks that follow refuse them.
-    std::str::from_utf8(b).ok()?.parse().ok()
+    plain_decimal(b).or_else(|| std::str::from_utf8(b).ok()?.parse().ok())
+}
+
+/// The common spellings of a rate or cap (`1000`, `0.5`) without the general parser: up
+/// to 15 significant digits and an optional point. The digits are an integer below 2^53
+/// and `10^k` (k <= 15) is exact, so one division rounds exactly as `f64::from_str` does.
+fn plain_decimal(b: &[u8]) -> Option<f64> {
+    const POW10: [f64; 16] = [
+        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+    ];
+    if b.is_empty() || b.len() > 16 {
+        return None;
+    }
+    let (mut digits, mut scale, mut point, mut count) = (0u64, 0usize, false, 0usize);
+    for &c in b {
+        match c {
+            b'0'..=b'9' => {
+                digits = digits * 10 + u64::from(c - b'0');
+                count += 1;
+                scale += usize::from(point);
+            }
+            b'.' if !point => point = true,
+            _ => return None,
+        }
+    }
+    // "." alone, or more digits than the fast path can hold exactly.
+    if count == 0 || count > 15 {
+        return None;
+    }
+    Some(digits as f64 / POW10[scale])
 }
 
 pub fn parse_integer(b: &[u8]) -> Option<u64> {
@@ -100,6 +129,46 @@ mod tests {
         assert_eq!(parse_number(b" 1"), None);
         assert_eq!(parse_number(&[0xff, b'1']), None);
         assert!(parse_number(b"nan").is_some_and(f64::is_nan));
+        assert_eq!(parse_number(b"."), None);
+        assert_eq!(parse_number(b"1.2.3"), None);
+    }
+
+    #[test]
+    fn fast_path_rounds_like_the_general_parser() {
+        let cases = [
+            "0",
+            "1",
+            "0.1",
+            "0.3",
+            "1000",
+            "123456789012345",
+            "0.000000001",
+            "3.14159265358979",
+            "999999999999999",
+            "1.",
+            ".5",
+            "00012.500",
+            "0.000000000000001",
+            "7.7",
+            "1e9",
+            "1234567890123456",
+            "0.1234567890123456",
+        ];
+        for s in cases {
+            let std: f64 = s.parse().unwrap();
+            assert_eq!(parse_number(s.as_bytes()), Some(std), "{s}");
+        }
+        // A sweep of short decimals.
+        for i in 0..20_000u64 {
+            for s in [
+                format!("{i}"),
+                format!("{}.{}", i / 1000, i % 1000),
+                format!("0.{i:05}"),
+            ] {
+                let std: f64 = s.parse().unwrap();
+                assert_eq!(parse_number(s.as_bytes()), Some(std), "{s}");
+            }
+        }
     }
 
     #[test]

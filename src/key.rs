@@ -89,16 +89,22 @@ impl BucketKey {
     pub fn store(&self, state: Option<StateMut>, bucket: Bucket) {
         match state {
             Some(mut s) => {
+                let before = rl_core::ceil_millis(s.expires_at());
                 s.set_bucket(bucket);
-                self.expire_at(s.expires_at());
+                // A hot key's full instant often moves by less than Redis's millisecond:
+                // then the expiry is already right and setting it again costs a lookup.
+                if rl_core::ceil_millis(s.expires_at()) == before {
+                    self.modified.set(true);
+                } else {
+                    self.expire_at(s.expires_at());
+                }
             }
             None => self.put(Stored::Plain(Box::new(bucket)), bucket.full_at()),
         }
     }
 
     /// Writes a bucket state with its leases (taken out by [`take_table`]), in the
-    /// encoding that fits.
-    /// A bucket that had leases keeps its table (see [`Stored::new`]).
+    /// encoding that fits: a bucket that had leases keeps its table (see [`Stored::new`]).
     pub fn store_with_leases(&self, state: Option<StateMut>, bucket: Bucket, table: LeaseTable) {
         stats::LEASES_ACTIVE.add_shared(table.leases().len() as u64);
         let expires = stored::expires_at(&bucket, Some(&table));
