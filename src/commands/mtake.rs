@@ -45,7 +45,7 @@ fn shape(args: &Args) -> Result<Shape> {
         }
     }
     let triples = s.end.saturating_sub(1);
-    if triples == 0 || triples % 3 != 0 {
+    if triples == 0 || !triples.is_multiple_of(3) {
         return Err(Error::Arity);
     }
     if triples / 3 > MAX_BUCKETS {
