@@ -1,0 +1,447 @@
+//! Adversarial review: every write path (and its options) reproduced exactly on a replica,
+//! after DEBUG RELOAD and after an AOF rewrite (no RDB preamble) plus restart; calls that
+//! must write nothing send nothing to replicas or the AOF; extreme accepted limits.
+
+mod support;
+use support::*;
+
+/// Sends `args` (command name first) and returns the reply.
+fn run(c: &mut Connection, args: &[&str]) -> Value {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(c)
+        .unwrap_or_else(|e| panic!("{args:?} failed: {e}"))
+}
+
+/// `RL.LEASE` (arguments after the command name) → (granted, lease_id, ttl_ms, retry_ms).
+fn lease(c: &mut Connection, args: &[&str]) -> (i64, i64, i64, i64) {
+    let v: Vec<i64> = redis::cmd("RL.LEASE").arg(args).query(c).unwrap();
+    assert_eq!(v.len(), 4, "reply {v:?}");
+    (v[0], v[1], v[2], v[3])
+}
+
+fn int(c: &mut Connection, args: &[&str]) -> i64 {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(c)
+        .unwrap_or_else(|e| panic!("{args:?} failed: {e}"))
+}
+
+fn set_mode(c: &mut Connection, mode: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("rl.mode")
+        .arg(mode)
+        .query(c)
+        .unwrap();
+}
+
+/// Runs `BGREWRITEAOF` and waits until it is done and succeeded.
+fn rewrite_aof(c: &mut Connection) {
+    wait_until(30, "no rewrite in progress", || {
+        info_field(c, "persistence", "aof_rewrite_in_progress") == 0
+            && info_field(c, "persistence", "aof_rewrite_scheduled") == 0
+    });
+    let before = info_field(c, "persistence", "aof_rewrites");
+    let _: String = redis::cmd("BGREWRITEAOF").query(c).unwrap();
+    wait_until(30, "BGREWRITEAOF done", || {
+        info_field(c, "persistence", "aof_rewrites") > before
+            && info_field(c, "persistence", "aof_rewrite_in_progress") == 0
+    });
+    let info: String = redis::cmd("INFO").arg("persistence").query(c).unwrap();
+    assert!(info.contains("aof_last_bgrewrite_status:ok"), "{info}");
+}
+
+/// For each key: (exists, digest, PEXPIRETIME).
+fn snapshot(c: &mut Connection, keys: &[&str]) -> Vec<(String, bool, String, i64)> {
+    keys.iter()
+        .map(|k| {
+            let exists: i64 = c.exists(*k).unwrap();
+            let d = if exists == 1 {
+                digest(c, k)
+            } else {
+                String::new()
+            };
+            let at: i64 = redis::cmd("PEXPIRETIME").arg(*k).query(c).unwrap();
+            (k.to_string(), exists == 1, d, at)
+        })
+        .collect()
+}
+
+const KEYS: &[&str] = &[
+    "t:init-denied",
+    "t:init-granted",
+    "t:plain",
+    "l:a",
+    "l:new-denied",
+    "l:new2",
+    "r:full",
+    "m:a",
+    "m:b",
+    "m:c",
+    "s:shadow",
+    "tx",
+    "lua",
+    "x:max",
+    "x:slowest",
+];
+
+/// Every command and option that writes, on a master with a replica and a command-form AOF.
+fn workload(m: &mut Connection) {
+    // TAKE: INIT on a new key, denied (stored: created below full) and granted.
+    assert_eq!(
+        int(
+            m,
+            &["RL.TAKE", "t:init-denied", "0.001", "10", "5", "INIT", "2"]
+        ),
+        0
+    );
+    assert_eq!(
+        int(
+            m,
+            &["RL.TAKE", "t:init-granted", "0.001", "10", "1", "INIT", "3"]
+        ),
+        1
+    );
+    // A plain take, then a limit change.
+    assert_eq!(int(m, &["RL.TAKE", "t:plain", "0.001", "10", "4"]), 4);
+    assert_eq!(int(m, &["RL.TAKE", "t:plain", "0.002", "8", "1"]), 1);
+    // LEASE: plain, MIN, renewal with RETURN, denied, an expired lease pruned by a later write.
+    let (g, a1, _, _) = lease(m, &["l:a", "0.001", "100", "30", "600000"]);
+    assert_eq!(g, 30);
+    let (g, a2, _, _) = lease(m, &["l:a", "0.001", "100", "10", "600000", "MIN", "5"]);
+    assert_eq!(g, 10);
+    let a1s = a1.to_string();
+    let (g, a3, _, _) = lease(
+        m,
+        &["l:a", "0.001", "100", "50", "600000", "RETURN", &a1s, "7"],
+    );
+    assert_eq!(g, 50);
+    let (g, _, _, _) = lease(m, &["l:a", "0.001", "100", "1000", "600000", "MIN", "90"]);
+    assert_eq!(g, 0);
+    let (g, _short, _, _) = lease(m, &["l:a", "0.001", "100", "1", "1"]);
+    assert_eq!(g, 1);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let (g, _, _, _) = lease(m, &["l:a", "0.001", "100", "1", "600000"]);
+    assert_eq!(g, 1);
+    // A return that leaves leases, and a take on a leased bucket.
+    assert_eq!(int(m, &["RL.RETURN", "l:a", &a2.to_string(), "3"]), 3);
+    assert_eq!(int(m, &["RL.TAKE", "l:a", "0.001", "100", "2"]), 2);
+    let _ = a3;
+    // LEASE with INIT: denied on a new key (stored), and granted with a RETURN of nothing.
+    let (g, _, _, _) = lease(
+        m,
+        &[
+            "l:new-denied",
+            "0.001",
+            "100",
+            "20",
+            "600000",
+            "MIN",
+            "10",
+            "INIT",
+            "3",
+        ],
+    );
+    assert_eq!(g, 0);
+    let (g, _, _, _) = lease(
+        m,
+        &[
+            "l:new2", "0.001", "100", "20", "600000", "INIT", "50", "RETURN", "12345", "1",
+        ],
+    );
+    assert_eq!(g, 20);
+    // A return that makes the bucket full: the key goes (DEL is the effect).
+    let (g, rid, _, _) = lease(m, &["r:full", "0.0009765625", "100", "5", "600000"]);
+    assert_eq!(g, 5);
+    assert_eq!(int(m, &["RL.RETURN", "r:full", &rid.to_string(), "5"]), 5);
+    let gone: i64 = m.exists("r:full").unwrap();
+    assert_eq!(gone, 0, "a full bucket with no lease is deleted");
+    // MTAKE: granted, denied, denied with INIT creating a bucket.
+    let v = run(
+        m,
+        &[
+            "RL.MTAKE",
+            "2",
+            "m:a",
+            "0.001",
+            "10",
+            "m:b",
+            "0.001",
+            "5",
+            "WITHSTATE",
+        ],
+    );
+    assert!(matches!(&v, Value::Array(x) if x.len() == 4), "{v:?}");
+    let v: (i64, Value, i64) = redis::cmd("RL.MTAKE")
+        .arg(&["5", "m:a", "0.001", "10", "m:b", "0.001", "5"])
+        .query(m)
+        .unwrap();
+    assert_eq!(v.0, 0);
+    let v: (i64, Value, i64) = redis::cmd("RL.MTAKE")
+        .arg(&["4", "m:a", "0.001", "10", "m:c", "0.001", "10", "INIT", "1"])
+        .query(m)
+        .unwrap();
+    assert_eq!(v.0, 0);
+    // Shadow mode: denials answered as grants, the same writes as enforcing.
+    assert_eq!(int(m, &["RL.TAKE", "s:shadow", "0.001", "10", "9"]), 9);
+    set_mode(m, "shadow");
+    assert_eq!(int(m, &["RL.TAKE", "s:shadow", "0.001", "10", "5"]), 5);
+    let (g, id, _, _) = lease(m, &["s:shadow", "0.001", "10", "6", "600000", "MIN", "6"]);
+    assert_eq!((g, id), (6, 0));
+    let (g, id, _, _) = lease(m, &["s:shadow", "0.001", "10", "6", "600000"]);
+    assert_eq!(g, 1, "a real partial grant in shadow mode");
+    assert!(id > 0);
+    let v: (i64, Value, i64) = redis::cmd("RL.MTAKE")
+        .arg(&["3", "s:shadow", "0.001", "10", "m:b", "0.001", "5"])
+        .query(m)
+        .unwrap();
+    assert_eq!(v.0, 3);
+    set_mode(m, "enforce");
+    // MULTI/EXEC with a take, a lease and its return.
+    let (_, tid, _, _) = lease(m, &["tx", "0.001", "50", "10", "600000"]);
+    let _: Value = redis::pipe()
+        .atomic()
+        .cmd("RL.TAKE")
+        .arg(&["tx", "0.001", "50", "3"])
+        .cmd("RL.LEASE")
+        .arg(&["tx", "0.001", "50", "4", "600000"])
+        .cmd("RL.RETURN")
+        .arg("tx")
+        .arg(tid)
+        .arg(6)
+        .query(m)
+        .unwrap();
+    // A script doing the same.
+    let _: Value = redis::cmd("EVAL")
+        .arg(
+            "local l = redis.call('RL.LEASE', KEYS[1], '0.001', '50', 8, 600000); \
+             redis.call('RL.TAKE', KEYS[1], '0.001', '50', 2); \
+             return redis.call('RL.RETURN', KEYS[1], string.format('%d', l[2]), 5)",
+        )
+        .arg(1)
+        .arg("lua")
+        .query(m)
+        .unwrap();
+    // Extreme accepted limits: the largest values, and the longest fill (100 years).
+    assert_eq!(
+        int(
+            m,
+            &["RL.TAKE", "x:max", "1000000", "1e15", "999999999999999"]
+        ),
+        999_999_999_999_999
+    );
+    let v: (i64, f64, i64, i64) = redis::cmd("RL.TAKE")
+        .arg(&[
+            "x:slowest",
+            "1e-9",
+            "3.15576",
+            "1",
+            "INIT",
+            "0",
+            "WITHSTATE",
+        ])
+        .query(m)
+        .unwrap();
+    assert_eq!(v.0, 0);
+    // Rounded up to whole ms after float arithmetic: at most 1 ms over.
+    assert!((0..=1).contains(&(v.2 - 1_000_000_000_000)), "1e9 s: {v:?}");
+    assert!(
+        (0..=1).contains(&(v.3 - 3_155_760_000_000)),
+        "100 years: {v:?}"
+    );
+}
+
+#[test]
+fn every_write_path_is_reproduced_by_replica_reload_and_aof_rewrite() {
+    let mut master = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
+    let replica = Server::start(&[]);
+    replicate(&replica, &master);
+    let mut m = master.conn();
+    workload(&mut m);
+    wait_synced(&master, &replica);
+    let mut r = replica.conn();
+    let on_master = snapshot(&mut m, KEYS);
+    assert_eq!(snapshot(&mut r, KEYS), on_master, "replica differs");
+    assert_eq!(dataset_digest(&mut r), dataset_digest(&mut m));
+    for (k, exists, _, at) in &on_master {
+        if k != "r:full" {
+            assert!(*exists && *at > 0, "{k} exists with an expiry");
+        }
+    }
+
+    let _: String = redis::cmd("DEBUG").arg("RELOAD").query(&mut m).unwrap();
+    assert_eq!(snapshot(&mut m, KEYS), on_master, "after DEBUG RELOAD");
+
+    rewrite_aof(&mut m);
+    drop(m);
+    master.restart();
+    let mut m = master.conn();
+    assert_eq!(
+        snapshot(&mut m, KEYS),
+        on_master,
+        "after an AOF rewrite and restart"
+    );
+}
+
+#[test]
+fn calls_that_change_nothing_send_nothing_to_replicas_or_the_aof() {
+    let s = Server::start(&["--appendonly", "yes"]);
+    let mut c = s.conn();
+    assert_eq!(int(&mut c, &["RL.TAKE", "k", "0.001", "10", "10"]), 10);
+    let (g, id, _, _) = lease(&mut c, &["l", "0.001", "10", "10", "600000"]);
+    assert_eq!(g, 10);
+    let _: () = c.set("str", "x").unwrap();
+    let ids = id.to_string();
+    assert_eq!(int(&mut c, &["RL.RETURN", "l", &ids, "0"]), 0);
+    let offset = info_field(&mut c, "replication", "master_repl_offset");
+    let aof = info_field(&mut c, "persistence", "aof_current_size");
+    let (dk, dl) = (digest(&mut c, "k"), digest(&mut c, "l"));
+
+    for mode in ["enforce", "shadow"] {
+        set_mode(&mut c, mode);
+        int(&mut c, &["RL.TAKE", "k", "0.001", "10", "1"]);
+        let _ = run(
+            &mut c,
+            &["RL.TAKE", "k", "0.001", "10", "3", "WITHSTATE", "INIT", "5"],
+        );
+        lease(&mut c, &["k", "0.001", "10", "5", "1000"]);
+        lease(
+            &mut c,
+            &[
+                "k", "0.001", "10", "5", "1000", "MIN", "2", "RETURN", "99", "1",
+            ],
+        );
+        lease(
+            &mut c,
+            &["l", "0.001", "10", "5", "1000", "RETURN", &ids, "3"],
+        );
+        assert_eq!(
+            int(&mut c, &["RL.RETURN", "l", &ids, "5"]),
+            0,
+            "already closed"
+        );
+        assert_eq!(int(&mut c, &["RL.RETURN", "l", "1", "5"]), 0, "unknown");
+        assert_eq!(int(&mut c, &["RL.RETURN", "none", "1", "5"]), 0, "no key");
+        let _ = run(
+            &mut c,
+            &["RL.MTAKE", "1", "k", "0.001", "10", "l", "0.001", "10"],
+        );
+        let _ = run(&mut c, &["RL.PEEK", "k"]);
+        let _ = run(&mut c, &["RL.PEEK", "l"]);
+        let _ = run(&mut c, &["RL.PEEK", "none"]);
+        // Errors: the new bucket before the wrong-typed key must not be created.
+        for bad in [
+            &[
+                "RL.MTAKE", "1", "new", "0.001", "10", "str", "0.001", "10", "INIT", "0",
+            ][..],
+            &["RL.TAKE", "str", "0.001", "10", "1", "INIT", "0"],
+            &["RL.LEASE", "str", "0.001", "10", "1", "1000", "INIT", "0"],
+            &[
+                "RL.LEASE", "new", "0.001", "10", "5", "1000", "MIN", "11", "INIT", "0",
+            ],
+            &["RL.TAKE", "new", "0.001", "10", "11", "INIT", "0"],
+            &["RL.RETURN", "str", "1", "1"],
+            &["RL.PEEK", "str"],
+        ] {
+            let mut cmd = redis::cmd(bad[0]);
+            for a in &bad[1..] {
+                cmd.arg(*a);
+            }
+            assert!(cmd.query::<Value>(&mut c).is_err(), "{bad:?} must fail");
+        }
+        let created: i64 = c.exists("new").unwrap();
+        assert_eq!(created, 0, "{mode}: an error created a bucket");
+    }
+    set_mode(&mut c, "enforce");
+    assert_eq!(
+        info_field(&mut c, "replication", "master_repl_offset"),
+        offset,
+        "something was propagated"
+    );
+    assert_eq!(info_field(&mut c, "persistence", "aof_current_size"), aof);
+    assert_eq!((digest(&mut c, "k"), digest(&mut c, "l")), (dk, dl));
+}
+
+#[test]
+fn extreme_accepted_inputs_answer_without_internal_errors() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    // The whole of the largest bucket, in one take.
+    let v: (i64, f64, i64, i64) = redis::cmd("RL.TAKE")
+        .arg(&["big", "1e15", "1e15", "1000000000000000", "WITHSTATE"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(v.0, 1_000_000_000_000_000);
+    assert!(v.1 >= 0.0 && v.3 <= 1000, "{v:?}");
+    // A lease asking for i64::MAX tokens gets what is there; its return credits at most that.
+    let (g, id, ttl, _) = lease(
+        &mut c,
+        &["huge", "1e15", "1e15", "9223372036854775807", "86400000"],
+    );
+    assert_eq!((g, ttl), (1_000_000_000_000_000, 86_400_000));
+    let credited = int(
+        &mut c,
+        &["RL.RETURN", "huge", &id.to_string(), "9223372036854775807"],
+    );
+    assert_eq!(credited, 1_000_000_000_000_000);
+    let (g, _, _, _) = lease(
+        &mut c,
+        &[
+            "huge",
+            "1e15",
+            "1e15",
+            "9223372036854775807",
+            "86400000",
+            "MIN",
+            "1000000000000000",
+        ],
+    );
+    assert!(g == 0 || g == 1_000_000_000_000_000);
+    // The smallest rate, and the longest fill allowed.
+    let (g, _, _, retry) = lease(
+        &mut c,
+        &["tiny", "1e-9", "3.15576", "5", "1000", "INIT", "0"],
+    );
+    assert_eq!(g, 0);
+    assert!(
+        (0..=1).contains(&(retry - 1_000_000_000_000)),
+        "1e9 s: {retry}"
+    );
+    let at: i64 = redis::cmd("PEXPIRETIME").arg("tiny").query(&mut c).unwrap();
+    assert!(at > 0, "stored with an expiry: {at}");
+    let v: (i64, f64, i64, i64) = redis::cmd("RL.TAKE")
+        .arg(&["slowest", "1e-9", "3.15576", "3", "INIT", "0", "WITHSTATE"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(v.0, 0);
+    assert!((0..=1).contains(&(v.2 - 3_000_000_000_000)), "{v:?}");
+    assert!((0..=1).contains(&(v.3 - 3_155_760_000_000)), "{v:?}");
+    let at: i64 = redis::cmd("PEXPIRETIME")
+        .arg("slowest")
+        .query(&mut c)
+        .unwrap();
+    let now_ms: i64 = {
+        let t: (String, String) = redis::cmd("TIME").query(&mut c).unwrap();
+        t.0.parse::<i64>().unwrap() * 1000
+    };
+    assert!(
+        at - now_ms > 3_155_000_000_000,
+        "expires in 100 years: {at}"
+    );
+    // Just over 100 years is refused.
+    let err = redis::cmd("RL.TAKE")
+        .arg(&["slowest2", "1e-9", "3.156", "1"])
+        .query::<i64>(&mut c)
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("cap / rate must be at most 100 years"),
+        "{err}"
+    );
+    assert_eq!(info_field(&mut c, "rl", "rl_errors"), 1, "only the refusal");
+}
