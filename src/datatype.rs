@@ -2,14 +2,14 @@
 //!
 //! RDB encoding version 1, per key:
 //! `full_at rate cap table [last_id (id tokens expires_at) * (table - 1)]`
-//! (unsigned, float, float, unsigned, then unsigneds), where `table` is 0 for a bucket that
+//! (unsigned, double, double, unsigned, then unsigneds), where `table` is 0 for a bucket that
 //! never had a lease and `1 + live leases` for one that did. A newer module that changes
 //! the layout bumps [`ENCODING_VERSION`] and keeps reading version 1.
 //!
 //! `free`, `copy` and `rdb_load` keep `rl_leases_active` equal to the leases held in memory.
 
 use crate::rm;
-use crate::stored::{self, StateMut, Stored};
+use crate::stored::{StateMut, Stored};
 use crate::{propagate, stats};
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleDigest, RedisModuleIO, RedisModuleString};
@@ -35,7 +35,7 @@ pub static BUCKET_TYPE: RedisType = RedisType::new(
         aux_save2: None,
         aux_save_triggers: 0,
         free_effort: None,
-        unlink: None,
+        unlink: Some(unlink),
         copy: Some(copy),
         defrag: None,
         copy2: None,
@@ -60,8 +60,8 @@ unsafe extern "C" fn rdb_save(io: *mut RedisModuleIO, value: *mut c_void) {
         let state = StateMut::from_raw(value);
         let b = state.bucket();
         rm!(RedisModule_SaveUnsigned(io, b.full_at()));
-        rm!(RedisModule_SaveFloat(io, b.rate()));
-        rm!(RedisModule_SaveFloat(io, b.cap()));
+        rm!(RedisModule_SaveDouble(io, b.limit().rate()));
+        rm!(RedisModule_SaveDouble(io, b.limit().cap()));
         let Some(table) = state.table() else {
             rm!(RedisModule_SaveUnsigned(io, 0));
             return;
@@ -91,8 +91,8 @@ unsafe extern "C" fn rdb_load(io: *mut RedisModuleIO, encver: c_int) -> *mut c_v
 /// Reads one value; `None` on an I/O error or data this module could not have written.
 unsafe fn load(io: *mut RedisModuleIO) -> Option<Stored> {
     let full_at = rm!(RedisModule_LoadUnsigned(io));
-    let rate = rm!(RedisModule_LoadFloat(io));
-    let cap = rm!(RedisModule_LoadFloat(io));
+    let rate = rm!(RedisModule_LoadDouble(io));
+    let cap = rm!(RedisModule_LoadDouble(io));
     let table = rm!(RedisModule_LoadUnsigned(io));
     let count = table.saturating_sub(1);
     let mut leases = Vec::new();
@@ -130,9 +130,7 @@ unsafe extern "C" fn aof_rewrite(
 }
 
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
-    guard(0, || {
-        stored::mem_usage(&StateMut::from_raw(value.cast_mut()))
-    })
+    guard(0, || StateMut::from_raw(value.cast_mut()).mem_usage())
 }
 
 unsafe extern "C" fn digest(md: *mut RedisModuleDigest, value: *mut c_void) {
@@ -141,8 +139,8 @@ unsafe extern "C" fn digest(md: *mut RedisModuleDigest, value: *mut c_void) {
         let b = state.bucket();
         let add = |x: u64| rm!(RedisModule_DigestAddLongLong(md, x as i64));
         add(b.full_at());
-        add(u64::from(b.rate().to_bits()));
-        add(u64::from(b.cap().to_bits()));
+        add(b.limit().rate().to_bits());
+        add(b.limit().cap().to_bits());
         if let Some(t) = state.table() {
             add(t.last_id());
             for l in t.leases() {
@@ -157,12 +155,18 @@ unsafe extern "C" fn digest(md: *mut RedisModuleDigest, value: *mut c_void) {
 
 unsafe extern "C" fn free(value: *mut c_void) {
     guard((), || {
-        if let Stored::Leased(l) = Stored::from_raw(value) {
-            // A key goes when its bucket is full and its leases expired (or by DEL, FLUSHALL):
-            // what it still holds is gone without a return.
-            let held = l.table.leases().len() as u64;
-            stats::LEASES_ACTIVE.sub_shared(held);
-            stats::LEASES_EXPIRED.add_shared(held);
+        if let Stored::Full(f) = Stored::from_raw(value) {
+            stats::LEASES_ACTIVE.sub_shared(f.table.leases().len() as u64);
+        }
+    })
+}
+
+/// A key leaves the keyspace (it expired, or DEL): the leases it still holds are gone
+/// without a return. (Not called when a reload or a flush frees every value.)
+unsafe extern "C" fn unlink(_key: *mut RedisModuleString, value: *const c_void) {
+    guard((), || {
+        if let Some(table) = StateMut::from_raw(value.cast_mut()).table() {
+            stats::LEASES_EXPIRED.add_shared(table.leases().len() as u64);
         }
     })
 }
@@ -174,10 +178,10 @@ unsafe extern "C" fn copy(
 ) -> *mut c_void {
     guard(std::ptr::null_mut(), || {
         let copy = match StateMut::from_raw(value.cast_mut()) {
-            StateMut::Plain(b) => Stored::Plain(Box::new(*b)),
-            StateMut::Leased(l) => {
-                stats::LEASES_ACTIVE.add_shared(l.table.leases().len() as u64);
-                Stored::new(l.bucket, l.table.clone())
+            StateMut::Compact(c) => Stored::Compact(Box::new(*c)),
+            StateMut::Full(f) => {
+                stats::LEASES_ACTIVE.add_shared(f.table.leases().len() as u64);
+                Stored::new(f.bucket, f.table.clone())
             }
         };
         copy.into_raw()

@@ -87,19 +87,27 @@ impl BucketKey {
 
     /// Writes a new bucket state, leaving any leases as they are.
     pub fn store(&self, state: Option<StateMut>, bucket: Bucket) {
-        match state {
-            Some(mut s) => {
-                let before = rl_core::ceil_millis(s.expires_at());
-                s.set_bucket(bucket);
-                // A hot key's full instant often moves by less than Redis's millisecond:
-                // then the expiry is already right and setting it again costs a lookup.
-                if rl_core::ceil_millis(s.expires_at()) == before {
-                    self.modified.set(true);
-                } else {
-                    self.expire_at(s.expires_at());
-                }
+        let Some(mut s) = state else {
+            return self.put(Stored::new(bucket, LeaseTable::default()), bucket.full_at());
+        };
+        let before = rl_core::ceil_millis(s.expires_at());
+        let in_place = match &mut s {
+            StateMut::Compact(c) => c.update(&bucket),
+            StateMut::Full(f) => {
+                f.bucket = bucket;
+                true
             }
-            None => self.put(Stored::Plain(Box::new(bucket)), bucket.full_at()),
+        };
+        if !in_place {
+            // The new limit does not fit the compact form.
+            return self.put(Stored::new(bucket, LeaseTable::default()), bucket.full_at());
+        }
+        // A hot key's full instant often moves by less than Redis's millisecond: then the
+        // expiry is already right and setting it again costs a lookup.
+        if rl_core::ceil_millis(s.expires_at()) == before {
+            self.modified.set(true);
+        } else {
+            self.expire_at(s.expires_at());
         }
     }
 
@@ -108,16 +116,18 @@ impl BucketKey {
     pub fn store_with_leases(&self, state: Option<StateMut>, bucket: Bucket, table: LeaseTable) {
         stats::LEASES_ACTIVE.add_shared(table.leases().len() as u64);
         let expires = stored::expires_at(&bucket, Some(&table));
-        let never_leased = table.is_empty() && table.last_id() == 0;
         match state {
-            Some(StateMut::Leased(l)) => {
-                l.bucket = bucket;
-                l.table = table;
+            Some(StateMut::Full(f)) => {
+                f.bucket = bucket;
+                f.table = table;
                 self.expire_at(expires);
             }
-            Some(StateMut::Plain(b)) if never_leased => {
-                *b = bucket;
-                self.expire_at(expires);
+            Some(StateMut::Compact(c)) if !stored::ever_leased(&table) => {
+                if c.update(&bucket) {
+                    self.expire_at(expires);
+                } else {
+                    self.put(Stored::new(bucket, table), expires);
+                }
             }
             _ => self.put(Stored::new(bucket, table), expires),
         }
@@ -142,8 +152,8 @@ impl Drop for BucketKey {
 /// puts it back.
 pub fn take_table(state: &mut Option<StateMut>) -> LeaseTable {
     match state {
-        Some(StateMut::Leased(l)) => {
-            let table = std::mem::take(&mut l.table);
+        Some(StateMut::Full(f)) => {
+            let table = std::mem::take(&mut f.table);
             stats::LEASES_ACTIVE.sub_shared(table.leases().len() as u64);
             table
         }

@@ -152,15 +152,9 @@ pub fn deleted(ctx: *mut Ctx, key: *mut RStr) {
     ));
 }
 
-/// The text of a stored `f32` that parses back to exactly it (through `f64`, as
-/// `RL.SETSTATE` parses): its exact `f64` value, shortest form.
-pub fn stored_number(x: f32) -> String {
-    format!("{}", f64::from(x))
-}
-
-/// A stored `f32` as people wrote it: `0.1`, not `0.10000000149011612`.
-pub fn shown_number(x: f32) -> f64 {
-    x.to_string().parse().unwrap_or(f64::from(x))
+/// The text of a stored number that parses back to exactly it: the shortest such form.
+pub fn stored_number(x: f64) -> String {
+    format!("{x}")
 }
 
 /// AOF rewrite: the commands that rebuild this key.
@@ -168,8 +162,11 @@ pub fn shown_number(x: f32) -> f64 {
 /// # Safety
 /// `aof` and `key` must be the live arguments of an `aof_rewrite` callback.
 pub unsafe fn rewrite(aof: *mut RedisModuleIO, key: *mut RStr, state: &StateMut) {
-    let b: &Bucket = state.bucket();
-    let (rate, cap) = (stored_number(b.rate()), stored_number(b.cap()));
+    let b: Bucket = state.bucket();
+    let (rate, cap) = (
+        stored_number(b.limit().rate()),
+        stored_number(b.limit().cap()),
+    );
     let (r, c) = (
         rate.as_ptr().cast::<c_char>(),
         cap.as_ptr().cast::<c_char>(),

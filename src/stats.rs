@@ -65,7 +65,7 @@ counters! {
     LEASE_TOKENS_GRANTED: "Tokens granted in leases.",
     RETURNS: "Leases closed by a return (RL.RETURN or RL.LEASE ... RETURN).",
     TOKENS_RETURNED: "Tokens credited back by returns.",
-    LEASES_EXPIRED: "Leases gone without a return: expired (counted when dropped) or deleted with their key.",
+    LEASES_EXPIRED: "Leases gone without a return: expired (counted when dropped) or with their key (expiry, DEL).",
     LEASES_ACTIVE: "Leases recorded in buckets now (expired ones leave at the key's next write).",
 }
 

@@ -1,73 +1,165 @@
 //! How a bucket sits in memory as a Redis value: two encodings behind one pointer.
 //!
-//! Most buckets never see a lease, and a bucket is mostly overhead (Redis's own key, object
-//! and expiry entries), so the common encoding is the bare 16-byte [`Bucket`]. A bucket with
-//! live leases becomes a [`Leased`], which starts with a word no bucket can hold
-//! ([`LEASED_MARKER`]); reading that first word tells which one a pointer holds, as Redis's
-//! own types switch between a compact and a general encoding.
+//! A bucket is mostly overhead (Redis's own key, object and expiry entries), so the common
+//! case is a bare 16 bytes: [`Compact`], the full instant plus the limit as two 32-bit
+//! decimals. It is used when both numbers of the limit fit such a decimal exactly (every
+//! limit written with up to 8 significant digits: `1000`, `0.5`, `0.001`, `16.6667`) and the
+//! bucket never had a lease. Anything else is a [`Full`]: the exact bucket and its lease
+//! table. A `Full` starts with a word no `Compact` can hold ([`FULL_MARKER`]), so reading the
+//! first word tells which one a pointer holds, as Redis's own types switch between a compact
+//! and a general encoding.
 
-use rl_core::{Bucket, LeaseTable, Nanos};
+use rl_core::{Bucket, LeaseTable, Limit, Nanos};
 use std::os::raw::c_void;
 
-/// The first word of a [`Leased`]; a [`Bucket`]'s first word (`full_at`) never exceeds
+/// The first word of a [`Full`]; a [`Compact`]'s first word (`full_at`) never exceeds
 /// `i64::MAX`.
-const LEASED_MARKER: u64 = u64::MAX;
+const FULL_MARKER: u64 = u64::MAX;
 
+/// A decimal in 32 bits: a 27-bit mantissa and a 5-bit exponent, `m * 10^e`, `e` in -16..=15.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(transparent)]
+struct Dec32(u32);
+
+const POW10: [f64; 17] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+];
+const MANTISSA_LIMIT: f64 = (1u32 << 27) as f64;
+
+impl Dec32 {
+    fn value(self) -> f64 {
+        let m = f64::from(self.0 >> 5);
+        let e = (self.0 & 31) as i32 - 16;
+        // One exact operand each side and one rounding: the double nearest m * 10^e.
+        if e >= 0 {
+            m * POW10[e as usize]
+        } else {
+            m / POW10[(-e) as usize]
+        }
+    }
+
+    /// The decimal that decodes to exactly `x`, if one exists: tried from the largest
+    /// exponent (the fewest digits) down, and kept only if it decodes back to `x`.
+    fn encode(x: f64) -> Option<Dec32> {
+        if !(x > 0.0 && x.is_finite()) {
+            return None;
+        }
+        let top = (x.log10().floor() as i32).clamp(-16, 15);
+        for e in (-16..=top).rev() {
+            let m = if e >= 0 {
+                x / POW10[e as usize]
+            } else {
+                x * POW10[(-e) as usize]
+            };
+            let m = m.round();
+            if m >= MANTISSA_LIMIT {
+                return None;
+            }
+            let code = Dec32(((m as u32) << 5) | (e + 16) as u32);
+            if m >= 1.0 && code.value() == x {
+                return Some(code);
+            }
+        }
+        None
+    }
+}
+
+/// A bucket in 16 bytes (see the module docs for when it is used).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
-pub struct Leased {
+pub struct Compact {
+    full_at: Nanos,
+    rate: Dec32,
+    cap: Dec32,
+}
+
+impl Compact {
+    /// The compact form of `bucket`, if its limit fits it exactly.
+    pub fn of(bucket: &Bucket) -> Option<Compact> {
+        let limit = bucket.limit();
+        Some(Compact {
+            full_at: bucket.full_at(),
+            rate: Dec32::encode(limit.rate())?,
+            cap: Dec32::encode(limit.cap())?,
+        })
+    }
+
+    pub fn bucket(&self) -> Bucket {
+        // The codes were made from a valid limit by `of`.
+        let limit = Limit::new_unchecked(self.rate.value(), self.cap.value());
+        Bucket::new(self.full_at, limit)
+    }
+
+    /// Stores `bucket` here if it fits: at once when the limit is unchanged (the hot path:
+    /// nothing to encode), else if the new limit encodes. `false` if it does not fit.
+    pub fn update(&mut self, bucket: &Bucket) -> bool {
+        if bucket.limit() == self.bucket().limit() {
+            self.full_at = bucket.full_at();
+            return true;
+        }
+        match Compact::of(bucket) {
+            Some(c) => {
+                *self = c;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// A bucket with an exact limit of any value, and its leases.
+#[repr(C)]
+pub struct Full {
     marker: u64,
     pub bucket: Bucket,
     pub table: LeaseTable,
 }
 
-impl Leased {
-    pub fn new(bucket: Bucket, table: LeaseTable) -> Leased {
-        Leased {
-            marker: LEASED_MARKER,
-            bucket,
-            table,
-        }
-    }
+/// Whether a table has ever held a lease (its last id is remembered while the key lives,
+/// so ids are never handed out twice).
+pub fn ever_leased(table: &LeaseTable) -> bool {
+    !table.is_empty() || table.last_id() != 0
 }
 
 /// A bucket value owned by this module, before it is handed to Redis.
 pub enum Stored {
-    Plain(Box<Bucket>),
-    Leased(Box<Leased>),
+    Compact(Box<Compact>),
+    Full(Box<Full>),
 }
 
 /// A bucket value owned by Redis, borrowed for one command.
 pub enum StateMut<'a> {
-    Plain(&'a mut Bucket),
-    Leased(&'a mut Leased),
+    Compact(&'a mut Compact),
+    Full(&'a mut Full),
 }
 
 impl Stored {
-    /// The encoding that fits: plain for a bucket that never had a lease. One that had some
-    /// stays leased while its key lives, so the last lease id is remembered and ids are
-    /// never handed out twice.
+    /// The encoding that fits.
     pub fn new(bucket: Bucket, table: LeaseTable) -> Stored {
-        if table.is_empty() && table.last_id() == 0 {
-            Stored::Plain(Box::new(bucket))
-        } else {
-            Stored::Leased(Box::new(Leased::new(bucket, table)))
+        match Compact::of(&bucket) {
+            Some(c) if !ever_leased(&table) => Stored::Compact(Box::new(c)),
+            _ => Stored::Full(Box::new(Full {
+                marker: FULL_MARKER,
+                bucket,
+                table,
+            })),
         }
     }
 
     pub fn into_raw(self) -> *mut c_void {
         match self {
-            Stored::Plain(b) => Box::into_raw(b).cast(),
-            Stored::Leased(l) => Box::into_raw(l).cast(),
+            Stored::Compact(b) => Box::into_raw(b).cast(),
+            Stored::Full(l) => Box::into_raw(l).cast(),
         }
     }
 
     /// # Safety
     /// `p` must come from [`Stored::into_raw`] and not be used afterwards.
     pub unsafe fn from_raw(p: *mut c_void) -> Stored {
-        if *p.cast::<u64>() == LEASED_MARKER {
-            Stored::Leased(Box::from_raw(p.cast()))
+        if *p.cast::<u64>() == FULL_MARKER {
+            Stored::Full(Box::from_raw(p.cast()))
         } else {
-            Stored::Plain(Box::from_raw(p.cast()))
+            Stored::Compact(Box::from_raw(p.cast()))
         }
     }
 }
@@ -76,37 +168,41 @@ impl StateMut<'_> {
     /// # Safety
     /// `p` must come from [`Stored::into_raw`] and stay valid and unaliased for `'a`.
     pub unsafe fn from_raw<'a>(p: *mut c_void) -> StateMut<'a> {
-        if *p.cast::<u64>() == LEASED_MARKER {
-            StateMut::Leased(&mut *p.cast())
+        if *p.cast::<u64>() == FULL_MARKER {
+            StateMut::Full(&mut *p.cast())
         } else {
-            StateMut::Plain(&mut *p.cast())
+            StateMut::Compact(&mut *p.cast())
         }
     }
 
-    pub fn bucket(&self) -> &Bucket {
+    pub fn bucket(&self) -> Bucket {
         match self {
-            StateMut::Plain(b) => b,
-            StateMut::Leased(l) => &l.bucket,
+            StateMut::Compact(c) => c.bucket(),
+            StateMut::Full(f) => f.bucket,
         }
     }
 
-    pub fn set_bucket(&mut self, bucket: Bucket) {
-        match self {
-            StateMut::Plain(b) => **b = bucket,
-            StateMut::Leased(l) => l.bucket = bucket,
-        }
-    }
-
+    /// The lease table, if the bucket ever had a lease.
     pub fn table(&self) -> Option<&LeaseTable> {
         match self {
-            StateMut::Plain(_) => None,
-            StateMut::Leased(l) => Some(&l.table),
+            StateMut::Full(f) if ever_leased(&f.table) => Some(&f.table),
+            _ => None,
         }
     }
 
     /// When the key may go: the bucket is full and no lease is live.
     pub fn expires_at(&self) -> Nanos {
-        expires_at(self.bucket(), self.table())
+        expires_at(&self.bucket(), self.table())
+    }
+
+    /// Bytes the value holds (for `MEMORY USAGE`).
+    pub fn mem_usage(&self) -> usize {
+        match self {
+            StateMut::Compact(_) => std::mem::size_of::<Compact>(),
+            StateMut::Full(f) => {
+                std::mem::size_of::<Full>() + std::mem::size_of_val(f.table.leases())
+            }
+        }
     }
 }
 
@@ -115,34 +211,97 @@ pub fn expires_at(bucket: &Bucket, table: Option<&LeaseTable>) -> Nanos {
     bucket.full_at().max(leases)
 }
 
-/// Bytes a value holds (for `MEMORY USAGE`).
-pub fn mem_usage(state: &StateMut) -> usize {
-    match state {
-        StateMut::Plain(_) => std::mem::size_of::<Bucket>(),
-        StateMut::Leased(l) => {
-            std::mem::size_of::<Leased>() + std::mem::size_of_val(l.table.leases())
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn bucket(rate: f64, cap: f64) -> Bucket {
+        Bucket::new(42, Limit::new(rate, cap).unwrap())
+    }
+
     #[test]
-    fn round_trips_both_encodings() {
-        let b = Bucket::from_parts(42, 1.0, 2.0).unwrap();
+    fn compact_is_16_bytes() {
+        assert_eq!(std::mem::size_of::<Compact>(), 16);
+    }
+
+    #[test]
+    fn decimals_round_trip_exactly() {
+        for s in [
+            "1",
+            "0.5",
+            "0.001",
+            "0.1",
+            "1000",
+            "16.6667",
+            "1e9",
+            "1e15",
+            "1e-9",
+            "123456.78",
+            "0.333",
+            "99999999",
+            "0.000123",
+            "7.25",
+            "2500000",
+            "0.0009765625",
+        ] {
+            let x: f64 = s.parse().unwrap();
+            let d = Dec32::encode(x).unwrap_or_else(|| panic!("{s} does not encode"));
+            assert_eq!(d.value(), x, "{s}");
+        }
+        // Too many digits for 27 bits: the full encoding takes them.
+        for x in [1.0 / 3.0, 1000.0 / 60.0, 0.1 + 0.2, 987654321.0] {
+            assert_eq!(Dec32::encode(x), None, "{x}");
+        }
+        // Whatever encodes decodes back to exactly the same number.
+        for i in 1..100_000u32 {
+            for x in [
+                f64::from(i) / 7.0,
+                f64::from(i) * 0.001,
+                f64::from(i) * 1.1,
+                f64::from(i),
+            ] {
+                if let Some(d) = Dec32::encode(x) {
+                    assert_eq!(d.value(), x);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn encodings_follow_the_limit_and_the_leases() {
+        let b = bucket(0.001, 10.0);
         let p = Stored::new(b, LeaseTable::default()).into_raw();
-        assert!(matches!(unsafe { StateMut::from_raw(p) }, StateMut::Plain(x) if *x == b));
+        match unsafe { StateMut::from_raw(p) } {
+            StateMut::Compact(c) => assert_eq!(c.bucket(), b),
+            StateMut::Full(_) => panic!("0.001 and 10 fit the compact form"),
+        }
+        drop(unsafe { Stored::from_raw(p) });
+
+        let odd = bucket(1.0 / 3.0, 10.0);
+        let p = Stored::new(odd, LeaseTable::default()).into_raw();
+        match unsafe { StateMut::from_raw(p) } {
+            StateMut::Full(f) => assert!(f.bucket == odd && f.bucket.limit().rate() == 1.0 / 3.0),
+            StateMut::Compact(_) => panic!("1/3 does not fit 27 bits"),
+        }
         drop(unsafe { Stored::from_raw(p) });
 
         let mut t = LeaseTable::default();
         t.open(3, 10, 5_000).unwrap();
         let p = Stored::new(b, t.clone()).into_raw();
         match unsafe { StateMut::from_raw(p) } {
-            StateMut::Leased(l) => assert!(l.bucket == b && l.table == t),
-            StateMut::Plain(_) => panic!("lost the leases"),
+            StateMut::Full(f) => assert!(f.bucket == b && f.table == t),
+            StateMut::Compact(_) => panic!("lost the leases"),
         }
         drop(unsafe { Stored::from_raw(p) });
+    }
+
+    #[test]
+    fn update_keeps_the_compact_form_when_it_can() {
+        let mut c = Compact::of(&bucket(2.0, 10.0)).unwrap();
+        assert!(c.update(&Bucket::new(99, Limit::new(2.0, 10.0).unwrap())));
+        assert_eq!(c.bucket().full_at(), 99);
+        assert!(c.update(&Bucket::new(100, Limit::new(0.25, 20.0).unwrap())));
+        assert_eq!(c.bucket().limit(), Limit::new(0.25, 20.0).unwrap());
+        assert!(!c.update(&Bucket::new(101, Limit::new(1.0 / 3.0, 20.0).unwrap())));
     }
 }

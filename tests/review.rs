@@ -445,3 +445,110 @@ fn extreme_accepted_inputs_answer_without_internal_errors() {
     );
     assert_eq!(info_field(&mut c, "rl", "rl_errors"), 1, "only the refusal");
 }
+
+/// Over-issue: a limit change must carry tokens over from the exact old limit (a cap kept
+/// as f32 rounds 1073741889 up to 1073741952: 63 tokens would appear).
+#[test]
+fn limit_change_mints_no_tokens_from_the_stored_cap_rounding() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    assert_eq!(
+        int(&mut c, &["RL.TAKE", "k", "0.5", "1073741889", "1073741889"]),
+        1_073_741_889
+    );
+    // The rate changes; the bucket is empty and refills 1 token per second at most.
+    assert_eq!(
+        int(&mut c, &["RL.TAKE", "k", "1", "1073741889", "50"]),
+        0,
+        "tokens minted by a limit change"
+    );
+}
+
+/// Over-issue: a rate change too small for an f32 to see is still a change: an empty bucket
+/// of 1e9 tokens at 0.5/s, read at 0.49999999/s, must not hold 20 tokens at once.
+#[test]
+fn rate_change_below_f32_precision_mints_no_tokens() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    assert_eq!(
+        int(&mut c, &["RL.TAKE", "k", "0.5", "1000000000", "1000000000"]),
+        1_000_000_000
+    );
+    assert_eq!(
+        int(&mut c, &["RL.TAKE", "k", "0.49999999", "1000000000", "10"]),
+        0,
+        "10 tokens need 20 s at this rate"
+    );
+}
+
+/// Over-issue: RL.RETURN credits exactly the unused tokens, computed with the exact rate.
+#[test]
+fn return_credits_no_more_than_the_unused_tokens() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let (g, id, _, _) = lease(&mut c, &["k", "0.7", "2000000000", "2000000000", "600000"]);
+    assert_eq!(g, 2_000_000_000);
+    assert_eq!(
+        int(&mut c, &["RL.RETURN", "k", &id.to_string(), "1000000000"]),
+        1_000_000_000
+    );
+    // 1e9 tokens are back; 10 more would take 14 s at 0.7/s.
+    assert_eq!(
+        int(&mut c, &["RL.TAKE", "k", "0.7", "2000000000", "1000000010"]),
+        0,
+        "the return credited more than it was given"
+    );
+}
+
+/// INFO: DEBUG RELOAD frees and reloads every key; a live lease it reloads is not expired.
+#[test]
+fn debug_reload_counts_no_lease_as_expired() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let (g, id, _, _) = lease(&mut c, &["k", "0.001", "10", "5", "600000"]);
+    assert_eq!(g, 5);
+    let _: String = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    assert_eq!(info_field(&mut c, "rl", "rl_leases_active"), 1);
+    assert_eq!(
+        info_field(&mut c, "rl", "rl_leases_expired"),
+        0,
+        "a live lease counted as expired"
+    );
+    assert_eq!(int(&mut c, &["RL.RETURN", "k", &id.to_string(), "5"]), 5);
+}
+
+/// RL.RETURN of a whole lease leaves the bucket as it was (full, so the key goes).
+#[test]
+fn returning_a_whole_lease_restores_a_full_bucket() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let (g, id, _, _) = lease(&mut c, &["k", "0.001", "100", "5", "600000"]);
+    assert_eq!(g, 5);
+    assert_eq!(int(&mut c, &["RL.RETURN", "k", &id.to_string(), "5"]), 5);
+    let exists: i64 = c.exists("k").unwrap();
+    assert_eq!(exists, 0, "full with no lease left: the key is deleted");
+    assert_eq!(int(&mut c, &["RL.TAKE", "k", "0.001", "100", "100"]), 100);
+}
+
+/// Limits whose numbers do not fit the compact encoding (1/3) are kept exact too, through
+/// replication and a reload.
+#[test]
+fn limits_with_many_digits_stay_exact() {
+    let master = Server::start(&[]);
+    let replica = Server::start(&[]);
+    replicate(&replica, &master);
+    let mut c = master.conn();
+    let third = format!("{}", 1.0f64 / 3.0);
+    assert_eq!(int(&mut c, &["RL.TAKE", "k", &third, "30", "30"]), 30);
+    assert_eq!(int(&mut c, &["RL.TAKE", "k", &third, "30", "1"]), 0);
+    wait_synced(&master, &replica);
+    let mut r = replica.conn();
+    assert_eq!(digest(&mut r, "k"), digest(&mut c, "k"));
+    let before = digest(&mut c, "k");
+    let _: String = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    assert_eq!(digest(&mut c, "k"), before);
+    let v: Vec<(String, Value)> = redis::cmd("RL.PEEK").arg("k").query(&mut c).unwrap();
+    assert_eq!(v[1].0, "rate");
+    let rate: f64 = redis::from_redis_value(&v[1].1).unwrap();
+    assert_eq!(rate, 1.0 / 3.0);
+}

@@ -6,48 +6,42 @@ use crate::{Limit, Nanos};
 /// millisecond expiry and leaves values above it free as markers for the storage layer.
 pub const MAX_INSTANT: Nanos = i64::MAX as Nanos;
 
-/// The stored state of one bucket: 16 bytes.
+/// The state of one bucket: the instant it is full again and the exact limit it was last
+/// written under.
 ///
-/// `full_at` is the instant the bucket is full again, so `full_at <= now` means full and an
-/// absent key means the same thing. `rate` and `cap` record the limit the bucket was last
-/// written under, as `f32`: they are only needed when a caller changes the limit (to carry
-/// the tokens over) and for inspection; while the limit stays the same every computation
-/// uses the caller's exact `f64` values.
+/// `full_at <= now` means full, and an absent key means the same thing. The limit is
+/// needed when a caller changes it (to carry the tokens over exactly) and when a command
+/// gives none (`RL.RETURN`, `RL.PEEK`). It is kept exact: an approximate limit would read a
+/// stored instant under a slightly different rate and mint or lose tokens. (The module
+/// stores it in fewer bytes when it can do so exactly.)
 #[derive(Debug, Clone, Copy, PartialEq)]
-#[repr(C)]
 pub struct Bucket {
     full_at: Nanos,
-    rate: f32,
-    cap: f32,
+    limit: Limit,
 }
 
 impl Bucket {
+    pub fn new(full_at: Nanos, limit: Limit) -> Bucket {
+        Bucket {
+            full_at: full_at.min(MAX_INSTANT),
+            limit,
+        }
+    }
+
     /// Rebuilds a bucket from stored parts (RDB, a replicated effect), or `None` if they
     /// could not have been written by this crate.
-    pub fn from_parts(full_at: Nanos, rate: f32, cap: f32) -> Option<Bucket> {
-        let ok = |x: f32| x.is_finite() && x > 0.0;
-        (full_at <= MAX_INSTANT && ok(rate) && ok(cap)).then_some(Bucket { full_at, rate, cap })
+    pub fn from_parts(full_at: Nanos, rate: f64, cap: f64) -> Option<Bucket> {
+        let limit = Limit::new(rate, cap).ok()?;
+        (full_at <= MAX_INSTANT).then_some(Bucket { full_at, limit })
     }
 
     pub fn full_at(&self) -> Nanos {
         self.full_at
     }
 
-    pub fn rate(&self) -> f32 {
-        self.rate
-    }
-
-    pub fn cap(&self) -> f32 {
-        self.cap
-    }
-
-    /// The limit this bucket was last written under (to `f32` precision).
-    pub fn stored_limit(&self) -> Limit {
-        Limit::from_stored(self.rate, self.cap)
-    }
-
-    fn written_under(&self, limit: &Limit) -> bool {
-        (self.rate, self.cap) == limit.compact()
+    /// The limit this bucket was last written under.
+    pub fn limit(&self) -> Limit {
+        self.limit
     }
 }
 
@@ -76,10 +70,10 @@ impl Level {
                 deficit: 0,
             };
         };
-        if b.written_under(&limit) {
+        if b.limit == limit {
             return Level::refill(b.full_at, limit, now);
         }
-        let old = Level::refill(b.full_at, b.stored_limit(), now);
+        let old = Level::refill(b.full_at, b.limit, now);
         let tokens = old.tokens().min(limit.cap());
         let deficit = limit.nanos_for(limit.cap() - tokens);
         Level {
@@ -178,12 +172,7 @@ impl Level {
 
     /// The state to store.
     pub fn bucket(&self) -> Bucket {
-        let (rate, cap) = self.limit.compact();
-        Bucket {
-            full_at: (self.at + self.deficit).min(MAX_INSTANT),
-            rate,
-            cap,
-        }
+        Bucket::new(self.at + self.deficit, self.limit)
     }
 }
 
@@ -304,9 +293,26 @@ mod tests {
     #[test]
     fn from_parts_validates() {
         assert!(Bucket::from_parts(T0, 1.0, 1.0).is_some());
-        assert!(Bucket::from_parts(T0, f32::NAN, 1.0).is_none());
+        assert!(Bucket::from_parts(T0, f64::NAN, 1.0).is_none());
         assert!(Bucket::from_parts(T0, 1.0, -1.0).is_none());
         assert!(Bucket::from_parts(u64::MAX, 1.0, 1.0).is_none());
-        assert_eq!(std::mem::size_of::<Bucket>(), 16);
+    }
+
+    #[test]
+    fn tiny_limit_changes_are_exact() {
+        // Limits that would round to one 32-bit float are still different limits.
+        let cap = 1e9;
+        let mut l = Level::new(None, limit(0.5, cap), T0);
+        assert!(l.try_take(cap));
+        let b = l.bucket();
+        let mut slower = Level::new(Some(&b), limit(0.49999999, cap), T0);
+        assert!(slower.tokens() < 1e-6, "{}", slower.tokens());
+        assert!(!slower.try_take(1.0));
+        let big = 1073741889.0;
+        let mut l = Level::new(None, limit(0.5, big), T0);
+        assert!(l.try_take(big));
+        let b = l.bucket();
+        let mut faster = Level::new(Some(&b), limit(1.0, big), T0);
+        assert!(!faster.try_take(1.0), "{}", faster.tokens());
     }
 }

@@ -7,7 +7,7 @@
 //! A bucket is stored as the instant it will be full again (`full_at`, the "theoretical
 //! arrival time" of GCRA) plus the limit it was written under. That is the token count and
 //! its timestamp folded into one number: `tokens(now) = cap - (full_at - now) * rate`. It
-//! keeps a bucket at 16 bytes, and "the key expires when the bucket is full" is just
+//! keeps a bucket small, and "the key expires when the bucket is full" is just
 //! `PEXPIREAT full_at`.
 
 mod bucket;

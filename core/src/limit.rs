@@ -4,8 +4,7 @@ use crate::{Nanos, NANOS_PER_SEC};
 
 /// Smallest accepted rate or cap.
 pub const MIN_VALUE: f64 = 1e-9;
-/// Largest accepted rate or cap: far above any real quota, and exact enough as `f32`
-/// (the stored form) to detect a changed limit.
+/// Largest accepted rate or cap: far above any real quota.
 pub const MAX_VALUE: f64 = 1e15;
 /// Longest time an empty bucket may take to fill (`cap / rate`): 100 years. Keeps every
 /// instant a bucket can reach inside `i64` milliseconds, which Redis expiries need.
@@ -91,18 +90,10 @@ impl Limit {
         deficit as f64 * self.rate / NANOS_PER_SEC
     }
 
-    /// The limit a stored bucket records. Not validated: the `f32` form of a valid limit
-    /// may round just outside the accepted range.
-    pub(crate) fn from_stored(rate: f32, cap: f32) -> Limit {
-        Limit {
-            rate: rate as f64,
-            cap: cap as f64,
-        }
-    }
-
-    /// The stored (f32) form of this limit.
-    pub(crate) fn compact(&self) -> (f32, f32) {
-        (self.rate as f32, self.cap as f32)
+    /// A limit rebuilt from a storage encoding of one that [`Limit::new`] accepted. Not
+    /// validated again (the hot path decodes one per call).
+    pub fn new_unchecked(rate: f64, cap: f64) -> Limit {
+        Limit { rate, cap }
     }
 }
 

@@ -47,7 +47,7 @@ fn init_tokens(args: &Args, i: usize, limit: &Limit) -> Result<f64> {
 fn level_of(state: Option<&StateMut>, limit: Limit, now: Nanos, init: Option<f64>) -> Level {
     match (state, init) {
         (None, Some(tokens)) => Level::starting_with(limit, tokens, now),
-        (state, _) => Level::new(state.map(|s| s.bucket()), limit, now),
+        (state, _) => Level::new(state.map(|s| s.bucket()).as_ref(), limit, now),
     }
 }
 

@@ -3,9 +3,9 @@
 
 use crate::api::{self, Ctx};
 use crate::args::Args;
+use crate::clock;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
-use crate::{clock, propagate};
 use rl_core::{ceil_millis, Level};
 
 pub fn peek(ctx: *mut Ctx, args: Args) -> Result<()> {
@@ -20,8 +20,8 @@ pub fn peek(ctx: *mut Ctx, args: Args) -> Result<()> {
         return Ok(());
     };
     let bucket = state.bucket();
-    // The limit it was last written under: the stored (f32) one.
-    let level = Level::new(Some(bucket), bucket.stored_limit(), now);
+    // The limit it was last written under.
+    let level = Level::new(Some(&bucket), bucket.limit(), now);
     let live = state
         .table()
         .map(|t| t.leases().iter().filter(|l| l.expires_at > now));
@@ -33,9 +33,9 @@ pub fn peek(ctx: *mut Ctx, args: Args) -> Result<()> {
     api::reply_text(ctx, c"tokens");
     api::reply_double(ctx, level.tokens());
     api::reply_text(ctx, c"rate");
-    api::reply_double(ctx, propagate::shown_number(bucket.rate()));
+    api::reply_double(ctx, bucket.limit().rate());
     api::reply_text(ctx, c"cap");
-    api::reply_double(ctx, propagate::shown_number(bucket.cap()));
+    api::reply_double(ctx, bucket.limit().cap());
     api::reply_text(ctx, c"reset_after_ms");
     api::reply_integer(ctx, ceil_millis(level.reset_after()) as i64);
     api::reply_text(ctx, c"leases");

@@ -22,7 +22,7 @@ pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {
         .as_ref()
         .and_then(|s| s.table())
         .and_then(|t| t.live(id, now));
-    let Some(bucket) = live.and(state.as_ref()).map(|s| *s.bucket()) else {
+    let Some(bucket) = live.and(state.as_ref()).map(|s| s.bucket()) else {
         // Unknown, expired or already returned: credits nothing and writes nothing.
         api::reply_integer(ctx, 0);
         return Ok(());
@@ -37,7 +37,7 @@ pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {
     stats::TOKENS_RETURNED.add(credited);
 
     // The limit is the one the bucket was last written under.
-    let limit = bucket.stored_limit();
+    let limit = bucket.limit();
     let mut level = Level::new(Some(&bucket), limit, now);
     level.credit(credited as f64);
     let bucket = level.bucket();
@@ -47,7 +47,7 @@ pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {
         propagate::deleted(ctx, args.raw(0)?);
     } else {
         key.store_with_leases(state, bucket, table);
-        let number = |x: f32| {
+        let number = |x: f64| {
             let text = propagate::stored_number(x);
             rm!(RedisModule_CreateString(
                 ctx,
@@ -55,7 +55,7 @@ pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {
                 text.len()
             ))
         };
-        let (rate, cap) = (number(bucket.rate()), number(bucket.cap()));
+        let (rate, cap) = (number(bucket.limit().rate()), number(bucket.limit().cap()));
         let head = Head {
             key: args.raw(0)?,
             full_at: bucket.full_at(),

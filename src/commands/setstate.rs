@@ -15,8 +15,8 @@ pub fn setstate(ctx: *mut Ctx, args: Args) -> Result<()> {
         return Err(Error::Arity);
     }
     let full_at = args.integer(1, "full_at must be a non-negative integer")?;
-    let rate = args.number(2, "rate is not a number")? as f32;
-    let cap = args.number(3, "cap is not a number")? as f32;
+    let rate = args.number(2, "rate is not a number")?;
+    let cap = args.number(3, "cap is not a number")?;
     let bucket =
         Bucket::from_parts(full_at, rate, cap).ok_or(Error::Invalid("invalid bucket state"))?;
 
