@@ -26,12 +26,15 @@ pub struct Lease {
 pub enum LeaseError {
     /// The bucket already holds [`MAX_LEASES`] live leases.
     TooMany,
+    /// Ids must fit a signed 64-bit integer (only a forged state can get there).
+    IdsExhausted,
 }
 
 impl LeaseError {
     pub fn message(self) -> &'static str {
         match self {
             LeaseError::TooMany => "too many live leases on this key (at most 1024)",
+            LeaseError::IdsExhausted => "no lease id left on this key",
         }
     }
 }
@@ -55,8 +58,12 @@ pub struct LeaseTable {
 impl LeaseTable {
     /// Rebuilds a table from stored parts, or `None` if they are inconsistent.
     pub fn from_parts(last_id: u64, leases: Vec<Lease>) -> Option<LeaseTable> {
+        // Every number must also fit Redis's signed 64-bit integers (replies, effects).
+        let fits = |x: u64| x <= i64::MAX as u64;
         let ok = leases.len() <= MAX_LEASES
+            && fits(last_id)
             && leases.iter().all(|l| l.id <= last_id && l.id > 0)
+            && leases.iter().all(|l| fits(l.tokens) && fits(l.expires_at))
             && leases.windows(2).all(|w| w[0].id < w[1].id);
         ok.then_some(LeaseTable { last_id, leases })
     }
@@ -135,7 +142,10 @@ impl LeaseTable {
         if !self.has_room() {
             return Err(LeaseError::TooMany);
         }
-        let id = (self.last_id + 1).max(now / 1000);
+        let id = self.last_id.saturating_add(1).max(now / 1000);
+        if id > i64::MAX as u64 {
+            return Err(LeaseError::IdsExhausted);
+        }
         let lease = Lease {
             id,
             tokens,
@@ -227,5 +237,8 @@ mod tests {
         assert!(LeaseTable::from_parts(4, vec![l(1), l(5)]).is_none());
         assert!(LeaseTable::from_parts(5, vec![l(5), l(1)]).is_none());
         assert!(LeaseTable::from_parts(5, vec![l(0)]).is_none());
+        assert!(LeaseTable::from_parts(u64::MAX, vec![l(1)]).is_none());
+        let mut t = LeaseTable::from_parts(i64::MAX as u64, vec![]).unwrap();
+        assert_eq!(t.open(1, MS, T0), Err(LeaseError::IdsExhausted));
     }
 }

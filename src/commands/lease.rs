@@ -91,6 +91,9 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
     if got == 0 && live >= MAX_LEASES && returned.is_none() {
         return Err(rl_core::LeaseError::TooMany.into());
     }
+    if got > 0 && table.is_some_and(|t| t.last_id() >= i64::MAX as u64) {
+        return Err(rl_core::LeaseError::IdsExhausted.into());
+    }
 
     let mut opened = None;
     if got > 0 || returned.is_some() || created {
