@@ -4,7 +4,7 @@
 //! so a server that lacks one refuses the module instead.
 
 use redis_module::raw;
-use std::os::raw::{c_char, c_int};
+use std::os::raw::c_int;
 
 pub use raw::{RedisModuleCtx as Ctx, RedisModuleKey as Key, RedisModuleString as RStr};
 
@@ -140,8 +140,4 @@ pub fn reply_error(ctx: *mut Ctx, msg: &std::ffi::CStr) {
 
 pub fn reply_wrong_arity(ctx: *mut Ctx) -> c_int {
     rm!(RedisModule_WrongArity(ctx))
-}
-
-pub fn cstr(s: &std::ffi::CStr) -> *const c_char {
-    s.as_ptr()
 }
