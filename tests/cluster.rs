@@ -12,16 +12,6 @@ use std::time::{Duration, Instant};
 use support::cluster::*;
 use support::*;
 
-fn take_on(c: &mut impl ConnectionLike, key: &str, rate: f64, cap: f64, n: u64) -> i64 {
-    redis::cmd("RL.TAKE")
-        .arg(key)
-        .arg(rate)
-        .arg(cap)
-        .arg(n)
-        .query(c)
-        .unwrap()
-}
-
 /// `RL.TAKE ... WITHSTATE` → (granted, remaining).
 fn take_remaining(
     c: &mut impl ConnectionLike,
@@ -186,7 +176,7 @@ fn hash_tagged_buckets_land_together() {
             .map(|k| format!("{{tenant-{t}}}:{k}"))
             .collect();
         for k in &keys {
-            assert_eq!(take_on(&mut c, k, RATE, CAP, 4), 4);
+            assert_eq!(take(&mut c, k, RATE, CAP, 4), 4);
         }
         let slot = get_slot(format!("tenant-{t}").as_bytes());
         assert!(keys.iter().all(|k| get_slot(k.as_bytes()) == slot));
@@ -245,13 +235,13 @@ fn hash_tagged_buckets_land_together() {
     let (granted, _, _): (i64, Option<String>, i64) = redis::from_redis_value(&reply).unwrap();
     assert_eq!(granted, 1);
     // 4 left in each of tenant 3's buckets; empty one and the others are not debited.
-    assert_eq!(take_on(&mut c, "{tenant-3}:search", RATE, CAP, 4), 4);
+    assert_eq!(take(&mut c, "{tenant-3}:search", RATE, CAP, 4), 4);
     let (granted, denied_by, _) = mtake(&mut c, 1, &tenant(3)).unwrap();
     assert_eq!(
         (granted, denied_by.as_deref()),
         (0, Some("{tenant-3}:search"))
     );
-    assert_eq!(take_on(&mut c, "{tenant-3}:api", RATE, CAP, 4), 4);
+    assert_eq!(take(&mut c, "{tenant-3}:api", RATE, CAP, 4), 4);
     // Buckets of two tenants are in two slots: the server refuses.
     let mixed = [tenant(1)[0].clone(), tenant(2)[0].clone()];
     let err = mtake(&mut c, 1, &mixed).unwrap_err();
@@ -339,7 +329,7 @@ const CAP: f64 = 10.0;
 fn fill(c: &mut impl ConnectionLike, keys: Vec<String>) -> Fixture {
     let mut leases = Vec::new();
     for k in &keys {
-        assert_eq!(take_on(c, k, RATE, CAP, 6), 6);
+        assert_eq!(take(c, k, RATE, CAP, 6), 6);
         let (granted, id) = lease(c, k, RATE, CAP, 2, 600_000);
         assert_eq!(granted, 2);
         leases.push((k.clone(), id));
@@ -351,7 +341,7 @@ fn fill(c: &mut impl ConnectionLike, keys: Vec<String>) -> Fixture {
 fn check_filled(c: &mut impl ConnectionLike, f: &Fixture) {
     for (k, id) in &f.leases {
         assert_eq!(
-            take_on(c, k, RATE, CAP, 3),
+            take(c, k, RATE, CAP, 3),
             0,
             "{k}: bucket was reset (3 of 2 granted)"
         );
@@ -422,7 +412,7 @@ fn killed_master_loses_only_unreplicated_grants() {
     let (window_lease_granted, window_lease) = lease(&mut mc, &f.keys[0], RATE, CAP, 2, 600_000);
     let mut window_grants = window_lease_granted;
     for k in &f.keys[1..] {
-        window_grants += take_on(&mut mc, k, RATE, CAP, 2);
+        window_grants += take(&mut mc, k, RATE, CAP, 2);
     }
     assert_eq!(window_grants, 2 * f.keys.len() as i64);
     assert_eq!(
@@ -603,7 +593,7 @@ fn resharding_moves_buckets_with_their_state() {
     // The client made before the move follows MOVED and finds the buckets as they were.
     for (i, k) in keys.iter().enumerate() {
         let left = if i % 10 == 0 { 5 } else { 6 };
-        assert_eq!(take_on(&mut c, k, RATE, CAP, left + 1), 0, "{k}");
-        assert_eq!(take_on(&mut c, k, RATE, CAP, left), left as i64, "{k}");
+        assert_eq!(take(&mut c, k, RATE, CAP, left + 1), 0, "{k}");
+        assert_eq!(take(&mut c, k, RATE, CAP, left), left as i64, "{k}");
     }
 }

@@ -62,22 +62,6 @@ fn exists(c: &mut Connection, key: &str) -> bool {
     n == 1
 }
 
-/// Runs `BGREWRITEAOF` and waits until that rewrite is done and succeeded.
-fn rewrite_aof(c: &mut Connection) {
-    wait_until(30, "no rewrite in progress", || {
-        info_field(c, "persistence", "aof_rewrite_in_progress") == 0
-            && info_field(c, "persistence", "aof_rewrite_scheduled") == 0
-    });
-    let before = info_field(c, "persistence", "aof_rewrites");
-    let _: String = redis::cmd("BGREWRITEAOF").query(c).unwrap();
-    wait_until(30, "BGREWRITEAOF done", || {
-        info_field(c, "persistence", "aof_rewrites") > before
-            && info_field(c, "persistence", "aof_rewrite_in_progress") == 0
-    });
-    let info: String = redis::cmd("INFO").arg("persistence").query(c).unwrap();
-    assert!(info.contains("aof_last_bgrewrite_status:ok"), "{info}");
-}
-
 #[test]
 fn partial_grants_and_min() {
     let s = Server::start(&[]);

@@ -5,15 +5,6 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use support::*;
 
-fn set_mode(c: &mut Connection, mode: &str) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("rl.mode")
-        .arg(mode)
-        .query(c)
-        .unwrap();
-}
-
 fn mode(c: &mut Connection) -> String {
     let v: Vec<String> = redis::cmd("CONFIG")
         .arg("GET")

@@ -7,12 +7,7 @@ use support::*;
 
 /// Sends `args` (command name first) and returns the reply.
 fn run(c: &mut Connection, args: &[&str]) -> Value {
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query(c)
-        .unwrap_or_else(|e| panic!("{args:?} failed: {e}"))
+    query(c, args)
 }
 
 /// `RL.LEASE` (arguments after the command name) → (granted, lease_id, ttl_ms, retry_ms).
@@ -23,37 +18,7 @@ fn lease(c: &mut Connection, args: &[&str]) -> (i64, i64, i64, i64) {
 }
 
 fn int(c: &mut Connection, args: &[&str]) -> i64 {
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query(c)
-        .unwrap_or_else(|e| panic!("{args:?} failed: {e}"))
-}
-
-fn set_mode(c: &mut Connection, mode: &str) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("rl.mode")
-        .arg(mode)
-        .query(c)
-        .unwrap();
-}
-
-/// Runs `BGREWRITEAOF` and waits until it is done and succeeded.
-fn rewrite_aof(c: &mut Connection) {
-    wait_until(30, "no rewrite in progress", || {
-        info_field(c, "persistence", "aof_rewrite_in_progress") == 0
-            && info_field(c, "persistence", "aof_rewrite_scheduled") == 0
-    });
-    let before = info_field(c, "persistence", "aof_rewrites");
-    let _: String = redis::cmd("BGREWRITEAOF").query(c).unwrap();
-    wait_until(30, "BGREWRITEAOF done", || {
-        info_field(c, "persistence", "aof_rewrites") > before
-            && info_field(c, "persistence", "aof_rewrite_in_progress") == 0
-    });
-    let info: String = redis::cmd("INFO").arg("persistence").query(c).unwrap();
-    assert!(info.contains("aof_last_bgrewrite_status:ok"), "{info}");
+    query(c, args)
 }
 
 /// For each key: (exists, digest, PEXPIRETIME).

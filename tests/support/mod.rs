@@ -207,8 +207,8 @@ pub fn info_field(c: &mut Connection, section: &str, field: &str) -> u64 {
         .unwrap()
 }
 
-/// `RL.TAKE key rate cap n` → tokens granted.
-pub fn take(c: &mut Connection, key: &str, rate: f64, cap: f64, n: u64) -> i64 {
+/// `RL.TAKE key rate cap n` → tokens granted (on one server or through a cluster client).
+pub fn take(c: &mut impl redis::ConnectionLike, key: &str, rate: f64, cap: f64, n: u64) -> i64 {
     redis::cmd("RL.TAKE")
         .arg(key)
         .arg(rate)
@@ -276,4 +276,35 @@ pub fn wait_synced(master: &Server, replica: &Server) {
     wait_until(30, "replica offset", || {
         info_field(&mut r, "replication", "slave_repl_offset") >= target
     });
+}
+
+/// Sends `args` (command name first) and returns the reply as `T`; panics on an error reply.
+pub fn query<T: redis::FromRedisValue>(c: &mut Connection, args: &[&str]) -> T {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(c)
+        .unwrap_or_else(|e| panic!("{args:?} failed: {e}"))
+}
+
+/// `CONFIG SET rl.mode <mode>`.
+pub fn set_mode(c: &mut Connection, mode: &str) {
+    let _: () = query(c, &["CONFIG", "SET", "rl.mode", mode]);
+}
+
+/// Runs `BGREWRITEAOF` and waits until that rewrite is done and succeeded.
+pub fn rewrite_aof(c: &mut Connection) {
+    wait_until(30, "no rewrite in progress", || {
+        info_field(c, "persistence", "aof_rewrite_in_progress") == 0
+            && info_field(c, "persistence", "aof_rewrite_scheduled") == 0
+    });
+    let before = info_field(c, "persistence", "aof_rewrites");
+    let _: String = redis::cmd("BGREWRITEAOF").query(c).unwrap();
+    wait_until(30, "BGREWRITEAOF done", || {
+        info_field(c, "persistence", "aof_rewrites") > before
+            && info_field(c, "persistence", "aof_rewrite_in_progress") == 0
+    });
+    let info: String = redis::cmd("INFO").arg("persistence").query(c).unwrap();
+    assert!(info.contains("aof_last_bgrewrite_status:ok"), "{info}");
 }
