@@ -67,7 +67,9 @@ pub fn check() -> Result<(), &'static str> {
         RedisModule_SetModuleOptions,
         RedisModule_SignalModifiedKey,
         RedisModule_GetContextFlags,
-        RedisModule_ReplyWithStringBuffer
+        RedisModule_ReplyWithStringBuffer,
+        RedisModule_GetCommand,
+        RedisModule_SetCommandInfo
     );
     Ok(())
 }

@@ -9,6 +9,7 @@ use crate::api::{self, Ctx, RStr};
 use crate::args::Args;
 use crate::error::Result;
 use crate::{rm, stats};
+use redis_module::raw;
 use std::ffi::CStr;
 use std::os::raw::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -65,30 +66,50 @@ macro_rules! entry {
     }};
 }
 
-/// What Redis needs to know about a command: flags and where its keys are.
+/// What Redis needs to know about a command: flags, where its keys are, its arity
+/// (negative: at least that many, the name included) and a one-line summary.
 pub struct Spec {
     pub name: &'static CStr,
     pub func: redis_module::raw::RedisModuleCmdFunc,
     pub flags: &'static CStr,
-    pub first_key: c_int,
-    pub last_key: c_int,
-    pub key_step: c_int,
+    pub keys: (c_int, c_int, c_int),
+    pub arity: c_int,
+    pub summary: &'static CStr,
 }
 
 /// Registers one command; `Err` names it if Redis refused.
 pub fn register(ctx: *mut Ctx, spec: &Spec) -> std::result::Result<(), &'static CStr> {
-    let status = rm!(RedisModule_CreateCommand(
-        ctx,
-        spec.name.as_ptr(),
-        spec.func,
-        spec.flags.as_ptr(),
-        spec.first_key,
-        spec.last_key,
-        spec.key_step
-    ));
-    if status == redis_module::raw::REDISMODULE_OK as c_int {
-        Ok(())
-    } else {
-        Err(spec.name)
+    let (first, last, step) = spec.keys;
+    let flags = spec.flags.as_ptr();
+    let ok = redis_module::raw::REDISMODULE_OK as c_int;
+    let name = spec.name.as_ptr();
+    if rm!(RedisModule_CreateCommand(
+        ctx, name, spec.func, flags, first, last, step
+    )) != ok
+    {
+        return Err(spec.name);
     }
+    // Arity and docs for COMMAND INFO / COMMAND DOCS (Redis then checks the arity itself).
+    let version = raw::RedisModuleCommandInfoVersion {
+        version: 1,
+        sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
+        sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
+        sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
+    };
+    let mut info = raw::RedisModuleCommandInfo {
+        version: &version,
+        summary: spec.summary.as_ptr(),
+        complexity: c"O(1) per bucket".as_ptr(),
+        since: c"0.1.0".as_ptr(),
+        history: std::ptr::null_mut(),
+        tips: std::ptr::null(),
+        arity: spec.arity,
+        key_specs: std::ptr::null_mut(),
+        args: std::ptr::null_mut(),
+    };
+    let command = rm!(RedisModule_GetCommand(ctx, name));
+    if command.is_null() || rm!(RedisModule_SetCommandInfo(command, &mut info)) != ok {
+        return Err(spec.name);
+    }
+    Ok(())
 }

@@ -125,7 +125,7 @@ fn very_high_rate() {
 }
 
 #[test]
-fn command_metadata_routes_by_first_key() {
+fn command_metadata_is_right() {
     let s = Server::start(&[]);
     let mut c = s.conn();
     let keys: Vec<String> = redis::cmd("COMMAND")
@@ -146,6 +146,28 @@ fn command_metadata_routes_by_first_key() {
     for flag in ["write", "denyoom", "fast"] {
         assert!(text.contains(flag), "flag {flag} missing: {text}");
     }
+    // [name, arity, flags, first key, last key, step, ...] for each command.
+    let arities = [
+        ("RL.TAKE", -4),
+        ("RL.LEASE", -6),
+        ("RL.RETURN", 4),
+        ("RL.PEEK", 2),
+        ("RL.MTAKE", -5),
+    ];
+    for (name, arity) in arities {
+        let info: Vec<Vec<Value>> = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg(name)
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(info[0][1], Value::Int(arity), "{name}");
+    }
+    let info: Vec<Vec<Value>> = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("RL.TAKE")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(info[0][3..6], [Value::Int(1), Value::Int(1), Value::Int(1)]);
 }
 
 #[test]

@@ -59,30 +59,39 @@ fn created_below_full(state: Option<&StateMut>, level: &Level) -> bool {
 
 pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CStr> {
     let write = c"write deny-oom fast";
+    let one_key = (1, 1, 1);
     let specs = [
         Spec {
             name: c"RL.TAKE",
             func: entry!(take::take, true),
             flags: write,
-            first_key: 1,
-            last_key: 1,
-            key_step: 1,
+            keys: one_key,
+            arity: -4,
+            summary: c"Refills a token bucket and takes n tokens if they are all there",
         },
         Spec {
             name: c"RL.LEASE",
             func: entry!(lease::lease, true),
             flags: write,
-            first_key: 1,
-            last_key: 1,
-            key_step: 1,
+            keys: one_key,
+            arity: -6,
+            summary: c"Takes a batch of tokens to spend until the lease expires",
+        },
+        Spec {
+            name: c"RL.RETURN",
+            func: entry!(return_lease::return_lease, true),
+            flags: write,
+            keys: one_key,
+            arity: 4,
+            summary: c"Gives back what a lease did not spend, once",
         },
         Spec {
             name: c"RL.PEEK",
             func: entry!(peek::peek, true),
             flags: c"readonly fast",
-            first_key: 1,
-            last_key: 1,
-            key_step: 1,
+            keys: one_key,
+            arity: 2,
+            summary: c"Shows a bucket's state without taking anything",
         },
         // Keys at 2, 5, 8...; options after them, so the command reports its keys itself
         // (getkeys-api) and counts its own calls (key-position requests are not calls).
@@ -90,26 +99,18 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
             name: c"RL.MTAKE",
             func: entry!(mtake::mtake, false),
             flags: c"write deny-oom getkeys-api",
-            first_key: 2,
-            last_key: -1,
-            key_step: 3,
-        },
-        Spec {
-            name: c"RL.RETURN",
-            func: entry!(return_lease::return_lease, true),
-            flags: write,
-            first_key: 1,
-            last_key: 1,
-            key_step: 1,
+            keys: (2, -1, 3),
+            arity: -5,
+            summary: c"Takes n tokens from every bucket given, or from none",
         },
         // Not for clients: the effect replicas and the AOF apply. Not counted in `calls`.
         Spec {
             name: c"RL.SETSTATE",
             func: entry!(setstate::setstate, false),
             flags: c"write deny-oom",
-            first_key: 1,
-            last_key: 1,
-            key_step: 1,
+            keys: one_key,
+            arity: -5,
+            summary: c"Internal: sets a bucket's state (what replicas and the AOF receive)",
         },
     ];
     specs
@@ -122,9 +123,9 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
             name: c"RL.DEBUG-PANIC",
             func: entry!(debug_panic::debug_panic, false),
             flags: c"readonly",
-            first_key: 0,
-            last_key: 0,
-            key_step: 0,
+            keys: (0, 0, 0),
+            arity: 1,
+            summary: c"Debug builds only: panics inside a command",
         },
     )?;
     Ok(())
