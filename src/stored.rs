@@ -192,7 +192,11 @@ impl StateMut<'_> {
 
     /// When the key may go: the bucket is full and no lease is live.
     pub fn expires_at(&self) -> Nanos {
-        expires_at(&self.bucket(), self.table())
+        match self {
+            // No leases, and no need to decode the limit (this runs on every write).
+            StateMut::Compact(c) => c.full_at,
+            StateMut::Full(f) => expires_at(&f.bucket, self.table()),
+        }
     }
 
     /// Bytes the value holds (for `MEMORY USAGE`).

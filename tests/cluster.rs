@@ -12,25 +12,6 @@ use std::time::{Duration, Instant};
 use support::cluster::*;
 use support::*;
 
-/// `RL.TAKE ... WITHSTATE` → (granted, remaining).
-fn take_remaining(
-    c: &mut impl ConnectionLike,
-    key: &str,
-    rate: f64,
-    cap: f64,
-    n: u64,
-) -> (i64, f64) {
-    let (granted, remaining, _, _): (i64, f64, i64, i64) = redis::cmd("RL.TAKE")
-        .arg(key)
-        .arg(rate)
-        .arg(cap)
-        .arg(n)
-        .arg("WITHSTATE")
-        .query(c)
-        .unwrap();
-    (granted, remaining)
-}
-
 /// `RL.LEASE key rate cap n ttl_ms` → (granted, lease_id).
 fn lease(
     c: &mut impl ConnectionLike,
@@ -346,7 +327,7 @@ fn check_filled(c: &mut impl ConnectionLike, f: &Fixture) {
             "{k}: bucket was reset (3 of 2 granted)"
         );
         assert_eq!(give_back(c, k, *id, 2), 2, "{k}: lease {id} lost");
-        let (granted, remaining) = take_remaining(c, k, RATE, CAP, 4);
+        let (granted, remaining, _, _) = take_state(c, k, RATE, CAP, 4);
         assert_eq!(granted, 4, "{k}");
         assert!(remaining < 0.1, "{k}: {remaining} left");
     }
@@ -502,7 +483,7 @@ fn killed_master_under_load_overgrants_at_most_replication_lag() {
     let mut rc = cluster.conn(r);
     // Taking 1 more shows what the promoted bucket holds; refill is negligible at this rate.
     let consumed = |rc: &mut Connection, key: &str| {
-        let (granted, remaining) = take_remaining(rc, key, rate, cap, 1);
+        let (granted, remaining, _, _) = take_state(rc, key, rate, cap, 1);
         assert_eq!(granted, 1);
         (cap - remaining - 1.0).round() as u64
     };

@@ -220,7 +220,7 @@ pub fn take(c: &mut impl redis::ConnectionLike, key: &str, rate: f64, cap: f64, 
 
 /// `RL.TAKE key rate cap n WITHSTATE` → (granted, remaining, retry_after_ms, reset_after_ms).
 pub fn take_state(
-    c: &mut Connection,
+    c: &mut impl redis::ConnectionLike,
     key: &str,
     rate: f64,
     cap: f64,
