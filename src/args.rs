@@ -60,11 +60,29 @@ impl<'a> Args<'a> {
             .is_ok_and(|b| b.eq_ignore_ascii_case(name.as_bytes()))
     }
 
+    /// Argument `i` as it may be shown in an error: at most 64 bytes, lossy, no NUL.
+    fn shown(&self, i: usize) -> String {
+        let b = self.bytes(i).unwrap_or(&[]);
+        String::from_utf8_lossy(&b[..b.len().min(64)]).replace('\0', "?")
+    }
+
     /// The error for an option argument `i` that no rule matched.
     pub fn unknown(&self, i: usize) -> Error {
-        let b = self.bytes(i).unwrap_or(&[]);
-        let shown = String::from_utf8_lossy(&b[..b.len().min(64)]).replace('\0', "?");
-        Error::UnknownOption(shown)
+        Error::UnknownOption(self.shown(i))
+    }
+
+    /// The error for an option argument `i` given a second time (every command refuses a
+    /// repeated option rather than guessing which one was meant).
+    pub fn duplicate(&self, i: usize) -> Error {
+        Error::DuplicateOption(self.shown(i).to_ascii_uppercase())
+    }
+
+    /// Whether argument `i` reads as a number rather than an option name (it starts with a
+    /// digit, a sign or a point): where a command takes an optional count before its
+    /// options, `RL.TAKE k 10 10 FOO` is then an unknown option, not a bad count.
+    pub fn looks_numeric(&self, i: usize) -> bool {
+        self.bytes(i)
+            .is_ok_and(|b| matches!(b.first(), Some(b'0'..=b'9' | b'-' | b'+' | b'.')))
     }
 }
 

@@ -2,6 +2,11 @@
 //!
 //! Settable in redis.conf (`rl.mode shadow`), as a `loadmodule` argument
 //! (`loadmodule libredis_rl.so mode shadow`) and at runtime with `CONFIG SET rl.mode shadow`.
+//!
+//! `loadmodule` arguments are `name value` pairs, names and values case-insensitive
+//! (`mode`, or `rl.mode` as in redis.conf). Anything else refuses the load with a log line
+//! that names the argument and what is accepted: a typo must not load in enforce mode
+//! unnoticed.
 //! Commands read it on every call, so it lives in an atomic, not behind a lock.
 
 use redis_module::configuration::{
@@ -72,4 +77,72 @@ impl ConfigurationValue<Mode> for ModeSetting {
 /// Whether calls answer as granted whatever the buckets say.
 pub fn shadow() -> bool {
     MODE.get() == Mode::Shadow
+}
+
+/// Applies `loadmodule` arguments (after redis.conf's own `rl.*` lines, so they win).
+/// `Err` is the one log line that says what was wrong.
+pub fn apply_module_args(args: &[&[u8]]) -> Result<(), String> {
+    let show = |b: &[u8]| String::from_utf8_lossy(&b[..b.len().min(64)]).into_owned();
+    let mut mode = None;
+    let mut rest = args;
+    while let [name, tail @ ..] = rest {
+        let is = |want: &str| name.eq_ignore_ascii_case(want.as_bytes());
+        if !(is("mode") || is("rl.mode")) {
+            return Err(format!(
+                "unknown argument '{}' (accepted: mode enforce|shadow)",
+                show(name)
+            ));
+        }
+        let [value, tail @ ..] = tail else {
+            return Err(format!("argument '{}' needs a value: enforce or shadow", show(name)));
+        };
+        mode = Some(if value.eq_ignore_ascii_case(b"enforce") {
+            Mode::Enforce
+        } else if value.eq_ignore_ascii_case(b"shadow") {
+            Mode::Shadow
+        } else {
+            return Err(format!(
+                "invalid value '{}' for mode (accepted: enforce, shadow)",
+                show(value)
+            ));
+        });
+        rest = tail;
+    }
+    if let Some(m) = mode {
+        MODE.0.store(m as u8, Relaxed);
+    }
+    Ok(())
+}
+
+/// The mode's name, for the log and INFO.
+pub fn mode_name() -> &'static str {
+    match MODE.get() {
+        Mode::Enforce => "enforce",
+        Mode::Shadow => "shadow",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_args() {
+        assert!(apply_module_args(&[]).is_ok());
+        assert!(apply_module_args(&[b"MODE", b"SHADOW"]).is_ok());
+        assert_eq!(mode_name(), "shadow");
+        assert!(apply_module_args(&[b"rl.mode", b"Enforce"]).is_ok());
+        assert_eq!(mode_name(), "enforce");
+        for bad in [
+            &[&b"mdoe"[..], b"shadow"][..],
+            &[b"shadow"],
+            &[b"mode"],
+            &[b"mode", b"shadw"],
+            &[b"mode", b"shadow", b"extra"],
+        ] {
+            let e = apply_module_args(bad).unwrap_err();
+            assert!(e.contains("accepted") || e.contains("needs a value"), "{e}");
+            assert_eq!(mode_name(), "enforce");
+        }
+    }
 }

@@ -13,7 +13,7 @@ use crate::stored::{StateMut, Stored};
 use crate::{propagate, stats};
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleDigest, RedisModuleIO, RedisModuleString};
-use rl_core::{Bucket, Lease, LeaseTable, MAX_LEASES};
+use rl_core::{Lease, MAX_LEASES};
 use std::os::raw::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -88,21 +88,34 @@ unsafe extern "C" fn rdb_load(io: *mut RedisModuleIO, encver: c_int) -> *mut c_v
     })
 }
 
-/// Reads one value; `None` on an I/O error or data this module could not have written.
+/// Reads one value; `None` on an I/O error or a state [`rl_core::validate`] refuses (the
+/// same check `RL.SETSTATE` applies, so what one accepts the other loads).
+///
+/// The module sets `REDISMODULE_OPTIONS_HANDLE_IO_ERRORS`, so a short or corrupt payload
+/// (`RESTORE`, a damaged RDB) makes the reads return 0 and raise the error flag instead of
+/// aborting the server; the flag is checked before anything read is trusted.
 unsafe fn load(io: *mut RedisModuleIO) -> Option<Stored> {
+    let io_error = || rm!(RedisModule_IsIOError(io)) != 0;
     let full_at = rm!(RedisModule_LoadUnsigned(io));
     let rate = rm!(RedisModule_LoadDouble(io));
     let cap = rm!(RedisModule_LoadDouble(io));
     let table = rm!(RedisModule_LoadUnsigned(io));
-    let count = table.saturating_sub(1);
+    // 0: never leased; else 1 + the number of leases, which may not exceed the bound (a
+    // corrupt count must not make us read, or allocate, without end).
+    if io_error() || table > 1 + MAX_LEASES as u64 {
+        return None;
+    }
     let mut leases = Vec::new();
     let mut last_id = 0;
-    if table > 0 && count <= MAX_LEASES as u64 {
+    if table > 0 {
         last_id = rm!(RedisModule_LoadUnsigned(io));
-        for _ in 0..count {
+        for _ in 1..table {
             let id = rm!(RedisModule_LoadUnsigned(io));
             let tokens = rm!(RedisModule_LoadUnsigned(io));
             let expires_at = rm!(RedisModule_LoadUnsigned(io));
+            if io_error() {
+                return None;
+            }
             leases.push(Lease {
                 id,
                 tokens,
@@ -110,11 +123,10 @@ unsafe fn load(io: *mut RedisModuleIO) -> Option<Stored> {
             });
         }
     }
-    if rm!(RedisModule_IsIOError(io)) != 0 || count > MAX_LEASES as u64 {
+    if io_error() {
         return None;
     }
-    let bucket = Bucket::from_parts(full_at, rate, cap)?;
-    let table = LeaseTable::from_parts(last_id, leases)?;
+    let (bucket, table) = rl_core::validate(full_at, rate, cap, last_id, leases).ok()?;
     stats::LEASES_ACTIVE.add_shared(table.leases().len() as u64);
     Some(Stored::new(bucket, table))
 }

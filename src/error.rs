@@ -13,6 +13,8 @@ pub enum Error {
     Invalid(&'static str),
     /// `ERR unknown option '<what>'`.
     UnknownOption(String),
+    /// `ERR option '<what>' given twice`.
+    DuplicateOption(String),
 }
 
 impl Error {
@@ -29,6 +31,7 @@ impl Error {
                 let text = match other {
                     Error::Invalid(msg) => format!("ERR {msg}"),
                     Error::UnknownOption(opt) => format!("ERR unknown option '{opt}'"),
+                    Error::DuplicateOption(opt) => format!("ERR option '{opt}' given twice"),
                     _ => unreachable!(),
                 };
                 // The texts are ours or lossy-decoded and cut short: a NUL cannot occur.
@@ -41,6 +44,12 @@ impl Error {
 
 impl From<rl_core::LimitError> for Error {
     fn from(e: rl_core::LimitError) -> Error {
+        Error::Invalid(e.message())
+    }
+}
+
+impl From<rl_core::StateError> for Error {
+    fn from(e: rl_core::StateError) -> Error {
         Error::Invalid(e.message())
     }
 }

@@ -85,6 +85,17 @@ impl BucketKey {
         ));
     }
 
+    /// Makes the expiry `at` if it is not already: a hot key's full instant often moves by
+    /// less than a millisecond, and reading the expiry costs less than setting it. (The
+    /// key's actual expiry is read, not assumed: `PERSIST` or `RESTORE ... 0` may have
+    /// removed it.)
+    fn keep_expiry_at(&self, at: Nanos) {
+        self.modified.set(true);
+        if rm!(RedisModule_GetAbsExpire(self.key)) != rl_core::ceil_millis(at) as i64 {
+            self.expire_at(at);
+        }
+    }
+
     /// Writes a new bucket state, leaving any leases as they are.
     pub fn store(&self, state: Option<StateMut>, bucket: Bucket) {
         let Some(mut s) = state else {
@@ -94,21 +105,27 @@ impl BucketKey {
         let in_place = match &mut s {
             StateMut::Compact(c) => c.update(&bucket),
             StateMut::Full(f) => {
+                count_limit_change(&f.bucket, &bucket);
                 f.bucket = bucket;
                 true
             }
         };
         if !in_place {
             // The new limit does not fit the compact form.
+            stats::LIMIT_CHANGES.add(1);
             return self.put(Stored::new(bucket, LeaseTable::default()), bucket.full_at());
         }
-        // A hot key's full instant often moves by less than Redis's millisecond: then the
-        // expiry is already right and setting it again costs a lookup.
         if rl_core::ceil_millis(s.expires_at()) == before {
-            self.modified.set(true);
+            self.keep_expiry_at(s.expires_at());
         } else {
             self.expire_at(s.expires_at());
         }
+    }
+
+    /// Replaces a bucket and its whole lease table (an effect that sets them).
+    pub fn replace(&self, mut state: Option<StateMut>, bucket: Bucket, table: LeaseTable) {
+        take_table(&mut state);
+        self.store_with_leases(state, bucket, table);
     }
 
     /// Writes a bucket state with its leases (taken out by [`take_table`]), in the
@@ -118,18 +135,24 @@ impl BucketKey {
         let expires = stored::expires_at(&bucket, Some(&table));
         match state {
             Some(StateMut::Full(f)) => {
+                count_limit_change(&f.bucket, &bucket);
                 f.bucket = bucket;
                 f.table = table;
-                self.expire_at(expires);
+                self.keep_expiry_at(expires);
             }
             Some(StateMut::Compact(c)) if !stored::ever_leased(&table) => {
                 if c.update(&bucket) {
-                    self.expire_at(expires);
+                    self.keep_expiry_at(expires);
                 } else {
+                    stats::LIMIT_CHANGES.add(1);
                     self.put(Stored::new(bucket, table), expires);
                 }
             }
-            _ => self.put(Stored::new(bucket, table), expires),
+            Some(StateMut::Compact(c)) => {
+                count_limit_change(&c.bucket(), &bucket);
+                self.put(Stored::new(bucket, table), expires);
+            }
+            None => self.put(Stored::new(bucket, table), expires),
         }
     }
 
@@ -145,6 +168,13 @@ impl Drop for BucketKey {
             rm!(RedisModule_SignalModifiedKey(self.ctx, self.name));
         }
         rm!(RedisModule_CloseKey(self.key));
+    }
+}
+
+/// Counts a write that stores a bucket under a limit other than the one it had.
+fn count_limit_change(old: &Bucket, new: &Bucket) {
+    if old.limit() != new.limit() {
+        stats::LIMIT_CHANGES.add(1);
     }
 }
 

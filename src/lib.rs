@@ -36,22 +36,31 @@ type Allocator = std::alloc::System;
 #[cfg(test)]
 const ALLOCATOR: Allocator = std::alloc::System;
 
-fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+fn init(ctx: &Context, args: &[RedisString]) -> Status {
     if let Err(missing) = api::check() {
         ctx.log_warning(&format!(
             "redis-rl: this server lacks {missing}; not loading"
         ));
         return Status::Err;
     }
+    let args: Vec<&[u8]> = args.iter().map(RedisString::as_slice).collect();
+    if let Err(why) = config::apply_module_args(&args) {
+        ctx.log_warning(&format!("redis-rl: not loading: {why}"));
+        return Status::Err;
+    }
     let raw = ctx.ctx;
     // Keys signal "modified" (WATCH, client tracking) only when a command wrote them.
-    let options = redis_module::raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
+    // And a short or corrupt payload (RESTORE, a damaged RDB) is a refused value, not an
+    // abort: the loader checks `IsIOError` (see `datatype.rs`).
+    let options = redis_module::raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED
+        | redis_module::raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS;
     rm!(RedisModule_SetModuleOptions(raw, options as i32));
     if let Err(name) = commands::register(raw) {
         ctx.log_warning(&format!("redis-rl: could not register {name:?}"));
         return Status::Err;
     }
     rm!(RedisModule_RegisterInfoFunc(raw, Some(stats::info)));
+    ctx.log_notice(&format!("redis-rl: loaded, mode {}", config::mode_name()));
     Status::Ok
 }
 
@@ -70,6 +79,6 @@ redis_module! {
         enum: [
             ["mode", &config::MODE, config::Mode::Enforce, ConfigurationFlags::DEFAULT, None],
         ],
-        module_args_as_configuration: true,
+        module_args_as_configuration: false,
     ]
 }

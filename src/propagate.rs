@@ -159,9 +159,19 @@ pub fn stored_number(x: f64) -> String {
 
 /// AOF rewrite: the commands that rebuild this key.
 ///
+/// `RL.SETSTATE` sets the expiry the state implies; the key's actual expiry is restored
+/// after it: Redis appends `PEXPIREAT` to what a module emits for every key that has an
+/// expiry, and for one that has none (after `PERSIST`, or `RESTORE key 0`) the `PERSIST`
+/// emitted here removes it again. So a rewritten AOF rebuilds the key exactly.
+///
 /// # Safety
 /// `aof` and `key` must be the live arguments of an `aof_rewrite` callback.
 pub unsafe fn rewrite(aof: *mut RedisModuleIO, key: *mut RStr, state: &StateMut) {
+    rewrite_state(aof, key, state);
+    rm!(RedisModule_EmitAOF(aof, c"PERSIST".as_ptr(), c"s".as_ptr(), key));
+}
+
+unsafe fn rewrite_state(aof: *mut RedisModuleIO, key: *mut RStr, state: &StateMut) {
     let b: Bucket = state.bucket();
     let (rate, cap) = (
         stored_number(b.limit().rate()),

@@ -67,6 +67,7 @@ counters! {
     TOKENS_RETURNED: "Tokens credited back by returns.",
     LEASES_EXPIRED: "Leases gone without a return: expired (counted when dropped) or with their key (expiry, DEL).",
     LEASES_ACTIVE: "Leases recorded in buckets now (expired ones leave at the key's next write).",
+    LIMIT_CHANGES: "Writes that stored a bucket under a rate or cap other than its own: a limit rollout, or callers disagreeing on a key's limit (flapping).",
 }
 
 /// The `INFO rl` section.

@@ -99,6 +99,7 @@ impl Compact {
         }
         match Compact::of(bucket) {
             Some(c) => {
+                crate::stats::LIMIT_CHANGES.add(1);
                 *self = c;
                 true
             }

@@ -353,7 +353,12 @@ fn extreme_accepted_inputs_answer_without_internal_errors() {
         &mut c,
         &["RL.RETURN", "huge", &id.to_string(), "9223372036854775807"],
     );
-    assert_eq!(credited, 1_000_000_000_000_000);
+    // It takes back what the bucket lacks: at 1e15 tokens/s the microseconds between the
+    // two calls refilled some of it already.
+    assert!(
+        (900_000_000_000_000..=1_000_000_000_000_000).contains(&credited),
+        "{credited}"
+    );
     let (g, _, _, _) = lease(
         &mut c,
         &[

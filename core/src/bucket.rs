@@ -1,6 +1,29 @@
 //! A bucket's stored state ([`Bucket`]) and the same bucket refilled to an instant ([`Level`]).
 
-use crate::{Limit, Nanos};
+use crate::{round, Limit, Nanos};
+
+/// The deficit of a bucket `deficit` ns from full under `old`, carried over to `new`: the
+/// same tokens (clamped to the new cap), rounded so none appear. Every step rounds toward
+/// fewer tokens, so a limit that alternates back and forth can only lose fractions.
+fn carry_over(deficit: Nanos, old: &Limit, new: &Limit) -> Nanos {
+    if old.rate() == new.rate() {
+        // Only the cap moved: the missing tokens change by the difference of the caps,
+        // which is a time at this rate. Kept in integer nanoseconds, so a cap flapping
+        // between two values loses nothing either way (through tokens, at a cap of 1e15 a
+        // float step is 0.125 tokens).
+        return if new.cap() >= old.cap() {
+            let grown = new.nanos_for(round::sub_up(new.cap(), old.cap()));
+            deficit.saturating_add(grown).min(new.fill_nanos())
+        } else {
+            let shrunk = new.nanos_for_floor(round::sub_down(old.cap(), new.cap()));
+            deficit.saturating_sub(shrunk).min(new.fill_nanos())
+        };
+    }
+    let missing = old.tokens_for_up(deficit);
+    let tokens = round::sub_down(old.cap(), missing).clamp(0.0, new.cap());
+    let missing = round::sub_up(new.cap(), tokens).min(new.cap());
+    new.nanos_for(missing).min(new.fill_nanos())
+}
 
 /// Latest `full_at` a stored bucket may carry: keeps `full_at / 1e6` a valid `i64`
 /// millisecond expiry and leaves values above it free as markers for the storage layer.
@@ -74,10 +97,8 @@ impl Level {
             return Level::refill(b.full_at, limit, now);
         }
         let old = Level::refill(b.full_at, b.limit, now);
-        let tokens = old.tokens().min(limit.cap());
-        let deficit = limit.nanos_for(limit.cap() - tokens);
         Level {
-            deficit,
+            deficit: carry_over(old.deficit, &b.limit, &limit),
             limit,
             ..old
         }
@@ -118,7 +139,7 @@ impl Level {
 
     /// The largest deficit at which `n` tokens are there, or `None` if `n > cap`.
     fn deficit_allowing(&self, n: f64) -> Option<Nanos> {
-        let spare = self.limit.cap() - n;
+        let spare = round::sub_down(self.limit.cap(), n);
         (spare >= 0.0).then(|| self.limit.nanos_for_floor(spare))
     }
 
@@ -163,6 +184,15 @@ impl Level {
         self.deficit = self
             .deficit
             .saturating_sub(self.limit.nanos_for_floor(tokens));
+    }
+
+    /// Gives back up to `n` tokens, as many as fit below `cap` (a bucket that refilled
+    /// meanwhile takes only what it lacks). Returns the tokens taken back, a partly taken
+    /// last one counted: `min(n, ceil(missing))`, 0 for a full bucket.
+    pub fn credit_up_to(&mut self, n: u64) -> u64 {
+        let missing = self.limit.tokens_for(self.deficit).ceil();
+        self.credit(n as f64);
+        n.min(missing as u64)
     }
 
     /// Time until the bucket is full again.
@@ -281,6 +311,24 @@ mod tests {
         assert!(l.try_take(7.5));
         assert_eq!(l.take_up_to(5, 3), 0);
         assert!((l.tokens() - 2.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn credit_says_what_the_bucket_took_back() {
+        let lim = limit(1.0, 10.0);
+        let mut l = Level::new(None, lim, T0);
+        assert!(l.try_take(3.0));
+        // 3 missing: a return of 5 takes back 3 and fills the bucket.
+        assert_eq!(l.clone().credit_up_to(5), 3);
+        // Refilled by half a token meanwhile: 2.5 missing, counted as 3, and 2.5 credited.
+        let mut later = Level::new(Some(&l.bucket()), lim, T0 + S / 2);
+        assert_eq!(later.credit_up_to(5), 3);
+        assert_eq!(later.tokens(), 10.0);
+        // Full: nothing.
+        let mut full = Level::new(None, lim, T0);
+        assert_eq!(full.credit_up_to(5), 0);
+        assert_eq!(l.credit_up_to(2), 2);
+        assert!((l.tokens() - 9.0).abs() < 1e-9);
     }
 
     #[test]

@@ -56,16 +56,9 @@ pub struct LeaseTable {
 }
 
 impl LeaseTable {
-    /// Rebuilds a table from stored parts, or `None` if they are inconsistent.
-    pub fn from_parts(last_id: u64, leases: Vec<Lease>) -> Option<LeaseTable> {
-        // Every number must also fit Redis's signed 64-bit integers (replies, effects).
-        let fits = |x: u64| x <= i64::MAX as u64;
-        let ok = leases.len() <= MAX_LEASES
-            && fits(last_id)
-            && leases.iter().all(|l| l.id <= last_id && l.id > 0)
-            && leases.iter().all(|l| fits(l.tokens) && fits(l.expires_at))
-            && leases.windows(2).all(|w| w[0].id < w[1].id);
-        ok.then_some(LeaseTable { last_id, leases })
+    /// A table from parts [`crate::validate`] accepted (the only way in from outside).
+    pub(crate) fn from_validated(last_id: u64, leases: Vec<Lease>) -> LeaseTable {
+        LeaseTable { last_id, leases }
     }
 
     pub fn last_id(&self) -> u64 {
@@ -81,9 +74,11 @@ impl LeaseTable {
         self.leases.is_empty()
     }
 
-    /// Tokens held by live leases.
+    /// Tokens held by the leases recorded (validated states keep this within `i64`).
     pub fn held(&self) -> u64 {
-        self.leases.iter().map(|l| l.tokens).sum()
+        self.leases
+            .iter()
+            .fold(0u64, |sum, l| sum.saturating_add(l.tokens))
     }
 
     /// When the last live lease expires.
@@ -114,15 +109,19 @@ impl LeaseTable {
         self.leases.retain(|l| l.id != id);
     }
 
-    /// Inserts a lease recorded elsewhere (a replayed effect), keeping ids ascending.
-    pub fn insert(&mut self, lease: Lease) -> Result<(), LeaseError> {
+    /// Inserts a lease recorded elsewhere (a replayed effect), keeping ids ascending. No
+    /// bound is checked here: the caller validates the whole resulting state.
+    pub fn insert(&mut self, lease: Lease) {
         match self.leases.binary_search_by_key(&lease.id, |l| l.id) {
             Ok(i) => self.leases[i] = lease,
-            Err(i) if self.has_room() => self.leases.insert(i, lease),
-            Err(_) => return Err(LeaseError::TooMany),
+            Err(i) => self.leases.insert(i, lease),
         }
         self.last_id = self.last_id.max(lease.id);
-        Ok(())
+    }
+
+    /// The parts, to validate or store.
+    pub fn into_parts(self) -> (u64, Vec<Lease>) {
+        (self.last_id, self.leases)
     }
 
     /// Raises the last id handed out (a replayed effect).
@@ -227,18 +226,9 @@ mod tests {
     }
 
     #[test]
-    fn from_parts_rejects_inconsistent_tables() {
-        let l = |id| Lease {
-            id,
-            tokens: 1,
-            expires_at: T0,
-        };
-        assert!(LeaseTable::from_parts(5, vec![l(1), l(5)]).is_some());
-        assert!(LeaseTable::from_parts(4, vec![l(1), l(5)]).is_none());
-        assert!(LeaseTable::from_parts(5, vec![l(5), l(1)]).is_none());
-        assert!(LeaseTable::from_parts(5, vec![l(0)]).is_none());
-        assert!(LeaseTable::from_parts(u64::MAX, vec![l(1)]).is_none());
-        let mut t = LeaseTable::from_parts(i64::MAX as u64, vec![]).unwrap();
+    fn ids_stop_at_the_signed_limit() {
+        let (b, mut t) = crate::validate(T0, 1.0, 1.0, i64::MAX as u64, vec![]).unwrap();
+        let _ = b;
         assert_eq!(t.open(1, MS, T0), Err(LeaseError::IdsExhausted));
     }
 }

@@ -13,10 +13,13 @@
 mod bucket;
 mod lease;
 mod limit;
+pub mod round;
+mod state;
 
 pub use bucket::{Bucket, Level};
 pub use lease::{Lease, LeaseError, LeaseTable, Settled, MAX_LEASES};
 pub use limit::{Limit, LimitError, MAX_FILL_SECS, MAX_VALUE, MIN_VALUE};
+pub use state::{validate, StateError};
 
 /// A point in time: nanoseconds since the Unix epoch, as read by the caller.
 pub type Nanos = u64;

@@ -1,6 +1,6 @@
 //! A validated `(rate, cap)` pair and the conversions between tokens and time under it.
 
-use crate::{Nanos, NANOS_PER_SEC};
+use crate::{round, Nanos, NANOS_PER_SEC};
 
 /// Smallest accepted rate or cap.
 pub const MIN_VALUE: f64 = 1e-9;
@@ -70,14 +70,20 @@ impl Limit {
         self.cap
     }
 
-    /// Time to refill `tokens`, rounded up: what a debit of `tokens` costs.
+    /// Time to refill `tokens`, never less than exact (rounded up, with every step of the
+    /// float arithmetic rounded up too): what a debit of `tokens` costs.
     pub fn nanos_for(&self, tokens: f64) -> Nanos {
-        (tokens * NANOS_PER_SEC / self.rate).ceil() as Nanos
+        round::refill_nanos_ceil(tokens, self.rate)
     }
 
-    /// Time to refill `tokens`, rounded down: what a credit of `tokens` gives back.
+    /// Time to refill `tokens`, never more than exact: what a credit of `tokens` gives back.
     pub fn nanos_for_floor(&self, tokens: f64) -> Nanos {
-        (tokens * NANOS_PER_SEC / self.rate).floor() as Nanos
+        round::refill_nanos_floor(tokens, self.rate)
+    }
+
+    /// Tokens missing from a bucket that is `deficit` ns from full, never fewer than exact.
+    pub fn tokens_for_up(&self, deficit: Nanos) -> f64 {
+        round::tokens_in_up(deficit, self.rate)
     }
 
     /// Time for an empty bucket to fill.
@@ -85,7 +91,7 @@ impl Limit {
         self.nanos_for(self.cap)
     }
 
-    /// Tokens missing from a bucket that is `deficit` ns from full.
+    /// Tokens missing from a bucket that is `deficit` ns from full (nearest: for display).
     pub fn tokens_for(&self, deficit: Nanos) -> f64 {
         deficit as f64 * self.rate / NANOS_PER_SEC
     }

@@ -39,16 +39,22 @@ fn parse(args: &Args, limit: &Limit) -> Result<Request> {
         init: None,
     };
     let mut i = 5;
+    let mut min_given = false;
     while i < args.len() {
+        let seen = |given: bool| if given { Err(args.duplicate(i)) } else { Ok(()) };
         if args.is(i, "MIN") {
+            seen(min_given)?;
+            min_given = true;
             req.min = args.positive(i + 1, "MIN must be a positive integer")?;
             i += 2;
         } else if args.is(i, "RETURN") {
+            seen(req.returning.is_some())?;
             let id = args.integer(i + 1, "lease_id must be a non-negative integer")?;
             let unused = args.integer(i + 2, "unused must be a non-negative integer")?;
             req.returning = Some((id, unused));
             i += 3;
         } else if args.is(i, "INIT") {
+            seen(req.init.is_some())?;
             req.init = Some(super::init_tokens(args, i + 1, limit)?);
             i += 2;
         } else {
@@ -80,9 +86,7 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
             .map(|l| (id, unused.min(l.tokens)))
     });
     let live = table.map_or(0, |t| t.count_live(now)) - usize::from(returned.is_some());
-    if let Some((_, credit)) = returned {
-        level.credit(credit as f64);
-    }
+    let credited = returned.map(|(_, credit)| level.credit_up_to(credit));
     let got = if live < MAX_LEASES {
         level.take_up_to(req.n, req.min)
     } else {
@@ -100,9 +104,9 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
         let mut table = take_table(&mut state);
         stats::LEASES_EXPIRED.add_shared(table.prune(now) as u64);
         if let Some((id, unused)) = req.returning {
-            if let Settled::Returned { credited } = table.settle(id, unused, now) {
+            if let Settled::Returned { .. } = table.settle(id, unused, now) {
                 stats::RETURNS.add(1);
-                stats::TOKENS_RETURNED.add(credited);
+                stats::TOKENS_RETURNED.add(credited.unwrap_or(0));
             }
         }
         if got > 0 {

@@ -11,7 +11,7 @@ pub mod take;
 
 use crate::api::Ctx;
 use crate::args::Args;
-use crate::command::{self, Spec};
+use crate::command::{self, ArgDoc, Keys, Spec};
 use crate::entry;
 use crate::error::{Error, Result};
 use crate::stored::StateMut;
@@ -57,41 +57,120 @@ fn created_below_full(state: Option<&StateMut>, level: &Level) -> bool {
     state.is_none() && level.reset_after() > 0
 }
 
+const KEY: ArgDoc = ArgDoc::key(c"key");
+const RATE: ArgDoc = ArgDoc::double(c"rate");
+const CAP: ArgDoc = ArgDoc::double(c"cap");
+const INIT: ArgDoc = ArgDoc::double(c"tokens").after(c"INIT");
+const WITHSTATE: ArgDoc = ArgDoc::flag(c"WITHSTATE");
+
+const RETURN_BLOCK: &[ArgDoc] = &[ArgDoc::integer(c"lease_id"), ArgDoc::integer(c"unused")];
+const BUCKET_BLOCK: &[ArgDoc] = &[KEY, RATE, CAP];
+const ADD_BLOCK: &[ArgDoc] = &[
+    ArgDoc::integer(c"id"),
+    ArgDoc::integer(c"tokens"),
+    ArgDoc::integer(c"expires_at"),
+];
+const TAKE_ARGS: &[ArgDoc] = &[
+                KEY,
+                RATE,
+                CAP,
+                ArgDoc::integer(c"n").optional(),
+                WITHSTATE,
+                INIT,
+            ];
+const LEASE_ARGS: &[ArgDoc] = &[
+                KEY,
+                RATE,
+                CAP,
+                ArgDoc::integer(c"n"),
+                ArgDoc::integer(c"ttl_ms"),
+                ArgDoc::integer(c"m").after(c"MIN"),
+                ArgDoc {
+                    token: Some(c"RETURN"),
+                    optional: true,
+                    ..ArgDoc::block(
+                        c"return",
+                        RETURN_BLOCK,
+                    )
+                },
+                INIT,
+            ];
+const RETURN_ARGS: &[ArgDoc] = &[KEY, ArgDoc::integer(c"lease_id"), ArgDoc::integer(c"unused")];
+const PEEK_ARGS: &[ArgDoc] = &[KEY];
+const MTAKE_ARGS: &[ArgDoc] = &[
+                ArgDoc::integer(c"n"),
+                ArgDoc::block(c"bucket", BUCKET_BLOCK).multiple(),
+                WITHSTATE,
+                INIT,
+            ];
+const SETSTATE_ARGS: &[ArgDoc] = &[
+                KEY,
+                ArgDoc::integer(c"full_at"),
+                RATE,
+                CAP,
+                ArgDoc::integer(c"id").after(c"LASTID"),
+                ArgDoc::integer(c"t").after(c"PRUNE"),
+                ArgDoc::integer(c"id").after(c"DROP"),
+                ArgDoc {
+                    token: Some(c"ADD"),
+                    optional: true,
+                    ..ArgDoc::block(
+                        c"lease",
+                        ADD_BLOCK,
+                    )
+                },
+            ];
+
 pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CStr> {
-    let write = c"write deny-oom fast";
-    let one_key = (1, 1, 1);
+    command::add_acl_category(ctx);
     let specs = [
         Spec {
             name: c"RL.TAKE",
             func: entry!(take::take, true),
-            flags: write,
-            keys: one_key,
+            flags: c"write deny-oom fast",
+            keys: Keys::OneWritten,
             arity: -4,
             summary: c"Refills a token bucket and takes n tokens if they are all there",
+            complexity: c"O(1)",
+            acl: c"write fast",
+            internal: false,
+            args: TAKE_ARGS,
         },
         Spec {
             name: c"RL.LEASE",
             func: entry!(lease::lease, true),
-            flags: write,
-            keys: one_key,
+            flags: c"write deny-oom",
+            keys: Keys::OneWritten,
             arity: -6,
             summary: c"Takes a batch of tokens to spend until the lease expires",
+            complexity: c"O(L) where L is the number of leases on the key (at most 1024)",
+            acl: c"write",
+            internal: false,
+            args: LEASE_ARGS,
         },
         Spec {
             name: c"RL.RETURN",
             func: entry!(return_lease::return_lease, true),
-            flags: write,
-            keys: one_key,
+            flags: c"write deny-oom",
+            keys: Keys::OneWritten,
             arity: 4,
             summary: c"Gives back what a lease did not spend, once",
+            complexity: c"O(L) where L is the number of leases on the key (at most 1024)",
+            acl: c"write",
+            internal: false,
+            args: RETURN_ARGS,
         },
         Spec {
             name: c"RL.PEEK",
             func: entry!(peek::peek, true),
-            flags: c"readonly fast",
-            keys: one_key,
+            flags: c"readonly",
+            keys: Keys::OneRead,
             arity: 2,
             summary: c"Shows a bucket's state without taking anything",
+            complexity: c"O(L) where L is the number of leases on the key (at most 1024)",
+            acl: c"read",
+            internal: false,
+            args: PEEK_ARGS,
         },
         // Keys at 2, 5, 8...; options after them, so the command reports its keys itself
         // (getkeys-api) and counts its own calls (key-position requests are not calls).
@@ -99,18 +178,26 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
             name: c"RL.MTAKE",
             func: entry!(mtake::mtake, false),
             flags: c"write deny-oom getkeys-api",
-            keys: (2, -1, 3),
+            keys: Keys::EveryThirdFrom2,
             arity: -5,
             summary: c"Takes n tokens from every bucket given, or from none",
+            complexity: c"O(N) where N is the number of buckets (at most 64)",
+            acl: c"write",
+            internal: false,
+            args: MTAKE_ARGS,
         },
         // Not for clients: the effect replicas and the AOF apply. Not counted in `calls`.
         Spec {
             name: c"RL.SETSTATE",
             func: entry!(setstate::setstate, false),
             flags: c"write deny-oom",
-            keys: one_key,
+            keys: Keys::OneWritten,
             arity: -5,
             summary: c"Internal: sets a bucket's state (what replicas and the AOF receive)",
+            complexity: c"O(L) where L is the number of leases on the key (at most 1024)",
+            acl: c"write admin dangerous",
+            internal: true,
+            args: SETSTATE_ARGS,
         },
     ];
     specs
@@ -123,9 +210,13 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
             name: c"RL.DEBUG-PANIC",
             func: entry!(debug_panic::debug_panic, false),
             flags: c"readonly",
-            keys: (0, 0, 0),
+            keys: Keys::None,
             arity: 1,
             summary: c"Debug builds only: panics inside a command",
+            complexity: c"O(1)",
+            acl: c"admin dangerous",
+            internal: false,
+            args: &[],
         },
     )?;
     Ok(())

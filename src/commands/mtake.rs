@@ -34,10 +34,16 @@ fn shape(args: &Args) -> Result<Shape> {
         init_at: None,
     };
     loop {
-        if s.end > 1 && args.is(s.end - 1, "WITHSTATE") && !s.with_state {
+        if s.end > 1 && args.is(s.end - 1, "WITHSTATE") {
+            if s.with_state {
+                return Err(args.duplicate(s.end - 1));
+            }
             s.with_state = true;
             s.end -= 1;
-        } else if s.end > 2 && args.is(s.end - 2, "INIT") && s.init_at.is_none() {
+        } else if s.end > 2 && args.is(s.end - 2, "INIT") {
+            if s.init_at.is_some() {
+                return Err(args.duplicate(s.end - 2));
+            }
             s.init_at = Some(s.end - 1);
             s.end -= 2;
         } else {

@@ -26,7 +26,7 @@ pub fn peek(ctx: *mut Ctx, args: Args) -> Result<()> {
         .table()
         .map(|t| t.leases().iter().filter(|l| l.expires_at > now));
     let (leases, held) = live.map_or((0, 0), |ls| {
-        ls.fold((0, 0), |(n, t), l| (n + 1, t + l.tokens))
+        ls.fold((0i64, 0u64), |(n, t), l| (n + 1, t.saturating_add(l.tokens)))
     });
 
     api::reply_map(ctx, 6);
@@ -41,6 +41,6 @@ pub fn peek(ctx: *mut Ctx, args: Args) -> Result<()> {
     api::reply_text(ctx, c"leases");
     api::reply_integer(ctx, leases);
     api::reply_text(ctx, c"leased_tokens");
-    api::reply_integer(ctx, held as i64);
+    api::reply_integer(ctx, held.min(i64::MAX as u64) as i64);
     Ok(())
 }

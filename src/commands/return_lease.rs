@@ -33,13 +33,13 @@ pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {
     let Settled::Returned { credited } = table.settle(id, unused, now) else {
         unreachable!("the lease was live a moment ago");
     };
-    stats::RETURNS.add(1);
-    stats::TOKENS_RETURNED.add(credited);
-
-    // The limit is the one the bucket was last written under.
+    // The limit is the one the bucket was last written under. A bucket near full takes
+    // back only what fits below cap: the reply says what it took.
     let limit = bucket.limit();
     let mut level = Level::new(Some(&bucket), limit, now);
-    level.credit(credited as f64);
+    let credited = level.credit_up_to(credited);
+    stats::RETURNS.add(1);
+    stats::TOKENS_RETURNED.add(credited);
     let bucket = level.bucket();
     if table.is_empty() && level.reset_after() == 0 {
         // Full and no lease left: the same as no key at all.

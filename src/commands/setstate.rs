@@ -2,39 +2,55 @@
 //!
 //! The effect replicas and the AOF apply (see [`crate::propagate`]); not meant for clients.
 //! It only sets what it is told: no clock is read, so every copy ends with the same bytes.
+//!
+//! The complete resulting state (the bucket given, and the key's lease table changed as
+//! told) is checked by [`rl_core::validate`], the same function RDB load uses, before
+//! anything is written: a state this command accepts is one every reload, sync and
+//! migration accepts, and a refused one changes nothing.
 
 use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
-use crate::key::{take_table, BucketKey};
+use crate::key::BucketKey;
 use crate::rm;
-use rl_core::{Bucket, Lease};
+use rl_core::Lease;
 
-pub fn setstate(ctx: *mut Ctx, args: Args) -> Result<()> {
-    if args.len() < 4 {
-        return Err(Error::Arity);
+/// The lease-table changes one effect carries, each at most once.
+#[derive(Default)]
+struct TableOps {
+    last_id: Option<u64>,
+    prune: Option<u64>,
+    drop: Option<u64>,
+    add: Option<Lease>,
+}
+
+impl TableOps {
+    fn any(&self) -> bool {
+        self.last_id.is_some() || self.prune.is_some() || self.drop.is_some() || self.add.is_some()
     }
-    let full_at = args.integer(1, "full_at must be a non-negative integer")?;
-    let rate = args.number(2, "rate is not a number")?;
-    let cap = args.number(3, "cap is not a number")?;
-    let bucket =
-        Bucket::from_parts(full_at, rate, cap).ok_or(Error::Invalid("invalid bucket state"))?;
+}
 
-    let (mut last_id, mut prune, mut drop, mut add) = (None, None, None, None);
+fn parse_ops(args: &Args) -> Result<TableOps> {
+    let mut ops = TableOps::default();
     let mut i = 4;
     while i < args.len() {
         let int = |j: usize| args.integer(j, "lease fields must be non-negative integers");
+        let seen = |given: bool| if given { Err(args.duplicate(i)) } else { Ok(()) };
         if args.is(i, "LASTID") {
-            last_id = Some(int(i + 1)?);
+            seen(ops.last_id.is_some())?;
+            ops.last_id = Some(int(i + 1)?);
             i += 2;
         } else if args.is(i, "PRUNE") {
-            prune = Some(int(i + 1)?);
+            seen(ops.prune.is_some())?;
+            ops.prune = Some(int(i + 1)?);
             i += 2;
         } else if args.is(i, "DROP") {
-            drop = Some(int(i + 1)?);
+            seen(ops.drop.is_some())?;
+            ops.drop = Some(int(i + 1)?);
             i += 2;
         } else if args.is(i, "ADD") {
-            add = Some(Lease {
+            seen(ops.add.is_some())?;
+            ops.add = Some(Lease {
                 id: int(i + 1)?,
                 tokens: int(i + 2)?,
                 expires_at: int(i + 3)?,
@@ -44,28 +60,46 @@ pub fn setstate(ctx: *mut Ctx, args: Args) -> Result<()> {
             return Err(args.unknown(i));
         }
     }
+    Ok(ops)
+}
+
+pub fn setstate(ctx: *mut Ctx, args: Args) -> Result<()> {
+    if args.len() < 4 {
+        return Err(Error::Arity);
+    }
+    let full_at = args.integer(1, "full_at must be a non-negative integer")?;
+    let rate = args.number(2, "rate is not a number")?;
+    let cap = args.number(3, "cap is not a number")?;
+    let ops = parse_ops(&args)?;
 
     let key = BucketKey::open(ctx, args.raw(0)?);
-    let mut state = key.state()?;
-    let touches_leases = last_id.is_some() || prune.is_some() || drop.is_some() || add.is_some();
-    if !touches_leases {
+    let state = key.state()?;
+    if !ops.any() {
+        // The bucket alone; the key's leases (valid when they got in) stay as they are.
+        let (bucket, _) = rl_core::validate(full_at, rate, cap, 0, Vec::new())?;
         key.store(state, bucket);
     } else {
-        let mut table = take_table(&mut state);
-        if let Some(id) = last_id {
+        // The table this effect leaves: the key's own, changed as told (a copy: nothing
+        // is changed until the whole result is known to be valid).
+        let mut table = state
+            .as_ref()
+            .and_then(|s| s.table().cloned())
+            .unwrap_or_default();
+        if let Some(id) = ops.last_id {
             table.raise_last_id(id);
         }
-        if let Some(t) = prune {
+        if let Some(t) = ops.prune {
             table.prune(t);
         }
-        if let Some(id) = drop {
+        if let Some(id) = ops.drop {
             table.remove(id);
         }
-        // Cannot fail on a stream this module wrote (the master checked the bound); on a
-        // hand-made one the lease is refused and the rest applies.
-        let inserted = add.map_or(Ok(()), |l| table.insert(l));
-        key.store_with_leases(state, bucket, table);
-        inserted?;
+        if let Some(l) = ops.add {
+            table.insert(l);
+        }
+        let (last_id, leases) = table.into_parts();
+        let (bucket, table) = rl_core::validate(full_at, rate, cap, last_id, leases)?;
+        key.replace(state, bucket, table);
     }
     rm!(RedisModule_ReplicateVerbatim(ctx));
     api::reply_ok(ctx);

@@ -17,11 +17,17 @@ pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
     let mut i = 3;
     while i < args.len() {
         if args.is(i, "WITHSTATE") {
+            if with_state {
+                return Err(args.duplicate(i));
+            }
             with_state = true;
         } else if args.is(i, "INIT") {
+            if init.is_some() {
+                return Err(args.duplicate(i));
+            }
             init = Some(super::init_tokens(&args, i + 1, &limit)?);
             i += 1;
-        } else if i == 3 {
+        } else if i == 3 && args.looks_numeric(i) {
             n = args.positive(i, "n must be a positive integer")?;
         } else {
             return Err(args.unknown(i));
