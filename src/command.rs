@@ -106,24 +106,39 @@ impl ArgDoc {
         }
     }
     pub const fn key(name: &'static CStr) -> ArgDoc {
-        ArgDoc::new(name, raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY)
+        ArgDoc::new(
+            name,
+            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
+        )
     }
     pub const fn double(name: &'static CStr) -> ArgDoc {
-        ArgDoc::new(name, raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE)
+        ArgDoc::new(
+            name,
+            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
+        )
     }
     pub const fn integer(name: &'static CStr) -> ArgDoc {
-        ArgDoc::new(name, raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER)
+        ArgDoc::new(
+            name,
+            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
+        )
     }
     /// A keyword alone (`WITHSTATE`), optional.
     pub const fn flag(name: &'static CStr) -> ArgDoc {
-        let mut a = ArgDoc::new(name, raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN);
+        let mut a = ArgDoc::new(
+            name,
+            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN,
+        );
         a.token = Some(name);
         a.optional = true;
         a
     }
     /// Several arguments as one (`RETURN lease_id unused`), after `token` if given.
     pub const fn block(name: &'static CStr, sub: &'static [ArgDoc]) -> ArgDoc {
-        let mut a = ArgDoc::new(name, raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK);
+        let mut a = ArgDoc::new(
+            name,
+            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
+        );
         a.sub = sub;
         a
     }
@@ -154,8 +169,8 @@ pub struct Spec {
     pub summary: &'static CStr,
     pub complexity: &'static CStr,
     /// Space-separated ACL categories (`write fast`), set where the server can
-    /// (`SetCommandACLCategories`, Redis 7.2+); `ratelimit` is added where the module's
-    /// own category could be created.
+    /// (`SetCommandACLCategories`, Redis 7.2+); `ratelimit` is added to every command but
+    /// the internal one where the module's own category could be created.
     pub acl: &'static CStr,
     /// Registered with the `internal` flag where the server has it (Redis 8.0+): only the
     /// replication link, the AOF and modules may call it, and `COMMAND` does not list it.
@@ -164,7 +179,8 @@ pub struct Spec {
 }
 
 /// Whether the module's own ACL category `ratelimit` exists (created at load).
-static RATELIMIT_CATEGORY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static RATELIMIT_CATEGORY: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 /// Creates the `ratelimit` ACL category where the server can (`AddACLCategory`, Redis
 /// 7.4+). Must run during load, before the commands are registered.
@@ -213,16 +229,22 @@ pub fn register(ctx: *mut Ctx, spec: &Spec) -> std::result::Result<(), &'static 
         return Err(spec.name);
     }
     set_info(command, spec).ok_or(spec.name)?;
-    set_acl_categories(command, spec.acl).ok_or(spec.name)
+    // The effect command is not one a rate-limited caller needs: `+@ratelimit` must not
+    // let anyone overwrite buckets.
+    set_acl_categories(command, spec.acl, !spec.internal).ok_or(spec.name)
 }
 
-fn set_acl_categories(command: *mut raw::RedisModuleCommand, acl: &CStr) -> Option<()> {
+fn set_acl_categories(
+    command: *mut raw::RedisModuleCommand,
+    acl: &CStr,
+    ratelimit: bool,
+) -> Option<()> {
     // SAFETY: reading a function pointer the API table filled at load.
     let Some(set) = (unsafe { raw::RedisModule_SetCommandACLCategories }) else {
         return Some(()); // Redis 7.0: the README gives the ACL rules to write instead.
     };
     let mut categories = acl.to_bytes().to_vec();
-    if RATELIMIT_CATEGORY.load(std::sync::atomic::Ordering::Relaxed) {
+    if ratelimit && RATELIMIT_CATEGORY.load(std::sync::atomic::Ordering::Relaxed) {
         categories.extend_from_slice(b" ratelimit");
     }
     let categories = std::ffi::CString::new(categories).ok()?;
@@ -233,7 +255,10 @@ fn set_acl_categories(command: *mut raw::RedisModuleCommand, acl: &CStr) -> Opti
 
 /// Builds the C form of `docs` (Redis copies it; these vectors only need to live through
 /// the call). Ends with the zeroed entry Redis expects.
-fn c_args(docs: &[ArgDoc], keep: &mut Vec<Vec<raw::RedisModuleCommandArg>>) -> *mut raw::RedisModuleCommandArg {
+fn c_args(
+    docs: &[ArgDoc],
+    keep: &mut Vec<Vec<raw::RedisModuleCommandArg>>,
+) -> *mut raw::RedisModuleCommandArg {
     if docs.is_empty() {
         return std::ptr::null_mut();
     }

@@ -94,7 +94,10 @@ pub fn apply_module_args(args: &[&[u8]]) -> Result<(), String> {
             ));
         }
         let [value, tail @ ..] = tail else {
-            return Err(format!("argument '{}' needs a value: enforce or shadow", show(name)));
+            return Err(format!(
+                "argument '{}' needs a value: enforce or shadow",
+                show(name)
+            ));
         };
         mode = Some(if value.eq_ignore_ascii_case(b"enforce") {
             Mode::Enforce

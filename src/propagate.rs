@@ -168,7 +168,12 @@ pub fn stored_number(x: f64) -> String {
 /// `aof` and `key` must be the live arguments of an `aof_rewrite` callback.
 pub unsafe fn rewrite(aof: *mut RedisModuleIO, key: *mut RStr, state: &StateMut) {
     rewrite_state(aof, key, state);
-    rm!(RedisModule_EmitAOF(aof, c"PERSIST".as_ptr(), c"s".as_ptr(), key));
+    rm!(RedisModule_EmitAOF(
+        aof,
+        c"PERSIST".as_ptr(),
+        c"s".as_ptr(),
+        key
+    ));
 }
 
 unsafe fn rewrite_state(aof: *mut RedisModuleIO, key: *mut RStr, state: &StateMut) {

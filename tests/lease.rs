@@ -448,7 +448,11 @@ fn key_ttl_covers_a_live_lease() {
     assert!((4_000..=5_001).contains(&pttl), "pttl {pttl}");
     std::thread::sleep(Duration::from_millis(100));
     assert!(exists(&mut c, "k"), "the key went while its lease was live");
-    assert_eq!(give_back(&mut c, "k", id, 2), 0, "full again: nothing to take back");
+    assert_eq!(
+        give_back(&mut c, "k", id, 2),
+        0,
+        "full again: nothing to take back"
+    );
     // Full and holding no lease: the same as no key.
     assert!(
         !exists(&mut c, "k"),

@@ -161,8 +161,23 @@ mod tests {
 
     fn sample() -> Vec<f64> {
         let mut v = vec![
-            1e-9, 1e-6, 0.001, 0.1, 0.3, 0.5, 1.0, 3.0, 7.0, 10.0, 1000.0, 320000.0, 1e9, 1e15,
-            999999999999999.0, 1e18, 3.125e18,
+            1e-9,
+            1e-6,
+            0.001,
+            0.1,
+            0.3,
+            0.5,
+            1.0,
+            3.0,
+            7.0,
+            10.0,
+            1000.0,
+            320000.0,
+            1e9,
+            1e15,
+            999999999999999.0,
+            1e18,
+            3.125e18,
         ];
         let mut x = 0.7310585786300049f64;
         for _ in 0..600 {
@@ -210,7 +225,15 @@ mod tests {
             }
         }
         for &rate in &s {
-            for d in [0u64, 1, 999, 1 << 40, (1 << 53) + 1, (1 << 61) + 7, i64::MAX as u64] {
+            for d in [
+                0u64,
+                1,
+                999,
+                1 << 40,
+                (1 << 53) + 1,
+                (1 << 61) + 7,
+                i64::MAX as u64,
+            ] {
                 let v = BigRational::from_integer(d.into()) * exact(rate) / &ns;
                 assert!(exact(tokens_in_up(d, rate)) >= v, "{d}@{rate}");
             }
@@ -229,7 +252,14 @@ mod tests {
         // 1e15 * 1e9 is not a double, 1e15 / 1e15 * 1e9 is.
         assert_eq!(refill_nanos_ceil(1e15, 1e15), 1_000_000_000);
         assert_eq!(refill_nanos_floor(1e15, 1e15), 1_000_000_000);
-        for ns in [0u64, 1, (1 << 53) + 1, (1 << 60) + 3, i64::MAX as u64, u64::MAX] {
+        for ns in [
+            0u64,
+            1,
+            (1 << 53) + 1,
+            (1 << 60) + 3,
+            i64::MAX as u64,
+            u64::MAX,
+        ] {
             assert!(exact(nanos_up(ns)) >= BigRational::from_integer(ns.into()));
             assert!(exact(nanos_down(ns)) <= BigRational::from_integer(ns.into()));
         }

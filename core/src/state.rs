@@ -147,7 +147,13 @@ mod tests {
             Some(StateError::LeaseTokens)
         );
         assert_eq!(
-            e(validate(T0, 1.0, 1.0, 9, vec![l(1, i64::MAX as u64), l(2, 1)])),
+            e(validate(
+                T0,
+                1.0,
+                1.0,
+                9,
+                vec![l(1, i64::MAX as u64), l(2, 1)]
+            )),
             Some(StateError::HeldTotal)
         );
         assert_eq!(

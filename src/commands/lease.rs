@@ -41,7 +41,13 @@ fn parse(args: &Args, limit: &Limit) -> Result<Request> {
     let mut i = 5;
     let mut min_given = false;
     while i < args.len() {
-        let seen = |given: bool| if given { Err(args.duplicate(i)) } else { Ok(()) };
+        let seen = |given: bool| {
+            if given {
+                Err(args.duplicate(i))
+            } else {
+                Ok(())
+            }
+        };
         if args.is(i, "MIN") {
             seen(min_given)?;
             min_given = true;

@@ -71,55 +71,53 @@ const ADD_BLOCK: &[ArgDoc] = &[
     ArgDoc::integer(c"expires_at"),
 ];
 const TAKE_ARGS: &[ArgDoc] = &[
-                KEY,
-                RATE,
-                CAP,
-                ArgDoc::integer(c"n").optional(),
-                WITHSTATE,
-                INIT,
-            ];
+    KEY,
+    RATE,
+    CAP,
+    ArgDoc::integer(c"n").optional(),
+    WITHSTATE,
+    INIT,
+];
 const LEASE_ARGS: &[ArgDoc] = &[
-                KEY,
-                RATE,
-                CAP,
-                ArgDoc::integer(c"n"),
-                ArgDoc::integer(c"ttl_ms"),
-                ArgDoc::integer(c"m").after(c"MIN"),
-                ArgDoc {
-                    token: Some(c"RETURN"),
-                    optional: true,
-                    ..ArgDoc::block(
-                        c"return",
-                        RETURN_BLOCK,
-                    )
-                },
-                INIT,
-            ];
-const RETURN_ARGS: &[ArgDoc] = &[KEY, ArgDoc::integer(c"lease_id"), ArgDoc::integer(c"unused")];
+    KEY,
+    RATE,
+    CAP,
+    ArgDoc::integer(c"n"),
+    ArgDoc::integer(c"ttl_ms"),
+    ArgDoc::integer(c"m").after(c"MIN"),
+    ArgDoc {
+        token: Some(c"RETURN"),
+        optional: true,
+        ..ArgDoc::block(c"return", RETURN_BLOCK)
+    },
+    INIT,
+];
+const RETURN_ARGS: &[ArgDoc] = &[
+    KEY,
+    ArgDoc::integer(c"lease_id"),
+    ArgDoc::integer(c"unused"),
+];
 const PEEK_ARGS: &[ArgDoc] = &[KEY];
 const MTAKE_ARGS: &[ArgDoc] = &[
-                ArgDoc::integer(c"n"),
-                ArgDoc::block(c"bucket", BUCKET_BLOCK).multiple(),
-                WITHSTATE,
-                INIT,
-            ];
+    ArgDoc::integer(c"n"),
+    ArgDoc::block(c"bucket", BUCKET_BLOCK).multiple(),
+    WITHSTATE,
+    INIT,
+];
 const SETSTATE_ARGS: &[ArgDoc] = &[
-                KEY,
-                ArgDoc::integer(c"full_at"),
-                RATE,
-                CAP,
-                ArgDoc::integer(c"id").after(c"LASTID"),
-                ArgDoc::integer(c"t").after(c"PRUNE"),
-                ArgDoc::integer(c"id").after(c"DROP"),
-                ArgDoc {
-                    token: Some(c"ADD"),
-                    optional: true,
-                    ..ArgDoc::block(
-                        c"lease",
-                        ADD_BLOCK,
-                    )
-                },
-            ];
+    KEY,
+    ArgDoc::integer(c"full_at"),
+    RATE,
+    CAP,
+    ArgDoc::integer(c"id").after(c"LASTID"),
+    ArgDoc::integer(c"t").after(c"PRUNE"),
+    ArgDoc::integer(c"id").after(c"DROP"),
+    ArgDoc {
+        token: Some(c"ADD"),
+        optional: true,
+        ..ArgDoc::block(c"lease", ADD_BLOCK)
+    },
+];
 
 pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CStr> {
     command::add_acl_category(ctx);

@@ -26,7 +26,9 @@ pub fn peek(ctx: *mut Ctx, args: Args) -> Result<()> {
         .table()
         .map(|t| t.leases().iter().filter(|l| l.expires_at > now));
     let (leases, held) = live.map_or((0, 0), |ls| {
-        ls.fold((0i64, 0u64), |(n, t), l| (n + 1, t.saturating_add(l.tokens)))
+        ls.fold((0i64, 0u64), |(n, t), l| {
+            (n + 1, t.saturating_add(l.tokens))
+        })
     });
 
     api::reply_map(ctx, 6);

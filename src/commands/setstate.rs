@@ -35,7 +35,13 @@ fn parse_ops(args: &Args) -> Result<TableOps> {
     let mut i = 4;
     while i < args.len() {
         let int = |j: usize| args.integer(j, "lease fields must be non-negative integers");
-        let seen = |given: bool| if given { Err(args.duplicate(i)) } else { Ok(()) };
+        let seen = |given: bool| {
+            if given {
+                Err(args.duplicate(i))
+            } else {
+                Ok(())
+            }
+        };
         if args.is(i, "LASTID") {
             seen(ops.last_id.is_some())?;
             ops.last_id = Some(int(i + 1)?);

@@ -89,6 +89,41 @@ impl Server {
         Server::launch(dir, free_port(), extra)
     }
 
+    /// Starts a server that may refuse to start (a bad `loadmodule` argument): `Err` holds
+    /// its log.
+    pub fn try_start(extra: &[&str]) -> Result<Server, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let port = free_port();
+        let mut child = spawn(dir.path(), port, &extra);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let url = format!("redis://127.0.0.1:{port}/");
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                return Err(
+                    std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default()
+                );
+            }
+            if let Ok(client) = redis::Client::open(url.as_str()) {
+                if let Ok(mut c) = client.get_connection_with_timeout(Duration::from_millis(200)) {
+                    if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                        return Ok(Server {
+                            child,
+                            dir,
+                            port,
+                            extra,
+                        });
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server neither started nor exited"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn launch(dir: tempfile::TempDir, port: u16, extra: Vec<String>) -> Server {
         let child = spawn(dir.path(), port, &extra);
         let server = Server {
@@ -113,6 +148,17 @@ impl Server {
         conn.set_read_timeout(Some(Duration::from_secs(30)))
             .unwrap();
         conn
+    }
+
+    /// A connection allowed to call internal commands: on servers with the `internal`
+    /// command flag (Redis 8.0+) `RL.SETSTATE` is hidden from ordinary clients, and
+    /// `DEBUG MARK-INTERNAL-CLIENT` lets a test act as the replication link would.
+    pub fn internal_conn(&self) -> Connection {
+        let mut c = self.conn();
+        let _ = redis::cmd("DEBUG")
+            .arg("MARK-INTERNAL-CLIENT")
+            .query::<Value>(&mut c);
+        c
     }
 
     fn wait_ready(&self) {
@@ -307,4 +353,41 @@ pub fn rewrite_aof(c: &mut Connection) {
     });
     let info: String = redis::cmd("INFO").arg("persistence").query(c).unwrap();
     assert!(info.contains("aof_last_bgrewrite_status:ok"), "{info}");
+}
+
+/// Redis's CRC-64 (Jones polynomial, reflected), which closes every DUMP payload.
+pub fn crc64(data: &[u8]) -> u64 {
+    let mut crc: u64 = 0;
+    for &byte in data {
+        crc ^= u64::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0x95AC_9329_AC4B_C9B5
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    crc
+}
+
+/// A DUMP payload with `body` (type byte and value) in place of the original's, and the
+/// original's RDB version, closed with a valid CRC: what a hostile client can RESTORE.
+pub fn reseal(original: &[u8], body: &[u8]) -> Vec<u8> {
+    let version = &original[original.len() - 10..original.len() - 8];
+    let mut out = body.to_vec();
+    out.extend_from_slice(version);
+    let crc = crc64(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// The body of a DUMP payload (without version and CRC).
+pub fn dump_body(payload: &[u8]) -> &[u8] {
+    &payload[..payload.len() - 10]
+}
+
+/// `DUMP key`.
+pub fn dump(c: &mut Connection, key: &str) -> Vec<u8> {
+    redis::cmd("DUMP").arg(key).query(c).unwrap()
 }
