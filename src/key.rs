@@ -19,6 +19,9 @@ pub struct BucketKey {
     ctx: *mut Ctx,
     name: *mut RStr,
     modified: std::cell::Cell<bool>,
+    /// The expiry (ms) the state implied when its lease table was taken out to change it:
+    /// if the new state implies another one, the expiry is set without reading it first.
+    expiry_before: std::cell::Cell<Option<i64>>,
 }
 
 impl BucketKey {
@@ -37,6 +40,7 @@ impl BucketKey {
             ctx,
             name,
             modified: std::cell::Cell::new(false),
+            expiry_before: std::cell::Cell::new(None),
         }
     }
 
@@ -96,6 +100,16 @@ impl BucketKey {
         }
     }
 
+    /// Sets the expiry to `at`: directly if the state implied another one before (`before`,
+    /// in ms), else only if the key's actual expiry differs.
+    fn move_expiry(&self, before: Option<i64>, at: Nanos) {
+        if before == Some(rl_core::ceil_millis(at) as i64) {
+            self.keep_expiry_at(at);
+        } else {
+            self.expire_at(at);
+        }
+    }
+
     /// Writes a new bucket state, leaving any leases as they are.
     pub fn store(&self, state: Option<StateMut>, bucket: Bucket) {
         let Some(mut s) = state else {
@@ -124,8 +138,25 @@ impl BucketKey {
 
     /// Replaces a bucket and its whole lease table (an effect that sets them).
     pub fn replace(&self, mut state: Option<StateMut>, bucket: Bucket, table: LeaseTable) {
-        take_table(&mut state);
+        self.take_table(&mut state);
         self.store_with_leases(state, bucket, table);
+    }
+
+    /// Moves the lease table out of a bucket to change it; [`BucketKey::store_with_leases`]
+    /// puts it back.
+    pub fn take_table(&self, state: &mut Option<StateMut>) -> LeaseTable {
+        match state {
+            Some(StateMut::Full(f)) => {
+                self.expiry_before
+                    .set(Some(
+                        rl_core::ceil_millis(stored::expires_at(&f.bucket, Some(&f.table))) as i64,
+                    ));
+                let table = std::mem::take(&mut f.table);
+                stats::LEASES_ACTIVE.sub_shared(table.leases().len() as u64);
+                table
+            }
+            _ => LeaseTable::default(),
+        }
     }
 
     /// Writes a bucket state with its leases (taken out by [`take_table`]), in the
@@ -138,11 +169,12 @@ impl BucketKey {
                 count_limit_change(&f.bucket, &bucket);
                 f.bucket = bucket;
                 f.table = table;
-                self.keep_expiry_at(expires);
+                self.move_expiry(self.expiry_before.get(), expires);
             }
             Some(StateMut::Compact(c)) if !stored::ever_leased(&table) => {
+                let before = rl_core::ceil_millis(c.bucket().full_at()) as i64;
                 if c.update(&bucket) {
-                    self.keep_expiry_at(expires);
+                    self.move_expiry(Some(before), expires);
                 } else {
                     stats::LIMIT_CHANGES.add(1);
                     self.put(Stored::new(bucket, table), expires);
@@ -175,18 +207,5 @@ impl Drop for BucketKey {
 fn count_limit_change(old: &Bucket, new: &Bucket) {
     if old.limit() != new.limit() {
         stats::LIMIT_CHANGES.add(1);
-    }
-}
-
-/// Moves the lease table out of a bucket to change it; [`BucketKey::store_with_leases`]
-/// puts it back.
-pub fn take_table(state: &mut Option<StateMut>) -> LeaseTable {
-    match state {
-        Some(StateMut::Full(f)) => {
-            let table = std::mem::take(&mut f.table);
-            stats::LEASES_ACTIVE.sub_shared(table.leases().len() as u64);
-            table
-        }
-        _ => LeaseTable::default(),
     }
 }

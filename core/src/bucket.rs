@@ -119,7 +119,13 @@ impl Level {
     fn refill(full_at: Nanos, limit: Limit, now: Nanos) -> Level {
         // A clock that stepped back must not show more tokens than an empty bucket has, nor
         // let a write move `full_at` back: never take the level before the bucket was empty.
-        let at = now.max(full_at.saturating_sub(limit.fill_nanos()));
+        let ahead = full_at.saturating_sub(now);
+        let at = if limit.clearly_below(ahead, limit.cap()) {
+            // The common case, decided without the exactly rounded fill time.
+            now
+        } else {
+            now.max(full_at.saturating_sub(limit.fill_nanos()))
+        };
         Level {
             limit,
             at,
@@ -156,9 +162,25 @@ impl Level {
         })
     }
 
+    /// Whether `n` tokens are there now (the same answer as `wait_for(n) == Some(0)`, most
+    /// often without its exactly rounded arithmetic).
+    fn has(&self, n: f64) -> bool {
+        let spare = self.limit.cap() - n;
+        if spare < 0.0 {
+            return false;
+        }
+        if self.limit.clearly_below(self.deficit, spare) {
+            return true;
+        }
+        if self.limit.clearly_above(self.deficit, spare) {
+            return false;
+        }
+        self.wait_for(n) == Some(0)
+    }
+
     /// Takes `n` tokens if they are all there; otherwise changes nothing.
     pub fn try_take(&mut self, n: f64) -> bool {
-        if self.wait_for(n) != Some(0) {
+        if !self.has(n) {
             return false;
         }
         self.deficit += self.limit.nanos_for(n);

@@ -86,6 +86,19 @@ impl Limit {
         round::tokens_in_up(deficit, self.rate)
     }
 
+    /// Whether `ns` is certainly less than the time to refill `tokens` (`tokens >= 0`):
+    /// decided with one nearest-rounded division and a margin far wider than its error
+    /// (relative 1e-9 against a few 1e-16), so callers can skip the exactly rounded
+    /// conversion when the answer is not close.
+    pub fn clearly_below(&self, ns: Nanos, tokens: f64) -> bool {
+        (ns as f64) < tokens * NANOS_PER_SEC / self.rate * (1.0 - 1e-9)
+    }
+
+    /// Whether `ns` is certainly more than the time to refill `tokens`, by at least 1 ns.
+    pub fn clearly_above(&self, ns: Nanos, tokens: f64) -> bool {
+        (ns as f64) > tokens * NANOS_PER_SEC / self.rate * (1.0 + 1e-9) + 1.0
+    }
+
     /// Time for an empty bucket to fill.
     pub fn fill_nanos(&self) -> Nanos {
         self.nanos_for(self.cap)

@@ -5,7 +5,7 @@
 use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
-use crate::key::{take_table, BucketKey};
+use crate::key::BucketKey;
 use crate::propagate::{self, Head};
 use crate::{clock, config, stats};
 use rl_core::{ceil_millis, Limit, Settled, MAX_LEASES};
@@ -107,7 +107,7 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
 
     let mut opened = None;
     if got > 0 || returned.is_some() || created {
-        let mut table = take_table(&mut state);
+        let mut table = key.take_table(&mut state);
         stats::LEASES_EXPIRED.add_shared(table.prune(now) as u64);
         if let Some((id, unused)) = req.returning {
             if let Settled::Returned { .. } = table.settle(id, unused, now) {

@@ -3,7 +3,7 @@
 use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
-use crate::key::{take_table, BucketKey};
+use crate::key::BucketKey;
 use crate::propagate::{self, Head};
 use crate::{clock, rm, stats};
 use rl_core::{Level, Settled};
@@ -28,7 +28,7 @@ pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {
         return Ok(());
     };
 
-    let mut table = take_table(&mut state);
+    let mut table = key.take_table(&mut state);
     stats::LEASES_EXPIRED.add_shared(table.prune(now) as u64);
     let Settled::Returned { credited } = table.settle(id, unused, now) else {
         unreachable!("the lease was live a moment ago");
