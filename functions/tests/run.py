@@ -187,9 +187,9 @@ def replication():
         k = next(k for k in keys if m.exists(k))
         assert fcall(rep, "rl_peek", [k]) is not None
         assert rep.execute_command("FCALL_RO", "rl_peek", 1, k) is not None
-        assert "READONLY" in err(rep, "FCALL", "rl_take", 1, k, 1, 1)
+        assert "read only" in err(rep, "FCALL", "rl_take", 1, k, 1, 1)
         # The library itself was replicated.
-        assert rep.function_list()[0][b"library_name"] == b"rl"
+        assert "'rl'" in repr(rep.function_list()) or "b'rl'" in repr(rep.function_list())
 
 
 @section("cluster: three masters")
@@ -212,8 +212,8 @@ def cluster():
         try:
             rc.fcall("rl_mtake", 2, "a:1", "b:2", 1, 1, 1, 1, 1)
             raise AssertionError("cross-slot rl_mtake did not fail")
-        except redis.RedisClusterException as e:
-            assert "same slot" in str(e) or "CROSSSLOT" in str(e), str(e)
+        except redis.exceptions.RedisClusterException as e:
+            assert "same key slot" in str(e) or "CROSSSLOT" in str(e), str(e)
         # Straight to a node that does not own the key: MOVED, as for any key.
         node = c.nodes[0].client()
         moved = 0
