@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use rl_core::Limit;
 
-use crate::Error;
+use crate::{Backend, Error};
 
 /// `rate` tokens per second, bursts of `cap`: [`Limit::new`] with this crate's error type.
 pub fn limit(rate: f64, cap: f64) -> Result<Limit, Error> {
@@ -67,6 +67,9 @@ pub struct LimiterConfig {
     /// Most keys whose fallback state (local buckets, observed rates) is kept; beyond it
     /// the stalest are dropped. Default 100 000.
     pub max_keys: usize,
+    /// The server side: the module's commands, the Functions library, or `Auto`.
+    /// Default `Module`.
+    pub backend: Backend,
 }
 
 impl Default for LimiterConfig {
@@ -77,6 +80,7 @@ impl Default for LimiterConfig {
             policy: FailurePolicy::Allow { share: 1.0 },
             deny_retry_after: Duration::from_secs(1),
             max_keys: 100_000,
+            backend: Backend::Module,
         }
     }
 }

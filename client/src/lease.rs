@@ -4,7 +4,8 @@
 use redis::{Cmd, Value};
 use rl_core::Limit;
 
-use crate::{reply, Error};
+use crate::backend;
+use crate::{reply, Backend, Error};
 
 /// What `RL.LEASE` answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +22,7 @@ pub(crate) struct LeaseReply {
 
 /// `RL.LEASE key rate cap n ttl_ms MIN min [RETURN id unused]`.
 pub(crate) fn lease_cmd(
+    backend: Backend,
     key: &str,
     limit: &Limit,
     n: u64,
@@ -28,7 +30,7 @@ pub(crate) fn lease_cmd(
     min: u64,
     settle: Option<(u64, u64)>,
 ) -> Cmd {
-    let mut cmd = redis::cmd("RL.LEASE");
+    let mut cmd = backend::cmd(backend, "RL.LEASE");
     cmd.arg(key)
         .arg(limit.rate())
         .arg(limit.cap())
@@ -43,8 +45,8 @@ pub(crate) fn lease_cmd(
 }
 
 /// `RL.RETURN key id unused`.
-pub(crate) fn return_cmd(key: &str, id: u64, unused: u64) -> Cmd {
-    let mut cmd = redis::cmd("RL.RETURN");
+pub(crate) fn return_cmd(backend: Backend, key: &str, id: u64, unused: u64) -> Cmd {
+    let mut cmd = backend::cmd(backend, "RL.RETURN");
     cmd.arg(key).arg(id).arg(unused);
     cmd
 }
@@ -66,7 +68,7 @@ mod tests {
     #[test]
     fn settlement_rides_on_the_lease_call() {
         let limit = Limit::new(10.0, 100.0).unwrap();
-        let cmd = lease_cmd("k", &limit, 20, 1000, 1, Some((7, 3)));
+        let cmd = lease_cmd(Backend::Module, "k", &limit, 20, 1000, 1, Some((7, 3)));
         let args: Vec<String> = cmd
             .args_iter()
             .map(|a| match a {

@@ -15,6 +15,7 @@
 
 #![warn(missing_docs)]
 
+mod backend;
 mod clock;
 mod config;
 mod conn;
@@ -30,6 +31,7 @@ mod prefetch;
 mod reply;
 mod take;
 
+pub use backend::Backend;
 pub use config::{limit, FailurePolicy, LimiterConfig, PrefetchConfig};
 pub use conn::RedisConnection;
 pub use decision::{Decision, Source};

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use rl_core::Limit;
 
+use crate::backend::Selector;
 use crate::clock::now_ns;
 use crate::conn::{call, RedisConnection};
 use crate::fallback::{lock, Fallback};
@@ -67,6 +68,7 @@ struct Inner<C: RedisConnection> {
     state: Mutex<State>,
     /// Held by whoever talks to Redis about leases: one lease call at a time.
     fetching: tokio::sync::Mutex<()>,
+    backend: Selector,
 }
 
 /// A lease as the client sees it.
@@ -164,6 +166,7 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
             inner: Arc::new(Inner {
                 conn,
                 key: key.into(),
+                backend: Selector::new(config.limiter.backend),
                 health: Health::new(config.limiter.probe_interval),
                 fallback: Fallback::new(limit, &config.limiter),
                 limit,
@@ -243,7 +246,8 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
         let mut credited = 0;
         let mut failure = None;
         for lease in leases.into_iter().flatten() {
-            let cmd = return_cmd(&inner.key, lease.id, lease.left);
+            let backend = inner.backend.get(&inner.conn).await?;
+            let cmd = return_cmd(backend, &inner.key, lease.id, lease.left);
             let outcome = call(
                 &inner.conn,
                 &cmd,
@@ -355,7 +359,9 @@ impl<C: RedisConnection> Inner<C> {
         };
         let ask = self.config.batch.max(need);
         let settling = settle.map(|l| (l.id, l.left));
+        let backend = self.backend.get(&self.conn).await?;
         let cmd = lease_cmd(
+            backend,
             &self.key,
             &self.limit,
             ask,
@@ -426,9 +432,13 @@ impl<C: RedisConnection> Drop for Inner<C> {
             let mut conn = self.conn.clone();
             let key = self.key.clone();
             let timeout = self.config.limiter.timeout;
+            // A lease exists only after a call, which resolved the backend.
+            let Some(backend) = self.backend.known() else {
+                return;
+            };
             runtime.spawn(async move {
                 for lease in leases {
-                    let cmd = return_cmd(&key, lease.id, lease.left);
+                    let cmd = return_cmd(backend, &key, lease.id, lease.left);
                     let _ = tokio::time::timeout(timeout, conn.req_packed_command(&cmd)).await;
                 }
             });

@@ -6,12 +6,13 @@ use std::time::Duration;
 use redis::Cmd;
 use rl_core::Limit;
 
+use crate::backend::{self, Selector};
 use crate::clock::now_ns;
 use crate::conn::{call, RedisConnection};
 use crate::fallback::Fallback;
 use crate::health::Health;
 use crate::reply;
-use crate::{Decision, Error, LimiterConfig, Metrics, Source};
+use crate::{Backend, Decision, Error, LimiterConfig, Metrics, Source};
 
 /// A limiter that asks Redis for every request: exact, one round trip per decision.
 ///
@@ -52,11 +53,12 @@ struct Inner<C> {
     metrics: Arc<Metrics>,
     health: Health,
     fallback: Fallback,
+    backend: Selector,
 }
 
 /// `RL.TAKE key rate cap n WITHSTATE`.
-pub(crate) fn take_cmd(key: &str, limit: &Limit, n: u64) -> Cmd {
-    let mut cmd = redis::cmd("RL.TAKE");
+pub(crate) fn take_cmd(backend: Backend, key: &str, limit: &Limit, n: u64) -> Cmd {
+    let mut cmd = backend::cmd(backend, "RL.TAKE");
     cmd.arg(key)
         .arg(limit.rate())
         .arg(limit.cap())
@@ -95,6 +97,7 @@ impl<C: RedisConnection> Limiter<C> {
                 conn,
                 health: Health::new(config.probe_interval),
                 fallback: Fallback::new(limit, &config),
+                backend: Selector::new(config.backend),
                 limit,
                 config,
                 metrics,
@@ -152,7 +155,8 @@ impl<C: RedisConnection> Limiter<C> {
     pub async fn take_from_server(&self, key: &str, n: u64) -> Result<Decision, Error> {
         let inner = &self.inner;
         check_request(n, &inner.limit)?;
-        let cmd = take_cmd(key, &inner.limit, n);
+        let backend = inner.backend.get(&inner.conn).await?;
+        let cmd = take_cmd(backend, key, &inner.limit, n);
         let value = call(&inner.conn, &cmd, inner.config.timeout, &inner.metrics).await?;
         let items = reply::array(value, 4)?;
         let granted = reply::count(&items[0])?;

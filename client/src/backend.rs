@@ -1,0 +1,118 @@
+//! Which server side answers: the redis-rl module (`RL.TAKE`...) or the Redis Functions
+//! library `rl` (`FCALL rl_take 1 key ...`, see docs/functions.md) for servers that do not
+//! allow modules. Same arguments, same replies: only the head of each command differs, and
+//! this is the one place that builds it.
+
+use redis::{Cmd, Value};
+use tokio::sync::OnceCell;
+
+use crate::conn::RedisConnection;
+use crate::Error;
+
+/// The server side a limiter talks to ([`LimiterConfig::backend`](crate::LimiterConfig)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// The module's commands (`RL.TAKE`, `RL.LEASE`, `RL.RETURN`). The default.
+    #[default]
+    Module,
+    /// The Functions library `rl` loaded with `scripts/load-functions`.
+    Functions,
+    /// Asks the server once, at the first call: the module if `RL.TAKE` exists, else the
+    /// library if it is loaded, else an error naming both.
+    Auto,
+}
+
+/// A backend resolved for one limiter (`Auto` asks once and keeps the answer).
+#[derive(Debug, Default)]
+pub(crate) struct Selector {
+    wanted: Backend,
+    resolved: OnceCell<Backend>,
+}
+
+impl Selector {
+    pub(crate) fn new(wanted: Backend) -> Selector {
+        Selector {
+            wanted,
+            resolved: OnceCell::new(),
+        }
+    }
+
+    /// `Module` or `Functions`; probes the server when `Auto` and not yet known.
+    pub(crate) async fn get<C: RedisConnection>(&self, conn: &C) -> Result<Backend, Error> {
+        if self.wanted != Backend::Auto {
+            return Ok(self.wanted);
+        }
+        self.resolved
+            .get_or_try_init(|| probe(conn.clone()))
+            .await
+            .copied()
+    }
+
+    /// The backend if already known (for best-effort calls that cannot wait).
+    pub(crate) fn known(&self) -> Option<Backend> {
+        match self.wanted {
+            Backend::Auto => self.resolved.get().copied(),
+            b => Some(b),
+        }
+    }
+}
+
+async fn probe<C: RedisConnection>(mut conn: C) -> Result<Backend, Error> {
+    let info: Value = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("RL.TAKE")
+        .query_async(&mut conn)
+        .await?;
+    if matches!(&info, Value::Array(items) if items.first().is_some_and(|v| *v != Value::Nil)) {
+        return Ok(Backend::Module);
+    }
+    let libs: Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg("rl")
+        .query_async(&mut conn)
+        .await?;
+    if matches!(&libs, Value::Array(items) if !items.is_empty()) {
+        return Ok(Backend::Functions);
+    }
+    Err(Error::Config(
+        "neither the redis-rl module (RL.TAKE) nor the Functions library `rl` \
+         (scripts/load-functions) is on this server",
+    ))
+}
+
+/// The head of command `name` (`RL.TAKE`...) for `backend`; the caller adds the key and
+/// the arguments as for the module.
+pub(crate) fn cmd(backend: Backend, name: &str) -> Cmd {
+    match backend {
+        Backend::Functions => {
+            let mut c = redis::cmd("FCALL");
+            c.arg(name.replace("RL.", "rl_").to_ascii_lowercase())
+                .arg(1);
+            c
+        }
+        _ => redis::cmd(name),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(c: &Cmd) -> Vec<String> {
+        c.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                redis::Arg::Cursor => "?".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn functions_heads() {
+        let mut c = cmd(Backend::Functions, "RL.LEASE");
+        c.arg("k");
+        assert_eq!(words(&c), ["FCALL", "rl_lease", "1", "k"]);
+        assert_eq!(words(&cmd(Backend::Module, "RL.TAKE")), ["RL.TAKE"]);
+    }
+}

@@ -1,0 +1,164 @@
+//! The `Functions` and `Auto` backends against a server without the module that has the
+//! Functions library (`functions/rl.lua`) loaded: same API, same decisions.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rl_client::{
+    Backend, Error, FailurePolicy, Limit, Limiter, LimiterConfig, PrefetchConfig, PrefetchLimiter,
+    Source,
+};
+
+/// A redis-server (RL_SERVER, default `redis-server`) with no module; killed on drop.
+struct Plain {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Plain {
+    fn start(with_library: bool) -> Plain {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let server = std::env::var("RL_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let child = Command::new(server)
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start redis-server");
+        let plain = Plain {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while plain.conn().is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if with_library {
+            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../functions/rl.lua");
+            let source = std::fs::read_to_string(path).unwrap();
+            let name: String = redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg("REPLACE")
+                .arg(source)
+                .query(&mut plain.conn().unwrap())
+                .unwrap();
+            assert_eq!(name, "rl");
+        }
+        plain
+    }
+
+    fn conn(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?
+            .get_connection_with_timeout(Duration::from_millis(500))
+    }
+
+    async fn manager(&self) -> redis::aio::ConnectionManager {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).unwrap();
+        redis::aio::ConnectionManager::new(client).await.unwrap()
+    }
+}
+
+impl Drop for Plain {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn frozen() -> Limit {
+    Limit::new(0.001, 5.0).unwrap()
+}
+
+fn config(backend: Backend) -> LimiterConfig {
+    LimiterConfig {
+        timeout: Duration::from_secs(5),
+        policy: FailurePolicy::Deny,
+        backend,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn functions_backend_decides_as_the_module() {
+    let server = Plain::start(true);
+    for backend in [Backend::Functions, Backend::Auto] {
+        let key = format!("user:{backend:?}");
+        let limiter = Limiter::new(server.manager().await, frozen(), config(backend)).unwrap();
+        for left in (0..5).rev() {
+            let d = limiter.take(&key, 1).await.unwrap();
+            assert!(d.allowed, "{d:?}");
+            assert_eq!((d.granted, d.source), (1, Source::Server));
+            assert!((d.remaining - left as f64).abs() < 0.01, "{d:?}");
+        }
+        let denied = limiter.take(&key, 2).await.unwrap();
+        assert!(!denied.allowed && denied.source == Source::Server);
+        assert!(denied.retry_after > Duration::from_secs(1000), "{denied:?}");
+        // The library's own state, a hash.
+        let kind: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query(&mut server.conn().unwrap())
+            .unwrap();
+        assert_eq!(kind, "hash");
+    }
+}
+
+#[tokio::test]
+async fn prefetch_over_functions() {
+    let server = Plain::start(true);
+    let config = PrefetchConfig {
+        batch: 10,
+        ttl: Duration::from_secs(5),
+        jitter: 0.0,
+        limiter: config(Backend::Auto),
+        ..Default::default()
+    };
+    let limit = Limit::new(0.001, 100.0).unwrap();
+    let limiter = PrefetchLimiter::new(server.manager().await, "partner", limit, config).unwrap();
+    for _ in 0..3 {
+        assert!(limiter.take(1).await.unwrap().allowed);
+    }
+    assert_eq!(limiter.close().await.unwrap(), 7);
+    let leases: Vec<redis::Value> = redis::cmd("FCALL")
+        .arg("rl_peek")
+        .arg(1)
+        .arg("partner")
+        .query(&mut server.conn().unwrap())
+        .unwrap();
+    // A map (a flat array under RESP2, in the library's own field order).
+    let live = leases
+        .chunks(2)
+        .find(|kv| kv[0] == redis::Value::BulkString(b"leases".to_vec()))
+        .map(|kv| kv[1].clone());
+    assert_eq!(live, Some(redis::Value::Int(0)), "{leases:?}");
+}
+
+#[tokio::test]
+async fn auto_without_either_names_both() {
+    let server = Plain::start(false);
+    let limiter = Limiter::new(server.manager().await, frozen(), config(Backend::Auto)).unwrap();
+    let e = limiter.take_from_server("k", 1).await.unwrap_err();
+    assert!(matches!(e, Error::Config(_)), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains("RL.TAKE") && text.contains("Functions"),
+        "{text}"
+    );
+}

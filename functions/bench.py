@@ -1,0 +1,106 @@
+"""Server time per call of the Functions library against the module and the seed script.
+
+Starts its own redis-server (RL_SERVER, default redis-server) with the module (RL_MODULE,
+default target/release/libredis_rl.so, then target/debug) and the library loaded, runs each
+case for RL_BENCH_CALLS calls (default 20000) on its own keys, and reads
+INFO commandstats usec_per_call (fcall, rl.take / rl.lease, evalsha). Memory per live
+bucket: used_memory before and after 10000 buckets created by each backend.
+Run: target/functions-venv/bin/python functions/bench.py
+"""
+
+import os
+import platform
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
+from servers import ROOT, Server  # noqa: E402
+
+CALLS = int(os.environ.get("RL_BENCH_CALLS", "20000"))
+SEED = open(os.path.join(ROOT, "scripts", "token_bucket.lua")).read()
+
+
+def usec(r, cmd):
+    for name, fields in r.info("commandstats").items():
+        if name.lower() == f"cmdstat_{cmd}" and isinstance(fields, dict):
+            return float(fields["usec_per_call"])
+    return float("nan")
+
+
+def run(r, name, args_of, stat):
+    r.config_resetstat()
+    pipe = r.pipeline(transaction=False)
+    for i in range(CALLS):
+        pipe.execute_command(*args_of(i))
+        if i % 500 == 499:
+            pipe.execute()
+    pipe.execute()
+    return usec(r, stat)
+
+
+def main():
+    module = os.environ.get("RL_MODULE")
+    if not module:
+        for p in ("target/release/libredis_rl.so", "target/debug/libredis_rl.so"):
+            if os.path.exists(os.path.join(ROOT, p)):
+                module = os.path.join(ROOT, p)
+                break
+    os.environ["RL_MODULE"] = module or ""
+    import servers
+    servers.MODULE = module
+    with Server(module=bool(module)) as s:
+        s.load_library()
+        r = s.client()
+        sha = r.script_load(SEED)
+        rows = []
+        big = ("1000000", "1000000")  # never empties: every call is a grant
+        tiny = ("0.000001", "1")  # empty after the first call: every call is a denial
+        busy = ("1000000", "1000000000")  # drained slowly: the expiry moves < 1 ms per call
+        cases = [
+            ("grant, full bucket (expiry moves every call)", big, 1),
+            ("grant, busy bucket (expiry moves < 1 ms)", busy, 10),
+            ("deny", tiny, 1),
+        ]
+        for label, (rate, cap), n in cases:
+            fn = run(r, label, lambda i: ("FCALL", "rl_take", 1, f"f:{label}", rate, cap, n),
+                     "fcall")
+            md = run(r, label, lambda i: ("RL.TAKE", f"m:{label}", rate, cap, n),
+                     "rl.take") if module else float("nan")
+            sd = run(r, label, lambda i: ("EVALSHA", sha, 1, f"s:{label}", rate, cap, n),
+                     "evalsha")
+            rows.append((f"take, {label}", fn, md, sd))
+            r.delete(f"f:{label}", f"m:{label}", f"s:{label}")
+        # Lease 20 and return it (renewal in one call: RETURN rides on the next lease).
+        fn = run(r, "lease", lambda i: ("FCALL", "rl_lease", 1, f"f:lease:{i // 8}", "1000000",
+                                        "1000000", 20, 1000), "fcall")
+        md = run(r, "lease", lambda i: ("RL.LEASE", f"m:lease:{i // 8}", "1000000", "1000000", 20, 1000),
+                 "rl.lease") if module else float("nan")
+        rows.append(("lease 20 (8 live leases per key)", fn, md,
+                     float("nan")))
+        # Memory per live bucket.
+        mem = {}
+        for label, cmd in (("library", lambda i: ("FCALL", "rl_take", 1, f"mf:{i}", 1, 10)),
+                           ("module", lambda i: ("RL.TAKE", f"mm:{i}", 1, 10)),
+                           ("seed", lambda i: ("EVALSHA", sha, 1, f"ms:{i}", 1, 10, 1))):
+            if label == "module" and not module:
+                continue
+            before = r.info("memory")["used_memory"]
+            pipe = r.pipeline(transaction=False)
+            for i in range(10000):
+                pipe.execute_command(*cmd(i))
+            pipe.execute()
+            mem[label] = (r.info("memory")["used_memory"] - before) / 10000
+        version = r.info("server")["redis_version"]
+    print(f"# {time.strftime('%Y-%m-%d')}, {platform.node()}, {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cpus, server {version}, {CALLS} calls per case (pipelined)\n")
+    print("| call | FCALL (library) µs | module µs | EVALSHA seed script µs | library / seed |")
+    print("|---|---|---|---|---|")
+    for label, fn, md, sd in rows:
+        ratio = f"{fn / sd:.2f}x" if sd == sd else "-"
+        print(f"| {label} | {fn:.2f} | {md:.2f} | {sd:.2f} | {ratio} |")
+    print("\n| bytes per live bucket | " + " | ".join(f"{k}: {v:.0f}" for k, v in mem.items())
+          + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,776 @@
+#!lua name=rl
+-- redis-rl as a Redis Functions library: the module's protocol for servers where
+-- `loadmodule` is not allowed. Load with `scripts/load-functions` (FUNCTION LOAD REPLACE).
+--
+--   FCALL rl_take    1 key rate cap [n] [WITHSTATE] [INIT tokens]
+--   FCALL rl_lease   1 key rate cap n ttl_ms [MIN m] [RETURN lease_id unused] [INIT tokens]
+--   FCALL rl_return  1 key lease_id unused
+--   FCALL rl_mtake   N key1..keyN n rate1 cap1 .. rateN capN [WITHSTATE] [INIT tokens]
+--   FCALL rl_peek    1 key                        (no-writes: FCALL_RO, replicas)
+--   FCALL rl_reserve 1 key rate cap n max_wait_ms [INIT tokens]
+--   FCALL rl_refund  1 key n
+--
+-- Same arguments, replies, error texts and arithmetic as the module (core/src/*.rs); see
+-- docs/functions.md for where they differ (reply formatting only).
+--
+-- A bucket is a hash (never the module's type: WRONGTYPE both ways):
+--   f  full_at: the instant the bucket is full again, integer nanoseconds since the Unix
+--      epoch, as decimal text (exact: it does not fit a Lua number, see below)
+--   r  rate and c cap of the last write, as the caller wrote them (each parses to the
+--      exact double the module stores)
+--   i  the last lease id handed out (present once the bucket had a lease)
+--   l  live leases, "id:tokens:expires_us," each, ids ascending (absent when none)
+--   x  the latest expiry among the leases in `l`, microseconds (absent when none)
+-- The key expires (PEXPIREAT) at ceil_ms(max(full_at, x)): when the bucket is full again
+-- and no lease is live, exactly as the module's key.
+--
+-- Exactness. Lua numbers are doubles; instants in ns (~1.8e18) exceed 2^53. Every instant
+-- and duration is kept as two exact numbers (s, n): seconds and nanoseconds (0 <= n < 1e9),
+-- with add, saturating subtract and compare done on the pair. The module's float steps are
+-- the same IEEE operations here: nanos_for = ceil(t * 1e9 / rate) gives an integer-valued
+-- double that is split exactly; tokens_for(d) = (d as f64) * rate / 1e9 converts the pair
+-- with s * 1e9 + n, which is exact up to one correctly rounded addition, i.e. `as f64`
+-- itself (s * 1e9 = s * 1953125 * 2^9 is exact for s < 4.6e9 s: durations up to 146 years).
+-- Lease ids and lease expiries are microseconds (< 2^53): exact. The only difference with
+-- the module is the clock: TIME has microseconds, the module reads nanoseconds.
+
+local G = 1e9
+-- Library code runs at FUNCTION LOAD with no globals (Redis 7.0 gives it only `redis`):
+-- the standard functions are bound to these locals at the first call.
+local floor, ceil, fmt, upper, ssub, byte, char, gmatch
+local call, pcall_r, error_reply
+local function bind()
+    floor, ceil = math.floor, math.ceil
+    fmt, upper, ssub, byte = string.format, string.upper, string.sub, string.byte
+    char, gmatch = string.char, string.gmatch
+    call, pcall_r, error_reply = redis.call, redis.pcall, redis.error_reply
+end
+
+local MIN_VALUE, MAX_VALUE = 1e-9, 1e15
+local MAX_FILL_SECS = 100.0 * 365.25 * 86400.0
+local MAX_LEASES = 1024
+local MAX_TTL_MS = 86400000
+local MAX_BUCKETS = 64
+local HUGE_NS = 2 ^ 62 -- beyond any duration a valid limit makes: "saturated"
+
+-- Errors: raised as a table, turned into the reply at the function's boundary.
+local function fail(msg) error({ rl = msg }, 0) end
+local function arity(name) fail('wrong number of arguments for \'' .. name .. '\' command') end
+
+-- ---------------------------------------------------------------------------------------
+-- Exact nanosecond pairs (s, n).
+
+local function split(d) -- an integer-valued double (a `Nanos` the module computes in f64)
+    if not (d > 0) then return 0, 0 end -- negative, -0.0 and NaN are 0 as u64
+    if d >= HUGE_NS then return HUGE_NS, 0 end
+    local s = floor(d / G)
+    local n = d - s * G
+    if n < 0 then s = s - 1; n = n + G elseif n >= G then s = s + 1; n = n - G end
+    return s, n
+end
+
+local function add(as, an, bs, bn)
+    local s, n = as + bs, an + bn
+    if n >= G then return s + 1, n - G end
+    return s, n
+end
+
+local function lt(as, an, bs, bn) return as < bs or (as == bs and an < bn) end
+
+local function sat_sub(as, an, bs, bn) -- saturating a - b
+    if lt(as, an, bs, bn) then return 0, 0 end
+    local s, n = as - bs, an - bn
+    if n < 0 then return s - 1, n + G end
+    return s, n
+end
+
+local function to_f64(s, n) return s * G + n end
+
+local function ceil_ms(s, n) return s * 1000 + ceil(n / 1e6) end
+
+local function parse_instant(t) -- decimal ns text -> pair
+    local len = #t
+    if len <= 9 then return 0, tonumber(t) end
+    return tonumber(ssub(t, 1, len - 9)), tonumber(ssub(t, len - 8))
+end
+
+local function instant_text(s, n)
+    if s == 0 then return fmt('%d', n) end
+    return fmt('%d%09d', s, n)
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Argument parsing (src/args.rs).
+
+-- Rust's f64::from_str grammar; inf/nan (any case, signed) give a value every range check
+-- refuses, as the module's do.
+local function parse_number(t)
+    if not t then return nil end
+    local body = t
+    local c = byte(t, 1)
+    if c == 43 or c == 45 then body = ssub(t, 2) end
+    if body:find('^%d+%.?%d*$') or body:find('^%.%d+$')
+        or body:find('^%d+%.?%d*[eE][+-]?%d+$') or body:find('^%.%d+[eE][+-]?%d+$') then
+        return tonumber(t)
+    end
+    local l = body:lower()
+    if l == 'inf' or l == 'infinity' or l == 'nan' then return 1 / 0 end
+    return nil
+end
+
+local I64_MAX = '9223372036854775807'
+
+-- Digits only, at most i64::MAX. Returns the value (a double: exact below 2^53).
+local function parse_integer(t)
+    if not t or #t == 0 or #t > 19 or t:find('%D') then return nil end
+    if #t == 19 and t > I64_MAX then return nil end
+    return tonumber(t)
+end
+
+local function need(a, i, name)
+    local v = a[i]
+    if v == nil then arity(name) end
+    return v
+end
+
+local function number(a, i, name, what)
+    local x = parse_number(need(a, i, name))
+    if x == nil then fail(what) end
+    return x
+end
+
+local function integer(a, i, name, what)
+    local x = parse_integer(need(a, i, name))
+    if x == nil then fail(what) end
+    return x
+end
+
+local function positive(a, i, name, what)
+    local x = integer(a, i, name, what)
+    if x == 0 then fail(what) end
+    return x
+end
+
+-- Integer texts compared exactly (u64 comparisons of the module, beyond 2^53 too).
+local function int_gt(a, b)
+    a = a:gsub('^0+', ''); b = b:gsub('^0+', '')
+    if #a ~= #b then return #a > #b end
+    return a > b
+end
+
+local function is(t, name) return #t == #name and upper(t) == name end
+
+-- String::from_utf8_lossy of the first 64 bytes, NUL shown as '?'.
+local function lossy(t)
+    t = ssub(t, 1, 64)
+    local out, i, len = {}, 1, #t
+    while i <= len do
+        local c = byte(t, i)
+        local need_, lo, hi = 0, 0x80, 0xBF
+        if c < 0x80 then need_ = 0
+        elseif c >= 0xC2 and c <= 0xDF then need_ = 1
+        elseif c == 0xE0 then need_, lo = 2, 0xA0
+        elseif c >= 0xE1 and c <= 0xEC then need_ = 2
+        elseif c == 0xED then need_, hi = 2, 0x9F
+        elseif c >= 0xEE and c <= 0xEF then need_ = 2
+        elseif c == 0xF0 then need_, lo = 3, 0x90
+        elseif c >= 0xF1 and c <= 0xF3 then need_ = 3
+        elseif c == 0xF4 then need_, hi = 3, 0x8F
+        else need_ = -1 end
+        if need_ == 0 then
+            out[#out + 1] = (c == 0) and '?' or char(c); i = i + 1
+        elseif need_ < 0 then
+            out[#out + 1] = '\239\191\189'; i = i + 1
+        else
+            local j, ok = i + 1, true
+            for k = 1, need_ do
+                local d = byte(t, j)
+                local l2, h2 = 0x80, 0xBF
+                if k == 1 then l2, h2 = lo, hi end
+                if not d or d < l2 or d > h2 then ok = false; break end
+                j = j + 1
+            end
+            if ok then out[#out + 1] = ssub(t, i, j - 1) else out[#out + 1] = '\239\191\189' end
+            i = j
+        end
+    end
+    return table.concat(out)
+end
+
+local function unknown(t) fail('unknown option \'' .. lossy(t) .. '\'') end
+
+-- ---------------------------------------------------------------------------------------
+-- Limits (core/src/limit.rs).
+
+local function in_range(x) return x >= MIN_VALUE and x <= MAX_VALUE end
+
+local function make_limit(rate, cap, rt, ct)
+    local fs, fn = split(ceil(cap * 1e9 / rate))
+    return { r = rate, c = cap, rt = rt, ct = ct, fs = fs, fn = fn }
+end
+
+local function limit_at(a, i, name)
+    local rate = number(a, i, name, 'rate is not a number')
+    local cap = number(a, i + 1, name, 'cap is not a number')
+    if not in_range(rate) then fail('rate must be a finite number between 1e-9 and 1e15') end
+    if not in_range(cap) then fail('cap must be a finite number between 1e-9 and 1e15') end
+    if cap / rate > MAX_FILL_SECS then fail('cap / rate must be at most 100 years') end
+    return make_limit(rate, cap, a[i], a[i + 1])
+end
+
+local function nanos_for(L, t) return split(ceil(t * 1e9 / L.r)) end
+local function nanos_for_floor(L, t) return split(floor(t * 1e9 / L.r)) end
+local function tokens_for(L, s, n) return to_f64(s, n) * L.r / 1e9 end
+
+local function fits(n, L, what)
+    if n > L.c then fail(what) end
+end
+
+local function init_tokens(a, i, L, name)
+    local x = number(a, i, name, 'INIT must be a number')
+    if not (x >= 0 and x <= L.c) then fail('INIT must be between 0 and cap') end
+    return x
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Levels (core/src/bucket.rs): a bucket refilled to `now` under a limit.
+-- Fields: L; as/an = at; bs/bn = behind; ds/dn = deficit.
+
+local function full_level(L, ns, nn)
+    return { L = L, as = ns, an = nn, bs = 0, bn = 0, ds = 0, dn = 0 }
+end
+
+local function refill(fs, fn, L, ns, nn)
+    local es, en = sat_sub(fs, fn, L.fs, L.fn)
+    local as, an = ns, nn
+    if lt(ns, nn, es, en) then as, an = es, en end
+    local bs, bn = sat_sub(as, an, ns, nn)
+    local ds, dn = sat_sub(fs, fn, as, an)
+    return { L = L, as = as, an = an, bs = bs, bn = bn, ds = ds, dn = dn }
+end
+
+local function tokens(lv)
+    local t = lv.L.c - tokens_for(lv.L, lv.ds, lv.dn)
+    if t < 0 then return 0.0 end
+    return t
+end
+
+-- Stored limit: the texts of the last write; equal limits compare as doubles.
+local function stored_limit(rt, ct, L)
+    if rt == L.rt and ct == L.ct then return L, true end
+    local r, c = tonumber(rt), tonumber(ct)
+    if r == L.r and c == L.c then return L, true end
+    return make_limit(r, c, rt, ct), false
+end
+
+-- Level::new: `h` = HMGET f r c ...; nil when the key is absent.
+local function level_new(fs, fn, B, L, ns, nn)
+    if B == L then return refill(fs, fn, L, ns, nn) end
+    local old = refill(fs, fn, B, ns, nn)
+    local t = math.min(tokens(old), L.c)
+    old.L = L
+    old.ds, old.dn = nanos_for(L, L.c - t)
+    return old
+end
+
+local function starting_with(L, t, ns, nn)
+    if t < 0 then t = 0 elseif t > L.c then t = L.c end
+    local lv = full_level(L, ns, nn)
+    lv.ds, lv.dn = nanos_for(L, L.c - t)
+    return lv
+end
+
+-- wait_for: pair, or nil when n > cap.
+local function wait_for(lv, n)
+    local spare = lv.L.c - n
+    if not (spare >= 0) then return nil end
+    local os, on = nanos_for_floor(lv.L, spare)
+    local ws, wn = sat_sub(lv.ds, lv.dn, os, on)
+    if ws == 0 and wn == 0 then return 0, 0 end
+    return add(lv.bs, lv.bn, ws, wn)
+end
+
+local function try_take(lv, n)
+    local ws, wn = wait_for(lv, n)
+    if ws ~= 0 or wn ~= 0 then return false end
+    local ts, tn = nanos_for(lv.L, n)
+    lv.ds, lv.dn = add(lv.ds, lv.dn, ts, tn)
+    return true
+end
+
+local function take_up_to(lv, n, min)
+    local got = math.min(n, floor(tokens(lv)))
+    local lo = math.max(min, 1)
+    while got >= lo do
+        if try_take(lv, got) then return got end
+        got = got - 1
+    end
+    return 0
+end
+
+local function credit(lv, t)
+    local cs, cn = nanos_for_floor(lv.L, t)
+    lv.ds, lv.dn = sat_sub(lv.ds, lv.dn, cs, cn)
+end
+
+local function reset_after(lv) return add(lv.bs, lv.bn, lv.ds, lv.dn) end
+local function full_at(lv) return add(lv.as, lv.an, lv.ds, lv.dn) end
+
+local function wait_ms(s, n)
+    if s == nil then return 0 end -- n > cap: map_or(0, ...)
+    return ceil_ms(s, n)
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Keys.
+
+local function now()
+    local t = call('TIME')
+    local s, us = tonumber(t[1]), tonumber(t[2])
+    return s, us * 1000, s * 1e6 + us
+end
+
+-- HMGET with WRONGTYPE answered as the module does (redis.call would append script info).
+local function read(key, ...)
+    local h = pcall_r('HMGET', key, ...)
+    if h.err then error({ reply = h }, 0) end
+    return h
+end
+
+-- The level of the bucket in `h` (f, r, c first) for a call with limit L.
+local function level_of(h, L, init, ns, nn)
+    if h[1] then
+        local B, _ = stored_limit(h[2], h[3], L)
+        local fs, fn = parse_instant(h[1])
+        return level_new(fs, fn, B, L, ns, nn)
+    end
+    if init then return starting_with(L, init, ns, nn) end
+    return full_level(L, ns, nn)
+end
+
+local function created_below_full(h, lv)
+    if h[1] then return false end
+    local s, n = reset_after(lv)
+    return s ~= 0 or n ~= 0
+end
+
+local function expiry_ms(fs, fn, x)
+    local ms = ceil_ms(fs, fn)
+    if x then
+        local xm = ceil(x / 1000)
+        if xm > ms then return xm end
+    end
+    return ms
+end
+
+-- Writes the bucket (leases untouched). `h` = HMGET f r c x.
+local function store(key, h, lv)
+    local L = lv.L
+    local fs, fn = full_at(lv)
+    local x = h[4] and tonumber(h[4])
+    local ms = expiry_ms(fs, fn, x)
+    if not h[1] then
+        call('HSET', key, 'f', instant_text(fs, fn), 'r', L.rt, 'c', L.ct)
+        call('PEXPIREAT', key, fmt('%d', ms))
+        return
+    end
+    if h[2] == L.rt and h[3] == L.ct then
+        call('HSET', key, 'f', instant_text(fs, fn))
+    else
+        call('HSET', key, 'f', instant_text(fs, fn), 'r', L.rt, 'c', L.ct)
+    end
+    local os, on = parse_instant(h[1])
+    if expiry_ms(os, on, x) ~= ms then call('PEXPIREAT', key, fmt('%d', ms)) end
+end
+
+-- Lease tables: { last = id, {id, tokens, exp_us}... } from fields i and l.
+local function parse_table(i, l)
+    local t = { last = tonumber(i) or 0 }
+    if l then
+        for id, tok, exp in gmatch(l, '(%d+):(%d+):(%d+)') do
+            t[#t + 1] = { tonumber(id), tonumber(tok), tonumber(exp) }
+        end
+    end
+    return t
+end
+
+local function table_text(t)
+    local parts, x = {}, nil
+    for k = 1, #t do
+        local e = t[k]
+        parts[k] = fmt('%d:%d:%d,', e[1], e[2], e[3])
+        if not x or e[3] > x then x = e[3] end
+    end
+    return table.concat(parts), x
+end
+
+local function prune(t, now_us)
+    local kept = { last = t.last }
+    for k = 1, #t do
+        if t[k][3] > now_us then kept[#kept + 1] = t[k] end
+    end
+    return kept
+end
+
+local function find_live(t, id, now_us)
+    for k = 1, #t do
+        local e = t[k]
+        if e[1] == id then
+            if e[3] > now_us then return k, e end
+            return nil
+        end
+    end
+    return nil
+end
+
+local function count_live(t, now_us)
+    local c, held = 0, 0
+    for k = 1, #t do
+        if t[k][3] > now_us then c = c + 1; held = held + t[k][2] end
+    end
+    return c, held
+end
+
+-- Writes bucket and table. `h` = HMGET f r c x i l.
+local function store_with_leases(key, h, lv, t)
+    local L = lv.L
+    local fs, fn = full_at(lv)
+    local text, x = table_text(t)
+    local args = { 'HSET', key, 'f', instant_text(fs, fn) }
+    if not (h[1] and h[2] == L.rt and h[3] == L.ct) then
+        args[#args + 1] = 'r'; args[#args + 1] = L.rt
+        args[#args + 1] = 'c'; args[#args + 1] = L.ct
+    end
+    if t.last ~= 0 then
+        args[#args + 1] = 'i'; args[#args + 1] = fmt('%d', t.last)
+    end
+    if x then
+        args[#args + 1] = 'l'; args[#args + 1] = text
+        args[#args + 1] = 'x'; args[#args + 1] = fmt('%d', x)
+    end
+    call(unpack(args))
+    if not x and (h[4] or h[6]) then call('HDEL', key, 'l', 'x') end
+    call('PEXPIREAT', key, fmt('%d', expiry_ms(fs, fn, x)))
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Commands.
+
+local function rl_take(keys, a)
+    local N = 'RL.TAKE'
+    local na = #a
+    if #keys ~= 1 or na < 2 or na > 6 then arity(N) end
+    local L = limit_at(a, 1, N)
+    local n, with_state, init = 1, false, nil
+    local i = 3
+    while i <= na do
+        local o = a[i]
+        if is(o, 'WITHSTATE') then
+            with_state = true
+        elseif is(o, 'INIT') then
+            init = init_tokens(a, i + 1, L, N)
+            i = i + 1
+        elseif i == 3 then
+            n = positive(a, i, N, 'n must be a positive integer')
+        else
+            unknown(o)
+        end
+        i = i + 1
+    end
+    fits(n, L, 'n must not exceed cap')
+
+    local key = keys[1]
+    local ns, nn = now()
+    local h = read(key, 'f', 'r', 'c', 'x')
+    local lv = level_of(h, L, init, ns, nn)
+    local created = created_below_full(h, lv)
+    local granted = try_take(lv, n)
+    if granted or created then store(key, h, lv) end
+    local reply = granted and n or 0
+    if not with_state then return reply end
+    local retry = 0
+    if not granted then retry = wait_ms(wait_for(lv, n)) end
+    return { reply, { double = tokens(lv) }, retry, ceil_ms(reset_after(lv)) }
+end
+
+local function rl_lease(keys, a)
+    local N = 'RL.LEASE'
+    local na = #a
+    if #keys ~= 1 or na < 4 then arity(N) end
+    local L = limit_at(a, 1, N)
+    local n = positive(a, 3, N, 'n must be a positive integer')
+    local ttl = positive(a, 4, N, 'ttl_ms must be a positive integer')
+    if ttl > MAX_TTL_MS then fail('ttl_ms must be at most 86400000 (a day)') end
+    local min, min_text, ret_id, ret_unused, init = 1, '1', nil, nil, nil
+    local i = 5
+    while i <= na do
+        local o = a[i]
+        if is(o, 'MIN') then
+            min = positive(a, i + 1, N, 'MIN must be a positive integer')
+            min_text = a[i + 1]
+            i = i + 2
+        elseif is(o, 'RETURN') then
+            ret_id = integer(a, i + 1, N, 'lease_id must be a non-negative integer')
+            ret_unused = integer(a, i + 2, N, 'unused must be a non-negative integer')
+            i = i + 3
+        elseif is(o, 'INIT') then
+            init = init_tokens(a, i + 1, L, N)
+            i = i + 2
+        else
+            unknown(o)
+        end
+    end
+    if int_gt(min_text, a[3]) then fail('MIN must not exceed n') end
+    fits(min, L, 'MIN must not exceed cap')
+
+    local key = keys[1]
+    local ns, nn, now_us = now()
+    local h = read(key, 'f', 'r', 'c', 'x', 'i', 'l')
+    local lv = level_of(h, L, init, ns, nn)
+    local created = created_below_full(h, lv)
+    local t = parse_table(h[5], h[6])
+    local returned -- credit of the lease being returned, if live
+    if ret_id then
+        local _, e = find_live(t, ret_id, now_us)
+        if e then returned = math.min(ret_unused, e[2]) end
+    end
+    local live = count_live(t, now_us)
+    if returned then live = live - 1; credit(lv, returned) end
+    local got = 0
+    if live < MAX_LEASES then got = take_up_to(lv, n, min) end
+    if got == 0 and live >= MAX_LEASES and not returned then
+        fail('too many live leases on this key (at most 1024)')
+    end
+    local id = 0
+    if got > 0 or returned or created then
+        t = prune(t, now_us)
+        if ret_id then
+            local k = find_live(t, ret_id, now_us)
+            if k then table.remove(t, k) end
+        end
+        if got > 0 then
+            id = math.max(t.last + 1, now_us)
+            t.last = id
+            t[#t + 1] = { id, got, now_us + ttl * 1000 }
+        end
+        store_with_leases(key, h, lv, t)
+    end
+    if got > 0 then return { got, id, ttl, 0 } end
+    return { 0, 0, 0, wait_ms(wait_for(lv, min)) }
+end
+
+local function rl_return(keys, a)
+    local N = 'RL.RETURN'
+    if #keys ~= 1 or #a ~= 2 then arity(N) end
+    local id = integer(a, 1, N, 'lease_id must be a non-negative integer')
+    local unused = integer(a, 2, N, 'unused must be a non-negative integer')
+    local key = keys[1]
+    local ns, nn, now_us = now()
+    local h = read(key, 'f', 'r', 'c', 'x', 'i', 'l')
+    if not h[1] or not h[6] then return 0 end
+    local t = parse_table(h[5], h[6])
+    local _, e = find_live(t, id, now_us)
+    if not e then return 0 end
+    t = prune(t, now_us)
+    local k = find_live(t, id, now_us)
+    table.remove(t, k)
+    local credited = math.min(unused, e[2])
+    local fs, fn = parse_instant(h[1])
+    local B = make_limit(tonumber(h[2]), tonumber(h[3]), h[2], h[3])
+    local lv = refill(fs, fn, B, ns, nn)
+    credit(lv, credited)
+    local rs, rn = reset_after(lv)
+    if #t == 0 and rs == 0 and rn == 0 then
+        call('DEL', key)
+    else
+        store_with_leases(key, h, lv, t)
+    end
+    return credited
+end
+
+local function rl_mtake(keys, a)
+    local N = 'RL.MTAKE'
+    local nk, na = #keys, #a
+    local e, ws, init_at = na, false, nil
+    while true do
+        if e > 1 and not ws and is(a[e], 'WITHSTATE') then
+            ws = true; e = e - 1
+        elseif e > 2 and not init_at and is(a[e - 1], 'INIT') then
+            init_at = e; e = e - 2
+        else
+            break
+        end
+    end
+    if nk == 0 or e - 1 ~= 2 * nk then arity(N) end
+    if nk > MAX_BUCKETS then fail('at most 64 buckets per call') end
+    local n = positive(a, 1, N, 'n must be a positive integer')
+    local limits, init = {}, nil
+    for j = 1, nk do
+        local L = limit_at(a, 2 * j, N)
+        fits(n, L, 'n must not exceed cap')
+        if init_at then init = init_tokens(a, init_at, L, N) end
+        local name = keys[j]
+        for k = 1, j - 1 do
+            if keys[k] == name then fail('a key appears twice') end
+        end
+        limits[j] = L
+    end
+
+    local ns, nn = now()
+    local hs, levels, created = {}, {}, {}
+    for j = 1, nk do hs[j] = read(keys[j], 'f', 'r', 'c', 'x') end
+    local worst, ls, ln = 1, -1, 0
+    for j = 1, nk do
+        local lv = level_of(hs[j], limits[j], init, ns, nn)
+        levels[j] = lv
+        created[j] = created_below_full(hs[j], lv)
+        local s, w = wait_for(lv, n)
+        if s == nil then s, w = HUGE_NS * 4, 0 end
+        if not lt(s, w, ls, ln) then worst, ls, ln = j, s, w end -- the last longest wait
+    end
+    local granted = ls == 0 and ln == 0
+    for j = 1, nk do
+        local debited = granted and try_take(levels[j], n)
+        if debited or created[j] then store(keys[j], hs[j], levels[j]) end
+    end
+    local reply
+    if granted then
+        reply = { n, false, 0 }
+    else
+        reply = { 0, keys[worst], ceil_ms(ls, ln) }
+    end
+    if ws then
+        local rem = {}
+        for j = 1, nk do rem[j] = { double = tokens(levels[j]) } end
+        reply[4] = rem
+    end
+    return reply
+end
+
+local function rl_peek(keys, a)
+    if #keys ~= 1 or #a ~= 0 then arity('RL.PEEK') end
+    local key = keys[1]
+    local ns, nn, now_us = now()
+    local h = read(key, 'f', 'r', 'c', 'l')
+    if not h[1] then return false end
+    local fs, fn = parse_instant(h[1])
+    local B = make_limit(tonumber(h[2]), tonumber(h[3]), h[2], h[3])
+    local lv = refill(fs, fn, B, ns, nn)
+    local leases, held = count_live(parse_table(nil, h[4]), now_us)
+    return { map = {
+        tokens = { double = tokens(lv) },
+        rate = { double = B.r },
+        cap = { double = B.c },
+        reset_after_ms = ceil_ms(reset_after(lv)),
+        leases = leases,
+        leased_tokens = held,
+    } }
+end
+
+-- RL.RESERVE key rate cap n max_wait_ms [INIT tokens]: n tokens now, or a reservation of
+-- them if they will be there within max_wait_ms (debited now: the bucket goes into debt,
+-- which the level carries as `behind`, and later callers queue behind it).
+-- Reply [granted, wait_ms, remaining, reset_after_ms]; remaining is negative in debt.
+local function debt_remaining(lv)
+    local rs, rn = reset_after(lv)
+    local L = lv.L
+    if lt(L.fs, L.fn, rs, rn) then
+        local ds, dn = sat_sub(rs, rn, L.fs, L.fn)
+        return -tokens_for(L, ds, dn)
+    end
+    return tokens(lv)
+end
+
+local function rl_reserve(keys, a)
+    local N = 'RL.RESERVE'
+    local na = #a
+    if #keys ~= 1 or na < 4 or na > 6 then arity(N) end
+    local L = limit_at(a, 1, N)
+    local n = positive(a, 3, N, 'n must be a positive integer')
+    local max_wait = integer(a, 4, N, 'max_wait_ms must be a non-negative integer')
+    if max_wait > MAX_TTL_MS then fail('max_wait_ms must be at most 86400000 (a day)') end
+    local init
+    local i = 5
+    while i <= na do
+        if is(a[i], 'INIT') then
+            init = init_tokens(a, i + 1, L, N)
+            i = i + 2
+        else
+            unknown(a[i])
+        end
+    end
+    fits(n, L, 'n must not exceed cap')
+
+    local key = keys[1]
+    local ns, nn = now()
+    local h = read(key, 'f', 'r', 'c', 'x')
+    local lv = level_of(h, L, init, ns, nn)
+    local created = created_below_full(h, lv)
+    local ws, wn = wait_for(lv, n)
+    local granted = false
+    if ws == 0 and wn == 0 then
+        granted = try_take(lv, n)
+    elseif not lt(floor(max_wait / 1000), (max_wait % 1000) * 1e6, ws, wn) then -- wait <= max_wait
+        local ts, tn = nanos_for(L, n)
+        lv.ds, lv.dn = add(lv.ds, lv.dn, ts, tn)
+        granted = true
+    end
+    if granted or created then store(key, h, lv) end
+    return { granted and n or 0, ceil_ms(ws, wn), { double = debt_remaining(lv) },
+        ceil_ms(reset_after(lv)) }
+end
+
+-- RL.REFUND key n: credits up to n tokens back (never above cap) under the stored limit.
+-- Reply: the tokens credited (a double; 0 for a missing key).
+local function rl_refund(keys, a)
+    local N = 'RL.REFUND'
+    if #keys ~= 1 or #a ~= 1 then arity(N) end
+    local n = positive(a, 1, N, 'n must be a positive integer')
+    local key = keys[1]
+    local ns, nn, now_us = now()
+    local h = read(key, 'f', 'r', 'c', 'x', 'i', 'l')
+    if not h[1] then return { double = 0 } end
+    local fs, fn = parse_instant(h[1])
+    local B = make_limit(tonumber(h[2]), tonumber(h[3]), h[2], h[3])
+    local lv = refill(fs, fn, B, ns, nn)
+    local missing = tokens_for(B, lv.ds, lv.dn)
+    local credited = math.min(n, missing)
+    if not (credited > 0) then return { double = 0 } end
+    credit(lv, n)
+    local rs, rn = reset_after(lv)
+    local live = h[6] and count_live(parse_table(nil, h[6]), now_us) or 0
+    if rs == 0 and rn == 0 and live == 0 then
+        call('DEL', key)
+    else
+        store(key, h, lv)
+    end
+    return { double = credited }
+end
+
+-- ---------------------------------------------------------------------------------------
+-- The boundary: argument and state errors become the module's error replies.
+
+local function boundary(f)
+    return function(keys, args)
+        if not call then bind() end
+        local ok, res = pcall(f, keys, args)
+        if ok then return res end
+        if type(res) == 'table' then
+            if res.rl then return error_reply('ERR ' .. res.rl) end
+            if res.reply then return res.reply end
+        end
+        error(res, 0)
+    end
+end
+
+redis.register_function('rl_take', boundary(rl_take))
+redis.register_function('rl_lease', boundary(rl_lease))
+redis.register_function('rl_return', boundary(rl_return))
+redis.register_function('rl_mtake', boundary(rl_mtake))
+redis.register_function('rl_reserve', boundary(rl_reserve))
+redis.register_function('rl_refund', boundary(rl_refund))
+redis.register_function {
+    function_name = 'rl_peek',
+    callback = boundary(rl_peek),
+    flags = { 'no-writes' },
+}

