@@ -134,7 +134,7 @@ def runs_for(smoke):
         for pol, label in (("allow", "Allow{share=1/8}"), ("lastknown", "LastKnown"), ("deny", "Deny")):
             runs.append((f"fail_{pol}", f"(f) lease death + Redis stopped 2 s, {label}",
                          ["--approach", "prefetch", "--policy", pol, "--share", "0.125",
-                          "--kill-instance", "0"], "failure"))
+                          "--kill-instance", "max"], "failure"))
     return runs
 
 
@@ -247,8 +247,8 @@ def analyse(name, label, kind, meta, events, samples, sc):
 
 def failure_details(meta, events, samples, sends, sc):
     out = {}
-    kill_at = sc["kill_at"]
     killed = meta.get("killed", [])
+    kill_at = killed[0]["at_us"] / 1e6 if killed else sc["kill_at"]
     out["killed"] = killed
     # When did the dead instance's lease(s) expire on the server? rl_leases_expired rises.
     before = [s for s in samples if s["t"] <= kill_at * 1e6]
@@ -266,6 +266,8 @@ def failure_details(meta, events, samples, sends, sc):
     out["partner_rate_during_outage"] = n(stop, cont) / (cont - stop)
     out["partner_rate_1s_before"] = n(stop - 1, stop)
     out["partner_rate_1s_after"] = n(cont, cont + 1)
+    out["outage_rate_first_1s"] = n(stop, stop + 1)
+    out["outage_rate_second_1s"] = n(stop + 1, cont)
     out["sent_during_outage"] = n(stop, cont)
     out["excess_over_quota_during_outage"] = n(stop, cont) - RATE * (cont - stop)
     out["max_1s_around_outage"] = max_window(sends, stop - 1, min(sc["duration"], cont + 1))

@@ -51,7 +51,8 @@ struct Args {
     max_wait_ms: u64,
     policy: String,
     share: f64,
-    kill_instance: Option<usize>,
+    /// An instance number, or `max`: the one holding the most leased tokens at `kill_at`.
+    kill_instance: Option<String>,
     kill_at: f64,
     stop_at: Option<f64>,
     stop_for: f64,
@@ -101,7 +102,7 @@ fn parse_args() -> Res<Args> {
             "--max-wait-ms" => a.max_wait_ms = v.parse()?,
             "--policy" => a.policy = v,
             "--share" => a.share = v.parse()?,
-            "--kill-instance" => a.kill_instance = Some(v.parse()?),
+            "--kill-instance" => a.kill_instance = Some(v),
             "--kill-at" => a.kill_at = v.parse()?,
             "--stop-at" => a.stop_at = Some(v.parse()?),
             "--stop-for" => a.stop_for = v.parse()?,
@@ -481,34 +482,45 @@ async fn run(args: Args) -> Res<()> {
         })
     });
 
+    // Which instance dies: fixed, or (`max`) the one holding the most tokens at kill_at.
+    let dead = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+    let kill_task = args.kill_instance.clone().map(|which| {
+        let gates = gates.clone();
+        let dead = Arc::clone(&dead);
+        let at = args.kill_at;
+        tokio::spawn(async move {
+            tokio::time::sleep_until((t0 + Duration::from_secs_f64(at)).into()).await;
+            let held = |g: &Gate| match g {
+                Gate::Prefetch(l) => l.held(),
+                _ => 0,
+            };
+            let i = match which.parse::<usize>() {
+                Ok(i) => i,
+                Err(_) => (0..gates.len()).max_by_key(|&i| held(&gates[i])).unwrap_or(0),
+            };
+            // The instance stops here, holding what it leased. Leak a handle so no Drop
+            // ever returns its lease.
+            let h = held(&gates[i]);
+            dead.store(i, std::sync::atomic::Ordering::SeqCst);
+            if let Gate::Prefetch(l) = &*gates[i] {
+                std::mem::forget(l.clone());
+            }
+            (i, h, us(Instant::now()))
+        })
+    });
+
     let args = Arc::new(args);
     let mut dispatchers = Vec::new();
     for (i, arrivals) in trace.into_iter().enumerate() {
         let gate = Arc::clone(&gates[i]);
         let args = Arc::clone(&args);
+        let dead = Arc::clone(&dead);
         dispatchers.push(tokio::spawn(async move {
             let events = Arc::new(Mutex::new(Vec::with_capacity(arrivals.len())));
             let mut handles = Vec::with_capacity(arrivals.len());
-            let kill_us = if args.kill_instance == Some(i) {
-                (args.kill_at * 1e6) as u64
-            } else {
-                u64::MAX
-            };
-            let mut killed_held = None;
             for t in arrivals {
-                if t >= kill_us {
-                    if killed_held.is_none() {
-                        // The instance dies: it stops, holding whatever it leased. Leak a
-                        // handle so no Drop ever returns its lease.
-                        killed_held = Some(match &*gate {
-                            Gate::Prefetch(l) => {
-                                let held = l.held();
-                                std::mem::forget(l.clone());
-                                held
-                            }
-                            _ => 0,
-                        });
-                    }
+                tokio::time::sleep_until((t0 + Duration::from_micros(t)).into()).await;
+                if dead.load(std::sync::atomic::Ordering::SeqCst) == i {
                     events.lock().unwrap().push(Event {
                         inst: i,
                         arrival: t,
@@ -520,7 +532,6 @@ async fn run(args: Args) -> Res<()> {
                     });
                     continue;
                 }
-                tokio::time::sleep_until((t0 + Duration::from_micros(t)).into()).await;
                 let gate = Arc::clone(&gate);
                 let args = Arc::clone(&args);
                 let events = Arc::clone(&events);
@@ -560,18 +571,20 @@ async fn run(args: Args) -> Res<()> {
                 let _ = h.await;
             }
             let events = std::mem::take(&mut *events.lock().unwrap());
-            (events, killed_held)
+            events
         }));
     }
 
     let mut events = Vec::new();
+    for d in dispatchers {
+        events.extend(d.await?);
+    }
     let mut killed = Vec::new();
-    for (i, d) in dispatchers.into_iter().enumerate() {
-        let (ev, held) = d.await?;
-        events.extend(ev);
-        if let Some(h) = held {
-            killed.push(format!("{{\"instance\":{i},\"held_tokens\":{h}}}"));
-        }
+    if let Some(k) = kill_task {
+        let (i, h, at) = k.await?;
+        killed.push(format!(
+            "{{\"instance\":{i},\"held_tokens\":{h},\"at_us\":{at}}}"
+        ));
     }
     // Keep sampling a little past the last arrival (expiries, the backlog after SIGCONT).
     let end = (args.duration * 1e6) as u64;
