@@ -33,7 +33,7 @@ SEED = 20240611
 # The scenario. Times in seconds. Before `scale_at` 8 instances run; 3 of them carry 84 %
 # of the demand. At `scale_at` the autoscaler (reacting to the saturated hot instances)
 # adds 8 more; the hot 3 keep their long-lived connections and 48 % of the demand.
-FULL = dict(duration=12.0, warmup=2.0, scale_at=5.0, kill_at=3.5, stop_at=8.0, stop_for=2.0)
+FULL = dict(duration=12.0, warmup=2.0, scale_at=5.0, kill_at=0.5, stop_at=8.0, stop_for=2.0)
 SMOKE = dict(duration=2.0, warmup=0.5, scale_at=1.0, kill_at=None, stop_at=None, stop_for=0.0)
 BASE, EXTRA = 8, 8
 HOT = [0, 1, 2]
@@ -256,6 +256,9 @@ def failure_details(meta, events, samples, sends, sc):
     expiries = [(s["t"] / 1e6, s["leases_expired"] - base) for s in samples
                 if s["t"] > kill_at * 1e6 and s["leases_expired"] > base]
     out["leases_expired_first_seen_s"] = expiries[0][0] if expiries else None
+    ttl = TTL_MS / 1000
+    window = [c for t, c in expiries if t <= kill_at + ttl + 0.5]
+    out["leases_expired_within_ttl"] = window[-1] if window else 0
     out["leases_expired_after_death_s"] = (expiries[0][0] - kill_at) if expiries else None
     lt = [(round(s["t"] / 1e6, 2), s["leased_tokens"]) for s in samples
           if kill_at - 0.5 <= s["t"] / 1e6 <= kill_at + 3.0]

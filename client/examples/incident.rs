@@ -484,6 +484,7 @@ async fn run(args: Args) -> Res<()> {
 
     // Which instance dies: fixed, or (`max`) the one holding the most tokens at kill_at.
     let dead = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+    let started: Vec<u64> = trace.iter().map(|a| a.first().copied().unwrap_or(u64::MAX)).collect();
     let kill_task = args.kill_instance.clone().map(|which| {
         let gates = gates.clone();
         let dead = Arc::clone(&dead);
@@ -496,7 +497,11 @@ async fn run(args: Args) -> Res<()> {
             };
             let i = match which.parse::<usize>() {
                 Ok(i) => i,
-                Err(_) => (0..gates.len()).max_by_key(|&i| held(&gates[i])).unwrap_or(0),
+                // Among instances already serving; the lowest number wins a tie.
+                Err(_) => (0..gates.len())
+                    .filter(|&i| started[i] < (at * 1e6) as u64)
+                    .max_by_key(|&i| (held(&gates[i]), std::cmp::Reverse(i)))
+                    .unwrap_or(0),
             };
             // The instance stops here, holding what it leased. Leak a handle so no Drop
             // ever returns its lease.
@@ -617,6 +622,7 @@ async fn run(args: Args) -> Res<()> {
                 ("leases", s.leases),
                 ("lease_tokens", s.lease_tokens),
                 ("leases_expired", s.leases_expired),
+                ("leases_denied", s.leases_denied),
                 ("returns", s.returns),
                 ("tokens_returned", s.tokens_returned),
             ] {
