@@ -54,7 +54,10 @@ def plot_partner(results, runs, path, title, failure=False):
         ax.set_ylabel("calls/s")
         ax.set_title(r["label"], fontsize=9, loc="left")
         ax.grid(alpha=0.3)
-    axes[0, 0].legend(fontsize=7, loc="upper right", ncol=3)
+    if failure:
+        axes[-1, 0].legend(fontsize=7, loc="upper center", ncol=3)
+    else:
+        axes[0, 0].legend(fontsize=7, loc="upper right", ncol=3)
     axes[-1, 0].set_xlabel("seconds (grey band: warm-up, excluded from the means; dotted: 8 → 16 instances)")
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
@@ -123,22 +126,23 @@ def main_table(results):
     w, s, e = sc["warmup"], sc["scale_at"], sc["duration"]
     rows = [
         f"| approach | partner mean, {w:g}–{e:g} s | 8 instances ({w:g}–{s:g} s) | 16 instances ({s:g}–{e:g} s) "
-        "| max in any 1 s | over quota (max 1 s) | central calls/s | Redis command µs/s | Redis CPU | "
+        "| max in any 1 s | over quota (max 1 s) | worst of sent − (cap + rate × t) | central calls/s | Redis command µs/s | Redis CPU | "
         "added latency p50 / p99 | denied | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results["runs"]:
         if r["kind"] == "failure":
             continue
         if not r["available"]:
             rows.append(f"| {r['label']} | not available in this build (the server does not know RL.RESERVE) "
-                        "| | | | | | | | | | |")
+                        "| | | | | | | | | | | |")
             continue
         over = r["over_issue_max_1s"]
         rows.append(
             f"| {r['label']} | {f0(r['partner_mean'])}/s | {f0(r['partner_mean_8'])}/s | "
             f"{f0(r['partner_mean_16'])}/s | {f0(r['partner_max_1s'])} | "
             f"{'+' + f0(over) + f' (+{over / 10:.0f} %)' if over > 0 else f0(over)} | "
+            f"{f1(r['bound_excess'])} | "
             f"{f0(r['central_calls_per_s'])} | {f0(r['redis_cmd_us_per_s'])} | {f1(r['redis_cpu_pct'])} % | "
             f"{ms(r['latency_p50_us'])} / {ms(r['latency_p99_us'])} | {f0(r['denied'])} | {f0(r['errors'])} |")
     return "\n".join(rows)
@@ -264,10 +268,14 @@ there are, so there is no denominator to get wrong.
   and {f0(take['partner_mean'] if take else None)}/s) at one Redis call per request: {f0(lua['central_calls_per_s'] if lua else None)} and
   {f0(take['central_calls_per_s'] if take else None)} calls/s, i.e. the full demand, denied requests included.
   Server time per second: {f0(lua['redis_cmd_us_per_s'] if lua else None)} µs for the script,
-  {f0(take['redis_cmd_us_per_s'] if take else None)} µs for RL.TAKE. The "max in any 1 s" slightly above 1000 is
-  measured at the client: a reply's arrival time jitters by a few hundred µs, so a few grants
-  made just before a window are counted inside it. The smoke check verifies the
-  server-side bound instead (every prefix of the sends ≤ cap + rate × t).
+  {f0(take['redis_cmd_us_per_s'] if take else None)} µs for RL.TAKE (command time only; the process CPU column
+  adds networking, which dominates at these rates). "Max in any 1 s" above 1000 is not a
+  breach: a token bucket lets out up to `cap + rate` in one second after a pause, and any
+  pause in spending (a client stalled on this shared machine, a reply that arrives late)
+  refills the bucket, which is spent later; timestamps are taken at the client, after the
+  reply. The bound that holds is cumulative: every prefix of the sends is at most
+  `cap + rate × t`, which the smoke run checks (largest margin in this run, (b) / (c) / (d):
+  {f1(lua['bound_excess'] if lua else None)} / {f1(take['bound_excess'] if take else None)} / {f1(pf['bound_excess'] if pf else None)} tokens, negative = under).
 - **(d) PrefetchLimiter, batch {results['batch']}**: also 1000/s. It made
   {f0(pf['central_calls_per_s'] if pf else None)} Redis calls/s, not 1/{results['batch']} of the
   requests: with demand at 2.5× the quota the shared bucket is empty almost all the time,
@@ -340,8 +348,8 @@ def readme_section(results):
     m = results["machine"]
     extra = ""
     if fa:
-        extra = (f" Fail-open is the split again: with Redis stopped for 2 s, `Allow {{share: 1/8}}` "
-                 f"let out {f0(fa['failure']['partner_rate_during_outage'])}/s.")
+        extra = ("\n- Failing open brings the split back: with Redis stopped for 2 s, "
+                 f"`Allow {{share: 1/8}}` let out {f0(fa['failure']['partner_rate_during_outage'])}/s.")
     return f"""## Why
 
 A partner gave us 1000 calls/s. We ran 8 instances and gave each a local token bucket of
@@ -359,7 +367,7 @@ One shared bucket has no denominator to get wrong. On the same trace, `RL.TAKE` 
 partner at **{f0(take['partner_mean'])}/s** through the scale-out, at
 {f0(take['redis_cmd_us_per_s'])} µs of server time per second against {f0(lua['redis_cmd_us_per_s'])} µs for the
 seed's Lua script at the same call rate, with {ms(take['latency_p50_us'])} / {ms(take['latency_p99_us'])} p50 / p99 added
-latency on loopback. The prefetching client (`RL.LEASE`, batch {results['batch']}) also held
+latency on loopback (a busy shared machine: see the page for the spread). The prefetching client (`RL.LEASE`, batch {results['batch']}) also held
 **{f0(pf['partner_mean'])}/s**, with {f0(pf['central_calls_per_s'])} Redis calls/s against
 {f0(take['central_calls_per_s'])} for one call per request: under 2.5× overload the bucket is
 nearly empty and leases come back small, so batching saves less than its batch size.
