@@ -305,6 +305,7 @@ def machine():
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
         "redis": rv, "python": platform.python_version(), "commit": commit,
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
 
 
