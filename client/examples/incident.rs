@@ -198,7 +198,12 @@ impl Gate {
             Gate::Lua { conn, sha } => {
                 let mut conn = conn.clone();
                 let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(sha).arg(1).arg(LUA_KEY).arg(args.rate).arg(args.cap).arg(1);
+                cmd.arg(sha)
+                    .arg(1)
+                    .arg(LUA_KEY)
+                    .arg(args.rate)
+                    .arg(args.cap)
+                    .arg(1);
                 match tokio::time::timeout(timeout, cmd.query_async::<i64>(&mut conn)).await {
                     Ok(Ok(n)) => ok(n > 0, b'S'),
                     _ => err(),
@@ -299,9 +304,11 @@ async fn sampler(
         let t = t0.elapsed().as_micros() as u64;
         let mut cmd = redis::cmd("INFO");
         cmd.arg("commandstats").arg("cpu").arg("rl");
-        let info =
-            tokio::time::timeout(Duration::from_millis(150), cmd.query_async::<String>(&mut conn))
-                .await;
+        let info = tokio::time::timeout(
+            Duration::from_millis(150),
+            cmd.query_async::<String>(&mut conn),
+        )
+        .await;
         let Ok(Ok(info)) = info else { continue };
         let t_reply = t0.elapsed().as_micros() as u64;
         let f = info_fields(&info);
@@ -314,11 +321,7 @@ async fn sampler(
                         .unwrap_or("0")
                         .to_string()
                 };
-                cmds.push(format!(
-                    "\"{name}\":[{},{}]",
-                    get("calls"),
-                    get("usec")
-                ));
+                cmds.push(format!("\"{name}\":[{},{}]", get("calls"), get("usec")));
             }
         }
         let num = |k: &str| f.get(k).cloned().unwrap_or_else(|| "0".into());
@@ -347,7 +350,11 @@ async fn sampler(
 
 fn leased_tokens(v: &Value) -> Option<i64> {
     let pairs: Vec<(&Value, &Value)> = match v {
-        Value::Array(items) => items.chunks(2).filter(|c| c.len() == 2).map(|c| (&c[0], &c[1])).collect(),
+        Value::Array(items) => items
+            .chunks(2)
+            .filter(|c| c.len() == 2)
+            .map(|c| (&c[0], &c[1]))
+            .collect(),
         Value::Map(m) => m.iter().map(|(k, v)| (k, v)).collect(),
         _ => return Some(0),
     };
@@ -385,7 +392,10 @@ async fn run(args: Args) -> Res<()> {
 
     // The server's pid (for SIGSTOP) and whether it knows RL.RESERVE.
     let mut admin = connect(&args.redis).await?;
-    let info: String = redis::cmd("INFO").arg("server").query_async(&mut admin).await?;
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut admin)
+        .await?;
     let pid = info_fields(&info)
         .get("process_id")
         .cloned()
@@ -419,7 +429,7 @@ async fn run(args: Args) -> Res<()> {
 
     // One gate (limiter) and one connection per instance.
     let mut gates = Vec::new();
-    for i in 0..instances {
+    for arrivals in &trace {
         let conn = connect(&args.redis).await?;
         let cfg = LimiterConfig {
             policy: policy(&args)?,
@@ -429,7 +439,7 @@ async fn run(args: Args) -> Res<()> {
             "local" => {
                 // Every instance gets quota/8 as configured for 8 instances; `recompute`
                 // instances started after the scale-out divide by the fleet size then.
-                let first = trace[i].first().copied().unwrap_or(0) as f64 / 1e6;
+                let first = arrivals.first().copied().unwrap_or(0) as f64 / 1e6;
                 let n = if args.local_limit == "recompute" && first >= args.scale_at {
                     instances
                 } else {
@@ -475,16 +485,23 @@ async fn run(args: Args) -> Res<()> {
         tokio::spawn(async move {
             tokio::time::sleep_until((t0 + Duration::from_secs_f64(at)).into()).await;
             let stopped = us(Instant::now());
-            let _ = std::process::Command::new("kill").args(["-STOP", &pid]).status();
+            let _ = std::process::Command::new("kill")
+                .args(["-STOP", &pid])
+                .status();
             tokio::time::sleep(Duration::from_secs_f64(stop_for)).await;
-            let _ = std::process::Command::new("kill").args(["-CONT", &pid]).status();
+            let _ = std::process::Command::new("kill")
+                .args(["-CONT", &pid])
+                .status();
             (stopped, us(Instant::now()))
         })
     });
 
     // Which instance dies: fixed, or (`max`) the one holding the most tokens at kill_at.
     let dead = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
-    let started: Vec<u64> = trace.iter().map(|a| a.first().copied().unwrap_or(u64::MAX)).collect();
+    let started: Vec<u64> = trace
+        .iter()
+        .map(|a| a.first().copied().unwrap_or(u64::MAX))
+        .collect();
     let kill_task = args.kill_instance.clone().map(|which| {
         let gates = gates.clone();
         let dead = Arc::clone(&dead);
@@ -643,7 +660,10 @@ async fn run(args: Args) -> Res<()> {
 
     events.sort_by_key(|e| (e.arrival, e.inst));
     let mut f = std::io::BufWriter::new(std::fs::File::create(format!("{}.events.csv", args.out))?);
-    writeln!(f, "inst,arrival_us,start_us,decided_us,sent_us,outcome,source")?;
+    writeln!(
+        f,
+        "inst,arrival_us,start_us,decided_us,sent_us,outcome,source"
+    )?;
     for e in &events {
         writeln!(
             f,
@@ -652,7 +672,10 @@ async fn run(args: Args) -> Res<()> {
         )?;
     }
     f.flush()?;
-    std::fs::write(format!("{}.samples.jsonl", args.out), samples.join("\n") + "\n")?;
+    std::fs::write(
+        format!("{}.samples.jsonl", args.out),
+        samples.join("\n") + "\n",
+    )?;
     std::fs::write(
         format!("{}.meta.json", args.out),
         format!("{{{}}}\n", meta.join(",")),
