@@ -1,0 +1,376 @@
+"""Plots and docs for the incident replay (scripts/incident.py calls write_all).
+
+Writes docs/incident/results.json, docs/incident/*.png, docs/incident.md and
+docs/incident-readme-section.md from one run's results. Every number in them comes from
+that run.
+"""
+
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+RATE = 1000
+
+
+def by_name(results):
+    return {r["name"]: r for r in results["runs"]}
+
+
+def smooth_1s(series):
+    """Trailing 1 s sum of 100 ms bins (calls in the last second, a rate per second)."""
+    out = []
+    for i in range(len(series)):
+        out.append(sum(series[max(0, i - 9): i + 1]) * (10 / min(10, i + 1)))
+    return out
+
+
+def plot_partner(results, runs, path, title, failure=False):
+    sc = results["scenario"]
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.9 * len(runs) + 0.6), sharex=True, squeeze=False)
+    for ax, r in zip(axes[:, 0], runs):
+        s = r["series_sent_100ms"]
+        t = [i / 10 + 0.05 for i in range(len(s))]
+        ax.plot(t, [v * 10 for v in s], color="0.75", lw=0.8, label="per 100 ms (×10)")
+        ax.plot([i / 10 + 0.1 for i in range(len(s))], smooth_1s(s), color="C0", lw=1.6, label="last 1 s")
+        ax.axhline(RATE, color="red", ls="--", lw=1.2, label="quota 1000/s")
+        ax.axvline(sc["scale_at"], color="0.3", ls=":", lw=1)
+        ax.axvspan(0, sc["warmup"], color="0.93")
+        if failure and "failure" in r:
+            f = r["failure"]
+            ax.axvspan(f["sigstop_s"], f["sigcont_s"], color="orange", alpha=0.2, label="Redis SIGSTOPped")
+            if f["killed"]:
+                ax.axvline(f["killed"][0]["at_us"] / 1e6, color="purple", ls="-.", lw=1, label="instance dies")
+        top = 3000
+        peak = max(v * 10 for v in s)
+        ax.set_ylim(0, top)
+        if peak > top:  # a 100 ms spike off the scale: say how high
+            i = max(range(len(s)), key=lambda k: s[k])
+            ax.annotate(f"{peak:,}/s in 100 ms", (i / 10 + 0.05, top), xytext=(i / 10 + 0.3, top * 0.85),
+                        fontsize=7, arrowprops=dict(arrowstyle="->", lw=0.6))
+        ax.set_ylabel("calls/s")
+        ax.set_title(r["label"], fontsize=9, loc="left")
+        ax.grid(alpha=0.3)
+    if failure:
+        axes[-1, 0].legend(fontsize=7, loc="upper center", ncol=3)
+    else:
+        axes[0, 0].legend(fontsize=7, loc="upper right", ncol=3)
+    axes[-1, 0].set_xlabel("seconds (grey band: warm-up, excluded from the means; dotted: 8 → 16 instances)")
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_central(results, runs, path):
+    sc = results["scenario"]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    styles = ["-", "--", "-.", ":"]
+    for k, r in enumerate(r for r in runs if r["kind"] != "local"):
+        pts = [p for p in r["series_central_calls"] if p[0] >= 0.2]
+        if not pts:
+            continue
+        ax.plot([p[0] for p in pts], [max(p[1], 1) for p in pts], lw=1.3, ls=styles[k % 4],
+                label=f"{r['label']}: {r['central_calls_per_s']:,.0f}/s mean")
+    ax.set_yscale("log")
+    ax.axvline(sc["scale_at"], color="0.3", ls=":", lw=1)
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("central Redis calls/s (100 ms samples)")
+    ax.set_title("Calls the limiter makes to Redis (INFO commandstats), same trace; the local split makes none",
+                 fontsize=10)
+    ax.set_ylim(10, 10000)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def f0(x):
+    return "–" if x is None else f"{x:,.0f}"
+
+
+def f1(x):
+    return "–" if x is None else f"{x:,.1f}"
+
+
+def ms(us):
+    return "–" if us is None else (f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} µs")
+
+
+def write_all(results, root):
+    d = os.path.join(root, "docs", "incident")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    runs = [r for r in results["runs"] if r["available"]]
+    main = [r for r in runs if r["kind"] != "failure"]
+    fail = [r for r in runs if r["kind"] == "failure"]
+    plot_partner(results, main, os.path.join(d, "partner_rate.png"),
+                 "Calls reaching the partner, same 2500/s skewed trace, quota 1000/s")
+    plot_central(results, main, os.path.join(d, "central_calls.png"))
+    if fail:
+        plot_partner(results, fail, os.path.join(d, "failures.png"),
+                     f"PrefetchLimiter: an instance dies holding its lease ({results['scenario']['kill_at']:g} s), Redis stopped 8–10 s", failure=True)
+    with open(os.path.join(root, "docs", "incident.md"), "w") as f:
+        f.write(markdown(results))
+    with open(os.path.join(root, "docs", "incident-readme-section.md"), "w") as f:
+        f.write(readme_section(results))
+
+
+def main_table(results):
+    sc = results["scenario"]
+    w, s, e = sc["warmup"], sc["scale_at"], sc["duration"]
+    rows = [
+        f"| approach | partner mean, {w:g}–{e:g} s | 8 instances ({w:g}–{s:g} s) | 16 instances ({s:g}–{e:g} s) "
+        "| max in any 1 s | over quota (max 1 s) | worst of sent − (cap + rate × t) | central calls/s | Redis command µs/s | Redis CPU | "
+        "added latency p50 / p99 | denied | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results["runs"]:
+        if r["kind"] == "failure":
+            continue
+        if not r["available"]:
+            rows.append(f"| {r['label']} | not available in this build (the server does not know RL.RESERVE) "
+                        "| | | | | | | | | | | |")
+            continue
+        over = r["over_issue_max_1s"]
+        rows.append(
+            f"| {r['label']} | {f0(r['partner_mean'])}/s | {f0(r['partner_mean_8'])}/s | "
+            f"{f0(r['partner_mean_16'])}/s | {f0(r['partner_max_1s'])} | "
+            f"{'+' + f0(over) + f' (+{over / 10:.0f} %)' if over > 0 else f0(over)} | "
+            f"{f1(r['bound_excess'])} | "
+            f"{f0(r['central_calls_per_s'])} | {f0(r['redis_cmd_us_per_s'])} | {f1(r['redis_cpu_pct'])} % | "
+            f"{ms(r['latency_p50_us'])} / {ms(r['latency_p99_us'])} | {f0(r['denied'])} | {f0(r['errors'])} |")
+    return "\n".join(rows)
+
+
+def failure_table(results):
+    rows = [
+        "| policy | dead instance: tokens it held | its lease gone on the server after | partner during the outage: 1st s / 2nd s "
+        "| over quota during the 2 s | max in any 1 s around the outage | local decisions until | p99 added latency during the outage | denied during the outage |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results["runs"]:
+        if r["kind"] != "failure" or not r["available"]:
+            continue
+        f = r["failure"]
+        k = f["killed"][0] if f["killed"] else {"held_tokens": None, "instance": None}
+        over = f["excess_over_quota_during_outage"]
+        rows.append(
+            f"| {r['label'].split(', ')[-1]} | {f0(k['held_tokens'])} (instance {k['instance']}) | "
+            f"{f1(f['leases_expired_after_death_s'])} s ({f['leases_expired_within_ttl']} lease(s)) | {f0(f['outage_rate_first_1s'])} / {f0(f['outage_rate_second_1s'])} | "
+            f"{'+' + f0(over) if over > 0 else f0(over)} | {f0(f['max_1s_around_outage'])} | "
+            f"{f1(f['fallback_ends_after_sigcont_s'] * 1000 if f['fallback_ends_after_sigcont_s'] is not None else None)} ms after SIGCONT | "
+            f"{ms(f['latency_p99_during_outage_us'])} | {f0(f['denied_during_outage'])} |")
+    return "\n".join(rows)
+
+
+def markdown(results):
+    m = results["machine"]
+    sc = results["scenario"]
+    R = by_name(results)
+    ls, lr = R.get("local_static"), R.get("local_recompute")
+    take, lua, pf = R.get("take"), R.get("lua"), R.get("prefetch")
+    res = R.get("reserve")
+    pf_tok = pf["client"].get("lease_tokens", 0) / max(1, pf["client"].get("leases", 1)) if pf else 0
+    reserve_note = (
+        "RL.RESERVE was **not available in this build** (the server did not know the command, by "
+        "`COMMAND INFO`), so row (e) has no numbers. The driver sends "
+        f"`RL.RESERVE key 1000 1000 1 {results['max_wait_ms']}`, sleeps `wait_ms` and then sends; rerun "
+        "`scripts/incident` on a build that has it and the row fills in."
+        if res and not res["available"] else
+        f"RL.RESERVE pacing (max wait {results['max_wait_ms']} ms): the call is granted now and sent after "
+        "`wait_ms`; its added latency includes that wait.")
+    hot_before = sum(v for k, v in results["demand_per_s"]["before"].items() if int(k) in results["instances"]["hot"])
+    hot_after = sum(v for k, v in results["demand_per_s"]["after"].items() if int(k) in results["instances"]["hot"])
+    out = f"""# The incident, replayed
+
+Regenerated by `scripts/incident` (a few minutes, loopback only). Every number on this page
+comes from one run: **{m['date_utc']}**, {m['cpu']}, {m['cores']} cores shared with other
+work, Linux {m['kernel']}, {m['redis']}, module `{os.path.basename(results['module'])}`,
+commit `{m['commit']}`, load average {m.get('load_average_at_start', ['?'])[0]} when it started. Absolute latencies and CPU figures vary from run to run on a shared
+machine; the partner-side counts and the bounds do not depend on timing.
+Raw results: [incident/results.json](incident/results.json).
+
+## The scenario
+
+- **Quota**: 1000 calls/s to the partner, burst 1000 (`rate 1000, cap 1000`).
+- **Fleet**: 8 instances at first. At {sc['scale_at']:g} s the autoscaler, reacting to the three
+  saturated instances, adds 8 more (16 in all).
+- **Demand**: 2500 calls/s in total throughout, Poisson arrivals per instance. With 8
+  instances the 3 hot ones carry {hot_before:.0f}/s ({hot_before / 25:.0f} %: 700/s each) and the other
+  5 carry 80/s each. After the scale-out the hot 3 keep their long-lived client connections
+  and {hot_after:.0f}/s (400/s each); the other 13 carry 100/s each.
+- **One trace**: generated once from seed {results['seed']} ({results['arrivals']:,} arrivals over
+  {sc['duration']:g} s, sha256 `{results['trace_sha256'][:16]}…`) and replayed unchanged for every
+  approach. Each instance is a separate task with its own Redis connection and its own
+  limiter; each request is its own task. The load driver is
+  [`client/examples/incident.rs`](../client/examples/incident.rs) (rl-client), orchestrated by
+  [`scripts/incident.py`](../scripts/incident.py).
+- **The partner** is a counter: each instance records when it sent a call (after any pacing
+  wait). Rates are per second, from those timestamps. The first {sc['warmup']:g} s are
+  warm-up (every bucket starts full, so the first second lets out up to cap + rate = 2000
+  under any approach); means and maxima are over {sc['warmup']:g}–{sc['duration']:g} s.
+- **Central cost**: `INFO commandstats` and `INFO cpu` sampled every 100 ms: calls/s of the
+  limiter's commands (EVALSHA, RL.*), their server time (µs per second) and the
+  redis-server process's CPU (user + sys, % of one core).
+- **Added latency**: from the request handing its decision to the limiter until it may
+  send (including any pacing wait).
+
+## Results
+
+![partner rate](incident/partner_rate.png)
+
+{main_table(results)}
+
+![central calls](incident/central_calls.png)
+
+## How the over-issue was reproduced, and what the source documents get wrong
+
+The retrospective (seed 000) says the 3 hot instances "each let out their full 125, and
+that already added up to more than 1000". That arithmetic cannot hold: 3 × 125 = 375, and 8
+local buckets of 125/s cannot let out more than 8 × 125 = 1000/s on average whatever the
+skew (plus at most 8 × 125 tokens of burst, once). The replay shows what skew alone does:
+with 8 instances the local split let out **{f0(ls['partner_mean_8'])}/s** — *under* the quota —
+while the hot instances refused most of their traffic (the other 5 had unused allowance
+they could not lend). Skew makes a static split unfair and wasteful, not over-issuing.
+
+The over-issue needs the denominator to move, which is the mechanism seed 001 describes
+(the instance count is not a controlled denominator; a scale-out doubles it while the
+per-instance limits still assume the old count, "the total let out is the sum of the
+per-instance shares"). In the replay the autoscaler adds 8 instances at {sc['scale_at']:g} s:
+
+- **(a) limit configured as 125/s per instance** (a static number, computed for 8): the 16
+  instances may let out 2000/s together; on this trace the partner received
+  **{f0(ls['partner_mean_16'])}/s** on average after the scale-out (max **{f0(ls['partner_max_1s'])}** in
+  one second, **+{ls['over_issue_max_1s'] / 10:.0f} %** over the quota). The incident's 1780 is the
+  same shape; the exact figure depends on how the demand spread, which the documents do not
+  give.
+"""
+    if lr:
+        out += f"""- **(a') new instances divide by the new count** (1000/16 = 62.5/s), old ones keep 125/s
+  until they restart, as seed 001 describes for a scale-out or rolling deploy: **{f0(lr['partner_mean_16'])}/s**
+  after the scale-out (max **{f0(lr['partner_max_1s'])}** in one second). The transient right after
+  the scale-out is the worst second: each new instance starts with a full local bucket.
+"""
+    out += f"""
+Every shared-bucket approach ((b)–(e)) replays the same trace, the same scale-out and the
+same skew, and the partner stays at the quota: the bucket does not know how many instances
+there are, so there is no denominator to get wrong.
+
+## Reading the rows
+
+- **(b) Lua script and (c) RL.TAKE** both hold the partner to 1000/s ({f0(lua['partner_mean'] if lua else None)}/s
+  and {f0(take['partner_mean'] if take else None)}/s) at one Redis call per request: {f0(lua['central_calls_per_s'] if lua else None)} and
+  {f0(take['central_calls_per_s'] if take else None)} calls/s, i.e. the full demand, denied requests included.
+  Server time per second: {f0(lua['redis_cmd_us_per_s'] if lua else None)} µs for the script,
+  {f0(take['redis_cmd_us_per_s'] if take else None)} µs for RL.TAKE (command time only; the process CPU column
+  adds networking, which dominates at these rates). "Max in any 1 s" above 1000 is not a
+  breach: a token bucket lets out up to `cap + rate` in one second after a pause, and any
+  pause in spending (a client stalled on this shared machine, a reply that arrives late)
+  refills the bucket, which is spent later; timestamps are taken at the client, after the
+  reply. The bound that holds is cumulative: every prefix of the sends is at most
+  `cap + rate × t`, which the smoke run checks (largest margin in this run, (b) / (c) / (d):
+  {f1(lua['bound_excess'] if lua else None)} / {f1(take['bound_excess'] if take else None)} / {f1(pf['bound_excess'] if pf else None)} tokens, negative = under).
+- **(d) PrefetchLimiter, batch {results['batch']}**: also 1000/s. It made
+  {f0(pf['central_calls_per_s'] if pf else None)} Redis calls/s, not 1/{results['batch']} of the
+  requests: with demand at 2.5× the quota the shared bucket is empty almost all the time,
+  and `RL.LEASE ... MIN 1` hands out what has refilled since the last call, so a lease
+  carried **{pf_tok:.1f} tokens on average** in this run; and {f0(pf['client'].get('leases_denied'))} of its
+  {f0(pf['client'].get('redis_calls'))} calls were denied leases (the client skips Redis after a denial
+  only for its `retry_after`, about 1 ms at 1000 tokens/s). The central-calls plot shows
+  the other regime in the first 0.7 s, while the bucket still had its initial burst: about
+  one call per 20 requests. Batching cuts central calls by the batch size only while the
+  bucket has tokens to spare; under sustained overload it does not, and (c) costs about
+  as many calls.
+- **(e)** {reserve_note}
+"""
+    if any(r["kind"] == "failure" for r in results["runs"]):
+        out += f"""
+## (f) An instance dies holding a lease; Redis stops for 2 s
+
+Three more runs of (d), one per failure policy, on the same trace. At {sc['kill_at']:g} s the instance
+holding the most leased tokens stops dead (its lease is never returned; in-flight requests
+finish). From
+{sc['stop_at']:g} s to {sc['stop_at'] + sc['stop_for']:g} s redis-server is SIGSTOPped, then SIGCONTed. Client
+timeout 200 ms, probe every 500 ms (the defaults); `Allow` uses share = 1/8, the value
+one would configure for 8 instances.
+
+![failures](incident/failures.png)
+
+{failure_table(results)}
+
+- **The dead instance** dies at {sc['kill_at']:g} s, while the bucket still holds part of its
+  initial burst, so leases are full batches (later, under the overload, a lease carries a
+  token or two and a death strands almost nothing). What it held is debited and
+  unavailable to the others until its lease expires on the server ({results['ttl_ms']} ms TTL):
+  the table gives the tokens it held and when `INFO rl` counted the lease(s) as expired
+  (`rl_leases_expired`, sampled every 100 ms). Nothing reaches the partner from a dead
+  lease: it withholds at most batch + renewal threshold tokens for at most the TTL. Its
+  later arrivals are dropped (it is dead); the demand left is still well over the quota.
+- **Redis stopped**: for the first 200 ms every call waits for the timeout; then each
+  instance decides locally until a probe succeeds after SIGCONT.
+  - `Allow {{share: 1/8}}` turns the fleet back into the local split, with its denominator
+    problem: 16 instances × 125/s, so the partner saw more than the quota for the outage.
+  - `LastKnown` starts each instance's local bucket full (RL.LEASE replies carry no bucket
+    level, so there is no "last level" to start from) at the rate it was last granted, so
+    the first second of the outage lets out about one extra burst, then stays near the
+    fleet's last rate.
+  - `Deny` sends nothing for 2 s (apart from tokens already leased).
+  - After SIGCONT the shared bucket has refilled during the pause (server time kept
+    running), so the fleet may spend a burst of up to `cap` again: that is within
+    `cap + rate × t`, and it is why the second after the outage can exceed 1000.
+"""
+    out += f"""
+## Reproduce
+
+    scripts/incident            # full run, regenerates this page, the plots and results.json
+    scripts/incident --smoke    # 10 s: the pipeline and the bounds, no plots (CI)
+
+The smoke run checks: (a) the local split's over-issue is visible after the scale-out
+(> 1.1 × quota); (b)(c)(e) the sends never exceed `cap + rate × t` (+1 for rounding); (d)
+never more than `cap + rate × t + batch × instances`; every arrival replayed. It exits
+non-zero on a violation. Plots use matplotlib from PyPI in `target/incident-venv`, pinned
+in `scripts/incident-requirements.txt`.
+"""
+    return out
+
+
+def readme_section(results):
+    R = by_name(results)
+    ls, take, pf = R["local_static"], R["take"], R["prefetch"]
+    lua = R["lua"]
+    fa = R.get("fail_allow")
+    m = results["machine"]
+    extra = ""
+    if fa:
+        extra = ("\n- Failing open brings the split back: with Redis stopped for 2 s, "
+                 f"`Allow {{share: 1/8}}` let out {f0(fa['failure']['partner_rate_during_outage'])}/s.")
+    return f"""## Why
+
+A partner gave us 1000 calls/s. We ran 8 instances and gave each a local token bucket of
+1000/8 = 125/s. [The replay](docs/incident.md) (one 2500/s skewed trace, replayed for
+every approach; measured {m['date_utc'][:10]} on {m['cores']} shared cores) shows both halves of what
+went wrong:
+
+- With 8 instances the skew alone made the split *under*-deliver: **{f0(ls['partner_mean_8'])}/s**
+  reached the partner while the 3 hot instances refused most of their traffic.
+- When the autoscaler doubled the fleet, the per-instance 125/s stayed, and the partner got
+  **{f0(ls['partner_mean_16'])}/s**, up to **{f0(ls['partner_max_1s'])} in one second** (the incident saw 1780).
+  The quota was divided by an instance count nobody controlled.{extra}
+
+One shared bucket has no denominator to get wrong. On the same trace, `RL.TAKE` held the
+partner at **{f0(take['partner_mean'])}/s** through the scale-out, at
+{f0(take['redis_cmd_us_per_s'])} µs of server time per second against {f0(lua['redis_cmd_us_per_s'])} µs for the
+seed's Lua script at the same call rate, with {ms(take['latency_p50_us'])} / {ms(take['latency_p99_us'])} p50 / p99 added
+latency on loopback (a busy shared machine: see the page for the spread). The prefetching client (`RL.LEASE`, batch {results['batch']}) also held
+**{f0(pf['partner_mean'])}/s**, with {f0(pf['central_calls_per_s'])} Redis calls/s against
+{f0(take['central_calls_per_s'])} for one call per request: under 2.5× overload the bucket is
+nearly empty and leases come back small, so batching saves less than its batch size.
+
+![partner calls per second, local split vs shared bucket](docs/incident/partner_rate.png)
+"""
