@@ -198,6 +198,15 @@ local function lossy(t)
 end
 
 local function unknown(t) fail('unknown option \'' .. lossy(t) .. '\'') end
+-- An option given a second time (every command refuses it, named in capitals).
+local function twice(t) fail('option \'' .. upper(lossy(t)) .. '\' given twice') end
+local function once(given, t) if given then twice(t) end end
+-- Whether an argument reads as a number rather than an option name: in `n`'s place,
+-- `RL.TAKE k 10 10 FOO` is an unknown option, not a bad count.
+local function looks_numeric(t)
+    local b = t:byte(1)
+    return b ~= nil and ((b >= 48 and b <= 57) or b == 45 or b == 43 or b == 46)
+end
 
 -- ---------------------------------------------------------------------------------------
 -- Limits (core/src/limit.rs).
@@ -466,11 +475,13 @@ local function rl_take(keys, a)
     while i <= na do
         local o = a[i]
         if is(o, 'WITHSTATE') then
+            once(with_state, o)
             with_state = true
         elseif is(o, 'INIT') then
+            once(init ~= nil, o)
             init = init_tokens(a, i + 1, L, N)
             i = i + 1
-        elseif i == 3 then
+        elseif i == 3 and looks_numeric(o) then
             n = positive(a, i, N, 'n must be a positive integer')
         else
             unknown(o)
@@ -502,18 +513,23 @@ local function rl_lease(keys, a)
     local ttl = positive(a, 4, N, 'ttl_ms must be a positive integer')
     if ttl > MAX_TTL_MS then fail('ttl_ms must be at most 86400000 (a day)') end
     local min, min_text, ret_id, ret_unused, init = 1, '1', nil, nil, nil
+    local min_given = false
     local i = 5
     while i <= na do
         local o = a[i]
         if is(o, 'MIN') then
+            once(min_given, o)
+            min_given = true
             min = positive(a, i + 1, N, 'MIN must be a positive integer')
             min_text = a[i + 1]
             i = i + 2
         elseif is(o, 'RETURN') then
+            once(ret_id ~= nil, o)
             ret_id = integer(a, i + 1, N, 'lease_id must be a non-negative integer')
             ret_unused = integer(a, i + 2, N, 'unused must be a non-negative integer')
             i = i + 3
         elseif is(o, 'INIT') then
+            once(init ~= nil, o)
             init = init_tokens(a, i + 1, L, N)
             i = i + 2
         else
@@ -578,7 +594,10 @@ local function rl_return(keys, a)
     local fs, fn = parse_instant(h[1])
     local B = make_limit(tonumber(h[2]), tonumber(h[3]), h[2], h[3])
     local lv = refill(fs, fn, B, ns, nn)
+    -- A bucket that refilled meanwhile takes back only what it lacks: say that.
+    local missing = ceil(tokens_for(lv.L, lv.ds, lv.dn))
     credit(lv, credited)
+    credited = math.min(credited, missing)
     local rs, rn = reset_after(lv)
     if #t == 0 and rs == 0 and rn == 0 then
         call('DEL', key)
@@ -593,9 +612,11 @@ local function rl_mtake(keys, a)
     local nk, na = #keys, #a
     local e, ws, init_at = na, false, nil
     while true do
-        if e > 1 and not ws and is(a[e], 'WITHSTATE') then
+        if e > 1 and is(a[e], 'WITHSTATE') then
+            once(ws, a[e])
             ws = true; e = e - 1
-        elseif e > 2 and not init_at and is(a[e - 1], 'INIT') then
+        elseif e > 2 and is(a[e - 1], 'INIT') then
+            once(init_at ~= nil, a[e - 1])
             init_at = e; e = e - 2
         else
             break
