@@ -1,10 +1,11 @@
 //! The `rl-bucket` module type: persistence (RDB, AOF rewrite), digest, copy, memory usage.
 //!
-//! RDB encoding version 1, per key:
-//! `full_at rate cap table [last_id (id tokens expires_at) * (table - 1)]`
-//! (unsigned, double, double, unsigned, then unsigneds), where `table` is 0 for a bucket that
-//! never had a lease and `1 + live leases` for one that did. A newer module that changes
-//! the layout bumps [`ENCODING_VERSION`] and keeps reading version 1.
+//! RDB encoding version 2, per key:
+//! `full_at rate cap hold table [last_id (id tokens expires_at) * (table - 1)]`
+//! (unsigned, double, double, unsigned, unsigned, then unsigneds), where `hold` is the
+//! instant the key must live until after a limit change (0: none; see
+//! [`rl_core::Bucket::hold`]) and `table` is 0 for a bucket that never had a lease and
+//! `1 + live leases` for one that did. Version 1 (the same without `hold`) is still read.
 //!
 //! `free`, `copy` and `rdb_load` keep `rl_leases_active` equal to the leases held in memory.
 
@@ -17,7 +18,7 @@ use rl_core::{Lease, MAX_LEASES};
 use std::os::raw::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-pub const ENCODING_VERSION: i32 = 1;
+pub const ENCODING_VERSION: i32 = 2;
 
 pub static BUCKET_TYPE: RedisType = RedisType::new(
     "rl-bucket",
@@ -62,6 +63,7 @@ unsafe extern "C" fn rdb_save(io: *mut RedisModuleIO, value: *mut c_void) {
         rm!(RedisModule_SaveUnsigned(io, b.full_at()));
         rm!(RedisModule_SaveDouble(io, b.limit().rate()));
         rm!(RedisModule_SaveDouble(io, b.limit().cap()));
+        rm!(RedisModule_SaveUnsigned(io, b.hold()));
         let Some(table) = state.table() else {
             rm!(RedisModule_SaveUnsigned(io, 0));
             return;
@@ -81,10 +83,10 @@ unsafe extern "C" fn rdb_save(io: *mut RedisModuleIO, value: *mut c_void) {
 
 unsafe extern "C" fn rdb_load(io: *mut RedisModuleIO, encver: c_int) -> *mut c_void {
     guard(std::ptr::null_mut(), || {
-        if encver != ENCODING_VERSION {
+        if !(1..=ENCODING_VERSION).contains(&encver) {
             return std::ptr::null_mut();
         }
-        load(io).map_or(std::ptr::null_mut(), Stored::into_raw)
+        load(io, encver).map_or(std::ptr::null_mut(), Stored::into_raw)
     })
 }
 
@@ -94,11 +96,16 @@ unsafe extern "C" fn rdb_load(io: *mut RedisModuleIO, encver: c_int) -> *mut c_v
 /// The module sets `REDISMODULE_OPTIONS_HANDLE_IO_ERRORS`, so a short or corrupt payload
 /// (`RESTORE`, a damaged RDB) makes the reads return 0 and raise the error flag instead of
 /// aborting the server; the flag is checked before anything read is trusted.
-unsafe fn load(io: *mut RedisModuleIO) -> Option<Stored> {
+unsafe fn load(io: *mut RedisModuleIO, encver: c_int) -> Option<Stored> {
     let io_error = || rm!(RedisModule_IsIOError(io)) != 0;
     let full_at = rm!(RedisModule_LoadUnsigned(io));
     let rate = rm!(RedisModule_LoadDouble(io));
     let cap = rm!(RedisModule_LoadDouble(io));
+    let hold = if encver >= 2 {
+        rm!(RedisModule_LoadUnsigned(io))
+    } else {
+        0
+    };
     let table = rm!(RedisModule_LoadUnsigned(io));
     // 0: never leased; else 1 + the number of leases, which may not exceed the bound (a
     // corrupt count must not make us read, or allocate, without end).
@@ -126,7 +133,7 @@ unsafe fn load(io: *mut RedisModuleIO) -> Option<Stored> {
     if io_error() {
         return None;
     }
-    let (bucket, table) = rl_core::validate(full_at, rate, cap, last_id, leases).ok()?;
+    let (bucket, table) = rl_core::validate(full_at, rate, cap, hold, last_id, leases).ok()?;
     stats::LEASES_ACTIVE.add_shared(table.leases().len() as u64);
     Some(Stored::new(bucket, table))
 }
@@ -153,6 +160,9 @@ unsafe extern "C" fn digest(md: *mut RedisModuleDigest, value: *mut c_void) {
         add(b.full_at());
         add(b.limit().rate().to_bits());
         add(b.limit().cap().to_bits());
+        if b.hold() != 0 {
+            add(b.hold());
+        }
         if let Some(t) = state.table() {
             add(t.last_id());
             for l in t.leases() {

@@ -113,7 +113,10 @@ impl BucketKey {
     /// Writes a new bucket state, leaving any leases as they are.
     pub fn store(&self, state: Option<StateMut>, bucket: Bucket) {
         let Some(mut s) = state else {
-            return self.put(Stored::new(bucket, LeaseTable::default()), bucket.full_at());
+            return self.put(
+                Stored::new(bucket, LeaseTable::default()),
+                bucket.expires_at(),
+            );
         };
         let before = rl_core::ceil_millis(s.expires_at());
         let in_place = match &mut s {
@@ -125,9 +128,14 @@ impl BucketKey {
             }
         };
         if !in_place {
-            // The new limit does not fit the compact form.
-            stats::LIMIT_CHANGES.add(1);
-            return self.put(Stored::new(bucket, LeaseTable::default()), bucket.full_at());
+            // The new limit (or a hold) does not fit the compact form.
+            if let StateMut::Compact(c) = &s {
+                count_limit_change(&c.bucket(), &bucket);
+            }
+            return self.put(
+                Stored::new(bucket, LeaseTable::default()),
+                bucket.expires_at(),
+            );
         }
         if rl_core::ceil_millis(s.expires_at()) == before {
             self.keep_expiry_at(s.expires_at());

@@ -3,7 +3,7 @@
 //! A write never replicates the command that made it (its outcome depends on the master's
 //! clock at that instant); it replicates `RL.SETSTATE` with the resulting absolute state:
 //!
-//! `RL.SETSTATE key full_at rate cap [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
+//! `RL.SETSTATE key full_at rate cap [HOLD t] [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
 //!
 //! The same command rebuilds keys on AOF rewrite, so a replica, an AOF replay and an RDB
 //! load all end with the master's bytes. The key's expiry is not sent: it is a function of
@@ -25,6 +25,8 @@ pub struct Head {
     pub full_at: Nanos,
     pub rate: *mut RStr,
     pub cap: *mut RStr,
+    /// The bucket's hold (0 almost always: only after a limit change).
+    pub hold: Nanos,
 }
 
 /// A new bucket state and nothing else (a take: the hot path).
@@ -32,15 +34,32 @@ pub fn bucket(ctx: *mut Ctx, h: &Head) {
     // `full_at` as text made here and passed as a buffer: Redis builds one string object
     // from it, where an integer argument (`l`) costs it a formatting and two allocations.
     let at = Decimal::new(h.full_at);
+    if h.hold == 0 {
+        rm!(RedisModule_Replicate(
+            ctx,
+            SETSTATE.as_ptr(),
+            c"sbss".as_ptr(),
+            h.key,
+            at.ptr(),
+            at.len(),
+            h.rate,
+            h.cap
+        ));
+        return;
+    }
+    let hold = Decimal::new(h.hold);
     rm!(RedisModule_Replicate(
         ctx,
         SETSTATE.as_ptr(),
-        c"sbss".as_ptr(),
+        c"sbsscb".as_ptr(),
         h.key,
         at.ptr(),
         at.len(),
         h.rate,
-        h.cap
+        h.cap,
+        c"HOLD".as_ptr(),
+        hold.ptr(),
+        hold.len()
     ));
 }
 
@@ -76,8 +95,16 @@ impl Decimal {
 }
 
 /// A new bucket state with lease changes: expired leases pruned at `now`, one lease
-/// closed, one opened.
+/// closed, one opened. A bucket with a hold gets a second effect that sets it (rare: only
+/// after a limit change; the table effect alone would leave none).
 pub fn leases(ctx: *mut Ctx, h: &Head, now: Nanos, closed: Option<u64>, opened: Option<&Lease>) {
+    lease_changes(ctx, h, now, closed, opened);
+    if h.hold != 0 {
+        bucket(ctx, h);
+    }
+}
+
+fn lease_changes(ctx: *mut Ctx, h: &Head, now: Nanos, closed: Option<u64>, opened: Option<&Lease>) {
     let (cmd, at, now) = (SETSTATE.as_ptr(), h.full_at as i64, now as i64);
     let (prune, drop, add) = (c"PRUNE".as_ptr(), c"DROP".as_ptr(), c"ADD".as_ptr());
     match (closed, opened) {
@@ -168,6 +195,27 @@ pub fn stored_number(x: f64) -> String {
 /// `aof` and `key` must be the live arguments of an `aof_rewrite` callback.
 pub unsafe fn rewrite(aof: *mut RedisModuleIO, key: *mut RStr, state: &StateMut) {
     rewrite_state(aof, key, state);
+    let b = state.bucket();
+    if b.hold() != 0 {
+        // Last, so it is the bucket the key ends with (the commands above set none).
+        let (rate, cap) = (
+            stored_number(b.limit().rate()),
+            stored_number(b.limit().cap()),
+        );
+        rm!(RedisModule_EmitAOF(
+            aof,
+            SETSTATE.as_ptr(),
+            c"slbbcl".as_ptr(),
+            key,
+            b.full_at() as i64,
+            rate.as_ptr().cast::<c_char>(),
+            rate.len(),
+            cap.as_ptr().cast::<c_char>(),
+            cap.len(),
+            c"HOLD".as_ptr(),
+            b.hold() as i64
+        ));
+    }
     rm!(RedisModule_EmitAOF(
         aof,
         c"PERSIST".as_ptr(),

@@ -74,8 +74,11 @@ pub struct Compact {
 }
 
 impl Compact {
-    /// The compact form of `bucket`, if its limit fits it exactly.
+    /// The compact form of `bucket`, if its limit fits it exactly and it has no hold.
     pub fn of(bucket: &Bucket) -> Option<Compact> {
+        if bucket.hold() != 0 {
+            return None;
+        }
         let limit = bucket.limit();
         Some(Compact {
             full_at: bucket.full_at(),
@@ -93,6 +96,9 @@ impl Compact {
     /// Stores `bucket` here if it fits: at once when the limit is unchanged (the hot path:
     /// nothing to encode), else if the new limit encodes. `false` if it does not fit.
     pub fn update(&mut self, bucket: &Bucket) -> bool {
+        if bucket.hold() != 0 {
+            return false;
+        }
         if bucket.limit() == self.bucket().limit() {
             self.full_at = bucket.full_at();
             return true;
@@ -213,7 +219,7 @@ impl StateMut<'_> {
 
 pub fn expires_at(bucket: &Bucket, table: Option<&LeaseTable>) -> Nanos {
     let leases = table.and_then(LeaseTable::last_expiry).unwrap_or(0);
-    bucket.full_at().max(leases)
+    bucket.expires_at().max(leases)
 }
 
 #[cfg(test)]

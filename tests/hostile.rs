@@ -468,9 +468,10 @@ fn alternating_caps_at_1e15_mint_nothing() {
     );
 }
 
-/// The rule for a key used with two limits: tokens carry over, clamped to the new cap;
-/// a bucket full under the limit of its last write is no key at all, so a later call with
-/// a larger cap finds it full. Documented in the README; counted in rl_limit_changes.
+/// The rule for a key used with two limits: tokens carry over, clamped to the new cap; a
+/// bucket written under a new limit keeps its key until it would have been full under the
+/// old one, so a caller back on the old limit finds the tokens, not a fresh full bucket.
+/// Counted in rl_limit_changes.
 #[test]
 fn a_flapping_limit_follows_the_documented_rule() {
     let s = Server::start(&[]);
@@ -492,11 +493,26 @@ fn a_flapping_limit_follows_the_documented_rule() {
     assert!((8.9..=9.1).contains(&r), "{r}");
     assert_eq!(info_field(&mut c, "rl", "rl_limit_changes"), before + 1);
     std::thread::sleep(Duration::from_millis(250));
+    // Full under (10, 10), but the key stays: under (1, 1000) it would be full only in
+    // about 990 s.
     let exists: i64 = redis::cmd("EXISTS").arg("k").query(&mut c).unwrap();
-    assert_eq!(exists, 0, "a full bucket keeps no key");
-    // Back to (1, 1000): no key is a full bucket.
+    assert_eq!(
+        exists, 1,
+        "the key went before the old limit's bucket was full"
+    );
+    let pttl: i64 = redis::cmd("PTTL").arg("k").query(&mut c).unwrap();
+    assert!((980_000..=991_000).contains(&pttl), "pttl {pttl}");
+    // Back to (1, 1000): the 10 tokens, less the one taken now.
     let r = remaining(&mut c, "1", "1000");
-    assert!((998.9..=999.1).contains(&r), "{r}");
+    assert!((8.9..=9.1).contains(&r), "{r}");
+    // The hold survives a reload and reaches a replica.
+    let replica = Server::start(&[]);
+    replicate(&replica, &s);
+    wait_synced(&s, &replica);
+    assert_eq!(digest(&mut replica.conn(), "k"), digest(&mut c, "k"));
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    let pttl: i64 = redis::cmd("PTTL").arg("k").query(&mut c).unwrap();
+    assert!(pttl > 980_000, "pttl {pttl}");
 }
 
 #[test]

@@ -5,6 +5,15 @@ use crate::{round, Limit, Nanos};
 /// The deficit of a bucket `deficit` ns from full under `old`, carried over to `new`: the
 /// same tokens (clamped to the new cap), rounded so none appear. Every step rounds toward
 /// fewer tokens, so a limit that alternates back and forth can only lose fractions.
+/// A hold that has not passed by `at`, else 0.
+fn live(hold: Nanos, at: Nanos) -> Nanos {
+    if hold > at {
+        hold
+    } else {
+        0
+    }
+}
+
 fn carry_over(deficit: Nanos, old: &Limit, new: &Limit) -> Nanos {
     if old.rate() == new.rate() {
         // Only the cap moved: the missing tokens change by the difference of the caps,
@@ -41,13 +50,24 @@ pub const MAX_INSTANT: Nanos = i64::MAX as Nanos;
 pub struct Bucket {
     full_at: Nanos,
     limit: Limit,
+    /// The key must live at least until this instant (0: no such need): when a write
+    /// changed the limit, the bucket as it was under the old limit would have been full
+    /// only then. Were the key to go sooner (full under a smaller cap), a caller still on
+    /// the old limit would find no key, that is a full bucket, and tokens would appear.
+    hold: Nanos,
 }
 
 impl Bucket {
     pub fn new(full_at: Nanos, limit: Limit) -> Bucket {
+        Bucket::with_hold(full_at, limit, 0)
+    }
+
+    /// A bucket whose key must live until `hold` (see [`Bucket::hold`]).
+    pub fn with_hold(full_at: Nanos, limit: Limit, hold: Nanos) -> Bucket {
         Bucket {
             full_at: full_at.min(MAX_INSTANT),
             limit,
+            hold: hold.min(MAX_INSTANT),
         }
     }
 
@@ -55,7 +75,17 @@ impl Bucket {
     /// could not have been written by this crate.
     pub fn from_parts(full_at: Nanos, rate: f64, cap: f64) -> Option<Bucket> {
         let limit = Limit::new(rate, cap).ok()?;
-        (full_at <= MAX_INSTANT).then_some(Bucket { full_at, limit })
+        (full_at <= MAX_INSTANT).then_some(Bucket::new(full_at, limit))
+    }
+
+    /// The instant before which the key must not go even if the bucket is full (0: none).
+    pub fn hold(&self) -> Nanos {
+        self.hold
+    }
+
+    /// When the key may go: full, and past any hold.
+    pub fn expires_at(&self) -> Nanos {
+        self.full_at.max(self.hold)
     }
 
     pub fn full_at(&self) -> Nanos {
@@ -79,6 +109,8 @@ pub struct Level {
     behind: Nanos,
     /// Nanoseconds until full; `0..=limit.fill_nanos()`.
     deficit: Nanos,
+    /// The key must live until then (see [`Bucket::hold`]); 0 once passed.
+    hold: Nanos,
 }
 
 impl Level {
@@ -91,15 +123,21 @@ impl Level {
                 at: now,
                 behind: 0,
                 deficit: 0,
+                hold: 0,
             };
         };
         if b.limit == limit {
-            return Level::refill(b.full_at, limit, now);
+            let mut level = Level::refill(b.full_at, limit, now);
+            level.hold = live(b.hold, level.at);
+            return level;
         }
         let old = Level::refill(b.full_at, b.limit, now);
+        // Until the bucket would have been full under the old limit, its key stays, so a
+        // caller still passing that limit finds these tokens, not a fresh full bucket.
         Level {
             deficit: carry_over(old.deficit, &b.limit, &limit),
             limit,
+            hold: live(b.hold.max(b.full_at), old.at),
             ..old
         }
     }
@@ -107,12 +145,14 @@ impl Level {
     /// A bucket that does not exist yet, starting with `tokens` instead of full (warm start).
     pub fn starting_with(limit: Limit, tokens: f64, now: Nanos) -> Level {
         let tokens = tokens.clamp(0.0, limit.cap());
-        let deficit = limit.nanos_for(limit.cap() - tokens);
+        // Rounded up, as every debit: at a cap of 1e15 a float step is 0.125 tokens.
+        let deficit = limit.nanos_for(round::sub_up(limit.cap(), tokens));
         Level {
             limit,
             at: now,
             behind: 0,
             deficit,
+            hold: 0,
         }
     }
 
@@ -131,6 +171,7 @@ impl Level {
             at,
             behind: at - now,
             deficit: full_at.saturating_sub(at),
+            hold: 0,
         }
     }
 
@@ -224,7 +265,7 @@ impl Level {
 
     /// The state to store.
     pub fn bucket(&self) -> Bucket {
-        Bucket::new(self.at + self.deficit, self.limit)
+        Bucket::with_hold(self.at + self.deficit, self.limit, self.hold)
     }
 }
 
@@ -351,6 +392,40 @@ mod tests {
         assert_eq!(full.credit_up_to(5), 0);
         assert_eq!(l.credit_up_to(2), 2);
         assert!((l.tokens() - 9.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_limit_change_holds_the_key_until_the_old_bucket_would_be_full() {
+        let big = limit(1.0, 1000.0);
+        let small = limit(1000.0, 10.0);
+        let mut l = Level::new(None, big, T0);
+        assert!(l.try_take(999.0));
+        let under_big = l.bucket();
+        // One call under the small limit: full under it within 10 ms...
+        let mut s = Level::new(Some(&under_big), small, T0);
+        assert!(s.try_take(1.0));
+        let b = s.bucket();
+        assert!(b.full_at() <= T0 + 10 * S / 1000);
+        // ...but the key stays until the old bucket would have been full.
+        assert_eq!(b.hold(), under_big.full_at());
+        assert_eq!(b.expires_at(), under_big.full_at());
+        // A caller back on the big limit finds the small bucket's tokens, not 1000.
+        let mut back = Level::new(Some(&b), big, T0 + 30 * S / 1000);
+        assert!(back.tokens() <= 10.0 + 1e-9);
+        assert!(!back.try_take(11.0));
+        // The hold stays while it has not passed, and goes once it has.
+        assert_eq!(back.bucket().hold(), under_big.full_at());
+        let later = Level::new(Some(&b), small, under_big.full_at() + 1);
+        assert_eq!(later.bucket().hold(), 0);
+    }
+
+    #[test]
+    fn init_rounds_the_safe_way_at_large_caps() {
+        // At a cap of 1e15 a float step is 0.125 tokens: 0.95 must not round to 1.
+        for cap in [999_999_999_999_999.0, 562_949_953_421_313.0] {
+            let mut l = Level::starting_with(limit(1e9, cap), 0.95, T0);
+            assert!(!l.try_take(1.0), "cap {cap}");
+        }
     }
 
     #[test]

@@ -190,3 +190,44 @@ fn alternating_caps_at_1e15_let_out_no_more_than_the_bound() {
     // Same rate, so the carry-over is exact in time: nothing is lost either.
     assert!(out as f64 > bound - 2.0, "let out only {out} of {bound}");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    /// Callers disagreeing on a key's limit (two app versions) never let out more than the
+    /// largest of their limits would alone, even when the key expires between calls (an
+    /// absent key is a full bucket): a limit change holds the key until the bucket would
+    /// have been full under the old limit.
+    #[test]
+    fn flapping_limits_through_key_expiry_mint_nothing(
+        limits in prop::collection::vec((0.5f64..2000.0, 1.0f64..2000.0), 2..4),
+        calls in prop::collection::vec((0usize..4, 0.0f64..1.0, 0u64..2_000_000_000), 1..150),
+    ) {
+        let limits: Vec<Limit> = limits
+            .iter()
+            .filter_map(|&(r, c)| Limit::new(r, c).ok())
+            .collect();
+        prop_assume!(limits.len() >= 2);
+        let max_cap = limits.iter().map(Limit::cap).fold(0.0, f64::max);
+        let max_rate = limits.iter().map(Limit::rate).fold(0.0, f64::max);
+        let mut stored: Option<Bucket> = None;
+        let mut now = T0;
+        let mut out = 0.0;
+        for (which, fraction, dt) in calls {
+            now += dt;
+            // The key expires: nothing stored any more.
+            if stored.is_some_and(|b| b.expires_at() <= now) {
+                stored = None;
+            }
+            let limit = limits[which % limits.len()];
+            let n = (fraction * limit.cap()).floor().max(1.0) as u64;
+            let mut level = Level::new(stored.as_ref(), limit, now);
+            if level.try_take(n as f64) {
+                out += n as f64;
+                stored = Some(level.bucket());
+            }
+            let bound = max_cap + max_rate * (now - T0) as f64 / 1e9;
+            prop_assert!(out <= bound + 1e-6, "let out {} > {}", out, bound);
+        }
+    }
+}

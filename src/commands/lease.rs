@@ -127,6 +127,7 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
             full_at: bucket.full_at(),
             rate: args.raw(1)?,
             cap: args.raw(2)?,
+            hold: bucket.hold(),
         };
         propagate::leases(ctx, &head, now, returned.map(|(id, _)| id), opened.as_ref());
     }

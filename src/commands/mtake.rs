@@ -136,6 +136,7 @@ pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
             full_at: bucket.full_at(),
             rate: args.raw(i + 1)?,
             cap: args.raw(i + 2)?,
+            hold: bucket.hold(),
         };
         propagate::bucket(ctx, &head);
     }

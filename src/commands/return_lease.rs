@@ -41,7 +41,7 @@ pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {
     stats::RETURNS.add(1);
     stats::TOKENS_RETURNED.add(credited);
     let bucket = level.bucket();
-    if table.is_empty() && level.reset_after() == 0 {
+    if table.is_empty() && level.reset_after() == 0 && bucket.hold() == 0 {
         // Full and no lease left: the same as no key at all.
         key.delete();
         propagate::deleted(ctx, args.raw(0)?);
@@ -55,12 +55,14 @@ pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {
                 text.len()
             ))
         };
+        let key_name = args.raw(0)?;
         let (rate, cap) = (number(bucket.limit().rate()), number(bucket.limit().cap()));
         let head = Head {
-            key: args.raw(0)?,
+            key: key_name,
             full_at: bucket.full_at(),
             rate,
             cap,
+            hold: bucket.hold(),
         };
         propagate::leases(ctx, &head, now, Some(id), None);
         rm!(RedisModule_FreeString(ctx, rate));

@@ -1,4 +1,4 @@
-//! `RL.SETSTATE key full_at rate cap [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
+//! `RL.SETSTATE key full_at rate cap [HOLD t] [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
 //!
 //! The effect replicas and the AOF apply (see [`crate::propagate`]); not meant for clients.
 //! It only sets what it is told: no clock is read, so every copy ends with the same bytes.
@@ -18,6 +18,8 @@ use rl_core::Lease;
 /// The lease-table changes one effect carries, each at most once.
 #[derive(Default)]
 struct TableOps {
+    /// The bucket's hold (part of the bucket, not the table; absent means none).
+    hold: Option<u64>,
     last_id: Option<u64>,
     prune: Option<u64>,
     drop: Option<u64>,
@@ -42,7 +44,11 @@ fn parse_ops(args: &Args) -> Result<TableOps> {
                 Ok(())
             }
         };
-        if args.is(i, "LASTID") {
+        if args.is(i, "HOLD") {
+            seen(ops.hold.is_some())?;
+            ops.hold = Some(int(i + 1)?);
+            i += 2;
+        } else if args.is(i, "LASTID") {
             seen(ops.last_id.is_some())?;
             ops.last_id = Some(int(i + 1)?);
             i += 2;
@@ -82,7 +88,8 @@ pub fn setstate(ctx: *mut Ctx, args: Args) -> Result<()> {
     let state = key.state()?;
     if !ops.any() {
         // The bucket alone; the key's leases (valid when they got in) stay as they are.
-        let (bucket, _) = rl_core::validate(full_at, rate, cap, 0, Vec::new())?;
+        let hold = ops.hold.unwrap_or(0);
+        let (bucket, _) = rl_core::validate(full_at, rate, cap, hold, 0, Vec::new())?;
         key.store(state, bucket);
     } else {
         // The table this effect leaves: the key's own, changed as told (a copy: nothing
@@ -104,7 +111,8 @@ pub fn setstate(ctx: *mut Ctx, args: Args) -> Result<()> {
             table.insert(l);
         }
         let (last_id, leases) = table.into_parts();
-        let (bucket, table) = rl_core::validate(full_at, rate, cap, last_id, leases)?;
+        let hold = ops.hold.unwrap_or(0);
+        let (bucket, table) = rl_core::validate(full_at, rate, cap, hold, last_id, leases)?;
         key.replace(state, bucket, table);
     }
     rm!(RedisModule_ReplicateVerbatim(ctx));

@@ -50,6 +50,7 @@ pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
             full_at: bucket.full_at(),
             rate: args.raw(1)?,
             cap: args.raw(2)?,
+            hold: bucket.hold(),
         };
         propagate::bucket(ctx, &head);
     }
