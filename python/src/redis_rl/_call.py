@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from typing import Any, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import redis.exceptions
 
@@ -100,20 +100,21 @@ class AsyncCaller:
             raise
 
 
-def resolve_backend(client: Any, backend: str) -> p.Protocol:
-    """The protocol for ``backend``; ``auto`` asks the server (module first)."""
+def resolve_backend(call: Callable[[p.Args], Any], backend: str) -> p.Protocol:
+    """The protocol for ``backend``; ``auto`` asks the server (module first) through
+    ``call`` (a caller, so the probes have the limiter's timeout)."""
     if backend != p.AUTO:
         return p.Protocol(backend)
-    if p.module_present(client.execute_command(*p.PROBE_MODULE)):
+    if p.module_present(call(p.PROBE_MODULE)):
         return p.Protocol(p.MODULE)
-    has_functions = p.functions_present(client.execute_command(*p.PROBE_FUNCTIONS))
+    has_functions = p.functions_present(call(p.PROBE_FUNCTIONS))
     return p.Protocol(p.decide_backend(False, has_functions))
 
 
-async def aresolve_backend(client: Any, backend: str) -> p.Protocol:
+async def aresolve_backend(call: Callable[[p.Args], Awaitable[Any]], backend: str) -> p.Protocol:
     if backend != p.AUTO:
         return p.Protocol(backend)
-    if p.module_present(await client.execute_command(*p.PROBE_MODULE)):
+    if p.module_present(await call(p.PROBE_MODULE)):
         return p.Protocol(p.MODULE)
-    has_functions = p.functions_present(await client.execute_command(*p.PROBE_FUNCTIONS))
+    has_functions = p.functions_present(await call(p.PROBE_FUNCTIONS))
     return p.Protocol(p.decide_backend(False, has_functions))

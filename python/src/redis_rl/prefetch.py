@@ -180,10 +180,15 @@ class _Core:
             self.metrics.add("leases")
             self.metrics.add("lease_tokens", reply.granted)
             ttl = min(self.ttl_ms, reply.ttl_ms) / 1000
-            lease = _Lease(reply.lease_id, max(0, reply.granted - need), sent + ttl)
-            # `older` was taken out by start_fetch; only (serialised) fetches add leases.
-            if self.older is not None and self.older.left > 0:
+            expires = sent + ttl
+            if now() >= expires:
+                # The reply came after the lease's end as this client measures it (from
+                # when the call was sent): none of it may be spent, not even for `need`.
                 self.metrics.add("leases_expired")
+                self.threshold = self.draw_threshold()
+                return Decision(False, float(self.left()), 0, 0, 0, self.cap, Source.SERVER)
+            lease = _Lease(reply.lease_id, max(0, reply.granted - need), expires)
+            # `older` was taken out by start_fetch; only (serialised) fetches add leases.
             self.older, self.newer = self.newer, lease
             self.threshold = self.draw_threshold()
             self.empty_until = 0.0
@@ -330,7 +335,7 @@ class PrefetchLimiter(_Base):
     def _fetch(self, need: int) -> Decision:
         core = self._core
         if core.protocol is None:
-            core.protocol = resolve_backend(self.client, core.backend)
+            core.protocol = resolve_backend(self._call, core.backend)
         settle, ask = core.start_fetch(need)
         args = core.lease_args(need, ask, settle)
         sent = now()
@@ -349,7 +354,7 @@ class PrefetchLimiter(_Base):
                     continue
                 try:
                     if core.protocol is None:
-                        core.protocol = resolve_backend(self.client, core.backend)
+                        core.protocol = resolve_backend(self._call, core.backend)
                     args = core.protocol.return_(core.key, lease.id, lease.left)
                     credited += p.to_int(self._call(args))
                     core.metrics.add("returns")
@@ -471,7 +476,7 @@ class AsyncPrefetchLimiter(_Base):
     async def _fetch(self, need: int) -> Decision:
         core = self._core
         if core.protocol is None:
-            core.protocol = await aresolve_backend(self.client, core.backend)
+            core.protocol = await aresolve_backend(self._call, core.backend)
         settle, ask = core.start_fetch(need)
         args = core.lease_args(need, ask, settle)
         sent = now()
@@ -489,7 +494,7 @@ class AsyncPrefetchLimiter(_Base):
                     continue
                 try:
                     if core.protocol is None:
-                        core.protocol = await aresolve_backend(self.client, core.backend)
+                        core.protocol = await aresolve_backend(self._call, core.backend)
                     args = core.protocol.return_(core.key, lease.id, lease.left)
                     credited += p.to_int(await self._call(args))
                     core.metrics.add("returns")
