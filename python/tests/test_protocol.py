@@ -118,7 +118,7 @@ def test_backend_choice() -> None:
     assert p.functions_present([{"library_name": "rl"}]) and not p.functions_present([])
     assert p.decide_backend(True, True) == "module"
     assert p.decide_backend(False, True) == "functions"
-    with pytest.raises(BackendNotFound, match="module.*functions"):
+    with pytest.raises(BackendNotFound, match=r"module.*functions"):
         p.decide_backend(False, False)
 
 
