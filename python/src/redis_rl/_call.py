@@ -61,12 +61,12 @@ class SyncCaller:
         st = socket_timeout(client)
         self.direct = timeout is None or (st is not None and st <= timeout)
 
-    def __call__(self, args: p.Args) -> Any:
+    def __call__(self, args: p.Args, **options: Any) -> Any:
         self.metrics.add("redis_calls")
         try:
             if self.direct:
-                return self.client.execute_command(*args)
-            future = _pool().submit(self.client.execute_command, *args)
+                return self.client.execute_command(*args, **options)
+            future = _pool().submit(self.client.execute_command, *args, **options)
             return future.result(self.timeout)
         except TIMEOUTS:
             self.metrics.add("redis_timeouts")
@@ -85,12 +85,13 @@ class AsyncCaller:
         self.timeout = timeout
         self.metrics = metrics
 
-    async def __call__(self, args: p.Args) -> Any:
+    async def __call__(self, args: p.Args, **options: Any) -> Any:
         self.metrics.add("redis_calls")
         try:
+            call = self.client.execute_command(*args, **options)
             if self.timeout is None:
-                return await self.client.execute_command(*args)
-            return await asyncio.wait_for(self.client.execute_command(*args), self.timeout)
+                return await call
+            return await asyncio.wait_for(call, self.timeout)
         except TIMEOUTS:
             self.metrics.add("redis_timeouts")
             self.metrics.add("redis_errors")
@@ -100,21 +101,37 @@ class AsyncCaller:
             raise
 
 
-def resolve_backend(call: Callable[[p.Args], Any], backend: str) -> p.Protocol:
+def probe_options(client: Any) -> dict[str, Any]:
+    """Keyless probes on a cluster client go to one node (every node loads the same
+    module or library)."""
+    if hasattr(client, "nodes_manager") and hasattr(client, "get_random_node"):
+        return {"target_nodes": client.get_random_node()}
+    return {}
+
+
+def resolve_backend(client: Any, call: Callable[..., Any], backend: str) -> p.Protocol:
     """The protocol for ``backend``; ``auto`` asks the server (module first) through
     ``call`` (a caller, so the probes have the limiter's timeout)."""
     if backend != p.AUTO:
         return p.Protocol(backend)
-    if p.module_present(call(p.PROBE_MODULE)):
+    options = probe_options(client)
+    if p.module_present(call(p.PROBE_MODULE, **options)):
         return p.Protocol(p.MODULE)
-    has_functions = p.functions_present(call(p.PROBE_FUNCTIONS))
+    has_functions = p.functions_present(call(p.PROBE_FUNCTIONS, **options))
     return p.Protocol(p.decide_backend(False, has_functions))
 
 
-async def aresolve_backend(call: Callable[[p.Args], Awaitable[Any]], backend: str) -> p.Protocol:
+async def aresolve_backend(
+    client: Any, call: Callable[..., Awaitable[Any]], backend: str
+) -> p.Protocol:
     if backend != p.AUTO:
         return p.Protocol(backend)
-    if p.module_present(await call(p.PROBE_MODULE)):
+    if hasattr(client, "nodes_manager") and asyncio.iscoroutinefunction(
+        getattr(client, "initialize", None)
+    ):
+        await client.initialize()  # an asyncio cluster client learns its nodes lazily
+    options = probe_options(client)
+    if p.module_present(await call(p.PROBE_MODULE, **options)):
         return p.Protocol(p.MODULE)
-    has_functions = p.functions_present(await call(p.PROBE_FUNCTIONS))
+    has_functions = p.functions_present(await call(p.PROBE_FUNCTIONS, **options))
     return p.Protocol(p.decide_backend(False, has_functions))

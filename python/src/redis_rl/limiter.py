@@ -149,7 +149,7 @@ class Limiter(_Base):
     def _protocol(self) -> p.Protocol:
         core = self._core
         if core.protocol is None:
-            core.protocol = resolve_backend(self._call, core.backend)
+            core.protocol = resolve_backend(self.client, self._call, core.backend)
         return core.protocol
 
     def take(self, n: int = 1, *, key: Optional[str] = None) -> Decision:
@@ -273,7 +273,7 @@ class AsyncLimiter(_Base):
     async def _protocol(self) -> p.Protocol:
         core = self._core
         if core.protocol is None:
-            core.protocol = await aresolve_backend(self._call, core.backend)
+            core.protocol = await aresolve_backend(self.client, self._call, core.backend)
         return core.protocol
 
     async def take(self, n: int = 1, *, key: Optional[str] = None) -> Decision:
@@ -350,7 +350,7 @@ def mtake(
 ) -> p.MTakeReply:
     """``RL.MTAKE``: ``n`` tokens from every ``(key, rate, cap)`` bucket, or from none. In a
     cluster the keys must share a hash tag. Raises on Redis errors (no failure policy)."""
-    proto = resolve_backend(lambda a: client.execute_command(*a), backend)
+    proto = resolve_backend(client, lambda a, **o: client.execute_command(*a, **o), backend)
     return p.parse_mtake(client.execute_command(*proto.mtake(buckets, n, withstate, init)))
 
 
@@ -364,7 +364,7 @@ async def amtake(
     backend: str = p.AUTO,
 ) -> p.MTakeReply:
     """The asyncio twin of :func:`mtake`."""
-    proto = await aresolve_backend(lambda a: client.execute_command(*a), backend)
+    proto = await aresolve_backend(client, lambda a, **o: client.execute_command(*a, **o), backend)
     return p.parse_mtake(await client.execute_command(*proto.mtake(buckets, n, withstate, init)))
 
 

@@ -57,7 +57,7 @@ def permit(
     ``max_wait`` seconds, then raises :class:`PermitDenied`.
     """
     every = _check(limit, ttl_ms, renew_every)
-    proto = resolve_backend(lambda a: client.execute_command(*a), backend)
+    proto = resolve_backend(client, lambda a, **o: client.execute_command(*a, **o), backend)
     deadline = time.monotonic() + max_wait
     while True:
         r = p.parse_acquire(client.execute_command(*proto.acquire(key, limit, ttl_ms)))
@@ -105,7 +105,7 @@ async def apermit(
 ) -> AsyncIterator[Permit]:
     """The asyncio twin of :func:`permit` (renewals run in a background task)."""
     every = _check(limit, ttl_ms, renew_every)
-    proto = await aresolve_backend(lambda a: client.execute_command(*a), backend)
+    proto = await aresolve_backend(client, lambda a, **o: client.execute_command(*a, **o), backend)
     deadline = time.monotonic() + max_wait
     while True:
         reply = await client.execute_command(*proto.acquire(key, limit, ttl_ms))

@@ -335,7 +335,7 @@ class PrefetchLimiter(_Base):
     def _fetch(self, need: int) -> Decision:
         core = self._core
         if core.protocol is None:
-            core.protocol = resolve_backend(self._call, core.backend)
+            core.protocol = resolve_backend(self.client, self._call, core.backend)
         settle, ask = core.start_fetch(need)
         args = core.lease_args(need, ask, settle)
         sent = now()
@@ -354,7 +354,7 @@ class PrefetchLimiter(_Base):
                     continue
                 try:
                     if core.protocol is None:
-                        core.protocol = resolve_backend(self._call, core.backend)
+                        core.protocol = resolve_backend(self.client, self._call, core.backend)
                     args = core.protocol.return_(core.key, lease.id, lease.left)
                     credited += p.to_int(self._call(args))
                     core.metrics.add("returns")
@@ -476,7 +476,7 @@ class AsyncPrefetchLimiter(_Base):
     async def _fetch(self, need: int) -> Decision:
         core = self._core
         if core.protocol is None:
-            core.protocol = await aresolve_backend(self._call, core.backend)
+            core.protocol = await aresolve_backend(self.client, self._call, core.backend)
         settle, ask = core.start_fetch(need)
         args = core.lease_args(need, ask, settle)
         sent = now()
@@ -494,7 +494,9 @@ class AsyncPrefetchLimiter(_Base):
                     continue
                 try:
                     if core.protocol is None:
-                        core.protocol = await aresolve_backend(self._call, core.backend)
+                        core.protocol = await aresolve_backend(
+                            self.client, self._call, core.backend
+                        )
                     args = core.protocol.return_(core.key, lease.id, lease.left)
                     credited += p.to_int(await self._call(args))
                     core.metrics.add("returns")
