@@ -24,10 +24,21 @@ SERVER = os.environ.get("RL_SERVER") or "redis-server"
 FUNCTIONS_LUA = REPO / "functions" / "rl.lua"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(bus: bool = False) -> int:
+    """A free loopback port; with ``bus``, one whose cluster bus port (+10000) is free too."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if not bus:
+            return port
+        if port + 10000 < 65536:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
 
 
 class Server:
@@ -36,11 +47,18 @@ class Server:
     def __init__(self, workdir: Path, module: bool = True, extra: Optional[List[str]] = None):
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
         self.module = module
         self.extra = extra or []
         self.proc: Optional[subprocess.Popen[bytes]] = None
-        self.start()
+        cluster = "--cluster-enabled" in self.extra
+        for attempt in range(3):  # another process may take the port between pick and bind
+            self.port = free_port(bus=cluster)
+            try:
+                self.start()
+                return
+            except RuntimeError:
+                if attempt == 2:
+                    raise
 
     def args(self) -> List[str]:
         args = [SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
