@@ -57,6 +57,7 @@ class Server:
                 self.start()
                 return
             except RuntimeError:
+                self.stop()
                 if attempt == 2:
                     raise
 

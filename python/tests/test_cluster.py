@@ -50,13 +50,11 @@ def _ok(node: Server) -> bool:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
     _check_setup()
     base: Path = tmp_path_factory.mktemp("cluster")
-    nodes = [
-        Server(
-            base / str(i), extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
-        )
-        for i in range(3)
-    ]
+    nodes: list[Server] = []
     try:
+        for i in range(3):  # appended one by one: a failed start still stops the others
+            extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+            nodes.append(Server(base / str(i), extra=extra))
         if shutil.which("redis-cli") or shutil.which("valkey-cli"):
             _create_with_redis_cli(nodes)
         else:
