@@ -1,0 +1,66 @@
+"""redis-rl: the Python client of the redis-rl module (a distributed token bucket in Redis).
+
+- :class:`Limiter` / :class:`AsyncLimiter`: one ``RL.TAKE ... WITHSTATE`` per request, a
+  :class:`Decision` with what an HTTP 429 needs; ``reserve`` / ``refund``.
+- :class:`PrefetchLimiter` / :class:`AsyncPrefetchLimiter`: lease a batch over ``RL.LEASE``,
+  spend it locally, renew ahead, give leftovers back.
+- Failure policies :data:`ALLOW` (``FailurePolicy.allow(share)``), :data:`LAST_KNOWN`,
+  :data:`DENY`, a timeout on every call, automatic recovery, counters (:class:`Metrics`).
+- :func:`permit` / :func:`apermit`: a concurrency limit over ``RL.ACQUIRE``.
+- Middleware: :mod:`redis_rl.asgi` (Starlette/FastAPI) and :mod:`redis_rl.wsgi` (Flask/WSGI).
+"""
+
+from __future__ import annotations
+
+from ._protocol import (
+    AUTO,
+    FUNCTIONS,
+    MODULE,
+    LeaseReply,
+    MTakeReply,
+    PeekReply,
+    Protocol,
+    ReserveReply,
+    TakeReply,
+)
+from .decision import Decision, Source
+from .errors import BackendNotFound, PermitDenied, ProtocolError, RedisRLError
+from .limiter import AsyncLimiter, Limiter, amtake, mtake
+from .metrics import Metrics
+from .permit import Permit, apermit, permit
+from .policy import ALLOW, DENY, LAST_KNOWN, FailurePolicy
+from .prefetch import AsyncPrefetchLimiter, PrefetchLimiter
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALLOW",
+    "AUTO",
+    "DENY",
+    "FUNCTIONS",
+    "LAST_KNOWN",
+    "MODULE",
+    "AsyncLimiter",
+    "AsyncPrefetchLimiter",
+    "BackendNotFound",
+    "Decision",
+    "FailurePolicy",
+    "LeaseReply",
+    "Limiter",
+    "MTakeReply",
+    "Metrics",
+    "PeekReply",
+    "Permit",
+    "PermitDenied",
+    "PrefetchLimiter",
+    "Protocol",
+    "ProtocolError",
+    "RedisRLError",
+    "ReserveReply",
+    "Source",
+    "TakeReply",
+    "amtake",
+    "apermit",
+    "mtake",
+    "permit",
+]

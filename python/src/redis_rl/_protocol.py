@@ -1,0 +1,320 @@
+"""All wire encoding: the commands sent for each backend and the parsing of their replies.
+
+Two backends speak the same protocol:
+
+- ``module``: the redis-rl module's native commands (``RL.TAKE key rate cap ...``).
+- ``functions``: the Redis Functions library ``rl`` (``FCALL rl_take 1 key rate cap ...``).
+
+Replies are normalised here: doubles arrive as bytes/str under RESP2 and as float under
+RESP3; ``RL.PEEK`` is a map under RESP3 and a flat list under RESP2; strings are bytes or
+str depending on ``decode_responses``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from .errors import BackendNotFound, ProtocolError
+
+MODULE = "module"
+FUNCTIONS = "functions"
+AUTO = "auto"
+BACKENDS = (MODULE, FUNCTIONS, AUTO)
+
+Arg = Union[str, int, float, bytes]
+Args = Tuple[Arg, ...]
+
+#: Probes ``auto`` sends, in order.
+PROBE_MODULE: Args = ("COMMAND INFO", "RL.TAKE")
+PROBE_FUNCTIONS: Args = ("FUNCTION", "LIST", "LIBRARYNAME", "rl")
+
+NO_BACKEND = (
+    "redis-rl: neither backend is available on this server: load the module "
+    "(loadmodule /path/to/libredis_rl.so, backend='module') or the Functions library "
+    "(FUNCTION LOAD REPLACE with functions/rl.lua, backend='functions')"
+)
+
+
+def num(value: Any) -> str:
+    """A rate, cap or token count as sent: integers without a decimal point, floats exact."""
+    if isinstance(value, bool):
+        raise TypeError("expected a number")
+    if isinstance(value, int):
+        return str(value)
+    f = float(value)
+    if not math.isfinite(f):
+        raise ValueError("rate and cap must be finite numbers")
+    if f.is_integer() and abs(f) < 1e15:
+        return str(int(f))
+    return repr(f)
+
+
+def to_int(value: Any) -> int:
+    if isinstance(value, (int, float)):
+        return int(value)
+    if isinstance(value, (bytes, str)):
+        return int(value)
+    raise ProtocolError(f"expected an integer, got {value!r}")
+
+
+def to_float(value: Any) -> float:
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, (bytes, str)):
+        return float(value)
+    raise ProtocolError(f"expected a number, got {value!r}")
+
+
+def to_str(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _list(reply: Any, size: int, what: str) -> List[Any]:
+    if not isinstance(reply, (list, tuple)) or len(reply) < size:
+        raise ProtocolError(f"unexpected {what} reply: {reply!r}")
+    return list(reply)
+
+
+@dataclass(frozen=True)
+class TakeReply:
+    granted: int
+    remaining: float
+    retry_after_ms: int
+    reset_after_ms: int
+
+
+@dataclass(frozen=True)
+class LeaseReply:
+    granted: int
+    lease_id: int
+    ttl_ms: int
+    retry_after_ms: int
+
+
+@dataclass(frozen=True)
+class ReserveReply:
+    granted: int
+    wait_ms: int
+    remaining: float
+    reset_after_ms: int
+
+
+@dataclass(frozen=True)
+class AcquireReply:
+    granted: bool
+    permit_id: int
+    in_use: int
+    retry_after_ms: int
+
+
+@dataclass(frozen=True)
+class MTakeReply:
+    """``RL.MTAKE``: ``granted`` is n or 0; ``denied_by`` the key whose wait is longest."""
+
+    granted: int
+    denied_by: Optional[str]
+    retry_after_ms: int
+    remaining: Optional[List[float]]
+
+
+@dataclass(frozen=True)
+class PeekReply:
+    """``RL.PEEK``: a bucket's state now (``None`` is returned for a missing key)."""
+
+    tokens: float
+    rate: float
+    cap: float
+    reset_after_ms: int
+    leases: int
+    leased_tokens: int
+
+
+def parse_take(reply: Any) -> TakeReply:
+    r = _list(reply, 4, "RL.TAKE WITHSTATE")
+    return TakeReply(to_int(r[0]), to_float(r[1]), to_int(r[2]), to_int(r[3]))
+
+
+def parse_lease(reply: Any) -> LeaseReply:
+    r = _list(reply, 4, "RL.LEASE")
+    return LeaseReply(to_int(r[0]), to_int(r[1]), to_int(r[2]), to_int(r[3]))
+
+
+def parse_reserve(reply: Any) -> ReserveReply:
+    r = _list(reply, 4, "RL.RESERVE")
+    return ReserveReply(to_int(r[0]), to_int(r[1]), to_float(r[2]), to_int(r[3]))
+
+
+def parse_acquire(reply: Any) -> AcquireReply:
+    r = _list(reply, 4, "RL.ACQUIRE")
+    return AcquireReply(bool(to_int(r[0])), to_int(r[1]), to_int(r[2]), to_int(r[3]))
+
+
+def parse_mtake(reply: Any) -> MTakeReply:
+    r = _list(reply, 3, "RL.MTAKE")
+    remaining = [to_float(x) for x in r[3]] if len(r) > 3 and r[3] is not None else None
+    denied_by = None if r[1] is None else to_str(r[1])
+    return MTakeReply(to_int(r[0]), denied_by, to_int(r[2]), remaining)
+
+
+def parse_peek(reply: Any) -> Optional[PeekReply]:
+    if reply is None:
+        return None
+    fields: Dict[str, Any] = {}
+    if isinstance(reply, dict):
+        fields = {to_str(k): v for k, v in reply.items()}
+    elif isinstance(reply, (list, tuple)) and len(reply) % 2 == 0:
+        fields = {to_str(reply[i]): reply[i + 1] for i in range(0, len(reply), 2)}
+    else:
+        raise ProtocolError(f"unexpected RL.PEEK reply: {reply!r}")
+    try:
+        return PeekReply(
+            tokens=to_float(fields["tokens"]),
+            rate=to_float(fields["rate"]),
+            cap=to_float(fields["cap"]),
+            reset_after_ms=to_int(fields["reset_after_ms"]),
+            leases=to_int(fields.get("leases", 0)),
+            leased_tokens=to_int(fields.get("leased_tokens", 0)),
+        )
+    except KeyError as e:
+        raise ProtocolError(f"RL.PEEK reply lacks {e}: {reply!r}") from None
+
+
+def module_present(reply: Any) -> bool:
+    """Whether a ``COMMAND INFO RL.TAKE`` reply names a known command."""
+    if isinstance(reply, dict):
+        return any(v for v in reply.values())
+    if isinstance(reply, (list, tuple)):
+        return any(x is not None for x in reply)
+    return False
+
+
+def functions_present(reply: Any) -> bool:
+    """Whether a ``FUNCTION LIST LIBRARYNAME rl`` reply lists the library ``rl``."""
+    if not isinstance(reply, (list, tuple)):
+        return False
+    for lib in reply:
+        if isinstance(lib, dict):
+            fields = {to_str(k): v for k, v in lib.items()}
+        elif isinstance(lib, (list, tuple)):
+            fields = {to_str(lib[i]): lib[i + 1] for i in range(0, len(lib) - 1, 2)}
+        else:
+            continue
+        if to_str(fields.get("library_name", "")) == "rl":
+            return True
+    return False
+
+
+def decide_backend(has_module: bool, has_functions: bool) -> str:
+    if has_module:
+        return MODULE
+    if has_functions:
+        return FUNCTIONS
+    raise BackendNotFound(NO_BACKEND)
+
+
+class Protocol:
+    """Encodes commands for one backend (``module`` or ``functions``)."""
+
+    def __init__(self, backend: str) -> None:
+        if backend not in (MODULE, FUNCTIONS):
+            raise ValueError(f"backend must be 'module' or 'functions', not {backend!r}")
+        self.backend = backend
+
+    def _cmd(self, name: str, keys: Sequence[str], rest: Sequence[Arg]) -> Args:
+        if self.backend == MODULE:
+            return ("RL." + name.upper(), *keys, *rest)
+        return ("FCALL", "rl_" + name.lower(), len(keys), *keys, *rest)
+
+    def take(
+        self,
+        key: str,
+        rate: float,
+        cap: float,
+        n: int = 1,
+        withstate: bool = True,
+        init: Optional[float] = None,
+    ) -> Args:
+        rest: List[Arg] = [num(rate), num(cap), n]
+        if withstate:
+            rest.append("WITHSTATE")
+        if init is not None:
+            rest += ["INIT", num(init)]
+        return self._cmd("take", [key], rest)
+
+    def lease(
+        self,
+        key: str,
+        rate: float,
+        cap: float,
+        n: int,
+        ttl_ms: int,
+        min_tokens: int = 1,
+        settle: Optional[Tuple[int, int]] = None,
+        init: Optional[float] = None,
+    ) -> Args:
+        rest: List[Arg] = [num(rate), num(cap), n, ttl_ms]
+        if min_tokens != 1:
+            rest += ["MIN", min_tokens]
+        if settle is not None:
+            rest += ["RETURN", settle[0], settle[1]]
+        if init is not None:
+            rest += ["INIT", num(init)]
+        return self._cmd("lease", [key], rest)
+
+    def return_(self, key: str, lease_id: int, unused: int) -> Args:
+        return self._cmd("return", [key], [lease_id, unused])
+
+    def peek(self, key: str) -> Args:
+        return self._cmd("peek", [key], [])
+
+    def mtake(
+        self,
+        buckets: Sequence[Tuple[str, float, float]],
+        n: int = 1,
+        withstate: bool = False,
+        init: Optional[float] = None,
+    ) -> Args:
+        opts: List[Arg] = []
+        if withstate:
+            opts.append("WITHSTATE")
+        if init is not None:
+            opts += ["INIT", num(init)]
+        if self.backend == MODULE:
+            flat: List[Arg] = [n]
+            for key, rate, cap in buckets:
+                flat += [key, num(rate), num(cap)]
+            return ("RL.MTAKE", *flat, *opts)
+        limits: List[Arg] = [n]
+        for _, rate, cap in buckets:
+            limits += [num(rate), num(cap)]
+        return self._cmd("mtake", [b[0] for b in buckets], [*limits, *opts])
+
+    def reserve(
+        self,
+        key: str,
+        rate: float,
+        cap: float,
+        n: int,
+        max_wait_ms: int,
+        init: Optional[float] = None,
+    ) -> Args:
+        rest: List[Arg] = [num(rate), num(cap), n, max_wait_ms]
+        if init is not None:
+            rest += ["INIT", num(init)]
+        return self._cmd("reserve", [key], rest)
+
+    def refund(self, key: str, n: int) -> Args:
+        return self._cmd("refund", [key], [n])
+
+    def acquire(self, key: str, limit: int, ttl_ms: int) -> Args:
+        return self._cmd("acquire", [key], [limit, ttl_ms])
+
+    def release(self, key: str, permit_id: int) -> Args:
+        return self._cmd("release", [key], [permit_id])
+
+    def renew(self, key: str, permit_id: int, ttl_ms: int) -> Args:
+        return self._cmd("renew", [key], [permit_id, ttl_ms])

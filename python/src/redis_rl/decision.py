@@ -1,0 +1,68 @@
+"""The answer to one request for tokens, and its HTTP rendering."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Dict
+
+
+class Source(enum.Enum):
+    """Who made a decision."""
+
+    #: Redis decided (``RL.TAKE``, or an ``RL.LEASE`` made for this request).
+    SERVER = "server"
+    #: Spent from a batch leased earlier; no Redis call.
+    LEASE = "lease"
+    #: Decided locally by the failure policy because Redis was unavailable or slow.
+    FALLBACK = "fallback"
+
+
+def ceil_secs(ms: int) -> int:
+    return -(-max(0, ms) // 1000)
+
+
+def format_limit(cap: float) -> str:
+    if float(cap).is_integer() and abs(cap) < 1e15:
+        return str(int(cap))
+    return repr(float(cap))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A rate-limit decision. ``bool(decision)`` is ``decision.granted``.
+
+    ``remaining``, ``retry_after_ms`` and ``reset_after_ms`` are the bucket's state as Redis
+    reported it for ``Source.SERVER`` decisions of ``Limiter``; for the other sources they
+    are the local state (the leased batch, or the local fallback bucket).
+    """
+
+    granted: bool
+    remaining: float
+    retry_after_ms: int
+    reset_after_ms: int
+    #: Tokens granted: the n asked for, or 0.
+    tokens: int = 0
+    #: The bucket's capacity (``X-RateLimit-Limit``).
+    limit: float = 0.0
+    source: Source = Source.SERVER
+
+    def __bool__(self) -> bool:
+        return self.granted
+
+    @property
+    def retry_after_secs(self) -> int:
+        """``Retry-After``: whole seconds, rounded up, at least 1."""
+        return max(1, ceil_secs(self.retry_after_ms))
+
+    def headers(self) -> Dict[str, str]:
+        """``X-RateLimit-Limit/Remaining/Reset``, and ``Retry-After`` when denied."""
+        h = {
+            "X-RateLimit-Limit": format_limit(self.limit),
+            "X-RateLimit-Remaining": str(max(0, math.floor(self.remaining))),
+            "X-RateLimit-Reset": str(ceil_secs(self.reset_after_ms)),
+        }
+        if not self.granted:
+            h["Retry-After"] = str(self.retry_after_secs)
+        return h

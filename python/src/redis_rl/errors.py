@@ -1,0 +1,25 @@
+"""Exceptions of redis-rl."""
+
+from __future__ import annotations
+
+
+class RedisRLError(Exception):
+    """Base class of the errors this package raises itself."""
+
+
+class BackendNotFound(RedisRLError):
+    """Neither the module nor the Functions library ``rl`` is on the server."""
+
+
+class ProtocolError(RedisRLError):
+    """A reply did not have the shape the protocol promises."""
+
+
+class PermitDenied(RedisRLError):
+    """``permit()`` could not get a slot within its wait."""
+
+    def __init__(self, key: str, in_use: int, retry_after_ms: int) -> None:
+        super().__init__(f"no permit for {key!r}: {in_use} in use, retry after {retry_after_ms} ms")
+        self.key = key
+        self.in_use = in_use
+        self.retry_after_ms = retry_after_ms

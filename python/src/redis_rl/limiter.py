@@ -1,0 +1,371 @@
+"""``Limiter`` / ``AsyncLimiter``: one ``RL.TAKE ... WITHSTATE`` per request, plus
+``reserve`` / ``refund``, with a timeout per call and a failure policy."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any, List, Optional, Sequence, Tuple
+
+from . import _protocol as p
+from ._call import FAILURES, AsyncCaller, SyncCaller, aresolve_backend, resolve_backend
+from .decision import Decision, Source
+from .metrics import Metrics
+from .policy import ALLOW, FailurePolicy, Fallback, Health
+
+
+def check_limit(rate: float, cap: float) -> None:
+    if not (1e-9 <= rate <= 1e15) or not (1e-9 <= cap <= 1e15):
+        raise ValueError("rate and cap must be numbers between 1e-9 and 1e15")
+
+
+def check_n(n: int, cap: float) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError("n must be a positive integer")
+    if n > cap:
+        raise ValueError("n must not exceed cap (it could never be granted)")
+
+
+class _LimiterCore:
+    """State shared by the sync and asyncio limiters: limit, policy, health, counters."""
+
+    def __init__(
+        self,
+        key: str,
+        rate: float,
+        cap: float,
+        policy: FailurePolicy,
+        timeout: Optional[float],
+        probe_interval: float,
+        backend: str,
+        init: Optional[float],
+        metrics: Optional[Metrics],
+        deny_retry_after_ms: int,
+    ) -> None:
+        check_limit(rate, cap)
+        if backend not in p.BACKENDS:
+            raise ValueError(f"backend must be one of {p.BACKENDS}, not {backend!r}")
+        self.key = key
+        self.rate = float(rate)
+        self.cap = float(cap)
+        self.policy = policy
+        self.timeout = timeout
+        self.init = init
+        self.backend = backend
+        self.protocol: Optional[p.Protocol] = None if backend == p.AUTO else p.Protocol(backend)
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.health = Health(probe_interval)
+        self.fallback = Fallback(policy, self.rate, self.cap, deny_retry_after_ms)
+
+    def server_decision(self, key: str, n: int, reply: p.TakeReply) -> Decision:
+        if self.health.succeeded():
+            self.fallback.end_outage()
+        granted = reply.granted > 0
+        self.fallback.observe(key, reply.granted, reply.remaining)
+        self.metrics.decided(granted, n if granted else 0, False)
+        return Decision(
+            granted,
+            reply.remaining,
+            reply.retry_after_ms,
+            reply.reset_after_ms,
+            n if granted else 0,
+            self.cap,
+            Source.SERVER,
+        )
+
+    def fallback_decision(self, key: str, n: int) -> Decision:
+        d = self.fallback.decide(key, n)
+        self.metrics.decided(d.granted, d.tokens, True)
+        return d
+
+
+class _Base:
+    _core: _LimiterCore
+
+    @property
+    def key(self) -> str:
+        return self._core.key
+
+    @property
+    def rate(self) -> float:
+        return self._core.rate
+
+    @property
+    def cap(self) -> float:
+        return self._core.cap
+
+    @property
+    def metrics(self) -> Metrics:
+        return self._core.metrics
+
+    @property
+    def backend(self) -> Optional[str]:
+        """``module`` or ``functions`` once known (``auto`` resolves on the first call)."""
+        proto = self._core.protocol
+        return proto.backend if proto is not None else None
+
+
+class Limiter(_Base):
+    """A token bucket ``rate`` tokens/s, bursts of ``cap``, on ``key`` (any other key may be
+    passed per call). Each ``take`` is one ``RL.TAKE key rate cap n WITHSTATE``.
+
+    Redis failures and calls slower than ``timeout`` seconds go to ``policy``; Redis is
+    asked again after ``probe_interval`` seconds (one caller probes, the others decide
+    locally), and the first answer ends the outage.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        key: str,
+        rate: float,
+        cap: float,
+        *,
+        policy: FailurePolicy = ALLOW,
+        timeout: Optional[float] = 0.2,
+        probe_interval: float = 0.5,
+        backend: str = p.AUTO,
+        init: Optional[float] = None,
+        metrics: Optional[Metrics] = None,
+        deny_retry_after_ms: int = 1000,
+    ) -> None:
+        self._core = _LimiterCore(
+            key,
+            rate,
+            cap,
+            policy,
+            timeout,
+            probe_interval,
+            backend,
+            init,
+            metrics,
+            deny_retry_after_ms,
+        )
+        self.client = client
+        self._call = SyncCaller(client, timeout, self._core.metrics)
+        self._last: Optional[Decision] = None
+
+    def _protocol(self) -> p.Protocol:
+        core = self._core
+        if core.protocol is None:
+            core.protocol = resolve_backend(self.client, self._call, core.backend)
+        return core.protocol
+
+    def take(self, n: int = 1, *, key: Optional[str] = None) -> Decision:
+        """Takes ``n`` tokens if they are all there. Raises only for an ``n`` that can never
+        be granted; Redis failures go to the failure policy (``decision.source``)."""
+        core = self._core
+        check_n(n, core.cap)
+        key = core.key if key is None else key
+        core.metrics.add("calls")
+        if not core.health.may_call():
+            d = core.fallback_decision(key, n)
+        else:
+            try:
+                proto = self._protocol()
+                args = proto.take(key, core.rate, core.cap, n, True, core.init)
+                d = core.server_decision(key, n, p.parse_take(self._call(args)))
+            except FAILURES:
+                core.health.failed()
+                d = core.fallback_decision(key, n)
+        self._last = d
+        return d
+
+    def take_from_server(self, n: int = 1, *, key: Optional[str] = None) -> p.TakeReply:
+        """The bare ``RL.TAKE ... WITHSTATE`` call: no policy, every error raised."""
+        core = self._core
+        key = core.key if key is None else key
+        return p.parse_take(
+            self._call(self._protocol().take(key, core.rate, core.cap, n, True, core.init))
+        )
+
+    def headers(self) -> dict[str, str]:
+        """The HTTP headers of the last decision (empty before the first)."""
+        return self._last.headers() if self._last is not None else {}
+
+    def reserve(self, n: int = 1, max_wait: float = 1.0, *, key: Optional[str] = None) -> Decision:
+        """``RL.RESERVE``: takes ``n`` tokens now, possibly into debt, and sleeps the wait the
+        server gives before returning. Denied (no sleep) if the wait would exceed
+        ``max_wait`` seconds; ``retry_after_ms`` then says the wait needed. Redis failures
+        go to the failure policy (which never sleeps)."""
+        core = self._core
+        check_n(n, core.cap)
+        key = core.key if key is None else key
+        core.metrics.add("calls")
+        if not core.health.may_call():
+            return core.fallback_decision(key, n)
+        try:
+            args = self._protocol().reserve(
+                key, core.rate, core.cap, n, math.floor(max_wait * 1000), core.init
+            )
+            r = p.parse_reserve(self._call(args))
+        except FAILURES:
+            core.health.failed()
+            return core.fallback_decision(key, n)
+        d = _reserve_decision(core, key, n, r)
+        if d.granted and r.wait_ms > 0:
+            time.sleep(r.wait_ms / 1000)
+        return d
+
+    def refund(self, n: int, *, key: Optional[str] = None) -> int:
+        """``RL.REFUND``: gives back ``n`` tokens (say the reserved call was never made);
+        returns the tokens credited. Raises on Redis errors."""
+        key = self._core.key if key is None else key
+        return p.to_int(self._call(self._protocol().refund(key, n)))
+
+    def peek(self, *, key: Optional[str] = None) -> Optional[p.PeekReply]:
+        """``RL.PEEK``: the bucket's state, consuming nothing (``None``: no key, full)."""
+        key = self._core.key if key is None else key
+        return p.parse_peek(self._call(self._protocol().peek(key)))
+
+
+def _reserve_decision(core: _LimiterCore, key: str, n: int, r: p.ReserveReply) -> Decision:
+    if core.health.succeeded():
+        core.fallback.end_outage()
+    granted = r.granted > 0
+    core.metrics.decided(granted, n if granted else 0, False)
+    return Decision(
+        granted,
+        r.remaining,
+        0 if granted else r.wait_ms,
+        r.reset_after_ms,
+        n if granted else 0,
+        core.cap,
+        Source.SERVER,
+    )
+
+
+class AsyncLimiter(_Base):
+    """The asyncio twin of :class:`Limiter` (for ``redis.asyncio`` clients)."""
+
+    def __init__(
+        self,
+        client: Any,
+        key: str,
+        rate: float,
+        cap: float,
+        *,
+        policy: FailurePolicy = ALLOW,
+        timeout: Optional[float] = 0.2,
+        probe_interval: float = 0.5,
+        backend: str = p.AUTO,
+        init: Optional[float] = None,
+        metrics: Optional[Metrics] = None,
+        deny_retry_after_ms: int = 1000,
+    ) -> None:
+        self._core = _LimiterCore(
+            key,
+            rate,
+            cap,
+            policy,
+            timeout,
+            probe_interval,
+            backend,
+            init,
+            metrics,
+            deny_retry_after_ms,
+        )
+        self.client = client
+        self._call = AsyncCaller(client, timeout, self._core.metrics)
+        self._last: Optional[Decision] = None
+
+    async def _protocol(self) -> p.Protocol:
+        core = self._core
+        if core.protocol is None:
+            core.protocol = await aresolve_backend(self.client, self._call, core.backend)
+        return core.protocol
+
+    async def take(self, n: int = 1, *, key: Optional[str] = None) -> Decision:
+        core = self._core
+        check_n(n, core.cap)
+        key = core.key if key is None else key
+        core.metrics.add("calls")
+        if not core.health.may_call():
+            d = core.fallback_decision(key, n)
+        else:
+            try:
+                proto = await self._protocol()
+                args = proto.take(key, core.rate, core.cap, n, True, core.init)
+                d = core.server_decision(key, n, p.parse_take(await self._call(args)))
+            except FAILURES:
+                core.health.failed()
+                d = core.fallback_decision(key, n)
+        self._last = d
+        return d
+
+    async def take_from_server(self, n: int = 1, *, key: Optional[str] = None) -> p.TakeReply:
+        core = self._core
+        key = core.key if key is None else key
+        proto = await self._protocol()
+        return p.parse_take(
+            await self._call(proto.take(key, core.rate, core.cap, n, True, core.init))
+        )
+
+    def headers(self) -> dict[str, str]:
+        return self._last.headers() if self._last is not None else {}
+
+    async def reserve(
+        self, n: int = 1, max_wait: float = 1.0, *, key: Optional[str] = None
+    ) -> Decision:
+        core = self._core
+        check_n(n, core.cap)
+        key = core.key if key is None else key
+        core.metrics.add("calls")
+        if not core.health.may_call():
+            return core.fallback_decision(key, n)
+        try:
+            proto = await self._protocol()
+            args = proto.reserve(
+                key, core.rate, core.cap, n, math.floor(max_wait * 1000), core.init
+            )
+            r = p.parse_reserve(await self._call(args))
+        except FAILURES:
+            core.health.failed()
+            return core.fallback_decision(key, n)
+        d = _reserve_decision(core, key, n, r)
+        if d.granted and r.wait_ms > 0:
+            await asyncio.sleep(r.wait_ms / 1000)
+        return d
+
+    async def refund(self, n: int, *, key: Optional[str] = None) -> int:
+        key = self._core.key if key is None else key
+        proto = await self._protocol()
+        return p.to_int(await self._call(proto.refund(key, n)))
+
+    async def peek(self, *, key: Optional[str] = None) -> Optional[p.PeekReply]:
+        key = self._core.key if key is None else key
+        proto = await self._protocol()
+        return p.parse_peek(await self._call(proto.peek(key)))
+
+
+def mtake(
+    client: Any,
+    buckets: Sequence[Tuple[str, float, float]],
+    n: int = 1,
+    *,
+    withstate: bool = False,
+    init: Optional[float] = None,
+    backend: str = p.AUTO,
+) -> p.MTakeReply:
+    """``RL.MTAKE``: ``n`` tokens from every ``(key, rate, cap)`` bucket, or from none. In a
+    cluster the keys must share a hash tag. Raises on Redis errors (no failure policy)."""
+    proto = resolve_backend(client, lambda a, **o: client.execute_command(*a, **o), backend)
+    return p.parse_mtake(client.execute_command(*proto.mtake(buckets, n, withstate, init)))
+
+
+async def amtake(
+    client: Any,
+    buckets: Sequence[Tuple[str, float, float]],
+    n: int = 1,
+    *,
+    withstate: bool = False,
+    init: Optional[float] = None,
+    backend: str = p.AUTO,
+) -> p.MTakeReply:
+    """The asyncio twin of :func:`mtake`."""
+    proto = await aresolve_backend(client, lambda a, **o: client.execute_command(*a, **o), backend)
+    return p.parse_mtake(await client.execute_command(*proto.mtake(buckets, n, withstate, init)))
+
+
+__all__: List[str] = ["AsyncLimiter", "Limiter", "amtake", "mtake"]

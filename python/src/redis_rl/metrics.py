@@ -1,0 +1,87 @@
+"""Counters every limiter keeps, exportable as Prometheus text."""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict
+
+FIELDS = (
+    "calls",
+    "granted",
+    "denied",
+    "tokens_granted",
+    "leases",
+    "lease_tokens",
+    "leases_denied",
+    "leases_expired",
+    "returns",
+    "tokens_returned",
+    "fallback_decisions",
+    "fallback_granted",
+    "redis_calls",
+    "redis_errors",
+    "redis_timeouts",
+)
+
+HELP = {
+    "calls": "take() calls",
+    "granted": "decisions that let the request through",
+    "denied": "decisions that refused the request",
+    "tokens_granted": "tokens granted",
+    "leases": "RL.LEASE calls that granted tokens",
+    "lease_tokens": "tokens leased",
+    "leases_denied": "RL.LEASE calls that granted nothing",
+    "leases_expired": "leases dropped locally at their TTL with tokens unspent",
+    "returns": "leases settled (RETURN option or RL.RETURN)",
+    "tokens_returned": "unspent tokens sent back",
+    "fallback_decisions": "decisions made by the failure policy (Redis unavailable or slow)",
+    "fallback_granted": "fallback decisions that let the request through",
+    "redis_calls": "calls to Redis",
+    "redis_errors": "calls to Redis that failed (timeouts included)",
+    "redis_timeouts": "calls to Redis that timed out",
+}
+
+
+class Metrics:
+    """Thread-safe counters; share one between limiters by passing ``metrics=``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: Dict[str, int] = dict.fromkeys(FIELDS, 0)
+
+    def add(self, field: str, value: int = 1) -> None:
+        with self._lock:
+            self._values[field] += value
+
+    def decided(self, granted: bool, tokens: int, fallback: bool) -> None:
+        with self._lock:
+            v = self._values
+            if granted:
+                v["granted"] += 1
+                v["tokens_granted"] += tokens
+            else:
+                v["denied"] += 1
+            if fallback:
+                v["fallback_decisions"] += 1
+                if granted:
+                    v["fallback_granted"] += 1
+
+    def __getitem__(self, field: str) -> int:
+        return self._values[field]
+
+    @property
+    def fallback_decisions(self) -> int:
+        """Decisions made by the failure policy: alert on it."""
+        return self._values["fallback_decisions"]
+
+    def snapshot(self) -> Dict[str, int]:
+        with self._lock:
+            return dict(self._values)
+
+    def to_prometheus(self, prefix: str = "redis_rl") -> str:
+        """The counters in the Prometheus text exposition format."""
+        lines = []
+        for field, value in self.snapshot().items():
+            name = f"{prefix}_{field}_total"
+            lines += [f"# HELP {name} {HELP[field]}", f"# TYPE {name} counter", f"{name} {value}"]
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,161 @@
+"""Fixtures: real redis-servers on free loopback ports, in temp dirs.
+
+- The module is ``$RL_MODULE`` if set, else ``<repo>/target/debug/libredis_rl.so``.
+- The server binary is ``$RL_SERVER`` if set, else ``redis-server``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Iterator, List, Optional
+
+import pytest
+import redis
+
+REPO = Path(__file__).resolve().parents[2]
+MODULE = Path(os.environ.get("RL_MODULE") or REPO / "target" / "debug" / "libredis_rl.so")
+SERVER = os.environ.get("RL_SERVER") or "redis-server"
+FUNCTIONS_LUA = REPO / "functions" / "rl.lua"
+
+
+def free_port(bus: bool = False) -> int:
+    """A free loopback port; with ``bus``, one whose cluster bus port (+10000) is free too."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if not bus:
+            return port
+        if port + 10000 < 65536:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
+
+
+class Server:
+    """One redis-server process; can be killed, restarted on the same port, paused."""
+
+    def __init__(self, workdir: Path, module: bool = True, extra: Optional[List[str]] = None):
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.module = module
+        self.extra = extra or []
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+        cluster = "--cluster-enabled" in self.extra
+        for attempt in range(3):  # another process may take the port between pick and bind
+            self.port = free_port(bus=cluster)
+            try:
+                self.start()
+                return
+            except RuntimeError:
+                self.stop()
+                if attempt == 2:
+                    raise
+
+    def args(self) -> List[str]:
+        args = [SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", str(self.dir)]
+        if self.module:
+            args += ["--loadmodule", str(MODULE)]
+        return args + self.extra
+
+    def start(self) -> None:
+        log = open(self.dir / "server.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            self.args(), stdout=log, stderr=subprocess.STDOUT, cwd=self.dir
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"redis-server exited: {(self.dir / 'server.log').read_text()[-2000:]}"
+                )
+            try:
+                if redis.Redis(port=self.port, socket_timeout=1).ping():
+                    return
+            except redis.exceptions.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        kwargs.setdefault("socket_timeout", 2)
+        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.resume()
+            self.proc.kill()
+            self.proc.wait()
+
+
+def has_command(client: redis.Redis, name: str) -> bool:
+    reply = client.execute_command("COMMAND INFO", name)
+    return bool(reply) and reply[0] is not None
+
+
+def _check_setup() -> None:
+    if shutil.which(SERVER) is None and not Path(SERVER).exists():
+        pytest.exit(f"redis-server binary not found: {SERVER} (set RL_SERVER)", 2)
+    if not MODULE.exists():
+        pytest.exit(f"module not found: {MODULE} (cargo build -p redis-rl, or set RL_MODULE)", 2)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A shared server with the module; tests use their own keys."""
+    _check_setup()
+    s = Server(tmp_path_factory.mktemp("redis"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[Server]:
+    """A server of this test's own (to kill, restart or pause)."""
+    _check_setup()
+    s = Server(tmp_path / "redis")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(params=[2, 3], ids=["resp2", "resp3"])
+def protocol(request: pytest.FixtureRequest) -> int:
+    return int(request.param)
+
+
+@pytest.fixture
+def key(request: pytest.FixtureRequest) -> str:
+    """A key unique to this test (and parameter)."""
+    return f"t:{request.node.name}:{time.monotonic_ns()}"
+
+
+def info_rl(client: redis.Redis) -> dict[str, Any]:
+    return dict(client.info("rl"))

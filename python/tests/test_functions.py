@@ -1,0 +1,61 @@
+"""The Functions backend: the library ``rl`` (functions/rl.lua) on a server without the module.
+Runs when functions/rl.lua exists in the repository."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from conftest import FUNCTIONS_LUA, Server, _check_setup
+from test_limiter import CAP, RATE, SEQ, check, expected
+
+import redis_rl
+from redis_rl import Limiter, PrefetchLimiter
+
+pytestmark = pytest.mark.skipif(
+    not FUNCTIONS_LUA.exists(),
+    reason=f"{FUNCTIONS_LUA.relative_to(FUNCTIONS_LUA.parents[1])} is not in this checkout yet",
+)
+
+
+@pytest.fixture(scope="module")
+def fserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    _check_setup()
+    s = Server(Path(tmp_path_factory.mktemp("functions")), module=False)
+    s.client().execute_command("FUNCTION", "LOAD", "REPLACE", FUNCTIONS_LUA.read_text())
+    yield s
+    s.stop()
+
+
+def test_auto_picks_functions_and_decisions_match(fserver: Server, protocol: int, key: str) -> None:
+    lim = Limiter(fserver.client(protocol=protocol), key, RATE, CAP)
+    for n, (ok, tokens) in zip(SEQ, expected(SEQ)):
+        check(lim.take(n), n, ok, tokens)
+    assert lim.backend == "functions"
+    peek = lim.peek()
+    assert peek is not None and peek.cap == CAP
+
+
+def test_prefetch_over_functions(fserver: Server, key: str) -> None:
+    r = fserver.client()
+    with PrefetchLimiter(r, key, 1e-6, 100, batch=10, backend="functions") as lim:
+        assert sum(lim.take() for _ in range(3)) == 3
+    peek = Limiter(r, key, 1e-6, 100, backend="functions").peek()
+    assert peek is not None and math.floor(peek.tokens) == 97 and peek.leases == 0
+
+
+def test_mtake_over_functions(fserver: Server, key: str) -> None:
+    r = fserver.client()
+    got = redis_rl.mtake(r, [(f"{{{key}}}:a", 1, 2), (f"{{{key}}}:b", 1, 1)], 1, withstate=True)
+    assert got.granted == 1 and got.remaining is not None
+    got = redis_rl.mtake(r, [(f"{{{key}}}:a", 1, 2), (f"{{{key}}}:b", 1, 1)], 1)
+    assert got.granted == 0 and got.denied_by == f"{{{key}}}:b"
+
+
+def test_module_backend_forced_on_a_functions_server(fserver: Server, key: str) -> None:
+    # backend="module" where only the library exists: Redis errors go to the policy.
+    lim = Limiter(fserver.client(), key, 1, 2, backend="module", policy=redis_rl.DENY)
+    d = lim.take()
+    assert not d.granted and d.source is redis_rl.Source.FALLBACK

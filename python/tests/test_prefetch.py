@@ -1,0 +1,188 @@
+"""PrefetchLimiter / AsyncPrefetchLimiter against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import multiprocessing
+import threading
+import time
+
+import redis
+import redis.asyncio as aredis
+from conftest import Server, info_rl
+
+from redis_rl import DENY, AsyncPrefetchLimiter, PrefetchLimiter, Source
+
+TINY = 1e-6  # refill negligible: counts are exact
+
+
+def peek(r: redis.Redis, key: str) -> dict[str, float]:
+    reply = r.execute_command("RL.PEEK", key)
+    pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2])
+    return {k.decode(): float(v) for k, v in pairs}
+
+
+def test_spends_locally_and_returns_leftovers(server: Server, protocol: int, key: str) -> None:
+    r = server.client(protocol=protocol)
+    before = info_rl(r)
+    with PrefetchLimiter(r, key, TINY, 100, batch=10, renew_at=0.0) as lim:
+        assert all(lim.take() for _ in range(3))
+        assert lim.held == 7
+        assert lim.metrics["leases"] == 1  # one lease for three grants
+        state = peek(r, key)
+        assert state["leases"] == 1 and state["leased_tokens"] == 10
+        assert math.floor(state["tokens"]) == 90
+    after = info_rl(r)
+    assert after["rl_tokens_returned"] - before["rl_tokens_returned"] == 7
+    assert after["rl_returns"] - before["rl_returns"] == 1
+    state = peek(r, key)
+    assert state["leases"] == 0 and math.floor(state["tokens"]) == 97
+    assert lim.held == 0
+
+
+def test_renews_ahead_and_settles_in_the_same_call(server: Server, key: str) -> None:
+    r = server.client()
+    lim = PrefetchLimiter(r, key, TINY, 100, batch=10, renew_at=0.5, jitter=0.0)
+    for _ in range(4):
+        assert lim.take()
+    assert lim.metrics["leases"] == 1 and lim.held == 6
+    assert lim.take()  # 5 left: at the threshold, the next batch comes before running out
+    assert lim.metrics["leases"] == 2 and lim.held == 15
+    assert peek(r, key)["leases"] == 2
+    before = info_rl(r)
+    for _ in range(10):  # the older lease is spent first, then the newer down to 5
+        assert lim.take()
+    # The third lease returned the (empty) first one in the same RL.LEASE call.
+    assert lim.metrics["leases"] == 3 and lim.metrics["returns"] == 1
+    assert info_rl(r)["rl_returns"] - before["rl_returns"] == 1
+    assert peek(r, key)["leases"] == 2
+    lim.close()
+    assert peek(r, key)["leases"] == 0
+
+
+def test_denied_when_the_bucket_is_empty(server: Server, key: str) -> None:
+    r = server.client()
+    lim = PrefetchLimiter(r, key, TINY, 4, batch=4, renew_at=0.0)
+    assert sum(lim.take() for _ in range(10)) == 4
+    d = lim.decide()
+    assert not d.granted and d.retry_after_ms > 0
+    # The denial is remembered: no call per denied request.
+    calls = lim.metrics["redis_calls"]
+    assert not lim.take() and lim.metrics["redis_calls"] == calls
+
+
+def test_lease_not_spent_past_ttl_from_send(own_server: Server, key: str) -> None:
+    # The reply arrives after ttl has passed since the call was sent: nothing is spent.
+    r = own_server.client(socket_timeout=5)
+    lim = PrefetchLimiter(r, key, TINY, 100, batch=10, ttl_ms=200, timeout=5, backend="module")
+    results: list[bool] = []
+    own_server.pause()
+    try:
+        t = threading.Thread(target=lambda: results.append(lim.take()))
+        t.start()
+        deadline = time.monotonic() + 10
+        while lim.metrics["redis_calls"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert lim.metrics["redis_calls"] == 1
+        time.sleep(0.4)  # longer than the ttl, while the call is in flight
+    finally:
+        own_server.resume()
+    t.join(10)
+    assert results == [False]
+    assert lim.held == 0 and lim.metrics["leases_expired"] == 1
+    # A later take leases afresh.
+    assert lim.take() and lim.held == 9
+
+
+def test_expired_lease_is_dropped(server: Server, key: str) -> None:
+    r = server.client()
+    lim = PrefetchLimiter(r, key, TINY, 100, batch=10, ttl_ms=50, renew_at=0.0)
+    assert lim.take() and lim.held == 9
+    time.sleep(0.1)
+    assert lim.held == 0 and lim.metrics["leases_expired"] == 1
+
+
+def test_async_renews_in_background_and_returns(server: Server, protocol: int, key: str) -> None:
+    async def run() -> None:
+        r = aredis.Redis(port=server.port, protocol=protocol)
+        async with AsyncPrefetchLimiter(r, key, TINY, 100, batch=10, renew_at=0.5, jitter=0) as lim:
+            for _ in range(5):
+                d = await lim.decide()
+                assert d.granted
+            # The 5th take started a renewal without waiting for it.
+            assert d.source is Source.LEASE
+            while lim.metrics["leases"] < 2:
+                await asyncio.sleep(0.005)
+            assert lim.held == 15
+        state = await r.execute_command("RL.PEEK", key)
+        fields = state if isinstance(state, dict) else dict(zip(state[::2], state[1::2]))
+        assert int(fields[b"leases"]) == 0
+        assert math.floor(float(fields[b"tokens"])) == 95
+        assert lim.metrics["tokens_returned"] == 15
+        await r.aclose()
+
+    asyncio.run(run())
+
+
+POLICY = DENY
+RATE, CAP, BATCH, TTL_MS, INSTANCES, SECONDS = 200.0, 50.0, 10, 300, 8, 3.0
+
+
+def _worker(port: int, key: str, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    r = redis.Redis(port=port, socket_timeout=2)
+    spent = 0
+    # DENY: a call slowed past its timeout on this busy machine must not let tokens out
+    # (ALLOW would, by design); the bound is about what the server lets out.
+    with PrefetchLimiter(r, key, RATE, CAP, batch=BATCH, ttl_ms=TTL_MS, policy=POLICY) as lim:
+        end = time.monotonic() + SECONDS
+        while time.monotonic() < end:
+            if lim.take():
+                spent += 1
+            else:
+                time.sleep(0.001)
+    out.put(spent)
+
+
+def test_fleet_bound_processes(server: Server, key: str) -> None:
+    ctx = multiprocessing.get_context("fork")
+    out: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
+    start = time.monotonic()
+    procs = [ctx.Process(target=_worker, args=(server.port, key, out)) for _ in range(INSTANCES)]
+    for p in procs:
+        p.start()
+    spent = [out.get(timeout=30) for _ in procs]
+    for p in procs:
+        p.join(10)
+    elapsed = time.monotonic() - start
+    bound = CAP + RATE * elapsed + BATCH * INSTANCES
+    assert sum(spent) <= bound, (spent, bound)
+    assert sum(spent) >= CAP  # the full bucket at least was spent
+    assert all(p.exitcode == 0 for p in procs)
+
+
+def test_fleet_bound_tasks(server: Server, key: str) -> None:
+    async def worker(r: aredis.Redis) -> int:
+        spent = 0
+        async with AsyncPrefetchLimiter(
+            r, key, RATE, CAP, batch=BATCH, ttl_ms=TTL_MS, policy=POLICY
+        ) as lim:
+            end = time.monotonic() + SECONDS
+            while time.monotonic() < end:
+                if await lim.take():
+                    spent += 1
+                    await asyncio.sleep(0)
+                else:
+                    await asyncio.sleep(0.001)
+        return spent
+
+    async def run() -> tuple[int, float]:
+        r = aredis.Redis(port=server.port)
+        start = time.monotonic()
+        spent = await asyncio.gather(*(worker(r) for _ in range(INSTANCES)))
+        elapsed = time.monotonic() - start
+        await r.aclose()
+        return sum(spent), elapsed
+
+    spent, elapsed = asyncio.run(run())
+    assert CAP <= spent <= CAP + RATE * elapsed + BATCH * INSTANCES

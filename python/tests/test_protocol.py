@@ -1,0 +1,151 @@
+"""Wire encoding and reply normalisation (no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from redis_rl import _protocol as p
+from redis_rl.decision import Decision, Source
+from redis_rl.errors import BackendNotFound
+from redis_rl.policy import DENY, FailurePolicy, Fallback, LocalBucket
+
+
+def test_module_commands() -> None:
+    m = p.Protocol("module")
+    assert m.take("k", 5, 10, 2) == ("RL.TAKE", "k", "5", "10", 2, "WITHSTATE")
+    assert m.take("k", 0.5, 10.25, 1, False, init=0) == (
+        "RL.TAKE",
+        "k",
+        "0.5",
+        "10.25",
+        1,
+        "INIT",
+        "0",
+    )
+    assert m.lease("k", 100, 200, 20, 2000, 3, (7, 4)) == (
+        "RL.LEASE",
+        "k",
+        "100",
+        "200",
+        20,
+        2000,
+        "MIN",
+        3,
+        "RETURN",
+        7,
+        4,
+    )
+    assert m.return_("k", 7, 4) == ("RL.RETURN", "k", 7, 4)
+    assert m.mtake([("a", 1, 2), ("b", 3, 4)], 1, True) == (
+        "RL.MTAKE",
+        1,
+        "a",
+        "1",
+        "2",
+        "b",
+        "3",
+        "4",
+        "WITHSTATE",
+    )
+    assert m.reserve("k", 1, 2, 1, 500) == ("RL.RESERVE", "k", "1", "2", 1, 500)
+    assert m.refund("k", 3) == ("RL.REFUND", "k", 3)
+    assert m.acquire("k", 4, 1000) == ("RL.ACQUIRE", "k", 4, 1000)
+    assert m.release("k", 9) == ("RL.RELEASE", "k", 9)
+    assert m.renew("k", 9, 1000) == ("RL.RENEW", "k", 9, 1000)
+
+
+def test_functions_commands() -> None:
+    f = p.Protocol("functions")
+    assert f.take("k", 5, 10, 2) == ("FCALL", "rl_take", 1, "k", "5", "10", 2, "WITHSTATE")
+    assert f.peek("k") == ("FCALL", "rl_peek", 1, "k")
+    assert f.mtake([("a", 1, 2), ("b", 3, 4)], 2, True, 0) == (
+        "FCALL",
+        "rl_mtake",
+        2,
+        "a",
+        "b",
+        2,
+        "1",
+        "2",
+        "3",
+        "4",
+        "WITHSTATE",
+        "INIT",
+        "0",
+    )
+    assert f.lease("k", 1, 2, 2, 100, 1, (5, 0))[:4] == ("FCALL", "rl_lease", 1, "k")
+    with pytest.raises(ValueError):
+        p.Protocol("auto")
+
+
+def test_replies_normalised_for_resp2_and_resp3() -> None:
+    assert p.parse_take([1, b"7.5", 0, 1250]) == p.TakeReply(1, 7.5, 0, 1250)
+    assert p.parse_take([0, 7.5, 10, 1250]) == p.TakeReply(0, 7.5, 10, 1250)
+    assert p.parse_take([1, "7.5", 0, 1]) == p.TakeReply(1, 7.5, 0, 1)
+    flat = [
+        b"tokens",
+        b"1.5",
+        b"rate",
+        b"2",
+        b"cap",
+        b"10",
+        b"reset_after_ms",
+        4250,
+        b"leases",
+        1,
+        b"leased_tokens",
+        3,
+    ]
+    as_map = {
+        b"tokens": 1.5,
+        b"rate": 2.0,
+        b"cap": 10.0,
+        b"reset_after_ms": 4250,
+        b"leases": 1,
+        b"leased_tokens": 3,
+    }
+    assert p.parse_peek(flat) == p.parse_peek(as_map) == p.PeekReply(1.5, 2, 10, 4250, 1, 3)
+    assert p.parse_peek(None) is None
+    assert p.parse_mtake([0, b"b", 250]) == p.MTakeReply(0, "b", 250, None)
+    assert p.parse_mtake([1, None, 0, [b"1", 2.5]]).remaining == [1.0, 2.5]
+    with pytest.raises(p.ProtocolError):
+        p.parse_take(1)
+
+
+def test_backend_choice() -> None:
+    assert p.module_present([[b"RL.TAKE", -4]]) and not p.module_present([None])
+    assert p.functions_present([[b"library_name", b"rl", b"engine", b"LUA"]])
+    assert p.functions_present([{"library_name": "rl"}]) and not p.functions_present([])
+    assert p.decide_backend(True, True) == "module"
+    assert p.decide_backend(False, True) == "functions"
+    with pytest.raises(BackendNotFound, match=r"module.*functions"):
+        p.decide_backend(False, False)
+
+
+def test_headers_round_up() -> None:
+    d = Decision(False, 0.7, 1001, 9500, 0, 100.0, Source.SERVER)
+    assert d.headers() == {
+        "X-RateLimit-Limit": "100",
+        "X-RateLimit-Remaining": "0",
+        "X-RateLimit-Reset": "10",
+        "Retry-After": "2",
+    }
+    ok = Decision(True, 3.9, 0, 0, 1, 2.5)
+    assert ok.headers() == {
+        "X-RateLimit-Limit": "2.5",
+        "X-RateLimit-Remaining": "3",
+        "X-RateLimit-Reset": "0",
+    }
+    assert Decision(False, 0, 1, 0).headers()["Retry-After"] == "1"
+
+
+def test_local_policies() -> None:
+    allow = Fallback(FailurePolicy.allow(0.5), 1e-6, 20)
+    assert sum(allow.decide("a", 1).granted for _ in range(50)) == 10
+    assert sum(allow.decide("b", 1).granted for _ in range(50)) == 10
+    deny = Fallback(DENY, 10, 20, deny_retry_after_ms=1500)
+    d = deny.decide("a", 1)
+    assert not d.granted and d.retry_after_ms == 1500 and d.source is Source.FALLBACK
+    b = LocalBucket(2.0, 4.0, 0.0)
+    ok, _, retry, reset = b.take(1)
+    assert not ok and 0 < retry <= 500 and 0 < reset <= 2000
