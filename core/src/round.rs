@@ -112,6 +112,14 @@ pub fn nanos_down(ns: Nanos) -> f64 {
     }
 }
 
+/// How many tokens a debit may round in the caller's favour to land on a whole number of
+/// nanoseconds: 1e-12. A rate written in decimal (`1e-6`) is not a binary double, so one
+/// token at `1e-6`/s is 1e15 ns and a 0.045 ns fraction (4.5e-17 tokens); charging that
+/// fraction as a whole extra nanosecond would make `INIT 1` hold 0.999999999999999 tokens.
+/// Counting it as 1e15 ns lets out at most 1e-12 tokens more per call (a token per 10^12
+/// calls), never a float step of a large cap (0.125 tokens at 1e15: not snapped).
+const SNAP_TOKENS_NS: f64 = 1e-12 * NS;
+
 /// Time to refill `tokens` at `rate`, rounded up to whole nanoseconds: what a debit costs.
 /// Saturates at `u64::MAX` (the callers bound it).
 pub fn refill_nanos_ceil(tokens: f64, rate: f64) -> Nanos {
@@ -121,8 +129,12 @@ pub fn refill_nanos_ceil(tokens: f64, rate: f64) -> Nanos {
     if exact_ratio(tokens, rate) {
         return a.ceil() as Nanos;
     }
-    let b = mul_up(div_up(tokens, rate), NS);
-    a.min(b).ceil() as Nanos
+    let up = a.min(mul_up(div_up(tokens, rate), NS));
+    let near = (tokens * NS / rate).round();
+    if (up - near) * rate <= SNAP_TOKENS_NS {
+        return near as Nanos;
+    }
+    up.ceil() as Nanos
 }
 
 /// Time to refill `tokens` at `rate`, rounded down to whole nanoseconds: what a credit
@@ -132,8 +144,12 @@ pub fn refill_nanos_floor(tokens: f64, rate: f64) -> Nanos {
     if exact_ratio(tokens, rate) {
         return a.floor().max(0.0) as Nanos;
     }
-    let b = mul_down(div_down(tokens, rate), NS);
-    a.max(b).floor().max(0.0) as Nanos
+    let down = a.max(mul_down(div_down(tokens, rate), NS));
+    let near = (tokens * NS / rate).round();
+    if (near - down) * rate <= SNAP_TOKENS_NS {
+        return near.max(0.0) as Nanos;
+    }
+    down.floor().max(0.0) as Nanos
 }
 
 /// Whether `tokens * 1e9 / rate` is computed with no rounding at all (the common case:
@@ -220,8 +236,27 @@ mod tests {
                     continue;
                 }
                 let (c, f) = (refill_nanos_ceil(t, rate), refill_nanos_floor(t, rate));
-                assert!(BigRational::from_integer(c.into()) >= v, "{t}@{rate}");
-                assert!(BigRational::from_integer(f.into()) <= v, "{t}@{rate}");
+                // Safe side, but for a whole number within 1e-12 tokens of the exact value.
+                let slack = BigRational::from_float(SNAP_TOKENS_NS / rate).unwrap();
+                assert!(
+                    BigRational::from_integer(c.into()) >= &v - &slack,
+                    "{t}@{rate}"
+                );
+                assert!(
+                    BigRational::from_integer(f.into()) <= &v + &slack,
+                    "{t}@{rate}"
+                );
+                let (fc, ff) = (
+                    BigRational::from_integer(c.into()),
+                    BigRational::from_integer(f.into()),
+                );
+                // And tight: within a nanosecond, or a few float steps of large values.
+                let step = &v * BigRational::from_float(4.0 * f64::EPSILON).unwrap()
+                    + BigRational::from_integer(1.into());
+                assert!(
+                    fc < &v + &step + &slack && ff > &v - &step - &slack,
+                    "{t}@{rate}"
+                );
             }
         }
         for &rate in &s {
@@ -252,6 +287,9 @@ mod tests {
         // 1e15 * 1e9 is not a double, 1e15 / 1e15 * 1e9 is.
         assert_eq!(refill_nanos_ceil(1e15, 1e15), 1_000_000_000);
         assert_eq!(refill_nanos_floor(1e15, 1e15), 1_000_000_000);
+        // Decimal rates behave as written: one token at 1e-6/s is 1e15 ns.
+        assert_eq!(refill_nanos_ceil(1.0, 1e-6), 1_000_000_000_000_000);
+        assert_eq!(refill_nanos_floor(4.0, 1e-6), 4_000_000_000_000_000);
         for ns in [
             0u64,
             1,
