@@ -1,10 +1,10 @@
 //! The `rl-bucket` module type: persistence (RDB, AOF rewrite), digest, copy, memory usage.
 //!
 //! RDB encoding version 2, per key:
-//! `full_at rate cap hold table [last_id (id tokens expires_at) * (table - 1)]`
-//! (unsigned, double, double, unsigned, unsigned, then unsigneds), where `hold` is the
-//! instant the key must live until after a limit change (0: none; see
-//! [`rl_core::Bucket::hold`]) and `table` is 0 for a bucket that never had a lease and
+//! `full_at rate cap hold span table [last_id (id tokens expires_at) * (table - 1)]`
+//! (unsigned, double, double, unsigned, unsigned, unsigned, then unsigneds), where `hold`
+//! and `span` keep a key alive after a limit change (0: none; see
+//! [`rl_core::Bucket::span`]) and `table` is 0 for a bucket that never had a lease and
 //! `1 + live leases` for one that did. Version 1 (the same without `hold`) is still read.
 //!
 //! `free`, `copy` and `rdb_load` keep `rl_leases_active` equal to the leases held in memory.
@@ -64,6 +64,7 @@ unsafe extern "C" fn rdb_save(io: *mut RedisModuleIO, value: *mut c_void) {
         rm!(RedisModule_SaveDouble(io, b.limit().rate()));
         rm!(RedisModule_SaveDouble(io, b.limit().cap()));
         rm!(RedisModule_SaveUnsigned(io, b.hold()));
+        rm!(RedisModule_SaveUnsigned(io, b.span()));
         let Some(table) = state.table() else {
             rm!(RedisModule_SaveUnsigned(io, 0));
             return;
@@ -101,10 +102,13 @@ unsafe fn load(io: *mut RedisModuleIO, encver: c_int) -> Option<Stored> {
     let full_at = rm!(RedisModule_LoadUnsigned(io));
     let rate = rm!(RedisModule_LoadDouble(io));
     let cap = rm!(RedisModule_LoadDouble(io));
-    let hold = if encver >= 2 {
-        rm!(RedisModule_LoadUnsigned(io))
+    let (hold, span) = if encver >= 2 {
+        (
+            rm!(RedisModule_LoadUnsigned(io)),
+            rm!(RedisModule_LoadUnsigned(io)),
+        )
     } else {
-        0
+        (0, 0)
     };
     let table = rm!(RedisModule_LoadUnsigned(io));
     // 0: never leased; else 1 + the number of leases, which may not exceed the bound (a
@@ -133,7 +137,8 @@ unsafe fn load(io: *mut RedisModuleIO, encver: c_int) -> Option<Stored> {
     if io_error() {
         return None;
     }
-    let (bucket, table) = rl_core::validate(full_at, rate, cap, hold, last_id, leases).ok()?;
+    let (bucket, table) =
+        rl_core::validate(full_at, rate, cap, hold, span, last_id, leases).ok()?;
     stats::LEASES_ACTIVE.add_shared(table.leases().len() as u64);
     Some(Stored::new(bucket, table))
 }
@@ -160,8 +165,9 @@ unsafe extern "C" fn digest(md: *mut RedisModuleDigest, value: *mut c_void) {
         add(b.full_at());
         add(b.limit().rate().to_bits());
         add(b.limit().cap().to_bits());
-        if b.hold() != 0 {
+        if b.hold() != 0 || b.span() != 0 {
             add(b.hold());
+            add(b.span());
         }
         if let Some(t) = state.table() {
             add(t.last_id());

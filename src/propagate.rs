@@ -3,7 +3,7 @@
 //! A write never replicates the command that made it (its outcome depends on the master's
 //! clock at that instant); it replicates `RL.SETSTATE` with the resulting absolute state:
 //!
-//! `RL.SETSTATE key full_at rate cap [HOLD t] [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
+//! `RL.SETSTATE key full_at rate cap [HOLD t SPAN d] [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
 //!
 //! The same command rebuilds keys on AOF rewrite, so a replica, an AOF replay and an RDB
 //! load all end with the master's bytes. The key's expiry is not sent: it is a function of
@@ -25,8 +25,9 @@ pub struct Head {
     pub full_at: Nanos,
     pub rate: *mut RStr,
     pub cap: *mut RStr,
-    /// The bucket's hold (0 almost always: only after a limit change).
+    /// The bucket's hold and span (0 almost always: only after a limit change).
     pub hold: Nanos,
+    pub span: Nanos,
 }
 
 /// A new bucket state and nothing else (a take: the hot path).
@@ -34,7 +35,7 @@ pub fn bucket(ctx: *mut Ctx, h: &Head) {
     // `full_at` as text made here and passed as a buffer: Redis builds one string object
     // from it, where an integer argument (`l`) costs it a formatting and two allocations.
     let at = Decimal::new(h.full_at);
-    if h.hold == 0 {
+    if h.hold == 0 && h.span == 0 {
         rm!(RedisModule_Replicate(
             ctx,
             SETSTATE.as_ptr(),
@@ -47,11 +48,11 @@ pub fn bucket(ctx: *mut Ctx, h: &Head) {
         ));
         return;
     }
-    let hold = Decimal::new(h.hold);
+    let (hold, span) = (Decimal::new(h.hold), Decimal::new(h.span));
     rm!(RedisModule_Replicate(
         ctx,
         SETSTATE.as_ptr(),
-        c"sbsscb".as_ptr(),
+        c"sbsscbcb".as_ptr(),
         h.key,
         at.ptr(),
         at.len(),
@@ -59,7 +60,10 @@ pub fn bucket(ctx: *mut Ctx, h: &Head) {
         h.cap,
         c"HOLD".as_ptr(),
         hold.ptr(),
-        hold.len()
+        hold.len(),
+        c"SPAN".as_ptr(),
+        span.ptr(),
+        span.len()
     ));
 }
 
@@ -99,7 +103,7 @@ impl Decimal {
 /// after a limit change; the table effect alone would leave none).
 pub fn leases(ctx: *mut Ctx, h: &Head, now: Nanos, closed: Option<u64>, opened: Option<&Lease>) {
     lease_changes(ctx, h, now, closed, opened);
-    if h.hold != 0 {
+    if h.hold != 0 || h.span != 0 {
         bucket(ctx, h);
     }
 }
@@ -196,7 +200,7 @@ pub fn stored_number(x: f64) -> String {
 pub unsafe fn rewrite(aof: *mut RedisModuleIO, key: *mut RStr, state: &StateMut) {
     rewrite_state(aof, key, state);
     let b = state.bucket();
-    if b.hold() != 0 {
+    if b.hold() != 0 || b.span() != 0 {
         // Last, so it is the bucket the key ends with (the commands above set none).
         let (rate, cap) = (
             stored_number(b.limit().rate()),
@@ -205,7 +209,7 @@ pub unsafe fn rewrite(aof: *mut RedisModuleIO, key: *mut RStr, state: &StateMut)
         rm!(RedisModule_EmitAOF(
             aof,
             SETSTATE.as_ptr(),
-            c"slbbcl".as_ptr(),
+            c"slbbclcl".as_ptr(),
             key,
             b.full_at() as i64,
             rate.as_ptr().cast::<c_char>(),
@@ -213,7 +217,9 @@ pub unsafe fn rewrite(aof: *mut RedisModuleIO, key: *mut RStr, state: &StateMut)
             cap.as_ptr().cast::<c_char>(),
             cap.len(),
             c"HOLD".as_ptr(),
-            b.hold() as i64
+            b.hold() as i64,
+            c"SPAN".as_ptr(),
+            b.span() as i64
         ));
     }
     rm!(RedisModule_EmitAOF(

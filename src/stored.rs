@@ -76,7 +76,7 @@ pub struct Compact {
 impl Compact {
     /// The compact form of `bucket`, if its limit fits it exactly and it has no hold.
     pub fn of(bucket: &Bucket) -> Option<Compact> {
-        if bucket.hold() != 0 {
+        if bucket.hold() != 0 || bucket.span() != 0 {
             return None;
         }
         let limit = bucket.limit();
@@ -96,7 +96,7 @@ impl Compact {
     /// Stores `bucket` here if it fits: at once when the limit is unchanged (the hot path:
     /// nothing to encode), else if the new limit encodes. `false` if it does not fit.
     pub fn update(&mut self, bucket: &Bucket) -> bool {
-        if bucket.hold() != 0 {
+        if bucket.hold() != 0 || bucket.span() != 0 {
             return false;
         }
         if bucket.limit() == self.bucket().limit() {

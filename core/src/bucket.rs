@@ -5,10 +5,11 @@ use crate::{round, Limit, Nanos};
 /// The deficit of a bucket `deficit` ns from full under `old`, carried over to `new`: the
 /// same tokens (clamped to the new cap), rounded so none appear. Every step rounds toward
 /// fewer tokens, so a limit that alternates back and forth can only lose fractions.
-/// A hold that has not passed by `at`, else 0.
-fn live(hold: Nanos, at: Nanos) -> Nanos {
-    if hold > at {
-        hold
+/// The span a bucket keeps at instant `at`: its own while its hold has not passed (a key
+/// whose hold passed is one Redis is about to drop), else none.
+fn live_span(b: &Bucket, at: Nanos) -> Nanos {
+    if b.hold > at {
+        b.span
     } else {
         0
     }
@@ -50,24 +51,30 @@ pub const MAX_INSTANT: Nanos = i64::MAX as Nanos;
 pub struct Bucket {
     full_at: Nanos,
     limit: Limit,
-    /// The key must live at least until this instant (0: no such need): when a write
-    /// changed the limit, the bucket as it was under the old limit would have been full
-    /// only then. Were the key to go sooner (full under a smaller cap), a caller still on
-    /// the old limit would find no key, that is a full bucket, and tokens would appear.
+    /// The key must live at least until this instant (0: no such need). See `span`.
     hold: Nanos,
+    /// After a write changed the bucket's limit: the longest time to fill of the limits it
+    /// was written under since, and every write keeps the key until `span` after it
+    /// (`hold`). Were the key to go as soon as it is full under a smaller cap, a caller
+    /// still on an old, larger limit would find no key, that is a full bucket, and tokens
+    /// would appear; a bucket idle that long is full under every one of its limits, so
+    /// dropping it then creates none. 0 for a bucket only ever used with one limit.
+    span: Nanos,
 }
 
 impl Bucket {
     pub fn new(full_at: Nanos, limit: Limit) -> Bucket {
-        Bucket::with_hold(full_at, limit, 0)
+        Bucket::with_hold(full_at, limit, 0, 0)
     }
 
-    /// A bucket whose key must live until `hold` (see [`Bucket::hold`]).
-    pub fn with_hold(full_at: Nanos, limit: Limit, hold: Nanos) -> Bucket {
+    /// A bucket whose key must live until `hold`, and `span` after every write (see
+    /// [`Bucket::span`]).
+    pub fn with_hold(full_at: Nanos, limit: Limit, hold: Nanos, span: Nanos) -> Bucket {
         Bucket {
             full_at: full_at.min(MAX_INSTANT),
             limit,
             hold: hold.min(MAX_INSTANT),
+            span,
         }
     }
 
@@ -81,6 +88,11 @@ impl Bucket {
     /// The instant before which the key must not go even if the bucket is full (0: none).
     pub fn hold(&self) -> Nanos {
         self.hold
+    }
+
+    /// How long after each write the key must stay, since its limit changed (0: never).
+    pub fn span(&self) -> Nanos {
+        self.span
     }
 
     /// When the key may go: full, and past any hold.
@@ -109,8 +121,8 @@ pub struct Level {
     behind: Nanos,
     /// Nanoseconds until full; `0..=limit.fill_nanos()`.
     deficit: Nanos,
-    /// The key must live until then (see [`Bucket::hold`]); 0 once passed.
-    hold: Nanos,
+    /// See [`Bucket::span`]: the stored one while its hold has not passed.
+    span: Nanos,
 }
 
 impl Level {
@@ -123,21 +135,21 @@ impl Level {
                 at: now,
                 behind: 0,
                 deficit: 0,
-                hold: 0,
+                span: 0,
             };
         };
         if b.limit == limit {
             let mut level = Level::refill(b.full_at, limit, now);
-            level.hold = live(b.hold, level.at);
+            level.span = live_span(b, level.at);
             return level;
         }
         let old = Level::refill(b.full_at, b.limit, now);
-        // Until the bucket would have been full under the old limit, its key stays, so a
-        // caller still passing that limit finds these tokens, not a fresh full bucket.
+        // The key now stays until it has been idle as long as the old limit takes to fill,
+        // so a caller still passing that limit finds these tokens, not a fresh full bucket.
         Level {
             deficit: carry_over(old.deficit, &b.limit, &limit),
             limit,
-            hold: live(b.hold.max(b.full_at), old.at),
+            span: live_span(b, old.at).max(b.limit.fill_nanos()),
             ..old
         }
     }
@@ -152,7 +164,7 @@ impl Level {
             at: now,
             behind: 0,
             deficit,
-            hold: 0,
+            span: 0,
         }
     }
 
@@ -171,7 +183,7 @@ impl Level {
             at,
             behind: at - now,
             deficit: full_at.saturating_sub(at),
-            hold: 0,
+            span: 0,
         }
     }
 
@@ -182,6 +194,12 @@ impl Level {
     /// Tokens in the bucket, fractional, in `[0, cap]`.
     pub fn tokens(&self) -> f64 {
         (self.limit.cap() - self.limit.tokens_for(self.deficit)).max(0.0)
+    }
+
+    /// Tokens in the bucket now, negative while it is in debt (after `RL.RESERVE`, or a
+    /// clock that stepped back): what a caller would have to wait out, in tokens.
+    pub fn signed_tokens(&self) -> f64 {
+        self.limit.cap() - self.limit.tokens_for(self.behind + self.deficit)
     }
 
     /// The largest deficit at which `n` tokens are there, or `None` if `n > cap`.
@@ -243,10 +261,43 @@ impl Level {
     }
 
     /// Gives `tokens` back, clamped to `cap`.
+    /// Gives `tokens` back, clamped to `cap`. A bucket in debt pays the debt first: its
+    /// full instant moves back by the time the tokens are worth.
     pub fn credit(&mut self, tokens: f64) {
-        self.deficit = self
-            .deficit
-            .saturating_sub(self.limit.nanos_for_floor(tokens));
+        let c = self
+            .limit
+            .nanos_for_floor(tokens)
+            .min(self.behind + self.deficit);
+        if c <= self.deficit {
+            self.deficit -= c;
+        } else {
+            let paid = c - self.deficit;
+            self.deficit = 0;
+            self.at -= paid;
+            self.behind -= paid;
+        }
+    }
+
+    /// `RL.REFUND`: gives back up to `n` tokens, as many as the bucket lacks (its debt
+    /// included); returns how many it took back.
+    pub fn refund(&mut self, n: u64) -> f64 {
+        let missing = self.limit.tokens_for(self.behind + self.deficit);
+        let credited = (n as f64).min(missing);
+        self.credit(credited);
+        credited
+    }
+
+    /// `RL.RESERVE`: takes `n` tokens now if they are there, or will be within `max_wait`;
+    /// the bucket then goes into debt, and later callers wait behind this one. Returns the
+    /// wait before the tokens may be used, and whether they were granted (denied: nothing
+    /// changes, and the wait is the one that would have been needed). `None` if `n > cap`.
+    pub fn reserve(&mut self, n: f64, max_wait: Nanos) -> Option<(bool, Nanos)> {
+        let wait = self.wait_for(n)?;
+        if wait > max_wait {
+            return Some((false, wait));
+        }
+        self.deficit += self.limit.nanos_for(n);
+        Some((true, wait))
     }
 
     /// Gives back up to `n` tokens, as many as fit below `cap` (a bucket that refilled
@@ -265,7 +316,12 @@ impl Level {
 
     /// The state to store.
     pub fn bucket(&self) -> Bucket {
-        Bucket::with_hold(self.at + self.deficit, self.limit, self.hold)
+        let hold = if self.span > 0 {
+            self.at.saturating_add(self.span)
+        } else {
+            0
+        };
+        Bucket::with_hold(self.at + self.deficit, self.limit, hold, self.span)
     }
 }
 
@@ -395,28 +451,32 @@ mod tests {
     }
 
     #[test]
-    fn a_limit_change_holds_the_key_until_the_old_bucket_would_be_full() {
+    fn a_limit_change_keeps_the_key_until_idle_as_long_as_the_old_limit_fills() {
         let big = limit(1.0, 1000.0);
         let small = limit(1000.0, 10.0);
         let mut l = Level::new(None, big, T0);
         assert!(l.try_take(999.0));
         let under_big = l.bucket();
+        assert_eq!((under_big.hold(), under_big.span()), (0, 0));
         // One call under the small limit: full under it within 10 ms...
         let mut s = Level::new(Some(&under_big), small, T0);
         assert!(s.try_take(1.0));
         let b = s.bucket();
         assert!(b.full_at() <= T0 + 10 * S / 1000);
-        // ...but the key stays until the old bucket would have been full.
-        assert_eq!(b.hold(), under_big.full_at());
-        assert_eq!(b.expires_at(), under_big.full_at());
+        // ...but the key stays until idle as long as the big limit takes to fill.
+        assert_eq!(b.span(), big.fill_nanos());
+        assert_eq!(b.expires_at(), T0 + big.fill_nanos());
         // A caller back on the big limit finds the small bucket's tokens, not 1000.
         let mut back = Level::new(Some(&b), big, T0 + 30 * S / 1000);
         assert!(back.tokens() <= 10.0 + 1e-9);
         assert!(!back.try_take(11.0));
-        // The hold stays while it has not passed, and goes once it has.
-        assert_eq!(back.bucket().hold(), under_big.full_at());
-        let later = Level::new(Some(&b), small, under_big.full_at() + 1);
-        assert_eq!(later.bucket().hold(), 0);
+        assert!(back.try_take(1.0));
+        // Every write moves the hold on.
+        let again = back.bucket();
+        assert_eq!(again.hold(), T0 + 30 * S / 1000 + big.fill_nanos());
+        // Once the hold has passed, the span goes with it.
+        let later = Level::new(Some(&again), big, again.hold() + 1);
+        assert_eq!(later.bucket().span(), 0);
     }
 
     #[test]
@@ -426,6 +486,41 @@ mod tests {
             let mut l = Level::starting_with(limit(1e9, cap), 0.95, T0);
             assert!(!l.try_take(1.0), "cap {cap}");
         }
+    }
+
+    #[test]
+    fn reserve_queues_callers_in_debt_and_refund_pays_it_back() {
+        let lim = limit(10.0, 10.0);
+        let mut l = Level::new(None, lim, T0);
+        // 10 there: the first 10 wait nothing.
+        assert_eq!(l.reserve(10.0, 0), Some((true, 0)));
+        // The next 5 arrive in 0.5 s: granted now, wait 0.5 s, bucket 5 in debt.
+        assert_eq!(l.reserve(5.0, S), Some((true, S / 2)));
+        let b = l.bucket();
+        let mut now = Level::new(Some(&b), lim, T0);
+        assert!(
+            (now.signed_tokens() + 5.0).abs() < 1e-9,
+            "{}",
+            now.signed_tokens()
+        );
+        // The next caller queues behind: 1 token in 0.6 s; a take gets nothing meanwhile.
+        assert!(!now.clone().try_take(1.0));
+        assert_eq!(now.wait_for(1.0), Some(S / 2 + S / 10));
+        // Too long a wait: denied, nothing changes.
+        let before = now.bucket();
+        assert_eq!(now.reserve(5.0, S / 2), Some((false, S)));
+        assert_eq!(now.bucket(), before);
+        // A refund pays the debt back first.
+        assert_eq!(now.refund(3), 3.0);
+        assert!((now.signed_tokens() + 2.0).abs() < 1e-9);
+        let back = Level::new(Some(&now.bucket()), lim, T0);
+        assert!((back.signed_tokens() + 2.0).abs() < 1e-9);
+        // Never above cap: 12 lacking, 12 taken of 100.
+        assert_eq!(now.refund(100), 12.0);
+        assert_eq!(now.signed_tokens(), 10.0);
+        assert_eq!(now.reset_after(), 0);
+        // More than cap is never reserved.
+        assert_eq!(now.reserve(11.0, S), None);
     }
 
     #[test]

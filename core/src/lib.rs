@@ -13,12 +13,14 @@
 mod bucket;
 mod lease;
 mod limit;
+mod permits;
 pub mod round;
 mod state;
 
 pub use bucket::{Bucket, Level};
 pub use lease::{Lease, LeaseError, LeaseTable, Settled, MAX_LEASES};
 pub use limit::{Limit, LimitError, MAX_FILL_SECS, MAX_VALUE, MIN_VALUE};
+pub use permits::{Acquired, Permit, PermitError, PermitTable, MAX_PERMITS};
 pub use state::{validate, StateError};
 
 /// A point in time: nanoseconds since the Unix epoch, as read by the caller.

@@ -29,7 +29,7 @@ impl StateError {
         match self {
             StateError::Limit(e) => e.message(),
             StateError::FullAt => "full_at must be at most 9223372036854775807",
-            StateError::Hold => "HOLD must be at most 9223372036854775807",
+            StateError::Hold => "HOLD and SPAN must be at most 9223372036854775807",
             StateError::TooManyLeases => "too many live leases on this key (at most 1024)",
             StateError::LeaseId => "lease ids must be between 1 and the key's last id",
             StateError::LeaseOrder => "lease ids must be unique",
@@ -62,6 +62,7 @@ pub fn validate(
     rate: f64,
     cap: f64,
     hold: Nanos,
+    span: Nanos,
     last_id: u64,
     leases: Vec<Lease>,
 ) -> Result<(Bucket, LeaseTable), StateError> {
@@ -69,7 +70,7 @@ pub fn validate(
     if full_at > MAX_INSTANT {
         return Err(StateError::FullAt);
     }
-    if hold > MAX_INSTANT {
+    if hold > MAX_INSTANT || span > MAX_INSTANT {
         return Err(StateError::Hold);
     }
     if last_id > MAX_FIELD {
@@ -98,7 +99,7 @@ pub fn validate(
             .ok_or(StateError::HeldTotal)?;
     }
     Ok((
-        Bucket::with_hold(full_at, limit, hold),
+        Bucket::with_hold(full_at, limit, hold, span),
         LeaseTable::from_validated(last_id, leases),
     ))
 }
@@ -119,37 +120,37 @@ mod tests {
 
     #[test]
     fn accepts_what_the_module_writes() {
-        assert!(validate(T0, 1.0, 10.0, 0, 0, vec![]).is_ok());
-        assert!(validate(T0, 1.0, 10.0, 0, 5, vec![l(1, 1), l(5, 3)]).is_ok());
+        assert!(validate(T0, 1.0, 10.0, 0, 0, 0, vec![]).is_ok());
+        assert!(validate(T0, 1.0, 10.0, 0, 0, 5, vec![l(1, 1), l(5, 3)]).is_ok());
         let many: Vec<_> = (1..=MAX_LEASES as u64).map(|i| l(i, 1)).collect();
-        assert!(validate(T0, 1.0, 10.0, 0, MAX_LEASES as u64, many).is_ok());
+        assert!(validate(T0, 1.0, 10.0, 0, 0, MAX_LEASES as u64, many).is_ok());
     }
 
     #[test]
     fn refuses_what_it_cannot() {
         let e = |r: Result<_, StateError>| r.err();
         assert_eq!(
-            e(validate(T0, f64::NAN, 1.0, 0, 0, vec![])),
+            e(validate(T0, f64::NAN, 1.0, 0, 0, 0, vec![])),
             Some(StateError::Limit(LimitError::Rate))
         );
         assert_eq!(
-            e(validate(u64::MAX, 1.0, 1.0, 0, 0, vec![])),
+            e(validate(u64::MAX, 1.0, 1.0, 0, 0, 0, vec![])),
             Some(StateError::FullAt)
         );
         assert_eq!(
-            e(validate(T0, 1.0, 1.0, 0, 9, vec![l(0, 5)])),
+            e(validate(T0, 1.0, 1.0, 0, 0, 9, vec![l(0, 5)])),
             Some(StateError::LeaseId)
         );
         assert_eq!(
-            e(validate(T0, 1.0, 1.0, 0, 4, vec![l(5, 5)])),
+            e(validate(T0, 1.0, 1.0, 0, 0, 4, vec![l(5, 5)])),
             Some(StateError::LeaseId)
         );
         assert_eq!(
-            e(validate(T0, 1.0, 1.0, 0, 9, vec![l(5, 1), l(5, 1)])),
+            e(validate(T0, 1.0, 1.0, 0, 0, 9, vec![l(5, 1), l(5, 1)])),
             Some(StateError::LeaseOrder)
         );
         assert_eq!(
-            e(validate(T0, 1.0, 1.0, 0, 9, vec![l(5, 0)])),
+            e(validate(T0, 1.0, 1.0, 0, 0, 9, vec![l(5, 0)])),
             Some(StateError::LeaseTokens)
         );
         assert_eq!(
@@ -158,22 +159,23 @@ mod tests {
                 1.0,
                 1.0,
                 0,
+                0,
                 9,
                 vec![l(1, i64::MAX as u64), l(2, 1)]
             )),
             Some(StateError::HeldTotal)
         );
         assert_eq!(
-            e(validate(T0, 1.0, 1.0, 0, u64::MAX, vec![])),
+            e(validate(T0, 1.0, 1.0, 0, 0, u64::MAX, vec![])),
             Some(StateError::LastId)
         );
         assert_eq!(
-            e(validate(T0, 1.0, 1.0, u64::MAX, 0, vec![])),
+            e(validate(T0, 1.0, 1.0, u64::MAX, 0, 0, vec![])),
             Some(StateError::Hold)
         );
         let many: Vec<_> = (1..=MAX_LEASES as u64 + 1).map(|i| l(i, 1)).collect();
         assert_eq!(
-            e(validate(T0, 1.0, 10.0, 0, 2000, many)),
+            e(validate(T0, 1.0, 10.0, 0, 0, 2000, many)),
             Some(StateError::TooManyLeases)
         );
     }

@@ -234,3 +234,95 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// RL.RESERVE's promise: callers who use their tokens after the wait they were told
+    /// never use more than `cap + rate * t` in any window of length `t`; the debt never
+    /// exceeds `rate * max_wait`; a take gets nothing while the bucket is in debt.
+    #[test]
+    fn reservations_used_after_their_wait_stay_within_the_bound(
+        rate in 1.0f64..1000.0,
+        cap in 1.0f64..100.0,
+        calls in prop::collection::vec((1u64..20, 0u64..50_000_000, 0u64..3_000_000_000, any::<bool>()), 1..120),
+    ) {
+        let limit = Limit::new(rate, cap).unwrap();
+        let mut stored: Option<Bucket> = None;
+        let mut now = T0;
+        let mut uses: Vec<(Nanos, f64)> = Vec::new();
+        for (n, dt, max_wait, take) in calls {
+            now += dt;
+            let n = (n as f64).min(cap.floor()).max(1.0);
+            let mut level = Level::new(stored.as_ref(), limit, now);
+            if take {
+                let in_debt = level.signed_tokens() < 0.0;
+                if level.try_take(n) {
+                    prop_assert!(!in_debt, "a take was granted in debt");
+                    uses.push((now, n));
+                }
+            } else if let Some((true, wait)) = level.reserve(n, max_wait) {
+                prop_assert!(wait <= max_wait);
+                let debt = -level.signed_tokens();
+                prop_assert!(debt <= rate * max_wait as f64 / 1e9 + 1e-6, "debt {debt}");
+                uses.push((now + wait, n));
+            }
+            stored = Some(level.bucket());
+        }
+        uses.sort_by_key(|u| u.0);
+        for i in 0..uses.len() {
+            let mut sum = 0.0;
+            for j in i..uses.len() {
+                sum += uses[j].1;
+                let t = (uses[j].0 - uses[i].0) as f64 / 1e9;
+                prop_assert!(sum <= cap + rate * t + 1e-6, "{} used in {} s", sum, t);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// The semaphore: never more than `limit` permits live at once, a release or renew
+    /// succeeds only for a live permit and only once for a release, and the table stays
+    /// one that validation accepts.
+    #[test]
+    fn permits_never_exceed_the_limit(
+        limit in 1u64..8,
+        ops in prop::collection::vec((0u8..3, 0usize..10, 1u64..300, 0u64..80), 1..200),
+    ) {
+        use rl_core::{Acquired, PermitTable};
+        const MS: u64 = 1_000_000;
+        let mut t = PermitTable::default();
+        let mut now = T0;
+        let mut held: Vec<u64> = Vec::new();
+        for (op, which, ttl_ms, dt_ms) in ops {
+            now += dt_ms * MS;
+            t.prune(now);
+            match op {
+                0 => {
+                    if let Acquired::Granted(p) = t.acquire(limit, ttl_ms * MS, now).unwrap() {
+                        held.push(p.id);
+                    }
+                }
+                1 => {
+                    if let Some(&id) = held.get(which) {
+                        if t.release(id, now) {
+                            prop_assert!(!t.release(id, now), "released twice");
+                        }
+                    }
+                }
+                _ => {
+                    if let Some(&id) = held.get(which) {
+                        let live = t.permits().iter().any(|p| p.id == id && p.expires_at > now);
+                        prop_assert_eq!(t.renew(id, ttl_ms * MS, now).is_some(), live);
+                    }
+                }
+            }
+            prop_assert!(t.in_use(now) as u64 <= limit);
+            let (last, permits) = t.clone().into_parts();
+            prop_assert!(PermitTable::validate(last, permits).is_ok());
+        }
+    }
+}

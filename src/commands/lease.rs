@@ -128,6 +128,7 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
             rate: args.raw(1)?,
             cap: args.raw(2)?,
             hold: bucket.hold(),
+            span: bucket.span(),
         };
         propagate::leases(ctx, &head, now, returned.map(|(id, _)| id), opened.as_ref());
     }

@@ -137,6 +137,7 @@ pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
             rate: args.raw(i + 1)?,
             cap: args.raw(i + 2)?,
             hold: bucket.hold(),
+            span: bucket.span(),
         };
         propagate::bucket(ctx, &head);
     }

@@ -41,7 +41,7 @@ pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {
     stats::RETURNS.add(1);
     stats::TOKENS_RETURNED.add(credited);
     let bucket = level.bucket();
-    if table.is_empty() && level.reset_after() == 0 && bucket.hold() == 0 {
+    if table.is_empty() && level.reset_after() == 0 && bucket.expires_at() <= now {
         // Full and no lease left: the same as no key at all.
         key.delete();
         propagate::deleted(ctx, args.raw(0)?);
@@ -63,6 +63,7 @@ pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {
             rate,
             cap,
             hold: bucket.hold(),
+            span: bucket.span(),
         };
         propagate::leases(ctx, &head, now, Some(id), None);
         rm!(RedisModule_FreeString(ctx, rate));

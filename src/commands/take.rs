@@ -51,6 +51,7 @@ pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
             rate: args.raw(1)?,
             cap: args.raw(2)?,
             hold: bucket.hold(),
+            span: bucket.span(),
         };
         propagate::bucket(ctx, &head);
     }

@@ -1,0 +1,273 @@
+//! Permits: a distributed semaphore whose permits expire, so a crashed holder frees its
+//! slot after its TTL. `RL.ACQUIRE` / `RL.RELEASE` / `RL.RENEW`.
+//!
+//! A key holds the live permits (id and expiry), ids ascending, at most [`MAX_PERMITS`].
+//! The limit is an argument of each `RL.ACQUIRE` (like a bucket's rate and cap), so a
+//! config change needs no command of its own.
+
+use crate::Nanos;
+
+/// Most permits one key may hold: far above any real limit of concurrent calls to one
+/// downstream.
+pub const MAX_PERMITS: usize = 10_000;
+
+/// Largest number a stored field may hold (Redis integers are signed 64-bit).
+const MAX_FIELD: u64 = i64::MAX as u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Permit {
+    /// Unique within the key while it lives, never reused (ids follow the clock).
+    pub id: u64,
+    /// The permit frees itself at this instant.
+    pub expires_at: Nanos,
+}
+
+/// What `RL.ACQUIRE` decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acquired {
+    /// A permit was granted.
+    Granted(Permit),
+    /// `limit` permits are live: the earliest frees itself in `retry_after`.
+    Denied { retry_after: Nanos },
+}
+
+/// Why a permit table or request was refused. The texts are the user-facing messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermitError {
+    TooMany,
+    IdsExhausted,
+    Id,
+    Order,
+    Expiry,
+    LastId,
+}
+
+impl PermitError {
+    pub fn message(self) -> &'static str {
+        match self {
+            PermitError::TooMany => "too many permits on this key (at most 10000)",
+            PermitError::IdsExhausted => "no permit id left on this key",
+            PermitError::Id => "permit ids must be between 1 and the key's last id",
+            PermitError::Order => "permit ids must be unique",
+            PermitError::Expiry => "permit expiry must be at most 9223372036854775807",
+            PermitError::LastId => "the last permit id must be at most 9223372036854775807",
+        }
+    }
+}
+
+/// The permits of one key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PermitTable {
+    last_id: u64,
+    permits: Vec<Permit>,
+}
+
+impl PermitTable {
+    /// A table from stored parts (RDB, an effect), if this module could have written them:
+    /// the one check both use.
+    pub fn validate(last_id: u64, permits: Vec<Permit>) -> Result<PermitTable, PermitError> {
+        if last_id > MAX_FIELD {
+            return Err(PermitError::LastId);
+        }
+        if permits.len() > MAX_PERMITS {
+            return Err(PermitError::TooMany);
+        }
+        for (i, p) in permits.iter().enumerate() {
+            if p.id == 0 || p.id > last_id {
+                return Err(PermitError::Id);
+            }
+            if i > 0 && permits[i - 1].id >= p.id {
+                return Err(PermitError::Order);
+            }
+            if p.expires_at > MAX_FIELD {
+                return Err(PermitError::Expiry);
+            }
+        }
+        Ok(PermitTable { last_id, permits })
+    }
+
+    pub fn last_id(&self) -> u64 {
+        self.last_id
+    }
+
+    /// Permits recorded, ids ascending (some may have expired since the last write).
+    pub fn permits(&self) -> &[Permit] {
+        &self.permits
+    }
+
+    /// Permits live at `now`.
+    pub fn in_use(&self, now: Nanos) -> usize {
+        self.permits.iter().filter(|p| p.expires_at > now).count()
+    }
+
+    /// When the last permit expires (the key's expiry), or `None` if there is none.
+    pub fn last_expiry(&self) -> Option<Nanos> {
+        self.permits.iter().map(|p| p.expires_at).max()
+    }
+
+    /// Drops permits expired by `now`; returns how many.
+    pub fn prune(&mut self, now: Nanos) -> usize {
+        let before = self.permits.len();
+        self.permits.retain(|p| p.expires_at > now);
+        before - self.permits.len()
+    }
+
+    /// Takes a permit for `ttl` if fewer than `limit` are live at `now` (the caller prunes
+    /// first). Ids follow the clock (microseconds) and only grow.
+    pub fn acquire(&mut self, limit: u64, ttl: Nanos, now: Nanos) -> Result<Acquired, PermitError> {
+        let live = self.in_use(now) as u64;
+        if live >= limit {
+            let earliest = self
+                .permits
+                .iter()
+                .filter(|p| p.expires_at > now)
+                .map(|p| p.expires_at)
+                .min()
+                .unwrap_or(now);
+            return Ok(Acquired::Denied {
+                retry_after: earliest - now,
+            });
+        }
+        if self.permits.len() >= MAX_PERMITS {
+            return Err(PermitError::TooMany);
+        }
+        let id = self.last_id.saturating_add(1).max(now / 1000);
+        if id > MAX_FIELD {
+            return Err(PermitError::IdsExhausted);
+        }
+        let permit = Permit {
+            id,
+            expires_at: now.saturating_add(ttl).min(MAX_FIELD),
+        };
+        self.last_id = id;
+        self.permits.push(permit);
+        Ok(Acquired::Granted(permit))
+    }
+
+    /// Releases permit `id` if it is live at `now`.
+    pub fn release(&mut self, id: u64, now: Nanos) -> bool {
+        match self.permits.binary_search_by_key(&id, |p| p.id) {
+            Ok(i) if self.permits[i].expires_at > now => {
+                self.permits.remove(i);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Extends permit `id` to `now + ttl` if it is live at `now`; returns the new permit.
+    pub fn renew(&mut self, id: u64, ttl: Nanos, now: Nanos) -> Option<Permit> {
+        match self.permits.binary_search_by_key(&id, |p| p.id) {
+            Ok(i) if self.permits[i].expires_at > now => {
+                self.permits[i].expires_at = now.saturating_add(ttl).min(MAX_FIELD);
+                Some(self.permits[i])
+            }
+            _ => None,
+        }
+    }
+
+    /// Records a permit as an effect says (inserted, or its expiry replaced), keeping ids
+    /// ascending. No bound is checked: the caller validates the whole result.
+    pub fn put(&mut self, permit: Permit) {
+        match self.permits.binary_search_by_key(&permit.id, |p| p.id) {
+            Ok(i) => self.permits[i] = permit,
+            Err(i) => self.permits.insert(i, permit),
+        }
+        self.last_id = self.last_id.max(permit.id);
+    }
+
+    /// Removes permit `id` whatever its state (an effect).
+    pub fn remove(&mut self, id: u64) {
+        self.permits.retain(|p| p.id != id);
+    }
+
+    /// Raises the last id handed out (an effect).
+    pub fn raise_last_id(&mut self, id: u64) {
+        self.last_id = self.last_id.max(id);
+    }
+
+    /// The parts, to validate or store.
+    pub fn into_parts(self) -> (u64, Vec<Permit>) {
+        (self.last_id, self.permits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Nanos = 1_000_000;
+    const T0: Nanos = 1_700_000_000_000 * MS;
+
+    #[test]
+    fn acquire_up_to_the_limit_then_wait_for_the_earliest() {
+        let mut t = PermitTable::default();
+        let a = t.acquire(2, 100 * MS, T0).unwrap();
+        let b = t.acquire(2, 300 * MS, T0 + MS).unwrap();
+        assert!(matches!(a, Acquired::Granted(_)) && matches!(b, Acquired::Granted(_)));
+        assert_eq!(
+            t.acquire(2, 100 * MS, T0 + 10 * MS).unwrap(),
+            Acquired::Denied {
+                retry_after: 90 * MS
+            }
+        );
+        // A crashed holder's permit frees itself.
+        assert!(matches!(
+            t.acquire(2, 100 * MS, T0 + 100 * MS).unwrap(),
+            Acquired::Granted(_)
+        ));
+        assert_eq!(t.in_use(T0 + 100 * MS), 2);
+    }
+
+    #[test]
+    fn release_and_renew_only_live_permits_once() {
+        let mut t = PermitTable::default();
+        let Acquired::Granted(p) = t.acquire(5, 100 * MS, T0).unwrap() else {
+            panic!()
+        };
+        assert!(t.renew(p.id, 500 * MS, T0 + 50 * MS).is_some());
+        assert_eq!(t.last_expiry(), Some(T0 + 550 * MS));
+        assert!(t.release(p.id, T0 + 200 * MS));
+        assert!(!t.release(p.id, T0 + 200 * MS));
+        assert!(t.renew(p.id, MS, T0).is_none());
+        let Acquired::Granted(q) = t.acquire(5, 100 * MS, T0).unwrap() else {
+            panic!()
+        };
+        assert!(q.id > p.id);
+        assert!(!t.release(q.id, T0 + 100 * MS), "expired");
+    }
+
+    #[test]
+    fn bounded_and_validated() {
+        let mut t = PermitTable::default();
+        for i in 0..MAX_PERMITS as u64 {
+            assert!(matches!(
+                t.acquire(u64::MAX, 10 * MS, T0 + i).unwrap(),
+                Acquired::Granted(_)
+            ));
+        }
+        assert_eq!(t.acquire(u64::MAX, MS, T0), Err(PermitError::TooMany));
+        let p = |id, expires_at| Permit { id, expires_at };
+        assert!(PermitTable::validate(5, vec![p(1, T0), p(5, T0)]).is_ok());
+        assert_eq!(
+            PermitTable::validate(4, vec![p(5, T0)]),
+            Err(PermitError::Id)
+        );
+        assert_eq!(
+            PermitTable::validate(4, vec![p(0, T0)]),
+            Err(PermitError::Id)
+        );
+        assert_eq!(
+            PermitTable::validate(4, vec![p(2, T0), p(2, T0)]),
+            Err(PermitError::Order)
+        );
+        assert_eq!(
+            PermitTable::validate(4, vec![p(2, u64::MAX)]),
+            Err(PermitError::Expiry)
+        );
+        assert_eq!(
+            PermitTable::validate(u64::MAX, vec![]),
+            Err(PermitError::LastId)
+        );
+    }
+}
