@@ -54,6 +54,12 @@ impl From<rl_core::StateError> for Error {
     }
 }
 
+impl From<rl_core::PermitError> for Error {
+    fn from(e: rl_core::PermitError) -> Error {
+        Error::Invalid(e.message())
+    }
+}
+
 impl From<rl_core::LeaseError> for Error {
     fn from(e: rl_core::LeaseError) -> Error {
         Error::Invalid(e.message())

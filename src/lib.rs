@@ -17,11 +17,13 @@ pub mod config;
 pub mod datatype;
 pub mod error;
 pub mod key;
+pub mod permits;
 pub mod propagate;
 pub mod stats;
 pub mod stored;
 
 use datatype::BUCKET_TYPE;
+use permits::PERMIT_TYPE;
 use redis_module::configuration::ConfigurationFlags;
 use redis_module::{redis_module, Context, RedisString, Status};
 
@@ -68,7 +70,7 @@ redis_module! {
     name: "rl",
     version: 1,
     allocator: (Allocator, ALLOCATOR),
-    data_types: [BUCKET_TYPE],
+    data_types: [BUCKET_TYPE, PERMIT_TYPE],
     init: init,
     commands: [],
     // The macro wants every kind listed when module args are configs.

@@ -173,6 +173,59 @@ fn lease_changes(ctx: *mut Ctx, h: &Head, now: Nanos, closed: Option<u64>, opene
     };
 }
 
+/// A change to a semaphore key: its last id, expired permits dropped at `prune`, one
+/// permit dropped, one added (or its expiry replaced: a renewal).
+pub struct PermitChange {
+    pub key: *mut RStr,
+    pub last_id: u64,
+    pub prune: Nanos,
+    pub drop: Option<u64>,
+    pub add: Option<rl_core::Permit>,
+}
+
+pub fn permits(ctx: *mut Ctx, c: &PermitChange) {
+    let cmd = c"RL.SETPERMITS".as_ptr();
+    let (last, prune) = (c.last_id as i64, c.prune as i64);
+    let (l, p) = (c"LASTID".as_ptr(), c"PRUNE".as_ptr());
+    match (c.drop, c.add) {
+        (Some(id), _) => rm!(RedisModule_Replicate(
+            ctx,
+            cmd,
+            c"sclclcl".as_ptr(),
+            c.key,
+            l,
+            last,
+            p,
+            prune,
+            c"DROP".as_ptr(),
+            id as i64
+        )),
+        (None, Some(a)) => rm!(RedisModule_Replicate(
+            ctx,
+            cmd,
+            c"sclclcll".as_ptr(),
+            c.key,
+            l,
+            last,
+            p,
+            prune,
+            c"ADD".as_ptr(),
+            a.id as i64,
+            a.expires_at as i64
+        )),
+        (None, None) => rm!(RedisModule_Replicate(
+            ctx,
+            cmd,
+            c"sclcl".as_ptr(),
+            c.key,
+            l,
+            last,
+            p,
+            prune
+        )),
+    };
+}
+
 /// The key was deleted (its bucket is full again and holds no lease).
 pub fn deleted(ctx: *mut Ctx, key: *mut RStr) {
     rm!(RedisModule_Replicate(

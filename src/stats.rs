@@ -67,6 +67,15 @@ counters! {
     TOKENS_RETURNED: "Tokens credited back by returns.",
     LEASES_EXPIRED: "Leases gone without a return: expired (counted when dropped) or with their key (expiry, DEL).",
     LEASES_ACTIVE: "Leases recorded in buckets now (expired ones leave at the key's next write).",
+    RESERVED: "RL.RESERVE calls granted (at once or after a wait).",
+    RESERVE_DENIED: "RL.RESERVE calls denied (the wait would exceed max_wait_ms).",
+    TOKENS_RESERVED: "Tokens granted by RL.RESERVE.",
+    REFUNDS: "RL.REFUND calls that credited tokens back.",
+    PERMITS_ACQUIRED: "RL.ACQUIRE calls that granted a permit.",
+    PERMITS_DENIED: "RL.ACQUIRE calls denied (the limit was reached).",
+    PERMITS_RELEASED: "Permits released by RL.RELEASE.",
+    PERMITS_EXPIRED: "Permits gone without a release: expired (counted when dropped) or with their key.",
+    PERMITS_IN_USE: "Permits recorded in keys now (expired ones leave at the key's next write).",
     LIMIT_CHANGES: "Writes that stored a bucket under a rate or cap other than its own: a limit rollout, or callers disagreeing on a key's limit (flapping).",
 }
 

@@ -112,11 +112,17 @@ impl PermitTable {
         before - self.permits.len()
     }
 
-    /// Takes a permit for `ttl` if fewer than `limit` are live at `now` (the caller prunes
-    /// first). Ids follow the clock (microseconds) and only grow.
-    pub fn acquire(&mut self, limit: u64, ttl: Nanos, now: Nanos) -> Result<Acquired, PermitError> {
-        let live = self.in_use(now) as u64;
-        if live >= limit {
+    /// Takes a permit for `ttl` if fewer than `limit` are live at `now`. A grant drops
+    /// the expired permits too (returned with it, to count); a denial or an error changes
+    /// nothing. Ids follow the clock (microseconds) and only grow.
+    pub fn acquire(
+        &mut self,
+        limit: u64,
+        ttl: Nanos,
+        now: Nanos,
+    ) -> Result<(Acquired, usize), PermitError> {
+        let live = self.in_use(now);
+        if live as u64 >= limit {
             let earliest = self
                 .permits
                 .iter()
@@ -124,24 +130,24 @@ impl PermitTable {
                 .map(|p| p.expires_at)
                 .min()
                 .unwrap_or(now);
-            return Ok(Acquired::Denied {
-                retry_after: earliest - now,
-            });
+            let retry_after = earliest - now;
+            return Ok((Acquired::Denied { retry_after }, 0));
         }
-        if self.permits.len() >= MAX_PERMITS {
+        if live >= MAX_PERMITS {
             return Err(PermitError::TooMany);
         }
         let id = self.last_id.saturating_add(1).max(now / 1000);
         if id > MAX_FIELD {
             return Err(PermitError::IdsExhausted);
         }
+        let pruned = self.prune(now);
         let permit = Permit {
             id,
             expires_at: now.saturating_add(ttl).min(MAX_FIELD),
         };
         self.last_id = id;
         self.permits.push(permit);
-        Ok(Acquired::Granted(permit))
+        Ok((Acquired::Granted(permit), pruned))
     }
 
     /// Releases permit `id` if it is live at `now`.
@@ -202,19 +208,19 @@ mod tests {
     #[test]
     fn acquire_up_to_the_limit_then_wait_for_the_earliest() {
         let mut t = PermitTable::default();
-        let a = t.acquire(2, 100 * MS, T0).unwrap();
-        let b = t.acquire(2, 300 * MS, T0 + MS).unwrap();
+        let a = t.acquire(2, 100 * MS, T0).unwrap().0;
+        let b = t.acquire(2, 300 * MS, T0 + MS).unwrap().0;
         assert!(matches!(a, Acquired::Granted(_)) && matches!(b, Acquired::Granted(_)));
         assert_eq!(
-            t.acquire(2, 100 * MS, T0 + 10 * MS).unwrap(),
+            t.acquire(2, 100 * MS, T0 + 10 * MS).unwrap().0,
             Acquired::Denied {
                 retry_after: 90 * MS
             }
         );
-        // A crashed holder's permit frees itself.
+        // A crashed holder's permit frees itself (and goes with the next grant).
         assert!(matches!(
             t.acquire(2, 100 * MS, T0 + 100 * MS).unwrap(),
-            Acquired::Granted(_)
+            (Acquired::Granted(_), 1)
         ));
         assert_eq!(t.in_use(T0 + 100 * MS), 2);
     }
@@ -222,7 +228,7 @@ mod tests {
     #[test]
     fn release_and_renew_only_live_permits_once() {
         let mut t = PermitTable::default();
-        let Acquired::Granted(p) = t.acquire(5, 100 * MS, T0).unwrap() else {
+        let (Acquired::Granted(p), _) = t.acquire(5, 100 * MS, T0).unwrap() else {
             panic!()
         };
         assert!(t.renew(p.id, 500 * MS, T0 + 50 * MS).is_some());
@@ -230,7 +236,7 @@ mod tests {
         assert!(t.release(p.id, T0 + 200 * MS));
         assert!(!t.release(p.id, T0 + 200 * MS));
         assert!(t.renew(p.id, MS, T0).is_none());
-        let Acquired::Granted(q) = t.acquire(5, 100 * MS, T0).unwrap() else {
+        let (Acquired::Granted(q), _) = t.acquire(5, 100 * MS, T0).unwrap() else {
             panic!()
         };
         assert!(q.id > p.id);
@@ -242,7 +248,7 @@ mod tests {
         let mut t = PermitTable::default();
         for i in 0..MAX_PERMITS as u64 {
             assert!(matches!(
-                t.acquire(u64::MAX, 10 * MS, T0 + i).unwrap(),
+                t.acquire(u64::MAX, 10 * MS, T0 + i).unwrap().0,
                 Acquired::Granted(_)
             ));
         }

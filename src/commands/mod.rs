@@ -1,11 +1,15 @@
 //! The commands, one file each, and what they share.
 
+pub mod acquire;
 #[cfg(debug_assertions)]
 pub mod debug_panic;
 pub mod lease;
 pub mod mtake;
 pub mod peek;
+pub mod refund;
+pub mod reserve;
 pub mod return_lease;
+pub mod setpermits;
 pub mod setstate;
 pub mod take;
 
@@ -63,6 +67,34 @@ const CAP: ArgDoc = ArgDoc::double(c"cap");
 const INIT: ArgDoc = ArgDoc::double(c"tokens").after(c"INIT");
 const WITHSTATE: ArgDoc = ArgDoc::flag(c"WITHSTATE");
 
+const RESERVE_ARGS: &[ArgDoc] = &[
+    KEY,
+    RATE,
+    CAP,
+    ArgDoc::integer(c"n"),
+    ArgDoc::integer(c"max_wait_ms"),
+    INIT,
+];
+const REFUND_ARGS: &[ArgDoc] = &[KEY, ArgDoc::integer(c"n")];
+const ACQUIRE_ARGS: &[ArgDoc] = &[KEY, ArgDoc::integer(c"limit"), ArgDoc::integer(c"ttl_ms")];
+const RELEASE_ARGS: &[ArgDoc] = &[KEY, ArgDoc::integer(c"permit_id")];
+const RENEW_ARGS: &[ArgDoc] = &[
+    KEY,
+    ArgDoc::integer(c"permit_id"),
+    ArgDoc::integer(c"ttl_ms"),
+];
+const SETPERMITS_ARGS: &[ArgDoc] = &[
+    KEY,
+    ArgDoc::integer(c"id").after(c"LASTID"),
+    ArgDoc::integer(c"t").after(c"PRUNE"),
+    ArgDoc::integer(c"id").after(c"DROP"),
+    ArgDoc {
+        token: Some(c"ADD"),
+        optional: true,
+        ..ArgDoc::block(c"permit", PERMIT_BLOCK)
+    },
+];
+const PERMIT_BLOCK: &[ArgDoc] = &[ArgDoc::integer(c"id"), ArgDoc::integer(c"expires_at")];
 const RETURN_BLOCK: &[ArgDoc] = &[ArgDoc::integer(c"lease_id"), ArgDoc::integer(c"unused")];
 const BUCKET_BLOCK: &[ArgDoc] = &[KEY, RATE, CAP];
 const ADD_BLOCK: &[ArgDoc] = &[
@@ -183,6 +215,81 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
             acl: c"write",
             internal: false,
             args: MTAKE_ARGS,
+        },
+        Spec {
+            name: c"RL.RESERVE",
+            func: entry!(reserve::reserve, true),
+            flags: c"write deny-oom fast",
+            keys: Keys::OneWritten,
+            arity: -6,
+            summary:
+                c"Takes n tokens now, waiting in line for them if they come within max_wait_ms",
+            complexity: c"O(1)",
+            acl: c"write fast",
+            internal: false,
+            args: RESERVE_ARGS,
+        },
+        Spec {
+            name: c"RL.REFUND",
+            func: entry!(refund::refund, true),
+            flags: c"write deny-oom fast",
+            keys: Keys::OneWritten,
+            arity: 3,
+            summary: c"Gives tokens back to a bucket (a call that never went out)",
+            complexity: c"O(1)",
+            acl: c"write fast",
+            internal: false,
+            args: REFUND_ARGS,
+        },
+        Spec {
+            name: c"RL.ACQUIRE",
+            func: entry!(acquire::acquire, true),
+            flags: c"write deny-oom",
+            keys: Keys::OneWritten,
+            arity: 4,
+            summary: c"Takes a permit of a semaphore whose permits expire",
+            complexity: c"O(P) where P is the number of permits on the key (at most 10000)",
+            acl: c"write",
+            internal: false,
+            args: ACQUIRE_ARGS,
+        },
+        Spec {
+            name: c"RL.RELEASE",
+            func: entry!(acquire::release, true),
+            flags: c"write",
+            keys: Keys::OneWritten,
+            arity: 3,
+            summary: c"Releases a permit taken with RL.ACQUIRE",
+            complexity: c"O(P) where P is the number of permits on the key (at most 10000)",
+            acl: c"write",
+            internal: false,
+            args: RELEASE_ARGS,
+        },
+        Spec {
+            name: c"RL.RENEW",
+            func: entry!(acquire::renew, true),
+            flags: c"write deny-oom",
+            keys: Keys::OneWritten,
+            arity: 4,
+            summary: c"Extends a live permit's expiry (a call that takes longer)",
+            complexity: c"O(P) where P is the number of permits on the key (at most 10000)",
+            acl: c"write",
+            internal: false,
+            args: RENEW_ARGS,
+        },
+        // Not for clients: the effect of the semaphore commands.
+        Spec {
+            name: c"RL.SETPERMITS",
+            func: entry!(setpermits::setpermits, false),
+            flags: c"write deny-oom",
+            keys: Keys::OneWritten,
+            arity: -4,
+            summary:
+                c"Internal: sets a semaphore key's permits (what replicas and the AOF receive)",
+            complexity: c"O(P) where P is the number of permits on the key (at most 10000)",
+            acl: c"write admin dangerous",
+            internal: true,
+            args: SETPERMITS_ARGS,
         },
         // Not for clients: the effect replicas and the AOF apply. Not counted in `calls`.
         Spec {

@@ -160,7 +160,7 @@ pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
     if s.with_state {
         api::reply_array(ctx, levels.len());
         for level in &levels {
-            api::reply_double(ctx, level.tokens());
+            api::reply_double(ctx, level.signed_tokens());
         }
     }
     Ok(())

@@ -33,7 +33,7 @@ pub fn peek(ctx: *mut Ctx, args: Args) -> Result<()> {
 
     api::reply_map(ctx, 6);
     api::reply_text(ctx, c"tokens");
-    api::reply_double(ctx, level.tokens());
+    api::reply_double(ctx, level.signed_tokens());
     api::reply_text(ctx, c"rate");
     api::reply_double(ctx, bucket.limit().rate());
     api::reply_text(ctx, c"cap");

@@ -77,7 +77,7 @@ pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
     };
     api::reply_array(ctx, 4);
     api::reply_integer(ctx, reply);
-    api::reply_double(ctx, level.tokens());
+    api::reply_double(ctx, level.signed_tokens());
     api::reply_integer(ctx, retry as i64);
     api::reply_integer(ctx, ceil_millis(level.reset_after()) as i64);
     Ok(())

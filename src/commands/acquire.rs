@@ -1,0 +1,157 @@
+//! `RL.ACQUIRE key limit ttl_ms`, `RL.RELEASE key permit_id`, `RL.RENEW key permit_id
+//! ttl_ms`: a distributed semaphore whose permits expire, so a crashed holder frees its
+//! slot after `ttl_ms`. For capping how many calls are in flight to a slow downstream.
+//!
+//! ACQUIRE reply: `[granted (1 or 0), permit_id (0 when denied), in_use (after this
+//! call), retry_after_ms (when denied: until the earliest permit expires)]`. RELEASE: 1 if
+//! it released a live permit, else 0. RENEW: 1 and a new expiry, or 0. Denials and no-ops
+//! write nothing; a key whose last permit goes is deleted.
+
+use crate::api::{self, Ctx};
+use crate::args::Args;
+use crate::error::{Error, Result};
+use crate::permits::{self, PermitKey};
+use crate::propagate::{self, PermitChange};
+use crate::{clock, stats};
+use rl_core::{ceil_millis, Acquired, PermitTable, MAX_PERMITS};
+
+/// Longest permit: a day. A holder that needs longer renews.
+const MAX_TTL_MS: u64 = 86_400_000;
+
+fn ttl_at(args: &Args, i: usize) -> Result<u64> {
+    let ttl_ms = args.positive(i, "ttl_ms must be a positive integer")?;
+    if ttl_ms > MAX_TTL_MS {
+        return Err(Error::Invalid("ttl_ms must be at most 86400000 (a day)"));
+    }
+    Ok(ttl_ms * 1_000_000)
+}
+
+pub fn acquire(ctx: *mut Ctx, args: Args) -> Result<()> {
+    if args.len() != 3 {
+        return Err(Error::Arity);
+    }
+    let limit = args.positive(1, "limit must be a positive integer")?;
+    if limit > MAX_PERMITS as u64 {
+        return Err(Error::Invalid("limit must be at most 10000"));
+    }
+    let ttl = ttl_at(&args, 2)?;
+    let now = clock::now();
+    let name = args.raw(0)?;
+    let key = PermitKey::open(ctx, name);
+    let mut fresh = PermitTable::default();
+    let existing = key.table()?;
+    let is_new = existing.is_none();
+    let table = existing.unwrap_or(&mut fresh);
+    let (decision, pruned) = table.acquire(limit, ttl, now)?;
+    let in_use = table.in_use(now);
+    let Acquired::Granted(permit) = decision else {
+        stats::PERMITS_DENIED.add(1);
+        let Acquired::Denied { retry_after } = decision else {
+            unreachable!()
+        };
+        return reply(ctx, 0, 0, in_use, ceil_millis(retry_after));
+    };
+    stats::PERMITS_ACQUIRED.add(1);
+    stats::PERMITS_EXPIRED.add_shared(pruned as u64);
+    let last_id = table.last_id();
+    if is_new {
+        key.create(std::mem::take(table));
+    } else {
+        permits::left(pruned);
+        permits::entered();
+        key.written(table);
+    }
+    let change = PermitChange {
+        key: name,
+        last_id,
+        prune: now,
+        drop: None,
+        add: Some(permit),
+    };
+    propagate::permits(ctx, &change);
+    reply(ctx, 1, permit.id, in_use, 0)
+}
+
+fn reply(ctx: *mut Ctx, granted: i64, id: u64, in_use: usize, retry_ms: u64) -> Result<()> {
+    api::reply_array(ctx, 4);
+    api::reply_integer(ctx, granted);
+    api::reply_integer(ctx, id as i64);
+    api::reply_integer(ctx, in_use as i64);
+    api::reply_integer(ctx, retry_ms as i64);
+    Ok(())
+}
+
+pub fn release(ctx: *mut Ctx, args: Args) -> Result<()> {
+    if args.len() != 2 {
+        return Err(Error::Arity);
+    }
+    let id = args.integer(1, "permit_id must be a non-negative integer")?;
+    let now = clock::now();
+    let name = args.raw(0)?;
+    let key = PermitKey::open(ctx, name);
+    let Some(table) = key.table()? else {
+        api::reply_integer(ctx, 0);
+        return Ok(());
+    };
+    if !table.release(id, now) {
+        api::reply_integer(ctx, 0);
+        return Ok(());
+    }
+    let pruned = table.prune(now);
+    stats::PERMITS_RELEASED.add(1);
+    stats::PERMITS_EXPIRED.add_shared(pruned as u64);
+    permits::left(1 + pruned);
+    written(ctx, &key, table, now, Some(id), None);
+    api::reply_integer(ctx, 1);
+    Ok(())
+}
+
+pub fn renew(ctx: *mut Ctx, args: Args) -> Result<()> {
+    if args.len() != 3 {
+        return Err(Error::Arity);
+    }
+    let id = args.integer(1, "permit_id must be a non-negative integer")?;
+    let ttl = ttl_at(&args, 2)?;
+    let now = clock::now();
+    let name = args.raw(0)?;
+    let key = PermitKey::open(ctx, name);
+    let Some(table) = key.table()? else {
+        api::reply_integer(ctx, 0);
+        return Ok(());
+    };
+    let Some(permit) = table.renew(id, ttl, now) else {
+        api::reply_integer(ctx, 0);
+        return Ok(());
+    };
+    let pruned = table.prune(now);
+    stats::PERMITS_EXPIRED.add_shared(pruned as u64);
+    permits::left(pruned);
+    written(ctx, &key, table, now, None, Some(permit));
+    api::reply_integer(ctx, 1);
+    Ok(())
+}
+
+/// After a change in place: the expiry, or the key's deletion, and the effect.
+fn written(
+    ctx: *mut Ctx,
+    key: &PermitKey,
+    table: &PermitTable,
+    now: u64,
+    drop: Option<u64>,
+    add: Option<rl_core::Permit>,
+) {
+    if table.permits().is_empty() {
+        key.delete();
+        propagate::deleted(ctx, key.name());
+        return;
+    }
+    key.written(table);
+    let change = PermitChange {
+        key: key.name(),
+        last_id: table.last_id(),
+        prune: now,
+        drop,
+        add,
+    };
+    propagate::permits(ctx, &change);
+}

@@ -1,0 +1,69 @@
+//! `RL.REFUND key n`: give back up to `n` tokens to a bucket (a call that never reached
+//! the partner). Credited under the bucket's stored limit, never above cap, nothing for a
+//! missing key (it is already full). Reply: the tokens credited, a double (a bucket that
+//! refilled meanwhile takes only what it lacks; one in debt pays the debt first).
+
+use crate::api::{self, Ctx};
+use crate::args::Args;
+use crate::error::{Error, Result};
+use crate::key::BucketKey;
+use crate::propagate::{self, Head};
+use crate::{clock, rm, stats};
+use rl_core::Level;
+
+pub fn refund(ctx: *mut Ctx, args: Args) -> Result<()> {
+    if args.len() != 2 {
+        return Err(Error::Arity);
+    }
+    let n = args.positive(1, "n must be a positive integer")?;
+    let now = clock::now();
+    let key_name = args.raw(0)?;
+    let key = BucketKey::open(ctx, key_name);
+    let state = key.state()?;
+    let Some(bucket) = state.as_ref().map(|s| s.bucket()) else {
+        api::reply_double(ctx, 0.0);
+        return Ok(());
+    };
+    let mut level = Level::new(Some(&bucket), bucket.limit(), now);
+    let credited = level.refund(n);
+    if credited <= 0.0 {
+        // Full already: nothing to take back, nothing written.
+        api::reply_double(ctx, 0.0);
+        return Ok(());
+    }
+    stats::REFUNDS.add(1);
+    let after = level.bucket();
+    let no_leases = state
+        .as_ref()
+        .and_then(|s| s.table())
+        .is_none_or(|t| t.is_empty());
+    if no_leases && level.reset_after() == 0 && after.expires_at() <= now {
+        // Full again, nothing held: the same as no key.
+        key.delete();
+        propagate::deleted(ctx, key_name);
+    } else {
+        key.store(state, after);
+        let number = |x: f64| {
+            let text = propagate::stored_number(x);
+            rm!(RedisModule_CreateString(
+                ctx,
+                text.as_ptr().cast(),
+                text.len()
+            ))
+        };
+        let (rate, cap) = (number(after.limit().rate()), number(after.limit().cap()));
+        let head = Head {
+            key: key_name,
+            full_at: after.full_at(),
+            rate,
+            cap,
+            hold: after.hold(),
+            span: after.span(),
+        };
+        propagate::bucket(ctx, &head);
+        rm!(RedisModule_FreeString(ctx, rate));
+        rm!(RedisModule_FreeString(ctx, cap));
+    }
+    api::reply_double(ctx, credited);
+    Ok(())
+}

@@ -1,0 +1,90 @@
+//! `RL.RESERVE key rate cap n max_wait_ms [INIT tokens]`: take `n` tokens now if they are
+//! there or will be within `max_wait_ms`, and say how long to wait before using them.
+//!
+//! A granted reservation is debited at once; if the tokens are not there yet the bucket
+//! goes into debt (its level below zero, at most `rate * max_wait_ms` below), and later
+//! callers, whatever the command, queue behind it: a fair, bounded queue in one number.
+//! Reply: `[granted (n or 0), wait_ms, remaining, reset_after_ms]`; a denial writes
+//! nothing and says the wait that would have been needed.
+
+use crate::api::{self, Ctx};
+use crate::args::Args;
+use crate::error::{Error, Result};
+use crate::key::BucketKey;
+use crate::propagate::{self, Head};
+use crate::{clock, config, stats};
+use rl_core::ceil_millis;
+
+/// Longest wait a reservation may ask for: a day, as for a lease.
+const MAX_WAIT_MS: u64 = 86_400_000;
+
+pub fn reserve(ctx: *mut Ctx, args: Args) -> Result<()> {
+    if args.len() < 5 {
+        return Err(Error::Arity);
+    }
+    let limit = super::limit(&args, 1)?;
+    let n = args.positive(3, "n must be a positive integer")?;
+    let max_wait_ms = args.integer(4, "max_wait_ms must be a non-negative integer")?;
+    if max_wait_ms > MAX_WAIT_MS {
+        return Err(Error::Invalid(
+            "max_wait_ms must be at most 86400000 (a day)",
+        ));
+    }
+    let mut init = None;
+    let mut i = 5;
+    while i < args.len() {
+        if args.is(i, "INIT") {
+            if init.is_some() {
+                return Err(args.duplicate(i));
+            }
+            init = Some(super::init_tokens(&args, i + 1, &limit)?);
+            i += 2;
+        } else {
+            return Err(args.unknown(i));
+        }
+    }
+    super::fits(n, &limit, "n must not exceed cap")?;
+
+    let now = clock::now();
+    let key = BucketKey::open(ctx, args.raw(0)?);
+    let state = key.state()?;
+    let mut level = super::level_of(state.as_ref(), limit, now, init);
+    let created = super::created_below_full(state.as_ref(), &level);
+    let (granted, wait) = level
+        .reserve(n as f64, max_wait_ms * 1_000_000)
+        .ok_or(Error::Invalid("n must not exceed cap"))?;
+    if granted || created {
+        let bucket = level.bucket();
+        key.store(state, bucket);
+        let head = Head {
+            key: args.raw(0)?,
+            full_at: bucket.full_at(),
+            rate: args.raw(1)?,
+            cap: args.raw(2)?,
+            hold: bucket.hold(),
+            span: bucket.span(),
+        };
+        propagate::bucket(ctx, &head);
+    }
+    // In shadow mode a denial answers as a grant with no wait (nothing was debited).
+    let answered = granted || config::shadow();
+    match (granted, answered) {
+        (true, _) => {
+            stats::RESERVED.add(1);
+            stats::TOKENS_RESERVED.add(n);
+        }
+        (false, true) => stats::SHADOW_DENIED.add(1),
+        (false, false) => stats::RESERVE_DENIED.add(1),
+    }
+    let (reply, wait_ms) = match (granted, answered) {
+        (true, _) => (n, ceil_millis(wait)),
+        (false, true) => (n, 0),
+        (false, false) => (0, ceil_millis(wait)),
+    };
+    api::reply_array(ctx, 4);
+    api::reply_integer(ctx, reply as i64);
+    api::reply_integer(ctx, wait_ms as i64);
+    api::reply_double(ctx, level.signed_tokens());
+    api::reply_integer(ctx, ceil_millis(level.reset_after()) as i64);
+    Ok(())
+}

@@ -1,0 +1,83 @@
+//! `RL.SETPERMITS key LASTID id [PRUNE t] [DROP id] [ADD id expires_at]`: the effect of
+//! the semaphore commands, applied by replicas and the AOF. Not for clients. Reads no
+//! clock; the complete result is checked by [`PermitTable::validate`] (the check RDB
+//! load makes) before anything changes.
+
+use crate::api::{self, Ctx};
+use crate::args::Args;
+use crate::error::{Error, Result};
+use crate::permits::PermitKey;
+use crate::{permits, rm};
+use rl_core::{Permit, PermitTable};
+
+pub fn setpermits(ctx: *mut Ctx, args: Args) -> Result<()> {
+    if args.len() < 3 {
+        return Err(Error::Arity);
+    }
+    let (mut last_id, mut prune, mut drop, mut add) = (None, None, None, None);
+    let mut i = 1;
+    while i < args.len() {
+        let int = |j: usize| args.integer(j, "permit fields must be non-negative integers");
+        let seen = |given: bool| {
+            if given {
+                Err(args.duplicate(i))
+            } else {
+                Ok(())
+            }
+        };
+        if args.is(i, "LASTID") {
+            seen(last_id.is_some())?;
+            last_id = Some(int(i + 1)?);
+            i += 2;
+        } else if args.is(i, "PRUNE") {
+            seen(prune.is_some())?;
+            prune = Some(int(i + 1)?);
+            i += 2;
+        } else if args.is(i, "DROP") {
+            seen(drop.is_some())?;
+            drop = Some(int(i + 1)?);
+            i += 2;
+        } else if args.is(i, "ADD") {
+            seen(add.is_some())?;
+            add = Some(Permit {
+                id: int(i + 1)?,
+                expires_at: int(i + 2)?,
+            });
+            i += 3;
+        } else {
+            return Err(args.unknown(i));
+        }
+    }
+    let last_id = last_id.ok_or(Error::Invalid("LASTID is required"))?;
+    let name = args.raw(0)?;
+    let key = PermitKey::open(ctx, name);
+    let existing = key.table()?;
+    let mut next = existing.as_deref().cloned().unwrap_or_default();
+    next.raise_last_id(last_id);
+    if let Some(t) = prune {
+        next.prune(t);
+    }
+    if let Some(id) = drop {
+        next.remove(id);
+    }
+    if let Some(p) = add {
+        next.put(p);
+    }
+    let (last, list) = next.into_parts();
+    let next = PermitTable::validate(last, list).map_err(|e| Error::Invalid(e.message()))?;
+    match existing {
+        Some(t) => {
+            permits::left(t.permits().len());
+            for _ in next.permits() {
+                permits::entered();
+            }
+            *t = next;
+            key.written(t);
+        }
+        None if next.permits().is_empty() => {}
+        None => key.create(next),
+    }
+    rm!(RedisModule_ReplicateVerbatim(ctx));
+    api::reply_ok(ctx);
+    Ok(())
+}

@@ -1,0 +1,173 @@
+//! RL.ACQUIRE / RL.RELEASE / RL.RENEW: a semaphore whose permits expire.
+
+mod support;
+
+use std::time::Duration;
+use support::*;
+
+fn acquire(c: &mut Connection, key: &str, limit: u64, ttl_ms: u64) -> (i64, i64, i64, i64) {
+    redis::cmd("RL.ACQUIRE")
+        .arg(key)
+        .arg(limit)
+        .arg(ttl_ms)
+        .query(c)
+        .unwrap()
+}
+
+fn release(c: &mut Connection, key: &str, id: i64) -> i64 {
+    redis::cmd("RL.RELEASE").arg(key).arg(id).query(c).unwrap()
+}
+
+fn renew(c: &mut Connection, key: &str, id: i64, ttl_ms: u64) -> i64 {
+    redis::cmd("RL.RENEW")
+        .arg(key)
+        .arg(id)
+        .arg(ttl_ms)
+        .query(c)
+        .unwrap()
+}
+
+#[test]
+fn permits_up_to_the_limit_expire_release_and_renew() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let (g1, a, in_use, _) = acquire(&mut c, "s", 2, 300);
+    assert_eq!((g1, in_use), (1, 1));
+    let (g2, b, in_use, _) = acquire(&mut c, "s", 2, 10_000);
+    assert_eq!((g2, in_use), (1, 2));
+    assert!(b > a && a > 0);
+    let (g, id, in_use, retry) = acquire(&mut c, "s", 2, 1000);
+    assert_eq!((g, id, in_use), (0, 0, 2));
+    assert!((1..=300).contains(&retry), "retry {retry}");
+    // A crashed holder (never releases) frees its slot after its ttl.
+    std::thread::sleep(Duration::from_millis(350));
+    let (g, c_id, in_use, _) = acquire(&mut c, "s", 2, 10_000);
+    assert_eq!((g, in_use), (1, 2));
+    assert!(c_id > b);
+    assert_eq!(release(&mut c, "s", a), 0, "expired: not released");
+    assert_eq!(release(&mut c, "s", b), 1);
+    assert_eq!(release(&mut c, "s", b), 0, "released twice");
+    assert_eq!(renew(&mut c, "s", b, 1000), 0);
+    assert_eq!(renew(&mut c, "s", c_id, 60_000), 1);
+    let pttl: i64 = redis::cmd("PTTL").arg("s").query(&mut c).unwrap();
+    assert!(
+        (59_000..=60_001).contains(&pttl),
+        "the key lives as long as its last permit: {pttl}"
+    );
+    assert_eq!(release(&mut c, "s", c_id), 1);
+    let exists: i64 = redis::cmd("EXISTS").arg("s").query(&mut c).unwrap();
+    assert_eq!(exists, 0, "no permit left: no key");
+    let n = info_field(&mut c, "rl", "rl_permits_acquired");
+    assert_eq!(n, 3);
+    assert_eq!(info_field(&mut c, "rl", "rl_permits_denied"), 1);
+    assert_eq!(info_field(&mut c, "rl", "rl_permits_released"), 2);
+    assert_eq!(info_field(&mut c, "rl", "rl_permits_in_use"), 0);
+}
+
+#[test]
+fn a_bucket_and_a_semaphore_are_different_types() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    assert_eq!(take(&mut c, "bucket", 1.0, 10.0, 1), 1);
+    assert_eq!(acquire(&mut c, "sem", 5, 10_000).0, 1);
+    let before = dataset_digest(&mut c);
+    for args in [
+        &["RL.ACQUIRE", "bucket", "5", "1000"][..],
+        &["RL.RELEASE", "bucket", "1"],
+        &["RL.RENEW", "bucket", "1", "1000"],
+        &["RL.TAKE", "sem", "1", "10"],
+        &["RL.LEASE", "sem", "1", "10", "1", "100"],
+        &["RL.RESERVE", "sem", "1", "10", "1", "100"],
+        &["RL.REFUND", "sem", "1"],
+        &["RL.PEEK", "sem"],
+    ] {
+        let e = redis::cmd(args[0])
+            .arg(&args[1..])
+            .query::<Value>(&mut c)
+            .unwrap_err();
+        assert_eq!(e.code(), Some("WRONGTYPE"), "{args:?}");
+    }
+    for bad in [
+        &["RL.ACQUIRE", "x", "0", "1000"][..],
+        &["RL.ACQUIRE", "x", "10001", "1000"],
+        &["RL.ACQUIRE", "x", "5", "0"],
+        &["RL.ACQUIRE", "x", "5", "86400001"],
+        &["RL.RELEASE", "x", "-1"],
+        &["RL.RENEW", "x", "1", "0"],
+    ] {
+        assert!(
+            redis::cmd(bad[0])
+                .arg(&bad[1..])
+                .query::<Value>(&mut c)
+                .is_err(),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(dataset_digest(&mut c), before);
+}
+
+#[test]
+fn permits_persist_copy_and_replicate_exactly() {
+    let mut s = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
+    let replica = Server::start(&[]);
+    replicate(&replica, &s);
+    let mut c = s.conn();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(acquire(&mut c, "s", 10, 600_000).1);
+    }
+    assert_eq!(release(&mut c, "s", ids[1]), 1);
+    assert_eq!(renew(&mut c, "s", ids[2], 900_000), 1);
+    let offset = info_field(&mut c, "replication", "master_repl_offset");
+    // Denials and no-ops send nothing.
+    assert_eq!(acquire(&mut c, "s", 4, 1000).0, 0);
+    assert_eq!(release(&mut c, "s", 12345), 0);
+    assert_eq!(
+        info_field(&mut c, "replication", "master_repl_offset"),
+        offset
+    );
+    let before = digest(&mut c, "s");
+    wait_synced(&s, &replica);
+    assert_eq!(digest(&mut replica.conn(), "s"), before, "replica");
+    let _: () = redis::cmd("COPY").arg("s").arg("s2").query(&mut c).unwrap();
+    assert_eq!(digest(&mut c, "s2"), before, "COPY");
+    let at: i64 = redis::cmd("PEXPIRETIME").arg("s").query(&mut c).unwrap();
+    let payload = dump(&mut c, "s");
+    let _: () = redis::cmd("RESTORE")
+        .arg("s3")
+        .arg(at)
+        .arg(payload)
+        .arg("ABSTTL")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(digest(&mut c, "s3"), before, "RESTORE");
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    assert_eq!(digest(&mut c, "s"), before, "DEBUG RELOAD");
+    let all = dataset_digest(&mut c);
+    rewrite_aof(&mut c);
+    drop(c);
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(dataset_digest(&mut c), all, "AOF rewrite + restart");
+    assert_eq!(info_field(&mut c, "rl", "rl_permits_in_use"), 12);
+}
+
+#[test]
+fn ten_thousand_permits_per_key_and_a_clear_error_beyond() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let mut pipe = redis::pipe();
+    for _ in 0..10_000 {
+        pipe.cmd("RL.ACQUIRE").arg(&["big", "10000", "600000"]);
+    }
+    let replies: Vec<(i64, i64, i64, i64)> = pipe.query(&mut c).unwrap();
+    assert!(replies.iter().all(|r| r.0 == 1));
+    assert_eq!(replies.last().unwrap().2, 10_000);
+    let (g, _, in_use, _) = acquire(&mut c, "big", 10_000, 1000);
+    assert_eq!((g, in_use), (0, 10_000));
+    let e = redis::cmd("RL.ACQUIRE")
+        .arg(&["big", "10001", "1000"])
+        .query::<Value>(&mut c)
+        .unwrap_err();
+    assert!(e.to_string().contains("at most 10000"), "{e}");
+}

@@ -1,0 +1,206 @@
+//! RL.RESERVE (wait instead of reject) and RL.REFUND (give tokens back).
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::*;
+
+/// `RL.RESERVE key rate cap n max_wait_ms` → (granted, wait_ms, remaining, reset_after_ms).
+fn reserve(
+    c: &mut Connection,
+    key: &str,
+    rate: &str,
+    cap: &str,
+    n: u64,
+    max_wait: u64,
+) -> (i64, i64, f64, i64) {
+    redis::cmd("RL.RESERVE")
+        .arg(&[key, rate, cap])
+        .arg(n)
+        .arg(max_wait)
+        .query(c)
+        .unwrap()
+}
+
+fn refund(c: &mut Connection, key: &str, n: u64) -> f64 {
+    redis::cmd("RL.REFUND").arg(key).arg(n).query(c).unwrap()
+}
+
+#[test]
+fn reservations_queue_in_debt_and_other_commands_wait_behind() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    // 10 tokens at 10/s: the first 10 now, then 5 more half a second later.
+    assert_eq!(reserve(&mut c, "k", "10", "10", 10, 0).0, 10);
+    let (g, wait, remaining, reset) = reserve(&mut c, "k", "10", "10", 5, 1000);
+    assert_eq!(g, 5);
+    assert!((450..=500).contains(&wait), "wait {wait}");
+    assert!((-5.0..=-4.5).contains(&remaining), "{remaining}");
+    assert!((1450..=1500).contains(&reset), "{reset}");
+    // A later caller queues behind: its wait includes the debt.
+    let (g, wait2, _, _) = reserve(&mut c, "k", "10", "10", 1, 1000);
+    assert_eq!(g, 1);
+    assert!(wait2 > wait, "{wait2} <= {wait}");
+    // Nothing is granted while in debt; PEEK shows the negative level.
+    assert_eq!(take(&mut c, "k", 10.0, 10.0, 1), 0);
+    let lease: Vec<i64> = redis::cmd("RL.LEASE")
+        .arg(&["k", "10", "10", "5", "1000"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(lease[0], 0);
+    assert!(lease[3] >= wait2, "{lease:?}");
+    let peek: Vec<Value> = redis::cmd("RL.PEEK").arg("k").query(&mut c).unwrap();
+    let tokens: f64 = redis::from_redis_value(&peek[1]).unwrap();
+    assert!(tokens < -5.0, "{tokens}");
+    // A reservation whose wait would be too long is denied, writes nothing, and says the
+    // wait it would have needed.
+    let offset = info_field(&mut c, "replication", "master_repl_offset");
+    let before = digest(&mut c, "k");
+    let (g, need, _, _) = reserve(&mut c, "k", "10", "10", 5, 100);
+    assert_eq!(g, 0);
+    assert!(need > 1000, "{need}");
+    assert_eq!(digest(&mut c, "k"), before);
+    assert_eq!(
+        info_field(&mut c, "replication", "master_repl_offset"),
+        offset
+    );
+    // The debt never exceeds rate * max_wait.
+    let (_, _, remaining, _) = reserve(&mut c, "d", "100", "1", 1, 0);
+    assert_eq!(remaining, 0.0);
+    let mut last = 0.0;
+    for _ in 0..30 {
+        let (g, _, remaining, _) = reserve(&mut c, "d", "100", "1", 1, 200);
+        if g == 1 {
+            last = remaining;
+        }
+    }
+    assert!(last >= -20.0 - 1e-9, "debt {last} beyond rate * max_wait");
+}
+
+#[test]
+fn refunds_credit_what_the_bucket_lacks_and_pay_debt_first() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    assert_eq!(refund(&mut c, "none", 5), 0.0);
+    let exists: i64 = redis::cmd("EXISTS").arg("none").query(&mut c).unwrap();
+    assert_eq!(exists, 0, "a refund created a key");
+    assert_eq!(take(&mut c, "k", 0.001, 10.0, 4), 4);
+    let got = refund(&mut c, "k", 3);
+    assert!((got - 3.0).abs() < 1e-9, "{got}");
+    // Never above cap: about 1 lacking.
+    let got = refund(&mut c, "k", 5);
+    assert!((0.99..=1.0).contains(&got), "{got}");
+    let exists: i64 = redis::cmd("EXISTS").arg("k").query(&mut c).unwrap();
+    assert_eq!(exists, 0, "full again and nothing held: no key");
+    // Debt first.
+    assert_eq!(reserve(&mut c, "d", "1", "2", 2, 0).0, 2);
+    assert_eq!(reserve(&mut c, "d", "1", "2", 2, 3000).0, 2);
+    let got = refund(&mut c, "d", 1);
+    assert!((got - 1.0).abs() < 1e-9);
+    let (_, remaining, _, _) = take_state(&mut c, "d", 1.0, 2.0, 1);
+    assert!((-1.01..=-0.95).contains(&remaining), "{remaining}");
+    // Wrong type, bad input: errors, nothing changed.
+    let _: () = c.set("str", "x").unwrap();
+    let e = redis::cmd("RL.REFUND")
+        .arg(&["str", "1"])
+        .query::<f64>(&mut c)
+        .unwrap_err();
+    assert_eq!(e.code(), Some("WRONGTYPE"));
+    for bad in [&["d", "0"][..], &["d", "-1"], &["d", "x"]] {
+        assert!(redis::cmd("RL.REFUND")
+            .arg(bad)
+            .query::<f64>(&mut c)
+            .is_err());
+    }
+    for bad in [
+        &["k", "1", "10", "11", "0"][..],
+        &["k", "1", "10", "1", "86400001"],
+        &["k", "1", "10", "1", "-1"],
+        &["k", "1", "10", "1", "5", "INIT", "1", "INIT", "1"],
+        &["k", "1", "10", "1", "5", "FOO"],
+    ] {
+        assert!(
+            redis::cmd("RL.RESERVE")
+                .arg(bad)
+                .query::<Value>(&mut c)
+                .is_err(),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn debt_survives_reload_aof_and_reaches_a_replica() {
+    let mut s = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
+    let replica = Server::start(&[]);
+    replicate(&replica, &s);
+    let mut c = s.conn();
+    assert_eq!(reserve(&mut c, "k", "0.01", "5", 5, 0).0, 5);
+    assert_eq!(reserve(&mut c, "k", "0.01", "5", 3, 600_000).0, 3);
+    let _ = refund(&mut c, "k", 1);
+    let before = digest(&mut c, "k");
+    wait_synced(&s, &replica);
+    assert_eq!(digest(&mut replica.conn(), "k"), before, "replica");
+    // The promoted replica keeps the debt: a take there is denied.
+    let mut r = replica.conn();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut r)
+        .unwrap();
+    assert_eq!(take(&mut r, "k", 0.01, 5.0, 1), 0);
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    assert_eq!(digest(&mut c, "k"), before, "DEBUG RELOAD");
+    rewrite_aof(&mut c);
+    drop(c);
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(digest(&mut c, "k"), before, "AOF rewrite + restart");
+}
+
+/// 32 clients each reserve a token and use it after sleeping the wait they were told: in
+/// any window of length t the uses are at most cap + rate * t (+1 for rounding).
+#[test]
+fn thirty_two_waiting_clients_stay_within_the_rate() {
+    let s = Server::start(&[]);
+    let (rate, cap) = (100.0, 20.0);
+    let uses: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let start = Instant::now();
+    let threads: Vec<_> = (0..32)
+        .map(|_| {
+            let url = s.url();
+            let uses = uses.clone();
+            std::thread::spawn(move || {
+                let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+                while start.elapsed() < Duration::from_secs(2) {
+                    let (g, wait, _, _) = reserve(&mut c, "q", "100", "20", 1, 500);
+                    if g == 1 {
+                        std::thread::sleep(Duration::from_millis(wait as u64));
+                        uses.lock().unwrap().push(Instant::now());
+                    } else {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut uses = uses.lock().unwrap().clone();
+    uses.sort();
+    assert!(uses.len() > 150, "only {} uses", uses.len());
+    let mut worst = f64::MIN;
+    for i in 0..uses.len() {
+        for j in i..uses.len() {
+            let t = (uses[j] - uses[i]).as_secs_f64();
+            let over = (j - i + 1) as f64 - (cap + rate * t + 1.0);
+            worst = worst.max(over);
+        }
+    }
+    assert!(
+        worst <= 0.0,
+        "a window saw {worst} uses over cap + rate * t + 1"
+    );
+}
