@@ -208,6 +208,9 @@ impl PermitKey {
 
     /// The permits held here: `None` if the key does not exist, `WRONGTYPE` if it holds
     /// something else (a bucket included).
+    // The table is owned by Redis's keyspace, not by this handle: borrowing it mutably
+    // through `&self` lets a command change it and then update the key's expiry.
+    #[allow(clippy::mut_from_ref)]
     pub fn table(&self) -> Result<Option<&mut PermitTable>> {
         let kind = rm!(RedisModule_KeyType(self.key)) as isize;
         if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
