@@ -125,11 +125,21 @@ fn readme_acl_rules_do_what_they_say() {
     let mut app = as_user(
         &s,
         "app",
-        "~* +rl.take +rl.lease +rl.return +rl.mtake +rl.peek",
+        "~* +rl.take +rl.lease +rl.return +rl.mtake +rl.peek +rl.reserve +rl.refund +rl.acquire +rl.release +rl.renew",
     );
     for args in [TAKE, LEASE, RETURN, MTAKE, PEEK] {
         assert!(allowed(&mut app, args), "{args:?}");
     }
+    for args in [
+        &["RL.RESERVE", "r", "10", "10", "1", "0"][..],
+        &["RL.REFUND", "r", "1"],
+        &["RL.ACQUIRE", "p", "1", "1000"],
+        &["RL.RELEASE", "p", "1"],
+        &["RL.RENEW", "p", "1", "1000"],
+    ] {
+        assert!(allowed(&mut app, args), "{args:?}");
+    }
+    assert!(!allowed(&mut app, &["RL.SETPERMITS", "p", "LASTID", "1"]));
     assert!(!allowed(&mut app, SETSTATE));
     assert!(!allowed(&mut app, &["GET", "k"]));
 
@@ -137,9 +147,17 @@ fn readme_acl_rules_do_what_they_say() {
     assert!(allowed(&mut viewer, PEEK));
     assert!(!allowed(&mut viewer, TAKE));
 
-    let mut others = as_user(&s, "others", "~* +@all -@dangerous -rl.setstate");
+    let mut others = as_user(
+        &s,
+        "others",
+        "~* +@all -@dangerous -rl.setstate -rl.setpermits",
+    );
     assert!(allowed(&mut others, TAKE));
     assert!(!allowed(&mut others, SETSTATE));
+    assert!(!allowed(
+        &mut others,
+        &["RL.SETPERMITS", "p", "LASTID", "1"]
+    ));
 }
 
 /// On servers with the `internal` command flag (Redis 8.0+), ordinary clients do not even

@@ -604,3 +604,115 @@ fn command_docs_list_the_arguments() {
         }
     }
 }
+
+/// The semaphore's effect command and payloads get the same treatment: generated
+/// `RL.SETPERMITS` vectors either change nothing or leave a state every copy reproduces,
+/// and corrupt `RESTORE` payloads of a semaphore are errors, not aborts.
+#[test]
+fn semaphore_effects_and_payloads_cannot_break_the_server() {
+    let mut s = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
+    let mut c = s.internal_conn();
+    let _: () = redis::cmd("DEBUG")
+        .arg("SET-ACTIVE-EXPIRE")
+        .arg(0)
+        .query(&mut c)
+        .unwrap();
+    let mut rng = Rng(7);
+    let now = now_ns();
+    let ids = [
+        "0",
+        "1",
+        "2",
+        "9",
+        "10000",
+        "9223372036854775807",
+        "9223372036854775808",
+    ];
+    let (mut accepted, mut refused) = (0, 0);
+    for i in 0..400 {
+        let key = format!("p{}", i % 6);
+        let mut args = vec![key.clone()];
+        if rng.below(8) != 0 {
+            args.extend(["LASTID".to_string(), rng.pick(&ids).to_string()]);
+        }
+        for _ in 0..rng.below(3) {
+            match rng.below(4) {
+                0 => args.extend(["PRUNE".to_string(), now.to_string()]),
+                1 => args.extend(["DROP".to_string(), rng.pick(&ids).to_string()]),
+                2 => args.extend([
+                    "ADD".to_string(),
+                    rng.pick(&ids).to_string(),
+                    (now + 600_000_000_000 + rng.below(1_000_000)).to_string(),
+                ]),
+                _ => args.push(rng.pick(&["ADD", "BOGUS", "LASTID"]).to_string()),
+            }
+        }
+        let before = key_state(&mut c, &key);
+        match run(&mut c, "RL.SETPERMITS", &args) {
+            Ok(_) => accepted += 1,
+            Err(e) => {
+                refused += 1;
+                assert!(e.code() == Some("ERR"), "{args:?}: {e}");
+                assert_eq!(
+                    key_state(&mut c, &key),
+                    before,
+                    "refused {args:?} changed data"
+                );
+            }
+        }
+    }
+    assert!(
+        accepted > 30 && refused > 30,
+        "{accepted} accepted, {refused} refused"
+    );
+    // A real permit key for the payload attacks.
+    let _: Vec<i64> = redis::cmd("RL.ACQUIRE")
+        .arg(&["real", "5", "600000"])
+        .query(&mut c)
+        .unwrap();
+    let _: Vec<i64> = redis::cmd("RL.ACQUIRE")
+        .arg(&["real", "5", "600000"])
+        .query(&mut c)
+        .unwrap();
+    let all = dataset_digest(&mut c);
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    assert_eq!(dataset_digest(&mut c), all, "DEBUG RELOAD");
+    let replica = Server::start(&[]);
+    replicate(&replica, &s);
+    wait_synced(&s, &replica);
+    assert_eq!(dataset_digest(&mut replica.conn()), all, "full sync");
+    drop(replica);
+
+    let payload = dump(&mut c, "real");
+    let body = dump_body(&payload);
+    let mut bodies: Vec<Vec<u8>> = (1..body.len()).map(|n| body[..n].to_vec()).collect();
+    for _ in 0..200 {
+        let mut b = body.to_vec();
+        let i = 1 + rng.below(b.len() as u64 - 1) as usize;
+        b[i] ^= 1 << rng.below(8);
+        bodies.push(b);
+    }
+    for b in bodies {
+        let forged = reseal(&payload, &b);
+        let reply = redis::cmd("RESTORE")
+            .arg("x")
+            .arg(0)
+            .arg(forged)
+            .arg("REPLACE")
+            .query::<Value>(&mut c);
+        if reply.is_ok() {
+            let r: redis::RedisResult<Value> = redis::cmd("RL.ACQUIRE")
+                .arg(&["x", "5", "1000"])
+                .query(&mut c);
+            assert!(r.is_ok() || r.unwrap_err().code() == Some("WRONGTYPE"));
+            let _: () = redis::cmd("DEL").arg("x").query(&mut c).unwrap();
+        }
+    }
+    assert!(!s.exited(), "the server died: {}", s.log());
+    let all = dataset_digest(&mut c);
+    rewrite_aof(&mut c);
+    drop(c);
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(dataset_digest(&mut c), all, "AOF rewrite + restart");
+}
