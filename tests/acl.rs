@@ -6,42 +6,6 @@ mod support;
 
 use support::*;
 
-/// A connection logged in as `user` (password `pw`), made with `rules`.
-fn as_user(s: &Server, user: &str, rules: &str) -> Connection {
-    let mut admin = s.conn();
-    let mut cmd = redis::cmd("ACL");
-    cmd.arg("SETUSER")
-        .arg(user)
-        .arg("reset")
-        .arg("on")
-        .arg(">pw");
-    for r in rules.split_whitespace() {
-        cmd.arg(r);
-    }
-    let _: () = cmd.query(&mut admin).unwrap();
-    let mut c = s.conn();
-    let _: () = redis::cmd("AUTH")
-        .arg(user)
-        .arg("pw")
-        .query(&mut c)
-        .unwrap();
-    c
-}
-
-/// Whether `args` is allowed (any reply but NOPERM).
-fn allowed(c: &mut Connection, args: &[&str]) -> bool {
-    match redis::cmd(args[0]).arg(&args[1..]).query::<Value>(c) {
-        Ok(_) => true,
-        Err(e) => {
-            let text = e.to_string();
-            // Refused by ACL, or hidden as an internal command.
-            !(text.contains("NOPERM")
-                || text.contains("no permissions")
-                || text.contains("unknown command"))
-        }
-    }
-}
-
 const TAKE: &[&str] = &["RL.TAKE", "k", "10", "10"];
 const PEEK: &[&str] = &["RL.PEEK", "k"];
 const LEASE: &[&str] = &["RL.LEASE", "k", "10", "10", "1", "1000"];

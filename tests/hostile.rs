@@ -27,13 +27,6 @@ impl Rng {
     }
 }
 
-fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-}
-
 /// One generated `RL.SETSTATE` call: mostly plausible values, some at and past every bound.
 fn setstate_args(rng: &mut Rng, key: &str) -> Vec<String> {
     let now = now_ns();

@@ -11,52 +11,12 @@ mod support;
 use std::time::{Duration, Instant};
 use support::*;
 
-fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-}
-
 fn cmd(c: &mut Connection, args: &[&str]) -> redis::RedisResult<Value> {
     redis::cmd(args[0]).arg(&args[1..]).query(c)
 }
 
 fn int(c: &mut Connection, args: &[&str]) -> i64 {
     query(c, args)
-}
-
-/// A connection logged in as `user` (password `pw`) with `rules`.
-fn as_user(s: &Server, user: &str, rules: &str) -> Connection {
-    let mut admin = s.conn();
-    let mut acl = redis::cmd("ACL");
-    acl.arg("SETUSER")
-        .arg(user)
-        .arg("reset")
-        .arg("on")
-        .arg(">pw");
-    for r in rules.split_whitespace() {
-        acl.arg(r);
-    }
-    let _: () = acl.query(&mut admin).unwrap();
-    let mut c = s.conn();
-    let _: () = redis::cmd("AUTH")
-        .arg(user)
-        .arg("pw")
-        .query(&mut c)
-        .unwrap();
-    c
-}
-
-/// Whether ACL (or the internal flag) let `args` through.
-fn allowed(c: &mut Connection, args: &[&str]) -> bool {
-    match cmd(c, args) {
-        Ok(_) => true,
-        Err(e) => {
-            let t = e.to_string();
-            !(t.contains("NOPERM") || t.contains("no permissions") || t.contains("unknown command"))
-        }
-    }
 }
 
 // ============================================================================================

@@ -42,14 +42,6 @@ fn give_back(c: &mut Connection, key: &str, id: i64, unused: u64) -> i64 {
         .unwrap()
 }
 
-/// Tokens in a bucket that is not full, read without changing it: a TAKE of `cap` tokens is
-/// denied and reports what is there.
-fn peek(c: &mut Connection, key: &str, rate: f64, cap: f64) -> f64 {
-    let (granted, remaining, _, _) = take_state(c, key, rate, cap, cap as u64);
-    assert_eq!(granted, 0, "peek on a full bucket took it");
-    remaining
-}
-
 fn assert_near(actual: f64, expected: f64, what: &str) {
     assert!(
         (actual - expected).abs() < 0.05,
@@ -75,7 +67,7 @@ fn partial_grants_and_min() {
     assert_eq!((granted, id0, ttl0), (0, 0, 0));
     assert!((990_000..=1_000_000).contains(&retry), "retry {retry}");
     assert_near(
-        peek(&mut c, "k", SLOW, 10.0),
+        peek_tokens(&mut c, "k").unwrap(),
         2.0,
         "a denial debits nothing",
     );
@@ -99,13 +91,13 @@ fn return_credits_at_most_the_lease() {
     let (_, a, _, _) = lease(&mut c, "k", SLOW, 10.0, 5, 60_000, &[]);
     let (_, b, _, _) = lease(&mut c, "k", SLOW, 10.0, 4, 60_000, &[]);
     assert_ne!(a, b);
-    assert_near(peek(&mut c, "k", SLOW, 10.0), 1.0, "after two leases");
+    assert_near(peek_tokens(&mut c, "k").unwrap(), 1.0, "after two leases");
     assert_eq!(give_back(&mut c, "k", a, 3), 3);
-    assert_near(peek(&mut c, "k", SLOW, 10.0), 4.0, "after returning 3");
+    assert_near(peek_tokens(&mut c, "k").unwrap(), 4.0, "after returning 3");
     // More than the lease holds: only its 4 come back.
     assert_eq!(give_back(&mut c, "k", b, 100), 4);
     assert_near(
-        peek(&mut c, "k", SLOW, 10.0),
+        peek_tokens(&mut c, "k").unwrap(),
         8.0,
         "after returning lease b",
     );
@@ -154,7 +146,7 @@ fn double_return_credits_once() {
         changes
     );
     assert_near(
-        peek(&mut c, "k", SLOW, 10.0),
+        peek_tokens(&mut c, "k").unwrap(),
         9.0,
         "tokens after one return",
     );
@@ -172,7 +164,7 @@ fn return_after_expiry_credits_nothing() {
     );
     assert_eq!(give_back(&mut c, "k", id, 6), 0);
     assert_near(
-        peek(&mut c, "k", SLOW, 10.0),
+        peek_tokens(&mut c, "k").unwrap(),
         4.0,
         "an expired lease's tokens stay spent",
     );
@@ -187,7 +179,7 @@ fn return_after_expiry_credits_nothing() {
         &["RETURN", &id.to_string(), "6"],
     );
     assert_eq!(granted, 4);
-    assert_near(peek(&mut c, "k", SLOW, 10.0), 0.0, "after the renewal");
+    assert_near(peek_tokens(&mut c, "k").unwrap(), 0.0, "after the renewal");
 }
 
 #[test]
@@ -227,7 +219,7 @@ fn renewal_with_return_settles_first() {
     );
     assert_eq!((granted, c_id), (0, 0));
     assert_near(
-        peek(&mut c, "k", SLOW, 10.0),
+        peek_tokens(&mut c, "k").unwrap(),
         3.0,
         "credit of a denied renewal",
     );
@@ -267,7 +259,7 @@ fn leases_survive_debug_reload() {
     assert_eq!(give_back(&mut c, "k", a, 3), 3);
     assert_eq!(give_back(&mut c, "k", b, 1), 1);
     assert_near(
-        peek(&mut c, "k", SLOW, 10.0),
+        peek_tokens(&mut c, "k").unwrap(),
         9.0,
         "after reload and returns",
     );
@@ -307,7 +299,7 @@ fn aof_round_trip(preamble: &str) {
         "closed before the restart"
     );
     assert_near(
-        peek(&mut c, "k", SLOW, 10.0),
+        peek_tokens(&mut c, "k").unwrap(),
         9.0,
         "after restart and returns",
     );
@@ -497,7 +489,7 @@ fn live_leases_per_key_are_bounded() {
         "the refused lease changed the bucket"
     );
     assert_near(
-        peek(&mut c, "k", SLOW, 2000.0),
+        peek_tokens(&mut c, "k").unwrap(),
         976.0,
         "tokens after the refusal",
     );

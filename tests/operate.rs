@@ -66,7 +66,7 @@ fn shadow_mode_answers_granted_and_counts_what_enforce_denies() {
     // Back to enforce at runtime: no restart, no state lost.
     set_mode(&mut c, "enforce");
     assert_eq!(take(&mut c, "shadowed", 1e-6, 100.0, 1), 0);
-    let (_, still) = peek_tokens(&mut c, "shadowed");
+    let (_, still) = peek_fields(&mut c, "shadowed");
     assert!((still - left).abs() < 1e-3);
 }
 
@@ -92,7 +92,7 @@ fn shadow_mode_from_loadmodule_args_and_rejects_unknown_values() {
 }
 
 /// `RL.PEEK key` as a map → (fields, tokens).
-fn peek_tokens(c: &mut Connection, key: &str) -> (Vec<(String, Value)>, f64) {
+fn peek_fields(c: &mut Connection, key: &str) -> (Vec<(String, Value)>, f64) {
     let v: Vec<(String, Value)> = redis::cmd("RL.PEEK").arg(key).query(c).unwrap();
     let tokens = v
         .iter()
@@ -123,7 +123,7 @@ fn peek_shows_state_and_writes_nothing() {
     let offset = info_field(&mut c, "replication", "master_repl_offset");
     let dirty = info_field(&mut c, "persistence", "rdb_changes_since_last_save");
     let digest_before = digest(&mut c, "k");
-    let (fields, tokens) = peek_tokens(&mut c, "k");
+    let (fields, tokens) = peek_fields(&mut c, "k");
     let get = |name: &str| {
         fields
             .iter()
@@ -142,7 +142,7 @@ fn peek_shows_state_and_writes_nothing() {
         3
     );
     for _ in 0..20 {
-        peek_tokens(&mut c, "k");
+        peek_fields(&mut c, "k");
     }
     assert_eq!(
         info_field(&mut c, "replication", "master_repl_offset"),
@@ -155,7 +155,7 @@ fn peek_shows_state_and_writes_nothing() {
     assert_eq!(digest(&mut c, "k"), digest_before);
     // Replicas answer it too (it is read-only).
     let mut r = replica.conn();
-    let (_, on_replica) = peek_tokens(&mut r, "k");
+    let (_, on_replica) = peek_fields(&mut r, "k");
     assert!((on_replica - tokens).abs() < 0.01);
 }
 

@@ -391,3 +391,59 @@ pub fn dump_body(payload: &[u8]) -> &[u8] {
 pub fn dump(c: &mut Connection, key: &str) -> Vec<u8> {
     redis::cmd("DUMP").arg(key).query(c).unwrap()
 }
+
+/// Nanoseconds since the Unix epoch, on this machine's clock (the tests' servers share it).
+pub fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+/// A connection logged in as a new ACL user `user` (password `pw`) made with `rules`.
+pub fn as_user(s: &Server, user: &str, rules: &str) -> Connection {
+    let mut admin = s.conn();
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER")
+        .arg(user)
+        .arg("reset")
+        .arg("on")
+        .arg(">pw");
+    for r in rules.split_whitespace() {
+        cmd.arg(r);
+    }
+    let _: () = cmd.query(&mut admin).unwrap();
+    let mut c = s.conn();
+    let _: () = redis::cmd("AUTH")
+        .arg(user)
+        .arg("pw")
+        .query(&mut c)
+        .unwrap();
+    c
+}
+
+/// Whether the current user may run `args` (command first): any reply but a refusal by
+/// ACL (NOPERM) or an internal command hidden from it.
+pub fn allowed(c: &mut Connection, args: &[&str]) -> bool {
+    match redis::cmd(args[0]).arg(&args[1..]).query::<Value>(c) {
+        Ok(_) => true,
+        Err(e) => {
+            let text = e.to_string();
+            !(text.contains("NOPERM")
+                || text.contains("no permissions")
+                || text.contains("unknown command"))
+        }
+    }
+}
+
+/// The tokens `RL.PEEK` shows in a bucket (`None` for a missing key: a full bucket).
+pub fn peek_tokens(c: &mut Connection, key: &str) -> Option<f64> {
+    let v: Value = redis::cmd("RL.PEEK").arg(key).query(c).unwrap();
+    let Value::Array(items) = v else {
+        return None;
+    };
+    let at = items
+        .iter()
+        .position(|x| redis::from_redis_value::<String>(x).is_ok_and(|s| s == "tokens"))?;
+    redis::from_redis_value(&items[at + 1]).ok()
+}

@@ -1,4 +1,4 @@
-//! Adversarial review: every write path (and its options) reproduced exactly on a replica,
+//! Every write path (and its options) reproduced exactly on a replica,
 //! after DEBUG RELOAD and after an AOF rewrite (no RDB preamble) plus restart; calls that
 //! must write nothing send nothing to replicas or the AOF; extreme accepted limits.
 
