@@ -1,0 +1,405 @@
+"""Builds BENCHMARKS.md from a results JSON through template.md (string.Template).
+
+A profile cell that names a function the profile does not contain renders as a visible
+**MISSING** marker and is listed in `Report.missing`; the command line then fails.
+"""
+
+import string
+from pathlib import Path
+
+from . import spec
+
+TEMPLATE = Path(__file__).resolve().parent / "template.md"
+MISSING = "MISSING"
+
+
+def fmt(x, digits=0):
+    return "—" if x is None else f"{x:,.{digits}f}"
+
+
+def ratio(x, digits=1):
+    return "—" if x is None else f"{x:.{digits}f}x"
+
+
+def verdict(ok):
+    return "**met**" if ok else "**not met**"
+
+
+class Report:
+    def __init__(self, results):
+        if results.get("schema") != 1:
+            raise ValueError(f"results schema {results.get('schema')!r}, expected 1")
+        self.r = results
+        self.missing = []  # "server / workload: function"
+
+    # -- profile access: never a silent zero ---------------------------------------------------
+
+    def workload(self, server, key):
+        for w in self.r["profiles"][server]["workloads"]:
+            if w["key"] == key:
+                return w
+        raise KeyError(f"{server}: no workload {key!r} in the results")
+
+    def _miss(self, server, wkey, fn):
+        label = self.r["profiles"][server]["label"]
+        entry = f"{label} / {spec.PROFILE_BY_KEY[wkey]['name']}: `{fn}`"
+        if entry not in self.missing:
+            self.missing.append(entry)
+        return f"**{MISSING}: `{fn}`**"
+
+    def instr(self, server, wkey):
+        """(value, cell) of a workload's command cost."""
+        w = self.workload(server, wkey)
+        if w["instr"] is None:
+            return None, self._miss(server, wkey, w["root"])
+        return w["instr"], fmt(w["instr"])
+
+    def part(self, server, wkey, part):
+        """(value, cell, fn) of a named part; value None when it is missing or not tracked."""
+        w = self.workload(server, wkey)
+        entry = w["parts"].get(part)
+        if entry is None:
+            fn = spec.PARTS[part].get(self.r["profiles"][server]["flavor"])
+            if fn is None:
+                return None, "not tracked", None  # this server inlines it: not asked for
+            return None, self._miss(server, wkey, fn), fn  # asked for but not recorded
+        if entry["instr"] is None:
+            if part in spec.PROFILE_BY_KEY[wkey]["absent"]:
+                return 0.0, "not called", entry["fn"]
+            return None, self._miss(server, wkey, entry["fn"]), entry["fn"]
+        return entry["instr"], fmt(entry["instr"]), entry["fn"]
+
+    # -- sections --------------------------------------------------------------------------------
+
+    def servers(self):
+        return list(self.r["profiles"])
+
+    def primary(self):
+        for name in self.servers():
+            if spec.SERVERS.get(name, {}).get("primary"):
+                return name
+        return None
+
+    def throughput_table(self):
+        rows = {row["key"]: row for row in self.r["throughput"]}
+        us = {k: row["median"]["usec"] for k, row in rows.items()}
+        rps16 = {k: row["median"]["rps16"] for k, row in rows.items()}
+        out = ["| Row | req/s P1 | req/s P16 | p50 ms | p99 ms | server µs/call | server time ÷ "
+               "INCR's | Lua's server time ÷ this | req/s P16 ÷ INCR's |",
+               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for k, row in rows.items():
+            m = row["median"]
+            x_incr = us[k] / us[row["incr"]] if row["incr"] else None
+            x_lua = us[row["lua"]] / us[k] if row["lua"] else None
+            tp = rps16[k] / rps16[row["incr"]] if row["incr"] else None
+            out.append(
+                f"| {row['label']} | {fmt(m['rps1'])} | {fmt(m['rps16'])} | {fmt(m['p50'], 3)} | "
+                f"{fmt(m['p99'], 3)} | {fmt(us[k], 2)} | {ratio(x_incr)} | {ratio(x_lua)} | "
+                f"{'—' if tp is None else f'{100 * tp:.0f}%'} |")  # fmt: skip
+        return "\n".join(out)
+
+    def commands(self):
+        out = []
+        for row in self.r["throughput"]:
+            text = " ".join("<sha>" if a == "SHA" else a for a in row["args"])
+            text += f"  (-r {row['rand']})" if row["rand"] else ""
+            out.append(f"- {row['label']}: `{text}`")
+        return "\n".join(out)
+
+    def memory_table(self):
+        m = self.r["memory"]["layouts"]
+        floor_b = m["floor"]["bytes"]
+        out = ["| Layout | filled with | bytes per bucket | ÷ per-key floor | `MEMORY USAGE b:1` |",
+               "|---|---|---:|---:|---:|"]  # fmt: skip
+        layouts = [
+            ("Redis's per-key floor: integer string with expiry", "floor",
+             "`SET b:<i> 1732897000123456 PX 1000000`"),
+            ("`RL.TAKE` (type `rl-bucket`, key expires when full)", "ours",
+             "`RL.TAKE b:<i> 0.001 10 1`"),
+            ("Lua script's hash, same expiry", "lua_expiry",
+             "`EVALSHA <sha> 1 b:<i> 0.001 10 1` + `PEXPIRE b:<i> 1000000`"),
+            ("Lua script's hash as the seed runs it (no expiry)", "lua_seed",
+             "`EVALSHA <sha> 1 b:<i> 0.001 10 1`"),
+        ]  # fmt: skip
+        for label, key, how in layouts:
+            b = m[key]["bytes"]
+            out.append(f"| {label} | {how} | {b:.1f} | {b / floor_b:.2f}x | {m[key]['usage']} |")
+        return "\n".join(out)
+
+    def idle_table(self):
+        io, il = self.r["memory"]["idle"]["ours"], self.r["memory"]["idle"]["lua"]
+        return "\n".join([
+            "| Layout | keys left | memory still held |",
+            "|---|---:|---:|",
+            f"| `RL.TAKE` | {io['keys']:,} after {io['waited']:.1f} s | {io['bytes'] / 1e6:,.1f} MB |",
+            f"| Lua script as seeded | {il['keys']:,} after {il['waited']:.1f} s, and forever |"
+            f" {il['bytes'] / 1e6:,.1f} MB ({il['bytes'] / max(il['keys'], 1):.0f} bytes/key) |",
+        ])  # fmt: skip
+
+    def ratio_targets(self):
+        rows = {row["key"]: row["median"] for row in self.r["throughput"]}
+        us = {k: m["usec"] for k, m in rows.items()}
+        rps16 = {k: m["rps16"] for k, m in rows.items()}
+        m = self.r["memory"]["layouts"]
+        floor_b, ours_b, lua_b = m["floor"]["bytes"], m["ours"]["bytes"], m["lua_expiry"]["bytes"]
+        targets = [
+            ("Server time, RL.TAKE grant ≤ 4x INCR's", us["grant"] / us["incr"], 4, "le"),
+            ("Server time, RL.TAKE deny ≤ 3x INCR's", us["deny"] / us["incr"], 3, "le"),
+            ("Server time, RL.TAKE 100k random keys ≤ 5x INCR's (same keys)",
+             us["rand"] / us["incr_rand"], 5, "le"),
+            ("Server time, RL.TAKE 100k random keys ≤ 5x INCR's (INCR on one key)",
+             us["rand"] / us["incr"], 5, "le"),
+            ("Grant path: ≥ 10x less server time than the Lua script",
+             us["lua_grant"] / us["grant"], 10, "ge"),
+            ("Deny path: ≥ 15x less server time than the Lua script",
+             us["lua_deny"] / us["deny"], 15, "ge"),
+            ("Throughput at pipeline 16, RL.TAKE grant ≥ 60% of INCR's",
+             rps16["grant"] / rps16["incr"], 0.6, "ge"),
+            ("Throughput at pipeline 16, RL.TAKE deny ≥ 60% of INCR's",
+             rps16["deny"] / rps16["incr"], 0.6, "ge"),
+            ("Throughput at pipeline 16, RL.TAKE random ≥ 60% of INCR's (same keys)",
+             rps16["rand"] / rps16["incr_rand"], 0.6, "ge"),
+            ("Memory per live bucket ≤ 1.35x the per-key floor", ours_b / floor_b, 1.35, "le"),
+            ("Memory per live bucket ≤ 0.9x the Lua hash with the same expiry",
+             ours_b / lua_b, 0.9, "le"),
+        ]  # fmt: skip
+        out = ["| Target | measured | |", "|---|---:|---|"]
+        for label, value, limit, how in targets:
+            ok = value <= limit if how == "le" else value >= limit
+            shown = f"{100 * value:.0f}%" if "Throughput" in label else f"{value:.3f}x"
+            out.append(f"| {label} | {shown} | {verdict(ok)} |")
+        return "\n".join(out)
+
+    def instr_targets(self):
+        if not self.r["profiles"]:
+            return "(No profile in this run: `BENCH_PROFILE=0`.)"
+        out = ["| Target | server | instructions | | why (inclusive parts of the command) |",
+               "|---|---|---:|---|---|"]  # fmt: skip
+        for t in spec.INSTR_TARGETS:
+            for server in self.servers():
+                label = self.r["profiles"][server]["label"]
+                value, cell = self.instr(server, t["workload"])
+                if value is None:
+                    out.append(f"| {t['label']} ≤ {t['limit']:,} | {label} | {cell} | | |")
+                    continue
+                ok = value <= t["limit"]
+                reasons = []
+                for part in t["parts"]:
+                    v, pcell, fn = self.part(server, t["workload"], part)
+                    if pcell == "not tracked":
+                        continue
+                    name = spec.PART_LABELS[part].format(fn=fn)
+                    if v is None:
+                        reasons.append(f"{name} {pcell}")
+                    else:
+                        reasons.append(f"{name} {pcell} ({100 * v / value:.0f}%)")
+                gap = value - t["limit"]
+                head = (f"{gap:,.0f} over: " if not ok else f"{-gap:,.0f} to spare; ")
+                rep, _, _ = self.part(server, t["workload"], "replicate")
+                if not ok and rep:
+                    without = value - rep
+                    tail = (f"; without the replicated effect {without:,.0f}"
+                            f" ({'would meet' if without <= t['limit'] else 'still over'})")
+                else:
+                    tail = ""
+                out.append(f"| {t['label']} ≤ {t['limit']:,} | {label} | {cell} | "
+                           f"{verdict(ok)} | {head}{', '.join(reasons)}{tail} |")  # fmt: skip
+        return "\n".join(out)
+
+    def instr_ratios(self):
+        p = self.primary()
+        if p is None:
+            return "(No profile of the primary server in this run.)"
+        out = ["| Ratio | instructions per call |", "|---|---:|"]
+        for label, a, b in [
+            ("RL.TAKE grant ÷ INCR", "grant", "incr"),
+            ("RL.TAKE deny ÷ INCR", "deny", "incr"),
+            ("RL.TAKE random ÷ INCR random (same keys)", "rand", "incr_rand"),
+            ("Lua grant ÷ RL.TAKE grant", "lua_grant", "grant"),
+            ("Lua deny ÷ RL.TAKE deny", "lua_deny", "deny"),
+        ]:  # fmt: skip
+            va, ca = self.instr(p, a)
+            vb, cb = self.instr(p, b)
+            r = f"{va / vb:.2f}x" if va and vb else "—"
+            out.append(f"| {label} | {ca} ÷ {cb} = {r} |")
+        return "\n".join(out)
+
+    def profile_tables(self):
+        if not self.r["profiles"]:
+            return "(No profile in this run: `BENCH_PROFILE=0`.)"
+        out = []
+        for server in self.servers():
+            prof = self.r["profiles"][server]
+            out += [f"### {prof['label']}: instructions per call", "",
+                    f"`{prof['version']}`", "",
+                    "| Workload | instr/request | instr in the command | command ÷ `INCR k:1`'s"
+                    " | ÷ `INCR` on the same keys |",
+                    "|---|---:|---:|---:|---:|"]  # fmt: skip
+            incr, _ = self.instr(server, "incr")
+            for w in prof["workloads"]:
+                v, cell = self.instr(server, w["key"])
+                x = f"{v / incr:.2f}x" if v and incr else "—"
+                same = spec.PROFILE_BY_KEY[w["key"]]["same_keys"]
+                sv = self.instr(server, same)[0] if same else None
+                xs = f"{v / sv:.2f}x" if v and sv else "—"
+                out.append(f"| {w['name']} | {fmt(w['request'])} | {cell} | {x} | {xs} |")
+            out.append("")
+        return "\n".join(out).rstrip()
+
+    def cost_tables(self):
+        p = self.primary()
+        if p is None:
+            return ""
+        label = self.r["profiles"][p]["label"]
+        out = []
+        incr, incr_cell = self.instr(p, "incr")
+        rows = [
+            ("`RM_Replicate` (the `RL.SETSTATE` effect), all of it", ["replicate"], True),
+            ("  of which `lookupCommandByCString(\"RL.SETSTATE\")`", ["lookup_cmd"], False),
+            ("  of which building the argv (`moduleCreateArgvFromUserFormat`)", ["argv"], False),
+            ("`RM_OpenKey` (key lookup, expiry check, key handle)", ["open_key"], True),
+            ("  of which `keyIsExpired` (the key has a TTL; INCR's has none)", ["key_expired"],
+             False),
+            ("parsing rate and cap (`commands::limit`: `from_utf8`, `f64::from_str`)",
+             ["limit_parse"], True),
+            ("`RM_SetAbsExpire` (expiry update)", ["set_expire"], True),
+            ("`RM_CloseKey`", ["close_key"], True),
+            ("`RM_ReplyWithLongLong` (reply)", ["reply_ll"], True),
+            ("`moduleCreateContext` + `moduleFreeContext` (per module call)",
+             ["ctx_create", "ctx_free"], True),
+        ]  # fmt: skip
+        for wkey, title in [("grant", "RL.TAKE grant"), ("deny", "RL.TAKE deny")]:
+            total, total_cell = self.instr(p, wkey)
+            out += [f"### {title} path on {label}, by cost (instructions per call, inclusive)", "",
+                    "| Part | instr/call | share of the command |", "|---|---:|---:|"]
+            counted = 0.0
+            for text, parts, top in rows:
+                values, cells = [], []
+                for part in parts:
+                    v, cell, _ = self.part(p, wkey, part)
+                    values.append(v)
+                    cells.append(cell)
+                if all(c == "not called" for c in cells):
+                    out.append(f"| {text} | not called | |")
+                    continue
+                if any(v is None for v in values):
+                    out.append(f"| {text} | {' + '.join(cells)} | |")
+                    continue
+                v = sum(values)
+                share = f"{100 * v / total:.0f}%" if total else "—"
+                out.append(f"| {text} | {fmt(v)} | {share} |")
+                if top:
+                    counted += v
+            if total:
+                rest = total - counted
+                out.append(f"| everything else (arithmetic, `n` and type checks, stats, dispatch)"
+                           f" | {fmt(rest)} | {100 * rest / total:.0f}% |")  # fmt: skip
+            out.append(f"| **the command** (`{self.workload(p, wkey)['root']}`) | **{total_cell}** | 100% |")
+            out.append(f"| `INCR`'s whole command, for scale | {incr_cell} | |")
+            out.append("")
+        return "\n".join(out).rstrip()
+
+    def lua_note(self):
+        p = self.primary()
+        if p is None:
+            return ""
+        total, total_cell = self.instr(p, "lua_grant")
+        c = {k: self.part(p, "lua_grant", k)[1] for k in
+             ["script_call", "time_cmd", "hmget_cmd", "hset_cmd", "lua_gc", "strtod", "printf_fp"]}
+        sc = self.part(p, "lua_grant", "script_call")[0]
+        around = fmt(total - sc) if total is not None and sc is not None else "—"
+        take_v, take_cell, _ = self.part(p, "grant", "take")
+        return (f"(On the grant path `take` itself is {take_cell} of the command.) The Lua "
+                f"script's grant path, for comparison: {total_cell} instructions, of which "
+                f"{c['script_call']} are its three `redis.call`s (`TIME` {c['time_cmd']}, "
+                f"`HMGET` {c['hmget_cmd']}, `HMSET` {c['hset_cmd']}, plus converting arguments "
+                f"and replies), and {around} the script around them: turning strings into "
+                f"numbers (`tonumber`, libc `strtod` {c['strtod']}), numbers back into strings "
+                f"for `HMSET` (libc `printf` {c['printf_fp']}), Lua strings and tables, and "
+                f"`lua_gc` {c['lua_gc']}.")  # fmt: skip
+
+    def trees(self):
+        out = []
+        for server in self.servers():
+            prof = self.r["profiles"][server]
+            for w in prof["workloads"]:
+                out += [f"<details><summary>{prof['label']}, {w['name']}: <code>{w['command']}"
+                        f"</code></summary>", "", "```", " instr/call share  function"]
+                out += w["tree"] or [f"({MISSING}: `{w['root']}`)"]
+                out += ["```", "", "</details>", ""]
+        return "\n".join(out).rstrip()
+
+    # -- the whole file -------------------------------------------------------------------------
+
+    def markdown(self):
+        meta = self.r["meta"]
+        c = meta["counts"]
+        lim = meta["limits"]
+        p = self.primary()
+        values = {
+            "date": meta["date"], "minutes": f"{meta['minutes']:.1f}",
+            "quick_note": " (`--quick`: a smoke run with tiny counts; the numbers mean nothing)"
+                          if meta["quick"] else "",
+            "machine": meta["machine"], "server": meta["server"], "client": meta["client"],
+            "clients": meta["clients"], "module_commit": meta["module_commit"],
+            "lua_sha": meta["lua_sha"],
+            "n_p1": f"{c['n_p1']:,}", "n_p16": f"{c['n_p16']:,}", "repeats": c["repeats"],
+            "buckets": f"{self.r['memory']['buckets']:,}",
+            "profile_calls": f"{c['profile_calls']:,}",
+            "grant_rate": lim["grant"][0], "grant_cap": lim["grant"][1],
+            "deny_rate": lim["deny"][0], "deny_cap": lim["deny"][1],
+            "lease_ttl": lim["lease_ttl_ms"], "lease_keys": f"{lim['lease_keys']:,}",
+            "primary_label": self.r["profiles"][p]["label"] if p else "no profile",
+            "instr_targets": self.instr_targets(),
+            "ratio_targets": self.ratio_targets(),
+            "instr_ratios": self.instr_ratios(),
+            "throughput_table": self.throughput_table(),
+            "commands": self.commands(),
+            "memory_table": self.memory_table(),
+            "idle_table": self.idle_table(),
+            "profile_tables": self.profile_tables(),
+            "cost_tables": self.cost_tables(),
+            "lua_note": self.lua_note(),
+            "trees": self.trees(),
+        }  # fmt: skip
+        text = string.Template(TEMPLATE.read_text()).substitute(values)
+        return text.rstrip() + "\n"
+
+
+def required_tables(n_servers):
+    """Table header rows every report has, with how many times each appears."""
+    req = {
+        "| Row | req/s P1 | req/s P16 |": 1,
+        "| Layout | filled with |": 1,
+        "| Layout | keys left |": 1,
+        "| Target | measured |": 1,
+    }
+    if n_servers:
+        req.update({
+            "| Target | server | instructions |": 1,
+            "| Ratio | instructions per call |": 1,
+            "| Workload | instr/request |": n_servers,
+            "| Part | instr/call |": 2,
+        })  # fmt: skip
+    return req
+
+
+def check_markdown(text, n_servers):
+    """Problems with a rendered report: a table missing, a MISSING marker, a placeholder left."""
+    problems = []
+    for header, count in required_tables(n_servers).items():
+        found = sum(1 for line in text.splitlines() if line.startswith(header))
+        if found != count:
+            problems.append(f"table {header!r}: {found} found, {count} expected")
+    if MISSING in text:
+        problems.append(f"{text.count(MISSING)} {MISSING} marker(s): a named function is not in "
+                        f"the profile (renamed or inlined? update scripts/benchtool/spec.py)")
+    for line in text.splitlines():
+        if "$" in line and not line.startswith("`") and "$(" not in line:
+            problems.append(f"unfilled placeholder? {line.strip()[:80]}")
+    if n_servers:
+        for t in spec.INSTR_TARGETS:
+            rows = [ln for ln in text.splitlines() if ln.startswith(f"| {t['label']} ≤ ")]
+            if len(rows) != n_servers:
+                problems.append(f"target {t['label']}: {len(rows)} rows, {n_servers} expected")
+    return problems

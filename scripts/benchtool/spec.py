@@ -1,0 +1,205 @@
+"""What the benchmark measures: limits, workloads, profile parts and targets.
+
+Everything the renderer names (a function in a cost table, a target) is declared here, so
+that measuring and rendering agree on it.
+"""
+
+# A limit that grants every call of a run (a billion tokens of capacity) while keeping the
+# key alive between calls (1000 tokens/s refill, far below the request rate): the common
+# case of a busy key under its limit, updated in place.
+GRANT_LIMIT = ["1000", "1000000000"]
+# One token per 11.6 days: once the single token is taken, every call is denied.
+DENY_LIMIT = ["0.000001", "1"]
+RANDOM_KEYS = 100_000
+LEASE_KEYS = 1_000
+LEASE_TTL_MS = "100"
+# INCR on a counter past Redis's shared integers (0..9999) updates the value in place, its
+# steady state; below them each call swaps in a shared object (a different, slower path).
+INCR_START = ["SET", "k:1", "1000000"]
+CLIENTS = 50
+
+
+class Counts:
+    """How much to run: the full run, or the --quick smoke run (proves the pipeline only)."""
+
+    def __init__(self, quick):
+        self.quick = quick
+        self.n_p1 = 2_000 if quick else 60_000
+        self.n_p16 = 10_000 if quick else 300_000
+        self.repeats = 1 if quick else 5
+        self.buckets = 10_000 if quick else 1_000_000
+        self.profile_calls = 1_000 if quick else 20_000
+
+    def as_dict(self):
+        return dict(vars(self))
+
+
+# --------------------------------------------------------------------------------------------
+# Throughput rows: key, label, args, cmdstat name, -r, setup commands, the Lua row to compare
+# with, the INCR row to compare with, the path every call must take.
+
+LUA = ["EVALSHA", "SHA", "1"]
+
+THROUGHPUT_ROWS = [
+    dict(key="incr", label="INCR (the floor)", args=["INCR", "k:1"], stat="incr",
+         pre=[INCR_START], incr=None),
+    dict(key="incr_rand", label="INCR, 100k random keys", args=["INCR", "k:__rand_int__"],
+         stat="incr", rand=RANDOM_KEYS, incr=None),
+    dict(key="grant", label="RL.TAKE, grant path", args=["RL.TAKE", "rl:grant", *GRANT_LIMIT, "1"],
+         stat="rl.take", lua="lua_grant", expect="granted"),
+    dict(key="deny", label="RL.TAKE, deny path (empty bucket)",
+         args=["RL.TAKE", "rl:deny", *DENY_LIMIT, "1"], stat="rl.take",
+         pre=[["RL.TAKE", "rl:deny", *DENY_LIMIT, "1"]], lua="lua_deny", expect="denied"),
+    dict(key="rand", label="RL.TAKE, 100k random keys",
+         args=["RL.TAKE", "rl:__rand_int__", *GRANT_LIMIT, "1"], stat="rl.take",
+         rand=RANDOM_KEYS, lua="lua_rand", incr="incr_rand", expect="granted"),
+    dict(key="withstate", label="RL.TAKE ... WITHSTATE (grant)",
+         args=["RL.TAKE", "rl:ws", *GRANT_LIMIT, "1", "WITHSTATE"], stat="rl.take",
+         lua="lua_grant", expect="granted"),
+    dict(key="lease", label="RL.LEASE, batch of 20 (1000 keys)",
+         args=["RL.LEASE", "rl:lease:__rand_int__", *GRANT_LIMIT, "20", LEASE_TTL_MS],
+         stat="rl.lease", rand=LEASE_KEYS, lua="lua_lease"),
+    dict(key="lua_grant", label="Lua script, grant path", args=[*LUA, "lua:grant", *GRANT_LIMIT, "1"],
+         stat="evalsha", expect="granted"),
+    dict(key="lua_deny", label="Lua script, deny path", args=[*LUA, "lua:deny", *DENY_LIMIT, "1"],
+         stat="evalsha", pre=[[*LUA, "lua:deny", *DENY_LIMIT, "1"]], expect="denied"),
+    dict(key="lua_rand", label="Lua script, 100k random keys",
+         args=[*LUA, "lua:__rand_int__", *GRANT_LIMIT, "1"], stat="evalsha", rand=RANDOM_KEYS,
+         incr="incr_rand", expect="granted"),
+    dict(key="lua_lease", label="Lua script, batch of 20 (1000 keys)",
+         args=[*LUA, "lua:lease:__rand_int__", *GRANT_LIMIT, "20"], stat="evalsha",
+         rand=LEASE_KEYS),
+]  # fmt: skip
+for _row in THROUGHPUT_ROWS:
+    _row.setdefault("rand", None)
+    _row.setdefault("pre", [])
+    _row.setdefault("lua", None)
+    _row.setdefault("incr", "incr")
+    _row.setdefault("expect", None)
+
+
+# --------------------------------------------------------------------------------------------
+# Servers profiled with callgrind. `flavor` picks the function names (Valkey renamed the
+# module API's RM_ functions to VM_).
+
+SERVERS = {
+    "redis7": dict(label="Redis 7.0", how="`redis-server` on PATH (Debian), or `RL_SERVER`",
+                   flavor="redis7", primary=True),
+    "redis8": dict(label="Redis 8.2", how="`RL_SERVER=$(scripts/redis8-server)`",
+                   flavor="redis8", primary=False),
+    "valkey9": dict(label="Valkey 9", how="`RL_SERVER=$(scripts/valkey-server)`",
+                    flavor="valkey", primary=False),
+}  # fmt: skip
+
+# The function Redis times for `INFO commandstats`: a workload's "command" cost.
+ROOTS = {
+    "incr": {"redis7": "incrCommand", "redis8": "incrCommand", "valkey": "incrCommand"},
+    "module": {"redis7": "RedisModuleCommandDispatcher", "redis8": "RedisModuleCommandDispatcher",
+               "valkey": "ValkeyModuleCommandDispatcher"},
+    "lua": {"redis7": "evalShaCommand", "redis8": "evalShaCommand", "valkey": "evalShaCommand"},
+}  # fmt: skip
+
+
+def _all(name, valkey=None):
+    return {"redis7": name, "redis8": name, "valkey": valkey or name}
+
+
+def _rm(name):
+    return _all("RM_" + name, "VM_" + name)
+
+
+# Named parts of a command's cost: logical key -> function name per flavor (a flavor without
+# an entry does not track the part: Redis 8.2 inlines some of these under LTO).
+PARTS = {
+    "replicate": _rm("Replicate"),
+    "argv": _all("moduleCreateArgvFromUserFormat"),
+    "lookup_cmd": {"redis7": "lookupCommandByCString"},
+    "open_key": _rm("OpenKey"),
+    "key_expired": {"redis7": "keyIsExpired"},
+    "limit_parse": _all("redis_rl::commands::limit"),
+    "set_expire": _rm("SetAbsExpire"),
+    "type_set": {"redis7": "RM_ModuleTypeSetValue", "valkey": "VM_ModuleTypeSetValue"},
+    "close_key": {"redis7": "RM_CloseKey", "valkey": "VM_CloseKey"},
+    "reply_ll": _rm("ReplyWithLongLong"),
+    "reply_double": _all("redis_rl::api::reply_double"),
+    "ctx_create": {"redis7": "moduleCreateContext", "valkey": "moduleCreateContext"},
+    "ctx_free": {"redis7": "moduleFreeContext", "valkey": "moduleFreeContext"},
+    "take": _all("redis_rl::commands::take::take"),
+    "lease": _all("redis_rl::commands::lease::lease"),
+    "script_call": {"redis7": "scriptCall"},
+    "time_cmd": {"redis7": "timeCommand"},
+    "hmget_cmd": {"redis7": "hmgetCommand"},
+    "hset_cmd": {"redis7": "hsetCommand"},
+    "lua_gc": {"redis7": "lua_gc"},
+    "strtod": {"redis7": "____strtod_l_internal"},
+    "printf_fp": {"redis7": "__printf_fp_l"},
+}  # fmt: skip
+
+# The callgrind workloads: key, name, args, -r, setup, root kind, the parts it must contain
+# (a tracked part that is absent is an error) and the parts it must not call (shown as "not
+# called"; present anyway, its cost is shown).
+PROFILES = [
+    dict(key="incr", name="INCR", args=["INCR", "k:1"], pre=[INCR_START], root="incr"),
+    dict(key="incr_rand", name="INCR, 100k random keys", args=["INCR", "k:__rand_int__"],
+         rand=RANDOM_KEYS, root="incr"),
+    dict(key="grant", name="RL.TAKE grant", args=["RL.TAKE", "rl:g", *GRANT_LIMIT, "1"],
+         root="module",
+         parts=["replicate", "lookup_cmd", "argv", "open_key", "key_expired", "limit_parse",
+                "set_expire", "close_key", "reply_ll", "ctx_create", "ctx_free", "take"]),
+    dict(key="deny", name="RL.TAKE deny", args=["RL.TAKE", "rl:d", *DENY_LIMIT, "1"],
+         pre=[["RL.TAKE", "rl:d", *DENY_LIMIT, "1"]], root="module",
+         parts=["open_key", "key_expired", "limit_parse", "close_key", "reply_ll",
+                "ctx_create", "ctx_free", "take"],
+         absent=["replicate", "lookup_cmd", "argv", "set_expire"]),
+    dict(key="rand", name="RL.TAKE, 100k random keys",
+         args=["RL.TAKE", "rl:__rand_int__", *GRANT_LIMIT, "1"], rand=RANDOM_KEYS, root="module",
+         parts=["replicate", "type_set", "set_expire", "open_key", "limit_parse", "take"],
+         same_keys="incr_rand"),
+    dict(key="withstate", name="RL.TAKE WITHSTATE",
+         args=["RL.TAKE", "rl:w", *GRANT_LIMIT, "1", "WITHSTATE"], root="module",
+         parts=["replicate", "reply_double", "open_key", "limit_parse", "take"]),
+    dict(key="lease", name="RL.LEASE batch 20",
+         args=["RL.LEASE", "rl:l:__rand_int__", *GRANT_LIMIT, "20", LEASE_TTL_MS],
+         rand=LEASE_KEYS, root="module",
+         parts=["replicate", "argv", "open_key", "limit_parse", "reply_ll", "lease"]),
+    dict(key="lua_grant", name="Lua grant", args=[*LUA, "lua:g", *GRANT_LIMIT, "1"], root="lua",
+         parts=["script_call", "time_cmd", "hmget_cmd", "hset_cmd", "lua_gc", "strtod",
+                "printf_fp"]),
+    dict(key="lua_deny", name="Lua deny", args=[*LUA, "lua:d", *DENY_LIMIT, "1"],
+         pre=[[*LUA, "lua:d", *DENY_LIMIT, "1"]], root="lua"),
+]  # fmt: skip
+for _p in PROFILES:
+    _p.setdefault("rand", None)
+    _p.setdefault("pre", [])
+    _p.setdefault("parts", [])
+    _p.setdefault("absent", [])
+    _p.setdefault("same_keys", None)
+
+PROFILE_BY_KEY = {p["key"]: p for p in PROFILES}
+
+# Instruction targets (Redis 7.0, callgrind instructions per call inside the command), and the
+# parts that explain a miss. The other servers are held to the same numbers for comparison.
+INSTR_TARGETS = [
+    dict(workload="grant", limit=5000, label="`RL.TAKE` grant",
+         parts=["replicate", "open_key", "set_expire", "limit_parse"]),
+    dict(workload="deny", limit=2000, label="`RL.TAKE` deny",
+         parts=["open_key", "key_expired", "limit_parse", "reply_ll"]),
+    dict(workload="withstate", limit=6000, label="`RL.TAKE ... WITHSTATE`",
+         parts=["replicate", "reply_double", "open_key", "limit_parse"]),
+    dict(workload="lease", limit=10000, label="`RL.LEASE` batch of 20",
+         parts=["replicate", "argv", "open_key", "reply_ll"]),
+]  # fmt: skip
+
+PART_LABELS = {
+    "replicate": "`{fn}` (the replicated effect)",
+    "argv": "of that `{fn}` (the effect's argv)",
+    "lookup_cmd": "`{fn}` (the effect's command, by name)",
+    "open_key": "`{fn}`",
+    "key_expired": "`{fn}` (expiry check)",
+    "limit_parse": "parsing rate and cap",
+    "set_expire": "`{fn}`",
+    "type_set": "`{fn}`",
+    "close_key": "`{fn}`",
+    "reply_ll": "`{fn}` (reply)",
+    "reply_double": "formatting `remaining` (`reply_double`)",
+}

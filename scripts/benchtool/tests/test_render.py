@@ -1,0 +1,146 @@
+"""The renderer and its checks, on results built from the recorded dumps and made-up numbers."""
+
+import copy
+import unittest
+from pathlib import Path
+from unittest import mock
+
+from benchtool import spec
+from benchtool.callgrind import Callgrind
+from benchtool.measure import analyse_profile
+from benchtool.render import MISSING, Report, check_markdown
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+GRANT = Callgrind.from_file(FIXTURES / "redis7-rl-take-grant.callgrind")
+INCR = Callgrind.from_file(FIXTURES / "redis7-incr.callgrind")
+
+
+def fake_workload(w, flavor, base):
+    """A recorded-looking workload result: every tracked part present, unless absent."""
+    parts = {}
+    for i, part in enumerate(sorted(set(w["parts"]) | set(w["absent"]))):
+        fn = spec.PARTS[part].get(flavor)
+        if fn is not None:
+            parts[part] = {"fn": fn, "instr": None if part in w["absent"] else 100.0 + i}
+    return {"key": w["key"], "name": w["name"], "root": spec.ROOTS[w["root"]][flavor],
+            "command": " ".join(w["args"]), "request": base + 3000.0, "instr": base,
+            "tree": [f"{base:>8,.0f}  100.0%  root"], "parts": parts, "missing": []}  # fmt: skip
+
+
+def results(servers=("redis7", "redis8", "valkey9")):
+    profiles = {}
+    for n, name in enumerate(servers):
+        info = spec.SERVERS[name]
+        workloads = []
+        for i, w in enumerate(spec.PROFILES):
+            if name == "redis7" and w["key"] == "grant":
+                workloads.append(analyse_profile(GRANT, w, "redis7", 1008))
+            elif name == "redis7" and w["key"] == "incr":
+                workloads.append(analyse_profile(INCR, w, "redis7", 1008))
+            else:
+                workloads.append(fake_workload(w, info["flavor"], 1000.0 * (i + 1) + n))
+        profiles[name] = {"label": info["label"], "flavor": info["flavor"], "binary": name,
+                          "version": f"{name} v=0", "calls": 1008, "workloads": workloads}
+    rows = []
+    for i, row in enumerate(spec.THROUGHPUT_ROWS):
+        m = {"rps1": 100000.0 - i, "rps16": 500000.0 - 1000 * i, "p50": 0.2, "p99": 0.5,
+             "usec": 0.5 + i}  # fmt: skip
+        rows.append({"key": row["key"], "label": row["label"], "args": row["args"],
+                     "rand": row["rand"], "incr": row["incr"], "lua": row["lua"],
+                     "samples": {k: [v] for k, v in m.items()}, "median": m})  # fmt: skip
+    layout = {"bytes": 140.0, "keys": 10, "usage": 48}
+    return {
+        "schema": 1,
+        "meta": {"date": "2026-01-01 00:00", "minutes": 1.0, "quick": True,
+                 "counts": spec.Counts(True).as_dict(), "clients": 50, "machine": "test",
+                 "server": "Redis server v=7.0.15", "client": "redis-benchmark 7.0.15",
+                 "module_commit": "abc1234", "lua_sha": "f" * 40,
+                 "limits": {"grant": spec.GRANT_LIMIT, "deny": spec.DENY_LIMIT,
+                            "lease_ttl_ms": spec.LEASE_TTL_MS, "lease_keys": spec.LEASE_KEYS,
+                            "random_keys": spec.RANDOM_KEYS}},
+        "throughput": rows,
+        "memory": {"buckets": 10,
+                   "layouts": {"floor": dict(layout, bytes=110.0), "ours": layout,
+                               "lua_expiry": dict(layout, bytes=160.0), "lua_seed": layout},
+                   "idle": {"ours": {"keys": 0, "bytes": 1000, "waited": 0.5},
+                            "lua": {"keys": 10, "bytes": 1200, "waited": 5.0}}},
+        "profiles": profiles,
+    }  # fmt: skip
+
+
+class Rendering(unittest.TestCase):
+    def test_recorded_grant_profile_has_every_named_part(self):
+        w = analyse_profile(GRANT, spec.PROFILE_BY_KEY["grant"], "redis7", 1008)
+        self.assertEqual(w["missing"], [])
+        self.assertEqual(w["calls"], 1008)
+        self.assertAlmostEqual(w["instr"], 6_276_075 / 1008)
+        self.assertAlmostEqual(w["parts"]["replicate"]["instr"], 2_783_305 / 1008)
+
+    def test_a_complete_report_passes_its_check(self):
+        r = results()
+        report = Report(r)
+        text = report.markdown()
+        self.assertEqual(report.missing, [])
+        self.assertEqual(check_markdown(text, 3), [])
+        self.assertNotIn(MISSING, text)
+        self.assertIn("(docs/performance.md)", text)
+        # the deny path is declared not to replicate: shown as such, not as missing
+        self.assertIn("| `RM_Replicate` (the `RL.SETSTATE` effect), all of it | not called | |",
+                      text)
+        # the recorded grant profile's numbers reach the target table
+        self.assertIn("| `RL.TAKE` grant ≤ 5,000 | Redis 7.0 | 6,226 | **not met** |", text)
+
+    def test_a_renamed_function_is_a_visible_missing_marker_and_a_failed_check(self):
+        renamed = copy.deepcopy(spec.PARTS)
+        renamed["take"]["redis7"] = "redis_rl::commands::take::take_v2"
+        with mock.patch.dict(spec.PARTS, renamed):
+            w = analyse_profile(GRANT, spec.PROFILE_BY_KEY["grant"], "redis7", 1008)
+        self.assertEqual(w["missing"], ["redis_rl::commands::take::take_v2"])
+        self.assertIsNone(w["parts"]["take"]["instr"])  # None, not 0
+        r = results()
+        r["profiles"]["redis7"]["workloads"][2] = w
+        report = Report(r)
+        text = report.markdown()
+        self.assertIn(f"**{MISSING}: `redis_rl::commands::take::take_v2`**", text)
+        self.assertEqual(report.missing, ["Redis 7.0 / RL.TAKE grant: `redis_rl::commands::take::take_v2`"])
+        self.assertTrue(any(MISSING in p for p in check_markdown(text, 3)))
+
+    def test_a_missing_part_in_a_target_reason_fails(self):
+        r = results()
+        wl = next(w for w in r["profiles"]["valkey9"]["workloads"] if w["key"] == "lease")
+        wl["parts"]["replicate"]["instr"] = None
+        report = Report(r)
+        text = report.markdown()
+        self.assertIn(f"**{MISSING}: `VM_Replicate`**", text)
+        self.assertTrue(report.missing)
+
+    def test_a_missing_command_root_fails(self):
+        r = results()
+        wl = r["profiles"]["redis8"]["workloads"][0]
+        wl["instr"], wl["tree"] = None, []
+        report = Report(r)
+        text = report.markdown()
+        self.assertIn("Redis 8.2 / INCR: `incrCommand`", report.missing)
+        self.assertTrue(check_markdown(text, 3))
+
+    def test_check_notices_a_missing_table(self):
+        text = Report(results()).markdown()
+        cut = "\n".join(line for line in text.splitlines() if not line.startswith("| Layout | keys left"))
+        self.assertTrue(any("keys left" in p for p in check_markdown(cut, 3)))
+        only_two = "\n".join(line for line in text.splitlines() if "| Valkey 9 |" not in line)
+        self.assertTrue(any("rows, 3 expected" in p for p in check_markdown(only_two, 3)))
+
+    def test_without_a_profile(self):
+        r = results()
+        r["profiles"] = {}
+        text = Report(r).markdown()
+        self.assertEqual(check_markdown(text, 0), [])
+        self.assertIn("BENCH_PROFILE=0", text)
+
+    def test_one_server_only(self):
+        text = Report(results(servers=("redis7",))).markdown()
+        self.assertEqual(check_markdown(text, 1), [])
+
+
+if __name__ == "__main__":
+    unittest.main()
