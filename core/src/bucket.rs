@@ -2,6 +2,39 @@
 
 use crate::{round, Limit, Nanos};
 
+/// What `RL.MTAKE` decided over several buckets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllOrNothing {
+    /// Every bucket was debited.
+    pub granted: bool,
+    /// The bucket with the longest wait (the last of equals), the one that denies.
+    pub worst: usize,
+    /// That wait (`u64::MAX` if it can never grant).
+    pub longest: Nanos,
+}
+
+/// Takes `n` from every level, or from none: all are looked at before any is debited.
+pub fn take_all(levels: &mut [Level], n: f64) -> AllOrNothing {
+    let (worst, longest) = levels
+        .iter()
+        .map(|l| l.wait_for(n).unwrap_or(u64::MAX))
+        .enumerate()
+        .max_by_key(|&(_, w)| w)
+        .unwrap_or((0, 0));
+    let granted = longest == 0;
+    if granted {
+        for l in levels.iter_mut() {
+            // Each has `n` (its wait is 0), so each take succeeds.
+            l.try_take(n);
+        }
+    }
+    AllOrNothing {
+        granted,
+        worst,
+        longest,
+    }
+}
+
 /// The deficit of a bucket `deficit` ns from full under `old`, carried over to `new`: the
 /// same tokens (clamped to the new cap), rounded so none appear. Every step rounds toward
 /// fewer tokens, so a limit that alternates back and forth can only lose fractions.

@@ -6,7 +6,7 @@
 //! table only remembers what each live lease holds, so that a return can credit at most that,
 //! at most once, and only before expiry.
 
-use crate::Nanos;
+use crate::{Level, Nanos};
 
 /// Most live leases one bucket may hold. A fleet renews one lease per instance, so this is
 /// the largest fleet that can share one key through leases.
@@ -47,6 +47,52 @@ pub enum Settled {
     /// Unknown, expired or already returned: nothing is credited.
     NotLive,
 }
+
+/// What an `RL.LEASE` call asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseRequest {
+    /// Tokens wanted (a grant is `min(n, whole tokens there)`).
+    pub n: u64,
+    /// Fewest tokens worth a lease (1 by default).
+    pub min: u64,
+    /// How long the holder may spend them.
+    pub ttl: Nanos,
+    /// The caller's previous lease to settle first: `(lease_id, unused)`.
+    pub returning: Option<(u64, u64)>,
+}
+
+/// What an `RL.LEASE` call will do, decided before anything changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeasePlan {
+    /// The lease being returned, if it is live.
+    pub returned: Option<u64>,
+    /// Tokens the bucket takes back from it.
+    pub credited: u64,
+    /// Tokens granted in a new lease (0: none).
+    pub granted: u64,
+}
+
+impl LeasePlan {
+    /// Whether the call changes the bucket or its table.
+    pub fn writes(&self) -> bool {
+        self.granted > 0 || self.returned.is_some()
+    }
+}
+
+/// What carrying out a plan did to the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseOutcome {
+    /// Expired leases dropped on the way.
+    pub pruned: usize,
+    /// The new lease.
+    pub opened: Option<Lease>,
+}
+
+/// The table of a bucket that never had a lease.
+pub const NO_LEASES: LeaseTable = LeaseTable {
+    last_id: 0,
+    leases: Vec::new(),
+};
 
 /// The live leases of one bucket.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -153,6 +199,55 @@ impl LeaseTable {
         self.last_id = id;
         self.leases.push(lease);
         Ok(lease)
+    }
+
+    /// Decides an `RL.LEASE` call on `level` (the bucket refilled to `now`): settle the
+    /// returned lease if it is live (crediting `min(unused, its tokens)`, as much as fits
+    /// below cap), then grant `min(n, whole tokens there)` if that is at least `min` and a
+    /// slot is free. `level` is changed to what it will store; the table is not: an error
+    /// (every slot taken and nothing returned, or no id left) leaves both to be dropped.
+    pub fn plan(
+        &self,
+        level: &mut Level,
+        req: &LeaseRequest,
+        now: Nanos,
+    ) -> Result<LeasePlan, LeaseError> {
+        let returning = req
+            .returning
+            .and_then(|(id, unused)| self.live(id, now).map(|l| (id, unused.min(l.tokens))));
+        let live = self.count_live(now) - usize::from(returning.is_some());
+        let credited = returning.map_or(0, |(_, c)| level.credit_up_to(c));
+        let granted = if live < MAX_LEASES {
+            level.take_up_to(req.n, req.min)
+        } else {
+            0
+        };
+        if granted == 0 && live >= MAX_LEASES && returning.is_none() {
+            return Err(LeaseError::TooMany);
+        }
+        if granted > 0 && self.last_id >= i64::MAX as u64 {
+            return Err(LeaseError::IdsExhausted);
+        }
+        Ok(LeasePlan {
+            returned: returning.map(|(id, _)| id),
+            credited,
+            granted,
+        })
+    }
+
+    /// Carries out a plan made by [`LeaseTable::plan`] at the same `now`: drops expired
+    /// leases, closes the returned one, opens the granted one.
+    pub fn carry_out(&mut self, plan: &LeasePlan, req: &LeaseRequest, now: Nanos) -> LeaseOutcome {
+        let pruned = self.prune(now);
+        if let (Some(id), Some((_, unused))) = (plan.returned, req.returning) {
+            self.settle(id, unused, now);
+        }
+        // The plan checked room and ids, so this cannot fail; if it did, the tokens stay
+        // debited (the safe side) rather than the table being lost with an error.
+        let opened = (plan.granted > 0)
+            .then(|| self.open(plan.granted, req.ttl, now).ok())
+            .flatten();
+        LeaseOutcome { pruned, opened }
     }
 
     /// Closes lease `id` if it is live at `now`, crediting `min(unused, its tokens)`.

@@ -17,8 +17,11 @@ mod permits;
 pub mod round;
 mod state;
 
-pub use bucket::{Bucket, Level};
-pub use lease::{Lease, LeaseError, LeaseTable, Settled, MAX_LEASES};
+pub use bucket::{take_all, AllOrNothing, Bucket, Level};
+pub use lease::{
+    Lease, LeaseError, LeaseOutcome, LeasePlan, LeaseRequest, LeaseTable, Settled, MAX_LEASES,
+    NO_LEASES,
+};
 pub use limit::{Limit, LimitError, MAX_FILL_SECS, MAX_VALUE, MIN_VALUE};
 pub use permits::{Acquired, Permit, PermitError, PermitTable, MAX_PERMITS};
 pub use state::{validate, StateError};

@@ -3,7 +3,7 @@
 //! `cap + rate * elapsed`, where `elapsed` runs to the latest instant the clock showed.
 
 use proptest::prelude::*;
-use rl_core::{Bucket, LeaseTable, Level, Limit, Nanos, Settled};
+use rl_core::{take_all, Bucket, LeaseRequest, LeaseTable, Level, Limit, Nanos, MAX_LEASES};
 
 const T0: Nanos = 1_700_000_000_000_000_000;
 
@@ -78,20 +78,36 @@ proptest! {
                     }
                 }
                 Op::Lease { n, min, ttl_ms } => {
-                    let got = level.take_up_to(n, min);
-                    prop_assert!(got == 0 || (got >= min && got <= n));
-                    if got > 0 {
-                        table.open(got, ttl_ms * 1_000_000, now).unwrap();
-                        out += got as f64;
+                    // The shipped decision: no return in this call.
+                    let req = LeaseRequest { n, min, ttl: ttl_ms * 1_000_000, returning: None };
+                    let live_before = table.count_live(now);
+                    match table.plan(&mut level, &req, now) {
+                        Ok(plan) => {
+                            prop_assert!(plan.granted == 0 || (plan.granted >= min && plan.granted <= n));
+                            let outcome = table.carry_out(&plan, &req, now);
+                            prop_assert_eq!(outcome.opened.map_or(0, |l| l.tokens), plan.granted);
+                            out += plan.granted as f64;
+                        }
+                        Err(e) => prop_assert_eq!(e, rl_core::LeaseError::TooMany),
                     }
+                    prop_assert!(table.count_live(now) <= MAX_LEASES.max(live_before));
                 }
                 Op::Return { which, unused } => {
+                    // RL.LEASE ... RETURN through the shipped decision, asking for nothing new.
                     let id = table.leases().get(which).map_or(7, |l| l.id);
-                    let held = table.leases().get(which).map(|l| l.tokens);
-                    if let Settled::Returned { credited } = table.settle(id, unused, now) {
-                        prop_assert!(credited <= held.unwrap_or(0));
-                        level.credit(credited as f64);
-                        out -= credited as f64;
+                    let held = table.live(id, now).map(|l| l.tokens);
+                    let req = LeaseRequest { n: 0, min: 0, ttl: 1, returning: Some((id, unused)) };
+                    let before = level.tokens();
+                    if let Ok(plan) = table.plan(&mut level, &req, now) {
+                        prop_assert_eq!(plan.granted, 0);
+                        prop_assert!(plan.credited <= held.unwrap_or(0).min(unused));
+                        prop_assert_eq!(plan.returned.is_some(), held.is_some());
+                        let _ = table.carry_out(&plan, &req, now);
+                        // Return once: the same lease again is not live.
+                        let again = table.plan(&mut level.clone(), &req, now);
+                        prop_assert!(again.map_or(true, |p| p.returned.is_none()));
+                        // What the bucket gained is what came back.
+                        out -= level.tokens() - before;
                     }
                 }
             }
@@ -322,6 +338,38 @@ proptest! {
             prop_assert!(t.in_use(now) as u64 <= limit);
             let (last, permits) = t.clone().into_parts();
             prop_assert!(PermitTable::validate(last, permits).is_ok());
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// RL.MTAKE's decision: every bucket debited or none, and when none, the reported
+    /// bucket is one whose wait is the longest.
+    #[test]
+    fn mtake_is_all_or_nothing(
+        buckets in prop::collection::vec((1.0f64..100.0, 1.0f64..50.0, 0.0f64..1.0), 1..8),
+        n in 1u64..20,
+    ) {
+        let now = T0;
+        let mut levels: Vec<Level> = buckets
+            .iter()
+            .map(|&(rate, cap, full)| Level::starting_with(Limit::new(rate, cap).unwrap(), full * cap, now))
+            .collect();
+        let before: Vec<f64> = levels.iter().map(Level::tokens).collect();
+        let waits: Vec<u64> = levels.iter().map(|l| l.wait_for(n as f64).unwrap_or(u64::MAX)).collect();
+        let d = take_all(&mut levels, n as f64);
+        let after: Vec<f64> = levels.iter().map(Level::tokens).collect();
+        if d.granted {
+            prop_assert!(waits.iter().all(|&w| w == 0));
+            for (b, a) in before.iter().zip(&after) {
+                prop_assert!((b - a - n as f64).abs() < 1e-6);
+            }
+        } else {
+            prop_assert_eq!(&before, &after);
+            prop_assert_eq!(d.longest, *waits.iter().max().unwrap());
+            prop_assert_eq!(waits[d.worst], d.longest);
         }
     }
 }

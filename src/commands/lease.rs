@@ -8,7 +8,10 @@ use crate::error::{Error, Result};
 use crate::key::BucketKey;
 use crate::propagate::{self, Head};
 use crate::{clock, config, stats};
-use rl_core::{ceil_millis, Limit, Settled, MAX_LEASES};
+use rl_core::{ceil_millis, LeaseRequest, LeaseTable, Limit, NO_LEASES};
+
+/// The table of a bucket that never had a lease.
+static EMPTY: LeaseTable = NO_LEASES;
 
 /// Longest lease: a day. A lease keeps its key alive, and a holder that needs tokens for
 /// longer renews.
@@ -85,41 +88,25 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
     let created = super::created_below_full(state.as_ref(), &level);
 
     // Decide everything before changing anything, so an error or a denial writes nothing.
-    let table = state.as_ref().and_then(|s| s.table());
-    let returned = req.returning.and_then(|(id, unused)| {
-        table
-            .and_then(|t| t.live(id, now))
-            .map(|l| (id, unused.min(l.tokens)))
-    });
-    let live = table.map_or(0, |t| t.count_live(now)) - usize::from(returned.is_some());
-    let credited = returned.map(|(_, credit)| level.credit_up_to(credit));
-    let got = if live < MAX_LEASES {
-        level.take_up_to(req.n, req.min)
-    } else {
-        0
+    let table = state.as_ref().and_then(|s| s.table()).unwrap_or(&EMPTY);
+    let request = LeaseRequest {
+        n: req.n,
+        min: req.min,
+        ttl: req.ttl_ms * 1_000_000,
+        returning: req.returning,
     };
-    if got == 0 && live >= MAX_LEASES && returned.is_none() {
-        return Err(rl_core::LeaseError::TooMany.into());
-    }
-    if got > 0 && table.is_some_and(|t| t.last_id() >= i64::MAX as u64) {
-        return Err(rl_core::LeaseError::IdsExhausted.into());
-    }
+    let plan = table.plan(&mut level, &request, now)?;
 
     let mut opened = None;
-    if got > 0 || returned.is_some() || created {
+    if plan.writes() || created {
         let mut table = key.take_table(&mut state);
-        stats::LEASES_EXPIRED.add_shared(table.prune(now) as u64);
-        if let Some((id, unused)) = req.returning {
-            if let Settled::Returned { .. } = table.settle(id, unused, now) {
-                stats::RETURNS.add(1);
-                stats::TOKENS_RETURNED.add(credited.unwrap_or(0));
-            }
+        let outcome = table.carry_out(&plan, &request, now);
+        stats::LEASES_EXPIRED.add_shared(outcome.pruned as u64);
+        if plan.returned.is_some() {
+            stats::RETURNS.add(1);
+            stats::TOKENS_RETURNED.add(plan.credited);
         }
-        if got > 0 {
-            // Room was checked above, so this cannot fail; if it did, the tokens stay debited
-            // (the safe side) rather than the table being lost with an error.
-            opened = table.open(got, req.ttl_ms * 1_000_000, now).ok();
-        }
+        opened = outcome.opened;
         let bucket = level.bucket();
         key.store_with_leases(state, bucket, table);
         let head = Head {
@@ -130,7 +117,7 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
             hold: bucket.hold(),
             span: bucket.span(),
         };
-        propagate::leases(ctx, &head, now, returned.map(|(id, _)| id), opened.as_ref());
+        propagate::leases(ctx, &head, now, plan.returned, opened.as_ref());
     }
 
     let shadow = opened.is_none() && config::shadow();

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::key::BucketKey;
 use crate::propagate::{self, Head};
 use crate::{clock, config, rm, stats};
-use rl_core::{ceil_millis, Limit};
+use rl_core::{ceil_millis, take_all, AllOrNothing, Limit};
 
 /// Most buckets one call may check.
 const MAX_BUCKETS: usize = 64;
@@ -112,20 +112,14 @@ pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
         .map(|(st, lv)| super::created_below_full(st.as_ref(), lv))
         .collect();
 
-    // All or nothing: look at every bucket before debiting any.
-    let waits: Vec<u64> = levels
-        .iter()
-        .map(|l| l.wait_for(n as f64).unwrap_or(u64::MAX))
-        .collect();
-    let (worst, &longest) = waits
-        .iter()
-        .enumerate()
-        .max_by_key(|(_, w)| **w)
-        .unwrap_or((0, &0));
-    let granted = longest == 0;
-    for (j, ((key, state), level)) in keys.iter().zip(states).zip(levels.iter_mut()).enumerate() {
-        let debited = granted && level.try_take(n as f64);
-        if !debited && !created[j] {
+    // All or nothing: every bucket is looked at before any is debited.
+    let AllOrNothing {
+        granted,
+        worst,
+        longest,
+    } = take_all(&mut levels, n as f64);
+    for (j, ((key, state), level)) in keys.iter().zip(states).zip(levels.iter()).enumerate() {
+        if !granted && !created[j] {
             continue;
         }
         let bucket = level.bucket();
