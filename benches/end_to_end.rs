@@ -1,5 +1,5 @@
 //! Per-call latency over one connection to a real redis-server with the module loaded:
-//! `RL.TAKE` against `INCR` (the floor) and the Lua token-bucket script of seed 000 via
+//! `RL.TAKE` against `INCR` (the floor) and the classic Lua token-bucket script (`scripts/token_bucket.lua`) via
 //! `EVALSHA`, on the same keys. `cargo build --release && cargo bench --bench end_to_end`.
 //!
 //! The server is started here on a free loopback port in a temp dir (`$RL_SERVER`, else

@@ -1,6 +1,6 @@
--- The baseline redis-rl is measured against: the token-bucket script of seed 000, section
--- 4.1, written to the same algorithm (read the hash, refill from the server's TIME, check,
--- write back). Kept as the seed has it: it writes on denials too and never sets an expiry,
+-- The baseline redis-rl is measured against: the classic token-bucket script that services
+-- use before it (read the hash, refill from the server's TIME, check, write back). Kept as
+-- teams write it: it writes on denials too and never sets an expiry,
 -- so an idle bucket stays in memory forever. scripts/bench loads it with SCRIPT LOAD and
 -- calls it with EVALSHA.
 --

@@ -89,7 +89,7 @@ impl Compact {
 
     pub fn bucket(&self) -> Bucket {
         // The codes were made from a valid limit by `of`.
-        let limit = Limit::new_unchecked(self.rate.value(), self.cap.value());
+        let limit = Limit::from_stored_parts(self.rate.value(), self.cap.value());
         Bucket::new(self.full_at, limit)
     }
 

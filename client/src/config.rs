@@ -15,7 +15,7 @@ pub fn limit(rate: f64, cap: f64) -> Result<Limit, Error> {
 /// [`LimiterConfig::timeout`]) or answers with an error. Every such decision is counted in
 /// [`Metrics`](crate::Metrics) as a fallback decision.
 ///
-/// Pick per limiter, by what a wrong decision costs (seed 001 section 4): `Allow` where
+/// Pick per limiter, by what a wrong decision costs: `Allow` where
 /// wrongly refusing costs more than letting a burst through (reads), `LastKnown` for steady
 /// traffic where a short drift is acceptable, `Deny` for writes and costly operations.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -60,7 +60,7 @@ pub struct LimiterConfig {
     /// late. Default 500 ms.
     pub probe_interval: Duration,
     /// What to decide while Redis is unavailable. Default `Allow { share: 1.0 }`: a limiter
-    /// is a fuse, not a main switch (seed 000 section 4.3).
+    /// is a fuse, not a main switch.
     pub policy: FailurePolicy,
     /// The retry hint of a `Deny` fallback decision. Default 1 s.
     pub deny_retry_after: Duration,

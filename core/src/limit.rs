@@ -111,7 +111,7 @@ impl Limit {
 
     /// A limit rebuilt from a storage encoding of one that [`Limit::new`] accepted. Not
     /// validated again (the hot path decodes one per call).
-    pub fn new_unchecked(rate: f64, cap: f64) -> Limit {
+    pub fn from_stored_parts(rate: f64, cap: f64) -> Limit {
         Limit { rate, cap }
     }
 }
