@@ -10,11 +10,14 @@
 //! keeps a bucket small, and "the key expires when the bucket is full" is just
 //! `PEXPIREAT full_at`.
 
+pub mod adopt;
 mod bucket;
 mod lease;
 mod limit;
+pub mod namespace;
 pub mod round;
 mod state;
+pub mod top;
 
 pub use bucket::{Bucket, Level};
 pub use lease::{Lease, LeaseError, LeaseTable, Settled, MAX_LEASES};
