@@ -14,7 +14,10 @@ pub fn script_level(tokens: f64, ts: f64, limit: Limit, now: Nanos) -> Option<Le
     // float of seconds, good to about 0.25 µs at today's dates.
     let at = round::mul_up(ts, 1e9).min(u64::MAX as f64 / 2.0) as Nanos + 1_000;
     let elapsed = now.saturating_sub(at);
-    let refill = round::div_down(round::mul_down(round::nanos_down(elapsed), limit.rate()), 1e9);
+    let refill = round::div_down(
+        round::mul_down(round::nanos_down(elapsed), limit.rate()),
+        1e9,
+    );
     let level = round::sub_down(tokens, -refill).min(limit.cap());
     Some(Level::starting_with(limit, level, now))
 }
@@ -41,7 +44,12 @@ mod tests {
         // Above the new cap: clamped.
         let l = script_level(50.0, 1_700_000_000.0, limit, now).unwrap();
         assert_eq!(l.tokens(), 10.0);
-        for (t, s) in [(-1.0, 1.0), (f64::NAN, 1.0), (1.0, f64::INFINITY), (1.0, -5.0)] {
+        for (t, s) in [
+            (-1.0, 1.0),
+            (f64::NAN, 1.0),
+            (1.0, f64::INFINITY),
+            (1.0, -5.0),
+        ] {
             assert!(script_level(t, s, limit, now).is_none());
         }
     }

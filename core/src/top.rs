@@ -143,7 +143,10 @@ impl Top {
                 0 => break,
                 v => {
                     let s = &mut self.slots[v as usize - 1];
-                    if s.hash == h && s.len == key.len() && s.name[..shown(key.len())] == key[..shown(key.len())] {
+                    if s.hash == h
+                        && s.len == key.len()
+                        && s.name[..shown(key.len())] == key[..shown(key.len())]
+                    {
                         s.weight += w;
                         s.last = s.last.max(now);
                         let p = self.pos[v as usize - 1] as usize;
