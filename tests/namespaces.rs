@@ -41,7 +41,9 @@ fn counts_per_namespace_in_info_and_stats() {
     // MTAKE: once per namespace, however many of its keys.
     let _: Value = query(
         &mut c,
-        &["RL.MTAKE", "1", "m:a", "1", "5", "m:b", "1", "5", "n:c", "1", "5"],
+        &[
+            "RL.MTAKE", "1", "m:a", "1", "5", "m:b", "1", "5", "n:c", "1", "5",
+        ],
     );
     // Argument errors are not calls.
     assert!(redis::cmd("RL.TAKE")
@@ -54,11 +56,20 @@ fn counts_per_namespace_in_info_and_stats() {
     let lines = ns_lines(&mut c);
     let o = &lines["orders"];
     assert_eq!(
-        (o["calls"], o["granted"], o["denied"], o["shadow_denied"], o["tokens_granted"]),
+        (
+            o["calls"],
+            o["granted"],
+            o["denied"],
+            o["shadow_denied"],
+            o["tokens_granted"]
+        ),
         (3, 2, 1, 0, 3)
     );
     let u = &lines["users"];
-    assert_eq!((u["calls"], u["granted"], u["denied"], u["shadow_denied"]), (2, 1, 0, 1));
+    assert_eq!(
+        (u["calls"], u["granted"], u["denied"], u["shadow_denied"]),
+        (2, 1, 0, 1)
+    );
     assert_eq!(lines["leases"]["tokens_granted"], 30);
     assert_eq!(lines["m"]["calls"], 1);
     assert_eq!(lines["m"]["tokens_granted"], 1);
@@ -72,7 +83,10 @@ fn counts_per_namespace_in_info_and_stats() {
     assert_eq!(all, lines);
     // Observers are not calls; bad input is a clear error.
     assert_eq!(info_field(&mut c, "rl", "rl_calls"), 8);
-    let e = redis::cmd("RL.STATS").arg("a").arg("b").query::<Value>(&mut c);
+    let e = redis::cmd("RL.STATS")
+        .arg("a")
+        .arg("b")
+        .query::<Value>(&mut c);
     assert!(e.unwrap_err().to_string().contains("wrong number"));
 }
 
@@ -123,7 +137,9 @@ fn resetstat_resets_counters_like_redis_own() {
     // A CONFIG RESETSTAT refused by ACL resets nothing.
     let _: () = query(
         &mut c,
-        &["ACL", "SETUSER", "lim", "on", ">pw", "~*", "+@all", "-config"],
+        &[
+            "ACL", "SETUSER", "lim", "on", ">pw", "~*", "+@all", "-config",
+        ],
     );
     let mut limited = s.conn();
     let _: () = query(&mut limited, &["AUTH", "lim", "pw"]);
@@ -172,11 +188,19 @@ fn sections_that_show_the_counters() {
     };
     for arg in [None, Some("all"), Some("default")] {
         let info = section(&mut c, arg);
-        assert!(!info.contains("rl_calls"), "INFO {arg:?} shows module fields");
+        assert!(
+            !info.contains("rl_calls"),
+            "INFO {arg:?} shows module fields"
+        );
     }
     for arg in ["rl", "everything", "modules"] {
         let info = section(&mut c, Some(arg));
         assert!(info.contains("rl_calls:1"), "INFO {arg}");
-        assert!(info.contains("rl_ns_orders:calls=1,granted=1,denied=0,shadow_denied=0,tokens_granted=1"), "INFO {arg}: {info}");
+        assert!(
+            info.contains(
+                "rl_ns_orders:calls=1,granted=1,denied=0,shadow_denied=0,tokens_granted=1"
+            ),
+            "INFO {arg}: {info}"
+        );
     }
 }

@@ -24,8 +24,16 @@ fn most_denied_first() {
     deny(&mut c, "b:warm", 11);
     deny(&mut c, "c:cold", 2);
     // Shadow denials are denials the operator wants to see too; MTAKE's refusing key.
-    let _: i64 = query(&mut c, &["RL.TAKE", "c:cold", "0.000001", "1", "1", "SHADOW"]);
-    let _: Value = query(&mut c, &["RL.MTAKE", "1", "c:cold", "0.000001", "1", "d:free", "1", "9"]);
+    let _: i64 = query(
+        &mut c,
+        &["RL.TAKE", "c:cold", "0.000001", "1", "1", "SHADOW"],
+    );
+    let _: Value = query(
+        &mut c,
+        &[
+            "RL.MTAKE", "1", "c:cold", "0.000001", "1", "d:free", "1", "9",
+        ],
+    );
     let rows = top(&mut c, None);
     assert_eq!(rows.len(), 3, "{rows:?}");
     assert_eq!(rows[0].0, "a:hot");
@@ -39,8 +47,14 @@ fn most_denied_first() {
     // Grants are not denials.
     assert!(!rows.iter().any(|r| r.0 == "d:free"));
     for bad in ["0", "-1", "x"] {
-        let e = redis::cmd("RL.TOP").arg(bad).query::<Value>(&mut c).unwrap_err();
-        assert!(e.to_string().contains("count must be a positive integer"), "{e}");
+        let e = redis::cmd("RL.TOP")
+            .arg(bad)
+            .query::<Value>(&mut c)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("count must be a positive integer"),
+            "{e}"
+        );
     }
 }
 
