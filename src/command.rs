@@ -28,6 +28,9 @@ pub unsafe fn run(
     handler: Handler,
     counted: bool,
 ) -> c_int {
+    if crate::resetstat::PENDING.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+        crate::resetstat::check();
+    }
     if counted {
         stats::CALLS.add(1);
     }

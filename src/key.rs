@@ -196,6 +196,11 @@ impl BucketKey {
         }
     }
 
+    /// The open key, for readers of other types (see `adopt`).
+    pub fn raw(&self) -> *mut Key {
+        self.key
+    }
+
     pub fn delete(&self) {
         self.modified.set(true);
         rm!(RedisModule_DeleteKey(self.key));

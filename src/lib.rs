@@ -8,6 +8,7 @@
 // `rm!` passes those pointers straight back to Redis inside its `unsafe` block.
 #![allow(clippy::macro_metavars_in_unsafe)]
 
+pub mod adopt;
 pub mod api;
 pub mod args;
 pub mod clock;
@@ -17,8 +18,10 @@ pub mod config;
 pub mod datatype;
 pub mod error;
 pub mod key;
+pub mod ops;
 pub mod permits;
 pub mod propagate;
+pub mod resetstat;
 pub mod stats;
 pub mod stored;
 
@@ -62,6 +65,11 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         return Status::Err;
     }
     rm!(RedisModule_RegisterInfoFunc(raw, Some(stats::info)));
+    ops::init();
+    if !resetstat::register(raw) {
+        ctx.log_warning("redis-rl: could not register the CONFIG RESETSTAT filter");
+        return Status::Err;
+    }
     ctx.log_notice(&format!("redis-rl: loaded, mode {}", config::mode_name()));
     Status::Ok
 }
@@ -75,9 +83,16 @@ redis_module! {
     commands: [],
     // The macro wants every kind listed when module args are configs.
     configurations: [
-        i64: [],
-        string: [],
-        bool: [],
+        i64: [
+            ["max-namespaces", &ops::MAX_NAMESPACES, 64, 0, 1024, ConfigurationFlags::DEFAULT, None],
+            ["top-keys", &ops::TOP_KEYS, 128, 0, 65536, ConfigurationFlags::DEFAULT, None],
+        ],
+        string: [
+            ["namespace-separator", &ops::SEPARATOR, ":", ConfigurationFlags::DEFAULT, None],
+        ],
+        bool: [
+            ["adopt-script-keys", &ops::ADOPT, false, ConfigurationFlags::DEFAULT, None],
+        ],
         enum: [
             ["mode", &config::MODE, config::Mode::Enforce, ConfigurationFlags::DEFAULT, None],
         ],

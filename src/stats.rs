@@ -77,14 +77,27 @@ counters! {
     PERMITS_EXPIRED: "Permits gone without a release: expired (counted when dropped) or with their key.",
     PERMITS_IN_USE: "Permits recorded in keys now (expired ones leave at the key's next write).",
     LIMIT_CHANGES: "Writes that stored a bucket under a rate or cap other than its own: a limit rollout, or callers disagreeing on a key's limit (flapping).",
+    ADOPTED: "Seed Lua script hashes converted into buckets (rl.adopt-script-keys).",
+}
+
+/// Zeroes every counter but the gauge `leases_active` (`CONFIG RESETSTAT`).
+pub fn reset() {
+    for (_, counter) in FIELDS {
+        if !std::ptr::eq(*counter, &LEASES_ACTIVE) {
+            counter.0.store(0, Relaxed);
+        }
+    }
 }
 
 /// The `INFO rl` section.
 ///
 /// # Safety
 /// Called by Redis with a live info context.
-pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
+pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, for_crash_report: c_int) {
     let _ = std::panic::catch_unwind(|| {
+        if for_crash_report == 0 {
+            crate::resetstat::check();
+        }
         rm!(RedisModule_InfoAddSection(ctx, c"".as_ptr()));
         for (name, counter) in FIELDS {
             let mut field = [0u8; 64];
@@ -107,5 +120,8 @@ pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c
             c"mode".as_ptr(),
             mode.as_ptr()
         ));
+        if for_crash_report == 0 {
+            crate::commands::stats::info(ctx);
+        }
     });
 }

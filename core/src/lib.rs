@@ -10,12 +10,15 @@
 //! keeps a bucket small, and "the key expires when the bucket is full" is just
 //! `PEXPIREAT full_at`.
 
+pub mod adopt;
 mod bucket;
 mod lease;
 mod limit;
+pub mod namespace;
 mod permits;
 pub mod round;
 mod state;
+pub mod top;
 
 pub use bucket::{take_all, AllOrNothing, Bucket, Level};
 pub use lease::{

@@ -7,7 +7,7 @@ use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
 use crate::propagate::{self, Head};
-use crate::{clock, config, stats};
+use crate::{adopt, clock, ops, stats};
 use rl_core::{ceil_millis, LeaseRequest, LeaseTable, Limit, NO_LEASES};
 
 /// The table of a bucket that never had a lease.
@@ -23,6 +23,7 @@ struct Request {
     min: u64,
     returning: Option<(u64, u64)>,
     init: Option<f64>,
+    shadow: bool,
 }
 
 fn parse(args: &Args, limit: &Limit) -> Result<Request> {
@@ -40,6 +41,7 @@ fn parse(args: &Args, limit: &Limit) -> Result<Request> {
         min: 1,
         returning: None,
         init: None,
+        shadow: false,
     };
     let mut i = 5;
     let mut min_given = false;
@@ -62,6 +64,10 @@ fn parse(args: &Args, limit: &Limit) -> Result<Request> {
             let unused = args.integer(i + 2, "unused must be a non-negative integer")?;
             req.returning = Some((id, unused));
             i += 3;
+        } else if ops::is_shadow(args, i) {
+            seen(req.shadow)?;
+            req.shadow = true;
+            i += 1;
         } else if args.is(i, "INIT") {
             seen(req.init.is_some())?;
             req.init = Some(super::init_tokens(args, i + 1, limit)?);
@@ -81,11 +87,16 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
     let req = parse(&args, &limit)?;
     super::fits(req.min, &limit, "MIN must not exceed cap")?;
 
+    let name = args.bytes(0)?;
+    let ns = ops::enter(name);
     let now = clock::now();
     let key = BucketKey::open(ctx, args.raw(0)?);
-    let mut state = key.state()?;
-    let mut level = super::level_of(state.as_ref(), limit, now, req.init);
-    let created = super::created_below_full(state.as_ref(), &level);
+    let (mut state, adopted) = adopt::state(ctx, &key, limit, now)?;
+    let mut level = match adopted {
+        Some(level) => level,
+        None => super::level_of(state.as_ref(), limit, now, req.init),
+    };
+    let created = super::created_below_full(state.as_ref(), &level) && adopted.is_none();
 
     // Decide everything before changing anything, so an error or a denial writes nothing.
     let table = state.as_ref().and_then(|s| s.table()).unwrap_or(&EMPTY);
@@ -99,6 +110,9 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
 
     let mut opened = None;
     if plan.writes() || created {
+        if adopted.is_some() {
+            adopt::replace(ctx, &key, args.raw(0)?);
+        }
         let mut table = key.take_table(&mut state);
         let outcome = table.carry_out(&plan, &request, now);
         stats::LEASES_EXPIRED.add_shared(outcome.pruned as u64);
@@ -120,7 +134,9 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
         propagate::leases(ctx, &head, now, plan.returned, opened.as_ref());
     }
 
-    let shadow = opened.is_none() && config::shadow();
+    let shadow = opened.is_none() && ops::answered(false, req.shadow);
+    let counted = ops::outcome_of(opened.map_or(0, |l| l.tokens), shadow);
+    ops::decided(ns, name, counted, now);
     match opened {
         Some(l) => {
             stats::LEASES_GRANTED.add(1);

@@ -11,7 +11,9 @@ pub mod reserve;
 pub mod return_lease;
 pub mod setpermits;
 pub mod setstate;
+pub mod stats;
 pub mod take;
+pub mod top;
 
 use crate::api::Ctx;
 use crate::args::Args;
@@ -66,6 +68,7 @@ const RATE: ArgDoc = ArgDoc::double(c"rate");
 const CAP: ArgDoc = ArgDoc::double(c"cap");
 const INIT: ArgDoc = ArgDoc::double(c"tokens").after(c"INIT");
 const WITHSTATE: ArgDoc = ArgDoc::flag(c"WITHSTATE");
+const SHADOW: ArgDoc = ArgDoc::flag(c"SHADOW");
 
 const RESERVE_ARGS: &[ArgDoc] = &[
     KEY,
@@ -74,6 +77,7 @@ const RESERVE_ARGS: &[ArgDoc] = &[
     ArgDoc::integer(c"n"),
     ArgDoc::integer(c"max_wait_ms"),
     INIT,
+    SHADOW,
 ];
 const REFUND_ARGS: &[ArgDoc] = &[KEY, ArgDoc::integer(c"n")];
 const ACQUIRE_ARGS: &[ArgDoc] = &[KEY, ArgDoc::integer(c"limit"), ArgDoc::integer(c"ttl_ms")];
@@ -109,6 +113,7 @@ const TAKE_ARGS: &[ArgDoc] = &[
     ArgDoc::integer(c"n").optional(),
     WITHSTATE,
     INIT,
+    SHADOW,
 ];
 const LEASE_ARGS: &[ArgDoc] = &[
     KEY,
@@ -123,6 +128,7 @@ const LEASE_ARGS: &[ArgDoc] = &[
         ..ArgDoc::block(c"return", RETURN_BLOCK)
     },
     INIT,
+    SHADOW,
 ];
 const RETURN_ARGS: &[ArgDoc] = &[
     KEY,
@@ -135,7 +141,17 @@ const MTAKE_ARGS: &[ArgDoc] = &[
     ArgDoc::block(c"bucket", BUCKET_BLOCK).multiple(),
     WITHSTATE,
     INIT,
+    SHADOW,
 ];
+const STATS_ARGS: &[ArgDoc] = &[ArgDoc {
+    name: c"namespace",
+    kind: redis_module::raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
+    token: None,
+    optional: true,
+    multiple: false,
+    sub: &[],
+}];
+const TOP_ARGS: &[ArgDoc] = &[ArgDoc::integer(c"count").optional()];
 const SETSTATE_ARGS: &[ArgDoc] = &[
     KEY,
     ArgDoc::integer(c"full_at"),
@@ -290,6 +306,32 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
             acl: c"write admin dangerous",
             internal: true,
             args: SETPERMITS_ARGS,
+        },
+        // Observers: not counted in `calls`.
+        Spec {
+            name: c"RL.STATS",
+            func: entry!(stats::stats, false),
+            flags: c"readonly fast",
+            keys: Keys::None,
+            arity: -1,
+            summary:
+                c"Per-namespace counters: calls, granted, denied, shadow-denied, tokens granted",
+            complexity: c"O(N) where N is the number of namespaces (rl.max-namespaces)",
+            acl: c"read fast",
+            internal: false,
+            args: STATS_ARGS,
+        },
+        Spec {
+            name: c"RL.TOP",
+            func: entry!(top::top, false),
+            flags: c"readonly",
+            keys: Keys::None,
+            arity: -1,
+            summary: c"The keys denied most in a recent window",
+            complexity: c"O(K log K) where K is rl.top-keys",
+            acl: c"read",
+            internal: false,
+            args: TOP_ARGS,
         },
         // Not for clients: the effect replicas and the AOF apply. Not counted in `calls`.
         Spec {

@@ -1,4 +1,4 @@
-//! `RL.MTAKE n key rate cap [key rate cap ...] [WITHSTATE] [INIT tokens]`: take `n` tokens
+//! `RL.MTAKE n key rate cap [key rate cap ...] [WITHSTATE] [INIT tokens] [SHADOW]`: take `n` tokens
 //! from every bucket, or from none. For limits checked together (per user, per API,
 //! global) in one round trip.
 //!
@@ -11,7 +11,7 @@ use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
 use crate::propagate::{self, Head};
-use crate::{clock, config, rm, stats};
+use crate::{adopt, clock, ops, rm, stats};
 use rl_core::{ceil_millis, take_all, AllOrNothing, Limit};
 
 /// Most buckets one call may check.
@@ -25,6 +25,7 @@ struct Shape {
     with_state: bool,
     /// Argument index of `INIT`'s value.
     init_at: Option<usize>,
+    shadow: bool,
 }
 
 fn shape(args: &Args) -> Result<Shape> {
@@ -32,6 +33,7 @@ fn shape(args: &Args) -> Result<Shape> {
         end: args.len(),
         with_state: false,
         init_at: None,
+        shadow: false,
     };
     loop {
         if s.end > 1 && args.is(s.end - 1, "WITHSTATE") {
@@ -39,6 +41,12 @@ fn shape(args: &Args) -> Result<Shape> {
                 return Err(args.duplicate(s.end - 1));
             }
             s.with_state = true;
+            s.end -= 1;
+        } else if s.end > 1 && ops::is_shadow(args, s.end - 1) {
+            if s.shadow {
+                return Err(args.duplicate(s.end - 1));
+            }
+            s.shadow = true;
             s.end -= 1;
         } else if s.end > 2 && args.is(s.end - 2, "INIT") {
             if s.init_at.is_some() {
@@ -92,24 +100,37 @@ pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
         limits.push(limit);
     }
 
+    // Each namespace counts the call once, however many of its keys it names.
+    let mut spaces = [0usize; MAX_BUCKETS];
+    for (j, i) in (1..s.end).step_by(3).enumerate() {
+        spaces[j] = ops::namespace_id(args.bytes(i)?);
+        if !spaces[..j].contains(&spaces[j]) {
+            ops::call(spaces[j]);
+        }
+    }
     let now = clock::now();
     let keys: Vec<BucketKey> = (1..s.end)
         .step_by(3)
         .map(|i| args.raw(i).map(|k| BucketKey::open(ctx, k)))
         .collect::<Result<_>>()?;
-    let states = keys
-        .iter()
-        .map(BucketKey::state)
-        .collect::<Result<Vec<_>>>()?;
+    let mut states = Vec::with_capacity(keys.len());
+    let mut adopted = Vec::with_capacity(keys.len());
+    for (key, limit) in keys.iter().zip(&limits) {
+        let (state, level) = adopt::state(ctx, key, *limit, now)?;
+        states.push(state);
+        adopted.push(level);
+    }
     let mut levels: Vec<_> = states
         .iter()
         .zip(&limits)
-        .map(|(st, l)| super::level_of(st.as_ref(), *l, now, init))
+        .zip(&adopted)
+        .map(|((st, l), a)| a.unwrap_or_else(|| super::level_of(st.as_ref(), *l, now, init)))
         .collect();
     let created: Vec<bool> = states
         .iter()
         .zip(&levels)
-        .map(|(st, lv)| super::created_below_full(st.as_ref(), lv))
+        .zip(&adopted)
+        .map(|((st, lv), a)| super::created_below_full(st.as_ref(), lv) && a.is_none())
         .collect();
 
     // All or nothing: every bucket is looked at before any is debited.
@@ -123,8 +144,11 @@ pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
             continue;
         }
         let bucket = level.bucket();
-        key.store(state, bucket);
         let i = 1 + 3 * j;
+        if adopted[j].is_some() {
+            adopt::replace(ctx, key, args.raw(i)?);
+        }
+        key.store(state, bucket);
         let head = Head {
             key: args.raw(i)?,
             full_at: bucket.full_at(),
@@ -136,11 +160,21 @@ pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
         propagate::bucket(ctx, &head);
     }
 
-    let answered = granted || config::shadow();
+    let answered = ops::answered(granted, s.shadow);
     match (granted, answered) {
         (true, _) => stats::MTAKE_GRANTED.add(1),
         (false, true) => stats::SHADOW_DENIED.add(1),
         (false, false) => stats::MTAKE_DENIED.add(1),
+    }
+    let outcome = ops::outcome_of(if granted { n } else { 0 }, answered);
+    for (j, id) in spaces[..keys.len()].iter().enumerate() {
+        if !spaces[..j].contains(id) {
+            ops::outcome(*id, outcome);
+        }
+    }
+    if !granted {
+        // The key that refused (the longest wait) is the one denied.
+        ops::denied(args.bytes(1 + 3 * worst)?, now);
     }
     api::reply_array(ctx, if s.with_state { 4 } else { 3 });
     api::reply_integer(ctx, if answered { n as i64 } else { 0 });

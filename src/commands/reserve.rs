@@ -1,4 +1,4 @@
-//! `RL.RESERVE key rate cap n max_wait_ms [INIT tokens]`: take `n` tokens now if they are
+//! `RL.RESERVE key rate cap n max_wait_ms [INIT tokens] [SHADOW]`: take `n` tokens now if they are
 //! there or will be within `max_wait_ms`, and say how long to wait before using them.
 //!
 //! A granted reservation is debited at once; if the tokens are not there yet the bucket
@@ -12,7 +12,7 @@ use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
 use crate::propagate::{self, Head};
-use crate::{clock, config, stats};
+use crate::{adopt, clock, ops, stats};
 use rl_core::ceil_millis;
 
 /// Longest wait a reservation may ask for: a day, as for a lease.
@@ -30,7 +30,7 @@ pub fn reserve(ctx: *mut Ctx, args: Args) -> Result<()> {
             "max_wait_ms must be at most 86400000 (a day)",
         ));
     }
-    let mut init = None;
+    let (mut init, mut shadow) = (None, false);
     let mut i = 5;
     while i < args.len() {
         if args.is(i, "INIT") {
@@ -39,22 +39,36 @@ pub fn reserve(ctx: *mut Ctx, args: Args) -> Result<()> {
             }
             init = Some(super::init_tokens(&args, i + 1, &limit)?);
             i += 2;
+        } else if ops::is_shadow(&args, i) {
+            if shadow {
+                return Err(args.duplicate(i));
+            }
+            shadow = true;
+            i += 1;
         } else {
             return Err(args.unknown(i));
         }
     }
     super::fits(n, &limit, "n must not exceed cap")?;
 
+    let name = args.bytes(0)?;
+    let ns = ops::enter(name);
     let now = clock::now();
     let key = BucketKey::open(ctx, args.raw(0)?);
-    let state = key.state()?;
-    let mut level = super::level_of(state.as_ref(), limit, now, init);
-    let created = super::created_below_full(state.as_ref(), &level);
+    let (state, adopted) = adopt::state(ctx, &key, limit, now)?;
+    let mut level = match adopted {
+        Some(level) => level,
+        None => super::level_of(state.as_ref(), limit, now, init),
+    };
+    let created = super::created_below_full(state.as_ref(), &level) && adopted.is_none();
     let (granted, wait) = level
         .reserve(n as f64, max_wait_ms * 1_000_000)
         .ok_or(Error::Invalid("n must not exceed cap"))?;
     if granted || created {
         let bucket = level.bucket();
+        if adopted.is_some() {
+            adopt::replace(ctx, &key, args.raw(0)?);
+        }
         key.store(state, bucket);
         let head = Head {
             key: args.raw(0)?,
@@ -66,8 +80,9 @@ pub fn reserve(ctx: *mut Ctx, args: Args) -> Result<()> {
         };
         propagate::bucket(ctx, &head);
     }
-    // In shadow mode a denial answers as a grant with no wait (nothing was debited).
-    let answered = granted || config::shadow();
+    // In shadow mode (server-wide or this call's SHADOW) a denial answers as a grant with
+    // no wait (nothing was debited).
+    let answered = ops::answered(granted, shadow);
     match (granted, answered) {
         (true, _) => {
             stats::RESERVED.add(1);
@@ -76,6 +91,12 @@ pub fn reserve(ctx: *mut Ctx, args: Args) -> Result<()> {
         (false, true) => stats::SHADOW_DENIED.add(1),
         (false, false) => stats::RESERVE_DENIED.add(1),
     }
+    ops::decided(
+        ns,
+        name,
+        ops::outcome_of(if granted { n } else { 0 }, answered),
+        now,
+    );
     let (reply, wait_ms) = match (granted, answered) {
         (true, _) => (n, ceil_millis(wait)),
         (false, true) => (n, 0),

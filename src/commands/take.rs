@@ -1,19 +1,19 @@
-//! `RL.TAKE key rate cap [n] [WITHSTATE] [INIT tokens]`: refill, check and debit in one step.
+//! `RL.TAKE key rate cap [n] [WITHSTATE] [INIT tokens] [SHADOW]`: refill, check and debit in one step.
 
 use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
 use crate::propagate::{self, Head};
-use crate::{clock, config, stats};
+use crate::{adopt, clock, ops, stats};
 use rl_core::ceil_millis;
 
 pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
-    if !(3..=7).contains(&args.len()) {
+    if !(3..=8).contains(&args.len()) {
         return Err(Error::Arity);
     }
     let limit = super::limit(&args, 1)?;
-    let (mut n, mut with_state, mut init) = (1, false, None);
+    let (mut n, mut with_state, mut init, mut shadow) = (1, false, None, false);
     let mut i = 3;
     while i < args.len() {
         if args.is(i, "WITHSTATE") {
@@ -21,6 +21,11 @@ pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
                 return Err(args.duplicate(i));
             }
             with_state = true;
+        } else if ops::is_shadow(&args, i) {
+            if shadow {
+                return Err(args.duplicate(i));
+            }
+            shadow = true;
         } else if args.is(i, "INIT") {
             if init.is_some() {
                 return Err(args.duplicate(i));
@@ -36,14 +41,22 @@ pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
     }
     super::fits(n, &limit, "n must not exceed cap")?;
 
+    let name = args.bytes(0)?;
+    let ns = ops::enter(name);
     let now = clock::now();
     let key = BucketKey::open(ctx, args.raw(0)?);
-    let state = key.state()?;
-    let mut level = super::level_of(state.as_ref(), limit, now, init);
-    let created = super::created_below_full(state.as_ref(), &level);
+    let (state, adopted) = adopt::state(ctx, &key, limit, now)?;
+    let mut level = match adopted {
+        Some(level) => level,
+        None => super::level_of(state.as_ref(), limit, now, init),
+    };
+    let created = super::created_below_full(state.as_ref(), &level) && adopted.is_none();
     let granted = level.try_take(n as f64);
     if granted || created {
         let bucket = level.bucket();
+        if adopted.is_some() {
+            adopt::replace(ctx, &key, args.raw(0)?);
+        }
         key.store(state, bucket);
         let head = Head {
             key: args.raw(0)?,
@@ -55,7 +68,7 @@ pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
         };
         propagate::bucket(ctx, &head);
     }
-    let answered = granted || config::shadow();
+    let answered = ops::answered(granted, shadow);
     match (granted, answered) {
         (true, _) => {
             stats::GRANTED.add(1);
@@ -64,6 +77,12 @@ pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
         (false, true) => stats::SHADOW_DENIED.add(1),
         (false, false) => stats::DENIED.add(1),
     }
+    ops::decided(
+        ns,
+        name,
+        ops::outcome_of(if granted { n } else { 0 }, answered),
+        now,
+    );
 
     let reply = if answered { n as i64 } else { 0 };
     if !with_state {

@@ -1,0 +1,76 @@
+//! `RL.STATS [namespace]`: the per-namespace counters (also in `INFO rl`, one line per
+//! namespace, as `rl_ns_<name>:calls=..,granted=..,denied=..,shadow_denied=..,tokens_granted=..`).
+//!
+//! Reply: without a namespace, a map of every namespace (`other` first) to its counters;
+//! with one, its counters, or nil if it has no entry (never seen, or counted under `other`).
+//! A map of maps under RESP3, flat arrays under RESP2.
+
+use crate::api::{self, Ctx};
+use crate::args::Args;
+use crate::error::{Error, Result};
+use crate::{ops, rm};
+use redis_module::raw::RedisModuleInfoCtx;
+use rl_core::namespace::Counts;
+
+const FIELDS: [&std::ffi::CStr; 5] = [
+    c"calls",
+    c"granted",
+    c"denied",
+    c"shadow_denied",
+    c"tokens_granted",
+];
+
+fn values(c: &Counts) -> [u64; 5] {
+    [
+        c.calls,
+        c.granted,
+        c.denied,
+        c.shadow_denied,
+        c.tokens_granted,
+    ]
+}
+
+fn reply_counts(ctx: *mut Ctx, c: &Counts) {
+    api::reply_map(ctx, FIELDS.len());
+    for (name, v) in FIELDS.iter().zip(values(c)) {
+        api::reply_text(ctx, name);
+        api::reply_integer(ctx, v as i64);
+    }
+}
+
+pub fn stats(ctx: *mut Ctx, args: Args) -> Result<()> {
+    match args.len() {
+        0 => {
+            let mut n = 0;
+            ops::each_namespace(|_, _| n += 1);
+            api::reply_map(ctx, n);
+            ops::each_namespace(|name, c| {
+                rm!(RedisModule_ReplyWithStringBuffer(
+                    ctx,
+                    name.as_ptr().cast(),
+                    name.len()
+                ));
+                reply_counts(ctx, c);
+            });
+        }
+        1 => match ops::namespace_counts(args.bytes(0)?) {
+            Some(c) => reply_counts(ctx, &c),
+            None => api::reply_null(ctx),
+        },
+        _ => return Err(Error::Arity),
+    }
+    Ok(())
+}
+
+/// The namespace lines of `INFO rl`.
+pub fn info(ctx: *mut RedisModuleInfoCtx) {
+    ops::each_namespace(|name, c| {
+        let mut field = [0u8; 64];
+        ops::info_name(name, &mut field);
+        rm!(RedisModule_InfoBeginDictField(ctx, field.as_ptr().cast()));
+        for (f, v) in FIELDS.iter().zip(values(c)) {
+            rm!(RedisModule_InfoAddFieldULongLong(ctx, f.as_ptr(), v));
+        }
+        rm!(RedisModule_InfoEndDictField(ctx));
+    });
+}

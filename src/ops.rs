@@ -1,0 +1,223 @@
+//! Operations: who is being limited. Per-namespace counters, the most-denied keys, the
+//! per-call `SHADOW` option, and the configs they read (`rl.namespace-separator`,
+//! `rl.max-namespaces`, `rl.top-keys`, `rl.adopt-script-keys`).
+//!
+//! The tables live on Redis's main thread: commands, `INFO`, config callbacks and the
+//! command filter all run there, so they are plain memory behind [`MainThread`], fixed in
+//! size, and the hot path allocates nothing.
+
+use crate::args::Args;
+use redis_module::configuration::{ConfigurationContext, ConfigurationValue};
+use redis_module::{RedisError, RedisString};
+use rl_core::namespace::{self, Counts, Id, Outcome, Table};
+use rl_core::top::Top;
+use rl_core::Nanos;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+
+/// State only Redis's main thread touches.
+pub struct MainThread<T>(UnsafeCell<T>);
+
+// SAFETY: every access is from Redis's main thread (see the module docs), one at a time:
+// `with` is never nested for the same cell.
+unsafe impl<T> Sync for MainThread<T> {}
+
+impl<T> MainThread<T> {
+    pub const fn new(v: T) -> Self {
+        MainThread(UnsafeCell::new(v))
+    }
+
+    pub fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        // SAFETY: see `Sync` above.
+        f(unsafe { &mut *self.0.get() })
+    }
+}
+
+/// Denials fade from `RL.TOP` with this half-life.
+pub const TOP_HALF_LIFE: Nanos = 60 * 1_000_000_000;
+
+static NAMESPACES: MainThread<Table> = MainThread::new(Table::new());
+static TOP: MainThread<Option<Top>> = MainThread::new(None);
+
+/// `rl.max-namespaces`: namespaces with their own counters (0 to 1024; default 64).
+pub static MAX_NAMESPACES: AtomicI64 = AtomicI64::new(64);
+/// `rl.adopt-script-keys`: convert the seed Lua script's hashes into buckets.
+pub static ADOPT: AtomicBool = AtomicBool::new(false);
+
+/// `rl.namespace-separator`: 1 to 7 bytes, packed with their length in one word so the
+/// hot path reads it without a lock.
+pub struct Separator(AtomicU64);
+pub static SEPARATOR: Separator = Separator(AtomicU64::new(1 | (b':' as u64) << 8));
+
+impl Separator {
+    /// The separator's bytes, copied out.
+    pub fn get(&self) -> ([u8; 8], usize) {
+        let v = self.0.load(Relaxed);
+        (v.to_le_bytes(), (v & 0xff) as usize)
+    }
+}
+
+impl ConfigurationValue<RedisString> for Separator {
+    fn get(&self, _: &ConfigurationContext) -> RedisString {
+        let (b, len) = Separator::get(self);
+        RedisString::create(None, String::from_utf8_lossy(&b[1..1 + len]).as_ref())
+    }
+    fn set(&self, _: &ConfigurationContext, val: RedisString) -> Result<(), RedisError> {
+        let s = val.as_slice();
+        if s.is_empty() || s.len() > 7 {
+            return Err(RedisError::Str(
+                "rl.namespace-separator must be 1 to 7 bytes",
+            ));
+        }
+        let mut b = [0u8; 8];
+        b[0] = s.len() as u8;
+        b[1..1 + s.len()].copy_from_slice(s);
+        self.0.store(u64::from_le_bytes(b), Relaxed);
+        Ok(())
+    }
+}
+
+/// `rl.top-keys`: keys the most-denied sketch tracks (0 to 65536; default 128). Setting it
+/// allocates the sketch anew (and empties it); nothing else ever allocates for it.
+pub struct TopKeys(AtomicI64);
+pub static TOP_KEYS: TopKeys = TopKeys(AtomicI64::new(128));
+
+impl ConfigurationValue<i64> for TopKeys {
+    fn get(&self, _: &ConfigurationContext) -> i64 {
+        self.0.load(Relaxed)
+    }
+    fn set(&self, _: &ConfigurationContext, val: i64) -> Result<(), RedisError> {
+        self.0.store(val, Relaxed);
+        TOP.with(|t| *t = Some(Top::new(val.max(0) as usize, TOP_HALF_LIFE)));
+        Ok(())
+    }
+}
+
+/// Allocates the sketch at load if no config set did.
+pub fn init() {
+    TOP.with(|t| {
+        if t.is_none() {
+            *t = Some(Top::new(
+                TOP_KEYS.0.load(Relaxed).max(0) as usize,
+                TOP_HALF_LIFE,
+            ));
+        }
+    });
+}
+
+/// The namespace entry of `key` (created if there is room), without counting anything.
+pub fn namespace_id(key: &[u8]) -> Id {
+    let (sep, len) = SEPARATOR.get();
+    let ns = namespace::namespace_of(key, &sep[1..1 + len]);
+    let limit = MAX_NAMESPACES.load(Relaxed).max(0) as usize;
+    NAMESPACES.with(|t| t.id(ns, limit))
+}
+
+/// Counts a call in namespace `id` (once its arguments are read).
+pub fn call(id: Id) {
+    NAMESPACES.with(|t| t.counts_mut(id).calls += 1);
+}
+
+/// The namespace of `key`, with the call counted.
+pub fn enter(key: &[u8]) -> Id {
+    let id = namespace_id(key);
+    call(id);
+    id
+}
+
+/// Counts a decision in namespace `id`.
+pub fn outcome(id: Id, outcome: Outcome) {
+    NAMESPACES.with(|t| t.counts_mut(id).record(outcome));
+}
+
+/// Counts a decision on `key` in namespace `id`, and a denial (shadow or not) in the
+/// most-denied sketch.
+pub fn decided(id: Id, key: &[u8], o: Outcome, now: Nanos) {
+    outcome(id, o);
+    if !matches!(o, Outcome::Granted(_)) {
+        denied(key, now);
+    }
+}
+
+/// Records a denial of `key` in the most-denied sketch.
+pub fn denied(key: &[u8], now: Nanos) {
+    TOP.with(|t| {
+        if let Some(t) = t {
+            t.record(key, now);
+        }
+    });
+}
+
+/// What a call answers: granted if the bucket granted, or if the denial is only recorded
+/// (`rl.mode shadow`, or the call's own `SHADOW` option).
+///
+/// The hook for a command with a `SHADOW` option (RL.RESERVE): parse it with
+/// [`is_shadow`] (refusing a repeat with `args.duplicate(i)`), decide as when enforcing,
+/// write what enforcing would write, then answer `answered(granted, shadow)` and count
+/// `Outcome::ShadowDenied` when `!granted && answered`.
+pub fn answered(granted: bool, shadow_option: bool) -> bool {
+    granted || shadow_option || crate::config::shadow()
+}
+
+/// Whether argument `i` is the `SHADOW` option.
+pub fn is_shadow(args: &Args, i: usize) -> bool {
+    args.is(i, "SHADOW")
+}
+
+/// The outcome to count for a call that granted `tokens` (0: denied) and `answered`.
+pub fn outcome_of(tokens: u64, answered: bool) -> Outcome {
+    match (tokens, answered) {
+        (0, true) => Outcome::ShadowDenied,
+        (0, false) => Outcome::Denied,
+        (t, _) => Outcome::Granted(t),
+    }
+}
+
+/// Every namespace's counters, [`namespace::OTHER`] first.
+pub fn each_namespace(mut f: impl FnMut(&[u8], &Counts)) {
+    NAMESPACES.with(|t| t.iter().for_each(|(n, c)| f(n, c)));
+}
+
+/// One namespace's counters, if it has an entry.
+pub fn namespace_counts(ns: &[u8]) -> Option<Counts> {
+    NAMESPACES.with(|t| t.get(ns).copied())
+}
+
+/// `RL.TOP`'s rows: (key, full length, denied, ms since the last denial).
+pub fn top(count: usize, now: Nanos, mut f: impl FnMut(&[u8], f64, u64)) -> usize {
+    TOP.with(|t| {
+        let Some(t) = t else { return 0 };
+        let rows = t.top(count, now);
+        for r in &rows {
+            f(r.key, r.denied, now.saturating_sub(r.last) / 1_000_000);
+        }
+        rows.len()
+    })
+}
+
+/// Forgets the namespaces and the sketch (`CONFIG RESETSTAT`).
+pub fn reset() {
+    NAMESPACES.with(Table::reset);
+    TOP.with(|t| {
+        if let Some(t) = t {
+            t.clear();
+        }
+    });
+}
+
+/// A namespace as an INFO field name: `ns_<name>`, bytes other than letters, digits, `_`,
+/// `-` and `.` shown as `_`, NUL-terminated.
+pub fn info_name(ns: &[u8], out: &mut [u8; 64]) {
+    out.fill(0);
+    out[..3].copy_from_slice(b"ns_");
+    for (o, &c) in out[3..63].iter_mut().zip(ns) {
+        *o = if c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.') {
+            c
+        } else {
+            b'_'
+        };
+    }
+    if ns.is_empty() {
+        out[3] = b'_';
+    }
+}

@@ -1,0 +1,87 @@
+//! `CONFIG RESETSTAT` resets the module's counters too, as it does Redis's own.
+//!
+//! No server event reports it (the module API has none: see the event list in
+//! `redismodule.h`, Redis 7.0 to 8.2 and Valkey 9), so a command filter notices the
+//! command, and the reset is confirmed from Redis's own statistics before the module's
+//! counters go: `total_commands_processed` only ever drops through a reset. That way a
+//! `CONFIG RESETSTAT` that ACL refuses, or that is queued in a `MULTI` never executed,
+//! resets nothing. The check runs before the next module command and before `INFO`, so no
+//! count made after the reset is lost.
+
+use crate::api::RStr;
+use crate::{ops, rm, stats};
+use redis_module::raw;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// `total_commands_processed + 1` when the filter saw `CONFIG RESETSTAT` (0: none pending).
+pub static PENDING: AtomicU64 = AtomicU64::new(0);
+/// Checks left before a pending reset that never ran is forgotten.
+static CHECKS_LEFT: AtomicU64 = AtomicU64::new(0);
+
+fn commands_processed() -> Option<u64> {
+    let info = rm!(RedisModule_GetServerInfo(
+        std::ptr::null_mut(),
+        c"stats".as_ptr()
+    ));
+    if info.is_null() {
+        return None;
+    }
+    let mut err = 0;
+    let v = rm!(RedisModule_ServerInfoGetFieldUnsigned(
+        info,
+        c"total_commands_processed".as_ptr(),
+        &mut err
+    ));
+    rm!(RedisModule_FreeServerInfo(std::ptr::null_mut(), info));
+    (err == 0).then_some(v)
+}
+
+fn is(s: *mut RStr, want: &[u8]) -> bool {
+    // SAFETY: a live argument of the command being filtered.
+    !s.is_null() && unsafe { crate::api::bytes(s) }.eq_ignore_ascii_case(want)
+}
+
+/// The command filter: every command passes through (a few instructions for all but
+/// `CONFIG RESETSTAT`).
+///
+/// # Safety
+/// Called by Redis with a live filter context.
+pub unsafe extern "C" fn filter(fctx: *mut raw::RedisModuleCommandFilterCtx) {
+    let _ = std::panic::catch_unwind(|| {
+        if rm!(RedisModule_CommandFilterArgsCount(fctx)) != 2 {
+            return;
+        }
+        if !is(rm!(RedisModule_CommandFilterArgGet(fctx, 0)), b"config")
+            || !is(rm!(RedisModule_CommandFilterArgGet(fctx, 1)), b"resetstat")
+        {
+            return;
+        }
+        if let Some(v) = commands_processed() {
+            PENDING.store(v + 1, Relaxed);
+            CHECKS_LEFT.store(10_000, Relaxed);
+        }
+    });
+}
+
+/// Resets the module's counters if Redis's were reset since the filter saw the command.
+pub fn check() {
+    let pending = PENDING.load(Relaxed);
+    if pending == 0 {
+        return;
+    }
+    let Some(now) = commands_processed() else {
+        return;
+    };
+    if now < pending - 1 {
+        PENDING.store(0, Relaxed);
+        stats::reset();
+        ops::reset();
+    } else if CHECKS_LEFT.fetch_sub(1, Relaxed) <= 1 {
+        PENDING.store(0, Relaxed);
+    }
+}
+
+/// Registers the filter at load.
+pub fn register(ctx: *mut crate::api::Ctx) -> bool {
+    !rm!(RedisModule_RegisterCommandFilter(ctx, Some(filter), 0)).is_null()
+}
