@@ -1,7 +1,7 @@
 //! An HTTP service that limits each client key and answers 429 with `Retry-After` and the
 //! `X-RateLimit-*` headers.
 //!
-//! Needs a Redis with the module loaded:
+//! With a Redis that has the module loaded:
 //!
 //! ```sh
 //! cargo build -p redis-rl
@@ -10,6 +10,10 @@
 //! curl -i -H 'X-Client-Key: alice' http://127.0.0.1:3000/
 //! curl -s http://127.0.0.1:3000/metrics
 //! ```
+//!
+//! It starts and serves without Redis too: the limiter connects lazily
+//! (`Limiter::from_client`), decides by its failure policy (here `Allow`: a local bucket
+//! per key) while Redis is unreachable, and goes back to Redis when it answers.
 //!
 //! Environment: `REDIS_URL` (default `redis://127.0.0.1:6379/`), `LISTEN`
 //! (`127.0.0.1:3000`), `RATE` (requests per second per key, `5`), `CAP` (burst, `10`).
@@ -22,10 +26,10 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use rl_client::redis::aio::ConnectionManager;
-use rl_client::{limit, Decision, Limiter, LimiterConfig};
+use rl_client::{limit, Decision, LazyConnection, Limiter, LimiterConfig};
 
-type AppLimiter = Limiter<ConnectionManager>;
+/// The limiter the service uses: over a lazily connecting connection.
+pub type AppLimiter = Limiter<LazyConnection>;
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
@@ -38,12 +42,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rate: f64 = env_or("RATE", "5").parse()?;
     let cap: f64 = env_or("CAP", "10").parse()?;
 
-    let conn = ConnectionManager::new(rl_client::redis::Client::open(redis_url)?).await?;
-    let limiter = Limiter::new(conn, limit(rate, cap)?, LimiterConfig::default())?;
-    let app = Router::new()
-        .route("/", get(hello))
-        .route("/metrics", get(metrics))
-        .with_state(limiter);
+    let app = app(build_limiter(&redis_url, rate, cap)?);
 
     let listener = tokio::net::TcpListener::bind(listen).await?;
     println!("listening on http://{listen} ({rate}/s per key, bursts of {cap})");
@@ -53,6 +52,32 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     Ok(())
+}
+
+/// The limiter of `rate` requests a second per key, bursts of `cap`. No I/O: it connects
+/// at the first request, so the service starts whether or not Redis is up, and fails open
+/// (`LimiterConfig::default()`: `Allow { share: 1.0 }`) while it is unreachable.
+pub fn build_limiter(
+    redis_url: &str,
+    rate: f64,
+    cap: f64,
+) -> Result<AppLimiter, Box<dyn std::error::Error>> {
+    let client = rl_client::redis::Client::open(redis_url)?;
+    Ok(Limiter::from_client(
+        client,
+        limit(rate, cap)?,
+        LimiterConfig::default(),
+    )?)
+}
+
+/// The service's routes: `/` (limited per client key) and `/metrics`. Serve it with
+/// `into_make_service_with_connect_info::<SocketAddr>()` (the key falls back to the peer
+/// address).
+pub fn app(limiter: AppLimiter) -> Router {
+    Router::new()
+        .route("/", get(hello))
+        .route("/metrics", get(metrics))
+        .with_state(limiter)
 }
 
 /// The client key: the `X-Client-Key` header, else the peer address.

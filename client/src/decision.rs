@@ -36,6 +36,29 @@ pub struct Decision {
     pub source: Source,
 }
 
+/// What a reservation ([`Limiter::reserve`](crate::Limiter::reserve)) decided.
+///
+/// A granted reservation is debited at once; its tokens may be used after `wait`.
+/// `decision.remaining` is the bucket's level after it, negative while the bucket is in
+/// debt (reservations queued ahead of their refill). Denied (the wait would exceed the
+/// caller's `max_wait`): nothing was debited, and `wait` and `decision.retry_after` are
+/// the wait that would have been needed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reservation {
+    /// The decision; see above for `remaining` and `retry_after`.
+    pub decision: Decision,
+    /// Granted: how long the caller waits before using the tokens (what
+    /// [`Limiter::reserve`](crate::Limiter::reserve) slept). Denied: the wait needed.
+    pub wait: Duration,
+}
+
+impl Reservation {
+    /// Whether the tokens were reserved.
+    pub fn allowed(&self) -> bool {
+        self.decision.allowed
+    }
+}
+
 fn ceil_secs(d: Duration) -> u64 {
     d.as_nanos().div_ceil(1_000_000_000).min(u64::MAX as u128) as u64
 }

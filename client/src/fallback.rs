@@ -79,10 +79,7 @@ impl Fallback {
         }
         let mut keys = lock(&self.keys);
         let entry = self.entry(&mut keys, key, now);
-        let mut level = match entry.local {
-            Some((limit, bucket)) => Level::new(Some(&bucket), limit, now),
-            None => self.start_level(entry, now),
-        };
+        let mut level = self.local_level(entry, now);
         let allowed = level.try_take(n as f64);
         entry.local = Some((*level.limit(), level.bucket()));
         let remaining = level.tokens();
@@ -102,6 +99,54 @@ impl Fallback {
             .wait_for(n as f64)
             .map_or(self.deny_retry_after, Duration::from_nanos);
         self.denied(remaining, retry_after, reset_after)
+    }
+
+    /// The policy's answer to a reservation of `n` tokens of `key` waiting at most
+    /// `max_wait`: the decision and the wait before use (granted), or the wait that would
+    /// have been needed (denied). The local bucket goes into debt as the server's does.
+    pub(crate) fn reserve(
+        &self,
+        key: &str,
+        n: u64,
+        max_wait: Duration,
+        now: Nanos,
+    ) -> (Decision, Duration) {
+        if self.policy == FailurePolicy::Deny {
+            let wait = self.deny_retry_after;
+            return (self.denied(0.0, wait, Duration::ZERO), wait);
+        }
+        let mut keys = lock(&self.keys);
+        let entry = self.entry(&mut keys, key, now);
+        let mut level = self.local_level(entry, now);
+        let max_wait = max_wait.as_nanos().min(u64::MAX as u128) as Nanos;
+        let (granted, wait) = level
+            .reserve(n as f64, max_wait)
+            .unwrap_or((false, self.deny_retry_after.as_nanos() as Nanos));
+        entry.local = Some((*level.limit(), level.bucket()));
+        let wait = Duration::from_nanos(wait);
+        let remaining = level.signed_tokens();
+        let reset_after = Duration::from_nanos(level.reset_after());
+        if !granted {
+            return (self.denied(remaining, wait, reset_after), wait);
+        }
+        let decision = Decision {
+            allowed: true,
+            granted: n,
+            remaining,
+            retry_after: Duration::ZERO,
+            reset_after,
+            limit: self.limit.cap(),
+            source: Source::Fallback,
+        };
+        (decision, wait)
+    }
+
+    /// The local bucket of `entry` at `now`: the outage's, or a new one by policy.
+    fn local_level(&self, entry: &KeyState, now: Nanos) -> Level {
+        match entry.local {
+            Some((limit, bucket)) => Level::new(Some(&bucket), limit, now),
+            None => self.start_level(entry, now),
+        }
     }
 
     fn denied(&self, remaining: f64, retry_after: Duration, reset_after: Duration) -> Decision {
@@ -214,6 +259,34 @@ mod tests {
         assert_eq!(d.retry_after, Duration::from_millis(500));
         // A key never seen gets the configured limit.
         assert_eq!(allowed_in_burst(&f, "new"), 20);
+    }
+
+    #[test]
+    fn reserve_queues_in_the_local_bucket() {
+        let f = fallback(FailurePolicy::Allow { share: 1.0 });
+        // Cap 20 at 10/s: 20 now, then each token 100 ms later than the one before.
+        let max = Duration::from_secs(1);
+        for _ in 0..20 {
+            let (d, wait) = f.reserve("k", 1, max, T0);
+            assert!(d.allowed && wait.is_zero());
+        }
+        let (d, wait) = f.reserve("k", 2, max, T0);
+        assert!(d.allowed);
+        assert_eq!(wait, Duration::from_millis(200));
+        assert!((d.remaining + 2.0).abs() < 1e-9, "in debt: {d:?}");
+        // 8 more fit within a second of waiting; the next would wait 1.1 s.
+        for _ in 0..8 {
+            assert!(f.reserve("k", 1, max, T0).0.allowed);
+        }
+        let (d, wait) = f.reserve("k", 1, max, T0);
+        assert!(!d.allowed);
+        assert_eq!(wait, Duration::from_millis(1100));
+        assert!(
+            !f.decide("k", 1, T0 + S).allowed,
+            "take waits behind the debt"
+        );
+        let deny = fallback(FailurePolicy::Deny);
+        assert!(!deny.reserve("k", 1, max, T0).0.allowed);
     }
 
     #[test]

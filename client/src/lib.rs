@@ -1,17 +1,22 @@
 //! Async Rust client for the redis-rl module: a distributed token bucket as native Redis
-//! commands (`RL.TAKE`, `RL.LEASE`, `RL.RETURN`).
+//! commands (`RL.TAKE`, `RL.LEASE`, `RL.RESERVE`, `RL.ACQUIRE`...).
 //!
 //! - [`Limiter`]: one `RL.TAKE ... WITHSTATE` call per request; any number of keys under
 //!   one limit. Its [`Decision`] carries what an HTTP 429 needs
-//!   ([`Decision::http_headers`]).
+//!   ([`Decision::http_headers`]). [`Limiter::reserve`] waits in line instead of being
+//!   denied (`RL.RESERVE`), [`Limiter::refund`] gives unused tokens back.
 //! - [`PrefetchLimiter`]: leases tokens in batches and grants locally, renewing ahead with
 //!   jitter, honouring lease expiry and returning leftovers.
+//! - [`Semaphore`]: at most `limit` calls in flight per key, fleet-wide; its [`Permit`]
+//!   guard releases on drop and renews while held, and expires if its holder dies.
 //! - Both take a [`FailurePolicy`] for when Redis is unreachable or slow (every call has a
 //!   timeout), count everything in [`Metrics`], and recover when Redis answers again.
 //!
 //! The connection is any [`RedisConnection`]: a single-node
 //! [`redis::aio::ConnectionManager`] or [`redis::aio::MultiplexedConnection`], or a
-//! [`redis::cluster_async::ClusterConnection`]. This crate does not build the module.
+//! [`redis::cluster_async::ClusterConnection`], or a [`LazyConnection`] (what the
+//! `from_client` constructors use), which needs no server to be created, so a service can
+//! start while Redis is down. This crate does not build the module.
 
 #![warn(missing_docs)]
 
@@ -24,9 +29,11 @@ mod error;
 mod fallback;
 mod health;
 mod jitter;
+mod lazy;
 mod lease;
 mod meter;
 mod metrics;
+mod permit;
 mod prefetch;
 mod reply;
 mod take;
@@ -34,9 +41,11 @@ mod take;
 pub use backend::Backend;
 pub use config::{limit, FailurePolicy, LimiterConfig, PrefetchConfig};
 pub use conn::RedisConnection;
-pub use decision::{Decision, Source};
+pub use decision::{Decision, Reservation, Source};
 pub use error::Error;
+pub use lazy::{LazyConfig, LazyConnection};
 pub use metrics::{Metrics, MetricsSnapshot, LATENCY_BUCKETS_US};
+pub use permit::{Busy, Permit, Semaphore};
 pub use prefetch::PrefetchLimiter;
 pub use rl_core::{Limit, LimitError};
 pub use take::Limiter;

@@ -26,6 +26,14 @@ pub struct Metrics {
     fallback_granted: AtomicU64,
     redis_errors: AtomicU64,
     redis_timeouts: AtomicU64,
+    reserve_wait_us: AtomicU64,
+    refunds: AtomicU64,
+    tokens_refunded: AtomicU64,
+    permits_acquired: AtomicU64,
+    permits_denied: AtomicU64,
+    permits_released: AtomicU64,
+    permits_renewed: AtomicU64,
+    permits_lost: AtomicU64,
     redis_calls: AtomicU64,
     latency_sum_us: AtomicU64,
     latency_max_us: AtomicU64,
@@ -63,6 +71,23 @@ pub struct MetricsSnapshot {
     pub redis_errors: u64,
     /// Redis calls that timed out.
     pub redis_timeouts: u64,
+    /// Total time `reserve` slept before its callers used their tokens, µs.
+    pub reserve_wait_us: u64,
+    /// `RL.REFUND` calls that credited tokens back.
+    pub refunds: u64,
+    /// Whole tokens those refunds credited.
+    pub tokens_refunded: u64,
+    /// Permits granted (`RL.ACQUIRE`, or locally by the failure policy).
+    pub permits_acquired: u64,
+    /// Permit requests denied (the limit was reached).
+    pub permits_denied: u64,
+    /// Permits given back (`RL.RELEASE`, explicitly or on drop).
+    pub permits_released: u64,
+    /// Background renewals that extended a permit (`RL.RENEW`).
+    pub permits_renewed: u64,
+    /// Permits found expired while still held (a renewal came too late, or Redis was away
+    /// longer than the TTL): their slot may have gone to someone else.
+    pub permits_lost: u64,
     /// Redis calls made (latency samples).
     pub redis_calls: u64,
     /// Sum of Redis call latencies, µs.
@@ -121,6 +146,41 @@ impl Metrics {
         add(&self.tokens_returned, tokens);
     }
 
+    pub(crate) fn reserve_waited(&self, wait: Duration) {
+        add(
+            &self.reserve_wait_us,
+            wait.as_micros().min(u64::MAX as u128) as u64,
+        );
+    }
+
+    pub(crate) fn refunded(&self, tokens: f64) {
+        add(&self.refunds, 1);
+        add(&self.tokens_refunded, tokens.max(0.0).floor() as u64);
+    }
+
+    pub(crate) fn permit(&self, granted: bool) {
+        add(
+            if granted {
+                &self.permits_acquired
+            } else {
+                &self.permits_denied
+            },
+            1,
+        );
+    }
+
+    pub(crate) fn permit_released(&self) {
+        add(&self.permits_released, 1);
+    }
+
+    pub(crate) fn permit_renewed(&self) {
+        add(&self.permits_renewed, 1);
+    }
+
+    pub(crate) fn permit_lost(&self) {
+        add(&self.permits_lost, 1);
+    }
+
     pub(crate) fn redis_call(&self, took: Duration, ok: bool, timed_out: bool) {
         let us = took.as_micros().min(u64::MAX as u128) as u64;
         add(&self.redis_calls, 1);
@@ -157,6 +217,14 @@ impl Metrics {
             fallback_granted: get(&self.fallback_granted),
             redis_errors: get(&self.redis_errors),
             redis_timeouts: get(&self.redis_timeouts),
+            reserve_wait_us: get(&self.reserve_wait_us),
+            refunds: get(&self.refunds),
+            tokens_refunded: get(&self.tokens_refunded),
+            permits_acquired: get(&self.permits_acquired),
+            permits_denied: get(&self.permits_denied),
+            permits_released: get(&self.permits_released),
+            permits_renewed: get(&self.permits_renewed),
+            permits_lost: get(&self.permits_lost),
             redis_calls: get(&self.redis_calls),
             latency_sum_us: get(&self.latency_sum_us),
             latency_max_us: get(&self.latency_max_us),
@@ -225,12 +293,51 @@ impl MetricsSnapshot {
                 self.redis_timeouts,
                 "redis calls that timed out",
             ),
+            (
+                "refunds_total",
+                self.refunds,
+                "refunds that credited tokens",
+            ),
+            (
+                "tokens_refunded_total",
+                self.tokens_refunded,
+                "whole tokens refunded",
+            ),
+            (
+                "permits_acquired_total",
+                self.permits_acquired,
+                "permits granted",
+            ),
+            (
+                "permits_denied_total",
+                self.permits_denied,
+                "permit requests denied",
+            ),
+            (
+                "permits_released_total",
+                self.permits_released,
+                "permits released",
+            ),
+            (
+                "permits_renewed_total",
+                self.permits_renewed,
+                "permit renewals",
+            ),
+            (
+                "permits_lost_total",
+                self.permits_lost,
+                "permits that expired while held",
+            ),
         ];
         for (name, value, help) in counters {
             let _ = writeln!(out, "# HELP {prefix}_{name} {help}");
             let _ = writeln!(out, "# TYPE {prefix}_{name} counter");
             let _ = writeln!(out, "{prefix}_{name} {value}");
         }
+        let name = format!("{prefix}_reserve_wait_seconds_total");
+        let _ = writeln!(out, "# HELP {name} time reserve slept before use");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        let _ = writeln!(out, "{name} {}", self.reserve_wait_us as f64 / 1e6);
         let name = format!("{prefix}_redis_latency_seconds");
         let _ = writeln!(out, "# HELP {name} redis call latency");
         let _ = writeln!(out, "# TYPE {name} histogram");

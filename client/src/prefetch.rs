@@ -11,6 +11,7 @@ use crate::clock::now_ns;
 use crate::conn::{call, RedisConnection};
 use crate::fallback::{lock, Fallback};
 use crate::health::Health;
+use crate::lazy::LazyConnection;
 use crate::lease::{lease_cmd, parse_lease, return_cmd};
 use crate::take::check_request;
 use crate::{reply, Decision, Error, Metrics, PrefetchConfig, Source};
@@ -137,6 +138,19 @@ enum Fetched {
     Granted { left: u64 },
     /// Redis had too few tokens.
     Denied { retry_after: Duration },
+}
+
+impl PrefetchLimiter<LazyConnection> {
+    /// A prefetching limiter over `client` that needs no server to be built (see
+    /// [`LazyConnection`]): it connects at the first lease call.
+    pub fn from_client(
+        client: redis::Client,
+        key: impl Into<String>,
+        limit: Limit,
+        config: PrefetchConfig,
+    ) -> Result<Self, Error> {
+        PrefetchLimiter::new(LazyConnection::new(client), key, limit, config)
+    }
 }
 
 impl<C: RedisConnection> PrefetchLimiter<C> {

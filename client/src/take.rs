@@ -11,8 +11,12 @@ use crate::clock::now_ns;
 use crate::conn::{call, RedisConnection};
 use crate::fallback::Fallback;
 use crate::health::Health;
+use crate::lazy::LazyConnection;
 use crate::reply;
-use crate::{Backend, Decision, Error, LimiterConfig, Metrics, Source};
+use crate::{Backend, Decision, Error, LimiterConfig, Metrics, Reservation, Source};
+
+/// Longest wait a reservation may accept (the server's bound): a day.
+const MAX_WAIT: Duration = Duration::from_secs(86_400);
 
 /// A limiter that asks Redis for every request: exact, one round trip per decision.
 ///
@@ -67,6 +71,23 @@ pub(crate) fn take_cmd(backend: Backend, key: &str, limit: &Limit, n: u64) -> Cm
     cmd
 }
 
+/// `RL.RESERVE key rate cap n max_wait_ms`.
+pub(crate) fn reserve_cmd(
+    backend: Backend,
+    key: &str,
+    limit: &Limit,
+    n: u64,
+    max_wait: Duration,
+) -> Cmd {
+    let mut cmd = backend::cmd(backend, "RL.RESERVE");
+    cmd.arg(key)
+        .arg(limit.rate())
+        .arg(limit.cap())
+        .arg(n)
+        .arg(max_wait.as_millis() as u64);
+    cmd
+}
+
 /// Refuses what the server would refuse for every state of the bucket.
 pub(crate) fn check_request(n: u64, limit: &Limit) -> Result<(), Error> {
     if n == 0 {
@@ -76,6 +97,27 @@ pub(crate) fn check_request(n: u64, limit: &Limit) -> Result<(), Error> {
         return Err(Error::Request("n must not exceed cap"));
     }
     Ok(())
+}
+
+impl Limiter<LazyConnection> {
+    /// A limiter over `client` that needs no server to be built: it connects at the first
+    /// call, and while Redis is unreachable the failure policy decides (then it reconnects
+    /// when a probe succeeds). For services that must start whether or not Redis is up.
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use rl_client::{limit, redis, Limiter, LimiterConfig};
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/")?; // parses, no I/O
+    /// let limiter = Limiter::from_client(client, limit(10.0, 20.0)?, LimiterConfig::default())?;
+    /// # Ok(()) }
+    /// ```
+    pub fn from_client(
+        client: redis::Client,
+        limit: Limit,
+        config: LimiterConfig,
+    ) -> Result<Self, Error> {
+        Limiter::new(LazyConnection::new(client), limit, config)
+    }
 }
 
 impl<C: RedisConnection> Limiter<C> {
@@ -173,4 +215,131 @@ impl<C: RedisConnection> Limiter<C> {
             source: Source::Server,
         })
     }
+    /// Reserves `n` tokens of `key`, waiting up to `max_wait` for them: one `RL.RESERVE`
+    /// call, then a sleep of the wait it answers, so the caller uses the tokens at their
+    /// turn. Reservations queue: the bucket goes into debt (at most `rate * max_wait`) and
+    /// later callers, reserving or taking, wait behind it. Denied (nothing debited, no
+    /// sleep) when the wait would exceed `max_wait`.
+    ///
+    /// While Redis is unavailable the failure policy decides, as for [`take`](Self::take):
+    /// `Allow` and `LastKnown` reserve from the local bucket (and sleep its wait), `Deny`
+    /// denies. Errs only for impossible requests (`n` is 0 or above the cap, `max_wait`
+    /// above a day).
+    ///
+    /// The tokens are debited before the sleep: a caller that drops this future while it
+    /// sleeps should [`refund`](Self::refund) them.
+    pub async fn reserve(
+        &self,
+        key: &str,
+        n: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation, Error> {
+        let reservation = self.reserve_nowait(key, n, max_wait).await?;
+        if reservation.decision.allowed && !reservation.wait.is_zero() {
+            tokio::time::sleep(reservation.wait).await;
+            self.inner.metrics.reserve_waited(reservation.wait);
+        }
+        Ok(reservation)
+    }
+
+    /// [`reserve`](Self::reserve) without the sleep: the caller waits `wait` itself before
+    /// using the tokens (or gives them back with [`refund`](Self::refund)).
+    pub async fn reserve_nowait(
+        &self,
+        key: &str,
+        n: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation, Error> {
+        let inner = &self.inner;
+        check_request(n, &inner.limit)?;
+        check_wait(max_wait)?;
+        inner.metrics.call();
+        if inner.health.may_call() {
+            match self.reserve_from_server(key, n, max_wait).await {
+                Ok(reservation) => {
+                    if inner.health.succeeded() {
+                        inner.fallback.end_outage();
+                    }
+                    let d = &reservation.decision;
+                    inner
+                        .fallback
+                        .observe(key, d.granted, Some(d.remaining.max(0.0)), now_ns());
+                    inner.metrics.decided(d.allowed, d.granted, false);
+                    return Ok(reservation);
+                }
+                Err(e) if e.is_unavailable() => inner.health.failed(),
+                Err(e) => return Err(e),
+            }
+        }
+        let (decision, wait) = inner.fallback.reserve(key, n, max_wait, now_ns());
+        inner
+            .metrics
+            .decided(decision.allowed, decision.granted, true);
+        Ok(Reservation { decision, wait })
+    }
+
+    /// One `RL.RESERVE` call with no failure policy and no sleep: every error is returned.
+    pub async fn reserve_from_server(
+        &self,
+        key: &str,
+        n: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation, Error> {
+        let inner = &self.inner;
+        check_request(n, &inner.limit)?;
+        check_wait(max_wait)?;
+        let backend = inner.backend.get(&inner.conn).await?;
+        let cmd = reserve_cmd(backend, key, &inner.limit, n, max_wait);
+        let value = call(&inner.conn, &cmd, inner.config.timeout, &inner.metrics).await?;
+        let items = reply::array(value, 4)?;
+        let granted = reply::count(&items[0])?;
+        let wait = Duration::from_millis(reply::count(&items[1])?);
+        let remaining = reply::number(&items[2])?;
+        let reset_ms = reply::count(&items[3])?;
+        let allowed = granted > 0;
+        Ok(Reservation {
+            decision: Decision {
+                allowed,
+                granted,
+                remaining,
+                retry_after: if allowed { Duration::ZERO } else { wait },
+                reset_after: Duration::from_millis(reset_ms),
+                limit: inner.limit.cap(),
+                source: Source::Server,
+            },
+            wait,
+        })
+    }
+
+    /// Gives back up to `n` tokens of `key` that were taken or reserved but not used (a
+    /// call that never reached its destination): `RL.REFUND key n`. Answers the tokens
+    /// credited: fewer than `n` when the bucket refilled meanwhile (it never goes above
+    /// its cap), 0 for a key that is full or absent. A bucket in debt pays the debt first,
+    /// so the callers queued behind it move up.
+    ///
+    /// Every error is returned (a refund that did not arrive only leaves the bucket
+    /// emptier than it need be); no failure policy applies.
+    pub async fn refund(&self, key: &str, n: u64) -> Result<f64, Error> {
+        let inner = &self.inner;
+        if n == 0 {
+            return Err(Error::Request("n must be positive"));
+        }
+        let backend = inner.backend.get(&inner.conn).await?;
+        let mut cmd = backend::cmd(backend, "RL.REFUND");
+        cmd.arg(key).arg(n);
+        let value = call(&inner.conn, &cmd, inner.config.timeout, &inner.metrics).await?;
+        let credited = reply::number(&value)?;
+        if credited > 0.0 {
+            inner.metrics.refunded(credited);
+        }
+        Ok(credited)
+    }
+}
+
+/// Refuses a `max_wait` the server would refuse.
+fn check_wait(max_wait: Duration) -> Result<(), Error> {
+    if max_wait > MAX_WAIT {
+        return Err(Error::Request("max_wait must be at most a day"));
+    }
+    Ok(())
 }

@@ -176,3 +176,41 @@ async fn prefetch_spends_held_tokens_then_falls_back_then_recovers() {
     assert_eq!(limiter.close().await.unwrap(), 4);
     assert_eq!(server.info("rl", "rl_tokens_returned"), 4.0);
 }
+
+#[tokio::test]
+async fn lazy_connection_reconnects_after_redis_restarts() {
+    let mut server = Server::start();
+    let config = limiter_config(FailurePolicy::Allow { share: 1.0 });
+    let limiter = Limiter::from_client(server.client(), frozen(), config).unwrap();
+    let take = |key: &'static str| {
+        let limiter = limiter.clone();
+        async move {
+            tokio::time::timeout(HANG, limiter.take(key, 1))
+                .await
+                .expect("take hung")
+                .unwrap()
+        }
+    };
+    assert_eq!(take("a").await.source, Source::Server);
+
+    server.stop();
+    assert_eq!(take("a").await.source, Source::Fallback);
+    // Redis down: callers are answered at once, not after a connection attempt each.
+    let started = std::time::Instant::now();
+    for _ in 0..50 {
+        assert_eq!(take("b").await.source, Source::Fallback);
+    }
+    assert!(started.elapsed() < Duration::from_millis(500));
+
+    server.resume();
+    let deadline = tokio::time::Instant::now() + HANG;
+    while take("c").await.source != Source::Server {
+        assert!(tokio::time::Instant::now() < deadline, "never recovered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        server.info("rl", "rl_granted"),
+        1.0,
+        "the new server's first grant"
+    );
+}

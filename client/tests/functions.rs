@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use rl_client::{
     Backend, Error, FailurePolicy, Limit, Limiter, LimiterConfig, PrefetchConfig, PrefetchLimiter,
-    Source,
+    Semaphore, Source,
 };
 
 /// A redis-server (RL_SERVER, default `redis-server`) with no module; killed on drop.
@@ -161,4 +161,38 @@ async fn auto_without_either_names_both() {
         text.contains("RL.TAKE") && text.contains("Functions"),
         "{text}"
     );
+}
+
+#[tokio::test]
+async fn reserve_and_refund_over_functions_and_no_permits() {
+    let server = Plain::start(true);
+    let limiter = Limiter::new(
+        server.manager().await,
+        Limit::new(1.0, 2.0).unwrap(),
+        config(Backend::Functions),
+    )
+    .unwrap();
+    let max = Duration::from_secs(5);
+    let r = limiter.reserve("q", 2, max).await.unwrap();
+    assert!(r.allowed() && r.wait.is_zero(), "{r:?}");
+    let r = limiter.reserve_nowait("q", 1, max).await.unwrap();
+    assert_eq!(r.decision.source, Source::Server);
+    assert!(r.allowed() && r.wait > Duration::from_millis(900), "{r:?}");
+    assert!(r.decision.remaining < 0.0, "in debt: {r:?}");
+    let denied = limiter
+        .reserve_nowait("q", 1, Duration::from_millis(10))
+        .await
+        .unwrap();
+    assert!(!denied.allowed() && denied.wait > Duration::from_millis(1900));
+    let credited = limiter.refund("q", 1).await.unwrap();
+    assert!((credited - 1.0).abs() < 1e-6, "{credited}");
+
+    // Permits have no Functions equivalent: a clear error, not a fallback.
+    let semaphore = Semaphore::new(server.manager().await, config(Backend::Auto)).unwrap();
+    let e = semaphore
+        .acquire("jobs", 2, Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Config(_)), "{e:?}");
+    assert!(e.to_string().contains("RL.ACQUIRE"), "{e}");
 }

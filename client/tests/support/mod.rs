@@ -45,6 +45,17 @@ impl Server {
         Server::start_with(&[])
     }
 
+    /// A server not started yet: its port is chosen (free now) and nothing listens on it
+    /// until `resume`.
+    pub fn stopped() -> Server {
+        Server {
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+            port: free_port(),
+            extra: Vec::new(),
+        }
+    }
+
     /// A server with extra config arguments (e.g. `["--cluster-enabled", "yes"]`).
     pub fn start_with(extra: &[&str]) -> Server {
         let mut server = Server {
@@ -139,6 +150,11 @@ impl Server {
         ConnectionManager::new_with_config(client, config)
             .await
             .unwrap()
+    }
+
+    /// A client for `LazyConnection` / `from_client` constructors (no I/O).
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).unwrap()
     }
 
     /// One field of `INFO <section>` as a number.

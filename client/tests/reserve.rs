@@ -1,0 +1,216 @@
+//! `Limiter::reserve` and `refund` against a real server: reservations sleep their wait,
+//! queue fairly, never let uses exceed the bucket, and are denied without sleeping when
+//! the wait is too long; refunds credit tokens back; the failure policy reserves locally.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rl_client::{FailurePolicy, Limit, Limiter, LimiterConfig, Source};
+use support::Server;
+
+fn frozen() -> Limit {
+    Limit::new(0.001, 5.0).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reservations_sleep_and_queue_within_the_bucket() {
+    let server = Server::start();
+    let (rate, cap) = (20.0, 5.0);
+    let limiter = Limiter::new(
+        server.manager().await,
+        Limit::new(rate, cap).unwrap(),
+        LimiterConfig::default(),
+    )
+    .unwrap();
+    let uses = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let limiter = limiter.clone();
+        let uses = Arc::clone(&uses);
+        tasks.push(tokio::spawn(async move {
+            let mut waits = Vec::new();
+            for _ in 0..4 {
+                let r = limiter
+                    .reserve("queue", 1, Duration::from_secs(5))
+                    .await
+                    .unwrap();
+                assert!(r.allowed(), "task {t}: {r:?}");
+                assert_eq!(r.decision.source, Source::Server);
+                // Used now: after the wait reserve slept.
+                uses.lock().unwrap().push(Instant::now());
+                waits.push(r.wait);
+            }
+            waits
+        }));
+    }
+    let mut waits = Vec::new();
+    for task in tasks {
+        waits.extend(task.await.unwrap());
+    }
+    let mut uses = uses.lock().unwrap().clone();
+    uses.sort();
+    assert_eq!(uses.len(), 32);
+    // 5 at once, then one every 50 ms: the last of 32 about 1.35 s in.
+    let took = uses.last().unwrap().duration_since(start);
+    assert!(
+        took >= Duration::from_millis(1300),
+        "did not wait: {took:?}"
+    );
+    assert!(took < Duration::from_secs(4), "{took:?}");
+    assert!(waits.iter().filter(|w| w.is_zero()).count() <= 5);
+    // In every window of uses, no more than the bucket allows (+1 for rounding).
+    for i in 0..uses.len() {
+        for j in i..uses.len() {
+            let t = uses[j].duration_since(uses[i]).as_secs_f64();
+            let used = (j - i + 1) as f64;
+            assert!(
+                used <= cap + rate * t + 1.0,
+                "{used} uses in {t:.3} s (bound {:.1})",
+                cap + rate * t + 1.0
+            );
+        }
+    }
+    let m = limiter.metrics().snapshot();
+    assert_eq!((m.granted, m.denied, m.fallback_decisions), (32, 0, 0));
+    let slept: Duration = waits.iter().sum();
+    assert_eq!(m.reserve_wait_us, slept.as_micros() as u64);
+}
+
+#[tokio::test]
+async fn too_long_a_wait_is_denied_without_sleeping() {
+    let server = Server::start();
+    // 1 token a second, bursts of 2.
+    let limiter = Limiter::new(
+        server.manager().await,
+        Limit::new(1.0, 2.0).unwrap(),
+        LimiterConfig::default(),
+    )
+    .unwrap();
+    let r = limiter.reserve("k", 2, Duration::ZERO).await.unwrap();
+    assert!(r.allowed() && r.wait.is_zero(), "{r:?}");
+
+    let asked = Instant::now();
+    let r = limiter
+        .reserve("k", 1, Duration::from_millis(500))
+        .await
+        .unwrap();
+    assert!(!r.allowed(), "{r:?}");
+    assert!(
+        asked.elapsed() < Duration::from_millis(300),
+        "a denial sleeps"
+    );
+    assert!(
+        r.wait > Duration::from_millis(900),
+        "the wait needed: {r:?}"
+    );
+    assert_eq!(r.decision.retry_after, r.wait);
+
+    let asked = Instant::now();
+    let r = limiter
+        .reserve("k", 1, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(r.allowed(), "{r:?}");
+    assert!(r.wait > Duration::from_millis(900));
+    assert!(asked.elapsed() >= r.wait, "reserve sleeps the wait");
+    // It reserved the token the bucket would have had a second later.
+    let r = limiter
+        .reserve_nowait("k", 1, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(r.allowed() && r.wait > Duration::from_millis(900), "{r:?}");
+    assert!(r.decision.remaining < 0.0, "in debt: {r:?}");
+    // A take waits behind the queue too.
+    let d = limiter.take("k", 1).await.unwrap();
+    assert!(
+        !d.allowed && d.retry_after > Duration::from_millis(900),
+        "{d:?}"
+    );
+    // Impossible requests are errors, not calls.
+    assert!(limiter.reserve("k", 3, Duration::ZERO).await.is_err());
+    assert!(limiter
+        .reserve("k", 1, Duration::from_secs(86_401))
+        .await
+        .is_err());
+}
+
+#[tokio::test]
+async fn refunds_credit_tokens_back() {
+    let server = Server::start();
+    let limiter = Limiter::new(server.manager().await, frozen(), LimiterConfig::default()).unwrap();
+    assert!(limiter.take("k", 5).await.unwrap().allowed);
+    assert!(!limiter.take("k", 1).await.unwrap().allowed);
+    let credited = limiter.refund("k", 2).await.unwrap();
+    assert!((credited - 2.0).abs() < 1e-6, "{credited}");
+    assert!(limiter.take("k", 2).await.unwrap().allowed);
+    assert!(!limiter.take("k", 1).await.unwrap().allowed);
+    // Never above the cap: 10 asked, 5 missing.
+    let credited = limiter.refund("k", 10).await.unwrap();
+    assert!((credited - 5.0).abs() < 0.01, "{credited}");
+    assert_eq!(limiter.refund("k", 1).await.unwrap(), 0.0, "full already");
+    assert_eq!(limiter.refund("absent", 1).await.unwrap(), 0.0);
+    assert!(limiter.refund("k", 0).await.is_err());
+
+    // A refund pays a queue's debt first: the reservation behind it waits less.
+    let slow = Limiter::new(
+        server.manager().await,
+        Limit::new(1.0, 1.0).unwrap(),
+        LimiterConfig::default(),
+    )
+    .unwrap();
+    let max = Duration::from_secs(10);
+    assert!(slow
+        .reserve_nowait("q", 1, max)
+        .await
+        .unwrap()
+        .wait
+        .is_zero());
+    let second = slow.reserve_nowait("q", 1, max).await.unwrap();
+    assert!(second.wait > Duration::from_millis(900));
+    // The second caller gave up: refund its token; the next one waits as the second did.
+    slow.refund("q", 1).await.unwrap();
+    let third = slow.reserve_nowait("q", 1, max).await.unwrap();
+    assert!(third.wait <= second.wait, "{third:?} vs {second:?}");
+    let m = slow.metrics().snapshot();
+    assert_eq!((m.refunds, m.tokens_refunded), (1, 1));
+}
+
+#[tokio::test]
+async fn reserve_falls_back_by_policy_while_redis_is_down() {
+    // No server on the port: a lazily connected limiter decides locally.
+    let server = Server::stopped();
+    let config = |policy| LimiterConfig {
+        policy,
+        probe_interval: Duration::from_secs(60),
+        ..Default::default()
+    };
+    let limit = Limit::new(10.0, 2.0).unwrap();
+    let allow = Limiter::from_client(
+        server.client(),
+        limit,
+        config(FailurePolicy::Allow { share: 1.0 }),
+    )
+    .unwrap();
+    let max = Duration::from_secs(1);
+    for _ in 0..2 {
+        let r = allow.reserve("k", 1, max).await.unwrap();
+        assert_eq!((r.allowed(), r.decision.source), (true, Source::Fallback));
+    }
+    let asked = Instant::now();
+    let r = allow.reserve("k", 1, max).await.unwrap();
+    assert!(r.allowed() && r.wait >= Duration::from_millis(90), "{r:?}");
+    assert!(asked.elapsed() >= r.wait, "the local wait is slept too");
+    assert!(!allow
+        .reserve("k", 1, Duration::ZERO)
+        .await
+        .unwrap()
+        .allowed());
+
+    let deny = Limiter::from_client(server.client(), limit, config(FailurePolicy::Deny)).unwrap();
+    let r = deny.reserve("k", 1, max).await.unwrap();
+    assert_eq!((r.allowed(), r.decision.source), (false, Source::Fallback));
+    assert!(deny.refund("k", 1).await.unwrap_err().is_unavailable());
+}
