@@ -21,13 +21,19 @@
 --   i  the last lease id handed out (present once the bucket had a lease)
 --   l  live leases, "id:tokens:expires_us," each, ids ascending (absent when none)
 --   x  the latest expiry among the leases in `l`, microseconds (absent when none)
--- The key expires (PEXPIREAT) at ceil_ms(max(full_at, x)): when the bucket is full again
--- and no lease is live, exactly as the module's key.
+--   h  the hold, ns as decimal text like `f` (absent when none): after a write that changed
+--      the limit, the instant the bucket would have been full under the old limit; the key
+--      lives at least until then, so a caller still on the old limit finds these tokens,
+--      not an absent key (a full bucket). Kept by later writes while it has not passed.
+-- The key expires (PEXPIREAT) at ceil_ms(max(full_at, h, x)), set on every write (also
+-- after PERSIST): when the bucket is full again, past its hold and no lease is live,
+-- exactly as the module's key.
 --
 -- Exactness. Lua numbers are doubles; instants in ns (~1.8e18) exceed 2^53. Every instant
 -- and duration is kept as two exact numbers (s, n): seconds and nanoseconds (0 <= n < 1e9),
 -- with add, saturating subtract and compare done on the pair. The module's float steps are
--- the same IEEE operations here: nanos_for = ceil(t * 1e9 / rate) gives an integer-valued
+-- the same IEEE operations here, its directed roundings (core/src/round.rs) too (see
+-- "Arithmetic rounded toward the safe side" below): nanos_for gives an integer-valued
 -- double that is split exactly; tokens_for(d) = (d as f64) * rate / 1e9 converts the pair
 -- with s * 1e9 + n, which is exact up to one correctly rounded addition, i.e. `as f64`
 -- itself (s * 1e9 = s * 1953125 * 2^9 is exact for s < 4.6e9 s: durations up to 146 years).
@@ -37,10 +43,10 @@
 local G = 1e9
 -- Library code runs at FUNCTION LOAD with no globals (Redis 7.0 gives it only `redis`):
 -- the standard functions are bound to these locals at the first call.
-local floor, ceil, fmt, upper, ssub, byte, char, gmatch
+local floor, ceil, frexp, ldexp, fmt, upper, ssub, byte, char, gmatch
 local call, pcall_r, error_reply
 local function bind()
-    floor, ceil = math.floor, math.ceil
+    floor, ceil, frexp, ldexp = math.floor, math.ceil, math.frexp, math.ldexp
     fmt, upper, ssub, byte = string.format, string.upper, string.sub, string.byte
     char, gmatch = string.char, string.gmatch
     call, pcall_r, error_reply = redis.call, redis.pcall, redis.error_reply
@@ -98,6 +104,148 @@ local function instant_text(s, n)
     if s == 0 then return fmt('%d', n) end
     return fmt('%d%09d', s, n)
 end
+
+-- ---------------------------------------------------------------------------------------
+-- Arithmetic rounded toward the safe side (core/src/round.rs), bit for bit: the nearest
+-- double, then the exact error term says on which side of the true value it fell, and one
+-- step outward when on the wrong side. The module gets the error of a product or quotient
+-- from `mul_add`; Lua has no fused multiply-add, so it is Dekker's exact product (Veltkamp
+-- split), exact for every operand here (no overflow: all below 1e33; no underflow: none
+-- below 1e-40).
+
+local TINY = 4.9406564584124654e-324
+
+local function next_up(x)
+    if x == 0 then return TINY end
+    local m, e = frexp(x) -- x = m * 2^e, 0.5 <= |m| < 1
+    local u = ldexp(1, e - 53)
+    if m == -0.5 then u = u / 2 end -- -2^k: the step toward 0 is half as long
+    if u < TINY then u = TINY end
+    return x + u
+end
+
+local function next_down(x) return -next_up(-x) end
+
+local SPLIT = 134217729 -- 2^27 + 1
+-- The exact a * b - p, for p = a * b rounded (Dekker's TwoProduct).
+local function prod_err(a, b, p)
+    local t = SPLIT * a
+    local ah = t - (t - a)
+    local al = a - ah
+    t = SPLIT * b
+    local bh = t - (t - b)
+    local bl = b - bh
+    return al * bl - (((p - ah * bh) - al * bh) - ah * bl)
+end
+
+-- The sign of a - q * b for q = a / b rounded (the remainder is exact: a - p by Sterbenz).
+local function quot_err(a, b, q)
+    local p = q * b
+    return (a - p) - prod_err(q, b, p)
+end
+
+local function mul_up(a, b)
+    local p = a * b
+    if prod_err(a, b, p) > 0 then return next_up(p) end
+    return p
+end
+
+local function mul_down(a, b)
+    local p = a * b
+    if prod_err(a, b, p) < 0 then return next_down(p) end
+    return p
+end
+
+local function div_up(a, b)
+    local q = a / b
+    if quot_err(a, b, q) > 0 then return next_up(q) end
+    return q
+end
+
+local function div_down(a, b)
+    local q = a / b
+    if quot_err(a, b, q) < 0 then return next_down(q) end
+    return q
+end
+
+local function two_sum(a, b)
+    local s = a + b
+    local bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+end
+
+local function sub_up(a, b)
+    local s, err = two_sum(a, -b)
+    if err > 0 then return next_up(s) end
+    return s
+end
+
+local function sub_down(a, b)
+    local s, err = two_sum(a, -b)
+    if err < 0 then return next_down(s) end
+    return s
+end
+
+-- A pair as a double no smaller than it (s * 1e9 is exact: see the header).
+local function nanos_up(s, n)
+    local x, err = two_sum(s * G, n)
+    if err > 0 then return next_up(x) end
+    return x
+end
+
+-- G split for Dekker's product (constants: computed at load).
+local GH = SPLIT * G - (SPLIT * G - G)
+local GL = G - GH
+
+-- Whether t * 1e9 (= p) and p / rate (= q) were both exact (`exact_ratio`): the common
+-- case, where q alone is the answer. Inlined products: this runs on every take.
+local function exact_ratio(t, rate, p, q)
+    local x = SPLIT * t
+    local th = x - (x - t)
+    local tl = t - th
+    if tl * GL - (((p - th * GH) - tl * GH) - th * GL) ~= 0 then return false end
+    local qb = q * rate
+    if qb ~= p then return false end
+    x = SPLIT * q
+    local qh = x - (x - q)
+    local ql = q - qh
+    x = SPLIT * rate
+    local rh = x - (x - rate)
+    local rl = rate - rh
+    return ql * rl - (((qb - qh * rh) - ql * rh) - qh * rl) == 0
+end
+
+-- Time to refill t at rate, rounded up / down to whole ns (as an integer-valued double;
+-- `split` makes it a pair). Two orders of the same product and quotient, the tighter kept,
+-- unless the first is exact (the common case: then it alone).
+local function refill_ceil(t, rate)
+    local p = t * G
+    local q = p / rate
+    if exact_ratio(t, rate, p, q) then return ceil(q) end
+    local a = div_up(mul_up(t, G), rate)
+    local b = mul_up(div_up(t, rate), G)
+    if b < a then a = b end
+    return ceil(a)
+end
+
+local function refill_floor(t, rate)
+    local p = t * G
+    local q = p / rate
+    local a
+    if exact_ratio(t, rate, p, q) then
+        a = q
+    else
+        a = div_down(mul_down(t, G), rate)
+        local b = mul_down(div_down(t, rate), G)
+        if b > a then a = b end
+    end
+    a = floor(a)
+    if a < 0 then return 0 end
+    return a
+end
+
+-- Tokens refilled in the pair's time at rate, rounded up.
+local function tokens_in_up(s, n, rate) return div_up(mul_up(nanos_up(s, n), rate), G) end
 
 -- ---------------------------------------------------------------------------------------
 -- Argument parsing (src/args.rs).
@@ -214,9 +362,19 @@ end
 local function in_range(x) return x >= MIN_VALUE and x <= MAX_VALUE end
 
 local function make_limit(rate, cap, rt, ct)
-    local fs, fn = split(ceil(cap * 1e9 / rate))
-    return { r = rate, c = cap, rt = rt, ct = ct, fs = fs, fn = fn }
+    return { r = rate, c = cap, rt = rt, ct = ct }
 end
+
+-- fill_nanos, computed once a call needs it (most do not: see `refill`).
+local function fill(L)
+    if not L.fs then L.fs, L.fn = split(refill_ceil(L.c, L.r)) end
+    return L.fs, L.fn
+end
+
+-- clearly_below / clearly_above (limit.rs): `ns` (a double) certainly below / above the
+-- time to refill t, decided with a margin far wider than the nearest division's error.
+local function clearly_below(L, ns, t) return ns < t * G / L.r * (1 - 1e-9) end
+local function clearly_above(L, ns, t) return ns > t * G / L.r * (1 + 1e-9) + 1 end
 
 local function limit_at(a, i, name)
     local rate = number(a, i, name, 'rate is not a number')
@@ -227,8 +385,8 @@ local function limit_at(a, i, name)
     return make_limit(rate, cap, a[i], a[i + 1])
 end
 
-local function nanos_for(L, t) return split(ceil(t * 1e9 / L.r)) end
-local function nanos_for_floor(L, t) return split(floor(t * 1e9 / L.r)) end
+local function nanos_for(L, t) return split(refill_ceil(t, L.r)) end
+local function nanos_for_floor(L, t) return split(refill_floor(t, L.r)) end
 local function tokens_for(L, s, n) return to_f64(s, n) * L.r / 1e9 end
 
 local function fits(n, L, what)
@@ -243,19 +401,54 @@ end
 
 -- ---------------------------------------------------------------------------------------
 -- Levels (core/src/bucket.rs): a bucket refilled to `now` under a limit.
--- Fields: L; as/an = at; bs/bn = behind; ds/dn = deficit.
+-- Fields: L; as/an = at; bs/bn = behind; ds/dn = deficit; hs/hn = hold (0, 0: none).
 
 local function full_level(L, ns, nn)
-    return { L = L, as = ns, an = nn, bs = 0, bn = 0, ds = 0, dn = 0 }
+    return { L = L, as = ns, an = nn, bs = 0, bn = 0, ds = 0, dn = 0, hs = 0, hn = 0 }
+end
+
+local function min_pair(as, an, bs, bn)
+    if lt(bs, bn, as, an) then return bs, bn end
+    return as, an
+end
+
+-- A hold that has not passed by the level's instant (`live` in bucket.rs), else none.
+local function set_hold(lv, hs, hn)
+    if lt(lv.as, lv.an, hs, hn) then lv.hs, lv.hn = hs, hn end
+end
+
+-- carry_over: a deficit under B carried to L, rounded so no token appears.
+local function carry_over(ds, dn, B, L)
+    if B.r == L.r then
+        -- Only the cap moved: the deficit moves by the time-value of the difference.
+        if L.c >= B.c then
+            local gs, gn = nanos_for(L, sub_up(L.c, B.c))
+            local s, n = add(ds, dn, gs, gn)
+            return min_pair(s, n, fill(L))
+        end
+        local ks, kn = nanos_for_floor(L, sub_down(B.c, L.c))
+        local s, n = sat_sub(ds, dn, ks, kn)
+        return min_pair(s, n, fill(L))
+    end
+    local t = sub_down(B.c, tokens_in_up(ds, dn, B.r))
+    if t < 0 then t = 0 elseif t > L.c then t = L.c end
+    local missing = sub_up(L.c, t)
+    if missing > L.c then missing = L.c end
+    local s, n = nanos_for(L, missing)
+    return min_pair(s, n, fill(L))
 end
 
 local function refill(fs, fn, L, ns, nn)
-    local es, en = sat_sub(fs, fn, L.fs, L.fn)
     local as, an = ns, nn
-    if lt(ns, nn, es, en) then as, an = es, en end
+    -- Never before the bucket was empty (a clock that stepped back, or debt); the common
+    -- case decided without the exactly rounded fill time.
+    if not clearly_below(L, to_f64(sat_sub(fs, fn, ns, nn)), L.c) then
+        local es, en = sat_sub(fs, fn, fill(L))
+        if lt(ns, nn, es, en) then as, an = es, en end
+    end
     local bs, bn = sat_sub(as, an, ns, nn)
     local ds, dn = sat_sub(fs, fn, as, an)
-    return { L = L, as = as, an = an, bs = bs, bn = bn, ds = ds, dn = dn }
+    return { L = L, as = as, an = an, bs = bs, bn = bn, ds = ds, dn = dn, hs = 0, hn = 0 }
 end
 
 local function tokens(lv)
@@ -272,26 +465,32 @@ local function stored_limit(rt, ct, L)
     return make_limit(r, c, rt, ct), false
 end
 
--- Level::new: `h` = HMGET f r c ...; nil when the key is absent.
-local function level_new(fs, fn, B, L, ns, nn)
-    if B == L then return refill(fs, fn, L, ns, nn) end
-    local old = refill(fs, fn, B, ns, nn)
-    local t = math.min(tokens(old), L.c)
-    old.L = L
-    old.ds, old.dn = nanos_for(L, L.c - t)
-    return old
+-- Level::new for a stored bucket (full_at fs/fn, limit B, hold hs/hn) and a call's limit L.
+-- With the same limit the stored hold stays while it has not passed; with another, the
+-- key is held until the bucket would have been full under the old limit too.
+local function level_new(fs, fn, B, L, ns, nn, hs, hn)
+    local lv = refill(fs, fn, B, ns, nn)
+    if B == L then
+        set_hold(lv, hs, hn)
+        return lv
+    end
+    lv.ds, lv.dn = carry_over(lv.ds, lv.dn, B, L)
+    lv.L = L
+    if lt(hs, hn, fs, fn) then hs, hn = fs, fn end
+    set_hold(lv, hs, hn)
+    return lv
 end
 
 local function starting_with(L, t, ns, nn)
     if t < 0 then t = 0 elseif t > L.c then t = L.c end
     local lv = full_level(L, ns, nn)
-    lv.ds, lv.dn = nanos_for(L, L.c - t)
+    lv.ds, lv.dn = nanos_for(L, sub_up(L.c, t))
     return lv
 end
 
 -- wait_for: pair, or nil when n > cap.
 local function wait_for(lv, n)
-    local spare = lv.L.c - n
+    local spare = sub_down(lv.L.c, n)
     if not (spare >= 0) then return nil end
     local os, on = nanos_for_floor(lv.L, spare)
     local ws, wn = sat_sub(lv.ds, lv.dn, os, on)
@@ -299,9 +498,20 @@ local function wait_for(lv, n)
     return add(lv.bs, lv.bn, ws, wn)
 end
 
-local function try_take(lv, n)
+-- Whether n tokens are there now (wait_for == 0), most often without the exact arithmetic.
+local function has(lv, n)
+    local L = lv.L
+    local spare = L.c - n
+    if spare < 0 then return false end
+    local d = to_f64(lv.ds, lv.dn)
+    if clearly_below(L, d, spare) then return true end
+    if clearly_above(L, d, spare) then return false end
     local ws, wn = wait_for(lv, n)
-    if ws ~= 0 or wn ~= 0 then return false end
+    return ws == 0 and wn == 0
+end
+
+local function try_take(lv, n)
+    if not has(lv, n) then return false end
     local ts, tn = nanos_for(lv.L, n)
     lv.ds, lv.dn = add(lv.ds, lv.dn, ts, tn)
     return true
@@ -346,24 +556,44 @@ local function read(key, ...)
     return h
 end
 
--- The level of the bucket in `h` (f, r, c first) for a call with limit L.
+-- Every read is HMGET f r c h x [i l]: these positions.
+local F, R, C, H, X, I, LS = 1, 2, 3, 4, 5, 6, 7
+
+local function hold_of(h)
+    if h[H] then return parse_instant(h[H]) end
+    return 0, 0
+end
+
+-- The level of the bucket in `h` for a call with limit L.
 local function level_of(h, L, init, ns, nn)
-    if h[1] then
-        local B, _ = stored_limit(h[2], h[3], L)
-        local fs, fn = parse_instant(h[1])
-        return level_new(fs, fn, B, L, ns, nn)
+    if h[F] then
+        local B, _ = stored_limit(h[R], h[C], L)
+        local fs, fn = parse_instant(h[F])
+        local hs, hn = hold_of(h)
+        return level_new(fs, fn, B, L, ns, nn, hs, hn)
     end
     if init then return starting_with(L, init, ns, nn) end
     return full_level(L, ns, nn)
 end
 
 local function created_below_full(h, lv)
-    if h[1] then return false end
+    if h[F] then return false end
     local s, n = reset_after(lv)
     return s ~= 0 or n ~= 0
 end
 
-local function expiry_ms(fs, fn, x)
+-- The level of a stored bucket under its own limit (RETURN, PEEK, REFUND).
+local function level_stored(h, ns, nn)
+    local fs, fn = parse_instant(h[F])
+    local B = make_limit(tonumber(h[R]), tonumber(h[C]), h[R], h[C])
+    local lv = refill(fs, fn, B, ns, nn)
+    set_hold(lv, hold_of(h))
+    return lv
+end
+
+-- The key's expiry, ms: ceil_ms(max(full_at, hold, x)) (x: the last lease expiry, us).
+local function expiry_ms_of(fs, fn, hs, hn, x)
+    if lt(fs, fn, hs, hn) then fs, fn = hs, hn end
     local ms = ceil_ms(fs, fn)
     if x then
         local xm = ceil(x / 1000)
@@ -372,24 +602,44 @@ local function expiry_ms(fs, fn, x)
     return ms
 end
 
--- Writes the bucket (leases untouched). `h` = HMGET f r c x.
+local function expiry_ms(lv, x)
+    local fs, fn = full_at(lv)
+    return expiry_ms_of(fs, fn, lv.hs, lv.hn, x)
+end
+
+-- The HSET arguments of the bucket's fields: f always, r c when the limit is new, h when
+-- there is a hold. Returns them and whether a stored hold must go (HDEL h).
+local function bucket_fields(key, h, lv)
+    local L = lv.L
+    local args = { 'HSET', key, 'f', instant_text(full_at(lv)) }
+    if not (h[F] and h[R] == L.rt and h[C] == L.ct) then
+        args[5] = 'r'; args[6] = L.rt; args[7] = 'c'; args[8] = L.ct
+    end
+    local held = lv.hs ~= 0 or lv.hn ~= 0
+    if held then
+        args[#args + 1] = 'h'; args[#args + 1] = instant_text(lv.hs, lv.hn)
+    end
+    return args, not held and h[H] ~= nil
+end
+
+-- Writes the bucket (leases untouched). The expiry is set on every write, whatever the
+-- state implied before: PERSIST or RESTORE ... 0 may have removed it.
 local function store(key, h, lv)
     local L = lv.L
     local fs, fn = full_at(lv)
-    local x = h[4] and tonumber(h[4])
-    local ms = expiry_ms(fs, fn, x)
-    if not h[1] then
-        call('HSET', key, 'f', instant_text(fs, fn), 'r', L.rt, 'c', L.ct)
-        call('PEXPIREAT', key, fmt('%d', ms))
-        return
-    end
-    if h[2] == L.rt and h[3] == L.ct then
-        call('HSET', key, 'f', instant_text(fs, fn))
+    local held = lv.hs ~= 0 or lv.hn ~= 0
+    if not held and h[F] and h[R] == L.rt and h[C] == L.ct then
+        call('HSET', key, 'f', instant_text(fs, fn)) -- the hot path
+        if h[H] then call('HDEL', key, 'h') end
     else
-        call('HSET', key, 'f', instant_text(fs, fn), 'r', L.rt, 'c', L.ct)
+        local args, unhold = bucket_fields(key, h, lv)
+        call(unpack(args))
+        if unhold then call('HDEL', key, 'h') end
     end
-    local os, on = parse_instant(h[1])
-    if expiry_ms(os, on, x) ~= ms then call('PEXPIREAT', key, fmt('%d', ms)) end
+    -- Set, not compared: reading PEXPIRETIME to skip an unchanged expiry measured no
+    -- cheaper than setting it (functions/bench.py; docs/functions.md).
+    local ms = expiry_ms_of(fs, fn, lv.hs, lv.hn, h[X] and tonumber(h[X]))
+    call('PEXPIREAT', key, fmt('%d', ms))
 end
 
 -- Lease tables: { last = id, {id, tokens, exp_us}... } from fields i and l.
@@ -440,16 +690,10 @@ local function count_live(t, now_us)
     return c, held
 end
 
--- Writes bucket and table. `h` = HMGET f r c x i l.
+-- Writes bucket and table.
 local function store_with_leases(key, h, lv, t)
-    local L = lv.L
-    local fs, fn = full_at(lv)
     local text, x = table_text(t)
-    local args = { 'HSET', key, 'f', instant_text(fs, fn) }
-    if not (h[1] and h[2] == L.rt and h[3] == L.ct) then
-        args[#args + 1] = 'r'; args[#args + 1] = L.rt
-        args[#args + 1] = 'c'; args[#args + 1] = L.ct
-    end
+    local args, unhold = bucket_fields(key, h, lv)
     if t.last ~= 0 then
         args[#args + 1] = 'i'; args[#args + 1] = fmt('%d', t.last)
     end
@@ -458,8 +702,12 @@ local function store_with_leases(key, h, lv, t)
         args[#args + 1] = 'x'; args[#args + 1] = fmt('%d', x)
     end
     call(unpack(args))
-    if not x and (h[4] or h[6]) then call('HDEL', key, 'l', 'x') end
-    call('PEXPIREAT', key, fmt('%d', expiry_ms(fs, fn, x)))
+    if not x and (h[X] or h[LS]) then
+        if unhold then call('HDEL', key, 'l', 'x', 'h') else call('HDEL', key, 'l', 'x') end
+    elseif unhold then
+        call('HDEL', key, 'h')
+    end
+    call('PEXPIREAT', key, fmt('%d', expiry_ms(lv, x)))
 end
 
 -- ---------------------------------------------------------------------------------------
@@ -492,7 +740,7 @@ local function rl_take(keys, a)
 
     local key = keys[1]
     local ns, nn = now()
-    local h = read(key, 'f', 'r', 'c', 'x')
+    local h = read(key, 'f', 'r', 'c', 'h', 'x')
     local lv = level_of(h, L, init, ns, nn)
     local created = created_below_full(h, lv)
     local granted = try_take(lv, n)
@@ -541,10 +789,10 @@ local function rl_lease(keys, a)
 
     local key = keys[1]
     local ns, nn, now_us = now()
-    local h = read(key, 'f', 'r', 'c', 'x', 'i', 'l')
+    local h = read(key, 'f', 'r', 'c', 'h', 'x', 'i', 'l')
     local lv = level_of(h, L, init, ns, nn)
     local created = created_below_full(h, lv)
-    local t = parse_table(h[5], h[6])
+    local t = parse_table(h[I], h[LS])
     local returned -- credit of the lease being returned, if live
     if ret_id then
         local _, e = find_live(t, ret_id, now_us)
@@ -582,24 +830,23 @@ local function rl_return(keys, a)
     local unused = integer(a, 2, N, 'unused must be a non-negative integer')
     local key = keys[1]
     local ns, nn, now_us = now()
-    local h = read(key, 'f', 'r', 'c', 'x', 'i', 'l')
-    if not h[1] or not h[6] then return 0 end
-    local t = parse_table(h[5], h[6])
+    local h = read(key, 'f', 'r', 'c', 'h', 'x', 'i', 'l')
+    if not h[F] or not h[LS] then return 0 end
+    local t = parse_table(h[I], h[LS])
     local _, e = find_live(t, id, now_us)
     if not e then return 0 end
     t = prune(t, now_us)
     local k = find_live(t, id, now_us)
     table.remove(t, k)
     local credited = math.min(unused, e[2])
-    local fs, fn = parse_instant(h[1])
-    local B = make_limit(tonumber(h[2]), tonumber(h[3]), h[2], h[3])
-    local lv = refill(fs, fn, B, ns, nn)
+    local lv = level_stored(h, ns, nn)
     -- A bucket that refilled meanwhile takes back only what it lacks: say that.
     local missing = ceil(tokens_for(lv.L, lv.ds, lv.dn))
     credit(lv, credited)
     credited = math.min(credited, missing)
     local rs, rn = reset_after(lv)
-    if #t == 0 and rs == 0 and rn == 0 then
+    if #t == 0 and rs == 0 and rn == 0 and lv.hs == 0 and lv.hn == 0 then
+        -- Full, no lease left and no hold: the same as no key at all.
         call('DEL', key)
     else
         store_with_leases(key, h, lv, t)
@@ -639,7 +886,7 @@ local function rl_mtake(keys, a)
 
     local ns, nn = now()
     local hs, levels, created = {}, {}, {}
-    for j = 1, nk do hs[j] = read(keys[j], 'f', 'r', 'c', 'x') end
+    for j = 1, nk do hs[j] = read(keys[j], 'f', 'r', 'c', 'h', 'x') end
     local worst, ls, ln = 1, -1, 0
     for j = 1, nk do
         local lv = level_of(hs[j], limits[j], init, ns, nn)
@@ -672,12 +919,11 @@ local function rl_peek(keys, a)
     if #keys ~= 1 or #a ~= 0 then arity('RL.PEEK') end
     local key = keys[1]
     local ns, nn, now_us = now()
-    local h = read(key, 'f', 'r', 'c', 'l')
-    if not h[1] then return false end
-    local fs, fn = parse_instant(h[1])
-    local B = make_limit(tonumber(h[2]), tonumber(h[3]), h[2], h[3])
-    local lv = refill(fs, fn, B, ns, nn)
-    local leases, held = count_live(parse_table(nil, h[4]), now_us)
+    local h = read(key, 'f', 'r', 'c', 'h', 'x', 'i', 'l')
+    if not h[F] then return false end
+    local lv = level_stored(h, ns, nn)
+    local B = lv.L
+    local leases, held = count_live(parse_table(nil, h[LS]), now_us)
     return { map = {
         tokens = { double = tokens(lv) },
         rate = { double = B.r },
@@ -695,8 +941,9 @@ end
 local function debt_remaining(lv)
     local rs, rn = reset_after(lv)
     local L = lv.L
-    if lt(L.fs, L.fn, rs, rn) then
-        local ds, dn = sat_sub(rs, rn, L.fs, L.fn)
+    local fs, fn = fill(L)
+    if lt(fs, fn, rs, rn) then
+        local ds, dn = sat_sub(rs, rn, fs, fn)
         return -tokens_for(L, ds, dn)
     end
     return tokens(lv)
@@ -724,7 +971,7 @@ local function rl_reserve(keys, a)
 
     local key = keys[1]
     local ns, nn = now()
-    local h = read(key, 'f', 'r', 'c', 'x')
+    local h = read(key, 'f', 'r', 'c', 'h', 'x')
     local lv = level_of(h, L, init, ns, nn)
     local created = created_below_full(h, lv)
     local ws, wn = wait_for(lv, n)
@@ -749,18 +996,16 @@ local function rl_refund(keys, a)
     local n = positive(a, 1, N, 'n must be a positive integer')
     local key = keys[1]
     local ns, nn, now_us = now()
-    local h = read(key, 'f', 'r', 'c', 'x', 'i', 'l')
-    if not h[1] then return { double = 0 } end
-    local fs, fn = parse_instant(h[1])
-    local B = make_limit(tonumber(h[2]), tonumber(h[3]), h[2], h[3])
-    local lv = refill(fs, fn, B, ns, nn)
-    local missing = tokens_for(B, lv.ds, lv.dn)
+    local h = read(key, 'f', 'r', 'c', 'h', 'x', 'i', 'l')
+    if not h[F] then return { double = 0 } end
+    local lv = level_stored(h, ns, nn)
+    local missing = tokens_for(lv.L, lv.ds, lv.dn)
     local credited = math.min(n, missing)
     if not (credited > 0) then return { double = 0 } end
     credit(lv, n)
     local rs, rn = reset_after(lv)
-    local live = h[6] and count_live(parse_table(nil, h[6]), now_us) or 0
-    if rs == 0 and rn == 0 and live == 0 then
+    local live = h[LS] and count_live(parse_table(nil, h[LS]), now_us) or 0
+    if rs == 0 and rn == 0 and live == 0 and lv.hs == 0 and lv.hn == 0 then
         call('DEL', key)
     else
         store(key, h, lv)

@@ -13,6 +13,12 @@ RL.PEEK/rl_peek and PTTL of the keys involved. The two calls run a few microseco
 - doubles (remaining tokens) must be equal up to what the bucket refills in the window
   (`rate * window`); how many are bit-identical is reported;
 - PTTL must agree within the window plus a millisecond of rounding.
+
+Some pairs flap between two limits, a big cap and a small one refilling fast, with sleeps
+longer than the small bucket takes to fill: without the hold (a limit change keeps the key
+until the bucket would have been full under the old limit) the key would expire between
+the calls and the big limit would find a full bucket. Some steps PERSIST the keys, or
+DUMP and RESTORE them with no TTL, between calls: the next write must set the expiry again.
 """
 
 import random
@@ -40,6 +46,10 @@ EXTREME_LIMITS = [(1e-9, 1e-9), (1e-9, 3), (1e15, 1e15), (1e9, 1), (1e6, 1e15),
                   (1e-3, 1e-3), (123456.789, 0.001), (1e12, 5), (0.01, 1e6)]
 SPELLINGS = {1000: ["1000", "1e3", "1000.0", "+1000", "1E3"], 0.5: [".5", "0.5", "5e-1"],
              2: ["2", "2.", "0.2e1"], 10: ["10", "1e1", "10.000"]}
+# (big, small): a small cap refilling fast, full again within milliseconds, and a big cap;
+# rate changes (converted with directed rounding) and cap-only changes (exact in ns).
+FLAP_LIMITS = [((100, 50), (2000, 3)), ((5, 40), (1000, 2)), ((1000, 1e6), (1e6, 5)),
+               ((50, 200), (50, 4)), ((7.7, 13.5), (7.7, 2.25)), ((1, 1000), (1, 0.5))]
 BAD_NUMBERS = ["x", "-1", "nan", "inf", "-inf", "0", "1e16", "1e-10", "", "1.2.3", " 1",
                "1 ", "0x10", "1e", "e5", ".", "NaN", "Infinity", "1e400", b"\xff1"]
 BAD_INTEGERS = ["x", "-1", "0", "1.0", "1e3", "+1", "9223372036854775808", "", " 1"]
@@ -65,7 +75,17 @@ class Pair:
         # (and a limit change carries that offset over in tokens, not in time). The largest
         # `rate * window` of any call on this pair bounds it, in tokens.
         self.skew_tokens = 0.0
+        # The same offset in time under each limit the pair had: a limit change holds the
+        # key until the old bucket would be full, an instant that carries the offset at the
+        # old rate (the key's PTTL is the later of that and the new full_at).
+        self.skew_us = 0.0
+        # Rates of the limits before the current one: the stored state may still be under
+        # one of them, and a call refills at that rate before converting (its window too).
+        self.old_rates = []
         self.history = []  # the last calls on this pair, for a failure's report
+        self.flap = random.choice(FLAP_LIMITS) if random.random() < 0.3 else None
+        if self.flap:
+            self.rate, self.cap = self.flap[0]
 
     @property
     def m(self):
@@ -75,9 +95,23 @@ class Pair:
     def f(self):
         return f"f:{self.name}"
 
+    def set_limit(self, limit):
+        self.old_rates = (self.old_rates + [self.rate])[-3:]
+        self.rate, self.cap = limit
+
+    @property
+    def tol_rate(self):
+        return max([self.rate] + self.old_rates)
+
     def new_limit(self):
+        if hasattr(self, "rate"):
+            self.old_rates = (self.old_rates + [self.rate])[-3:]
         self.rate, self.cap = random.choice(
             EXTREME_LIMITS if random.random() < 0.12 else PLAIN_LIMITS)
+
+    @property
+    def on_small(self):
+        return self.flap is not None and (self.rate, self.cap) == self.flap[1]
 
 
 class Call:
@@ -264,11 +298,14 @@ class Stats:
         self.ms_fields = 0
         self.frozen = 0
         self.ticks = 0
+        self.flaps = 0
+        self.persists = 0
 
     def summary(self):
         rate = len(self.straddles) / max(1, self.calls)
         return (f"{self.calls} pairs ({', '.join(f'{k} {v}' for k, v in sorted(self.kinds.items()))}); "
-                f"{self.errors} error replies compared; straddles {len(self.straddles)} "
+                f"{self.errors} error replies compared; limit flaps {self.flaps}, "
+                f"PERSIST/RESTORE-0 steps {self.persists}; straddles {len(self.straddles)} "
                 f"({100 * rate:.3f}%); ms fields {self.ms_fields}, one apart (a tick in the "
                 f"window) {self.ticks}; doubles {self.doubles}, value-identical "
                 f"{self.doubles_equal}, text-identical {self.texts_equal}"
@@ -320,7 +357,14 @@ class Runner:
     def pick_call(self, now_s):
         p = random.choice(self.pairs)
         roll = random.random()
-        if roll < 0.03:
+        if p.flap:
+            if roll < 0.5:
+                p.set_limit(p.flap[0] if p.on_small else p.flap[1])
+                self.stats.flaps += 1
+                if random.random() < 0.5:
+                    # Longer than the small bucket takes to fill: its key, held, stays.
+                    time.sleep(random.choice([0.003, 0.01, 0.03]))
+        elif roll < 0.03:
             p.new_limit()
         kinds = [(gen_take, 0.34), (lambda q: gen_lease(q, now_s), 0.18), (gen_return, 0.1),
                  (gen_peek, 0.08), (None, 0.1), (gen_bad, 0.12)]
@@ -336,10 +380,27 @@ class Runner:
                 return g(p)
         return gen_take(p)
 
+    def persist(self):
+        """Takes both keys of a pair off expiry (PERSIST, or DUMP and RESTORE ... 0): the
+        next write on them must set it again (the PTTL comparisons after it check)."""
+        p = random.choice(self.pairs)
+        for k in (p.m, p.f):
+            if random.random() < 0.5:
+                self.r.persist(k)
+            else:
+                dump = self.r.dump(k)
+                if dump is not None:
+                    self.r.restore(k, 0, dump, replace=True)
+        self.stats.persists += 1
+
     def step(self):
         if random.random() < 0.08:
             time.sleep(random.choice([0.001, 0.005, 0.02, 0.05]))
+        if random.random() < 0.03:
+            self.persist()
         call = self.pick_call(time.time())
+        # The refill in the window is at the stored limit's rate, maybe an earlier one's.
+        call.rate = max([call.rate] + [q.tol_rate for q in call.keys])
         first_module = random.random() < 0.5
         # Bad calls outside MULTI: an arity error refused at queueing would abort it.
         pipe = self.r.pipeline(transaction=call.kind != "bad")
@@ -370,7 +431,7 @@ class Runner:
         window_us = (t1[0] - t0[0]) * 1e6 + (t1[1] - t0[1]) + 2  # + TIME's truncation
         raw_us = window_us
         for q in call.keys:
-            q.skew_tokens = max(q.skew_tokens, q.rate * window_us / 1e6)
+            q.skew_tokens = max(q.skew_tokens, q.tol_rate * window_us / 1e6)
         # The same offset as time, at the slowest rate involved.
         window_us += max(q.skew_tokens / q.rate for q in call.keys) * 1e6
         rm, rf = (out[1], out[2]) if first_module else (out[2], out[1])
@@ -382,9 +443,9 @@ class Runner:
             for i, q in enumerate(call.keys):
                 pm, pf, tm, tf = out[4 + 4 * i: 8 + 4 * i]
                 # The peeks see the offset the call left: its window at the call's rate.
-                skew = max(q.skew_tokens, q.rate * raw_us / 1e6)
+                skew = max(q.skew_tokens, q.tol_rate * raw_us / 1e6)
                 rate = self.compare_peek(pm, pf, None, peek_raw_us, "after-peek", skew)
-                pttl_us = peek_raw_us + (skew / rate * 1e6 if rate else 0)
+                pttl_us = peek_raw_us + max(skew / rate * 1e6 if rate else 0, q.skew_us)
                 self.compare_pttl(tm, tf, pttl_us)
         except Straddle as s:
             self.stats.straddles.append(f"{call.kind} {call.mod}: {s}")
@@ -398,6 +459,7 @@ class Runner:
                            f"  module:  {rm!r}\n  library: {rf!r}\n  history:{history}"
                            ) from None
         for q in call.keys:
+            q.skew_us = max(q.skew_us, q.skew_tokens / q.rate * 1e6)
             q.history = (q.history + [f"{call.mod} -> {rm!r} / {rf!r} "
                                       f"(window {window_us:.0f} us)"])[-10:]
         self.after(call, rm, rf)
@@ -445,6 +507,10 @@ class Runner:
             if rm != rf:
                 if self.near_expiry(call):
                     raise Straddle(f"credited {rm} vs {rf} at the lease's expiry")
+                if abs(rm - rf) <= 1 + call.rate * window_s:
+                    # What the bucket lacks, rounded up, differs by what refills in the
+                    # window (a bucket full again on one side only).
+                    raise Straddle(f"credited {rm} vs {rf}: full again within the window")
                 raise Mismatch(f"credited {rm} vs {rf}")
         elif k == "mtake":
             self.decision(rm[0], rf[0], (rm, rf), window_ms, lambda r: r[2])
@@ -516,6 +582,10 @@ class Runner:
     def compare_pttl(self, tm, tf, window_us):
         if tm == tf:
             return
+        if (tm == -1) != (tf == -1) and max(tm, tf) >= 0:
+            # One key has no expiry, the other has one: a write that did not set it (after
+            # PERSIST or RESTORE ... 0), whatever the window.
+            raise Mismatch(f"pttl {tm} vs {tf}: one key without expiry")
         if tm < 0 or tf < 0:
             if max(tm, tf) <= 2 + window_us / 1000:
                 raise Straddle(f"pttl {tm} vs {tf}")

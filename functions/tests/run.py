@@ -78,7 +78,7 @@ def alone():
         g, rem, retry, reset = fcall(r2, "rl_take", ["u"], 2, 10, 8, "WITHSTATE")
         assert g == 0 and 7 <= float(rem) < 7.1 and 400 < retry <= 500 and reset <= 1500
         assert set(r2.hkeys("u")) == {b"f", b"r", b"c"}
-        assert 1400 < r2.pttl("u") <= 1500
+        assert 1400 < r2.pttl("u") <= 1500, r2.pttl("u")
         # Denied calls write nothing: the stored state is unchanged.
         before = r2.hgetall("u")
         fcall(r2, "rl_take", ["u"], 2, 10, 9)
@@ -122,13 +122,39 @@ def alone():
         assert fcall(r2, "rl_take", ["rv"], 1, 2) == 0  # later callers queue behind
         assert float(fcall(r2, "rl_refund", ["rv"], 1)) == 1.0
         assert float(fcall(r2, "rl_refund", ["nothing"], 1)) == 0.0
+        # A limit change holds the key (field h) until the bucket would have been full under
+        # the old limit: back on it, a caller finds the tokens, not an absent (full) bucket.
+        assert fcall(r2, "rl_take", ["hd"], 1, 1000, 999) == 999
+        assert fcall(r2, "rl_take", ["hd"], 1000, 10, 1) == 1
+        assert r2.hexists("hd", "h") and r2.pttl("hd") > 990_000
+        time.sleep(0.03)  # full under the small limit by now
+        g, rem, _, _ = fcall(r2, "rl_take", ["hd"], 1, 1000, 11, "WITHSTATE")
+        assert g == 0 and float(rem) < 10.1, rem
+        # PERSIST (or RESTORE ... 0): the next write sets the expiry again.
+        r2.persist("hd")
+        assert fcall(r2, "rl_take", ["hd"], 1, 1000, 1) == 1 and r2.pttl("hd") > 990_000
+        r2.restore("hd", 0, r2.dump("hd"), replace=True)
+        assert r2.pttl("hd") == -1
+        assert fcall(r2, "rl_take", ["hd"], 1, 1000, 1) == 1 and r2.pttl("hd") > 990_000
+        # A passed hold goes (HDEL h).
+        assert fcall(r2, "rl_take", ["hp"], 1000, 100, 50) == 50
+        assert fcall(r2, "rl_take", ["hp"], 100000, 2, 1) == 1 and r2.hexists("hp", "h")
+        time.sleep(0.06)
+        assert fcall(r2, "rl_take", ["hp"], 100000, 2, 1) == 1 and not r2.hexists("hp", "h")
+        # RETURN to full keeps a held key.
+        got, lid, _, _ = fcall(r2, "rl_lease", ["hr"], 1, 100, 5, 60000)
+        assert fcall(r2, "rl_take", ["hr"], 1000, 100, 1) == 1
+        time.sleep(0.02)  # full again under the new limit: only the hold keeps the key
+        assert fcall(r2, "rl_return", ["hr"], lid, 5) == 0
+        assert r2.exists("hr") and r2.hexists("hr", "h") and not r2.hexists("hr", "l")
+        # (on `hd`, which lives long: `u` may have expired on a slow machine by now)
         # no-writes: rl_peek through FCALL_RO; a write function is refused there.
-        assert r2.execute_command("FCALL_RO", "rl_peek", 1, "u") is not None
-        assert "write flag" in err(r2, "FCALL_RO", "rl_take", 1, "u", 1, 1)
+        assert r2.execute_command("FCALL_RO", "rl_peek", 1, "hd") is not None
+        assert "write flag" in err(r2, "FCALL_RO", "rl_take", 1, "hd", 1, 1)
         # OOM: the write functions are refused (no allow-oom); rl_peek still answers.
         r2.config_set("maxmemory", 1)
-        assert "maxmemory" in err(r2, "FCALL", "rl_take", 1, "u", 1, 1)
-        assert r2.execute_command("FCALL", "rl_peek", 1, "u") is not None
+        assert "maxmemory" in err(r2, "FCALL", "rl_take", 1, "hd", 1, 1)
+        assert r2.execute_command("FCALL", "rl_peek", 1, "hd") is not None
         r2.config_set("maxmemory", 0)
 
 
