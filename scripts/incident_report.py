@@ -366,7 +366,7 @@ went wrong:
 One shared bucket has no denominator to get wrong. On the same trace, `RL.TAKE` held the
 partner at **{f0(take['partner_mean'])}/s** through the scale-out, at
 {f0(take['redis_cmd_us_per_s'])} µs of server time per second against {f0(lua['redis_cmd_us_per_s'])} µs for the
-seed's Lua script at the same call rate, with {ms(take['latency_p50_us'])} / {ms(take['latency_p99_us'])} p50 / p99 added
+classic Lua script at the same call rate, with {ms(take['latency_p50_us'])} / {ms(take['latency_p99_us'])} p50 / p99 added
 latency on loopback (a busy shared machine: see the page for the spread). The prefetching client (`RL.LEASE`, batch {results['batch']}) also held
 **{f0(pf['partner_mean'])}/s**, with {f0(pf['central_calls_per_s'])} Redis calls/s against
 {f0(take['central_calls_per_s'])} for one call per request: under 2.5× overload the bucket is
