@@ -176,13 +176,15 @@ pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
         // The key that refused (the longest wait) is the one denied.
         ops::denied(args.bytes(1 + 3 * worst)?, now);
     }
+    // Everything fallible before the reply starts: an error after it would corrupt it.
+    let denied_by = args.raw(1 + 3 * worst)?;
     api::reply_array(ctx, if s.with_state { 4 } else { 3 });
     api::reply_integer(ctx, if answered { n as i64 } else { 0 });
     if answered {
         api::reply_null(ctx);
         api::reply_integer(ctx, 0);
     } else {
-        api::reply_string(ctx, args.raw(1 + 3 * worst)?);
+        api::reply_string(ctx, denied_by);
         api::reply_integer(ctx, ceil_millis(longest) as i64);
     }
     if s.with_state {
