@@ -70,7 +70,17 @@ pub fn check() -> Result<(), &'static str> {
         RedisModule_GetContextFlags,
         RedisModule_ReplyWithStringBuffer,
         RedisModule_GetCommand,
-        RedisModule_SetCommandInfo
+        RedisModule_SetCommandInfo,
+        RedisModule_RegisterCommandFilter,
+        RedisModule_CommandFilterArgGet,
+        RedisModule_CommandFilterArgsCount,
+        RedisModule_GetServerInfo,
+        RedisModule_ServerInfoGetFieldUnsigned,
+        RedisModule_FreeServerInfo,
+        RedisModule_HashGet,
+        RedisModule_ValueLength,
+        RedisModule_InfoBeginDictField,
+        RedisModule_InfoEndDictField
     );
     Ok(())
 }
@@ -143,4 +153,65 @@ pub fn reply_error(ctx: *mut Ctx, msg: &std::ffi::CStr) {
 
 pub fn reply_wrong_arity(ctx: *mut Ctx) -> c_int {
     rm!(RedisModule_WrongArity(ctx))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::path::Path;
+
+    fn sources(dir: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                sources(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(std::fs::read_to_string(path).unwrap());
+            }
+        }
+    }
+
+    /// Names following `prefix` in `text`, up to the first non-identifier character.
+    fn names_after(text: &str, prefix: &str) -> BTreeSet<String> {
+        text.match_indices(prefix)
+            .map(|(i, _)| {
+                text[i + prefix.len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect::<String>()
+            })
+            .filter(|n| !n.is_empty())
+            .collect()
+    }
+
+    /// The APIs `check` looks up at load are exactly the ones the module calls through
+    /// `rm!`: a call missing from the list would panic (an error reply) on a server that
+    /// lacks it instead of refusing the load; one listed but never called refuses servers
+    /// for nothing.
+    #[test]
+    fn the_apis_checked_at_load_are_the_apis_called() {
+        let mut files = Vec::new();
+        sources(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut files,
+        );
+        let called: BTreeSet<String> = files
+            .iter()
+            .flat_map(|f| names_after(f, "rm!(RedisModule_"))
+            .collect();
+        let api = include_str!("api.rs");
+        let start = api.find("need!(\n").expect("the need! list");
+        let end = start + api[start..].find(");").unwrap();
+        let checked = names_after(&api[start..end], "RedisModule_");
+        assert_eq!(
+            checked.difference(&called).collect::<Vec<_>>(),
+            Vec::<&String>::new(),
+            "checked at load but never called"
+        );
+        assert_eq!(
+            called.difference(&checked).collect::<Vec<_>>(),
+            Vec::<&String>::new(),
+            "called but not checked at load"
+        );
+    }
 }
