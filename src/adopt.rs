@@ -7,12 +7,13 @@
 //! as `DEL key` then the bucket's `RL.SETSTATE`, in one transaction, so replicas and the
 //! AOF hold the same bucket. Any other hash, or adoption off: `WRONGTYPE`.
 
+use crate::api::rm;
 use crate::api::{Ctx, RStr};
 use crate::args::parse_number;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
 use crate::stored::StateMut;
-use crate::{propagate, rm, stats};
+use crate::{propagate, stats};
 use redis_module::raw;
 use rl_core::{Level, Limit, Nanos};
 use std::sync::atomic::Ordering::Relaxed;

@@ -10,7 +10,6 @@ pub use raw::{RedisModuleCtx as Ctx, RedisModuleKey as Key, RedisModuleString as
 
 /// Calls `RedisModule_<name>(args)`. The arguments are evaluated inside `unsafe`: they are
 /// pointers Redis handed to the running callback, passed straight back.
-#[macro_export]
 macro_rules! rm {
     ($name:ident ( $($arg:expr),* $(,)? )) => {
         match unsafe { redis_module::raw::$name } {
@@ -19,6 +18,7 @@ macro_rules! rm {
         }
     };
 }
+pub(crate) use rm;
 
 /// Every API this module calls; loading fails with the first one missing.
 pub fn check() -> Result<(), &'static str> {

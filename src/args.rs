@@ -22,10 +22,6 @@ impl<'a> Args<'a> {
         self.argv.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.argv.is_empty()
-    }
-
     /// The raw argument `i` (for keys, and for values passed on verbatim).
     pub fn raw(&self, i: usize) -> Result<*mut RStr> {
         self.argv.get(i).copied().ok_or(Error::Arity)

@@ -5,10 +5,11 @@
 //! boundary turns an error into its reply and a panic into an error reply: nothing unwinds
 //! into redis-server.
 
+use crate::api::rm;
 use crate::api::{self, Ctx, RStr};
 use crate::args::Args;
 use crate::error::Result;
-use crate::{rm, stats};
+use crate::stats;
 use redis_module::raw;
 use std::ffi::CStr;
 use std::os::raw::c_int;

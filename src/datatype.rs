@@ -9,7 +9,7 @@
 //!
 //! `free`, `copy` and `rdb_load` keep `rl_leases_active` equal to the leases held in memory.
 
-use crate::rm;
+use crate::api::rm;
 use crate::stored::{StateMut, Stored};
 use crate::{propagate, stats};
 use redis_module::native_types::RedisType;

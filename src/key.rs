@@ -1,9 +1,9 @@
 //! Opening a bucket's key and writing it back with its expiry.
 
+use crate::api::rm;
 use crate::api::{Ctx, Key, RStr};
 use crate::datatype;
 use crate::error::{Error, Result};
-use crate::rm;
 use crate::stats;
 use crate::stored::{self, StateMut, Stored};
 use redis_module::raw;

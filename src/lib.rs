@@ -3,28 +3,24 @@
 //! This file only registers things. The arithmetic lives in the `rl-core` crate; each
 //! command has its own file under `commands/`.
 
-// Every raw pointer passed around here is one Redis handed to the current callback.
-#![allow(clippy::not_unsafe_ptr_arg_deref)]
-// `rm!` passes those pointers straight back to Redis inside its `unsafe` block.
-#![allow(clippy::macro_metavars_in_unsafe)]
+mod adopt;
+mod api;
+mod args;
+mod clock;
+mod command;
+mod commands;
+mod config;
+mod datatype;
+mod error;
+mod key;
+mod ops;
+mod permits;
+mod propagate;
+mod resetstat;
+mod stats;
+mod stored;
 
-pub mod adopt;
-pub mod api;
-pub mod args;
-pub mod clock;
-pub mod command;
-pub mod commands;
-pub mod config;
-pub mod datatype;
-pub mod error;
-pub mod key;
-pub mod ops;
-pub mod permits;
-pub mod propagate;
-pub mod resetstat;
-pub mod stats;
-pub mod stored;
-
+use api::rm;
 use datatype::BUCKET_TYPE;
 use permits::PERMIT_TYPE;
 use redis_module::configuration::ConfigurationFlags;

@@ -10,9 +10,10 @@
 //! of an existing id replaces its expiry: a renewal). The result is checked by
 //! [`PermitTable::validate`], the same function RDB load uses.
 
+use crate::api::rm;
 use crate::api::{Ctx, Key, RStr};
 use crate::error::{Error, Result};
-use crate::{rm, stats};
+use crate::stats;
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleDigest, RedisModuleIO, RedisModuleString};
 use rl_core::{Permit, PermitTable, MAX_PERMITS};

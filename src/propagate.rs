@@ -9,8 +9,8 @@
 //! load all end with the master's bytes. The key's expiry is not sent: it is a function of
 //! the state (see [`crate::stored::expires_at`]) and every side computes it the same way.
 
+use crate::api::rm;
 use crate::api::{Ctx, RStr};
-use crate::rm;
 use crate::stored::StateMut;
 use redis_module::raw::RedisModuleIO;
 use rl_core::{Bucket, Lease, Nanos};

@@ -8,8 +8,9 @@
 //! resets nothing. The check runs before the next module command and before `INFO`, so no
 //! count made after the reset is lost.
 
+use crate::api::rm;
 use crate::api::RStr;
-use crate::{ops, rm, stats};
+use crate::{ops, stats};
 use redis_module::raw;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

@@ -3,7 +3,7 @@
 //! Commands run on Redis's main thread only, so a counter is a plain load and store: no
 //! locked instruction on the hot path.
 
-use crate::rm;
+use crate::api::rm;
 use redis_module::raw::RedisModuleInfoCtx;
 use std::os::raw::c_int;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

@@ -6,12 +6,13 @@
 //! `granted` is `n` or 0; `denied_by` the key whose wait is longest (nil when granted);
 //! `retry_after_ms` that wait, rounded up. In Cluster the keys must share a slot (hash tags).
 
+use crate::api::rm;
 use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
 use crate::propagate::{self, Head};
-use crate::{adopt, clock, ops, rm, stats};
+use crate::{adopt, clock, ops, stats};
 use rl_core::{ceil_millis, take_all, AllOrNothing, Limit};
 
 /// Most buckets one call may check.

@@ -3,12 +3,13 @@
 //! missing key (it is already full). Reply: the tokens credited, a double (a bucket that
 //! refilled meanwhile takes only what it lacks; one in debt pays the debt first).
 
+use crate::api::rm;
 use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
 use crate::propagate::{self, Head};
-use crate::{clock, rm, stats};
+use crate::{clock, stats};
 use rl_core::Level;
 
 pub fn refund(ctx: *mut Ctx, args: Args) -> Result<()> {

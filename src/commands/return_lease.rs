@@ -1,11 +1,12 @@
 //! `RL.RETURN key lease_id unused`: give back what a lease did not spend, once.
 
+use crate::api::rm;
 use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
 use crate::propagate::{self, Head};
-use crate::{clock, rm, stats};
+use crate::{clock, stats};
 use rl_core::{Level, Settled};
 
 pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {

@@ -3,11 +3,12 @@
 //! clock; the complete result is checked by [`PermitTable::validate`] (the check RDB
 //! load makes) before anything changes.
 
+use crate::api::rm;
 use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
+use crate::permits;
 use crate::permits::PermitKey;
-use crate::{permits, rm};
 use rl_core::{Permit, PermitTable};
 
 pub fn setpermits(ctx: *mut Ctx, args: Args) -> Result<()> {

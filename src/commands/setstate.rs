@@ -8,11 +8,11 @@
 //! anything is written: a state this command accepts is one every reload, sync and
 //! migration accepts, and a refused one changes nothing.
 
+use crate::api::rm;
 use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
-use crate::rm;
 use rl_core::Lease;
 
 /// The lease-table changes one effect carries, each at most once.

@@ -5,10 +5,11 @@
 //! with one, its counters, or nil if it has no entry (never seen, or counted under `other`).
 //! A map of maps under RESP3, flat arrays under RESP2.
 
+use crate::api::rm;
 use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
-use crate::{ops, rm};
+use crate::ops;
 use redis_module::raw::RedisModuleInfoCtx;
 use rl_core::namespace::Counts;
 

@@ -5,10 +5,11 @@
 //! rounded: a space-saving estimate that never undercounts (see `rl_core::top`). Keys over
 //! 128 bytes are shown cut to 128.
 
+use crate::api::rm;
 use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
-use crate::{clock, ops, rm};
+use crate::{clock, ops};
 
 pub fn top(ctx: *mut Ctx, args: Args) -> Result<()> {
     let count = match args.len() {
