@@ -236,6 +236,31 @@ pub fn deleted(ctx: *mut Ctx, key: *mut RStr) {
     ));
 }
 
+/// Runs `f` with the head of `bucket`'s effect where no argument carries its limit
+/// (`RL.RETURN`, `RL.REFUND`): the limit as the strings that parse back to it, made here and
+/// freed after `f` (nothing in between can fail).
+pub fn with_stored_limit(ctx: *mut Ctx, key: *mut RStr, bucket: &Bucket, f: impl FnOnce(&Head)) {
+    let number = |x: f64| {
+        let text = stored_number(x);
+        rm!(RedisModule_CreateString(
+            ctx,
+            text.as_ptr().cast(),
+            text.len()
+        ))
+    };
+    let (rate, cap) = (number(bucket.limit().rate()), number(bucket.limit().cap()));
+    f(&Head {
+        key,
+        full_at: bucket.full_at(),
+        rate,
+        cap,
+        hold: bucket.hold(),
+        span: bucket.span(),
+    });
+    rm!(RedisModule_FreeString(ctx, rate));
+    rm!(RedisModule_FreeString(ctx, cap));
+}
+
 /// The text of a stored number that parses back to exactly it: the shortest such form.
 pub fn stored_number(x: f64) -> String {
     format!("{x}")

@@ -20,6 +20,7 @@ use crate::args::Args;
 use crate::command::{self, ArgDoc, Keys, Spec};
 use crate::entry;
 use crate::error::{Error, Result};
+use crate::key::BucketKey;
 use crate::stored::StateMut;
 use rl_core::{Level, Limit, Nanos};
 
@@ -55,6 +56,36 @@ fn level_of(state: Option<&StateMut>, limit: Limit, now: Nanos, init: Option<f64
         (None, Some(tokens)) => Level::starting_with(limit, tokens, now),
         (state, _) => Level::new(state.map(|s| s.bucket()).as_ref(), limit, now),
     }
+}
+
+/// Stores `bucket` and sends its effect, for a command whose key is argument `i` with
+/// `rate cap` after it (the caller's own strings go into the effect: nothing to format).
+/// A script hash being adopted is replaced first.
+fn write_bucket(
+    ctx: *mut Ctx,
+    key: &BucketKey,
+    state: Option<StateMut>,
+    bucket: rl_core::Bucket,
+    args: &Args,
+    i: usize,
+    adopted: bool,
+) -> Result<()> {
+    // Everything fallible first: nothing may fail once the key is changed.
+    let (name, rate, cap) = (args.raw(i)?, args.raw(i + 1)?, args.raw(i + 2)?);
+    if adopted {
+        crate::adopt::replace(ctx, key, name);
+    }
+    key.store(state, bucket);
+    let head = crate::propagate::Head {
+        key: name,
+        full_at: bucket.full_at(),
+        rate,
+        cap,
+        hold: bucket.hold(),
+        span: bucket.span(),
+    };
+    crate::propagate::bucket(ctx, &head);
+    Ok(())
 }
 
 /// Whether a new bucket started below full must be stored even if the call is denied:

@@ -11,7 +11,6 @@ use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
-use crate::propagate::{self, Head};
 use crate::{adopt, clock, ops, stats};
 use rl_core::{ceil_millis, take_all, AllOrNothing, Limit};
 
@@ -144,21 +143,8 @@ pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
         if !granted && !created[j] {
             continue;
         }
-        let bucket = level.bucket();
-        let i = 1 + 3 * j;
-        if adopted[j].is_some() {
-            adopt::replace(ctx, key, args.raw(i)?);
-        }
-        key.store(state, bucket);
-        let head = Head {
-            key: args.raw(i)?,
-            full_at: bucket.full_at(),
-            rate: args.raw(i + 1)?,
-            cap: args.raw(i + 2)?,
-            hold: bucket.hold(),
-            span: bucket.span(),
-        };
-        propagate::bucket(ctx, &head);
+        let adopting = adopted[j].is_some();
+        super::write_bucket(ctx, key, state, level.bucket(), &args, 1 + 3 * j, adopting)?;
     }
 
     let answered = ops::answered(granted, s.shadow);

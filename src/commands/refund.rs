@@ -3,12 +3,11 @@
 //! missing key (it is already full). Reply: the tokens credited, a double (a bucket that
 //! refilled meanwhile takes only what it lacks; one in debt pays the debt first).
 
-use crate::api::rm;
 use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
-use crate::propagate::{self, Head};
+use crate::propagate;
 use crate::{clock, stats};
 use rl_core::Level;
 
@@ -44,26 +43,7 @@ pub fn refund(ctx: *mut Ctx, args: Args) -> Result<()> {
         propagate::deleted(ctx, key_name);
     } else {
         key.store(state, after);
-        let number = |x: f64| {
-            let text = propagate::stored_number(x);
-            rm!(RedisModule_CreateString(
-                ctx,
-                text.as_ptr().cast(),
-                text.len()
-            ))
-        };
-        let (rate, cap) = (number(after.limit().rate()), number(after.limit().cap()));
-        let head = Head {
-            key: key_name,
-            full_at: after.full_at(),
-            rate,
-            cap,
-            hold: after.hold(),
-            span: after.span(),
-        };
-        propagate::bucket(ctx, &head);
-        rm!(RedisModule_FreeString(ctx, rate));
-        rm!(RedisModule_FreeString(ctx, cap));
+        propagate::with_stored_limit(ctx, key_name, &after, |head| propagate::bucket(ctx, head));
     }
     api::reply_double(ctx, credited);
     Ok(())

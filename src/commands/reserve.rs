@@ -11,7 +11,6 @@ use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
-use crate::propagate::{self, Head};
 use crate::{adopt, clock, ops, stats};
 use rl_core::ceil_millis;
 
@@ -65,20 +64,15 @@ pub fn reserve(ctx: *mut Ctx, args: Args) -> Result<()> {
         .reserve(n as f64, max_wait_ms * 1_000_000)
         .ok_or(Error::Invalid("n must not exceed cap"))?;
     if granted || created {
-        let bucket = level.bucket();
-        if adopted.is_some() {
-            adopt::replace(ctx, &key, args.raw(0)?);
-        }
-        key.store(state, bucket);
-        let head = Head {
-            key: args.raw(0)?,
-            full_at: bucket.full_at(),
-            rate: args.raw(1)?,
-            cap: args.raw(2)?,
-            hold: bucket.hold(),
-            span: bucket.span(),
-        };
-        propagate::bucket(ctx, &head);
+        super::write_bucket(
+            ctx,
+            &key,
+            state,
+            level.bucket(),
+            &args,
+            0,
+            adopted.is_some(),
+        )?;
     }
     // In shadow mode (server-wide or this call's SHADOW) a denial answers as a grant with
     // no wait (nothing was debited).

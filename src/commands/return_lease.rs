@@ -1,11 +1,10 @@
 //! `RL.RETURN key lease_id unused`: give back what a lease did not spend, once.
 
-use crate::api::rm;
 use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
-use crate::propagate::{self, Head};
+use crate::propagate;
 use crate::{clock, stats};
 use rl_core::{Level, Settled};
 
@@ -17,7 +16,8 @@ pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {
     let unused = args.integer(2, "unused must be a non-negative integer")?;
 
     let now = clock::now();
-    let key = BucketKey::open(ctx, args.raw(0)?);
+    let key_name = args.raw(0)?;
+    let key = BucketKey::open(ctx, key_name);
     let mut state = key.state()?;
     let live = state
         .as_ref()
@@ -45,30 +45,12 @@ pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {
     if table.is_empty() && level.reset_after() == 0 && bucket.expires_at() <= now {
         // Full and no lease left: the same as no key at all.
         key.delete();
-        propagate::deleted(ctx, args.raw(0)?);
+        propagate::deleted(ctx, key_name);
     } else {
         key.store_with_leases(state, bucket, table);
-        let number = |x: f64| {
-            let text = propagate::stored_number(x);
-            rm!(RedisModule_CreateString(
-                ctx,
-                text.as_ptr().cast(),
-                text.len()
-            ))
-        };
-        let key_name = args.raw(0)?;
-        let (rate, cap) = (number(bucket.limit().rate()), number(bucket.limit().cap()));
-        let head = Head {
-            key: key_name,
-            full_at: bucket.full_at(),
-            rate,
-            cap,
-            hold: bucket.hold(),
-            span: bucket.span(),
-        };
-        propagate::leases(ctx, &head, now, Some(id), None);
-        rm!(RedisModule_FreeString(ctx, rate));
-        rm!(RedisModule_FreeString(ctx, cap));
+        propagate::with_stored_limit(ctx, key_name, &bucket, |head| {
+            propagate::leases(ctx, head, now, Some(id), None)
+        });
     }
     api::reply_integer(ctx, credited as i64);
     Ok(())

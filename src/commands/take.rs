@@ -4,7 +4,6 @@ use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
-use crate::propagate::{self, Head};
 use crate::{adopt, clock, ops, stats};
 use rl_core::ceil_millis;
 
@@ -53,20 +52,15 @@ pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
     let created = super::created_below_full(state.as_ref(), &level) && adopted.is_none();
     let granted = level.try_take(n as f64);
     if granted || created {
-        let bucket = level.bucket();
-        if adopted.is_some() {
-            adopt::replace(ctx, &key, args.raw(0)?);
-        }
-        key.store(state, bucket);
-        let head = Head {
-            key: args.raw(0)?,
-            full_at: bucket.full_at(),
-            rate: args.raw(1)?,
-            cap: args.raw(2)?,
-            hold: bucket.hold(),
-            span: bucket.span(),
-        };
-        propagate::bucket(ctx, &head);
+        super::write_bucket(
+            ctx,
+            &key,
+            state,
+            level.bucket(),
+            &args,
+            0,
+            adopted.is_some(),
+        )?;
     }
     let answered = ops::answered(granted, shadow);
     match (granted, answered) {
