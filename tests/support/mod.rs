@@ -74,7 +74,8 @@ fn spawn(dir: &Path, port: u16, extra: &[String]) -> Child {
 }
 
 pub struct Server {
-    child: Child,
+    /// The process, while it runs (see [`Server::stopped`], [`Server::kill`]).
+    child: Option<Child>,
     pub dir: tempfile::TempDir,
     pub port: u16,
     extra: Vec<String>,
@@ -108,7 +109,7 @@ impl Server {
                 if let Ok(mut c) = client.get_connection_with_timeout(Duration::from_millis(200)) {
                     if redis::cmd("PING").query::<String>(&mut c).is_ok() {
                         return Ok(Server {
-                            child,
+                            child: Some(child),
                             dir,
                             port,
                             extra,
@@ -127,7 +128,7 @@ impl Server {
     fn launch(dir: tempfile::TempDir, port: u16, extra: Vec<String>) -> Server {
         let child = spawn(dir.path(), port, &extra);
         let server = Server {
-            child,
+            child: Some(child),
             dir,
             port,
             extra,
@@ -188,11 +189,14 @@ impl Server {
     /// Stops the server (no save) and starts it again on the same dir, port and config.
     pub fn restart(&mut self) {
         self.stop();
-        self.child = spawn(self.dir.path(), self.port, &self.extra);
+        self.child = Some(spawn(self.dir.path(), self.port, &self.extra));
         self.wait_ready();
     }
 
     fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
         if let Ok(client) = redis::Client::open(self.url()) {
             if let Ok(mut c) = client.get_connection_with_timeout(Duration::from_millis(500)) {
                 let _ = redis::cmd("SHUTDOWN").arg("NOSAVE").query::<()>(&mut c);
@@ -200,24 +204,49 @@ impl Server {
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
+            if let Ok(Some(_)) = child.try_wait() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
-    /// Kills the process hard (a crash).
+    /// Kills the process hard (a crash, or Redis going away mid-run); the port and dir stay
+    /// this server's, for [`Server::resume`].
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the process again on the same port, dir and config after [`Server::kill`] (or
+    /// for the first time, after [`Server::stopped`]).
+    pub fn resume(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        self.child = Some(spawn(self.dir.path(), self.port, &self.extra));
+        self.wait_ready();
+    }
+
+    /// A server that is not running yet: a free port and a dir, for a client that must
+    /// start while Redis is down ([`Server::resume`] starts it).
+    pub fn stopped(extra: &[&str]) -> Server {
+        Server {
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+            port: free_port(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        }
     }
 
     /// Whether the process has exited (a crash, if the test did not stop it).
     pub fn exited(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(Some(_)))
+        match &mut self.child {
+            Some(child) => matches!(child.try_wait(), Ok(Some(_))),
+            None => true,
+        }
     }
 }
 

@@ -1,42 +1,22 @@
-//! A real redis-server for the client's integration tests: a free loopback port, a temp
-//! dir, the module built from this tree, no persistence; stopped on drop.
+//! The client's integration tests use the module's test kit (`tests/support`: one server
+//! launcher for the whole workspace, honouring `RL_SERVER`), with what async clients need on
+//! top: a reconnecting connection manager and a client for lazy connections.
 
 #![allow(dead_code)]
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+#[path = "../../../tests/support/mod.rs"]
+#[allow(unused_imports)]
+mod kit;
+
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-/// `target/<profile>/libredis_rl.so`: the test binary is `target/<profile>/deps/<name>`.
-pub fn module_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let so = dir.join(if cfg!(target_os = "macos") {
-        "libredis_rl.dylib"
-    } else {
-        "libredis_rl.so"
-    });
-    assert!(
-        so.exists(),
-        "module not built at {} (run `cargo build -p redis-rl` first)",
-        so.display()
-    );
-    so
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
+/// A real redis-server with the module built from this tree: a free loopback port, a temp
+/// dir, no persistence; stopped on drop.
 pub struct Server {
-    child: Option<Child>,
-    dir: tempfile::TempDir,
+    inner: kit::Server,
     pub port: u16,
-    extra: Vec<String>,
 }
 
 impl Server {
@@ -45,97 +25,38 @@ impl Server {
         Server::start_with(&[])
     }
 
-    /// A server not started yet: its port is chosen (free now) and nothing listens on it
-    /// until `resume`.
-    pub fn stopped() -> Server {
-        Server {
-            child: None,
-            dir: tempfile::tempdir().unwrap(),
-            port: free_port(),
-            extra: Vec::new(),
-        }
-    }
-
     /// A server with extra config arguments (e.g. `["--cluster-enabled", "yes"]`).
     pub fn start_with(extra: &[&str]) -> Server {
-        let mut server = Server {
-            child: None,
-            dir: tempfile::tempdir().unwrap(),
-            port: free_port(),
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-        };
-        server.resume();
-        server
+        Server::wrap(kit::Server::start(extra))
+    }
+
+    /// A server that is not running yet (a client starting while Redis is down).
+    pub fn stopped() -> Server {
+        Server::wrap(kit::Server::stopped(&[]))
+    }
+
+    fn wrap(inner: kit::Server) -> Server {
+        let port = inner.port;
+        Server { inner, port }
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        self.inner.url()
     }
 
     /// Starts the process again on the same port and dir (after `stop`).
     pub fn resume(&mut self) {
-        assert!(self.child.is_none(), "already running");
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .args(["--enable-debug-command", "yes", "--loglevel", "warning"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .arg("--logfile")
-            .arg(self.dir.path().join("server.log"))
-            .arg("--loadmodule")
-            .arg(module_path())
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("cannot start redis-server");
-        self.child = Some(child);
-        self.wait_ready();
-    }
-
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if self.ping() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not start: {}",
-                std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn ping(&self) -> bool {
-        let Ok(client) = redis::Client::open(self.url()) else {
-            return false;
-        };
-        let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(200)) else {
-            return false;
-        };
-        redis::cmd("PING").query::<String>(&mut conn).is_ok()
+        self.inner.resume();
     }
 
     /// Kills the process (Redis goes away mid-run); the port stays ours for `resume`.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.inner.kill();
     }
 
     /// A blocking connection for checks (INFO, raw commands).
     pub fn conn(&self) -> redis::Connection {
-        let client = redis::Client::open(self.url()).unwrap();
-        let conn = client
-            .get_connection_with_timeout(Duration::from_secs(5))
-            .unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
-        conn
+        self.inner.conn()
     }
 
     /// A connection manager that reconnects quickly (tests restart the server).
@@ -169,12 +90,6 @@ impl Server {
             .trim()
             .parse()
             .unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop();
     }
 }
 
