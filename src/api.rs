@@ -76,6 +76,7 @@ pub fn check() -> Result<(), &'static str> {
         RedisModule_CommandFilterArgsCount,
         RedisModule_GetServerInfo,
         RedisModule_ServerInfoGetFieldUnsigned,
+        RedisModule_ServerInfoGetFieldC,
         RedisModule_FreeServerInfo,
         RedisModule_HashGet,
         RedisModule_ValueLength,

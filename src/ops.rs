@@ -115,7 +115,10 @@ pub fn namespace_id(key: &[u8]) -> Id {
 
 /// Counts a call in namespace `id` (once its arguments are read).
 pub fn call(id: Id) {
-    NAMESPACES.with(|t| t.counts_mut(id).calls += 1);
+    NAMESPACES.with(|t| {
+        let c = t.counts_mut(id);
+        c.calls = c.calls.saturating_add(1);
+    });
 }
 
 /// The namespace of `key`, with the call counted.

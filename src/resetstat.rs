@@ -3,10 +3,11 @@
 //! No server event reports it (the module API has none: see the event list in
 //! `redismodule.h`, Redis 7.0 to 8.2 and Valkey 9), so a command filter notices the
 //! command, and the reset is confirmed from Redis's own statistics before the module's
-//! counters go: `total_commands_processed` only ever drops through a reset. That way a
-//! `CONFIG RESETSTAT` that ACL refuses, or that is queued in a `MULTI` never executed,
-//! resets nothing. The check runs before the next module command and before `INFO`, so no
-//! count made after the reset is lost.
+//! counters go. A reset that ran leaves `cmdstat_config|resetstat` at exactly one call
+//! (every command's statistics are zeroed, then that call is counted), with a `usec` of
+//! its own; one that ACL refused or that a `MULTI` never executed leaves it as it was.
+//! (`total_commands_processed` dropping confirms it too.) The check runs before the next
+//! module command and before `INFO`, so no count made after the reset is lost.
 
 use crate::api::rm;
 use crate::api::RStr;
@@ -16,6 +17,37 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// `total_commands_processed + 1` when the filter saw `CONFIG RESETSTAT` (0: none pending).
 pub static PENDING: AtomicU64 = AtomicU64::new(0);
+/// `cmdstat_config|resetstat` (calls, usec) when the filter saw it.
+static SEEN_CALLS: AtomicU64 = AtomicU64::new(0);
+static SEEN_USEC: AtomicU64 = AtomicU64::new(0);
+
+/// `calls` and `usec` of `cmdstat_config|resetstat` (0, 0 before any call).
+fn resetstat_stats() -> Option<(u64, u64)> {
+    let info = rm!(RedisModule_GetServerInfo(
+        std::ptr::null_mut(),
+        c"commandstats".as_ptr()
+    ));
+    if info.is_null() {
+        return None;
+    }
+    let text = rm!(RedisModule_ServerInfoGetFieldC(
+        info,
+        c"cmdstat_config|resetstat".as_ptr()
+    ));
+    let field = |name: &str| -> u64 {
+        if text.is_null() {
+            return 0;
+        }
+        // SAFETY: a NUL-terminated string owned by `info`, read before it is freed.
+        let s = unsafe { std::ffi::CStr::from_ptr(text) }.to_string_lossy();
+        s.split(',')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+            .unwrap_or(0)
+    };
+    let stats = (field("calls"), field("usec"));
+    rm!(RedisModule_FreeServerInfo(std::ptr::null_mut(), info));
+    Some(stats)
+}
 /// Checks left before a pending reset that never ran is forgotten.
 static CHECKS_LEFT: AtomicU64 = AtomicU64::new(0);
 
@@ -57,7 +89,9 @@ pub unsafe extern "C" fn filter(fctx: *mut raw::RedisModuleCommandFilterCtx) {
         {
             return;
         }
-        if let Some(v) = commands_processed() {
+        if let (Some(v), Some((calls, usec))) = (commands_processed(), resetstat_stats()) {
+            SEEN_CALLS.store(calls, Relaxed);
+            SEEN_USEC.store(usec, Relaxed);
             PENDING.store(v + 1, Relaxed);
             CHECKS_LEFT.store(10_000, Relaxed);
         }
@@ -70,10 +104,12 @@ pub fn check() {
     if pending == 0 {
         return;
     }
-    let Some(now) = commands_processed() else {
+    let (Some(now), Some((calls, usec))) = (commands_processed(), resetstat_stats()) else {
         return;
     };
-    if now < pending - 1 {
+    let (seen_calls, seen_usec) = (SEEN_CALLS.load(Relaxed), SEEN_USEC.load(Relaxed));
+    let ran = calls == 1 && (seen_calls != 1 || usec != seen_usec);
+    if ran || now < pending - 1 {
         PENDING.store(0, Relaxed);
         stats::reset();
         ops::reset();

@@ -16,7 +16,8 @@ impl Counter {
     }
 
     pub fn add(&self, n: u64) {
-        self.0.store(self.0.load(Relaxed).wrapping_add(n), Relaxed);
+        self.0
+            .store(self.0.load(Relaxed).saturating_add(n), Relaxed);
     }
 
     /// For counters that values' lifecycle callbacks also move: `free` may run on a

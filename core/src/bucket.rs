@@ -293,28 +293,26 @@ impl Level {
         0
     }
 
-    /// Gives `tokens` back, clamped to `cap`.
-    /// Gives `tokens` back, clamped to `cap`. A bucket in debt pays the debt first: its
-    /// full instant moves back by the time the tokens are worth.
+    /// Gives `tokens` back, clamped to `cap`. A bucket behind now (in debt after
+    /// `RL.RESERVE`, or after the clock stepped back) takes nothing back: its coming tokens
+    /// are promised to callers already waiting for a set instant, and moving its full
+    /// instant back would let a later caller be promised the same instant.
     pub fn credit(&mut self, tokens: f64) {
-        let c = self
-            .limit
-            .nanos_for_floor(tokens)
-            .min(self.behind + self.deficit);
-        if c <= self.deficit {
-            self.deficit -= c;
-        } else {
-            let paid = c - self.deficit;
-            self.deficit = 0;
-            self.at -= paid;
-            self.behind -= paid;
+        if self.behind > 0 {
+            return;
         }
+        self.deficit = self
+            .deficit
+            .saturating_sub(self.limit.nanos_for_floor(tokens));
     }
 
-    /// `RL.REFUND`: gives back up to `n` tokens, as many as the bucket lacks (its debt
-    /// included); returns how many it took back.
+    /// `RL.REFUND`: gives back up to `n` tokens, as many as the bucket lacks (nothing while
+    /// it is in debt: see [`Level::credit`]); returns how many it took back.
     pub fn refund(&mut self, n: u64) -> f64 {
-        let missing = self.limit.tokens_for(self.behind + self.deficit);
+        if self.behind > 0 {
+            return 0.0;
+        }
+        let missing = self.limit.tokens_for(self.deficit);
         let credited = (n as f64).min(missing);
         self.credit(credited);
         credited
@@ -337,6 +335,9 @@ impl Level {
     /// meanwhile takes only what it lacks). Returns the tokens taken back, a partly taken
     /// last one counted: `min(n, ceil(missing))`, 0 for a full bucket.
     pub fn credit_up_to(&mut self, n: u64) -> u64 {
+        if self.behind > 0 {
+            return 0;
+        }
         let missing = self.limit.tokens_for(self.deficit).ceil();
         self.credit(n as f64);
         n.min(missing as u64)
@@ -444,12 +445,14 @@ mod tests {
         // The clock steps back an hour: still empty, and the level stays at the empty point.
         let mut back = Level::new(Some(&b), lim, T0 - 3600 * S);
         assert_eq!(back.tokens(), 0.0);
+        // Behind the stored state, a credit takes nothing back (it cannot tell a clock
+        // step from a debt whose coming tokens are promised).
         back.credit(1.0);
         let b2 = back.bucket();
-        assert_eq!(b2.full_at(), b.full_at() - S);
+        assert_eq!(b2.full_at(), b.full_at());
         // Nothing refills until the original clock catches up.
         let l = Level::new(Some(&b2), lim, T0);
-        assert!((l.tokens() - 1.0).abs() < 1e-9);
+        assert_eq!(l.tokens(), 0.0);
     }
 
     #[test]
@@ -543,15 +546,15 @@ mod tests {
         let before = now.bucket();
         assert_eq!(now.reserve(5.0, S / 2), Some((false, S)));
         assert_eq!(now.bucket(), before);
-        // A refund pays the debt back first.
-        assert_eq!(now.refund(3), 3.0);
-        assert!((now.signed_tokens() + 2.0).abs() < 1e-9);
-        let back = Level::new(Some(&now.bucket()), lim, T0);
-        assert!((back.signed_tokens() + 2.0).abs() < 1e-9);
-        // Never above cap: 12 lacking, 12 taken of 100.
-        assert_eq!(now.refund(100), 12.0);
-        assert_eq!(now.signed_tokens(), 10.0);
-        assert_eq!(now.reset_after(), 0);
+        // In debt, a refund takes nothing back: the coming tokens are promised.
+        assert_eq!(now.refund(3), 0.0);
+        assert_eq!(now.bucket(), before);
+        // Once the debt is paid by time, refunds credit again, never above cap.
+        let mut paid = Level::new(Some(&before), lim, T0 + S / 2 + 2 * S / 10);
+        let lacking = 10.0 - paid.signed_tokens();
+        assert!(lacking <= 10.0);
+        assert!((paid.refund(100) - lacking).abs() < 1e-9);
+        assert_eq!(paid.reset_after(), 0);
         // More than cap is never reserved.
         assert_eq!(now.reserve(11.0, S), None);
     }

@@ -52,14 +52,17 @@ pub enum Outcome {
 }
 
 impl Counts {
+    /// Counts one decision. Counters saturate rather than overflow: this runs after a command
+    /// has written, where nothing may fail (1e15 tokens a call fill a `u64` in 18,447
+    /// calls).
     pub fn record(&mut self, outcome: Outcome) {
         match outcome {
             Outcome::Granted(tokens) => {
-                self.granted += 1;
-                self.tokens_granted += tokens;
+                self.granted = self.granted.saturating_add(1);
+                self.tokens_granted = self.tokens_granted.saturating_add(tokens);
             }
-            Outcome::Denied => self.denied += 1,
-            Outcome::ShadowDenied => self.shadow_denied += 1,
+            Outcome::Denied => self.denied = self.denied.saturating_add(1),
+            Outcome::ShadowDenied => self.shadow_denied = self.shadow_denied.saturating_add(1),
         }
     }
 }
@@ -212,7 +215,7 @@ mod tests {
         assert_eq!(t.id(b"third", 2), 0, "over the limit: other");
         assert_eq!(t.id(b"other", 2), 0);
         assert_eq!(t.id(&[b'x'; MAX_NAME + 1], 64), 0);
-        t.counts_mut(a).calls += 1;
+        t.counts_mut(a).calls = t.counts_mut(a).calls.saturating_add(1);
         t.counts_mut(a).record(Outcome::Granted(3));
         assert_eq!(t.get(b"orders").unwrap().tokens_granted, 3);
         assert_eq!(t.iter().count(), 3);

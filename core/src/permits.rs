@@ -40,6 +40,7 @@ pub enum PermitError {
     Order,
     Expiry,
     LastId,
+    Empty,
 }
 
 impl PermitError {
@@ -51,6 +52,7 @@ impl PermitError {
             PermitError::Order => "permit ids must be unique",
             PermitError::Expiry => "permit expiry must be at most 9223372036854775807",
             PermitError::LastId => "the last permit id must be at most 9223372036854775807",
+            PermitError::Empty => "a permit key holds at least one permit",
         }
     }
 }
@@ -65,9 +67,15 @@ pub struct PermitTable {
 impl PermitTable {
     /// A table from stored parts (RDB, an effect), if this module could have written them:
     /// the one check both use.
+    ///
+    /// A stored table holds at least one permit: a key whose last permit goes is deleted,
+    /// so an empty one is nothing a command leaves (and nothing an AOF rewrite rebuilds).
     pub fn validate(last_id: u64, permits: Vec<Permit>) -> Result<PermitTable, PermitError> {
         if last_id > MAX_FIELD {
             return Err(PermitError::LastId);
+        }
+        if permits.is_empty() {
+            return Err(PermitError::Empty);
         }
         if permits.len() > MAX_PERMITS {
             return Err(PermitError::TooMany);
@@ -255,6 +263,7 @@ mod tests {
         assert_eq!(t.acquire(u64::MAX, MS, T0), Err(PermitError::TooMany));
         let p = |id, expires_at| Permit { id, expires_at };
         assert!(PermitTable::validate(5, vec![p(1, T0), p(5, T0)]).is_ok());
+        assert_eq!(PermitTable::validate(5, vec![]), Err(PermitError::Empty));
         assert_eq!(
             PermitTable::validate(4, vec![p(5, T0)]),
             Err(PermitError::Id)
@@ -272,7 +281,7 @@ mod tests {
             Err(PermitError::Expiry)
         );
         assert_eq!(
-            PermitTable::validate(u64::MAX, vec![]),
+            PermitTable::validate(u64::MAX, vec![p(1, T0)]),
             Err(PermitError::LastId)
         );
     }

@@ -65,6 +65,19 @@ pub fn setpermits(ctx: *mut Ctx, args: Args) -> Result<()> {
         next.put(p);
     }
     let (last, list) = next.into_parts();
+    if list.is_empty() {
+        // No permit left: no key (what the commands leave too).
+        if last > i64::MAX as u64 {
+            return Err(Error::Invalid(rl_core::PermitError::LastId.message()));
+        }
+        if let Some(t) = existing {
+            permits::left(t.permits().len());
+            key.delete();
+        }
+        rm!(RedisModule_ReplicateVerbatim(ctx));
+        api::reply_ok(ctx);
+        return Ok(());
+    }
     let next = PermitTable::validate(last, list).map_err(|e| Error::Invalid(e.message()))?;
     match existing {
         Some(t) => {
@@ -75,7 +88,6 @@ pub fn setpermits(ctx: *mut Ctx, args: Args) -> Result<()> {
             *t = next;
             key.written(t);
         }
-        None if next.permits().is_empty() => {}
         None => key.create(next),
     }
     rm!(RedisModule_ReplicateVerbatim(ctx));

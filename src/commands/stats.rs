@@ -35,7 +35,8 @@ fn reply_counts(ctx: *mut Ctx, c: &Counts) {
     api::reply_map(ctx, FIELDS.len());
     for (name, v) in FIELDS.iter().zip(values(c)) {
         api::reply_text(ctx, name);
-        api::reply_integer(ctx, v as i64);
+        // An integer reply is signed: a counter past i64::MAX shows as i64::MAX.
+        api::reply_integer(ctx, v.min(i64::MAX as u64) as i64);
     }
 }
 
