@@ -292,16 +292,16 @@ fn guard_core_take_reserve_three_limits_and_expiry_mint_nothing() {
                     let in_debt = stored.is_some_and(|b| {
                         Level::new(Some(&b), b.limit(), now).signed_tokens() < 0.0
                     });
-                    if stored.is_none() || unused < 1.0 || in_debt {
-                        false
-                    } else {
-                        // RL.REFUND: under the stored limit.
-                        let b = stored.unwrap();
-                        level = Level::new(Some(&b), b.limit(), now);
-                        let n = 1 + rnd(unused as u64);
-                        let credited = level.refund(n);
-                        unused -= n as f64;
-                        credited > 0.0
+                    match stored {
+                        Some(b) if unused >= 1.0 && !in_debt => {
+                            // RL.REFUND: under the stored limit.
+                            level = Level::new(Some(&b), b.limit(), now);
+                            let n = 1 + rnd(unused as u64);
+                            let credited = level.refund(n);
+                            unused -= n as f64;
+                            credited > 0.0
+                        }
+                        _ => false,
                     }
                 }
             };

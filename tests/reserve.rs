@@ -79,7 +79,7 @@ fn reservations_queue_in_debt_and_other_commands_wait_behind() {
 }
 
 #[test]
-fn refunds_credit_what_the_bucket_lacks_and_pay_debt_first() {
+fn refunds_credit_what_the_bucket_lacks_and_nothing_in_debt() {
     let s = Server::start(&[]);
     let mut c = s.conn();
     assert_eq!(refund(&mut c, "none", 5), 0.0);
@@ -93,13 +93,18 @@ fn refunds_credit_what_the_bucket_lacks_and_pay_debt_first() {
     assert!((0.99..=1.0).contains(&got), "{got}");
     let exists: i64 = redis::cmd("EXISTS").arg("k").query(&mut c).unwrap();
     assert_eq!(exists, 0, "full again and nothing held: no key");
-    // Debt first.
+    // In debt, nothing is taken back: the coming tokens are promised to a waiting caller.
     assert_eq!(reserve(&mut c, "d", "1", "2", 2, 0).0, 2);
     assert_eq!(reserve(&mut c, "d", "1", "2", 2, 3000).0, 2);
-    let got = refund(&mut c, "d", 1);
-    assert!((got - 1.0).abs() < 1e-9);
+    let before = digest(&mut c, "d");
+    assert_eq!(refund(&mut c, "d", 1), 0.0);
+    assert_eq!(
+        digest(&mut c, "d"),
+        before,
+        "a refund into debt changed the bucket"
+    );
     let (_, remaining, _, _) = take_state(&mut c, "d", 1.0, 2.0, 1);
-    assert!((-1.01..=-0.95).contains(&remaining), "{remaining}");
+    assert!((-2.01..=-1.95).contains(&remaining), "{remaining}");
     // Wrong type, bad input: errors, nothing changed.
     let _: () = c.set("str", "x").unwrap();
     let e = redis::cmd("RL.REFUND")
