@@ -7,7 +7,7 @@ mod adopt;
 mod api;
 mod args;
 mod clock;
-mod command;
+mod boundary;
 mod commands;
 mod config;
 mod datatype;

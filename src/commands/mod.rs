@@ -17,7 +17,7 @@ pub mod top;
 
 use crate::api::Ctx;
 use crate::args::Args;
-use crate::command::{self, ArgDoc, Keys, Spec};
+use crate::boundary::{self, ArgDoc, Keys, Spec};
 use crate::entry;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
@@ -199,7 +199,7 @@ const SETSTATE_ARGS: &[ArgDoc] = &[
 ];
 
 pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CStr> {
-    command::add_acl_category(ctx);
+    boundary::add_acl_category(ctx);
     let specs = [
         Spec {
             name: c"RL.TAKE",
@@ -380,9 +380,9 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
     ];
     specs
         .iter()
-        .try_for_each(|spec| command::register(ctx, spec))?;
+        .try_for_each(|spec| boundary::register(ctx, spec))?;
     #[cfg(debug_assertions)]
-    command::register(
+    boundary::register(
         ctx,
         &Spec {
             name: c"RL.DEBUG-PANIC",

@@ -1,4 +1,4 @@
-//! Registering commands and the boundary every call crosses.
+//! The boundary every command call crosses, and registering commands.
 //!
 //! Commands are registered with `RedisModule_CreateCommand` directly rather than through the
 //! crate's macro, which copies every argument into a `Vec<RedisString>` per call. The
@@ -63,7 +63,7 @@ macro_rules! entry {
             argv: *mut *mut $crate::api::RStr,
             argc: std::os::raw::c_int,
         ) -> std::os::raw::c_int {
-            $crate::command::run(ctx, argv, argc, $handler, $counted)
+            $crate::boundary::run(ctx, argv, argc, $handler, $counted)
         }
         let func: redis_module::raw::RedisModuleCmdFunc = Some(entry);
         func
