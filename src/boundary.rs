@@ -27,12 +27,12 @@ pub unsafe fn run(
     argv: *mut *mut RStr,
     argc: c_int,
     handler: Handler,
-    counted: bool,
+    counting: Counting,
 ) -> c_int {
     if crate::resetstat::PENDING.load(std::sync::atomic::Ordering::Relaxed) != 0 {
         crate::resetstat::check();
     }
-    if counted {
+    if counting == Counting::Here {
         stats::CALLS.add(1);
     }
     let argv = std::slice::from_raw_parts(argv, argc.max(0) as usize);
@@ -54,16 +54,26 @@ pub unsafe fn run(
     redis_module::raw::REDISMODULE_OK as c_int
 }
 
-/// The C entry point of a handler: `entry!(take::take, counted)`.
+/// Who counts a call in `rl_calls`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Counting {
+    /// The boundary, before the handler runs.
+    Here,
+    /// The handler itself (`RL.MTAKE`: key-position requests are not calls), or nobody
+    /// (effects, observers).
+    Elsewhere,
+}
+
+/// The C entry point of a handler: `entry!(take::take, Counting::Here)`.
 #[macro_export]
 macro_rules! entry {
-    ($handler:path, $counted:expr) => {{
+    ($handler:path, $counting:expr) => {{
         unsafe extern "C" fn entry(
             ctx: *mut $crate::api::Ctx,
             argv: *mut *mut $crate::api::RStr,
             argc: std::os::raw::c_int,
         ) -> std::os::raw::c_int {
-            $crate::boundary::run(ctx, argv, argc, $handler, $counted)
+            $crate::boundary::run(ctx, argv, argc, $handler, $counting)
         }
         let func: redis_module::raw::RedisModuleCmdFunc = Some(entry);
         func

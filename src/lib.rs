@@ -6,8 +6,8 @@
 mod adopt;
 mod api;
 mod args;
-mod clock;
 mod boundary;
+mod clock;
 mod commands;
 mod config;
 mod datatype;

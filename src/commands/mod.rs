@@ -17,7 +17,7 @@ pub mod top;
 
 use crate::api::Ctx;
 use crate::args::Args;
-use crate::boundary::{self, ArgDoc, Keys, Spec};
+use crate::boundary::{self, ArgDoc, Counting, Keys, Spec};
 use crate::entry;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
@@ -203,7 +203,7 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
     let specs = [
         Spec {
             name: c"RL.TAKE",
-            func: entry!(take::take, true),
+            func: entry!(take::take, Counting::Here),
             flags: c"write deny-oom fast",
             keys: Keys::OneWritten,
             arity: -4,
@@ -215,7 +215,7 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
         },
         Spec {
             name: c"RL.LEASE",
-            func: entry!(lease::lease, true),
+            func: entry!(lease::lease, Counting::Here),
             flags: c"write deny-oom",
             keys: Keys::OneWritten,
             arity: -6,
@@ -227,7 +227,7 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
         },
         Spec {
             name: c"RL.RETURN",
-            func: entry!(return_lease::return_lease, true),
+            func: entry!(return_lease::return_lease, Counting::Here),
             flags: c"write deny-oom",
             keys: Keys::OneWritten,
             arity: 4,
@@ -239,7 +239,7 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
         },
         Spec {
             name: c"RL.PEEK",
-            func: entry!(peek::peek, true),
+            func: entry!(peek::peek, Counting::Here),
             flags: c"readonly",
             keys: Keys::OneRead,
             arity: 2,
@@ -253,7 +253,7 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
         // (getkeys-api) and counts its own calls (key-position requests are not calls).
         Spec {
             name: c"RL.MTAKE",
-            func: entry!(mtake::mtake, false),
+            func: entry!(mtake::mtake, Counting::Elsewhere),
             flags: c"write deny-oom getkeys-api",
             keys: Keys::EveryThirdFrom2,
             arity: -5,
@@ -265,7 +265,7 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
         },
         Spec {
             name: c"RL.RESERVE",
-            func: entry!(reserve::reserve, true),
+            func: entry!(reserve::reserve, Counting::Here),
             flags: c"write deny-oom fast",
             keys: Keys::OneWritten,
             arity: -6,
@@ -278,7 +278,7 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
         },
         Spec {
             name: c"RL.REFUND",
-            func: entry!(refund::refund, true),
+            func: entry!(refund::refund, Counting::Here),
             flags: c"write deny-oom fast",
             keys: Keys::OneWritten,
             arity: 3,
@@ -290,7 +290,7 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
         },
         Spec {
             name: c"RL.ACQUIRE",
-            func: entry!(acquire::acquire, true),
+            func: entry!(acquire::acquire, Counting::Here),
             flags: c"write deny-oom",
             keys: Keys::OneWritten,
             arity: 4,
@@ -302,7 +302,7 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
         },
         Spec {
             name: c"RL.RELEASE",
-            func: entry!(acquire::release, true),
+            func: entry!(acquire::release, Counting::Here),
             flags: c"write",
             keys: Keys::OneWritten,
             arity: 3,
@@ -314,7 +314,7 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
         },
         Spec {
             name: c"RL.RENEW",
-            func: entry!(acquire::renew, true),
+            func: entry!(acquire::renew, Counting::Here),
             flags: c"write deny-oom",
             keys: Keys::OneWritten,
             arity: 4,
@@ -327,7 +327,7 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
         // Not for clients: the effect of the semaphore commands.
         Spec {
             name: c"RL.SETPERMITS",
-            func: entry!(setpermits::setpermits, false),
+            func: entry!(setpermits::setpermits, Counting::Elsewhere),
             flags: c"write deny-oom",
             keys: Keys::OneWritten,
             arity: -4,
@@ -341,7 +341,7 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
         // Observers: not counted in `calls`.
         Spec {
             name: c"RL.STATS",
-            func: entry!(stats::stats, false),
+            func: entry!(stats::stats, Counting::Elsewhere),
             flags: c"readonly fast",
             keys: Keys::None,
             arity: -1,
@@ -354,7 +354,7 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
         },
         Spec {
             name: c"RL.TOP",
-            func: entry!(top::top, false),
+            func: entry!(top::top, Counting::Elsewhere),
             flags: c"readonly",
             keys: Keys::None,
             arity: -1,
@@ -367,7 +367,7 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
         // Not for clients: the effect replicas and the AOF apply. Not counted in `calls`.
         Spec {
             name: c"RL.SETSTATE",
-            func: entry!(setstate::setstate, false),
+            func: entry!(setstate::setstate, Counting::Elsewhere),
             flags: c"write deny-oom",
             keys: Keys::OneWritten,
             arity: -5,
@@ -386,7 +386,7 @@ pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CSt
         ctx,
         &Spec {
             name: c"RL.DEBUG-PANIC",
-            func: entry!(debug_panic::debug_panic, false),
+            func: entry!(debug_panic::debug_panic, Counting::Elsewhere),
             flags: c"readonly",
             keys: Keys::None,
             arity: 1,
