@@ -118,7 +118,7 @@ class Report:
              "`RL.TAKE b:<i> 0.001 10 1`"),
             ("Lua script's hash, same expiry", "lua_expiry",
              "`EVALSHA <sha> 1 b:<i> 0.001 10 1` + `PEXPIRE b:<i> 1000000`"),
-            ("Lua script's hash as the seed runs it (no expiry)", "lua_seed",
+            ("Lua script's hash as teams run it (no expiry)", "lua_seed",
              "`EVALSHA <sha> 1 b:<i> 0.001 10 1`"),
         ]  # fmt: skip
         for label, key, how in layouts:
@@ -132,7 +132,7 @@ class Report:
             "| Layout | keys left | memory still held |",
             "|---|---:|---:|",
             f"| `RL.TAKE` | {io['keys']:,} after {io['waited']:.1f} s | {io['bytes'] / 1e6:,.1f} MB |",
-            f"| Lua script as seeded | {il['keys']:,} after {il['waited']:.1f} s, and forever |"
+            f"| Lua script as usually run | {il['keys']:,} after {il['waited']:.1f} s, and forever |"
             f" {il['bytes'] / 1e6:,.1f} MB ({il['bytes'] / max(il['keys'], 1):.0f} bytes/key) |",
         ])  # fmt: skip
 
