@@ -314,8 +314,8 @@ impl<C: RedisConnection> Limiter<C> {
     /// Gives back up to `n` tokens of `key` that were taken or reserved but not used (a
     /// call that never reached its destination): `RL.REFUND key n`. Answers the tokens
     /// credited: fewer than `n` when the bucket refilled meanwhile (it never goes above
-    /// its cap), 0 for a key that is full or absent. A bucket in debt pays the debt first,
-    /// so the callers queued behind it move up.
+    /// its cap), 0 for a key that is full or absent, and 0 for a bucket in debt (its coming
+    /// tokens are promised to callers already waiting).
     ///
     /// Every error is returned (a refund that did not arrive only leaves the bucket
     /// emptier than it need be); no failure policy applies.
