@@ -231,7 +231,7 @@ Raw results: [incident/results.json](incident/results.json).
 
 ## How the over-issue was reproduced, and what the source documents get wrong
 
-The retrospective (seed 000) says the 3 hot instances "each let out their full 125, and
+The incident retrospective says the 3 hot instances "each let out their full 125, and
 that already added up to more than 1000". That arithmetic cannot hold: 3 × 125 = 375, and 8
 local buckets of 125/s cannot let out more than 8 × 125 = 1000/s on average whatever the
 skew (plus at most 8 × 125 tokens of burst, once). The replay shows what skew alone does:
@@ -239,7 +239,7 @@ with 8 instances the local split let out **{f0(ls['partner_mean_8'])}/s** — *u
 while the hot instances refused most of their traffic (the other 5 had unused allowance
 they could not lend). Skew makes a static split unfair and wasteful, not over-issuing.
 
-The over-issue needs the denominator to move, which is the mechanism seed 001 describes
+The over-issue needs the denominator to move, which is the mechanism the follow-up analysis describes
 (the instance count is not a controlled denominator; a scale-out doubles it while the
 per-instance limits still assume the old count, "the total let out is the sum of the
 per-instance shares"). In the replay the autoscaler adds 8 instances at {sc['scale_at']:g} s:
@@ -253,7 +253,7 @@ per-instance shares"). In the replay the autoscaler adds 8 instances at {sc['sca
 """
     if lr:
         out += f"""- **(a') new instances divide by the new count** (1000/16 = 62.5/s), old ones keep 125/s
-  until they restart, as seed 001 describes for a scale-out or rolling deploy: **{f0(lr['partner_mean_16'])}/s**
+  until they restart, as the follow-up analysis describes for a scale-out or rolling deploy: **{f0(lr['partner_mean_16'])}/s**
   after the scale-out (max **{f0(lr['partner_max_1s'])}** in one second). The transient right after
   the scale-out is the worst second: each new instance starts with a full local bucket.
 """
