@@ -364,7 +364,10 @@ fn leases_replicate_as_effects() {
     let (_, d, _, _) = lease(&mut m, "k", SLOW, 10.0, 1, 600_000, &[]);
     // A key whose last lease is returned while full goes away on both sides.
     let (_, gone, _, _) = lease(&mut m, "gone", 1000.0, 10.0, 5, 600_000, &[]);
-    assert_eq!(give_back(&mut m, "gone", gone, 5), 5);
+    // At 1000/s the bucket refills some of the 5 between the two calls: it takes back
+    // what it lacks, and ends full.
+    let credited = give_back(&mut m, "gone", gone, 5);
+    assert!((1..=5).contains(&credited), "{credited}");
     assert!(!exists(&mut m, "gone"));
     wait_synced(&master, &replica);
     let mut r = replica.conn();
