@@ -64,6 +64,59 @@ fn ceil_secs(d: Duration) -> u64 {
 }
 
 impl Decision {
+    /// `n` tokens granted; `remaining` and `reset_after` as the decider knows them.
+    pub fn granted(
+        n: u64,
+        remaining: f64,
+        reset_after: Duration,
+        limit: f64,
+        source: Source,
+    ) -> Decision {
+        Decision {
+            allowed: true,
+            granted: n,
+            remaining,
+            retry_after: Duration::ZERO,
+            reset_after,
+            limit,
+            source,
+        }
+    }
+
+    /// Nothing granted: the same request could succeed after `retry_after`.
+    pub fn denied(
+        remaining: f64,
+        retry_after: Duration,
+        reset_after: Duration,
+        limit: f64,
+        source: Source,
+    ) -> Decision {
+        Decision {
+            allowed: false,
+            granted: 0,
+            remaining,
+            retry_after,
+            reset_after,
+            limit,
+            source,
+        }
+    }
+
+    /// What the server answered: `granted` tokens (0: denied) and the bucket's state.
+    pub(crate) fn from_server(
+        granted: u64,
+        remaining: f64,
+        retry_after: Duration,
+        reset_after: Duration,
+        limit: f64,
+    ) -> Decision {
+        if granted > 0 {
+            Decision::granted(granted, remaining, reset_after, limit, Source::Server)
+        } else {
+            Decision::denied(remaining, retry_after, reset_after, limit, Source::Server)
+        }
+    }
+
     /// `Retry-After` in whole seconds, rounded up (a client that waits that long is not
     /// early).
     pub fn retry_after_secs(&self) -> u64 {

@@ -85,15 +85,13 @@ impl Fallback {
         let remaining = level.tokens();
         let reset_after = Duration::from_nanos(level.reset_after());
         if allowed {
-            return Decision {
-                allowed,
-                granted: n,
+            return Decision::granted(
+                n,
                 remaining,
-                retry_after: Duration::ZERO,
                 reset_after,
-                limit: self.limit.cap(),
-                source: Source::Fallback,
-            };
+                self.limit.cap(),
+                Source::Fallback,
+            );
         }
         let retry_after = level
             .wait_for(n as f64)
@@ -129,15 +127,13 @@ impl Fallback {
         if !granted {
             return (self.denied(remaining, wait, reset_after), wait);
         }
-        let decision = Decision {
-            allowed: true,
-            granted: n,
+        let decision = Decision::granted(
+            n,
             remaining,
-            retry_after: Duration::ZERO,
             reset_after,
-            limit: self.limit.cap(),
-            source: Source::Fallback,
-        };
+            self.limit.cap(),
+            Source::Fallback,
+        );
         (decision, wait)
     }
 
@@ -150,15 +146,8 @@ impl Fallback {
     }
 
     fn denied(&self, remaining: f64, retry_after: Duration, reset_after: Duration) -> Decision {
-        Decision {
-            allowed: false,
-            granted: 0,
-            remaining,
-            retry_after,
-            reset_after,
-            limit: self.limit.cap(),
-            source: Source::Fallback,
-        }
+        let cap = self.limit.cap();
+        Decision::denied(remaining, retry_after, reset_after, cap, Source::Fallback)
     }
 
     /// The local bucket an outage starts with, by policy.

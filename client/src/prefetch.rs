@@ -228,15 +228,10 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
             return Ok(self.fallback(n));
         }
         let decision = match inner.fetch(n).await {
-            Ok(Fetched::Granted { left }) => Decision {
-                allowed: true,
-                granted: n,
-                remaining: left as f64,
-                retry_after: Duration::ZERO,
-                reset_after: Duration::ZERO,
-                limit: inner.limit.cap(),
-                source: Source::Server,
-            },
+            Ok(Fetched::Granted { left }) => {
+                let cap = inner.limit.cap();
+                Decision::granted(n, left as f64, Duration::ZERO, cap, Source::Server)
+            }
             Ok(Fetched::Denied { retry_after }) => self.denied(retry_after, Source::Server),
             Err(_) => return Ok(self.fallback(n)),
         };
@@ -300,15 +295,14 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                 self.renew_in_background();
             }
             inner.metrics.decided(true, n, false);
-            return Some(Decision {
-                allowed: true,
-                granted: n,
-                remaining: left as f64,
-                retry_after: Duration::ZERO,
-                reset_after: Duration::ZERO,
-                limit: inner.limit.cap(),
-                source: Source::Lease,
-            });
+            let cap = inner.limit.cap();
+            return Some(Decision::granted(
+                n,
+                left as f64,
+                Duration::ZERO,
+                cap,
+                Source::Lease,
+            ));
         }
         let wait = state.empty_for(now)?;
         drop(state);
@@ -349,15 +343,8 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
     }
 
     fn denied(&self, retry_after: Duration, source: Source) -> Decision {
-        Decision {
-            allowed: false,
-            granted: 0,
-            remaining: 0.0,
-            retry_after,
-            reset_after: Duration::ZERO,
-            limit: self.inner.limit.cap(),
-            source,
-        }
+        let cap = self.inner.limit.cap();
+        Decision::denied(0.0, retry_after, Duration::ZERO, cap, source)
     }
 }
 

@@ -13,7 +13,7 @@ use crate::fallback::Fallback;
 use crate::health::Health;
 use crate::lazy::LazyConnection;
 use crate::reply;
-use crate::{Backend, Decision, Error, LimiterConfig, Metrics, Reservation, Source};
+use crate::{Backend, Decision, Error, LimiterConfig, Metrics, Reservation};
 
 /// Longest wait a reservation may accept (the server's bound): a day.
 const MAX_WAIT: Duration = Duration::from_secs(86_400);
@@ -205,15 +205,13 @@ impl<C: RedisConnection> Limiter<C> {
         let remaining = reply::number(&items[1])?;
         let retry_ms = reply::count(&items[2])?;
         let reset_ms = reply::count(&items[3])?;
-        Ok(Decision {
-            allowed: granted > 0,
+        Ok(Decision::from_server(
             granted,
             remaining,
-            retry_after: Duration::from_millis(retry_ms),
-            reset_after: Duration::from_millis(reset_ms),
-            limit: inner.limit.cap(),
-            source: Source::Server,
-        })
+            Duration::from_millis(retry_ms),
+            Duration::from_millis(reset_ms),
+            inner.limit.cap(),
+        ))
     }
     /// Reserves `n` tokens of `key`, waiting up to `max_wait` for them: one `RL.RESERVE`
     /// call, then a sleep of the wait it answers, so the caller uses the tokens at their
@@ -296,17 +294,15 @@ impl<C: RedisConnection> Limiter<C> {
         let wait = Duration::from_millis(reply::count(&items[1])?);
         let remaining = reply::number(&items[2])?;
         let reset_ms = reply::count(&items[3])?;
-        let allowed = granted > 0;
+        let reset_after = Duration::from_millis(reset_ms);
         Ok(Reservation {
-            decision: Decision {
-                allowed,
+            decision: Decision::from_server(
                 granted,
                 remaining,
-                retry_after: if allowed { Duration::ZERO } else { wait },
-                reset_after: Duration::from_millis(reset_ms),
-                limit: inner.limit.cap(),
-                source: Source::Server,
-            },
+                wait,
+                reset_after,
+                inner.limit.cap(),
+            ),
             wait,
         })
     }
