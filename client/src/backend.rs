@@ -3,7 +3,7 @@
 //! allow modules. Same arguments, same replies: only the head of each command differs, and
 //! this is the one place that builds it.
 
-use redis::{Cmd, Value};
+use redis::Value;
 use tokio::sync::OnceCell;
 
 use crate::conn::RedisConnection;
@@ -79,40 +79,4 @@ async fn probe<C: RedisConnection>(mut conn: C) -> Result<Backend, Error> {
         "neither the redis-rl module (RL.TAKE) nor the Functions library `rl` \
          (scripts/load-functions) is on this server",
     ))
-}
-
-/// The head of command `name` (`RL.TAKE`...) for `backend`; the caller adds the key and
-/// the arguments as for the module.
-pub(crate) fn cmd(backend: Backend, name: &str) -> Cmd {
-    match backend {
-        Backend::Functions => {
-            let mut c = redis::cmd("FCALL");
-            c.arg(name.replace("RL.", "rl_").to_ascii_lowercase())
-                .arg(1);
-            c
-        }
-        _ => redis::cmd(name),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn words(c: &Cmd) -> Vec<String> {
-        c.args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
-                redis::Arg::Cursor => "?".into(),
-            })
-            .collect()
-    }
-
-    #[test]
-    fn functions_heads() {
-        let mut c = cmd(Backend::Functions, "RL.LEASE");
-        c.arg("k");
-        assert_eq!(words(&c), ["FCALL", "rl_lease", "1", "k"]);
-        assert_eq!(words(&cmd(Backend::Module, "RL.TAKE")), ["RL.TAKE"]);
-    }
 }

@@ -30,13 +30,12 @@ mod fallback;
 mod health;
 mod jitter;
 mod lazy;
-mod lease;
 mod meter;
 mod metrics;
 mod permit;
 mod prefetch;
-mod reply;
-mod take;
+mod protocol;
+mod limiter;
 
 pub use backend::Backend;
 pub use config::{limit, FailurePolicy, LimiterConfig, PrefetchConfig};
@@ -48,7 +47,7 @@ pub use metrics::{Metrics, MetricsSnapshot, LATENCY_BUCKETS_US};
 pub use permit::{Busy, Permit, Semaphore};
 pub use prefetch::PrefetchLimiter;
 pub use rl_core::{Limit, LimitError};
-pub use take::Limiter;
+pub use limiter::Limiter;
 
 /// The redis crate this client is built on, for building connections of the same version.
 pub use redis;

@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::Cmd;
 use tokio::task::JoinHandle;
 
 use crate::backend::Selector;
@@ -16,7 +15,8 @@ use crate::conn::{call, RedisConnection};
 use crate::fallback::lock;
 use crate::health::Health;
 use crate::lazy::LazyConnection;
-use crate::{reply, Backend, Error, FailurePolicy, LimiterConfig, Metrics, Source};
+use crate::protocol;
+use crate::{Backend, Error, FailurePolicy, LimiterConfig, Metrics, Source};
 
 /// The server's bounds: at most 10 000 permits per key, TTLs from 1 ms to a day.
 const MAX_LIMIT: u64 = 10_000;
@@ -131,16 +131,6 @@ impl<C: RedisConnection> fmt::Debug for Permit<C> {
     }
 }
 
-fn acquire_cmd(key: &str, limit: u64, ttl: Duration) -> Cmd {
-    let mut cmd = redis::cmd("RL.ACQUIRE");
-    cmd.arg(key).arg(limit).arg(ttl_ms(ttl));
-    cmd
-}
-
-fn ttl_ms(ttl: Duration) -> u64 {
-    ttl.as_millis().clamp(1, MAX_TTL.as_millis()) as u64
-}
-
 impl Semaphore<LazyConnection> {
     /// A semaphore over `client` that needs no server to be built (see
     /// [`LazyConnection`]): it connects at the first call.
@@ -220,13 +210,14 @@ impl<C: RedisConnection> Semaphore<C> {
                 "permits (RL.ACQUIRE) need the module: the Functions library has none",
             ));
         }
-        let cmd = acquire_cmd(key, limit, ttl);
+        let cmd = protocol::acquire_cmd(key, limit, ttl);
         let value = call(&inner.conn, &cmd, inner.config.timeout, &inner.metrics).await?;
-        let items = reply::array(value, 4)?;
-        let granted = reply::count(&items[0])? > 0;
-        let id = reply::count(&items[1])?;
-        let in_use = reply::count(&items[2])?;
-        let retry_after = Duration::from_millis(reply::count(&items[3])?);
+        let protocol::AcquireReply {
+            granted,
+            id,
+            in_use,
+            retry_after,
+        } = protocol::acquire_reply(value)?;
         inner.metrics.permit(granted);
         if !granted {
             return Ok(Err(Busy {
@@ -308,10 +299,9 @@ fn check(limit: u64, ttl: Duration) -> Result<(), Error> {
 impl<C: RedisConnection> Inner<C> {
     /// `RL.RELEASE key id`: whether a live permit was released.
     async fn release(&self, key: &str, id: u64) -> Result<bool, Error> {
-        let mut cmd = redis::cmd("RL.RELEASE");
-        cmd.arg(key).arg(id);
+        let cmd = protocol::release_cmd(key, id);
         let value = call(&self.conn, &cmd, self.config.timeout, &self.metrics).await?;
-        let released = reply::integer(value)? == 1;
+        let released = protocol::integer(value)? == 1;
         if released {
             self.metrics.permit_released();
         }
@@ -320,10 +310,9 @@ impl<C: RedisConnection> Inner<C> {
 
     /// `RL.RENEW key id ttl_ms`: whether the permit was still held.
     async fn renew(&self, key: &str, id: u64, ttl: Duration) -> Result<bool, Error> {
-        let mut cmd = redis::cmd("RL.RENEW");
-        cmd.arg(key).arg(id).arg(ttl_ms(ttl));
+        let cmd = protocol::renew_cmd(key, id, ttl);
         let value = call(&self.conn, &cmd, self.config.timeout, &self.metrics).await?;
-        Ok(reply::integer(value)? == 1)
+        Ok(protocol::integer(value)? == 1)
     }
 
     fn release_locally(&self, key: &str) {

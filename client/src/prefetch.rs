@@ -12,9 +12,9 @@ use crate::conn::{call, RedisConnection};
 use crate::fallback::{lock, Fallback};
 use crate::health::Health;
 use crate::lazy::LazyConnection;
-use crate::lease::{lease_cmd, parse_lease, return_cmd};
-use crate::take::check_request;
-use crate::{reply, Decision, Error, Metrics, PrefetchConfig, Source};
+use crate::protocol::{self, lease_cmd, parse_lease, return_cmd};
+use crate::limiter::check_request;
+use crate::{Decision, Error, Metrics, PrefetchConfig, Source};
 
 /// A limiter for one key that leases tokens in batches and grants from the batch locally:
 /// one Redis call per batch instead of per request.
@@ -264,7 +264,7 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                 &inner.metrics,
             )
             .await
-            .and_then(reply::integer);
+            .and_then(protocol::integer);
             match outcome {
                 Ok(tokens) => {
                     inner.metrics.returned(lease.left);

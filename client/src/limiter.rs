@@ -3,17 +3,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::Cmd;
 use rl_core::Limit;
 
-use crate::backend::{self, Selector};
+use crate::backend::Selector;
 use crate::clock::now_ns;
 use crate::conn::{call, RedisConnection};
 use crate::fallback::Fallback;
 use crate::health::Health;
 use crate::lazy::LazyConnection;
-use crate::reply;
-use crate::{Backend, Decision, Error, LimiterConfig, Metrics, Reservation};
+use crate::protocol;
+use crate::{Decision, Error, LimiterConfig, Metrics, Reservation};
 
 /// Longest wait a reservation may accept (the server's bound): a day.
 const MAX_WAIT: Duration = Duration::from_secs(86_400);
@@ -58,34 +57,6 @@ struct Inner<C> {
     health: Health,
     fallback: Fallback,
     backend: Selector,
-}
-
-/// `RL.TAKE key rate cap n WITHSTATE`.
-pub(crate) fn take_cmd(backend: Backend, key: &str, limit: &Limit, n: u64) -> Cmd {
-    let mut cmd = backend::cmd(backend, "RL.TAKE");
-    cmd.arg(key)
-        .arg(limit.rate())
-        .arg(limit.cap())
-        .arg(n)
-        .arg("WITHSTATE");
-    cmd
-}
-
-/// `RL.RESERVE key rate cap n max_wait_ms`.
-pub(crate) fn reserve_cmd(
-    backend: Backend,
-    key: &str,
-    limit: &Limit,
-    n: u64,
-    max_wait: Duration,
-) -> Cmd {
-    let mut cmd = backend::cmd(backend, "RL.RESERVE");
-    cmd.arg(key)
-        .arg(limit.rate())
-        .arg(limit.cap())
-        .arg(n)
-        .arg(max_wait.as_millis() as u64);
-    cmd
 }
 
 /// Refuses what the server would refuse for every state of the bucket.
@@ -198,19 +169,16 @@ impl<C: RedisConnection> Limiter<C> {
         let inner = &self.inner;
         check_request(n, &inner.limit)?;
         let backend = inner.backend.get(&inner.conn).await?;
-        let cmd = take_cmd(backend, key, &inner.limit, n);
+        let cmd = protocol::take_cmd(backend, key, &inner.limit, n);
         let value = call(&inner.conn, &cmd, inner.config.timeout, &inner.metrics).await?;
-        let items = reply::array(value, 4)?;
-        let granted = reply::count(&items[0])?;
-        let remaining = reply::number(&items[1])?;
-        let retry_ms = reply::count(&items[2])?;
-        let reset_ms = reply::count(&items[3])?;
+        let r = protocol::take_reply(value)?;
+        let cap = inner.limit.cap();
         Ok(Decision::from_server(
-            granted,
-            remaining,
-            Duration::from_millis(retry_ms),
-            Duration::from_millis(reset_ms),
-            inner.limit.cap(),
+            r.granted,
+            r.remaining,
+            r.wait,
+            r.reset_after,
+            cap,
         ))
     }
     /// Reserves `n` tokens of `key`, waiting up to `max_wait` for them: one `RL.RESERVE`
@@ -287,23 +255,13 @@ impl<C: RedisConnection> Limiter<C> {
         check_request(n, &inner.limit)?;
         check_wait(max_wait)?;
         let backend = inner.backend.get(&inner.conn).await?;
-        let cmd = reserve_cmd(backend, key, &inner.limit, n, max_wait);
+        let cmd = protocol::reserve_cmd(backend, key, &inner.limit, n, max_wait);
         let value = call(&inner.conn, &cmd, inner.config.timeout, &inner.metrics).await?;
-        let items = reply::array(value, 4)?;
-        let granted = reply::count(&items[0])?;
-        let wait = Duration::from_millis(reply::count(&items[1])?);
-        let remaining = reply::number(&items[2])?;
-        let reset_ms = reply::count(&items[3])?;
-        let reset_after = Duration::from_millis(reset_ms);
+        let r = protocol::reserve_reply(value)?;
+        let cap = inner.limit.cap();
         Ok(Reservation {
-            decision: Decision::from_server(
-                granted,
-                remaining,
-                wait,
-                reset_after,
-                inner.limit.cap(),
-            ),
-            wait,
+            decision: Decision::from_server(r.granted, r.remaining, r.wait, r.reset_after, cap),
+            wait: r.wait,
         })
     }
 
@@ -321,10 +279,9 @@ impl<C: RedisConnection> Limiter<C> {
             return Err(Error::Request("n must be positive"));
         }
         let backend = inner.backend.get(&inner.conn).await?;
-        let mut cmd = backend::cmd(backend, "RL.REFUND");
-        cmd.arg(key).arg(n);
+        let cmd = protocol::refund_cmd(backend, key, n);
         let value = call(&inner.conn, &cmd, inner.config.timeout, &inner.metrics).await?;
-        let credited = reply::number(&value)?;
+        let credited = protocol::credited(value)?;
         if credited > 0.0 {
             inner.metrics.refunded(credited);
         }

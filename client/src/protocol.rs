@@ -1,0 +1,295 @@
+//! The wire protocol, in one place: the commands the client sends (the module's, or the
+//! Functions library's `FCALL rl_...` with the same arguments) and the reading of their
+//! replies, which are checked rather than trusted (RESP2 and RESP3 alike).
+
+use std::time::Duration;
+
+use redis::{Cmd, Value};
+use rl_core::Limit;
+
+use crate::{Backend, Error};
+
+/// The head of command `name` (`RL.TAKE`...) for `backend`; the caller adds the key and
+/// the arguments as for the module.
+pub(crate) fn head(backend: Backend, name: &str) -> Cmd {
+    match backend {
+        Backend::Functions => {
+            let mut c = redis::cmd("FCALL");
+            c.arg(name.replace("RL.", "rl_").to_ascii_lowercase())
+                .arg(1);
+            c
+        }
+        _ => redis::cmd(name),
+    }
+}
+
+/// `RL.TAKE key rate cap n WITHSTATE`.
+pub(crate) fn take_cmd(backend: Backend, key: &str, limit: &Limit, n: u64) -> Cmd {
+    let mut cmd = head(backend, "RL.TAKE");
+    cmd.arg(key)
+        .arg(limit.rate())
+        .arg(limit.cap())
+        .arg(n)
+        .arg("WITHSTATE");
+    cmd
+}
+
+/// `RL.RESERVE key rate cap n max_wait_ms`.
+pub(crate) fn reserve_cmd(
+    backend: Backend,
+    key: &str,
+    limit: &Limit,
+    n: u64,
+    max_wait: Duration,
+) -> Cmd {
+    let mut cmd = head(backend, "RL.RESERVE");
+    cmd.arg(key)
+        .arg(limit.rate())
+        .arg(limit.cap())
+        .arg(n)
+        .arg(max_wait.as_millis() as u64);
+    cmd
+}
+
+/// `RL.REFUND key n`.
+pub(crate) fn refund_cmd(backend: Backend, key: &str, n: u64) -> Cmd {
+    let mut cmd = head(backend, "RL.REFUND");
+    cmd.arg(key).arg(n);
+    cmd
+}
+
+/// `RL.LEASE key rate cap n ttl_ms MIN min [RETURN id unused]`.
+pub(crate) fn lease_cmd(
+    backend: Backend,
+    key: &str,
+    limit: &Limit,
+    n: u64,
+    ttl_ms: u64,
+    min: u64,
+    settle: Option<(u64, u64)>,
+) -> Cmd {
+    let mut cmd = head(backend, "RL.LEASE");
+    cmd.arg(key)
+        .arg(limit.rate())
+        .arg(limit.cap())
+        .arg(n)
+        .arg(ttl_ms)
+        .arg("MIN")
+        .arg(min);
+    if let Some((id, unused)) = settle {
+        cmd.arg("RETURN").arg(id).arg(unused);
+    }
+    cmd
+}
+
+/// `RL.RETURN key id unused`.
+pub(crate) fn return_cmd(backend: Backend, key: &str, id: u64, unused: u64) -> Cmd {
+    let mut cmd = head(backend, "RL.RETURN");
+    cmd.arg(key).arg(id).arg(unused);
+    cmd
+}
+
+/// What `RL.LEASE` answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LeaseReply {
+    /// Tokens granted (0 = denied).
+    pub(crate) tokens: u64,
+    /// The lease's id, for `RETURN` / `RL.RETURN`.
+    pub(crate) id: u64,
+    /// The TTL the server applied.
+    pub(crate) ttl_ms: u64,
+    /// When denied: how long until `MIN` tokens are there.
+    pub(crate) retry_after_ms: u64,
+}
+
+pub(crate) fn parse_lease(v: Value) -> Result<LeaseReply, Error> {
+    let items = array(v, 4)?;
+    Ok(LeaseReply {
+        tokens: count(&items[0])?,
+        id: count(&items[1])?,
+        ttl_ms: count(&items[2])?,
+        retry_after_ms: count(&items[3])?,
+    })
+}
+
+pub(crate) fn acquire_cmd(key: &str, limit: u64, ttl: Duration) -> Cmd {
+    let mut cmd = redis::cmd("RL.ACQUIRE");
+    cmd.arg(key)
+        .arg(limit)
+        .arg(ttl.as_millis().clamp(1, u128::from(u64::MAX)) as u64);
+    cmd
+}
+
+/// `RL.RELEASE key id`.
+pub(crate) fn release_cmd(key: &str, id: u64) -> Cmd {
+    let mut cmd = redis::cmd("RL.RELEASE");
+    cmd.arg(key).arg(id);
+    cmd
+}
+
+/// `RL.RENEW key id ttl_ms`.
+pub(crate) fn renew_cmd(key: &str, id: u64, ttl: Duration) -> Cmd {
+    let mut cmd = redis::cmd("RL.RENEW");
+    cmd.arg(key)
+        .arg(id)
+        .arg(ttl.as_millis().clamp(1, u128::from(u64::MAX)) as u64);
+    cmd
+}
+
+/// The four numbers of an `RL.TAKE ... WITHSTATE` or `RL.RESERVE` reply: granted, then
+/// `retry_after_ms` / `wait_ms`, the remaining tokens and `reset_after_ms` (in the order
+/// the command sends them: see [`take_reply`] and [`reserve_reply`]).
+pub(crate) struct BucketReply {
+    pub(crate) granted: u64,
+    pub(crate) remaining: f64,
+    pub(crate) wait: Duration,
+    pub(crate) reset_after: Duration,
+}
+
+/// `[granted, remaining, retry_after_ms, reset_after_ms]`.
+pub(crate) fn take_reply(v: Value) -> Result<BucketReply, Error> {
+    let items = array(v, 4)?;
+    Ok(BucketReply {
+        granted: count(&items[0])?,
+        remaining: number(&items[1])?,
+        wait: Duration::from_millis(count(&items[2])?),
+        reset_after: Duration::from_millis(count(&items[3])?),
+    })
+}
+
+/// `[granted, wait_ms, remaining, reset_after_ms]`.
+pub(crate) fn reserve_reply(v: Value) -> Result<BucketReply, Error> {
+    let items = array(v, 4)?;
+    Ok(BucketReply {
+        granted: count(&items[0])?,
+        wait: Duration::from_millis(count(&items[1])?),
+        remaining: number(&items[2])?,
+        reset_after: Duration::from_millis(count(&items[3])?),
+    })
+}
+
+/// `RL.ACQUIRE`'s `[granted, permit_id, in_use, retry_after_ms]`.
+pub(crate) struct AcquireReply {
+    pub(crate) granted: bool,
+    pub(crate) id: u64,
+    pub(crate) in_use: u64,
+    pub(crate) retry_after: Duration,
+}
+
+pub(crate) fn acquire_reply(v: Value) -> Result<AcquireReply, Error> {
+    let items = array(v, 4)?;
+    Ok(AcquireReply {
+        granted: count(&items[0])? > 0,
+        id: count(&items[1])?,
+        in_use: count(&items[2])?,
+        retry_after: Duration::from_millis(count(&items[3])?),
+    })
+}
+
+/// `RL.REFUND`'s tokens credited.
+pub(crate) fn credited(v: Value) -> Result<f64, Error> {
+    number(&v)
+}
+
+fn bad(what: &str, v: &Value) -> Error {
+    Error::Reply(format!("{what}: {v:?}"))
+}
+
+/// The elements of an array reply of exactly `len` items.
+pub(crate) fn array(v: Value, len: usize) -> Result<Vec<Value>, Error> {
+    match v {
+        Value::Array(items) if items.len() == len => Ok(items),
+        other => Err(bad(&format!("expected an array of {len}"), &other)),
+    }
+}
+
+/// A non-negative integer element.
+pub(crate) fn count(v: &Value) -> Result<u64, Error> {
+    match v {
+        Value::Int(i) if *i >= 0 => Ok(*i as u64),
+        other => Err(bad("expected a non-negative integer", other)),
+    }
+}
+
+/// A number element: a double (RESP3) or its text (RESP2 bulk string).
+pub(crate) fn number(v: &Value) -> Result<f64, Error> {
+    let parsed = match v {
+        Value::Double(d) => Some(*d),
+        Value::Int(i) => Some(*i as f64),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok().and_then(|s| s.parse().ok()),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    };
+    parsed
+        .filter(|d: &f64| d.is_finite())
+        .ok_or_else(|| bad("expected a number", v))
+}
+
+/// An integer reply (`RL.RETURN`).
+pub(crate) fn integer(v: Value) -> Result<u64, Error> {
+    count(&v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_in_both_protocols() {
+        assert_eq!(number(&Value::Double(2.5)).unwrap(), 2.5);
+        assert_eq!(number(&Value::BulkString(b"0.25".to_vec())).unwrap(), 0.25);
+        assert!(number(&Value::BulkString(b"nan".to_vec())).is_err());
+        assert!(number(&Value::Nil).is_err());
+    }
+
+    #[test]
+    fn shapes_are_checked() {
+        assert!(array(Value::Array(vec![Value::Int(1)]), 4).is_err());
+        assert!(count(&Value::Int(-1)).is_err());
+        assert_eq!(count(&Value::Int(7)).unwrap(), 7);
+    }
+
+    #[test]
+    fn settlement_rides_on_the_lease_call() {
+        let limit = Limit::new(10.0, 100.0).unwrap();
+        let cmd = lease_cmd(Backend::Module, "k", &limit, 20, 1000, 1, Some((7, 3)));
+        let args: Vec<String> = cmd
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                redis::Arg::Cursor => "?".into(),
+            })
+            .collect();
+        assert_eq!(args[0], "RL.LEASE");
+        assert_eq!(args[4..], ["20", "1000", "MIN", "1", "RETURN", "7", "3"]);
+    }
+
+    #[test]
+    fn lease_reply_parses() {
+        let v = Value::Array(vec![
+            Value::Int(5),
+            Value::Int(42),
+            Value::Int(1000),
+            Value::Int(0),
+        ]);
+        let r = parse_lease(v).unwrap();
+        assert_eq!((r.tokens, r.id, r.ttl_ms), (5, 42, 1000));
+    }
+
+    fn words(c: &Cmd) -> Vec<String> {
+        c.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                redis::Arg::Cursor => "?".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn functions_heads() {
+        let mut c = head(Backend::Functions, "RL.LEASE");
+        c.arg("k");
+        assert_eq!(words(&c), ["FCALL", "rl_lease", "1", "k"]);
+        assert_eq!(words(&head(Backend::Module, "RL.TAKE")), ["RL.TAKE"]);
+    }
+}
