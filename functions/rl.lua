@@ -7,7 +7,7 @@
 --   FCALL rl_return  1 key lease_id unused
 --   FCALL rl_mtake   N key1..keyN n rate1 cap1 .. rateN capN [WITHSTATE] [INIT tokens]
 --   FCALL rl_peek    1 key                        (no-writes: FCALL_RO, replicas)
---   FCALL rl_reserve 1 key rate cap n max_wait_ms [INIT tokens]
+--   FCALL rl_reserve 1 key rate cap n max_wait_ms [INIT tokens]   (no SHADOW)
 --   FCALL rl_refund  1 key n
 --
 -- Same arguments, replies, error texts and arithmetic as the module (core/src/*.rs); see
@@ -21,14 +21,21 @@
 --   i  the last lease id handed out (present once the bucket had a lease)
 --   l  live leases, "id:tokens:expires_us," each, ids ascending (absent when none)
 --   x  the latest expiry among the leases in `l`, microseconds (absent when none)
---   h  the hold, ns as decimal text like `f` (absent when none): after a write that changed
---      the limit, the instant the bucket would have been full under the old limit; the key
---      lives at least until then, so a caller still on the old limit finds these tokens,
---      not an absent key (a full bucket). Kept by later writes while it has not passed.
+--   h  the hold, ns as decimal text like `f`, and
+--   s  the span, ns as decimal text (both absent when the span is 0): after a write that
+--      changed the limit, span = max(the live stored span, the old limit's fill time), and
+--      every write sets h = the level's instant + span, so the key lives until it has been
+--      idle for the span: a caller still on an old limit finds these tokens, not an absent
+--      key (a full bucket). The stored span is live while h is after the level's instant;
+--      once h has passed, the next write drops both (HDEL h s).
 -- The key expires (PEXPIREAT) at ceil_ms(max(full_at, h, x)), set on every write (also
 -- after PERSIST): when the bucket is full again, past its hold and no lease is live,
--- exactly as the module's key.
---
+-- exactly as the module's key. RETURN and REFUND delete a key left full with no lease
+-- only if its hold has passed too.
+-- Debt: RL.RESERVE may debit tokens that are not there yet; full_at is then more than a
+-- fill time away and the level's instant stays ahead of now (`behind`). Replies show it
+-- as negative tokens (signed_tokens), and credits pay it back first.
+
 -- Exactness. Lua numbers are doubles; instants in ns (~1.8e18) exceed 2^53. Every instant
 -- and duration is kept as two exact numbers (s, n): seconds and nanoseconds (0 <= n < 1e9),
 -- with add, saturating subtract and compare done on the pair. The module's float steps are
@@ -298,11 +305,21 @@ end
 
 local I64_MAX = '9223372036854775807'
 
+-- Texts already parsed as valid integers (n, ttl_ms, ...): most calls repeat a few.
+-- Bounded: emptied when full. Values only, so a hit is the parse's own answer.
+local INTS, INTS_N = {}, 0
+
 -- Digits only, at most i64::MAX. Returns the value (a double: exact below 2^53).
 local function parse_integer(t)
+    local v = INTS[t]
+    if v then return v end
     if not t or #t == 0 or #t > 19 or t:find('%D') then return nil end
     if #t == 19 and t > I64_MAX then return nil end
-    return tonumber(t)
+    v = tonumber(t)
+    if INTS_N >= 1024 then INTS, INTS_N = {}, 0 end
+    INTS[t] = v
+    INTS_N = INTS_N + 1
+    return v
 end
 
 local function need(a, i, name)
@@ -406,16 +423,66 @@ end
 local function clearly_below(L, ns, t) return ns < t * G / L.r * (1 - 1e-9) end
 local function clearly_above(L, ns, t) return ns > t * G / L.r * (1 + 1e-9) + 1 end
 
+-- Limits already validated, by their texts (LIMITS[rate text][cap text]): a call with a
+-- known limit skips parsing and validation, and finds its fill time and debits computed
+-- (`fill`, `debit`). Library locals live as long as the library; bounded, emptied when full.
+local LIMITS, LIMITS_N = {}, 0
+
+local function known_limit(rt, ct)
+    local byr = LIMITS[rt]
+    if byr then return byr[ct] end
+    return nil
+end
+
+local function remember(L)
+    if LIMITS_N >= 1024 then LIMITS, LIMITS_N = {}, 0 end
+    local byr = LIMITS[L.rt]
+    if not byr then
+        byr = {}
+        LIMITS[L.rt] = byr
+    end
+    byr[L.ct] = L
+    LIMITS_N = LIMITS_N + 1
+    return L
+end
+
 local function limit_at(a, i, name)
+    local rt, ct = a[i], a[i + 1]
+    if rt and ct then
+        local L = known_limit(rt, ct)
+        if L then return L end
+    end
     local rate = number(a, i, name, 'rate is not a number')
     local cap = number(a, i + 1, name, 'cap is not a number')
     if not in_range(rate) then fail('rate must be a finite number between 1e-9 and 1e15') end
     if not in_range(cap) then fail('cap must be a finite number between 1e-9 and 1e15') end
     if cap / rate > MAX_FILL_SECS then fail('cap / rate must be at most 100 years') end
-    return make_limit(rate, cap, a[i], a[i + 1])
+    return remember(make_limit(rate, cap, rt, ct))
+end
+
+-- The limit of a stored bucket, from its texts (written by a call that validated them).
+local function stored_texts(rt, ct)
+    return known_limit(rt, ct) or remember(make_limit(tonumber(rt), tonumber(ct), rt, ct))
 end
 
 local function nanos_for(L, t) return split(refill_ceil(t, L.r)) end
+
+-- nanos_for(L, n) of a whole n (a debit), remembered per limit (at most 64 of them).
+local function debit(L, n)
+    local qs = L.qs
+    if qs then
+        local s = qs[n]
+        if s then return s, L.qn[n] end
+    else
+        qs = {}
+        L.qs, L.qn, L.qc = qs, {}, 0
+    end
+    local s, ns = nanos_for(L, n)
+    if L.qc < 64 then
+        qs[n], L.qn[n], L.qc = s, ns, L.qc + 1
+    end
+    return s, ns
+end
 local function nanos_for_floor(L, t) return split(refill_floor(t, L.r)) end
 local function tokens_for(L, s, n) return to_f64(s, n) * L.r / 1e9 end
 
@@ -433,8 +500,22 @@ end
 -- Levels (core/src/bucket.rs): a bucket refilled to `now` under a limit.
 -- Fields: L; as/an = at; bs/bn = behind; ds/dn = deficit; ss/sn = span (0, 0: none).
 
-local function full_level(L, ns, nn)
-    return { L = L, as = ns, an = nn, bs = 0, bn = 0, ds = 0, dn = 0, ss = 0, sn = 0 }
+-- A level is a table; `into` (optional) is one to fill instead of a new one: a command
+-- on one bucket reuses a single table (SCRATCH) for every call, which measured cheaper
+-- than a new table per call (the grant path; docs/functions.md, "Measured cost").
+local function new_level(into, L, as, an, bs, bn, ds, dn)
+    if into then
+        into.L, into.as, into.an, into.bs, into.bn = L, as, an, bs, bn
+        into.ds, into.dn, into.ss, into.sn = ds, dn, 0, 0
+        return into
+    end
+    return { L = L, as = as, an = an, bs = bs, bn = bn, ds = ds, dn = dn, ss = 0, sn = 0 }
+end
+
+local SCRATCH = {}
+
+local function full_level(L, ns, nn, into)
+    return new_level(into, L, ns, nn, 0, 0, 0, 0)
 end
 
 local function min_pair(as, an, bs, bn)
@@ -463,17 +544,23 @@ local function carry_over(ds, dn, B, L)
     return min_pair(s, n, fill(L))
 end
 
-local function refill(fs, fn, L, ns, nn)
-    local as, an = ns, nn
+local function refill(fs, fn, L, ns, nn, into)
+    if fs < ns or (fs == ns and fn <= nn) then
+        -- Full by now (the common case of a grant): at now, nothing behind, no deficit.
+        return new_level(into, L, ns, nn, 0, 0, 0, 0)
+    end
     -- Never before the bucket was empty (a clock that stepped back, or debt); the common
     -- case decided without the exactly rounded fill time.
-    if not clearly_below(L, to_f64(sat_sub(fs, fn, ns, nn)), L.c) then
-        local es, en = sat_sub(fs, fn, fill(L))
-        if lt(ns, nn, es, en) then as, an = es, en end
+    local ds, dn = sat_sub(fs, fn, ns, nn)
+    if clearly_below(L, to_f64(ds, dn), L.c) then
+        return new_level(into, L, ns, nn, 0, 0, ds, dn)
     end
+    local as, an = ns, nn
+    local es, en = sat_sub(fs, fn, fill(L))
+    if lt(ns, nn, es, en) then as, an = es, en end
     local bs, bn = sat_sub(as, an, ns, nn)
-    local ds, dn = sat_sub(fs, fn, as, an)
-    return { L = L, as = as, an = an, bs = bs, bn = bn, ds = ds, dn = dn, ss = 0, sn = 0 }
+    ds, dn = sat_sub(fs, fn, as, an)
+    return new_level(into, L, as, an, bs, bn, ds, dn)
 end
 
 -- Tokens, clamped to [0, cap] (what a lease may take).
@@ -492,18 +579,18 @@ end
 
 -- Stored limit: the texts of the last write; equal limits compare as doubles.
 local function stored_limit(rt, ct, L)
-    if rt == L.rt and ct == L.ct then return L, true end
-    local r, c = tonumber(rt), tonumber(ct)
-    if r == L.r and c == L.c then return L, true end
-    return make_limit(r, c, rt, ct), false
+    if rt == L.rt and ct == L.ct then return L end
+    local B = stored_texts(rt, ct)
+    if B.r == L.r and B.c == L.c then return L end
+    return B
 end
 
 -- Level::new for a stored bucket (full_at fs/fn, limit B, hold hs/hn, span ss/sn) and a
 -- call's limit L. The stored span is live while its hold is after the level's instant.
 -- With the same limit the level keeps it; with another, the span is at least the time the
 -- old limit takes to fill (the key then lives that long after every write).
-local function level_new(fs, fn, B, L, ns, nn, hs, hn, ss, sn)
-    local lv = refill(fs, fn, B, ns, nn)
+local function level_new(fs, fn, B, L, ns, nn, hs, hn, ss, sn, into)
+    local lv = refill(fs, fn, B, ns, nn, into)
     if not lt(lv.as, lv.an, hs, hn) then ss, sn = 0, 0 end
     if B ~= L then
         lv.ds, lv.dn = carry_over(lv.ds, lv.dn, B, L)
@@ -515,9 +602,9 @@ local function level_new(fs, fn, B, L, ns, nn, hs, hn, ss, sn)
     return lv
 end
 
-local function starting_with(L, t, ns, nn)
+local function starting_with(L, t, ns, nn, into)
     if t < 0 then t = 0 elseif t > L.c then t = L.c end
-    local lv = full_level(L, ns, nn)
+    local lv = full_level(L, ns, nn, into)
     lv.ds, lv.dn = nanos_for(L, sub_up(L.c, t))
     return lv
 end
@@ -546,7 +633,7 @@ end
 
 local function try_take(lv, n)
     if not has(lv, n) then return false end
-    local ts, tn = nanos_for(lv.L, n)
+    local ts, tn = debit(lv.L, n)
     lv.ds, lv.dn = add(lv.ds, lv.dn, ts, tn)
     return true
 end
@@ -620,20 +707,32 @@ end
 local F, R, C, H, S, X, I, LS = 1, 2, 3, 4, 5, 6, 7, 8
 
 -- The level of the bucket in `h` for a call with limit L.
-local function level_of(h, L, init, ns, nn)
+-- `into`: a table to fill (SCRATCH) instead of a new one.
+local function level_of(h, L, init, ns, nn, into)
     local ft = h[F]
     if ft then
         local B = stored_limit(h[R], h[C], L)
-        local fs, fn = parse_instant(ft)
         local hs, hn, ss, sn = 0, 0, 0, 0
+        local fs, fn
+        if not h[H] and B == L and #ft > 9 then
+            -- The common cases: the same limit, no span. A full_at clearly before now (the
+            -- nearest double of the text is within 256 ns of it) is a full bucket whatever
+            -- its exact value; else the exact pair from that double and the last 9 digits:
+            -- (x - n) / 1e9 is within 1e-6 of the whole seconds.
+            local x = tonumber(ft)
+            if x < ns * G + nn - 1024 then return full_level(L, ns, nn, into) end
+            fn = tonumber(ssub(ft, -9))
+            return refill(floor((x - fn) / G + 0.5), fn, L, ns, nn, into)
+        end
+        fs, fn = parse_instant(ft)
         if h[H] then
             hs, hn = parse_instant(h[H])
             ss, sn = parse_instant(h[S] or '0')
         end
-        return level_new(fs, fn, B, L, ns, nn, hs, hn, ss, sn)
+        return level_new(fs, fn, B, L, ns, nn, hs, hn, ss, sn, into)
     end
-    if init then return starting_with(L, init, ns, nn) end
-    return full_level(L, ns, nn)
+    if init then return starting_with(L, init, ns, nn, into) end
+    return full_level(L, ns, nn, into)
 end
 
 local function created_below_full(h, lv)
@@ -644,8 +743,7 @@ end
 
 -- The level of a stored bucket under its own limit (RETURN, PEEK, REFUND).
 local function level_stored(h, ns, nn)
-    local B = make_limit(tonumber(h[R]), tonumber(h[C]), h[R], h[C])
-    return level_of(h, B, nil, ns, nn)
+    return level_of(h, stored_texts(h[R], h[C]), nil, ns, nn, SCRATCH)
 end
 
 -- The key's expiry, ms: ceil_ms(max(full_at, hold, x)) (x: the last lease expiry, us).
@@ -704,11 +802,23 @@ local function write(key, h, lv, extra, drop)
 end
 
 -- Writes the bucket (leases untouched). The expiry is set on every write, whatever the
--- state implied before: PERSIST or RESTORE ... 0 may have removed it.
+-- state implied before: PERSIST or RESTORE ... 0 may have removed it. The expiry (ms, an
+-- integer below 2^53) goes to PEXPIREAT as a Lua number: Redis 7.0 formats it with
+-- %.17g, Redis >= 7.2 and Valkey as an integer (ll2string), both plain digits (tested
+-- with trailing zeros on all three), and cheaper than string.format here.
 local function store(key, h, lv)
-    write(key, h, lv)
     -- Set, not compared: reading PEXPIRETIME to skip an unchanged expiry measured no
     -- cheaper than setting it (functions/bench.py; docs/functions.md).
+    local L = lv.L
+    if lv.ss == 0 and lv.sn == 0 and not h[X] and not h[H] and not h[S] and h[F]
+        and h[R] == L.rt and h[C] == L.ct then
+        -- The hot path: same limit, no span, no lease: f and the expiry (full_at).
+        local fs, fn = full_at(lv)
+        call('HSET', key, 'f', instant_text(fs, fn))
+        call('PEXPIREAT', key, ceil_ms(fs, fn))
+        return
+    end
+    write(key, h, lv)
     call('PEXPIREAT', key, expiry_ms(lv, h[X] and tonumber(h[X])))
 end
 
@@ -808,7 +918,7 @@ local function rl_take(keys, a)
     local key = keys[1]
     local ns, nn = now()
     local h = read(key, 'f', 'r', 'c', 'h', 's', 'x')
-    local lv = level_of(h, L, init, ns, nn)
+    local lv = level_of(h, L, init, ns, nn, SCRATCH)
     local created = created_below_full(h, lv)
     local granted = try_take(lv, n)
     if granted or created then store(key, h, lv) end
@@ -857,7 +967,7 @@ local function rl_lease(keys, a)
     local key = keys[1]
     local ns, nn, now_us = now()
     local h = read(key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l')
-    local lv = level_of(h, L, init, ns, nn)
+    local lv = level_of(h, L, init, ns, nn, SCRATCH)
     local created = created_below_full(h, lv)
     local t = parse_table(h[I], h[LS])
     local returned -- credit of the lease being returned, if live
@@ -1029,7 +1139,7 @@ local function rl_reserve(keys, a)
     local key = keys[1]
     local ns, nn = now()
     local h = read(key, 'f', 'r', 'c', 'h', 's', 'x')
-    local lv = level_of(h, L, init, ns, nn)
+    local lv = level_of(h, L, init, ns, nn, SCRATCH)
     local created = created_below_full(h, lv)
     -- Level::reserve: granted if the wait is at most max_wait (exact, in ns).
     local ws, wn = wait_for(lv, n)

@@ -85,6 +85,10 @@ class Pair:
         self.history = []  # the last calls on this pair, for a failure's report
         self.flap = random.choice(FLAP_LIMITS) if random.random() < 0.3 else None
         self.in_debt = False  # the module's peek after the last call showed tokens < 0
+        # Once in debt, the pair's offset is time (the level's instant is stored-state based,
+        # `behind`), kept through limit changes and after the debt is paid: at a faster
+        # rate it is more tokens. From then on the tolerance includes `skew_us` at any rate.
+        self.debt_seen = False
         if self.flap:
             self.rate, self.cap = self.flap[0]
 
@@ -326,6 +330,7 @@ class Runner:
         self.ops = ops
         self.stats = Stats()
         self.pairs = [Pair() for _ in range(6)]
+        self.log = []  # every call, straddles included: (step, pair names, call, replies)
 
     def double(self, a, b, rate, window_s, what):
         """Both sides' doubles: equal up to what refills in the window."""
@@ -447,9 +452,12 @@ class Runner:
         # part of its state as time (`behind`, the level's instant ahead of the clock), and
         # a limit change carries that over as time, not tokens: its offset is the pair's
         # offset in time under any earlier limit (`skew_us`).
-        debt_us = max([q.skew_us for q in call.keys if q.in_debt], default=0.0)
+        debt_us = max([q.skew_us for q in call.keys if q.in_debt or q.debt_seen], default=0.0)
         window_us += max(max(q.skew_tokens / q.rate for q in call.keys) * 1e6, debt_us)
         rm, rf = (out[1], out[2]) if first_module else (out[2], out[1])
+        self.log = (self.log + [(self.stats.calls, [q.name for q in call.keys],
+                                 f"{call.mod} -> {rm!r} / {rf!r} (module first: "
+                                 f"{first_module})")])[-400:]
         self.stats.calls += 1
         self.stats.kinds[call.kind] = self.stats.kinds.get(call.kind, 0) + 1
         try:
@@ -460,12 +468,13 @@ class Runner:
                 # The peeks see the offset the call left: its window at the call's rate.
                 skew = max(q.skew_tokens, q.tol_rate * raw_us / 1e6)
                 rate = self.compare_peek(pm, pf, None, peek_raw_us, "after-peek", skew,
-                                         q.skew_us)
+                                         q.skew_us, q.in_debt or q.debt_seen)
                 pttl_us = peek_raw_us + max(skew / rate * 1e6 if rate else 0, q.skew_us)
                 self.compare_pttl(tm, tf, pttl_us)
                 q.in_debt = pm is not None and as_float(
                     dict(zip(pm[::2], pm[1::2]))[b"tokens"] if isinstance(pm, list)
                     else pm[b"tokens"]) < 0
+                q.debt_seen = q.debt_seen or q.in_debt
         except Straddle as s:
             self.stats.straddles.append(f"{call.kind} {call.mod}: {s}")
             for q in call.keys:  # the states now differ by a decision: start afresh
@@ -474,6 +483,9 @@ class Runner:
             return
         except Mismatch as e:
             history = "".join(f"\n    {h}" for q in call.keys for h in q.history)
+            names = {q.name for q in call.keys}
+            history += "\n  every call on these keys:" + "".join(
+                f"\n    #{n} {c}" for n, ks, c in self.log if names & set(ks))
             raise Mismatch(f"{call.mod} / {call.fn} (protocol {self.protocol}): {e}\n"
                            f"  module:  {rm!r}\n  library: {rf!r}\n  history:{history}"
                            ) from None
@@ -545,7 +557,8 @@ class Runner:
                     self.double(a, b_, call.rate, window_s, "remaining")
         elif k == "peek":
             q = call.keys[0]
-            self.compare_peek(rm, rf, None, self.raw_us, "peek", q.skew_tokens, q.skew_us)
+            self.compare_peek(rm, rf, None, self.raw_us, "peek", q.skew_tokens, q.skew_us,
+                              q.in_debt or q.debt_seen)
         elif k == "reserve":
             if rm[0] != rf[0]:
                 wait = max(rm[1], rf[1])
@@ -574,7 +587,8 @@ class Runner:
             raise Mismatch(f"granted {gm} vs {gf}, wait {retry_of(denied)} ms")
         raise Straddle(f"granted {gm} vs {gf} (no wait in the reply; checked by the peek after)")
 
-    def compare_peek(self, pm, pf, rate, window_us, what, skew_tokens, skew_us=0.0):
+    def compare_peek(self, pm, pf, rate, window_us, what, skew_tokens, skew_us=0.0,
+                     debt_seen=False):
         """A peek answers under the stored limit, which may not be the call's: the
         tolerance is the window at that rate plus the pair's offset in tokens (in debt:
         its offset in time, carried over limit changes as time)."""
@@ -588,7 +602,7 @@ class Runner:
         if set(pm) != set(pf):
             raise Mismatch(f"{what}: fields {sorted(pm)} vs {sorted(pf)}")
         rate = as_float(pm[b"rate"])
-        in_debt = min(as_float(pm[b"tokens"]), as_float(pf[b"tokens"])) < 0
+        in_debt = debt_seen or min(as_float(pm[b"tokens"]), as_float(pf[b"tokens"])) < 0
         window_us += max(skew_tokens / rate * 1e6, skew_us if in_debt else 0.0)
         window_s, window_ms = window_us / 1e6, window_us / 1000
         for f in (b"rate", b"cap"):
