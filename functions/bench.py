@@ -5,6 +5,7 @@ default target/release/libredis_rl.so, then target/debug) and the library loaded
 case for RL_BENCH_CALLS calls (default 20000) on its own keys, and reads
 INFO commandstats usec_per_call (fcall, rl.take / rl.lease, evalsha). Memory per live
 bucket: used_memory before and after 10000 buckets created by each backend.
+RL_LIBRARY=path benchmarks another version of the library (e.g. `git show REV:functions/rl.lua`).
 Run: target/functions-venv/bin/python functions/bench.py
 """
 

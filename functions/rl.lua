@@ -7,7 +7,7 @@
 --   FCALL rl_return  1 key lease_id unused
 --   FCALL rl_mtake   N key1..keyN n rate1 cap1 .. rateN capN [WITHSTATE] [INIT tokens]
 --   FCALL rl_peek    1 key                        (no-writes: FCALL_RO, replicas)
---   FCALL rl_reserve 1 key rate cap n max_wait_ms [INIT tokens]
+--   FCALL rl_reserve 1 key rate cap n max_wait_ms [INIT tokens]   (no SHADOW)
 --   FCALL rl_refund  1 key n
 --
 -- Same arguments, replies, error texts and arithmetic as the module (core/src/*.rs); see
@@ -21,14 +21,21 @@
 --   i  the last lease id handed out (present once the bucket had a lease)
 --   l  live leases, "id:tokens:expires_us," each, ids ascending (absent when none)
 --   x  the latest expiry among the leases in `l`, microseconds (absent when none)
---   h  the hold, ns as decimal text like `f` (absent when none): after a write that changed
---      the limit, the instant the bucket would have been full under the old limit; the key
---      lives at least until then, so a caller still on the old limit finds these tokens,
---      not an absent key (a full bucket). Kept by later writes while it has not passed.
+--   h  the hold, ns as decimal text like `f`, and
+--   s  the span, ns as decimal text (both absent when the span is 0): after a write that
+--      changed the limit, span = max(the live stored span, the old limit's fill time), and
+--      every write sets h = the level's instant + span, so the key lives until it has been
+--      idle for the span: a caller still on an old limit finds these tokens, not an absent
+--      key (a full bucket). The stored span is live while h is after the level's instant;
+--      once h has passed, the next write drops both (HDEL h s).
 -- The key expires (PEXPIREAT) at ceil_ms(max(full_at, h, x)), set on every write (also
 -- after PERSIST): when the bucket is full again, past its hold and no lease is live,
--- exactly as the module's key.
---
+-- exactly as the module's key. RETURN and REFUND delete a key left full with no lease
+-- only if its hold has passed too.
+-- Debt: RL.RESERVE may debit tokens that are not there yet; full_at is then more than a
+-- fill time away and the level's instant stays ahead of now (`behind`). Replies show it
+-- as negative tokens (signed_tokens), and credits pay it back first.
+
 -- Exactness. Lua numbers are doubles; instants in ns (~1.8e18) exceed 2^53. Every instant
 -- and duration is kept as two exact numbers (s, n): seconds and nanoseconds (0 <= n < 1e9),
 -- with add, saturating subtract and compare done on the pair. The module's float steps are
@@ -218,14 +225,39 @@ end
 -- Time to refill t at rate, rounded up / down to whole ns (as an integer-valued double;
 -- `split` makes it a pair). Two orders of the same product and quotient, the tighter kept,
 -- unless the first is exact (the common case: then it alone).
+-- Rust's f64::round: half away from zero (x - floor(x) is exact).
+local function round_half_away(x)
+    if x < 0 then
+        local r = floor(-x)
+        if -x - r >= 0.5 then r = r + 1 end
+        return -r
+    end
+    local r = floor(x)
+    if x - r >= 0.5 then r = r + 1 end
+    return r
+end
+
+-- How many tokens a conversion may round in the caller's favour to land on a whole ns
+-- (SNAP_TOKENS_NS in round.rs): 1e-12 tokens, in token-ns.
+local SNAP_TOKENS_NS = 1e-12 * G
+
+-- Time to refill t at rate, rounded up / down to whole ns (as an integer-valued double;
+-- `split` makes it a pair). Exact ratio (the common case): it alone. Else two orders of
+-- the same product and quotient, the tighter kept, and the nearest whole ns instead when
+-- the bound is within 1e-12 tokens of it (refill_nanos_ceil / _floor in round.rs).
 local function refill_ceil(t, rate)
     local p = t * G
     local q = p / rate
     if exact_ratio(t, rate, p, q) then return ceil(q) end
-    local a = div_up(mul_up(t, G), rate)
+    local up = div_up(mul_up(t, G), rate)
     local b = mul_up(div_up(t, rate), G)
-    if b < a then a = b end
-    return ceil(a)
+    if b < up then up = b end
+    local near = round_half_away(q)
+    if (up - near) * rate <= SNAP_TOKENS_NS then
+        if near < 0 then return 0 end
+        return near
+    end
+    return ceil(up)
 end
 
 local function refill_floor(t, rate)
@@ -233,13 +265,18 @@ local function refill_floor(t, rate)
     local q = p / rate
     local a
     if exact_ratio(t, rate, p, q) then
-        a = q
+        a = floor(q)
     else
-        a = div_down(mul_down(t, G), rate)
+        local down = div_down(mul_down(t, G), rate)
         local b = mul_down(div_down(t, rate), G)
-        if b > a then a = b end
+        if b > down then down = b end
+        local near = round_half_away(q)
+        if (near - down) * rate <= SNAP_TOKENS_NS then
+            a = near
+        else
+            a = floor(down)
+        end
     end
-    a = floor(a)
     if a < 0 then return 0 end
     return a
 end
@@ -268,11 +305,21 @@ end
 
 local I64_MAX = '9223372036854775807'
 
+-- Texts already parsed as valid integers (n, ttl_ms, ...): most calls repeat a few.
+-- Bounded: emptied when full. Values only, so a hit is the parse's own answer.
+local INTS, INTS_N = {}, 0
+
 -- Digits only, at most i64::MAX. Returns the value (a double: exact below 2^53).
 local function parse_integer(t)
+    local v = INTS[t]
+    if v then return v end
     if not t or #t == 0 or #t > 19 or t:find('%D') then return nil end
     if #t == 19 and t > I64_MAX then return nil end
-    return tonumber(t)
+    v = tonumber(t)
+    if INTS_N >= 1024 then INTS, INTS_N = {}, 0 end
+    INTS[t] = v
+    INTS_N = INTS_N + 1
+    return v
 end
 
 local function need(a, i, name)
@@ -376,16 +423,66 @@ end
 local function clearly_below(L, ns, t) return ns < t * G / L.r * (1 - 1e-9) end
 local function clearly_above(L, ns, t) return ns > t * G / L.r * (1 + 1e-9) + 1 end
 
+-- Limits already validated, by their texts (LIMITS[rate text][cap text]): a call with a
+-- known limit skips parsing and validation, and finds its fill time and debits computed
+-- (`fill`, `debit`). Library locals live as long as the library; bounded, emptied when full.
+local LIMITS, LIMITS_N = {}, 0
+
+local function known_limit(rt, ct)
+    local byr = LIMITS[rt]
+    if byr then return byr[ct] end
+    return nil
+end
+
+local function remember(L)
+    if LIMITS_N >= 1024 then LIMITS, LIMITS_N = {}, 0 end
+    local byr = LIMITS[L.rt]
+    if not byr then
+        byr = {}
+        LIMITS[L.rt] = byr
+    end
+    byr[L.ct] = L
+    LIMITS_N = LIMITS_N + 1
+    return L
+end
+
 local function limit_at(a, i, name)
+    local rt, ct = a[i], a[i + 1]
+    if rt and ct then
+        local L = known_limit(rt, ct)
+        if L then return L end
+    end
     local rate = number(a, i, name, 'rate is not a number')
     local cap = number(a, i + 1, name, 'cap is not a number')
     if not in_range(rate) then fail('rate must be a finite number between 1e-9 and 1e15') end
     if not in_range(cap) then fail('cap must be a finite number between 1e-9 and 1e15') end
     if cap / rate > MAX_FILL_SECS then fail('cap / rate must be at most 100 years') end
-    return make_limit(rate, cap, a[i], a[i + 1])
+    return remember(make_limit(rate, cap, rt, ct))
+end
+
+-- The limit of a stored bucket, from its texts (written by a call that validated them).
+local function stored_texts(rt, ct)
+    return known_limit(rt, ct) or remember(make_limit(tonumber(rt), tonumber(ct), rt, ct))
 end
 
 local function nanos_for(L, t) return split(refill_ceil(t, L.r)) end
+
+-- nanos_for(L, n) of a whole n (a debit), remembered per limit (at most 64 of them).
+local function debit(L, n)
+    local qs = L.qs
+    if qs then
+        local s = qs[n]
+        if s then return s, L.qn[n] end
+    else
+        qs = {}
+        L.qs, L.qn, L.qc = qs, {}, 0
+    end
+    local s, ns = nanos_for(L, n)
+    if L.qc < 64 then
+        qs[n], L.qn[n], L.qc = s, ns, L.qc + 1
+    end
+    return s, ns
+end
 local function nanos_for_floor(L, t) return split(refill_floor(t, L.r)) end
 local function tokens_for(L, s, n) return to_f64(s, n) * L.r / 1e9 end
 
@@ -401,20 +498,29 @@ end
 
 -- ---------------------------------------------------------------------------------------
 -- Levels (core/src/bucket.rs): a bucket refilled to `now` under a limit.
--- Fields: L; as/an = at; bs/bn = behind; ds/dn = deficit; hs/hn = hold (0, 0: none).
+-- Fields: L; as/an = at; bs/bn = behind; ds/dn = deficit; ss/sn = span (0, 0: none).
 
-local function full_level(L, ns, nn)
-    return { L = L, as = ns, an = nn, bs = 0, bn = 0, ds = 0, dn = 0, hs = 0, hn = 0 }
+-- A level is a table; `into` (optional) is one to fill instead of a new one: a command
+-- on one bucket reuses a single table (SCRATCH) for every call, which measured cheaper
+-- than a new table per call (the grant path; docs/functions.md, "Measured cost").
+local function new_level(into, L, as, an, bs, bn, ds, dn)
+    if into then
+        into.L, into.as, into.an, into.bs, into.bn = L, as, an, bs, bn
+        into.ds, into.dn, into.ss, into.sn = ds, dn, 0, 0
+        return into
+    end
+    return { L = L, as = as, an = an, bs = bs, bn = bn, ds = ds, dn = dn, ss = 0, sn = 0 }
+end
+
+local SCRATCH = {}
+
+local function full_level(L, ns, nn, into)
+    return new_level(into, L, ns, nn, 0, 0, 0, 0)
 end
 
 local function min_pair(as, an, bs, bn)
     if lt(bs, bn, as, an) then return bs, bn end
     return as, an
-end
-
--- A hold that has not passed by the level's instant (`live` in bucket.rs), else none.
-local function set_hold(lv, hs, hn)
-    if lt(lv.as, lv.an, hs, hn) then lv.hs, lv.hn = hs, hn end
 end
 
 -- carry_over: a deficit under B carried to L, rounded so no token appears.
@@ -438,52 +544,67 @@ local function carry_over(ds, dn, B, L)
     return min_pair(s, n, fill(L))
 end
 
-local function refill(fs, fn, L, ns, nn)
-    local as, an = ns, nn
+local function refill(fs, fn, L, ns, nn, into)
+    if fs < ns or (fs == ns and fn <= nn) then
+        -- Full by now (the common case of a grant): at now, nothing behind, no deficit.
+        return new_level(into, L, ns, nn, 0, 0, 0, 0)
+    end
     -- Never before the bucket was empty (a clock that stepped back, or debt); the common
     -- case decided without the exactly rounded fill time.
-    if not clearly_below(L, to_f64(sat_sub(fs, fn, ns, nn)), L.c) then
-        local es, en = sat_sub(fs, fn, fill(L))
-        if lt(ns, nn, es, en) then as, an = es, en end
+    local ds, dn = sat_sub(fs, fn, ns, nn)
+    if clearly_below(L, to_f64(ds, dn), L.c) then
+        return new_level(into, L, ns, nn, 0, 0, ds, dn)
     end
+    local as, an = ns, nn
+    local es, en = sat_sub(fs, fn, fill(L))
+    if lt(ns, nn, es, en) then as, an = es, en end
     local bs, bn = sat_sub(as, an, ns, nn)
-    local ds, dn = sat_sub(fs, fn, as, an)
-    return { L = L, as = as, an = an, bs = bs, bn = bn, ds = ds, dn = dn, hs = 0, hn = 0 }
+    ds, dn = sat_sub(fs, fn, as, an)
+    return new_level(into, L, as, an, bs, bn, ds, dn)
 end
 
+-- Tokens, clamped to [0, cap] (what a lease may take).
 local function tokens(lv)
     local t = lv.L.c - tokens_for(lv.L, lv.ds, lv.dn)
     if t < 0 then return 0.0 end
     return t
 end
 
--- Stored limit: the texts of the last write; equal limits compare as doubles.
-local function stored_limit(rt, ct, L)
-    if rt == L.rt and ct == L.ct then return L, true end
-    local r, c = tonumber(rt), tonumber(ct)
-    if r == L.r and c == L.c then return L, true end
-    return make_limit(r, c, rt, ct), false
+-- Tokens now, negative while the bucket is in debt (RL.RESERVE, a clock step back): the
+-- `remaining` / `tokens` of every reply.
+local function signed_tokens(lv)
+    local L = lv.L
+    return L.c - tokens_for(L, add(lv.bs, lv.bn, lv.ds, lv.dn))
 end
 
--- Level::new for a stored bucket (full_at fs/fn, limit B, hold hs/hn) and a call's limit L.
--- With the same limit the stored hold stays while it has not passed; with another, the
--- key is held until the bucket would have been full under the old limit too.
-local function level_new(fs, fn, B, L, ns, nn, hs, hn)
-    local lv = refill(fs, fn, B, ns, nn)
-    if B == L then
-        set_hold(lv, hs, hn)
-        return lv
+-- Stored limit: the texts of the last write; equal limits compare as doubles.
+local function stored_limit(rt, ct, L)
+    if rt == L.rt and ct == L.ct then return L end
+    local B = stored_texts(rt, ct)
+    if B.r == L.r and B.c == L.c then return L end
+    return B
+end
+
+-- Level::new for a stored bucket (full_at fs/fn, limit B, hold hs/hn, span ss/sn) and a
+-- call's limit L. The stored span is live while its hold is after the level's instant.
+-- With the same limit the level keeps it; with another, the span is at least the time the
+-- old limit takes to fill (the key then lives that long after every write).
+local function level_new(fs, fn, B, L, ns, nn, hs, hn, ss, sn, into)
+    local lv = refill(fs, fn, B, ns, nn, into)
+    if not lt(lv.as, lv.an, hs, hn) then ss, sn = 0, 0 end
+    if B ~= L then
+        lv.ds, lv.dn = carry_over(lv.ds, lv.dn, B, L)
+        lv.L = L
+        local os, on = fill(B)
+        if lt(ss, sn, os, on) then ss, sn = os, on end
     end
-    lv.ds, lv.dn = carry_over(lv.ds, lv.dn, B, L)
-    lv.L = L
-    if lt(hs, hn, fs, fn) then hs, hn = fs, fn end
-    set_hold(lv, hs, hn)
+    lv.ss, lv.sn = ss, sn
     return lv
 end
 
-local function starting_with(L, t, ns, nn)
+local function starting_with(L, t, ns, nn, into)
     if t < 0 then t = 0 elseif t > L.c then t = L.c end
-    local lv = full_level(L, ns, nn)
+    local lv = full_level(L, ns, nn, into)
     lv.ds, lv.dn = nanos_for(L, sub_up(L.c, t))
     return lv
 end
@@ -512,7 +633,7 @@ end
 
 local function try_take(lv, n)
     if not has(lv, n) then return false end
-    local ts, tn = nanos_for(lv.L, n)
+    local ts, tn = debit(lv.L, n)
     lv.ds, lv.dn = add(lv.ds, lv.dn, ts, tn)
     return true
 end
@@ -527,13 +648,39 @@ local function take_up_to(lv, n, min)
     return 0
 end
 
+-- Gives t tokens back, never above cap; a bucket in debt pays the debt first (its level
+-- instant moves back by what the tokens are worth).
 local function credit(lv, t)
     local cs, cn = nanos_for_floor(lv.L, t)
-    lv.ds, lv.dn = sat_sub(lv.ds, lv.dn, cs, cn)
+    cs, cn = min_pair(cs, cn, add(lv.bs, lv.bn, lv.ds, lv.dn))
+    if not lt(lv.ds, lv.dn, cs, cn) then -- c <= deficit
+        lv.ds, lv.dn = sat_sub(lv.ds, lv.dn, cs, cn)
+    else
+        local ps, pn = sat_sub(cs, cn, lv.ds, lv.dn)
+        lv.ds, lv.dn = 0, 0
+        lv.as, lv.an = sat_sub(lv.as, lv.an, ps, pn)
+        lv.bs, lv.bn = sat_sub(lv.bs, lv.bn, ps, pn)
+    end
+end
+
+-- RL.REFUND: up to n tokens back, as many as the bucket lacks (its debt included).
+local function refund(lv, n)
+    local L = lv.L
+    local missing = tokens_for(L, add(lv.bs, lv.bn, lv.ds, lv.dn))
+    local credited = n
+    if missing < credited then credited = missing end
+    credit(lv, credited)
+    return credited
 end
 
 local function reset_after(lv) return add(lv.bs, lv.bn, lv.ds, lv.dn) end
 local function full_at(lv) return add(lv.as, lv.an, lv.ds, lv.dn) end
+
+-- The hold a write stores: `span` after the level's instant (0, 0: no span, no hold).
+local function hold_at(lv)
+    if lv.ss == 0 and lv.sn == 0 then return 0, 0 end
+    return add(lv.as, lv.an, lv.ss, lv.sn)
+end
 
 local function wait_ms(s, n)
     if s == nil then return 0 end -- n > cap: map_or(0, ...)
@@ -556,24 +703,36 @@ local function read(key, ...)
     return h
 end
 
--- Every read is HMGET f r c h x [i l]: these positions.
-local F, R, C, H, X, I, LS = 1, 2, 3, 4, 5, 6, 7
-
-local function hold_of(h)
-    if h[H] then return parse_instant(h[H]) end
-    return 0, 0
-end
+-- Every read is HMGET f r c h s x [i l]: these positions.
+local F, R, C, H, S, X, I, LS = 1, 2, 3, 4, 5, 6, 7, 8
 
 -- The level of the bucket in `h` for a call with limit L.
-local function level_of(h, L, init, ns, nn)
-    if h[F] then
-        local B, _ = stored_limit(h[R], h[C], L)
-        local fs, fn = parse_instant(h[F])
-        local hs, hn = hold_of(h)
-        return level_new(fs, fn, B, L, ns, nn, hs, hn)
+-- `into`: a table to fill (SCRATCH) instead of a new one.
+local function level_of(h, L, init, ns, nn, into)
+    local ft = h[F]
+    if ft then
+        local B = stored_limit(h[R], h[C], L)
+        local hs, hn, ss, sn = 0, 0, 0, 0
+        local fs, fn
+        if not h[H] and B == L and #ft > 9 then
+            -- The common cases: the same limit, no span. A full_at clearly before now (the
+            -- nearest double of the text is within 256 ns of it) is a full bucket whatever
+            -- its exact value; else the exact pair from that double and the last 9 digits:
+            -- (x - n) / 1e9 is within 1e-6 of the whole seconds.
+            local x = tonumber(ft)
+            if x < ns * G + nn - 1024 then return full_level(L, ns, nn, into) end
+            fn = tonumber(ssub(ft, -9))
+            return refill(floor((x - fn) / G + 0.5), fn, L, ns, nn, into)
+        end
+        fs, fn = parse_instant(ft)
+        if h[H] then
+            hs, hn = parse_instant(h[H])
+            ss, sn = parse_instant(h[S] or '0')
+        end
+        return level_new(fs, fn, B, L, ns, nn, hs, hn, ss, sn, into)
     end
-    if init then return starting_with(L, init, ns, nn) end
-    return full_level(L, ns, nn)
+    if init then return starting_with(L, init, ns, nn, into) end
+    return full_level(L, ns, nn, into)
 end
 
 local function created_below_full(h, lv)
@@ -584,16 +743,16 @@ end
 
 -- The level of a stored bucket under its own limit (RETURN, PEEK, REFUND).
 local function level_stored(h, ns, nn)
-    local fs, fn = parse_instant(h[F])
-    local B = make_limit(tonumber(h[R]), tonumber(h[C]), h[R], h[C])
-    local lv = refill(fs, fn, B, ns, nn)
-    set_hold(lv, hold_of(h))
-    return lv
+    return level_of(h, stored_texts(h[R], h[C]), nil, ns, nn, SCRATCH)
 end
 
 -- The key's expiry, ms: ceil_ms(max(full_at, hold, x)) (x: the last lease expiry, us).
-local function expiry_ms_of(fs, fn, hs, hn, x)
-    if lt(fs, fn, hs, hn) then fs, fn = hs, hn end
+local function expiry_ms(lv, x)
+    local fs, fn = full_at(lv)
+    if lv.ss ~= 0 or lv.sn ~= 0 then
+        local hs, hn = hold_at(lv)
+        if lt(fs, fn, hs, hn) then fs, fn = hs, hn end
+    end
     local ms = ceil_ms(fs, fn)
     if x then
         local xm = ceil(x / 1000)
@@ -602,44 +761,65 @@ local function expiry_ms_of(fs, fn, hs, hn, x)
     return ms
 end
 
-local function expiry_ms(lv, x)
-    local fs, fn = full_at(lv)
-    return expiry_ms_of(fs, fn, lv.hs, lv.hn, x)
+-- Whether the bucket, once written, could go: full and past its hold (RETURN, REFUND).
+local function gone_at(lv, ns, nn)
+    local rs, rn = reset_after(lv)
+    if rs ~= 0 or rn ~= 0 then return false end
+    local hs, hn = hold_at(lv)
+    return not lt(ns, nn, hs, hn)
 end
 
--- The HSET arguments of the bucket's fields: f always, r c when the limit is new, h when
--- there is a hold. Returns them and whether a stored hold must go (HDEL h).
-local function bucket_fields(key, h, lv)
+-- The HSET arguments of the bucket's fields (f always, r c when the limit is new, h s
+-- when there is a span), then HDEL of h s when they are stored and no longer wanted, and
+-- the expiry. `extra` adds fields (the lease table's).
+local function write(key, h, lv, extra, drop)
     local L = lv.L
-    local args = { 'HSET', key, 'f', instant_text(full_at(lv)) }
+    local fs, fn = full_at(lv)
+    local args = { key, 'f', instant_text(fs, fn) }
+    local k = 3
     if not (h[F] and h[R] == L.rt and h[C] == L.ct) then
-        args[5] = 'r'; args[6] = L.rt; args[7] = 'c'; args[8] = L.ct
+        args[4] = 'r'; args[5] = L.rt; args[6] = 'c'; args[7] = L.ct
+        k = 7
     end
-    local held = lv.hs ~= 0 or lv.hn ~= 0
-    if held then
-        args[#args + 1] = 'h'; args[#args + 1] = instant_text(lv.hs, lv.hn)
+    local spanned = lv.ss ~= 0 or lv.sn ~= 0
+    if spanned then
+        args[k + 1] = 'h'; args[k + 2] = instant_text(hold_at(lv))
+        args[k + 3] = 's'; args[k + 4] = instant_text(lv.ss, lv.sn)
+        k = k + 4
     end
-    return args, not held and h[H] ~= nil
+    if extra then
+        for j = 1, #extra do args[k + j] = extra[j] end
+    end
+    call('HSET', unpack(args))
+    if drop then
+        if not spanned and (h[H] or h[S]) then
+            drop[#drop + 1] = 'h'; drop[#drop + 1] = 's'
+        end
+        if #drop > 1 then call('HDEL', unpack(drop)) end
+    elseif not spanned and (h[H] or h[S]) then
+        call('HDEL', key, 'h', 's')
+    end
 end
 
 -- Writes the bucket (leases untouched). The expiry is set on every write, whatever the
--- state implied before: PERSIST or RESTORE ... 0 may have removed it.
+-- state implied before: PERSIST or RESTORE ... 0 may have removed it. The expiry (ms, an
+-- integer below 2^53) goes to PEXPIREAT as a Lua number: Redis 7.0 formats it with
+-- %.17g, Redis >= 7.2 and Valkey as an integer (ll2string), both plain digits (tested
+-- with trailing zeros on all three), and cheaper than string.format here.
 local function store(key, h, lv)
-    local L = lv.L
-    local fs, fn = full_at(lv)
-    local held = lv.hs ~= 0 or lv.hn ~= 0
-    if not held and h[F] and h[R] == L.rt and h[C] == L.ct then
-        call('HSET', key, 'f', instant_text(fs, fn)) -- the hot path
-        if h[H] then call('HDEL', key, 'h') end
-    else
-        local args, unhold = bucket_fields(key, h, lv)
-        call(unpack(args))
-        if unhold then call('HDEL', key, 'h') end
-    end
     -- Set, not compared: reading PEXPIRETIME to skip an unchanged expiry measured no
     -- cheaper than setting it (functions/bench.py; docs/functions.md).
-    local ms = expiry_ms_of(fs, fn, lv.hs, lv.hn, h[X] and tonumber(h[X]))
-    call('PEXPIREAT', key, fmt('%d', ms))
+    local L = lv.L
+    if lv.ss == 0 and lv.sn == 0 and not h[X] and not h[H] and not h[S] and h[F]
+        and h[R] == L.rt and h[C] == L.ct then
+        -- The hot path: same limit, no span, no lease: f and the expiry (full_at).
+        local fs, fn = full_at(lv)
+        call('HSET', key, 'f', instant_text(fs, fn))
+        call('PEXPIREAT', key, ceil_ms(fs, fn))
+        return
+    end
+    write(key, h, lv)
+    call('PEXPIREAT', key, expiry_ms(lv, h[X] and tonumber(h[X])))
 end
 
 -- Lease tables: { last = id, {id, tokens, exp_us}... } from fields i and l.
@@ -693,21 +873,18 @@ end
 -- Writes bucket and table.
 local function store_with_leases(key, h, lv, t)
     local text, x = table_text(t)
-    local args, unhold = bucket_fields(key, h, lv)
+    local extra = {}
     if t.last ~= 0 then
-        args[#args + 1] = 'i'; args[#args + 1] = fmt('%d', t.last)
+        extra[1] = 'i'; extra[2] = fmt('%d', t.last)
     end
     if x then
-        args[#args + 1] = 'l'; args[#args + 1] = text
-        args[#args + 1] = 'x'; args[#args + 1] = fmt('%d', x)
+        extra[#extra + 1] = 'l'; extra[#extra + 1] = text
+        extra[#extra + 1] = 'x'; extra[#extra + 1] = fmt('%d', x)
     end
-    call(unpack(args))
-    if not x and (h[X] or h[LS]) then
-        if unhold then call('HDEL', key, 'l', 'x', 'h') else call('HDEL', key, 'l', 'x') end
-    elseif unhold then
-        call('HDEL', key, 'h')
-    end
-    call('PEXPIREAT', key, fmt('%d', expiry_ms(lv, x)))
+    local drop = { key }
+    if not x and (h[X] or h[LS]) then drop[2] = 'l'; drop[3] = 'x' end
+    write(key, h, lv, extra, drop)
+    call('PEXPIREAT', key, expiry_ms(lv, x))
 end
 
 -- ---------------------------------------------------------------------------------------
@@ -740,8 +917,8 @@ local function rl_take(keys, a)
 
     local key = keys[1]
     local ns, nn = now()
-    local h = read(key, 'f', 'r', 'c', 'h', 'x')
-    local lv = level_of(h, L, init, ns, nn)
+    local h = read(key, 'f', 'r', 'c', 'h', 's', 'x')
+    local lv = level_of(h, L, init, ns, nn, SCRATCH)
     local created = created_below_full(h, lv)
     local granted = try_take(lv, n)
     if granted or created then store(key, h, lv) end
@@ -749,7 +926,7 @@ local function rl_take(keys, a)
     if not with_state then return reply end
     local retry = 0
     if not granted then retry = wait_ms(wait_for(lv, n)) end
-    return { reply, { double = tokens(lv) }, retry, ceil_ms(reset_after(lv)) }
+    return { reply, { double = signed_tokens(lv) }, retry, ceil_ms(reset_after(lv)) }
 end
 
 local function rl_lease(keys, a)
@@ -789,8 +966,8 @@ local function rl_lease(keys, a)
 
     local key = keys[1]
     local ns, nn, now_us = now()
-    local h = read(key, 'f', 'r', 'c', 'h', 'x', 'i', 'l')
-    local lv = level_of(h, L, init, ns, nn)
+    local h = read(key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l')
+    local lv = level_of(h, L, init, ns, nn, SCRATCH)
     local created = created_below_full(h, lv)
     local t = parse_table(h[I], h[LS])
     local returned -- credit of the lease being returned, if live
@@ -830,7 +1007,7 @@ local function rl_return(keys, a)
     local unused = integer(a, 2, N, 'unused must be a non-negative integer')
     local key = keys[1]
     local ns, nn, now_us = now()
-    local h = read(key, 'f', 'r', 'c', 'h', 'x', 'i', 'l')
+    local h = read(key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l')
     if not h[F] or not h[LS] then return 0 end
     local t = parse_table(h[I], h[LS])
     local _, e = find_live(t, id, now_us)
@@ -840,13 +1017,12 @@ local function rl_return(keys, a)
     table.remove(t, k)
     local credited = math.min(unused, e[2])
     local lv = level_stored(h, ns, nn)
-    -- A bucket that refilled meanwhile takes back only what it lacks: say that.
+    -- credit_up_to: a bucket that refilled meanwhile takes back only what it lacks.
     local missing = ceil(tokens_for(lv.L, lv.ds, lv.dn))
     credit(lv, credited)
     credited = math.min(credited, missing)
-    local rs, rn = reset_after(lv)
-    if #t == 0 and rs == 0 and rn == 0 and lv.hs == 0 and lv.hn == 0 then
-        -- Full, no lease left and no hold: the same as no key at all.
+    if #t == 0 and gone_at(lv, ns, nn) then
+        -- Full, no lease left and past its hold: the same as no key at all.
         call('DEL', key)
     else
         store_with_leases(key, h, lv, t)
@@ -886,7 +1062,7 @@ local function rl_mtake(keys, a)
 
     local ns, nn = now()
     local hs, levels, created = {}, {}, {}
-    for j = 1, nk do hs[j] = read(keys[j], 'f', 'r', 'c', 'h', 'x') end
+    for j = 1, nk do hs[j] = read(keys[j], 'f', 'r', 'c', 'h', 's', 'x') end
     local worst, ls, ln = 1, -1, 0
     for j = 1, nk do
         local lv = level_of(hs[j], limits[j], init, ns, nn)
@@ -909,7 +1085,7 @@ local function rl_mtake(keys, a)
     end
     if ws then
         local rem = {}
-        for j = 1, nk do rem[j] = { double = tokens(levels[j]) } end
+        for j = 1, nk do rem[j] = { double = signed_tokens(levels[j]) } end
         reply[4] = rem
     end
     return reply
@@ -919,13 +1095,13 @@ local function rl_peek(keys, a)
     if #keys ~= 1 or #a ~= 0 then arity('RL.PEEK') end
     local key = keys[1]
     local ns, nn, now_us = now()
-    local h = read(key, 'f', 'r', 'c', 'h', 'x', 'i', 'l')
+    local h = read(key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l')
     if not h[F] then return false end
     local lv = level_stored(h, ns, nn)
     local B = lv.L
     local leases, held = count_live(parse_table(nil, h[LS]), now_us)
     return { map = {
-        tokens = { double = tokens(lv) },
+        tokens = { double = signed_tokens(lv) },
         rate = { double = B.r },
         cap = { double = B.c },
         reset_after_ms = ceil_ms(reset_after(lv)),
@@ -938,21 +1114,11 @@ end
 -- them if they will be there within max_wait_ms (debited now: the bucket goes into debt,
 -- which the level carries as `behind`, and later callers queue behind it).
 -- Reply [granted, wait_ms, remaining, reset_after_ms]; remaining is negative in debt.
-local function debt_remaining(lv)
-    local rs, rn = reset_after(lv)
-    local L = lv.L
-    local fs, fn = fill(L)
-    if lt(fs, fn, rs, rn) then
-        local ds, dn = sat_sub(rs, rn, fs, fn)
-        return -tokens_for(L, ds, dn)
-    end
-    return tokens(lv)
-end
-
+-- The module's per-call SHADOW flag is not supported (an unknown option here).
 local function rl_reserve(keys, a)
     local N = 'RL.RESERVE'
     local na = #a
-    if #keys ~= 1 or na < 4 or na > 6 then arity(N) end
+    if #keys ~= 1 or na < 4 then arity(N) end
     local L = limit_at(a, 1, N)
     local n = positive(a, 3, N, 'n must be a positive integer')
     local max_wait = integer(a, 4, N, 'max_wait_ms must be a non-negative integer')
@@ -961,6 +1127,7 @@ local function rl_reserve(keys, a)
     local i = 5
     while i <= na do
         if is(a[i], 'INIT') then
+            once(init ~= nil, a[i])
             init = init_tokens(a, i + 1, L, N)
             i = i + 2
         else
@@ -971,41 +1138,36 @@ local function rl_reserve(keys, a)
 
     local key = keys[1]
     local ns, nn = now()
-    local h = read(key, 'f', 'r', 'c', 'h', 'x')
-    local lv = level_of(h, L, init, ns, nn)
+    local h = read(key, 'f', 'r', 'c', 'h', 's', 'x')
+    local lv = level_of(h, L, init, ns, nn, SCRATCH)
     local created = created_below_full(h, lv)
+    -- Level::reserve: granted if the wait is at most max_wait (exact, in ns).
     local ws, wn = wait_for(lv, n)
-    local granted = false
-    if ws == 0 and wn == 0 then
-        granted = try_take(lv, n)
-    elseif not lt(floor(max_wait / 1000), (max_wait % 1000) * 1e6, ws, wn) then -- wait <= max_wait
+    local granted = not lt(floor(max_wait / 1000), (max_wait % 1000) * 1e6, ws, wn)
+    if granted then
         local ts, tn = nanos_for(L, n)
         lv.ds, lv.dn = add(lv.ds, lv.dn, ts, tn)
-        granted = true
     end
     if granted or created then store(key, h, lv) end
-    return { granted and n or 0, ceil_ms(ws, wn), { double = debt_remaining(lv) },
+    return { granted and n or 0, ceil_ms(ws, wn), { double = signed_tokens(lv) },
         ceil_ms(reset_after(lv)) }
 end
 
--- RL.REFUND key n: credits up to n tokens back (never above cap) under the stored limit.
--- Reply: the tokens credited (a double; 0 for a missing key).
+-- RL.REFUND key n: gives back up to n tokens under the stored limit, as many as the
+-- bucket lacks, its debt first. Reply: the tokens credited (a double; 0 for a missing key).
 local function rl_refund(keys, a)
     local N = 'RL.REFUND'
     if #keys ~= 1 or #a ~= 1 then arity(N) end
     local n = positive(a, 1, N, 'n must be a positive integer')
     local key = keys[1]
-    local ns, nn, now_us = now()
-    local h = read(key, 'f', 'r', 'c', 'h', 'x', 'i', 'l')
+    local ns, nn = now()
+    local h = read(key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l')
     if not h[F] then return { double = 0 } end
     local lv = level_stored(h, ns, nn)
-    local missing = tokens_for(lv.L, lv.ds, lv.dn)
-    local credited = math.min(n, missing)
+    local credited = refund(lv, n)
     if not (credited > 0) then return { double = 0 } end
-    credit(lv, n)
-    local rs, rn = reset_after(lv)
-    local live = h[LS] and count_live(parse_table(nil, h[LS]), now_us) or 0
-    if rs == 0 and rn == 0 and live == 0 and lv.hs == 0 and lv.hn == 0 then
+    if not h[LS] and gone_at(lv, ns, nn) then
+        -- Full again, no lease recorded, past its hold: the same as no key.
         call('DEL', key)
     else
         store(key, h, lv)

@@ -84,6 +84,11 @@ class Pair:
         self.old_rates = []
         self.history = []  # the last calls on this pair, for a failure's report
         self.flap = random.choice(FLAP_LIMITS) if random.random() < 0.3 else None
+        self.in_debt = False  # the module's peek after the last call showed tokens < 0
+        # Once in debt, the pair's offset is time (the level's instant is stored-state based,
+        # `behind`), kept through limit changes and after the debt is paid: at a faster
+        # rate it is more tokens. From then on the tolerance includes `skew_us` at any rate.
+        self.debt_seen = False
         if self.flap:
             self.rate, self.cap = self.flap[0]
 
@@ -216,7 +221,7 @@ def gen_reserve(p):
 
 
 def gen_refund(p):
-    n = str(random.randint(1, 5))
+    n = str(random.choice([1, 2, 5, random.randint(1, 1000)]))
     return Call("refund", ["RL.REFUND", p.m, n], ["FCALL", "rl_refund", 1, p.f, n], [p],
                 p.rate)
 
@@ -300,12 +305,15 @@ class Stats:
         self.ticks = 0
         self.flaps = 0
         self.persists = 0
+        self.in_debt = 0  # calls on a pair whose module bucket was in debt before the call
+        self.debt_changes = 0  # limit changes on a pair in debt
 
     def summary(self):
         rate = len(self.straddles) / max(1, self.calls)
         return (f"{self.calls} pairs ({', '.join(f'{k} {v}' for k, v in sorted(self.kinds.items()))}); "
                 f"{self.errors} error replies compared; limit flaps {self.flaps}, "
-                f"PERSIST/RESTORE-0 steps {self.persists}; straddles {len(self.straddles)} "
+                f"PERSIST/RESTORE-0 steps {self.persists}; calls on a bucket in debt "
+                f"{self.in_debt} (limit changes in debt {self.debt_changes}); straddles {len(self.straddles)} "
                 f"({100 * rate:.3f}%); ms fields {self.ms_fields}, one apart (a tick in the "
                 f"window) {self.ticks}; doubles {self.doubles}, value-identical "
                 f"{self.doubles_equal}, text-identical {self.texts_equal}"
@@ -322,6 +330,7 @@ class Runner:
         self.ops = ops
         self.stats = Stats()
         self.pairs = [Pair() for _ in range(6)]
+        self.log = []  # every call, straddles included: (step, pair names, call, replies)
 
     def double(self, a, b, rate, window_s, what):
         """Both sides' doubles: equal up to what refills in the window."""
@@ -357,19 +366,26 @@ class Runner:
     def pick_call(self, now_s):
         p = random.choice(self.pairs)
         roll = random.random()
+        if p.in_debt:
+            self.stats.in_debt += 1
         if p.flap:
             if roll < 0.5:
                 p.set_limit(p.flap[0] if p.on_small else p.flap[1])
                 self.stats.flaps += 1
+                self.stats.debt_changes += p.in_debt
                 if random.random() < 0.5:
                     # Longer than the small bucket takes to fill: its key, held, stays.
                     time.sleep(random.choice([0.003, 0.01, 0.03]))
-        elif roll < 0.03:
+        elif roll < 0.03 or (p.in_debt and roll < 0.15):
+            # A limit change on a bucket in debt: the debt carries over as the deficit does.
             p.new_limit()
+            self.stats.debt_changes += p.in_debt
         kinds = [(gen_take, 0.34), (lambda q: gen_lease(q, now_s), 0.18), (gen_return, 0.1),
                  (gen_peek, 0.08), (None, 0.1), (gen_bad, 0.12)]
         if self.with_reserve:
-            kinds += [(gen_reserve, 0.06), (gen_refund, 0.03)]
+            # Enough reservations that pairs are often in debt when the other calls (and
+            # limit changes) come: debt is negative remaining/tokens everywhere.
+            kinds += [(gen_reserve, 0.1), (gen_refund, 0.05)]
         total = sum(w for _, w in kinds)
         x = random.random() * total
         for g, w in kinds:
@@ -432,9 +448,16 @@ class Runner:
         raw_us = window_us
         for q in call.keys:
             q.skew_tokens = max(q.skew_tokens, q.tol_rate * window_us / 1e6)
-        # The same offset as time, at the slowest rate involved.
-        window_us += max(q.skew_tokens / q.rate for q in call.keys) * 1e6
+        # The same offset as time, at the slowest rate involved. A bucket in debt keeps
+        # part of its state as time (`behind`, the level's instant ahead of the clock), and
+        # a limit change carries that over as time, not tokens: its offset is the pair's
+        # offset in time under any earlier limit (`skew_us`).
+        debt_us = max([q.skew_us for q in call.keys if q.in_debt or q.debt_seen], default=0.0)
+        window_us += max(max(q.skew_tokens / q.rate for q in call.keys) * 1e6, debt_us)
         rm, rf = (out[1], out[2]) if first_module else (out[2], out[1])
+        self.log = (self.log + [(self.stats.calls, [q.name for q in call.keys],
+                                 f"{call.mod} -> {rm!r} / {rf!r} (module first: "
+                                 f"{first_module})")])[-400:]
         self.stats.calls += 1
         self.stats.kinds[call.kind] = self.stats.kinds.get(call.kind, 0) + 1
         try:
@@ -444,9 +467,14 @@ class Runner:
                 pm, pf, tm, tf = out[4 + 4 * i: 8 + 4 * i]
                 # The peeks see the offset the call left: its window at the call's rate.
                 skew = max(q.skew_tokens, q.tol_rate * raw_us / 1e6)
-                rate = self.compare_peek(pm, pf, None, peek_raw_us, "after-peek", skew)
+                rate = self.compare_peek(pm, pf, None, peek_raw_us, "after-peek", skew,
+                                         q.skew_us, q.in_debt or q.debt_seen)
                 pttl_us = peek_raw_us + max(skew / rate * 1e6 if rate else 0, q.skew_us)
                 self.compare_pttl(tm, tf, pttl_us)
+                q.in_debt = pm is not None and as_float(
+                    dict(zip(pm[::2], pm[1::2]))[b"tokens"] if isinstance(pm, list)
+                    else pm[b"tokens"]) < 0
+                q.debt_seen = q.debt_seen or q.in_debt
         except Straddle as s:
             self.stats.straddles.append(f"{call.kind} {call.mod}: {s}")
             for q in call.keys:  # the states now differ by a decision: start afresh
@@ -455,6 +483,9 @@ class Runner:
             return
         except Mismatch as e:
             history = "".join(f"\n    {h}" for q in call.keys for h in q.history)
+            names = {q.name for q in call.keys}
+            history += "\n  every call on these keys:" + "".join(
+                f"\n    #{n} {c}" for n, ks, c in self.log if names & set(ks))
             raise Mismatch(f"{call.mod} / {call.fn} (protocol {self.protocol}): {e}\n"
                            f"  module:  {rm!r}\n  library: {rf!r}\n  history:{history}"
                            ) from None
@@ -525,7 +556,9 @@ class Runner:
                 for a, b_ in zip(rm[3], rf[3]):
                     self.double(a, b_, call.rate, window_s, "remaining")
         elif k == "peek":
-            self.compare_peek(rm, rf, None, self.raw_us, "peek", call.keys[0].skew_tokens)
+            q = call.keys[0]
+            self.compare_peek(rm, rf, None, self.raw_us, "peek", q.skew_tokens, q.skew_us,
+                              q.in_debt or q.debt_seen)
         elif k == "reserve":
             if rm[0] != rf[0]:
                 wait = max(rm[1], rf[1])
@@ -554,9 +587,11 @@ class Runner:
             raise Mismatch(f"granted {gm} vs {gf}, wait {retry_of(denied)} ms")
         raise Straddle(f"granted {gm} vs {gf} (no wait in the reply; checked by the peek after)")
 
-    def compare_peek(self, pm, pf, rate, window_us, what, skew_tokens):
+    def compare_peek(self, pm, pf, rate, window_us, what, skew_tokens, skew_us=0.0,
+                     debt_seen=False):
         """A peek answers under the stored limit, which may not be the call's: the
-        tolerance is the window at that rate plus the pair's offset in tokens."""
+        tolerance is the window at that rate plus the pair's offset in tokens (in debt:
+        its offset in time, carried over limit changes as time)."""
         if pm is None or pf is None:
             if pm is not None or pf is not None:
                 raise Straddle(f"{what}: one key gone ({pm!r} / {pf!r})")
@@ -567,7 +602,8 @@ class Runner:
         if set(pm) != set(pf):
             raise Mismatch(f"{what}: fields {sorted(pm)} vs {sorted(pf)}")
         rate = as_float(pm[b"rate"])
-        window_us += skew_tokens / rate * 1e6
+        in_debt = debt_seen or min(as_float(pm[b"tokens"]), as_float(pf[b"tokens"])) < 0
+        window_us += max(skew_tokens / rate * 1e6, skew_us if in_debt else 0.0)
         window_s, window_ms = window_us / 1e6, window_us / 1000
         for f in (b"rate", b"cap"):
             if as_float(pm[f]) != as_float(pf[f]):

@@ -78,7 +78,7 @@ def alone():
         g, rem, retry, reset = fcall(r2, "rl_take", ["u"], 2, 10, 8, "WITHSTATE")
         assert g == 0 and 7 <= float(rem) < 7.1 and 400 < retry <= 500 and reset <= 1500
         assert set(r2.hkeys("u")) == {b"f", b"r", b"c"}
-        assert 1400 < r2.pttl("u") <= 1500, r2.pttl("u")
+        assert 1400 < r2.pttl("u") <= 1501, r2.pttl("u")  # ceil_ms of a µs instant
         # Denied calls write nothing: the stored state is unchanged.
         before = r2.hgetall("u")
         fcall(r2, "rl_take", ["u"], 2, 10, 9)
@@ -120,7 +120,12 @@ def alone():
         g, wait, rem, _ = fcall(r2, "rl_reserve", ["rv"], 1, 2, 1, 1500)
         assert g == 0 and 1900 < wait <= 2000 and -1.01 < float(rem) < -0.9
         assert fcall(r2, "rl_take", ["rv"], 1, 2) == 0  # later callers queue behind
+        # Debt is visible (PEEK tokens negative); a refund pays it first, never above cap.
+        assert -1.01 < float(fcall(r3, "rl_peek", ["rv"])[b"tokens"]) < -0.9
         assert float(fcall(r2, "rl_refund", ["rv"], 1)) == 1.0
+        assert -0.01 < float(fcall(r3, "rl_peek", ["rv"])[b"tokens"]) < 0.1
+        assert 1.9 < float(fcall(r2, "rl_refund", ["rv"], 5)) <= 2.0
+        assert not r2.exists("rv")  # full again, no lease, no hold: deleted
         assert float(fcall(r2, "rl_refund", ["nothing"], 1)) == 0.0
         # A limit change holds the key (field h) until the bucket would have been full under
         # the old limit: back on it, a caller finds the tokens, not an absent (full) bucket.
@@ -139,8 +144,15 @@ def alone():
         # A passed hold goes (HDEL h).
         assert fcall(r2, "rl_take", ["hp"], 1000, 100, 50) == 50
         assert fcall(r2, "rl_take", ["hp"], 100000, 2, 1) == 1 and r2.hexists("hp", "h")
-        time.sleep(0.06)
+        assert r2.hget("hp", "s") == b"100000000"  # the old limit's fill time, ns
+        # Every write moves the hold on: span after the write.
+        h1 = int(r2.hget("hp", "h"))
+        time.sleep(0.03)
+        assert fcall(r2, "rl_take", ["hp"], 100000, 2, 1) == 1
+        assert int(r2.hget("hp", "h")) >= h1 + 29_000_000
+        time.sleep(0.12)
         assert fcall(r2, "rl_take", ["hp"], 100000, 2, 1) == 1 and not r2.hexists("hp", "h")
+        assert not r2.hexists("hp", "s")
         # RETURN to full keeps a held key.
         got, lid, _, _ = fcall(r2, "rl_lease", ["hr"], 1, 100, 5, 60000)
         assert fcall(r2, "rl_take", ["hr"], 1000, 100, 1) == 1

@@ -10,7 +10,8 @@ import time
 import redis
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LIBRARY = os.path.join(ROOT, "functions", "rl.lua")
+# RL_LIBRARY: another version of the library (functions/bench.py compares two).
+LIBRARY = os.environ.get("RL_LIBRARY", os.path.join(ROOT, "functions", "rl.lua"))
 SERVER = os.environ.get("RL_SERVER", "redis-server")
 MODULE = os.environ.get("RL_MODULE", os.path.join(ROOT, "target", "debug", "libredis_rl.so"))
 
