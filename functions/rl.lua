@@ -648,25 +648,19 @@ local function take_up_to(lv, n, min)
     return 0
 end
 
--- Gives t tokens back, never above cap; a bucket in debt pays the debt first (its level
--- instant moves back by what the tokens are worth).
+-- Level::credit: `t` tokens back, clamped to cap. A bucket behind now (in debt after
+-- RL.RESERVE, or after the clock stepped back) takes nothing back: its coming tokens are
+-- promised to callers waiting for a set instant.
 local function credit(lv, t)
+    if lv.bs ~= 0 or lv.bn ~= 0 then return end
     local cs, cn = nanos_for_floor(lv.L, t)
-    cs, cn = min_pair(cs, cn, add(lv.bs, lv.bn, lv.ds, lv.dn))
-    if not lt(lv.ds, lv.dn, cs, cn) then -- c <= deficit
-        lv.ds, lv.dn = sat_sub(lv.ds, lv.dn, cs, cn)
-    else
-        local ps, pn = sat_sub(cs, cn, lv.ds, lv.dn)
-        lv.ds, lv.dn = 0, 0
-        lv.as, lv.an = sat_sub(lv.as, lv.an, ps, pn)
-        lv.bs, lv.bn = sat_sub(lv.bs, lv.bn, ps, pn)
-    end
+    lv.ds, lv.dn = sat_sub(lv.ds, lv.dn, cs, cn)
 end
 
--- RL.REFUND: up to n tokens back, as many as the bucket lacks (its debt included).
+-- RL.REFUND: up to n tokens back, as many as the bucket lacks (nothing in debt).
 local function refund(lv, n)
-    local L = lv.L
-    local missing = tokens_for(L, add(lv.bs, lv.bn, lv.ds, lv.dn))
+    if lv.bs ~= 0 or lv.bn ~= 0 then return 0 end
+    local missing = tokens_for(lv.L, lv.ds, lv.dn)
     local credited = n
     if missing < credited then credited = missing end
     credit(lv, credited)
@@ -1017,8 +1011,10 @@ local function rl_return(keys, a)
     table.remove(t, k)
     local credited = math.min(unused, e[2])
     local lv = level_stored(h, ns, nn)
-    -- credit_up_to: a bucket that refilled meanwhile takes back only what it lacks.
+    -- credit_up_to: a bucket that refilled meanwhile takes back only what it lacks, and
+    -- one in debt nothing.
     local missing = ceil(tokens_for(lv.L, lv.ds, lv.dn))
+    if lv.bs ~= 0 or lv.bn ~= 0 then missing = 0 end
     credit(lv, credited)
     credited = math.min(credited, missing)
     if #t == 0 and gone_at(lv, ns, nn) then
@@ -1154,7 +1150,7 @@ local function rl_reserve(keys, a)
 end
 
 -- RL.REFUND key n: gives back up to n tokens under the stored limit, as many as the
--- bucket lacks, its debt first. Reply: the tokens credited (a double; 0 for a missing key).
+-- bucket lacks (nothing while it is in debt). Reply: the tokens credited (a double; 0 for a missing key).
 local function rl_refund(keys, a)
     local N = 'RL.REFUND'
     if #keys ~= 1 or #a ~= 1 then arity(N) end
