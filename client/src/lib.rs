@@ -30,12 +30,12 @@ mod fallback;
 mod health;
 mod jitter;
 mod lazy;
+mod limiter;
 mod meter;
 mod metrics;
 mod permit;
 mod prefetch;
 mod protocol;
-mod limiter;
 
 pub use backend::Backend;
 pub use config::{limit, FailurePolicy, LimiterConfig, PrefetchConfig};
@@ -43,11 +43,11 @@ pub use conn::RedisConnection;
 pub use decision::{Decision, Reservation, Source};
 pub use error::Error;
 pub use lazy::{LazyConfig, LazyConnection};
+pub use limiter::Limiter;
 pub use metrics::{Metrics, MetricsSnapshot, LATENCY_BUCKETS_US};
 pub use permit::{Busy, Permit, Semaphore};
 pub use prefetch::PrefetchLimiter;
 pub use rl_core::{Limit, LimitError};
-pub use limiter::Limiter;
 
 /// The redis crate this client is built on, for building connections of the same version.
 pub use redis;

@@ -12,8 +12,8 @@ use crate::conn::{call, RedisConnection};
 use crate::fallback::{lock, Fallback};
 use crate::health::Health;
 use crate::lazy::LazyConnection;
-use crate::protocol::{self, lease_cmd, parse_lease, return_cmd};
 use crate::limiter::check_request;
+use crate::protocol::{self, lease_cmd, parse_lease, return_cmd};
 use crate::{Decision, Error, Metrics, PrefetchConfig, Source};
 
 /// A limiter for one key that leases tokens in batches and grants from the batch locally:
