@@ -91,12 +91,12 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
     let ns = ops::enter(name);
     let now = clock::now();
     let key = BucketKey::open(ctx, args.raw(0)?);
-    let (mut state, adopted) = adopt::state(ctx, &key, limit, now)?;
-    let mut level = match adopted {
-        Some(level) => level,
-        None => super::level_of(state.as_ref(), limit, now, req.init),
-    };
-    let created = super::created_below_full(state.as_ref(), &level) && adopted.is_none();
+    let super::Opened {
+        mut state,
+        mut level,
+        adopted,
+        created,
+    } = super::open_bucket(ctx, &key, limit, now, req.init)?;
 
     // Decide everything before changing anything, so an error or a denial writes nothing.
     let table = state.as_ref().and_then(|s| s.table()).unwrap_or(&EMPTY);
@@ -110,7 +110,7 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
 
     let mut opened = None;
     if plan.writes() || created {
-        if adopted.is_some() {
+        if adopted {
             adopt::replace(ctx, &key, args.raw(0)?);
         }
         let mut table = key.take_table(&mut state);

@@ -51,6 +51,40 @@ fn init_tokens(args: &Args, i: usize, limit: &Limit) -> Result<f64> {
 
 /// The bucket a command works on: the stored one refilled to `now`, or a new one (full, or
 /// holding `init` tokens).
+/// A key's bucket as one call sees it.
+struct Opened<'k> {
+    /// The stored bucket (none for a new key, or a script hash being adopted).
+    state: Option<StateMut<'k>>,
+    /// Its level at `now` under the call's limit.
+    level: Level,
+    /// The key holds the classic script's hash, adopted (`rl.adopt-script-keys`).
+    adopted: bool,
+    /// A new bucket that starts below full (`INIT`): stored even if the call is denied.
+    created: bool,
+}
+
+/// Opens the bucket of `key` for a call with `limit` (and `INIT tokens`, if given).
+fn open_bucket<'k>(
+    ctx: *mut Ctx,
+    key: &'k BucketKey,
+    limit: Limit,
+    now: Nanos,
+    init: Option<f64>,
+) -> Result<Opened<'k>> {
+    let (state, adopted) = crate::adopt::state(ctx, key, limit, now)?;
+    let (level, adopted) = match adopted {
+        Some(level) => (level, true),
+        None => (level_of(state.as_ref(), limit, now, init), false),
+    };
+    let created = !adopted && created_below_full(state.as_ref(), &level);
+    Ok(Opened {
+        state,
+        level,
+        adopted,
+        created,
+    })
+}
+
 fn level_of(state: Option<&StateMut>, limit: Limit, now: Nanos, init: Option<f64>) -> Level {
     match (state, init) {
         (None, Some(tokens)) => Level::starting_with(limit, tokens, now),

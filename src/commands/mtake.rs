@@ -11,7 +11,7 @@ use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
-use crate::{adopt, clock, ops, stats};
+use crate::{clock, ops, stats};
 use rl_core::{ceil_millis, take_all, AllOrNothing, Limit};
 
 /// Most buckets one call may check.
@@ -113,25 +113,15 @@ pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
         .step_by(3)
         .map(|i| args.raw(i).map(|k| BucketKey::open(ctx, k)))
         .collect::<Result<_>>()?;
-    let mut states = Vec::with_capacity(keys.len());
-    let mut adopted = Vec::with_capacity(keys.len());
+    let (mut states, mut levels) = (Vec::new(), Vec::new());
+    let (mut adopted, mut created) = (Vec::new(), Vec::new());
     for (key, limit) in keys.iter().zip(&limits) {
-        let (state, level) = adopt::state(ctx, key, *limit, now)?;
-        states.push(state);
-        adopted.push(level);
+        let opened = super::open_bucket(ctx, key, *limit, now, init)?;
+        states.push(opened.state);
+        levels.push(opened.level);
+        adopted.push(opened.adopted);
+        created.push(opened.created);
     }
-    let mut levels: Vec<_> = states
-        .iter()
-        .zip(&limits)
-        .zip(&adopted)
-        .map(|((st, l), a)| a.unwrap_or_else(|| super::level_of(st.as_ref(), *l, now, init)))
-        .collect();
-    let created: Vec<bool> = states
-        .iter()
-        .zip(&levels)
-        .zip(&adopted)
-        .map(|((st, lv), a)| super::created_below_full(st.as_ref(), lv) && a.is_none())
-        .collect();
 
     // All or nothing: every bucket is looked at before any is debited.
     let AllOrNothing {
@@ -143,7 +133,7 @@ pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
         if !granted && !created[j] {
             continue;
         }
-        let adopting = adopted[j].is_some();
+        let adopting = adopted[j];
         super::write_bucket(ctx, key, state, level.bucket(), &args, 1 + 3 * j, adopting)?;
     }
 

@@ -11,7 +11,7 @@ use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
-use crate::{adopt, clock, ops, stats};
+use crate::{clock, ops, stats};
 use rl_core::ceil_millis;
 
 /// Longest wait a reservation may ask for: a day, as for a lease.
@@ -54,25 +54,17 @@ pub fn reserve(ctx: *mut Ctx, args: Args) -> Result<()> {
     let ns = ops::enter(name);
     let now = clock::now();
     let key = BucketKey::open(ctx, args.raw(0)?);
-    let (state, adopted) = adopt::state(ctx, &key, limit, now)?;
-    let mut level = match adopted {
-        Some(level) => level,
-        None => super::level_of(state.as_ref(), limit, now, init),
-    };
-    let created = super::created_below_full(state.as_ref(), &level) && adopted.is_none();
+    let super::Opened {
+        state,
+        mut level,
+        adopted,
+        created,
+    } = super::open_bucket(ctx, &key, limit, now, init)?;
     let (granted, wait) = level
         .reserve(n as f64, max_wait_ms * 1_000_000)
         .ok_or(Error::Invalid("n must not exceed cap"))?;
     if granted || created {
-        super::write_bucket(
-            ctx,
-            &key,
-            state,
-            level.bucket(),
-            &args,
-            0,
-            adopted.is_some(),
-        )?;
+        super::write_bucket(ctx, &key, state, level.bucket(), &args, 0, adopted)?;
     }
     // In shadow mode (server-wide or this call's SHADOW) a denial answers as a grant with
     // no wait (nothing was debited).
