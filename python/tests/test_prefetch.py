@@ -144,7 +144,36 @@ def _worker(port: int, key: str, out: multiprocessing.Queue) -> None:  # type: i
     out.put(spent)
 
 
+def _warm_call_pool(server: Server, key: str) -> None:
+    """A call through the shared thread pool in this (parent) process: the client's socket
+    timeout is above the limiter's, so the pool is used. Forked children must not inherit it."""
+    r = redis.Redis(port=server.port, socket_timeout=2)
+    with PrefetchLimiter(r, key + ":warm", RATE, CAP, batch=BATCH, policy=POLICY) as lim:
+        assert lim.take()
+    r.close()
+
+
+def _forked_take(port: int, key: str, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    r = redis.Redis(port=port, socket_timeout=2)
+    with PrefetchLimiter(r, key, RATE, CAP, batch=BATCH, policy=POLICY) as lim:
+        out.put((lim.take(), lim.metrics["redis_timeouts"]))
+
+
+def test_forked_child_does_not_inherit_a_dead_call_pool(server: Server, key: str) -> None:
+    # Regression: the child inherited the parent's pool object without its threads, every
+    # call timed out and DENY refused everything (a whole fleet test let out 0 tokens).
+    _warm_call_pool(server, key)
+    ctx = multiprocessing.get_context("fork")
+    out: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
+    child = ctx.Process(target=_forked_take, args=(server.port, key, out))
+    child.start()
+    assert out.get(timeout=30) == (True, 0)
+    child.join(10)
+    assert child.exitcode == 0
+
+
 def test_fleet_bound_processes(server: Server, key: str) -> None:
+    _warm_call_pool(server, key)  # as in a pre-fork server: the parent has used the pool
     ctx = multiprocessing.get_context("fork")
     out: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
     start = time.monotonic()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from typing import Any, Awaitable, Callable, Optional
 
@@ -19,6 +20,19 @@ TIMEOUTS = (redis.exceptions.TimeoutError, asyncio.TimeoutError, concurrent.futu
 
 _executor_lock = threading.Lock()
 _executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+
+def _forget_pool_in_child() -> None:
+    """A forked child (a gunicorn or multiprocessing worker) inherits the pool object but
+    none of its threads: work submitted to it would never run and every call would time
+    out. The child starts a pool of its own on first use instead."""
+    global _executor, _executor_lock
+    _executor = None
+    _executor_lock = threading.Lock()  # the parent may have held it while forking
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 def _pool() -> concurrent.futures.ThreadPoolExecutor:
