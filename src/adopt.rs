@@ -7,27 +7,24 @@
 //! as `DEL key` then the bucket's `RL.SETSTATE`, in one transaction, so replicas and the
 //! AOF hold the same bucket. Any other hash, or adoption off: `WRONGTYPE`.
 
-use crate::api::rm;
-use crate::api::{Ctx, RStr};
 use crate::args::parse_number;
 use crate::error::{Error, Result};
+use crate::ffi::{Ctx, KeyKind, OpenKey, Str};
 use crate::key::BucketKey;
 use crate::stored::StateMut;
 use crate::{propagate, stats};
-use redis_module::raw;
 use rl_core::{Level, Limit, Nanos};
 use std::sync::atomic::Ordering::Relaxed;
 
 /// The key's bucket, or (adoption on) the script state it holds as a level at `now`.
 pub fn state<'k>(
-    ctx: *mut Ctx,
     key: &'k BucketKey,
     limit: Limit,
     now: Nanos,
 ) -> Result<(Option<StateMut<'k>>, Option<Level>)> {
     match key.state() {
         Err(Error::WrongType) if crate::ops::ADOPT.load(Relaxed) => {
-            let level = script_state(ctx, key.raw())
+            let level = script_state(key.open_key())
                 .and_then(|(tokens, ts)| rl_core::adopt::script_level(tokens, ts, limit, now))
                 .ok_or(Error::WrongType)?;
             Ok((None, Some(level)))
@@ -37,39 +34,18 @@ pub fn state<'k>(
 }
 
 /// `(tokens, ts)` if the key holds exactly the script's two fields, both numbers.
-fn script_state(ctx: *mut Ctx, key: *mut crate::api::Key) -> Option<(f64, f64)> {
-    if rm!(RedisModule_KeyType(key)) as isize != raw::REDISMODULE_KEYTYPE_HASH
-        || rm!(RedisModule_ValueLength(key)) != 2
-    {
+fn script_state(key: &OpenKey) -> Option<(f64, f64)> {
+    if key.kind() != KeyKind::Hash || key.value_length() != 2 {
         return None;
     }
-    let mut tokens: *mut RStr = std::ptr::null_mut();
-    let mut ts: *mut RStr = std::ptr::null_mut();
-    rm!(RedisModule_HashGet(
-        key,
-        raw::REDISMODULE_HASH_CFIELDS as i32,
-        c"tokens".as_ptr(),
-        &mut tokens as *mut *mut RStr,
-        c"ts".as_ptr(),
-        &mut ts as *mut *mut RStr,
-        std::ptr::null::<std::os::raw::c_char>()
-    ));
-    let read = |s: *mut RStr| {
-        if s.is_null() {
-            return None;
-        }
-        // SAFETY: a string Redis just returned; freed right after.
-        let v = parse_number(unsafe { crate::api::bytes(s) });
-        rm!(RedisModule_FreeString(ctx, s));
-        v
-    };
-    let (tokens, ts) = (read(tokens), read(ts));
-    Some((tokens?, ts?))
+    let tokens = key.hash_field(c"tokens", parse_number)??;
+    let ts = key.hash_field(c"ts", parse_number)??;
+    Some((tokens, ts))
 }
 
 /// Replaces the script's hash (before the bucket is stored): the key is deleted here and
 /// on replicas, whose next effect is the bucket's `RL.SETSTATE`.
-pub fn replace(ctx: *mut Ctx, key: &BucketKey, name: *mut RStr) {
+pub fn replace(ctx: Ctx, key: &BucketKey, name: Str) {
     key.delete();
     propagate::deleted(ctx, name);
     stats::ADOPTED.add(1);

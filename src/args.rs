@@ -1,18 +1,17 @@
 //! Parsing command arguments straight from the argument bytes (no allocation).
 
-use crate::api::{self, RStr};
 use crate::error::{Error, Result};
+use crate::ffi::Str;
 
 /// The arguments of one call, without the command name.
 #[derive(Clone, Copy)]
 pub struct Args<'a> {
-    argv: &'a [*mut RStr],
+    argv: &'a [Str],
 }
 
 impl<'a> Args<'a> {
-    /// # Safety
-    /// `argv` must be the command's live argument vector, command name first.
-    pub unsafe fn new(argv: &'a [*mut RStr]) -> Args<'a> {
+    /// The arguments after the command name in `argv`.
+    pub fn new(argv: &'a [Str]) -> Args<'a> {
         Args {
             argv: argv.get(1..).unwrap_or(&[]),
         }
@@ -23,13 +22,12 @@ impl<'a> Args<'a> {
     }
 
     /// The raw argument `i` (for keys, and for values passed on verbatim).
-    pub fn raw(&self, i: usize) -> Result<*mut RStr> {
+    pub fn raw(&self, i: usize) -> Result<Str> {
         self.argv.get(i).copied().ok_or(Error::Arity)
     }
 
     pub fn bytes(&self, i: usize) -> Result<&'a [u8]> {
-        // SAFETY: the strings live as long as the call, which outlives `'a`.
-        self.raw(i).map(|s| unsafe { api::bytes(s) })
+        self.argv.get(i).map(Str::bytes).ok_or(Error::Arity)
     }
 
     /// A decimal number; range checks are the caller's.

@@ -1,6 +1,6 @@
 //! The one error type of the commands, with the texts users see.
 
-use crate::api::{self, Ctx};
+use crate::ffi::{self, Ctx};
 use std::ffi::CString;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,12 +18,12 @@ pub enum Error {
 }
 
 impl Error {
-    pub fn reply(&self, ctx: *mut Ctx) {
+    pub fn reply(&self, ctx: Ctx) {
         match self {
             Error::Arity => {
-                api::reply_wrong_arity(ctx);
+                ffi::reply_wrong_arity(ctx);
             }
-            Error::WrongType => api::reply_error(
+            Error::WrongType => ffi::reply_error(
                 ctx,
                 c"WRONGTYPE Operation against a key holding the wrong kind of value",
             ),
@@ -36,7 +36,7 @@ impl Error {
                 };
                 // The texts are ours or lossy-decoded and cut short: a NUL cannot occur.
                 let text = CString::new(text).unwrap_or_else(|_| c"ERR invalid input".into());
-                api::reply_error(ctx, &text);
+                ffi::reply_error(ctx, &text);
             }
         }
     }

@@ -1,12 +1,9 @@
 //! Opening a bucket's key and writing it back with its expiry.
 
-use crate::api::rm;
-use crate::api::{Ctx, Key, RStr};
-use crate::datatype;
 use crate::error::{Error, Result};
+use crate::ffi::{Ctx, KeyKind, OpenKey, Str};
 use crate::stats;
 use crate::stored::{self, StateMut, Stored};
-use redis_module::raw;
 use rl_core::{Bucket, LeaseTable, Nanos};
 
 /// A key opened for one command; closed when dropped.
@@ -15,9 +12,7 @@ use rl_core::{Bucket, LeaseTable, Nanos};
 /// `lib.rs`): a denied call opens the key for writing but changes nothing, and must not
 /// break a client's `WATCH`. Writes mark the key, and closing signals only those.
 pub struct BucketKey {
-    key: *mut Key,
-    ctx: *mut Ctx,
-    name: *mut RStr,
+    key: OpenKey,
     modified: std::cell::Cell<bool>,
     /// The expiry (ms) the state implied when its lease table was taken out to change it:
     /// if the new state implies another one, the expiry is set without reading it first.
@@ -25,20 +20,18 @@ pub struct BucketKey {
 }
 
 impl BucketKey {
-    pub fn open(ctx: *mut Ctx, name: *mut RStr) -> BucketKey {
-        BucketKey::open_with(ctx, name, raw::REDISMODULE_READ | raw::REDISMODULE_WRITE)
+    pub fn open(ctx: Ctx, name: Str) -> BucketKey {
+        BucketKey::open_with(ctx, name, true)
     }
 
     /// Opens a key only to read it (read-only commands; replicas serve these).
-    pub fn open_read(ctx: *mut Ctx, name: *mut RStr) -> BucketKey {
-        BucketKey::open_with(ctx, name, raw::REDISMODULE_READ)
+    pub fn open_read(ctx: Ctx, name: Str) -> BucketKey {
+        BucketKey::open_with(ctx, name, false)
     }
 
-    fn open_with(ctx: *mut Ctx, name: *mut RStr, mode: u32) -> BucketKey {
+    fn open_with(ctx: Ctx, name: Str, write: bool) -> BucketKey {
         BucketKey {
-            key: rm!(RedisModule_OpenKey(ctx, name, mode as i32)).cast(),
-            ctx,
-            name,
+            key: OpenKey::open(ctx, name, write),
             modified: std::cell::Cell::new(false),
             expiry_before: std::cell::Cell::new(None),
         }
@@ -47,46 +40,25 @@ impl BucketKey {
     /// The bucket held here: `None` if the key does not exist, `WRONGTYPE` if it holds
     /// something else.
     pub fn state(&self) -> Result<Option<StateMut<'_>>> {
-        let kind = rm!(RedisModule_KeyType(self.key)) as isize;
-        if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
-            return Ok(None);
+        match self.key.kind() {
+            KeyKind::Empty => Ok(None),
+            KeyKind::Bucket => Ok(self.key.bucket()),
+            _ => Err(Error::WrongType),
         }
-        if kind != raw::REDISMODULE_KEYTYPE_MODULE
-            || rm!(RedisModule_ModuleTypeGetType(self.key)) != datatype::raw_type()
-        {
-            return Err(Error::WrongType);
-        }
-        let value = rm!(RedisModule_ModuleTypeGetValue(self.key));
-        // SAFETY: a value of our type was made by `Stored::into_raw`; the key keeps it alive
-        // and this command is the only user while it runs.
-        Ok(Some(unsafe { StateMut::from_raw(value) }))
     }
 
     /// Stores a new value (replacing any) and sets the key's expiry.
     pub fn put(&self, stored: Stored, expires_at: Nanos) {
-        let p = stored.into_raw();
-        if rm!(RedisModule_ModuleTypeSetValue(
-            self.key,
-            datatype::raw_type(),
-            p
-        )) != raw::REDISMODULE_OK as i32
-        {
-            // Not stored: the value is still ours to free.
-            // SAFETY: `p` came from `into_raw` just above and Redis did not take it.
-            drop(unsafe { Stored::from_raw(p) });
-            return;
+        if self.key.set_bucket(stored) {
+            self.expire_at(expires_at);
         }
-        self.expire_at(expires_at);
     }
 
     /// Sets the expiry to `at`, rounded up to Redis's milliseconds so the key never goes
     /// before the bucket is full.
     pub fn expire_at(&self, at: Nanos) {
         self.modified.set(true);
-        rm!(RedisModule_SetAbsExpire(
-            self.key,
-            rl_core::ceil_millis(at) as i64
-        ));
+        self.key.set_expire_ms(rl_core::ceil_millis(at) as i64);
     }
 
     /// Makes the expiry `at` if it is not already: a hot key's full instant often moves by
@@ -95,7 +67,7 @@ impl BucketKey {
     /// removed it.)
     fn keep_expiry_at(&self, at: Nanos) {
         self.modified.set(true);
-        if rm!(RedisModule_GetAbsExpire(self.key)) != rl_core::ceil_millis(at) as i64 {
+        if self.key.expire_ms() != rl_core::ceil_millis(at) as i64 {
             self.expire_at(at);
         }
     }
@@ -197,22 +169,22 @@ impl BucketKey {
     }
 
     /// The open key, for readers of other types (see `adopt`).
-    pub fn raw(&self) -> *mut Key {
-        self.key
+    pub fn open_key(&self) -> &OpenKey {
+        &self.key
     }
 
     pub fn delete(&self) {
         self.modified.set(true);
-        rm!(RedisModule_DeleteKey(self.key));
+        self.key.delete();
     }
 }
 
 impl Drop for BucketKey {
+    /// Signals the key if a write changed it (then the key closes).
     fn drop(&mut self) {
         if self.modified.get() {
-            rm!(RedisModule_SignalModifiedKey(self.ctx, self.name));
+            self.key.signal_modified();
         }
-        rm!(RedisModule_CloseKey(self.key));
     }
 }
 

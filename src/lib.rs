@@ -4,7 +4,6 @@
 //! command has its own file under `commands/`.
 
 mod adopt;
-mod api;
 mod args;
 mod boundary;
 mod clock;
@@ -12,6 +11,7 @@ mod commands;
 mod config;
 mod datatype;
 mod error;
+mod ffi;
 mod key;
 mod ops;
 mod permits;
@@ -20,9 +20,7 @@ mod resetstat;
 mod stats;
 mod stored;
 
-use api::rm;
-use datatype::BUCKET_TYPE;
-use permits::PERMIT_TYPE;
+use ffi::{BUCKET_TYPE, PERMIT_TYPE};
 use redis_module::configuration::ConfigurationFlags;
 use redis_module::{redis_module, Context, RedisString, Status};
 
@@ -38,7 +36,7 @@ type Allocator = std::alloc::System;
 const ALLOCATOR: Allocator = std::alloc::System;
 
 fn init(ctx: &Context, args: &[RedisString]) -> Status {
-    if let Err(missing) = api::check() {
+    if let Err(missing) = ffi::check() {
         ctx.log_warning(&format!(
             "redis-rl: this server lacks {missing}; not loading"
         ));
@@ -49,20 +47,25 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         ctx.log_warning(&format!("redis-rl: not loading: {why}"));
         return Status::Err;
     }
-    let raw = ctx.ctx;
+    let raw = ffi::Ctx::of_load(ctx);
     // Keys signal "modified" (WATCH, client tracking) only when a command wrote them.
     // And a short or corrupt payload (RESTORE, a damaged RDB) is a refused value, not an
-    // abort: the loader checks `IsIOError` (see `datatype.rs`).
-    let options = redis_module::raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED
-        | redis_module::raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS;
-    rm!(RedisModule_SetModuleOptions(raw, options as i32));
-    if let Err(name) = commands::register(raw) {
+    // abort: the loader checks `Io::failed` (see `datatype.rs`).
+    ffi::set_module_options(
+        raw,
+        redis_module::raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED
+            | redis_module::raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS,
+    );
+    if let Err(name) = ffi::register_commands(raw) {
         ctx.log_warning(&format!("redis-rl: could not register {name:?}"));
         return Status::Err;
     }
-    rm!(RedisModule_RegisterInfoFunc(raw, Some(stats::info)));
+    if !ffi::register_info(raw) {
+        ctx.log_warning("redis-rl: could not register the INFO section");
+        return Status::Err;
+    }
     ops::init();
-    if !resetstat::register(raw) {
+    if !ffi::register_filter(raw) {
         ctx.log_warning("redis-rl: could not register the CONFIG RESETSTAT filter");
         return Status::Err;
     }

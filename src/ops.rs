@@ -7,31 +7,13 @@
 //! size, and the hot path allocates nothing.
 
 use crate::args::Args;
+use crate::ffi::MainThread;
 use redis_module::configuration::{ConfigurationContext, ConfigurationValue};
 use redis_module::{RedisError, RedisString};
 use rl_core::namespace::{self, Counts, Id, Outcome, Table};
 use rl_core::top::Top;
 use rl_core::Nanos;
-use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
-
-/// State only Redis's main thread touches.
-pub struct MainThread<T>(UnsafeCell<T>);
-
-// SAFETY: every access is from Redis's main thread (see the module docs), one at a time:
-// `with` is never nested for the same cell.
-unsafe impl<T> Sync for MainThread<T> {}
-
-impl<T> MainThread<T> {
-    pub const fn new(v: T) -> Self {
-        MainThread(UnsafeCell::new(v))
-    }
-
-    pub fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
-        // SAFETY: see `Sync` above.
-        f(unsafe { &mut *self.0.get() })
-    }
-}
 
 /// Denials fade from `RL.TOP` with this half-life.
 pub const TOP_HALF_LIFE: Nanos = 60 * 1_000_000_000;

@@ -10,199 +10,109 @@
 //! of an existing id replaces its expiry: a renewal). The result is checked by
 //! [`PermitTable::validate`], the same function RDB load uses.
 
-use crate::api::rm;
-use crate::api::{Ctx, Key, RStr};
 use crate::error::{Error, Result};
+use crate::ffi::{Aof, Ctx, Digest, EffectArg, Io, KeyKind, OpenKey, Str};
 use crate::stats;
-use redis_module::native_types::RedisType;
-use redis_module::raw::{self, RedisModuleDigest, RedisModuleIO, RedisModuleString};
 use rl_core::{Permit, PermitTable, MAX_PERMITS};
-use std::os::raw::{c_int, c_void};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub const ENCODING_VERSION: i32 = 1;
 
-pub static PERMIT_TYPE: RedisType = RedisType::new(
-    "rl-permit",
-    ENCODING_VERSION,
-    raw::RedisModuleTypeMethods {
-        version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
-        rdb_load: Some(rdb_load),
-        rdb_save: Some(rdb_save),
-        aof_rewrite: Some(aof_rewrite),
-        mem_usage: Some(mem_usage),
-        digest: Some(digest),
-        free: Some(free),
-        aux_load: None,
-        aux_save: None,
-        aux_save2: None,
-        aux_save_triggers: 0,
-        free_effort: None,
-        unlink: Some(unlink),
-        copy: Some(copy),
-        defrag: None,
-        copy2: None,
-        free_effort2: None,
-        mem_usage2: None,
-        unlink2: None,
-    },
-);
-
-fn raw_type() -> *mut raw::RedisModuleType {
-    *PERMIT_TYPE.raw_type.borrow()
+pub fn save(io: &Io, t: &PermitTable) {
+    io.save_unsigned(t.last_id());
+    io.save_unsigned(t.permits().len() as u64);
+    for p in t.permits() {
+        io.save_unsigned(p.id);
+        io.save_unsigned(p.expires_at);
+    }
 }
 
-fn guard<T>(fallback: T, f: impl FnOnce() -> T) -> T {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
+/// Reads one value; `None` for an unknown encoding, an I/O error or a table
+/// [`PermitTable::validate`] refuses.
+pub fn load(io: &Io, encver: i32) -> Option<PermitTable> {
+    if encver != ENCODING_VERSION {
+        return None;
+    }
+    let last_id = io.load_unsigned();
+    let count = io.load_unsigned();
+    if io.failed() || count > MAX_PERMITS as u64 {
+        return None;
+    }
+    let mut permits = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let id = io.load_unsigned();
+        let expires_at = io.load_unsigned();
+        if io.failed() {
+            return None;
+        }
+        permits.push(Permit { id, expires_at });
+    }
+    let t = PermitTable::validate(last_id, permits).ok()?;
+    stats::PERMITS_IN_USE.add_shared(t.permits().len() as u64);
+    Some(t)
 }
 
-/// # Safety
-/// `p` must be a value of this type (made by `Box::into_raw` of a `PermitTable`).
-unsafe fn table<'a>(p: *mut c_void) -> &'a mut PermitTable {
-    &mut *p.cast::<PermitTable>()
-}
-
-unsafe extern "C" fn rdb_save(io: *mut RedisModuleIO, value: *mut c_void) {
-    guard((), || {
-        let t = table(value);
-        rm!(RedisModule_SaveUnsigned(io, t.last_id()));
-        rm!(RedisModule_SaveUnsigned(io, t.permits().len() as u64));
-        for p in t.permits() {
-            rm!(RedisModule_SaveUnsigned(io, p.id));
-            rm!(RedisModule_SaveUnsigned(io, p.expires_at));
-        }
-    })
-}
-
-unsafe extern "C" fn rdb_load(io: *mut RedisModuleIO, encver: c_int) -> *mut c_void {
-    guard(std::ptr::null_mut(), || {
-        if encver != ENCODING_VERSION {
-            return std::ptr::null_mut();
-        }
-        let io_error = || rm!(RedisModule_IsIOError(io)) != 0;
-        let last_id = rm!(RedisModule_LoadUnsigned(io));
-        let count = rm!(RedisModule_LoadUnsigned(io));
-        if io_error() || count > MAX_PERMITS as u64 {
-            return std::ptr::null_mut();
-        }
-        let mut permits = Vec::with_capacity(count as usize);
-        for _ in 0..count {
-            let id = rm!(RedisModule_LoadUnsigned(io));
-            let expires_at = rm!(RedisModule_LoadUnsigned(io));
-            if io_error() {
-                return std::ptr::null_mut();
-            }
-            permits.push(Permit { id, expires_at });
-        }
-        match PermitTable::validate(last_id, permits) {
-            Ok(t) => {
-                stats::PERMITS_IN_USE.add_shared(t.permits().len() as u64);
-                Box::into_raw(Box::new(t)).cast()
-            }
-            Err(_) => std::ptr::null_mut(),
-        }
-    })
-}
-
-unsafe extern "C" fn aof_rewrite(
-    aof: *mut RedisModuleIO,
-    key: *mut RedisModuleString,
-    value: *mut c_void,
-) {
-    guard((), || {
-        let t = table(value);
-        let cmd = c"RL.SETPERMITS".as_ptr();
-        rm!(RedisModule_EmitAOF(
+pub fn rewrite(aof: &Aof, key: Str, t: &PermitTable) {
+    let cmd = c"RL.SETPERMITS";
+    let last = EffectArg::Int(t.last_id() as i64);
+    crate::ffi::emit_aof(
+        aof,
+        cmd,
+        &[EffectArg::Str(key), EffectArg::Text(c"LASTID"), last],
+    );
+    for p in t.permits() {
+        crate::ffi::emit_aof(
             aof,
             cmd,
-            c"scl".as_ptr(),
-            key,
-            c"LASTID".as_ptr(),
-            t.last_id() as i64
-        ));
-        for p in t.permits() {
-            rm!(RedisModule_EmitAOF(
-                aof,
-                cmd,
-                c"sclcll".as_ptr(),
-                key,
-                c"LASTID".as_ptr(),
-                t.last_id() as i64,
-                c"ADD".as_ptr(),
-                p.id as i64,
-                p.expires_at as i64
-            ));
-        }
-        // The key's actual expiry follows (Redis appends PEXPIREAT when it has one).
-        rm!(RedisModule_EmitAOF(
-            aof,
-            c"PERSIST".as_ptr(),
-            c"s".as_ptr(),
-            key
-        ));
-    })
+            &[
+                EffectArg::Str(key),
+                EffectArg::Text(c"LASTID"),
+                last,
+                EffectArg::Text(c"ADD"),
+                EffectArg::Int(p.id as i64),
+                EffectArg::Int(p.expires_at as i64),
+            ],
+        );
+    }
+    // The key's actual expiry follows (Redis appends PEXPIREAT when it has one).
+    crate::ffi::emit_aof(aof, c"PERSIST", &[EffectArg::Str(key)]);
 }
 
-unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
-    guard(0, || {
-        std::mem::size_of::<PermitTable>()
-            + std::mem::size_of_val(table(value.cast_mut()).permits())
-    })
+pub fn mem_usage(t: &PermitTable) -> usize {
+    std::mem::size_of::<PermitTable>() + std::mem::size_of_val(t.permits())
 }
 
-unsafe extern "C" fn digest(md: *mut RedisModuleDigest, value: *mut c_void) {
-    guard((), || {
-        let t = table(value);
-        let add = |x: u64| rm!(RedisModule_DigestAddLongLong(md, x as i64));
-        add(t.last_id());
-        for p in t.permits() {
-            add(p.id);
-            add(p.expires_at);
-        }
-        rm!(RedisModule_DigestEndSequence(md));
-    })
+pub fn digest(md: &Digest, t: &PermitTable) {
+    md.add(t.last_id());
+    for p in t.permits() {
+        md.add(p.id);
+        md.add(p.expires_at);
+    }
+    md.end_sequence();
 }
 
-unsafe extern "C" fn free(value: *mut c_void) {
-    guard((), || {
-        let t = Box::from_raw(value.cast::<PermitTable>());
-        stats::PERMITS_IN_USE.sub_shared(t.permits().len() as u64);
-    })
+pub fn freed(t: PermitTable) {
+    stats::PERMITS_IN_USE.sub_shared(t.permits().len() as u64);
 }
 
-unsafe extern "C" fn unlink(_key: *mut RedisModuleString, value: *const c_void) {
-    guard((), || {
-        stats::PERMITS_EXPIRED.add_shared(table(value.cast_mut()).permits().len() as u64);
-    })
+pub fn unlinked(t: &PermitTable) {
+    stats::PERMITS_EXPIRED.add_shared(t.permits().len() as u64);
 }
 
-unsafe extern "C" fn copy(
-    _from: *mut RedisModuleString,
-    _to: *mut RedisModuleString,
-    value: *const c_void,
-) -> *mut c_void {
-    guard(std::ptr::null_mut(), || {
-        let t = table(value.cast_mut()).clone();
-        stats::PERMITS_IN_USE.add_shared(t.permits().len() as u64);
-        Box::into_raw(Box::new(t)).cast()
-    })
+pub fn copied(t: &PermitTable) -> PermitTable {
+    stats::PERMITS_IN_USE.add_shared(t.permits().len() as u64);
+    t.clone()
 }
 
 /// A semaphore key opened for one command; closed (and signalled if written) when dropped.
 pub struct PermitKey {
-    key: *mut Key,
-    ctx: *mut Ctx,
-    name: *mut RStr,
+    key: OpenKey,
     modified: std::cell::Cell<bool>,
 }
 
 impl PermitKey {
-    pub fn open(ctx: *mut Ctx, name: *mut RStr) -> PermitKey {
-        let mode = raw::REDISMODULE_READ | raw::REDISMODULE_WRITE;
+    pub fn open(ctx: Ctx, name: Str) -> PermitKey {
         PermitKey {
-            key: rm!(RedisModule_OpenKey(ctx, name, mode as i32)).cast(),
-            ctx,
-            name,
+            key: OpenKey::open(ctx, name, true),
             modified: std::cell::Cell::new(false),
         }
     }
@@ -213,31 +123,18 @@ impl PermitKey {
     // through `&self` lets a command change it and then update the key's expiry.
     #[allow(clippy::mut_from_ref)]
     pub fn table(&self) -> Result<Option<&mut PermitTable>> {
-        let kind = rm!(RedisModule_KeyType(self.key)) as isize;
-        if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
-            return Ok(None);
+        match self.key.kind() {
+            KeyKind::Empty => Ok(None),
+            KeyKind::Permits => Ok(self.key.permits()),
+            _ => Err(Error::WrongType),
         }
-        if kind != raw::REDISMODULE_KEYTYPE_MODULE
-            || rm!(RedisModule_ModuleTypeGetType(self.key)) != raw_type()
-        {
-            return Err(Error::WrongType);
-        }
-        let value = rm!(RedisModule_ModuleTypeGetValue(self.key));
-        // SAFETY: a value of this type is a boxed `PermitTable`; the key keeps it alive and
-        // this command is its only user while it runs.
-        Ok(Some(unsafe { table(value) }))
     }
 
     /// Stores `t` as the key's value (a new key), with its expiry.
     pub fn create(&self, t: PermitTable) {
         stats::PERMITS_IN_USE.add_shared(t.permits().len() as u64);
         let expiry = t.last_expiry().unwrap_or(0);
-        let p: *mut c_void = Box::into_raw(Box::new(t)).cast();
-        if rm!(RedisModule_ModuleTypeSetValue(self.key, raw_type(), p))
-            != raw::REDISMODULE_OK as i32
-        {
-            // SAFETY: Redis did not take the value; it is still ours.
-            let t = unsafe { Box::from_raw(p.cast::<PermitTable>()) };
+        if let Err(t) = self.key.set_permits(t) {
             stats::PERMITS_IN_USE.sub_shared(t.permits().len() as u64);
             return;
         }
@@ -256,28 +153,28 @@ impl PermitKey {
     fn expire_at(&self, at: u64) {
         self.modified.set(true);
         let ms = rl_core::ceil_millis(at) as i64;
-        if rm!(RedisModule_GetAbsExpire(self.key)) != ms {
-            rm!(RedisModule_SetAbsExpire(self.key, ms));
+        if self.key.expire_ms() != ms {
+            self.key.set_expire_ms(ms);
         }
     }
 
     pub fn delete(&self) {
         self.modified.set(true);
-        rm!(RedisModule_DeleteKey(self.key));
+        self.key.delete();
     }
 
     /// The key's name (for effects).
-    pub fn name(&self) -> *mut RStr {
-        self.name
+    pub fn name(&self) -> Str {
+        self.key.name()
     }
 }
 
 impl Drop for PermitKey {
+    /// Signals the key if a write changed it (then the key closes).
     fn drop(&mut self) {
         if self.modified.get() {
-            rm!(RedisModule_SignalModifiedKey(self.ctx, self.name));
+            self.key.signal_modified();
         }
-        rm!(RedisModule_CloseKey(self.key));
     }
 }
 

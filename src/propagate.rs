@@ -9,62 +9,78 @@
 //! load all end with the master's bytes. The key's expiry is not sent: it is a function of
 //! the state (see [`crate::stored::expires_at`]) and every side computes it the same way.
 
-use crate::api::rm;
-use crate::api::{Ctx, RStr};
+use crate::ffi::{self, Aof, Ctx, EffectArg, Str};
 use crate::stored::StateMut;
-use redis_module::raw::RedisModuleIO;
 use rl_core::{Bucket, Lease, Nanos};
-use std::os::raw::c_char;
 
 const SETSTATE: &std::ffi::CStr = c"RL.SETSTATE";
 
 /// The head of an effect: the key, its new bucket, and the limit as the strings that
 /// parse to it (the caller's own arguments where there are some: no formatting).
-pub struct Head {
-    pub key: *mut RStr,
+pub struct Head<'a> {
+    pub key: Str,
     pub full_at: Nanos,
-    pub rate: *mut RStr,
-    pub cap: *mut RStr,
+    pub rate: EffectArg<'a>,
+    pub cap: EffectArg<'a>,
     /// The bucket's hold and span (0 almost always: only after a limit change).
     pub hold: Nanos,
     pub span: Nanos,
 }
 
+/// The arguments of one effect, on the stack.
+struct EffectArgs<'a> {
+    list: [EffectArg<'a>; 16],
+    len: usize,
+}
+
+impl<'a> EffectArgs<'a> {
+    fn new() -> Self {
+        EffectArgs {
+            list: [EffectArg::Int(0); 16],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, a: EffectArg<'a>) -> &mut Self {
+        self.list[self.len] = a;
+        self.len += 1;
+        self
+    }
+
+    fn keyword(&mut self, k: &'static std::ffi::CStr, v: u64) -> &mut Self {
+        self.push(EffectArg::Text(k)).push(EffectArg::Int(v as i64))
+    }
+
+    fn get(&self) -> &[EffectArg<'a>] {
+        &self.list[..self.len]
+    }
+}
+
 /// A new bucket state and nothing else (a take: the hot path).
-pub fn bucket(ctx: *mut Ctx, h: &Head) {
+pub fn bucket(ctx: Ctx, h: &Head) {
     // `full_at` as text made here and passed as a buffer: Redis builds one string object
     // from it, where an integer argument (`l`) costs it a formatting and two allocations.
     let at = Decimal::new(h.full_at);
+    let head = [
+        EffectArg::Str(h.key),
+        EffectArg::Bytes(at.bytes()),
+        h.rate,
+        h.cap,
+    ];
     if h.hold == 0 && h.span == 0 {
-        rm!(RedisModule_Replicate(
-            ctx,
-            SETSTATE.as_ptr(),
-            c"sbss".as_ptr(),
-            h.key,
-            at.ptr(),
-            at.len(),
-            h.rate,
-            h.cap
-        ));
+        ffi::replicate(ctx, SETSTATE, &head);
         return;
     }
     let (hold, span) = (Decimal::new(h.hold), Decimal::new(h.span));
-    rm!(RedisModule_Replicate(
-        ctx,
-        SETSTATE.as_ptr(),
-        c"sbsscbcb".as_ptr(),
-        h.key,
-        at.ptr(),
-        at.len(),
-        h.rate,
-        h.cap,
-        c"HOLD".as_ptr(),
-        hold.ptr(),
-        hold.len(),
-        c"SPAN".as_ptr(),
-        span.ptr(),
-        span.len()
-    ));
+    let mut args = EffectArgs::new();
+    for a in head {
+        args.push(a);
+    }
+    args.push(EffectArg::Text(c"HOLD"))
+        .push(EffectArg::Bytes(hold.bytes()))
+        .push(EffectArg::Text(c"SPAN"))
+        .push(EffectArg::Bytes(span.bytes()));
+    ffi::replicate(ctx, SETSTATE, args.get());
 }
 
 /// A `u64` in decimal, on the stack.
@@ -89,176 +105,88 @@ impl Decimal {
         }
     }
 
-    fn ptr(&self) -> *const c_char {
-        self.buf[self.start..].as_ptr().cast()
-    }
-
-    fn len(&self) -> usize {
-        20 - self.start
+    fn bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
     }
 }
 
 /// A new bucket state with lease changes: expired leases pruned at `now`, one lease
 /// closed, one opened. A bucket with a hold gets a second effect that sets it (rare: only
 /// after a limit change; the table effect alone would leave none).
-pub fn leases(ctx: *mut Ctx, h: &Head, now: Nanos, closed: Option<u64>, opened: Option<&Lease>) {
+pub fn leases(ctx: Ctx, h: &Head, now: Nanos, closed: Option<u64>, opened: Option<&Lease>) {
     lease_changes(ctx, h, now, closed, opened);
     if h.hold != 0 || h.span != 0 {
         bucket(ctx, h);
     }
 }
 
-fn lease_changes(ctx: *mut Ctx, h: &Head, now: Nanos, closed: Option<u64>, opened: Option<&Lease>) {
-    let (cmd, at, now) = (SETSTATE.as_ptr(), h.full_at as i64, now as i64);
-    let (prune, drop, add) = (c"PRUNE".as_ptr(), c"DROP".as_ptr(), c"ADD".as_ptr());
-    match (closed, opened) {
-        (None, None) => {
-            rm!(RedisModule_Replicate(
-                ctx,
-                cmd,
-                c"slsscl".as_ptr(),
-                h.key,
-                at,
-                h.rate,
-                h.cap,
-                prune,
-                now
-            ))
-        }
-        (Some(id), None) => rm!(RedisModule_Replicate(
-            ctx,
-            cmd,
-            c"slssclcl".as_ptr(),
-            h.key,
-            at,
-            h.rate,
-            h.cap,
-            prune,
-            now,
-            drop,
-            id as i64
-        )),
-        (None, Some(l)) => rm!(RedisModule_Replicate(
-            ctx,
-            cmd,
-            c"slssclclll".as_ptr(),
-            h.key,
-            at,
-            h.rate,
-            h.cap,
-            prune,
-            now,
-            add,
-            l.id as i64,
-            l.tokens as i64,
-            l.expires_at as i64
-        )),
-        (Some(id), Some(l)) => rm!(RedisModule_Replicate(
-            ctx,
-            cmd,
-            c"slssclclclll".as_ptr(),
-            h.key,
-            at,
-            h.rate,
-            h.cap,
-            prune,
-            now,
-            drop,
-            id as i64,
-            add,
-            l.id as i64,
-            l.tokens as i64,
-            l.expires_at as i64
-        )),
-    };
+fn lease_changes(ctx: Ctx, h: &Head, now: Nanos, closed: Option<u64>, opened: Option<&Lease>) {
+    let mut args = EffectArgs::new();
+    args.push(EffectArg::Str(h.key))
+        .push(EffectArg::Int(h.full_at as i64))
+        .push(h.rate)
+        .push(h.cap)
+        .keyword(c"PRUNE", now);
+    if let Some(id) = closed {
+        args.keyword(c"DROP", id);
+    }
+    if let Some(l) = opened {
+        args.keyword(c"ADD", l.id)
+            .push(EffectArg::Int(l.tokens as i64))
+            .push(EffectArg::Int(l.expires_at as i64));
+    }
+    ffi::replicate(ctx, SETSTATE, args.get());
 }
 
 /// A change to a semaphore key: its last id, expired permits dropped at `prune`, one
 /// permit dropped, one added (or its expiry replaced: a renewal).
 pub struct PermitChange {
-    pub key: *mut RStr,
+    pub key: Str,
     pub last_id: u64,
     pub prune: Nanos,
     pub drop: Option<u64>,
     pub add: Option<rl_core::Permit>,
 }
 
-pub fn permits(ctx: *mut Ctx, c: &PermitChange) {
-    let cmd = c"RL.SETPERMITS".as_ptr();
-    let (last, prune) = (c.last_id as i64, c.prune as i64);
-    let (l, p) = (c"LASTID".as_ptr(), c"PRUNE".as_ptr());
+pub fn permits(ctx: Ctx, c: &PermitChange) {
+    let mut args = EffectArgs::new();
+    args.push(EffectArg::Str(c.key))
+        .keyword(c"LASTID", c.last_id)
+        .keyword(c"PRUNE", c.prune);
     match (c.drop, c.add) {
-        (Some(id), _) => rm!(RedisModule_Replicate(
-            ctx,
-            cmd,
-            c"sclclcl".as_ptr(),
-            c.key,
-            l,
-            last,
-            p,
-            prune,
-            c"DROP".as_ptr(),
-            id as i64
-        )),
-        (None, Some(a)) => rm!(RedisModule_Replicate(
-            ctx,
-            cmd,
-            c"sclclcll".as_ptr(),
-            c.key,
-            l,
-            last,
-            p,
-            prune,
-            c"ADD".as_ptr(),
-            a.id as i64,
-            a.expires_at as i64
-        )),
-        (None, None) => rm!(RedisModule_Replicate(
-            ctx,
-            cmd,
-            c"sclcl".as_ptr(),
-            c.key,
-            l,
-            last,
-            p,
-            prune
-        )),
-    };
+        (Some(id), _) => {
+            args.keyword(c"DROP", id);
+        }
+        (None, Some(a)) => {
+            args.keyword(c"ADD", a.id)
+                .push(EffectArg::Int(a.expires_at as i64));
+        }
+        (None, None) => {}
+    }
+    ffi::replicate(ctx, c"RL.SETPERMITS", args.get());
 }
 
 /// The key was deleted (its bucket is full again and holds no lease).
-pub fn deleted(ctx: *mut Ctx, key: *mut RStr) {
-    rm!(RedisModule_Replicate(
-        ctx,
-        c"DEL".as_ptr(),
-        c"s".as_ptr(),
-        key
-    ));
+pub fn deleted(ctx: Ctx, key: Str) {
+    ffi::replicate(ctx, c"DEL", &[EffectArg::Str(key)]);
 }
 
 /// Runs `f` with the head of `bucket`'s effect where no argument carries its limit
 /// (`RL.RETURN`, `RL.REFUND`): the limit as the strings that parse back to it, made here and
 /// freed after `f` (nothing in between can fail).
-pub fn with_stored_limit(ctx: *mut Ctx, key: *mut RStr, bucket: &Bucket, f: impl FnOnce(&Head)) {
-    let number = |x: f64| {
-        let text = stored_number(x);
-        rm!(RedisModule_CreateString(
-            ctx,
-            text.as_ptr().cast(),
-            text.len()
-        ))
-    };
-    let (rate, cap) = (number(bucket.limit().rate()), number(bucket.limit().cap()));
+pub fn with_stored_limit(key: Str, bucket: &Bucket, f: impl FnOnce(&Head)) {
+    let (rate, cap) = (
+        stored_number(bucket.limit().rate()),
+        stored_number(bucket.limit().cap()),
+    );
     f(&Head {
         key,
         full_at: bucket.full_at(),
-        rate,
-        cap,
+        rate: EffectArg::Bytes(rate.as_bytes()),
+        cap: EffectArg::Bytes(cap.as_bytes()),
         hold: bucket.hold(),
         span: bucket.span(),
     });
-    rm!(RedisModule_FreeString(ctx, rate));
-    rm!(RedisModule_FreeString(ctx, cap));
 }
 
 /// The text of a stored number that parses back to exactly it: the shortest such form.
@@ -272,98 +200,52 @@ pub fn stored_number(x: f64) -> String {
 /// after it: Redis appends `PEXPIREAT` to what a module emits for every key that has an
 /// expiry, and for one that has none (after `PERSIST`, or `RESTORE key 0`) the `PERSIST`
 /// emitted here removes it again. So a rewritten AOF rebuilds the key exactly.
-///
-/// # Safety
-/// `aof` and `key` must be the live arguments of an `aof_rewrite` callback.
-pub unsafe fn rewrite(aof: *mut RedisModuleIO, key: *mut RStr, state: &StateMut) {
-    rewrite_state(aof, key, state);
-    let b = state.bucket();
-    if b.hold() != 0 || b.span() != 0 {
-        // Last, so it is the bucket the key ends with (the commands above set none).
-        let (rate, cap) = (
-            stored_number(b.limit().rate()),
-            stored_number(b.limit().cap()),
-        );
-        rm!(RedisModule_EmitAOF(
-            aof,
-            SETSTATE.as_ptr(),
-            c"slbbclcl".as_ptr(),
-            key,
-            b.full_at() as i64,
-            rate.as_ptr().cast::<c_char>(),
-            rate.len(),
-            cap.as_ptr().cast::<c_char>(),
-            cap.len(),
-            c"HOLD".as_ptr(),
-            b.hold() as i64,
-            c"SPAN".as_ptr(),
-            b.span() as i64
-        ));
-    }
-    rm!(RedisModule_EmitAOF(
-        aof,
-        c"PERSIST".as_ptr(),
-        c"s".as_ptr(),
-        key
-    ));
-}
-
-unsafe fn rewrite_state(aof: *mut RedisModuleIO, key: *mut RStr, state: &StateMut) {
+pub fn rewrite(aof: &Aof, key: Str, state: &StateMut) {
     let b: Bucket = state.bucket();
     let (rate, cap) = (
         stored_number(b.limit().rate()),
         stored_number(b.limit().cap()),
     );
-    let (r, c) = (
-        rate.as_ptr().cast::<c_char>(),
-        cap.as_ptr().cast::<c_char>(),
-    );
-    let (cmd, at) = (SETSTATE.as_ptr(), b.full_at() as i64);
-    let Some(table) = state.table() else {
-        rm!(RedisModule_EmitAOF(
-            aof,
-            cmd,
-            c"slbb".as_ptr(),
-            key,
-            at,
-            r,
-            rate.len(),
-            c,
-            cap.len()
-        ));
-        return;
+    let head = [
+        EffectArg::Str(key),
+        EffectArg::Int(b.full_at() as i64),
+        EffectArg::Bytes(rate.as_bytes()),
+        EffectArg::Bytes(cap.as_bytes()),
+    ];
+    let with = |more: &[EffectArg]| {
+        let mut args = EffectArgs::new();
+        for a in head.iter().chain(more) {
+            args.push(*a);
+        }
+        ffi::emit_aof(aof, SETSTATE, args.get());
     };
-    let last = table.last_id() as i64;
-    rm!(RedisModule_EmitAOF(
-        aof,
-        cmd,
-        c"slbbcl".as_ptr(),
-        key,
-        at,
-        r,
-        rate.len(),
-        c,
-        cap.len(),
-        c"LASTID".as_ptr(),
-        last
-    ));
-    for l in table.leases() {
-        rm!(RedisModule_EmitAOF(
-            aof,
-            cmd,
-            c"slbbclll".as_ptr(),
-            key,
-            at,
-            r,
-            rate.len(),
-            c,
-            cap.len(),
-            c"ADD".as_ptr(),
-            l.id as i64,
-            l.tokens as i64,
-            l.expires_at as i64
-        ));
+    match state.table() {
+        None => with(&[]),
+        Some(table) => {
+            with(&[
+                EffectArg::Text(c"LASTID"),
+                EffectArg::Int(table.last_id() as i64),
+            ]);
+            for l in table.leases() {
+                with(&[
+                    EffectArg::Text(c"ADD"),
+                    EffectArg::Int(l.id as i64),
+                    EffectArg::Int(l.tokens as i64),
+                    EffectArg::Int(l.expires_at as i64),
+                ]);
+            }
+        }
     }
+    if b.hold() != 0 || b.span() != 0 {
+        // Last, so it is the bucket the key ends with (the commands above set none).
+        with(&[
+            EffectArg::Text(c"HOLD"),
+            EffectArg::Int(b.hold() as i64),
+            EffectArg::Text(c"SPAN"),
+            EffectArg::Int(b.span() as i64),
+        ]);
+    }
+    ffi::emit_aof(aof, c"PERSIST", &[EffectArg::Str(key)]);
 }
 
 #[cfg(test)]
@@ -374,8 +256,7 @@ mod tests {
     fn decimal_text() {
         for n in [0, 7, 10, 1_795_965_785_839_823_081, u64::MAX] {
             let d = Decimal::new(n);
-            assert_eq!(&d.buf[d.start..], n.to_string().as_bytes());
-            assert_eq!(d.len(), n.to_string().len());
+            assert_eq!(d.bytes(), n.to_string().as_bytes());
         }
     }
 }

@@ -9,10 +9,8 @@
 //! (`total_commands_processed` dropping confirms it too.) The check runs before the next
 //! module command and before `INFO`, so no count made after the reset is lost.
 
-use crate::api::rm;
-use crate::api::RStr;
+use crate::ffi::{self, Filter};
 use crate::{ops, stats};
-use redis_module::raw;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// `total_commands_processed + 1` when the filter saw `CONFIG RESETSTAT` (0: none pending).
@@ -23,79 +21,39 @@ static SEEN_USEC: AtomicU64 = AtomicU64::new(0);
 
 /// `calls` and `usec` of `cmdstat_config|resetstat` (0, 0 before any call).
 fn resetstat_stats() -> Option<(u64, u64)> {
-    let info = rm!(RedisModule_GetServerInfo(
-        std::ptr::null_mut(),
-        c"commandstats".as_ptr()
-    ));
-    if info.is_null() {
-        return None;
-    }
-    let text = rm!(RedisModule_ServerInfoGetFieldC(
-        info,
-        c"cmdstat_config|resetstat".as_ptr()
-    ));
-    let field = |name: &str| -> u64 {
-        if text.is_null() {
-            return 0;
-        }
-        // SAFETY: a NUL-terminated string owned by `info`, read before it is freed.
-        let s = unsafe { std::ffi::CStr::from_ptr(text) }.to_string_lossy();
-        s.split(',')
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+    ffi::server_info_text(c"commandstats", c"cmdstat_config|resetstat", |text| {
+        let field = |name: &str| -> u64 {
+            text.and_then(|t| {
+                t.split(',')
+                    .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                    .and_then(|v| v.parse().ok())
+            })
             .unwrap_or(0)
-    };
-    let stats = (field("calls"), field("usec"));
-    rm!(RedisModule_FreeServerInfo(std::ptr::null_mut(), info));
-    Some(stats)
+        };
+        (field("calls"), field("usec"))
+    })
 }
+
 /// Checks left before a pending reset that never ran is forgotten.
 static CHECKS_LEFT: AtomicU64 = AtomicU64::new(0);
 
 fn commands_processed() -> Option<u64> {
-    let info = rm!(RedisModule_GetServerInfo(
-        std::ptr::null_mut(),
-        c"stats".as_ptr()
-    ));
-    if info.is_null() {
-        return None;
-    }
-    let mut err = 0;
-    let v = rm!(RedisModule_ServerInfoGetFieldUnsigned(
-        info,
-        c"total_commands_processed".as_ptr(),
-        &mut err
-    ));
-    rm!(RedisModule_FreeServerInfo(std::ptr::null_mut(), info));
-    (err == 0).then_some(v)
-}
-
-fn is(s: *mut RStr, want: &[u8]) -> bool {
-    // SAFETY: a live argument of the command being filtered.
-    !s.is_null() && unsafe { crate::api::bytes(s) }.eq_ignore_ascii_case(want)
+    ffi::server_info_u64(c"stats", c"total_commands_processed")
 }
 
 /// The command filter: every command passes through (a few instructions for all but
 /// `CONFIG RESETSTAT`).
-///
-/// # Safety
-/// Called by Redis with a live filter context.
-pub unsafe extern "C" fn filter(fctx: *mut raw::RedisModuleCommandFilterCtx) {
-    let _ = std::panic::catch_unwind(|| {
-        if rm!(RedisModule_CommandFilterArgsCount(fctx)) != 2 {
-            return;
-        }
-        if !is(rm!(RedisModule_CommandFilterArgGet(fctx, 0)), b"config")
-            || !is(rm!(RedisModule_CommandFilterArgGet(fctx, 1)), b"resetstat")
-        {
-            return;
-        }
-        if let (Some(v), Some((calls, usec))) = (commands_processed(), resetstat_stats()) {
-            SEEN_CALLS.store(calls, Relaxed);
-            SEEN_USEC.store(usec, Relaxed);
-            PENDING.store(v + 1, Relaxed);
-            CHECKS_LEFT.store(10_000, Relaxed);
-        }
-    });
+pub fn filter(f: &Filter) {
+    let is = |i: usize, want: &[u8]| f.arg(i).is_some_and(|a| a.eq_ignore_ascii_case(want));
+    if f.len() != 2 || !is(0, b"config") || !is(1, b"resetstat") {
+        return;
+    }
+    if let (Some(v), Some((calls, usec))) = (commands_processed(), resetstat_stats()) {
+        SEEN_CALLS.store(calls, Relaxed);
+        SEEN_USEC.store(usec, Relaxed);
+        PENDING.store(v + 1, Relaxed);
+        CHECKS_LEFT.store(10_000, Relaxed);
+    }
 }
 
 /// Resets the module's counters if Redis's were reset since the filter saw the command.
@@ -116,9 +74,4 @@ pub fn check() {
     } else if CHECKS_LEFT.fetch_sub(1, Relaxed) <= 1 {
         PENDING.store(0, Relaxed);
     }
-}
-
-/// Registers the filter at load.
-pub fn register(ctx: *mut crate::api::Ctx) -> bool {
-    !rm!(RedisModule_RegisterCommandFilter(ctx, Some(filter), 0)).is_null()
 }

@@ -3,9 +3,8 @@
 //! Commands run on Redis's main thread only, so a counter is a plain load and store: no
 //! locked instruction on the hot path.
 
-use crate::api::rm;
-use redis_module::raw::RedisModuleInfoCtx;
-use std::os::raw::c_int;
+use crate::ffi::Info;
+use std::ffi::CStr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 pub struct Counter(AtomicU64);
@@ -90,39 +89,27 @@ pub fn reset() {
     }
 }
 
-/// The `INFO rl` section.
-///
-/// # Safety
-/// Called by Redis with a live info context.
-pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, for_crash_report: c_int) {
-    let _ = std::panic::catch_unwind(|| {
-        if for_crash_report == 0 {
-            crate::resetstat::check();
-        }
-        rm!(RedisModule_InfoAddSection(ctx, c"".as_ptr()));
-        for (name, counter) in FIELDS {
-            let mut field = [0u8; 64];
-            let upper = name.to_bytes();
-            field[..upper.len()].copy_from_slice(upper);
-            field.make_ascii_lowercase();
-            rm!(RedisModule_InfoAddFieldULongLong(
-                ctx,
-                field.as_ptr().cast(),
-                counter.get()
-            ));
-        }
-        let mode = if crate::config::shadow() {
-            c"shadow"
-        } else {
-            c"enforce"
-        };
-        rm!(RedisModule_InfoAddFieldCString(
-            ctx,
-            c"mode".as_ptr(),
-            mode.as_ptr()
-        ));
-        if for_crash_report == 0 {
-            crate::commands::stats::info(ctx);
-        }
-    });
+/// The `INFO rl` section (the crash report gets the counters only).
+pub fn info(info: &Info, for_crash_report: bool) {
+    if !for_crash_report {
+        crate::resetstat::check();
+    }
+    info.section();
+    for (name, counter) in FIELDS {
+        let mut field = [0u8; 64];
+        let upper = name.to_bytes();
+        field[..upper.len()].copy_from_slice(upper);
+        field.make_ascii_lowercase();
+        let field = CStr::from_bytes_until_nul(&field).unwrap_or(c"rl_unnamed");
+        info.add_u64(field, counter.get());
+    }
+    let mode = if crate::config::shadow() {
+        c"shadow"
+    } else {
+        c"enforce"
+    };
+    info.add_text(c"mode", mode);
+    if !for_crash_report {
+        crate::commands::stats::info(info);
+    }
 }

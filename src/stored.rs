@@ -10,11 +10,16 @@
 //! and a general encoding.
 
 use rl_core::{Bucket, LeaseTable, Limit, Nanos};
-use std::os::raw::c_void;
 
 /// The first word of a [`Full`]; a [`Compact`]'s first word (`full_at`) never exceeds
 /// `i64::MAX`.
 const FULL_MARKER: u64 = u64::MAX;
+
+/// Whether a value whose first word is `first` is a [`Full`] (else a [`Compact`]): what
+/// [`crate::ffi`] reads to tell the two apart behind Redis's pointer.
+pub fn is_full(first: u64) -> bool {
+    first == FULL_MARKER
+}
 
 /// A decimal in 32 bits: a 27-bit mantissa and a 5-bit exponent, `m * 10^e`, `e` in -16..=15.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,36 +157,9 @@ impl Stored {
             })),
         }
     }
-
-    pub fn into_raw(self) -> *mut c_void {
-        match self {
-            Stored::Compact(b) => Box::into_raw(b).cast(),
-            Stored::Full(l) => Box::into_raw(l).cast(),
-        }
-    }
-
-    /// # Safety
-    /// `p` must come from [`Stored::into_raw`] and not be used afterwards.
-    pub unsafe fn from_raw(p: *mut c_void) -> Stored {
-        if *p.cast::<u64>() == FULL_MARKER {
-            Stored::Full(Box::from_raw(p.cast()))
-        } else {
-            Stored::Compact(Box::from_raw(p.cast()))
-        }
-    }
 }
 
 impl StateMut<'_> {
-    /// # Safety
-    /// `p` must come from [`Stored::into_raw`] and stay valid and unaliased for `'a`.
-    pub unsafe fn from_raw<'a>(p: *mut c_void) -> StateMut<'a> {
-        if *p.cast::<u64>() == FULL_MARKER {
-            StateMut::Full(&mut *p.cast())
-        } else {
-            StateMut::Compact(&mut *p.cast())
-        }
-    }
-
     pub fn bucket(&self) -> Bucket {
         match self {
             StateMut::Compact(c) => c.bucket(),
@@ -276,34 +254,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn encodings_follow_the_limit_and_the_leases() {
-        let b = bucket(0.001, 10.0);
-        let p = Stored::new(b, LeaseTable::default()).into_raw();
-        match unsafe { StateMut::from_raw(p) } {
-            StateMut::Compact(c) => assert_eq!(c.bucket(), b),
-            StateMut::Full(_) => panic!("0.001 and 10 fit the compact form"),
-        }
-        drop(unsafe { Stored::from_raw(p) });
-
-        let odd = bucket(1.0 / 3.0, 10.0);
-        let p = Stored::new(odd, LeaseTable::default()).into_raw();
-        match unsafe { StateMut::from_raw(p) } {
-            StateMut::Full(f) => assert!(f.bucket == odd && f.bucket.limit().rate() == 1.0 / 3.0),
-            StateMut::Compact(_) => panic!("1/3 does not fit 27 bits"),
-        }
-        drop(unsafe { Stored::from_raw(p) });
-
-        let mut t = LeaseTable::default();
-        t.open(3, 10, 5_000).unwrap();
-        let p = Stored::new(b, t.clone()).into_raw();
-        match unsafe { StateMut::from_raw(p) } {
-            StateMut::Full(f) => assert!(f.bucket == b && f.table == t),
-            StateMut::Compact(_) => panic!("lost the leases"),
-        }
-        drop(unsafe { Stored::from_raw(p) });
     }
 
     #[test]

@@ -7,9 +7,9 @@
 //! it released a live permit, else 0. RENEW: 1 and a new expiry, or 0. Denials and no-ops
 //! write nothing; a key whose last permit goes is deleted.
 
-use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
+use crate::ffi::{self, Ctx};
 use crate::permits::{self, PermitKey};
 use crate::propagate::{self, PermitChange};
 use crate::{clock, stats};
@@ -26,7 +26,7 @@ fn ttl_at(args: &Args, i: usize) -> Result<u64> {
     Ok(ttl_ms * 1_000_000)
 }
 
-pub fn acquire(ctx: *mut Ctx, args: Args) -> Result<()> {
+pub fn acquire(ctx: Ctx, args: Args) -> Result<()> {
     if args.len() != 3 {
         return Err(Error::Arity);
     }
@@ -72,16 +72,16 @@ pub fn acquire(ctx: *mut Ctx, args: Args) -> Result<()> {
     reply(ctx, 1, permit.id, in_use, 0)
 }
 
-fn reply(ctx: *mut Ctx, granted: i64, id: u64, in_use: usize, retry_ms: u64) -> Result<()> {
-    api::reply_array(ctx, 4);
-    api::reply_integer(ctx, granted);
-    api::reply_integer(ctx, id as i64);
-    api::reply_integer(ctx, in_use as i64);
-    api::reply_integer(ctx, retry_ms as i64);
+fn reply(ctx: Ctx, granted: i64, id: u64, in_use: usize, retry_ms: u64) -> Result<()> {
+    ffi::reply_array(ctx, 4);
+    ffi::reply_integer(ctx, granted);
+    ffi::reply_integer(ctx, id as i64);
+    ffi::reply_integer(ctx, in_use as i64);
+    ffi::reply_integer(ctx, retry_ms as i64);
     Ok(())
 }
 
-pub fn release(ctx: *mut Ctx, args: Args) -> Result<()> {
+pub fn release(ctx: Ctx, args: Args) -> Result<()> {
     if args.len() != 2 {
         return Err(Error::Arity);
     }
@@ -90,11 +90,11 @@ pub fn release(ctx: *mut Ctx, args: Args) -> Result<()> {
     let name = args.raw(0)?;
     let key = PermitKey::open(ctx, name);
     let Some(table) = key.table()? else {
-        api::reply_integer(ctx, 0);
+        ffi::reply_integer(ctx, 0);
         return Ok(());
     };
     if !table.release(id, now) {
-        api::reply_integer(ctx, 0);
+        ffi::reply_integer(ctx, 0);
         return Ok(());
     }
     let pruned = table.prune(now);
@@ -102,11 +102,11 @@ pub fn release(ctx: *mut Ctx, args: Args) -> Result<()> {
     stats::PERMITS_EXPIRED.add_shared(pruned as u64);
     permits::left(1 + pruned);
     written(ctx, &key, table, now, Some(id), None);
-    api::reply_integer(ctx, 1);
+    ffi::reply_integer(ctx, 1);
     Ok(())
 }
 
-pub fn renew(ctx: *mut Ctx, args: Args) -> Result<()> {
+pub fn renew(ctx: Ctx, args: Args) -> Result<()> {
     if args.len() != 3 {
         return Err(Error::Arity);
     }
@@ -116,24 +116,24 @@ pub fn renew(ctx: *mut Ctx, args: Args) -> Result<()> {
     let name = args.raw(0)?;
     let key = PermitKey::open(ctx, name);
     let Some(table) = key.table()? else {
-        api::reply_integer(ctx, 0);
+        ffi::reply_integer(ctx, 0);
         return Ok(());
     };
     let Some(permit) = table.renew(id, ttl, now) else {
-        api::reply_integer(ctx, 0);
+        ffi::reply_integer(ctx, 0);
         return Ok(());
     };
     let pruned = table.prune(now);
     stats::PERMITS_EXPIRED.add_shared(pruned as u64);
     permits::left(pruned);
     written(ctx, &key, table, now, None, Some(permit));
-    api::reply_integer(ctx, 1);
+    ffi::reply_integer(ctx, 1);
     Ok(())
 }
 
 /// After a change in place: the expiry, or the key's deletion, and the effect.
 fn written(
-    ctx: *mut Ctx,
+    ctx: Ctx,
     key: &PermitKey,
     table: &PermitTable,
     now: u64,

@@ -2,9 +2,9 @@
 //! to `n` tokens at once for a holder to spend locally until `ttl_ms` passes, optionally
 //! settling the holder's previous lease in the same call.
 
-use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
+use crate::ffi::{self, Ctx, EffectArg};
 use crate::key::BucketKey;
 use crate::propagate::{self, Head};
 use crate::{adopt, clock, ops, stats};
@@ -82,7 +82,7 @@ fn parse(args: &Args, limit: &Limit) -> Result<Request> {
     Ok(req)
 }
 
-pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
+pub fn lease(ctx: Ctx, args: Args) -> Result<()> {
     let limit = super::limit(&args, 1)?;
     let req = parse(&args, &limit)?;
     super::fits(req.min, &limit, "MIN must not exceed cap")?;
@@ -96,7 +96,7 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
         mut level,
         adopted,
         created,
-    } = super::open_bucket(ctx, &key, limit, now, req.init)?;
+    } = super::open_bucket(&key, limit, now, req.init)?;
 
     // Decide everything before changing anything, so an error or a denial writes nothing.
     let table = state.as_ref().and_then(|s| s.table()).unwrap_or(&EMPTY);
@@ -126,8 +126,8 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
         let head = Head {
             key: args.raw(0)?,
             full_at: bucket.full_at(),
-            rate: args.raw(1)?,
-            cap: args.raw(2)?,
+            rate: EffectArg::Str(args.raw(1)?),
+            cap: EffectArg::Str(args.raw(2)?),
             hold: bucket.hold(),
             span: bucket.span(),
         };
@@ -156,10 +156,10 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
         0 => (level.wait_for(req.min as f64).map_or(0, ceil_millis), 0),
         _ => (0, req.ttl_ms),
     };
-    api::reply_array(ctx, 4);
-    api::reply_integer(ctx, granted as i64);
-    api::reply_integer(ctx, id as i64);
-    api::reply_integer(ctx, ttl as i64);
-    api::reply_integer(ctx, retry as i64);
+    ffi::reply_array(ctx, 4);
+    ffi::reply_integer(ctx, granted as i64);
+    ffi::reply_integer(ctx, id as i64);
+    ffi::reply_integer(ctx, ttl as i64);
+    ffi::reply_integer(ctx, retry as i64);
     Ok(())
 }

@@ -15,11 +15,10 @@ pub mod stats;
 pub mod take;
 pub mod top;
 
-use crate::api::Ctx;
 use crate::args::Args;
-use crate::boundary::{self, ArgDoc, Counting, Keys, Spec};
-use crate::entry;
+use crate::boundary::{ArgDoc, Counting, Keys, Spec};
 use crate::error::{Error, Result};
+use crate::ffi::{Ctx, EffectArg};
 use crate::key::BucketKey;
 use crate::stored::StateMut;
 use rl_core::{Level, Limit, Nanos};
@@ -65,13 +64,12 @@ struct Opened<'k> {
 
 /// Opens the bucket of `key` for a call with `limit` (and `INIT tokens`, if given).
 fn open_bucket<'k>(
-    ctx: *mut Ctx,
     key: &'k BucketKey,
     limit: Limit,
     now: Nanos,
     init: Option<f64>,
 ) -> Result<Opened<'k>> {
-    let (state, adopted) = crate::adopt::state(ctx, key, limit, now)?;
+    let (state, adopted) = crate::adopt::state(key, limit, now)?;
     let (level, adopted) = match adopted {
         Some(level) => (level, true),
         None => (level_of(state.as_ref(), limit, now, init), false),
@@ -96,7 +94,7 @@ fn level_of(state: Option<&StateMut>, limit: Limit, now: Nanos, init: Option<f64
 /// `rate cap` after it (the caller's own strings go into the effect: nothing to format).
 /// A script hash being adopted is replaced first.
 fn write_bucket(
-    ctx: *mut Ctx,
+    ctx: Ctx,
     key: &BucketKey,
     state: Option<StateMut>,
     bucket: rl_core::Bucket,
@@ -113,8 +111,8 @@ fn write_bucket(
     let head = crate::propagate::Head {
         key: name,
         full_at: bucket.full_at(),
-        rate,
-        cap,
+        rate: EffectArg::Str(rate),
+        cap: EffectArg::Str(cap),
         hold: bucket.hold(),
         span: bucket.span(),
     };
@@ -232,204 +230,208 @@ const SETSTATE_ARGS: &[ArgDoc] = &[
     },
 ];
 
-pub fn register(ctx: *mut Ctx) -> std::result::Result<(), &'static std::ffi::CStr> {
-    boundary::add_acl_category(ctx);
-    let specs = [
-        Spec {
-            name: c"RL.TAKE",
-            func: entry!(take::take, Counting::Here),
-            flags: c"write deny-oom fast",
-            keys: Keys::OneWritten,
-            arity: -4,
-            summary: c"Refills a token bucket and takes n tokens if they are all there",
-            complexity: c"O(1)",
-            acl: c"write fast",
-            internal: false,
-            args: TAKE_ARGS,
-        },
-        Spec {
-            name: c"RL.LEASE",
-            func: entry!(lease::lease, Counting::Here),
-            flags: c"write deny-oom",
-            keys: Keys::OneWritten,
-            arity: -6,
-            summary: c"Takes a batch of tokens to spend until the lease expires",
-            complexity: c"O(L) where L is the number of leases on the key (at most 1024)",
-            acl: c"write",
-            internal: false,
-            args: LEASE_ARGS,
-        },
-        Spec {
-            name: c"RL.RETURN",
-            func: entry!(return_lease::return_lease, Counting::Here),
-            flags: c"write deny-oom",
-            keys: Keys::OneWritten,
-            arity: 4,
-            summary: c"Gives back what a lease did not spend, once",
-            complexity: c"O(L) where L is the number of leases on the key (at most 1024)",
-            acl: c"write",
-            internal: false,
-            args: RETURN_ARGS,
-        },
-        Spec {
-            name: c"RL.PEEK",
-            func: entry!(peek::peek, Counting::Here),
-            flags: c"readonly",
-            keys: Keys::OneRead,
-            arity: 2,
-            summary: c"Shows a bucket's state without taking anything",
-            complexity: c"O(L) where L is the number of leases on the key (at most 1024)",
-            acl: c"read",
-            internal: false,
-            args: PEEK_ARGS,
-        },
-        // Keys at 2, 5, 8...; options after them, so the command reports its keys itself
-        // (getkeys-api) and counts its own calls (key-position requests are not calls).
-        Spec {
-            name: c"RL.MTAKE",
-            func: entry!(mtake::mtake, Counting::Elsewhere),
-            flags: c"write deny-oom getkeys-api",
-            keys: Keys::EveryThirdFrom2,
-            arity: -5,
-            summary: c"Takes n tokens from every bucket given, or from none",
-            complexity: c"O(N) where N is the number of buckets (at most 64)",
-            acl: c"write",
-            internal: false,
-            args: MTAKE_ARGS,
-        },
-        Spec {
-            name: c"RL.RESERVE",
-            func: entry!(reserve::reserve, Counting::Here),
-            flags: c"write deny-oom fast",
-            keys: Keys::OneWritten,
-            arity: -6,
-            summary:
-                c"Takes n tokens now, waiting in line for them if they come within max_wait_ms",
-            complexity: c"O(1)",
-            acl: c"write fast",
-            internal: false,
-            args: RESERVE_ARGS,
-        },
-        Spec {
-            name: c"RL.REFUND",
-            func: entry!(refund::refund, Counting::Here),
-            flags: c"write deny-oom fast",
-            keys: Keys::OneWritten,
-            arity: 3,
-            summary: c"Gives tokens back to a bucket (a call that never went out)",
-            complexity: c"O(1)",
-            acl: c"write fast",
-            internal: false,
-            args: REFUND_ARGS,
-        },
-        Spec {
-            name: c"RL.ACQUIRE",
-            func: entry!(acquire::acquire, Counting::Here),
-            flags: c"write deny-oom",
-            keys: Keys::OneWritten,
-            arity: 4,
-            summary: c"Takes a permit of a semaphore whose permits expire",
-            complexity: c"O(P) where P is the number of permits on the key (at most 10000)",
-            acl: c"write",
-            internal: false,
-            args: ACQUIRE_ARGS,
-        },
-        Spec {
-            name: c"RL.RELEASE",
-            func: entry!(acquire::release, Counting::Here),
-            flags: c"write",
-            keys: Keys::OneWritten,
-            arity: 3,
-            summary: c"Releases a permit taken with RL.ACQUIRE",
-            complexity: c"O(P) where P is the number of permits on the key (at most 10000)",
-            acl: c"write",
-            internal: false,
-            args: RELEASE_ARGS,
-        },
-        Spec {
-            name: c"RL.RENEW",
-            func: entry!(acquire::renew, Counting::Here),
-            flags: c"write deny-oom",
-            keys: Keys::OneWritten,
-            arity: 4,
-            summary: c"Extends a live permit's expiry (a call that takes longer)",
-            complexity: c"O(P) where P is the number of permits on the key (at most 10000)",
-            acl: c"write",
-            internal: false,
-            args: RENEW_ARGS,
-        },
-        // Not for clients: the effect of the semaphore commands.
-        Spec {
-            name: c"RL.SETPERMITS",
-            func: entry!(setpermits::setpermits, Counting::Elsewhere),
-            flags: c"write deny-oom",
-            keys: Keys::OneWritten,
-            arity: -4,
-            summary:
-                c"Internal: sets a semaphore key's permits (what replicas and the AOF receive)",
-            complexity: c"O(P) where P is the number of permits on the key (at most 10000)",
-            acl: c"write admin dangerous",
-            internal: true,
-            args: SETPERMITS_ARGS,
-        },
-        // Observers: not counted in `calls`.
-        Spec {
-            name: c"RL.STATS",
-            func: entry!(stats::stats, Counting::Elsewhere),
-            flags: c"readonly fast",
-            keys: Keys::None,
-            arity: -1,
-            summary:
-                c"Per-namespace counters: calls, granted, denied, shadow-denied, tokens granted",
-            complexity: c"O(N) where N is the number of namespaces (rl.max-namespaces)",
-            acl: c"read fast",
-            internal: false,
-            args: STATS_ARGS,
-        },
-        Spec {
-            name: c"RL.TOP",
-            func: entry!(top::top, Counting::Elsewhere),
-            flags: c"readonly",
-            keys: Keys::None,
-            arity: -1,
-            summary: c"The keys denied most in a recent window",
-            complexity: c"O(K log K) where K is rl.top-keys",
-            acl: c"read",
-            internal: false,
-            args: TOP_ARGS,
-        },
-        // Not for clients: the effect replicas and the AOF apply. Not counted in `calls`.
-        Spec {
-            name: c"RL.SETSTATE",
-            func: entry!(setstate::setstate, Counting::Elsewhere),
-            flags: c"write deny-oom",
-            keys: Keys::OneWritten,
-            arity: -5,
-            summary: c"Internal: sets a bucket's state (what replicas and the AOF receive)",
-            complexity: c"O(L) where L is the number of leases on the key (at most 1024)",
-            acl: c"write admin dangerous",
-            internal: true,
-            args: SETSTATE_ARGS,
-        },
-    ];
-    specs
-        .iter()
-        .try_for_each(|spec| boundary::register(ctx, spec))?;
+/// Every command, as Redis is told about it (registered in this order at load).
+pub static COMMANDS: &[Spec] = &[
+    Spec {
+        name: c"RL.TAKE",
+        func: take::take,
+        counting: Counting::Here,
+        flags: c"write deny-oom fast",
+        keys: Keys::OneWritten,
+        arity: -4,
+        summary: c"Refills a token bucket and takes n tokens if they are all there",
+        complexity: c"O(1)",
+        acl: c"write fast",
+        internal: false,
+        args: TAKE_ARGS,
+    },
+    Spec {
+        name: c"RL.LEASE",
+        func: lease::lease,
+        counting: Counting::Here,
+        flags: c"write deny-oom",
+        keys: Keys::OneWritten,
+        arity: -6,
+        summary: c"Takes a batch of tokens to spend until the lease expires",
+        complexity: c"O(L) where L is the number of leases on the key (at most 1024)",
+        acl: c"write",
+        internal: false,
+        args: LEASE_ARGS,
+    },
+    Spec {
+        name: c"RL.RETURN",
+        func: return_lease::return_lease,
+        counting: Counting::Here,
+        flags: c"write deny-oom",
+        keys: Keys::OneWritten,
+        arity: 4,
+        summary: c"Gives back what a lease did not spend, once",
+        complexity: c"O(L) where L is the number of leases on the key (at most 1024)",
+        acl: c"write",
+        internal: false,
+        args: RETURN_ARGS,
+    },
+    Spec {
+        name: c"RL.PEEK",
+        func: peek::peek,
+        counting: Counting::Here,
+        flags: c"readonly",
+        keys: Keys::OneRead,
+        arity: 2,
+        summary: c"Shows a bucket's state without taking anything",
+        complexity: c"O(L) where L is the number of leases on the key (at most 1024)",
+        acl: c"read",
+        internal: false,
+        args: PEEK_ARGS,
+    },
+    // Keys at 2, 5, 8...; options after them, so the command reports its keys itself
+    // (getkeys-api) and counts its own calls (key-position requests are not calls).
+    Spec {
+        name: c"RL.MTAKE",
+        func: mtake::mtake,
+        counting: Counting::Elsewhere,
+        flags: c"write deny-oom getkeys-api",
+        keys: Keys::EveryThirdFrom2,
+        arity: -5,
+        summary: c"Takes n tokens from every bucket given, or from none",
+        complexity: c"O(N) where N is the number of buckets (at most 64)",
+        acl: c"write",
+        internal: false,
+        args: MTAKE_ARGS,
+    },
+    Spec {
+        name: c"RL.RESERVE",
+        func: reserve::reserve,
+        counting: Counting::Here,
+        flags: c"write deny-oom fast",
+        keys: Keys::OneWritten,
+        arity: -6,
+        summary: c"Takes n tokens now, waiting in line for them if they come within max_wait_ms",
+        complexity: c"O(1)",
+        acl: c"write fast",
+        internal: false,
+        args: RESERVE_ARGS,
+    },
+    Spec {
+        name: c"RL.REFUND",
+        func: refund::refund,
+        counting: Counting::Here,
+        flags: c"write deny-oom fast",
+        keys: Keys::OneWritten,
+        arity: 3,
+        summary: c"Gives tokens back to a bucket (a call that never went out)",
+        complexity: c"O(1)",
+        acl: c"write fast",
+        internal: false,
+        args: REFUND_ARGS,
+    },
+    Spec {
+        name: c"RL.ACQUIRE",
+        func: acquire::acquire,
+        counting: Counting::Here,
+        flags: c"write deny-oom",
+        keys: Keys::OneWritten,
+        arity: 4,
+        summary: c"Takes a permit of a semaphore whose permits expire",
+        complexity: c"O(P) where P is the number of permits on the key (at most 10000)",
+        acl: c"write",
+        internal: false,
+        args: ACQUIRE_ARGS,
+    },
+    Spec {
+        name: c"RL.RELEASE",
+        func: acquire::release,
+        counting: Counting::Here,
+        flags: c"write",
+        keys: Keys::OneWritten,
+        arity: 3,
+        summary: c"Releases a permit taken with RL.ACQUIRE",
+        complexity: c"O(P) where P is the number of permits on the key (at most 10000)",
+        acl: c"write",
+        internal: false,
+        args: RELEASE_ARGS,
+    },
+    Spec {
+        name: c"RL.RENEW",
+        func: acquire::renew,
+        counting: Counting::Here,
+        flags: c"write deny-oom",
+        keys: Keys::OneWritten,
+        arity: 4,
+        summary: c"Extends a live permit's expiry (a call that takes longer)",
+        complexity: c"O(P) where P is the number of permits on the key (at most 10000)",
+        acl: c"write",
+        internal: false,
+        args: RENEW_ARGS,
+    },
+    // Not for clients: the effect of the semaphore commands.
+    Spec {
+        name: c"RL.SETPERMITS",
+        func: setpermits::setpermits,
+        counting: Counting::Elsewhere,
+        flags: c"write deny-oom",
+        keys: Keys::OneWritten,
+        arity: -4,
+        summary: c"Internal: sets a semaphore key's permits (what replicas and the AOF receive)",
+        complexity: c"O(P) where P is the number of permits on the key (at most 10000)",
+        acl: c"write admin dangerous",
+        internal: true,
+        args: SETPERMITS_ARGS,
+    },
+    // Observers: not counted in `calls`.
+    Spec {
+        name: c"RL.STATS",
+        func: stats::stats,
+        counting: Counting::Elsewhere,
+        flags: c"readonly fast",
+        keys: Keys::None,
+        arity: -1,
+        summary: c"Per-namespace counters: calls, granted, denied, shadow-denied, tokens granted",
+        complexity: c"O(N) where N is the number of namespaces (rl.max-namespaces)",
+        acl: c"read fast",
+        internal: false,
+        args: STATS_ARGS,
+    },
+    Spec {
+        name: c"RL.TOP",
+        func: top::top,
+        counting: Counting::Elsewhere,
+        flags: c"readonly",
+        keys: Keys::None,
+        arity: -1,
+        summary: c"The keys denied most in a recent window",
+        complexity: c"O(K log K) where K is rl.top-keys",
+        acl: c"read",
+        internal: false,
+        args: TOP_ARGS,
+    },
+    // Not for clients: the effect replicas and the AOF apply. Not counted in `calls`.
+    Spec {
+        name: c"RL.SETSTATE",
+        func: setstate::setstate,
+        counting: Counting::Elsewhere,
+        flags: c"write deny-oom",
+        keys: Keys::OneWritten,
+        arity: -5,
+        summary: c"Internal: sets a bucket's state (what replicas and the AOF receive)",
+        complexity: c"O(L) where L is the number of leases on the key (at most 1024)",
+        acl: c"write admin dangerous",
+        internal: true,
+        args: SETSTATE_ARGS,
+    },
+    // Debug builds only.
     #[cfg(debug_assertions)]
-    boundary::register(
-        ctx,
-        &Spec {
-            name: c"RL.DEBUG-PANIC",
-            func: entry!(debug_panic::debug_panic, Counting::Elsewhere),
-            flags: c"readonly",
-            keys: Keys::None,
-            arity: 1,
-            summary: c"Debug builds only: panics inside a command",
-            complexity: c"O(1)",
-            acl: c"admin dangerous",
-            internal: false,
-            args: &[],
-        },
-    )?;
-    Ok(())
-}
+    Spec {
+        name: c"RL.DEBUG-PANIC",
+        func: debug_panic::debug_panic,
+        counting: Counting::Elsewhere,
+        flags: c"readonly",
+        keys: Keys::None,
+        arity: 1,
+        summary: c"Debug builds only: panics inside a command",
+        complexity: c"O(1)",
+        acl: c"admin dangerous",
+        internal: false,
+        args: &[],
+    },
+];

@@ -6,10 +6,9 @@
 //! `granted` is `n` or 0; `denied_by` the key whose wait is longest (nil when granted);
 //! `retry_after_ms` that wait, rounded up. In Cluster the keys must share a slot (hash tags).
 
-use crate::api::rm;
-use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
+use crate::ffi::{self, Ctx};
 use crate::key::BucketKey;
 use crate::{clock, ops, stats};
 use rl_core::{ceil_millis, take_all, AllOrNothing, Limit};
@@ -68,13 +67,13 @@ fn shape(args: &Args) -> Result<Shape> {
     Ok(s)
 }
 
-pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
+pub fn mtake(ctx: Ctx, args: Args) -> Result<()> {
     // Cluster routing and COMMAND GETKEYS ask where the keys are (options follow them).
-    if rm!(RedisModule_IsKeysPositionRequest(ctx)) != 0 {
+    if ffi::is_keys_position_request(ctx) {
         if let Ok(s) = shape(&args) {
             // Argument `i` is at argv position `i + 1` (the command name is argv 0).
             for i in (1..s.end).step_by(3) {
-                rm!(RedisModule_KeyAtPos(ctx, (i + 1) as i32));
+                ffi::key_at_pos(ctx, i + 1);
             }
         }
         return Ok(());
@@ -116,7 +115,7 @@ pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
     let (mut states, mut levels) = (Vec::new(), Vec::new());
     let (mut adopted, mut created) = (Vec::new(), Vec::new());
     for (key, limit) in keys.iter().zip(&limits) {
-        let opened = super::open_bucket(ctx, key, *limit, now, init)?;
+        let opened = super::open_bucket(key, *limit, now, init)?;
         states.push(opened.state);
         levels.push(opened.level);
         adopted.push(opened.adopted);
@@ -155,19 +154,19 @@ pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
     }
     // Everything fallible before the reply starts: an error after it would corrupt it.
     let denied_by = args.raw(1 + 3 * worst)?;
-    api::reply_array(ctx, if s.with_state { 4 } else { 3 });
-    api::reply_integer(ctx, if answered { n as i64 } else { 0 });
+    ffi::reply_array(ctx, if s.with_state { 4 } else { 3 });
+    ffi::reply_integer(ctx, if answered { n as i64 } else { 0 });
     if answered {
-        api::reply_null(ctx);
-        api::reply_integer(ctx, 0);
+        ffi::reply_null(ctx);
+        ffi::reply_integer(ctx, 0);
     } else {
-        api::reply_string(ctx, denied_by);
-        api::reply_integer(ctx, ceil_millis(longest) as i64);
+        ffi::reply_string(ctx, denied_by);
+        ffi::reply_integer(ctx, ceil_millis(longest) as i64);
     }
     if s.with_state {
-        api::reply_array(ctx, levels.len());
+        ffi::reply_array(ctx, levels.len());
         for level in &levels {
-            api::reply_double(ctx, level.signed_tokens());
+            ffi::reply_double(ctx, level.signed_tokens());
         }
     }
     Ok(())

@@ -1,14 +1,14 @@
 //! `RL.PEEK key`: a bucket's state now, consuming nothing. Read-only: nothing is written or
 //! propagated, and replicas answer it too.
 
-use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::clock;
 use crate::error::{Error, Result};
+use crate::ffi::{self, Ctx};
 use crate::key::BucketKey;
 use rl_core::{ceil_millis, Level};
 
-pub fn peek(ctx: *mut Ctx, args: Args) -> Result<()> {
+pub fn peek(ctx: Ctx, args: Args) -> Result<()> {
     if args.len() != 1 {
         return Err(Error::Arity);
     }
@@ -16,7 +16,7 @@ pub fn peek(ctx: *mut Ctx, args: Args) -> Result<()> {
     let key = BucketKey::open_read(ctx, args.raw(0)?);
     let Some(state) = key.state()? else {
         // No key: the bucket is full, and its limit is unknown.
-        api::reply_null(ctx);
+        ffi::reply_null(ctx);
         return Ok(());
     };
     let bucket = state.bucket();
@@ -31,18 +31,18 @@ pub fn peek(ctx: *mut Ctx, args: Args) -> Result<()> {
         })
     });
 
-    api::reply_map(ctx, 6);
-    api::reply_text(ctx, c"tokens");
-    api::reply_double(ctx, level.signed_tokens());
-    api::reply_text(ctx, c"rate");
-    api::reply_double(ctx, bucket.limit().rate());
-    api::reply_text(ctx, c"cap");
-    api::reply_double(ctx, bucket.limit().cap());
-    api::reply_text(ctx, c"reset_after_ms");
-    api::reply_integer(ctx, ceil_millis(level.reset_after()) as i64);
-    api::reply_text(ctx, c"leases");
-    api::reply_integer(ctx, leases);
-    api::reply_text(ctx, c"leased_tokens");
-    api::reply_integer(ctx, held.min(i64::MAX as u64) as i64);
+    ffi::reply_map(ctx, 6);
+    ffi::reply_text(ctx, c"tokens");
+    ffi::reply_double(ctx, level.signed_tokens());
+    ffi::reply_text(ctx, c"rate");
+    ffi::reply_double(ctx, bucket.limit().rate());
+    ffi::reply_text(ctx, c"cap");
+    ffi::reply_double(ctx, bucket.limit().cap());
+    ffi::reply_text(ctx, c"reset_after_ms");
+    ffi::reply_integer(ctx, ceil_millis(level.reset_after()) as i64);
+    ffi::reply_text(ctx, c"leases");
+    ffi::reply_integer(ctx, leases);
+    ffi::reply_text(ctx, c"leased_tokens");
+    ffi::reply_integer(ctx, held.min(i64::MAX as u64) as i64);
     Ok(())
 }

@@ -3,15 +3,15 @@
 //! missing key (it is already full). Reply: the tokens credited, a double (a bucket that
 //! refilled meanwhile takes only what it lacks; one in debt pays the debt first).
 
-use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
+use crate::ffi::{self, Ctx};
 use crate::key::BucketKey;
 use crate::propagate;
 use crate::{clock, stats};
 use rl_core::Level;
 
-pub fn refund(ctx: *mut Ctx, args: Args) -> Result<()> {
+pub fn refund(ctx: Ctx, args: Args) -> Result<()> {
     if args.len() != 2 {
         return Err(Error::Arity);
     }
@@ -21,14 +21,14 @@ pub fn refund(ctx: *mut Ctx, args: Args) -> Result<()> {
     let key = BucketKey::open(ctx, key_name);
     let state = key.state()?;
     let Some(bucket) = state.as_ref().map(|s| s.bucket()) else {
-        api::reply_double(ctx, 0.0);
+        ffi::reply_double(ctx, 0.0);
         return Ok(());
     };
     let mut level = Level::new(Some(&bucket), bucket.limit(), now);
     let credited = level.refund(n);
     if credited <= 0.0 {
         // Full already: nothing to take back, nothing written.
-        api::reply_double(ctx, 0.0);
+        ffi::reply_double(ctx, 0.0);
         return Ok(());
     }
     stats::REFUNDS.add(1);
@@ -43,8 +43,8 @@ pub fn refund(ctx: *mut Ctx, args: Args) -> Result<()> {
         propagate::deleted(ctx, key_name);
     } else {
         key.store(state, after);
-        propagate::with_stored_limit(ctx, key_name, &after, |head| propagate::bucket(ctx, head));
+        propagate::with_stored_limit(key_name, &after, |head| propagate::bucket(ctx, head));
     }
-    api::reply_double(ctx, credited);
+    ffi::reply_double(ctx, credited);
     Ok(())
 }

@@ -7,9 +7,9 @@
 //! Reply: `[granted (n or 0), wait_ms, remaining, reset_after_ms]`; a denial writes
 //! nothing and says the wait that would have been needed.
 
-use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
+use crate::ffi::{self, Ctx};
 use crate::key::BucketKey;
 use crate::{clock, ops, stats};
 use rl_core::ceil_millis;
@@ -17,7 +17,7 @@ use rl_core::ceil_millis;
 /// Longest wait a reservation may ask for: a day, as for a lease.
 const MAX_WAIT_MS: u64 = 86_400_000;
 
-pub fn reserve(ctx: *mut Ctx, args: Args) -> Result<()> {
+pub fn reserve(ctx: Ctx, args: Args) -> Result<()> {
     if args.len() < 5 {
         return Err(Error::Arity);
     }
@@ -59,7 +59,7 @@ pub fn reserve(ctx: *mut Ctx, args: Args) -> Result<()> {
         mut level,
         adopted,
         created,
-    } = super::open_bucket(ctx, &key, limit, now, init)?;
+    } = super::open_bucket(&key, limit, now, init)?;
     let (granted, wait) = level
         .reserve(n as f64, max_wait_ms * 1_000_000)
         .ok_or(Error::Invalid("n must not exceed cap"))?;
@@ -88,10 +88,10 @@ pub fn reserve(ctx: *mut Ctx, args: Args) -> Result<()> {
         (false, true) => (n, 0),
         (false, false) => (0, ceil_millis(wait)),
     };
-    api::reply_array(ctx, 4);
-    api::reply_integer(ctx, reply as i64);
-    api::reply_integer(ctx, wait_ms as i64);
-    api::reply_double(ctx, level.signed_tokens());
-    api::reply_integer(ctx, ceil_millis(level.reset_after()) as i64);
+    ffi::reply_array(ctx, 4);
+    ffi::reply_integer(ctx, reply as i64);
+    ffi::reply_integer(ctx, wait_ms as i64);
+    ffi::reply_double(ctx, level.signed_tokens());
+    ffi::reply_integer(ctx, ceil_millis(level.reset_after()) as i64);
     Ok(())
 }

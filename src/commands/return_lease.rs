@@ -1,14 +1,14 @@
 //! `RL.RETURN key lease_id unused`: give back what a lease did not spend, once.
 
-use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
+use crate::ffi::{self, Ctx};
 use crate::key::BucketKey;
 use crate::propagate;
 use crate::{clock, stats};
 use rl_core::{Level, Settled};
 
-pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {
+pub fn return_lease(ctx: Ctx, args: Args) -> Result<()> {
     if args.len() != 3 {
         return Err(Error::Arity);
     }
@@ -25,7 +25,7 @@ pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {
         .and_then(|t| t.live(id, now));
     let Some(bucket) = live.and(state.as_ref()).map(|s| s.bucket()) else {
         // Unknown, expired or already returned: credits nothing and writes nothing.
-        api::reply_integer(ctx, 0);
+        ffi::reply_integer(ctx, 0);
         return Ok(());
     };
 
@@ -48,10 +48,10 @@ pub fn return_lease(ctx: *mut Ctx, args: Args) -> Result<()> {
         propagate::deleted(ctx, key_name);
     } else {
         key.store_with_leases(state, bucket, table);
-        propagate::with_stored_limit(ctx, key_name, &bucket, |head| {
+        propagate::with_stored_limit(key_name, &bucket, |head| {
             propagate::leases(ctx, head, now, Some(id), None)
         });
     }
-    api::reply_integer(ctx, credited as i64);
+    ffi::reply_integer(ctx, credited as i64);
     Ok(())
 }

@@ -3,15 +3,14 @@
 //! clock; the complete result is checked by [`PermitTable::validate`] (the check RDB
 //! load makes) before anything changes.
 
-use crate::api::rm;
-use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
+use crate::ffi::{self, Ctx};
 use crate::permits;
 use crate::permits::PermitKey;
 use rl_core::{Permit, PermitTable};
 
-pub fn setpermits(ctx: *mut Ctx, args: Args) -> Result<()> {
+pub fn setpermits(ctx: Ctx, args: Args) -> Result<()> {
     if args.len() < 3 {
         return Err(Error::Arity);
     }
@@ -74,8 +73,8 @@ pub fn setpermits(ctx: *mut Ctx, args: Args) -> Result<()> {
             permits::left(t.permits().len());
             key.delete();
         }
-        rm!(RedisModule_ReplicateVerbatim(ctx));
-        api::reply_ok(ctx);
+        ffi::replicate_verbatim(ctx);
+        ffi::reply_ok(ctx);
         return Ok(());
     }
     let next = PermitTable::validate(last, list).map_err(|e| Error::Invalid(e.message()))?;
@@ -90,7 +89,7 @@ pub fn setpermits(ctx: *mut Ctx, args: Args) -> Result<()> {
         }
         None => key.create(next),
     }
-    rm!(RedisModule_ReplicateVerbatim(ctx));
-    api::reply_ok(ctx);
+    ffi::replicate_verbatim(ctx);
+    ffi::reply_ok(ctx);
     Ok(())
 }

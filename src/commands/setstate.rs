@@ -8,10 +8,9 @@
 //! anything is written: a state this command accepts is one every reload, sync and
 //! migration accepts, and a refused one changes nothing.
 
-use crate::api::rm;
-use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
+use crate::ffi::{self, Ctx};
 use crate::key::BucketKey;
 use rl_core::Lease;
 
@@ -80,7 +79,7 @@ fn parse_ops(args: &Args) -> Result<TableOps> {
     Ok(ops)
 }
 
-pub fn setstate(ctx: *mut Ctx, args: Args) -> Result<()> {
+pub fn setstate(ctx: Ctx, args: Args) -> Result<()> {
     if args.len() < 4 {
         return Err(Error::Arity);
     }
@@ -120,7 +119,7 @@ pub fn setstate(ctx: *mut Ctx, args: Args) -> Result<()> {
         let (bucket, table) = rl_core::validate(full_at, rate, cap, hold, span, last_id, leases)?;
         key.replace(state, bucket, table);
     }
-    rm!(RedisModule_ReplicateVerbatim(ctx));
-    api::reply_ok(ctx);
+    ffi::replicate_verbatim(ctx);
+    ffi::reply_ok(ctx);
     Ok(())
 }

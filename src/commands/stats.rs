@@ -5,13 +5,12 @@
 //! with one, its counters, or nil if it has no entry (never seen, or counted under `other`).
 //! A map of maps under RESP3, flat arrays under RESP2.
 
-use crate::api::rm;
-use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
+use crate::ffi::{self, Ctx, Info};
 use crate::ops;
-use redis_module::raw::RedisModuleInfoCtx;
 use rl_core::namespace::Counts;
+use std::ffi::CStr;
 
 const FIELDS: [&std::ffi::CStr; 5] = [
     c"calls",
@@ -31,33 +30,29 @@ fn values(c: &Counts) -> [u64; 5] {
     ]
 }
 
-fn reply_counts(ctx: *mut Ctx, c: &Counts) {
-    api::reply_map(ctx, FIELDS.len());
+fn reply_counts(ctx: Ctx, c: &Counts) {
+    ffi::reply_map(ctx, FIELDS.len());
     for (name, v) in FIELDS.iter().zip(values(c)) {
-        api::reply_text(ctx, name);
+        ffi::reply_text(ctx, name);
         // An integer reply is signed: a counter past i64::MAX shows as i64::MAX.
-        api::reply_integer(ctx, v.min(i64::MAX as u64) as i64);
+        ffi::reply_integer(ctx, v.min(i64::MAX as u64) as i64);
     }
 }
 
-pub fn stats(ctx: *mut Ctx, args: Args) -> Result<()> {
+pub fn stats(ctx: Ctx, args: Args) -> Result<()> {
     match args.len() {
         0 => {
             let mut n = 0;
             ops::each_namespace(|_, _| n += 1);
-            api::reply_map(ctx, n);
+            ffi::reply_map(ctx, n);
             ops::each_namespace(|name, c| {
-                rm!(RedisModule_ReplyWithStringBuffer(
-                    ctx,
-                    name.as_ptr().cast(),
-                    name.len()
-                ));
+                ffi::reply_bytes(ctx, name);
                 reply_counts(ctx, c);
             });
         }
         1 => match ops::namespace_counts(args.bytes(0)?) {
             Some(c) => reply_counts(ctx, &c),
-            None => api::reply_null(ctx),
+            None => ffi::reply_null(ctx),
         },
         _ => return Err(Error::Arity),
     }
@@ -65,14 +60,14 @@ pub fn stats(ctx: *mut Ctx, args: Args) -> Result<()> {
 }
 
 /// The namespace lines of `INFO rl`.
-pub fn info(ctx: *mut RedisModuleInfoCtx) {
+pub fn info(info: &Info) {
     ops::each_namespace(|name, c| {
         let mut field = [0u8; 64];
         ops::info_name(name, &mut field);
-        rm!(RedisModule_InfoBeginDictField(ctx, field.as_ptr().cast()));
+        info.begin_dict(CStr::from_bytes_until_nul(&field).unwrap_or(c"ns_"));
         for (f, v) in FIELDS.iter().zip(values(c)) {
-            rm!(RedisModule_InfoAddFieldULongLong(ctx, f.as_ptr(), v));
+            info.add_u64(f, v);
         }
-        rm!(RedisModule_InfoEndDictField(ctx));
+        info.end_dict();
     });
 }

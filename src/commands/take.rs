@@ -1,13 +1,13 @@
 //! `RL.TAKE key rate cap [n] [WITHSTATE] [INIT tokens] [SHADOW]`: refill, check and debit in one step.
 
-use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
+use crate::ffi::{self, Ctx};
 use crate::key::BucketKey;
 use crate::{clock, ops, stats};
 use rl_core::ceil_millis;
 
-pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
+pub fn take(ctx: Ctx, args: Args) -> Result<()> {
     if !(3..=8).contains(&args.len()) {
         return Err(Error::Arity);
     }
@@ -49,7 +49,7 @@ pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
         mut level,
         adopted,
         created,
-    } = super::open_bucket(ctx, &key, limit, now, init)?;
+    } = super::open_bucket(&key, limit, now, init)?;
     let granted = level.try_take(n as f64);
     if granted || created {
         super::write_bucket(ctx, &key, state, level.bucket(), &args, 0, adopted)?;
@@ -72,7 +72,7 @@ pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
 
     let reply = if answered { n as i64 } else { 0 };
     if !with_state {
-        api::reply_integer(ctx, reply);
+        ffi::reply_integer(ctx, reply);
         return Ok(());
     }
     let retry = if answered {
@@ -80,10 +80,10 @@ pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
     } else {
         level.wait_for(n as f64).map_or(0, ceil_millis)
     };
-    api::reply_array(ctx, 4);
-    api::reply_integer(ctx, reply);
-    api::reply_double(ctx, level.signed_tokens());
-    api::reply_integer(ctx, retry as i64);
-    api::reply_integer(ctx, ceil_millis(level.reset_after()) as i64);
+    ffi::reply_array(ctx, 4);
+    ffi::reply_integer(ctx, reply);
+    ffi::reply_double(ctx, level.signed_tokens());
+    ffi::reply_integer(ctx, retry as i64);
+    ffi::reply_integer(ctx, ceil_millis(level.reset_after()) as i64);
     Ok(())
 }

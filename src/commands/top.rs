@@ -5,13 +5,12 @@
 //! rounded: a space-saving estimate that never undercounts (see `rl_core::top`). Keys over
 //! 128 bytes are shown cut to 128.
 
-use crate::api::rm;
-use crate::api::{self, Ctx};
 use crate::args::Args;
 use crate::error::{Error, Result};
+use crate::ffi::{self, Ctx};
 use crate::{clock, ops};
 
-pub fn top(ctx: *mut Ctx, args: Args) -> Result<()> {
+pub fn top(ctx: Ctx, args: Args) -> Result<()> {
     let count = match args.len() {
         0 => 10,
         1 => args.positive(0, "count must be a positive integer")? as usize,
@@ -20,16 +19,12 @@ pub fn top(ctx: *mut Ctx, args: Args) -> Result<()> {
     let now = clock::now();
     let mut rows = 0;
     ops::top(count, now, |_, _, _| rows += 1);
-    api::reply_array(ctx, rows);
+    ffi::reply_array(ctx, rows);
     ops::top(count, now, |key, denied, ago| {
-        api::reply_array(ctx, 3);
-        rm!(RedisModule_ReplyWithStringBuffer(
-            ctx,
-            key.as_ptr().cast(),
-            key.len()
-        ));
-        api::reply_integer(ctx, denied.round() as i64);
-        api::reply_integer(ctx, ago.min(i64::MAX as u64) as i64);
+        ffi::reply_array(ctx, 3);
+        ffi::reply_bytes(ctx, key);
+        ffi::reply_integer(ctx, denied.round() as i64);
+        ffi::reply_integer(ctx, ago.min(i64::MAX as u64) as i64);
     });
     Ok(())
 }

@@ -1,0 +1,71 @@
+//! Writing a command's reply.
+
+use super::{Ctx, Str};
+use redis_module::raw;
+use std::ffi::CStr;
+use std::os::raw::{c_int, c_long};
+
+pub fn reply_integer(ctx: Ctx, v: i64) {
+    rm!(RedisModule_ReplyWithLongLong(ctx.0, v));
+}
+
+/// A double: RESP3's double type, or under RESP2 a bulk string in the shortest form that
+/// reads back as the same number (`0.1`, not Redis's `%.17g` `0.10000000000000001`, which
+/// also costs some 4,000 instructions to format).
+pub fn reply_double(ctx: Ctx, v: f64) {
+    use std::io::Write;
+    let resp3 = rm!(RedisModule_GetContextFlags(ctx.0)) as u32 & raw::REDISMODULE_CTX_FLAGS_RESP3;
+    let mut buf = [0u8; 64];
+    let mut out = &mut buf[..];
+    if resp3 != 0 || write!(out, "{v}").is_err() {
+        rm!(RedisModule_ReplyWithDouble(ctx.0, v));
+        return;
+    }
+    let len = 64 - out.len();
+    reply_bytes(ctx, &buf[..len]);
+}
+
+pub fn reply_array(ctx: Ctx, len: usize) {
+    rm!(RedisModule_ReplyWithArray(ctx.0, len as c_long));
+}
+
+/// A map of `len` pairs (a flat array of `2 * len` under RESP2).
+pub fn reply_map(ctx: Ctx, len: usize) {
+    rm!(RedisModule_ReplyWithMap(ctx.0, len as c_long));
+}
+
+/// A bulk string.
+pub fn reply_text(ctx: Ctx, s: &CStr) {
+    rm!(RedisModule_ReplyWithCString(ctx.0, s.as_ptr()));
+}
+
+/// A bulk string of any bytes.
+pub fn reply_bytes(ctx: Ctx, s: &[u8]) {
+    rm!(RedisModule_ReplyWithStringBuffer(
+        ctx.0,
+        s.as_ptr().cast(),
+        s.len()
+    ));
+}
+
+/// A Redis string as it is (a key name, say).
+pub fn reply_string(ctx: Ctx, s: Str) {
+    rm!(RedisModule_ReplyWithString(ctx.0, s.0));
+}
+
+pub fn reply_null(ctx: Ctx) {
+    rm!(RedisModule_ReplyWithNull(ctx.0));
+}
+
+pub fn reply_ok(ctx: Ctx) {
+    rm!(RedisModule_ReplyWithSimpleString(ctx.0, c"OK".as_ptr()));
+}
+
+/// `msg` must hold its own error code (`ERR ...`, `WRONGTYPE ...`).
+pub fn reply_error(ctx: Ctx, msg: &CStr) {
+    rm!(RedisModule_ReplyWithError(ctx.0, msg.as_ptr()));
+}
+
+pub fn reply_wrong_arity(ctx: Ctx) -> c_int {
+    rm!(RedisModule_WrongArity(ctx.0))
+}
