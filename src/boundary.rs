@@ -9,14 +9,16 @@
 use crate::args::Args;
 use crate::error::Result;
 use crate::ffi::{self, Ctx};
+use crate::reply::Reply;
 use crate::stats;
 use redis_module::raw;
 use std::ffi::CStr;
 use std::os::raw::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-/// A command body: parses, acts and replies on success; the boundary replies on error.
-pub type Handler = fn(Ctx, Args) -> Result<()>;
+/// A command body: parses, acts, and returns its reply (or an error); the boundary writes
+/// either.
+pub type Handler = fn(Ctx, Args) -> Result<Reply>;
 
 /// Runs one call of `spec`'s command.
 pub fn run(ctx: Ctx, args: Args, spec: &Spec) {
@@ -28,7 +30,7 @@ pub fn run(ctx: Ctx, args: Args, spec: &Spec) {
     }
     let outcome = catch_unwind(AssertUnwindSafe(|| (spec.func)(ctx, args)));
     match outcome {
-        Ok(Ok(())) => {}
+        Ok(Ok(reply)) => ffi::reply(ctx, &reply),
         Ok(Err(e)) => {
             stats::ERRORS.add(1);
             e.reply(ctx);

@@ -16,6 +16,7 @@ mod key;
 mod ops;
 mod permits;
 mod propagate;
+mod reply;
 mod resetstat;
 mod stats;
 mod stored;

@@ -9,9 +9,10 @@
 
 use crate::args::Args;
 use crate::error::{Error, Result};
-use crate::ffi::{self, Ctx};
+use crate::ffi::Ctx;
 use crate::permits::{self, PermitKey};
 use crate::propagate::{self, PermitChange};
+use crate::reply::Reply;
 use crate::{clock, stats};
 use rl_core::{ceil_millis, Acquired, PermitTable, MAX_PERMITS};
 
@@ -26,7 +27,7 @@ fn ttl_at(args: &Args, i: usize) -> Result<u64> {
     Ok(ttl_ms * 1_000_000)
 }
 
-pub fn acquire(ctx: Ctx, args: Args) -> Result<()> {
+pub fn acquire(ctx: Ctx, args: Args) -> Result<Reply> {
     if args.len() != 3 {
         return Err(Error::Arity);
     }
@@ -49,7 +50,7 @@ pub fn acquire(ctx: Ctx, args: Args) -> Result<()> {
         let Acquired::Denied { retry_after } = decision else {
             unreachable!()
         };
-        return reply(ctx, 0, 0, in_use, ceil_millis(retry_after));
+        return Ok(reply(0, 0, in_use, ceil_millis(retry_after)));
     };
     stats::PERMITS_ACQUIRED.add(1);
     stats::PERMITS_EXPIRED.add_shared(pruned as u64);
@@ -69,19 +70,14 @@ pub fn acquire(ctx: Ctx, args: Args) -> Result<()> {
         add: Some(permit),
     };
     propagate::permits(ctx, &change);
-    reply(ctx, 1, permit.id, in_use, 0)
+    Ok(reply(1, permit.id, in_use, 0))
 }
 
-fn reply(ctx: Ctx, granted: i64, id: u64, in_use: usize, retry_ms: u64) -> Result<()> {
-    ffi::reply_array(ctx, 4);
-    ffi::reply_integer(ctx, granted);
-    ffi::reply_integer(ctx, id as i64);
-    ffi::reply_integer(ctx, in_use as i64);
-    ffi::reply_integer(ctx, retry_ms as i64);
-    Ok(())
+fn reply(granted: i64, id: u64, in_use: usize, retry_ms: u64) -> Reply {
+    Reply::ints([granted, id as i64, in_use as i64, retry_ms as i64])
 }
 
-pub fn release(ctx: Ctx, args: Args) -> Result<()> {
+pub fn release(ctx: Ctx, args: Args) -> Result<Reply> {
     if args.len() != 2 {
         return Err(Error::Arity);
     }
@@ -90,23 +86,20 @@ pub fn release(ctx: Ctx, args: Args) -> Result<()> {
     let name = args.raw(0)?;
     let key = PermitKey::open(ctx, name);
     let Some(table) = key.table()? else {
-        ffi::reply_integer(ctx, 0);
-        return Ok(());
+        return Ok(Reply::Int(0));
     };
     if !table.release(id, now) {
-        ffi::reply_integer(ctx, 0);
-        return Ok(());
+        return Ok(Reply::Int(0));
     }
     let pruned = table.prune(now);
     stats::PERMITS_RELEASED.add(1);
     stats::PERMITS_EXPIRED.add_shared(pruned as u64);
     permits::left(1 + pruned);
     written(ctx, &key, table, now, Some(id), None);
-    ffi::reply_integer(ctx, 1);
-    Ok(())
+    Ok(Reply::Int(1))
 }
 
-pub fn renew(ctx: Ctx, args: Args) -> Result<()> {
+pub fn renew(ctx: Ctx, args: Args) -> Result<Reply> {
     if args.len() != 3 {
         return Err(Error::Arity);
     }
@@ -116,19 +109,16 @@ pub fn renew(ctx: Ctx, args: Args) -> Result<()> {
     let name = args.raw(0)?;
     let key = PermitKey::open(ctx, name);
     let Some(table) = key.table()? else {
-        ffi::reply_integer(ctx, 0);
-        return Ok(());
+        return Ok(Reply::Int(0));
     };
     let Some(permit) = table.renew(id, ttl, now) else {
-        ffi::reply_integer(ctx, 0);
-        return Ok(());
+        return Ok(Reply::Int(0));
     };
     let pruned = table.prune(now);
     stats::PERMITS_EXPIRED.add_shared(pruned as u64);
     permits::left(pruned);
     written(ctx, &key, table, now, None, Some(permit));
-    ffi::reply_integer(ctx, 1);
-    Ok(())
+    Ok(Reply::Int(1))
 }
 
 /// After a change in place: the expiry, or the key's deletion, and the effect.

@@ -5,6 +5,6 @@ use crate::args::Args;
 use crate::error::Result;
 use crate::ffi::Ctx;
 
-pub fn debug_panic(_ctx: Ctx, _args: Args) -> Result<()> {
+pub fn debug_panic(_ctx: Ctx, _args: Args) -> Result<crate::reply::Reply> {
     panic!("RL.DEBUG-PANIC asked for a panic");
 }

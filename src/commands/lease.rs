@@ -4,9 +4,10 @@
 
 use crate::args::Args;
 use crate::error::{Error, Result};
-use crate::ffi::{self, Ctx, EffectArg};
+use crate::ffi::{Ctx, EffectArg};
 use crate::key::BucketKey;
 use crate::propagate::{self, Head};
+use crate::reply::Reply;
 use crate::{adopt, clock, ops, stats};
 use rl_core::{ceil_millis, LeaseRequest, LeaseTable, Limit, NO_LEASES};
 
@@ -82,7 +83,7 @@ fn parse(args: &Args, limit: &Limit) -> Result<Request> {
     Ok(req)
 }
 
-pub fn lease(ctx: Ctx, args: Args) -> Result<()> {
+pub fn lease(ctx: Ctx, args: Args) -> Result<Reply> {
     let limit = super::limit(&args, 1)?;
     let req = parse(&args, &limit)?;
     super::fits(req.min, &limit, "MIN must not exceed cap")?;
@@ -156,10 +157,10 @@ pub fn lease(ctx: Ctx, args: Args) -> Result<()> {
         0 => (level.wait_for(req.min as f64).map_or(0, ceil_millis), 0),
         _ => (0, req.ttl_ms),
     };
-    ffi::reply_array(ctx, 4);
-    ffi::reply_integer(ctx, granted as i64);
-    ffi::reply_integer(ctx, id as i64);
-    ffi::reply_integer(ctx, ttl as i64);
-    ffi::reply_integer(ctx, retry as i64);
-    Ok(())
+    Ok(Reply::ints([
+        granted as i64,
+        id as i64,
+        ttl as i64,
+        retry as i64,
+    ]))
 }

@@ -10,6 +10,7 @@ use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::ffi::{self, Ctx};
 use crate::key::BucketKey;
+use crate::reply::Reply;
 use crate::{clock, ops, stats};
 use rl_core::{ceil_millis, take_all, AllOrNothing, Limit};
 
@@ -67,7 +68,7 @@ fn shape(args: &Args) -> Result<Shape> {
     Ok(s)
 }
 
-pub fn mtake(ctx: Ctx, args: Args) -> Result<()> {
+pub fn mtake(ctx: Ctx, args: Args) -> Result<Reply> {
     // Cluster routing and COMMAND GETKEYS ask where the keys are (options follow them).
     if ffi::is_keys_position_request(ctx) {
         if let Ok(s) = shape(&args) {
@@ -76,7 +77,7 @@ pub fn mtake(ctx: Ctx, args: Args) -> Result<()> {
                 ffi::key_at_pos(ctx, i + 1);
             }
         }
-        return Ok(());
+        return Ok(Reply::Nothing);
     }
     stats::CALLS.add(1);
     let s = shape(&args)?;
@@ -152,22 +153,22 @@ pub fn mtake(ctx: Ctx, args: Args) -> Result<()> {
         // The key that refused (the longest wait) is the one denied.
         ops::denied(args.bytes(1 + 3 * worst)?, now);
     }
-    // Everything fallible before the reply starts: an error after it would corrupt it.
-    let denied_by = args.raw(1 + 3 * worst)?;
-    ffi::reply_array(ctx, if s.with_state { 4 } else { 3 });
-    ffi::reply_integer(ctx, if answered { n as i64 } else { 0 });
-    if answered {
-        ffi::reply_null(ctx);
-        ffi::reply_integer(ctx, 0);
+    let mut reply = if answered {
+        vec![Reply::Int(n as i64), Reply::Null, Reply::Int(0)]
     } else {
-        ffi::reply_string(ctx, denied_by);
-        ffi::reply_integer(ctx, ceil_millis(longest) as i64);
-    }
+        vec![
+            Reply::Int(0),
+            Reply::Key(args.raw(1 + 3 * worst)?),
+            Reply::Int(ceil_millis(longest) as i64),
+        ]
+    };
     if s.with_state {
-        ffi::reply_array(ctx, levels.len());
-        for level in &levels {
-            ffi::reply_double(ctx, level.signed_tokens());
-        }
+        reply.push(Reply::Array(
+            levels
+                .iter()
+                .map(|l| Reply::Double(l.signed_tokens()))
+                .collect(),
+        ));
     }
-    Ok(())
+    Ok(Reply::Array(reply))
 }

@@ -4,11 +4,12 @@
 use crate::args::Args;
 use crate::clock;
 use crate::error::{Error, Result};
-use crate::ffi::{self, Ctx};
+use crate::ffi::Ctx;
 use crate::key::BucketKey;
+use crate::reply::Reply;
 use rl_core::{ceil_millis, Level};
 
-pub fn peek(ctx: Ctx, args: Args) -> Result<()> {
+pub fn peek(ctx: Ctx, args: Args) -> Result<Reply> {
     if args.len() != 1 {
         return Err(Error::Arity);
     }
@@ -16,8 +17,7 @@ pub fn peek(ctx: Ctx, args: Args) -> Result<()> {
     let key = BucketKey::open_read(ctx, args.raw(0)?);
     let Some(state) = key.state()? else {
         // No key: the bucket is full, and its limit is unknown.
-        ffi::reply_null(ctx);
-        return Ok(());
+        return Ok(Reply::Null);
     };
     let bucket = state.bucket();
     // The limit it was last written under.
@@ -31,18 +31,15 @@ pub fn peek(ctx: Ctx, args: Args) -> Result<()> {
         })
     });
 
-    ffi::reply_map(ctx, 6);
-    ffi::reply_text(ctx, c"tokens");
-    ffi::reply_double(ctx, level.signed_tokens());
-    ffi::reply_text(ctx, c"rate");
-    ffi::reply_double(ctx, bucket.limit().rate());
-    ffi::reply_text(ctx, c"cap");
-    ffi::reply_double(ctx, bucket.limit().cap());
-    ffi::reply_text(ctx, c"reset_after_ms");
-    ffi::reply_integer(ctx, ceil_millis(level.reset_after()) as i64);
-    ffi::reply_text(ctx, c"leases");
-    ffi::reply_integer(ctx, leases);
-    ffi::reply_text(ctx, c"leased_tokens");
-    ffi::reply_integer(ctx, held.min(i64::MAX as u64) as i64);
-    Ok(())
+    Ok(Reply::fields([
+        (c"tokens", Reply::Double(level.signed_tokens())),
+        (c"rate", Reply::Double(bucket.limit().rate())),
+        (c"cap", Reply::Double(bucket.limit().cap())),
+        (
+            c"reset_after_ms",
+            Reply::Int(ceil_millis(level.reset_after()) as i64),
+        ),
+        (c"leases", Reply::Int(leases)),
+        (c"leased_tokens", Reply::count(held)),
+    ]))
 }

@@ -5,13 +5,14 @@
 
 use crate::args::Args;
 use crate::error::{Error, Result};
-use crate::ffi::{self, Ctx};
+use crate::ffi::Ctx;
 use crate::key::BucketKey;
 use crate::propagate;
+use crate::reply::Reply;
 use crate::{clock, stats};
 use rl_core::Level;
 
-pub fn refund(ctx: Ctx, args: Args) -> Result<()> {
+pub fn refund(ctx: Ctx, args: Args) -> Result<Reply> {
     if args.len() != 2 {
         return Err(Error::Arity);
     }
@@ -21,15 +22,13 @@ pub fn refund(ctx: Ctx, args: Args) -> Result<()> {
     let key = BucketKey::open(ctx, key_name);
     let state = key.state()?;
     let Some(bucket) = state.as_ref().map(|s| s.bucket()) else {
-        ffi::reply_double(ctx, 0.0);
-        return Ok(());
+        return Ok(Reply::Double(0.0));
     };
     let mut level = Level::new(Some(&bucket), bucket.limit(), now);
     let credited = level.refund(n);
     if credited <= 0.0 {
         // Full already: nothing to take back, nothing written.
-        ffi::reply_double(ctx, 0.0);
-        return Ok(());
+        return Ok(Reply::Double(0.0));
     }
     stats::REFUNDS.add(1);
     let after = level.bucket();
@@ -45,6 +44,5 @@ pub fn refund(ctx: Ctx, args: Args) -> Result<()> {
         key.store(state, after);
         propagate::with_stored_limit(key_name, &after, |head| propagate::bucket(ctx, head));
     }
-    ffi::reply_double(ctx, credited);
-    Ok(())
+    Ok(Reply::Double(credited))
 }

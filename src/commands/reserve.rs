@@ -9,15 +9,16 @@
 
 use crate::args::Args;
 use crate::error::{Error, Result};
-use crate::ffi::{self, Ctx};
+use crate::ffi::Ctx;
 use crate::key::BucketKey;
+use crate::reply::Reply;
 use crate::{clock, ops, stats};
 use rl_core::ceil_millis;
 
 /// Longest wait a reservation may ask for: a day, as for a lease.
 const MAX_WAIT_MS: u64 = 86_400_000;
 
-pub fn reserve(ctx: Ctx, args: Args) -> Result<()> {
+pub fn reserve(ctx: Ctx, args: Args) -> Result<Reply> {
     if args.len() < 5 {
         return Err(Error::Arity);
     }
@@ -88,10 +89,10 @@ pub fn reserve(ctx: Ctx, args: Args) -> Result<()> {
         (false, true) => (n, 0),
         (false, false) => (0, ceil_millis(wait)),
     };
-    ffi::reply_array(ctx, 4);
-    ffi::reply_integer(ctx, reply as i64);
-    ffi::reply_integer(ctx, wait_ms as i64);
-    ffi::reply_double(ctx, level.signed_tokens());
-    ffi::reply_integer(ctx, ceil_millis(level.reset_after()) as i64);
-    Ok(())
+    Ok(Reply::Array(vec![
+        Reply::Int(reply as i64),
+        Reply::Int(wait_ms as i64),
+        Reply::Double(level.signed_tokens()),
+        Reply::Int(ceil_millis(level.reset_after()) as i64),
+    ]))
 }

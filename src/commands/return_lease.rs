@@ -2,13 +2,14 @@
 
 use crate::args::Args;
 use crate::error::{Error, Result};
-use crate::ffi::{self, Ctx};
+use crate::ffi::Ctx;
 use crate::key::BucketKey;
 use crate::propagate;
+use crate::reply::Reply;
 use crate::{clock, stats};
 use rl_core::{Level, Settled};
 
-pub fn return_lease(ctx: Ctx, args: Args) -> Result<()> {
+pub fn return_lease(ctx: Ctx, args: Args) -> Result<Reply> {
     if args.len() != 3 {
         return Err(Error::Arity);
     }
@@ -25,8 +26,7 @@ pub fn return_lease(ctx: Ctx, args: Args) -> Result<()> {
         .and_then(|t| t.live(id, now));
     let Some(bucket) = live.and(state.as_ref()).map(|s| s.bucket()) else {
         // Unknown, expired or already returned: credits nothing and writes nothing.
-        ffi::reply_integer(ctx, 0);
-        return Ok(());
+        return Ok(Reply::Int(0));
     };
 
     let mut table = key.take_table(&mut state);
@@ -52,6 +52,5 @@ pub fn return_lease(ctx: Ctx, args: Args) -> Result<()> {
             propagate::leases(ctx, head, now, Some(id), None)
         });
     }
-    ffi::reply_integer(ctx, credited as i64);
-    Ok(())
+    Ok(Reply::count(credited))
 }

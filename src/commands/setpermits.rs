@@ -8,9 +8,10 @@ use crate::error::{Error, Result};
 use crate::ffi::{self, Ctx};
 use crate::permits;
 use crate::permits::PermitKey;
+use crate::reply::Reply;
 use rl_core::{Permit, PermitTable};
 
-pub fn setpermits(ctx: Ctx, args: Args) -> Result<()> {
+pub fn setpermits(ctx: Ctx, args: Args) -> Result<Reply> {
     if args.len() < 3 {
         return Err(Error::Arity);
     }
@@ -74,8 +75,7 @@ pub fn setpermits(ctx: Ctx, args: Args) -> Result<()> {
             key.delete();
         }
         ffi::replicate_verbatim(ctx);
-        ffi::reply_ok(ctx);
-        return Ok(());
+        return Ok(Reply::Ok);
     }
     let next = PermitTable::validate(last, list).map_err(|e| Error::Invalid(e.message()))?;
     match existing {
@@ -90,6 +90,5 @@ pub fn setpermits(ctx: Ctx, args: Args) -> Result<()> {
         None => key.create(next),
     }
     ffi::replicate_verbatim(ctx);
-    ffi::reply_ok(ctx);
-    Ok(())
+    Ok(Reply::Ok)
 }

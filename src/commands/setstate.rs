@@ -12,6 +12,7 @@ use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::ffi::{self, Ctx};
 use crate::key::BucketKey;
+use crate::reply::Reply;
 use rl_core::Lease;
 
 /// The lease-table changes one effect carries, each at most once.
@@ -79,7 +80,7 @@ fn parse_ops(args: &Args) -> Result<TableOps> {
     Ok(ops)
 }
 
-pub fn setstate(ctx: Ctx, args: Args) -> Result<()> {
+pub fn setstate(ctx: Ctx, args: Args) -> Result<Reply> {
     if args.len() < 4 {
         return Err(Error::Arity);
     }
@@ -120,6 +121,5 @@ pub fn setstate(ctx: Ctx, args: Args) -> Result<()> {
         key.replace(state, bucket, table);
     }
     ffi::replicate_verbatim(ctx);
-    ffi::reply_ok(ctx);
-    Ok(())
+    Ok(Reply::Ok)
 }

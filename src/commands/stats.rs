@@ -7,8 +7,9 @@
 
 use crate::args::Args;
 use crate::error::{Error, Result};
-use crate::ffi::{self, Ctx, Info};
+use crate::ffi::{Ctx, Info};
 use crate::ops;
+use crate::reply::Reply;
 use rl_core::namespace::Counts;
 use std::ffi::CStr;
 
@@ -30,33 +31,27 @@ fn values(c: &Counts) -> [u64; 5] {
     ]
 }
 
-fn reply_counts(ctx: Ctx, c: &Counts) {
-    ffi::reply_map(ctx, FIELDS.len());
-    for (name, v) in FIELDS.iter().zip(values(c)) {
-        ffi::reply_text(ctx, name);
-        // An integer reply is signed: a counter past i64::MAX shows as i64::MAX.
-        ffi::reply_integer(ctx, v.min(i64::MAX as u64) as i64);
-    }
+fn counts(c: &Counts) -> Reply {
+    // An integer reply is signed: a counter past i64::MAX shows as i64::MAX.
+    Reply::Map(
+        FIELDS
+            .iter()
+            .zip(values(c))
+            .map(|(name, v)| (Reply::Text(name), Reply::count(v)))
+            .collect(),
+    )
 }
 
-pub fn stats(ctx: Ctx, args: Args) -> Result<()> {
+pub fn stats(_ctx: Ctx, args: Args) -> Result<Reply> {
     match args.len() {
         0 => {
-            let mut n = 0;
-            ops::each_namespace(|_, _| n += 1);
-            ffi::reply_map(ctx, n);
-            ops::each_namespace(|name, c| {
-                ffi::reply_bytes(ctx, name);
-                reply_counts(ctx, c);
-            });
+            let mut all = Vec::new();
+            ops::each_namespace(|name, c| all.push((Reply::Bytes(name.to_vec()), counts(c))));
+            Ok(Reply::Map(all))
         }
-        1 => match ops::namespace_counts(args.bytes(0)?) {
-            Some(c) => reply_counts(ctx, &c),
-            None => ffi::reply_null(ctx),
-        },
-        _ => return Err(Error::Arity),
+        1 => Ok(ops::namespace_counts(args.bytes(0)?).map_or(Reply::Null, |c| counts(&c))),
+        _ => Err(Error::Arity),
     }
-    Ok(())
 }
 
 /// The namespace lines of `INFO rl`.

@@ -2,12 +2,13 @@
 
 use crate::args::Args;
 use crate::error::{Error, Result};
-use crate::ffi::{self, Ctx};
+use crate::ffi::Ctx;
 use crate::key::BucketKey;
+use crate::reply::Reply;
 use crate::{clock, ops, stats};
 use rl_core::ceil_millis;
 
-pub fn take(ctx: Ctx, args: Args) -> Result<()> {
+pub fn take(ctx: Ctx, args: Args) -> Result<Reply> {
     if !(3..=8).contains(&args.len()) {
         return Err(Error::Arity);
     }
@@ -72,18 +73,17 @@ pub fn take(ctx: Ctx, args: Args) -> Result<()> {
 
     let reply = if answered { n as i64 } else { 0 };
     if !with_state {
-        ffi::reply_integer(ctx, reply);
-        return Ok(());
+        return Ok(Reply::Int(reply));
     }
     let retry = if answered {
         0
     } else {
         level.wait_for(n as f64).map_or(0, ceil_millis)
     };
-    ffi::reply_array(ctx, 4);
-    ffi::reply_integer(ctx, reply);
-    ffi::reply_double(ctx, level.signed_tokens());
-    ffi::reply_integer(ctx, retry as i64);
-    ffi::reply_integer(ctx, ceil_millis(level.reset_after()) as i64);
-    Ok(())
+    Ok(Reply::Array(vec![
+        Reply::Int(reply),
+        Reply::Double(level.signed_tokens()),
+        Reply::Int(retry as i64),
+        Reply::Int(ceil_millis(level.reset_after()) as i64),
+    ]))
 }

@@ -7,24 +7,24 @@
 
 use crate::args::Args;
 use crate::error::{Error, Result};
-use crate::ffi::{self, Ctx};
+use crate::ffi::Ctx;
+use crate::reply::Reply;
 use crate::{clock, ops};
 
-pub fn top(ctx: Ctx, args: Args) -> Result<()> {
+pub fn top(_ctx: Ctx, args: Args) -> Result<Reply> {
     let count = match args.len() {
         0 => 10,
         1 => args.positive(0, "count must be a positive integer")? as usize,
         _ => return Err(Error::Arity),
     };
     let now = clock::now();
-    let mut rows = 0;
-    ops::top(count, now, |_, _, _| rows += 1);
-    ffi::reply_array(ctx, rows);
+    let mut rows = Vec::new();
     ops::top(count, now, |key, denied, ago| {
-        ffi::reply_array(ctx, 3);
-        ffi::reply_bytes(ctx, key);
-        ffi::reply_integer(ctx, denied.round() as i64);
-        ffi::reply_integer(ctx, ago.min(i64::MAX as u64) as i64);
+        rows.push(Reply::Array(vec![
+            Reply::Bytes(key.to_vec()),
+            Reply::Int(denied.round() as i64),
+            Reply::count(ago),
+        ]));
     });
-    Ok(())
+    Ok(Reply::Array(rows))
 }

@@ -50,7 +50,7 @@ pub use command::{
 pub use effects::{emit_aof, replicate, Aof, EffectArg};
 pub use info::{register_info, Info};
 pub use key::{KeyKind, OpenKey};
-pub use reply::*;
+pub use reply::{reply, reply_error, reply_wrong_arity};
 pub use types::{Digest, Io, BUCKET_TYPE, PERMIT_TYPE};
 
 use redis_module::raw;
@@ -68,7 +68,7 @@ impl Ctx {
 }
 
 /// A Redis string Redis passed to the running callback (an argument, a key name).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 #[repr(transparent)]
 pub struct Str(*mut raw::RedisModuleString);
 

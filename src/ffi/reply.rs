@@ -1,18 +1,46 @@
 //! Writing a command's reply.
 
 use super::{Ctx, Str};
+use crate::reply::Reply;
 use redis_module::raw;
 use std::ffi::CStr;
 use std::os::raw::{c_int, c_long};
 
-pub fn reply_integer(ctx: Ctx, v: i64) {
+/// Writes `r` as the call's reply.
+pub fn reply(ctx: Ctx, r: &Reply) {
+    match r {
+        Reply::Int(v) => reply_integer(ctx, *v),
+        Reply::Double(v) => reply_double(ctx, *v),
+        Reply::Null => reply_null(ctx),
+        Reply::Ok => reply_ok(ctx),
+        Reply::Text(s) => reply_text(ctx, s),
+        Reply::Bytes(b) => reply_bytes(ctx, b),
+        Reply::Key(s) => reply_string(ctx, *s),
+        Reply::Array(items) => {
+            reply_array(ctx, items.len());
+            for item in items {
+                reply(ctx, item);
+            }
+        }
+        Reply::Map(pairs) => {
+            reply_map(ctx, pairs.len());
+            for (k, v) in pairs {
+                reply(ctx, k);
+                reply(ctx, v);
+            }
+        }
+        Reply::Nothing => {}
+    }
+}
+
+fn reply_integer(ctx: Ctx, v: i64) {
     rm!(RedisModule_ReplyWithLongLong(ctx.0, v));
 }
 
 /// A double: RESP3's double type, or under RESP2 a bulk string in the shortest form that
 /// reads back as the same number (`0.1`, not Redis's `%.17g` `0.10000000000000001`, which
 /// also costs some 4,000 instructions to format).
-pub fn reply_double(ctx: Ctx, v: f64) {
+fn reply_double(ctx: Ctx, v: f64) {
     use std::io::Write;
     let resp3 = rm!(RedisModule_GetContextFlags(ctx.0)) as u32 & raw::REDISMODULE_CTX_FLAGS_RESP3;
     let mut buf = [0u8; 64];
@@ -25,22 +53,22 @@ pub fn reply_double(ctx: Ctx, v: f64) {
     reply_bytes(ctx, &buf[..len]);
 }
 
-pub fn reply_array(ctx: Ctx, len: usize) {
+fn reply_array(ctx: Ctx, len: usize) {
     rm!(RedisModule_ReplyWithArray(ctx.0, len as c_long));
 }
 
 /// A map of `len` pairs (a flat array of `2 * len` under RESP2).
-pub fn reply_map(ctx: Ctx, len: usize) {
+fn reply_map(ctx: Ctx, len: usize) {
     rm!(RedisModule_ReplyWithMap(ctx.0, len as c_long));
 }
 
 /// A bulk string.
-pub fn reply_text(ctx: Ctx, s: &CStr) {
+fn reply_text(ctx: Ctx, s: &CStr) {
     rm!(RedisModule_ReplyWithCString(ctx.0, s.as_ptr()));
 }
 
 /// A bulk string of any bytes.
-pub fn reply_bytes(ctx: Ctx, s: &[u8]) {
+fn reply_bytes(ctx: Ctx, s: &[u8]) {
     rm!(RedisModule_ReplyWithStringBuffer(
         ctx.0,
         s.as_ptr().cast(),
@@ -49,15 +77,15 @@ pub fn reply_bytes(ctx: Ctx, s: &[u8]) {
 }
 
 /// A Redis string as it is (a key name, say).
-pub fn reply_string(ctx: Ctx, s: Str) {
+fn reply_string(ctx: Ctx, s: Str) {
     rm!(RedisModule_ReplyWithString(ctx.0, s.0));
 }
 
-pub fn reply_null(ctx: Ctx) {
+fn reply_null(ctx: Ctx) {
     rm!(RedisModule_ReplyWithNull(ctx.0));
 }
 
-pub fn reply_ok(ctx: Ctx) {
+fn reply_ok(ctx: Ctx) {
     rm!(RedisModule_ReplyWithSimpleString(ctx.0, c"OK".as_ptr()));
 }
 

@@ -1,0 +1,49 @@
+//! What a command answers, as a value. A handler returns one (or an error) once everything
+//! fallible is done; the boundary writes it. So no reply is ever left half-written.
+
+use crate::ffi::Str;
+use std::ffi::CStr;
+
+#[derive(Debug)]
+pub enum Reply {
+    Int(i64),
+    /// RESP3's double; under RESP2 a bulk string in the shortest form that reads back as
+    /// the same number.
+    Double(f64),
+    Null,
+    /// `+OK`.
+    Ok,
+    /// A bulk string the module names (a field name).
+    Text(&'static CStr),
+    /// A bulk string of any bytes (a namespace, a key from the top-keys table).
+    Bytes(Vec<u8>),
+    /// A Redis string of the call, as it is (a key name).
+    Key(Str),
+    Array(Vec<Reply>),
+    /// Pairs: a map under RESP3, a flat array under RESP2.
+    Map(Vec<(Reply, Reply)>),
+    /// Nothing: the call answered through another channel (a keys-position request).
+    Nothing,
+}
+
+impl Reply {
+    /// An array of integers.
+    pub fn ints<const N: usize>(values: [i64; N]) -> Reply {
+        Reply::Array(values.into_iter().map(Reply::Int).collect())
+    }
+
+    /// A map whose keys are names.
+    pub fn fields<const N: usize>(pairs: [(&'static CStr, Reply); N]) -> Reply {
+        Reply::Map(
+            pairs
+                .into_iter()
+                .map(|(k, v)| (Reply::Text(k), v))
+                .collect(),
+        )
+    }
+
+    /// A count as an integer reply (saturating: a reply holds an `i64`).
+    pub fn count(v: u64) -> Reply {
+        Reply::Int(v.min(i64::MAX as u64) as i64)
+    }
+}
