@@ -1,7 +1,7 @@
 //! Opening a bucket's key and writing it back with its expiry.
 
 use crate::error::{Error, Result};
-use crate::ffi::{Ctx, KeyKind, OpenKey, Str};
+use crate::ffi::{Ctx, OpenKey, Str, Value};
 use crate::stats;
 use crate::stored::{self, StateMut, Stored};
 use rl_core::{Bucket, LeaseTable, Nanos};
@@ -40,9 +40,9 @@ impl BucketKey {
     /// The bucket held here: `None` if the key does not exist, `WRONGTYPE` if it holds
     /// something else.
     pub fn state(&self) -> Result<Option<StateMut<'_>>> {
-        match self.key.kind() {
-            KeyKind::Empty => Ok(None),
-            KeyKind::Bucket => Ok(self.key.bucket()),
+        match self.key.value() {
+            Value::Empty => Ok(None),
+            Value::Bucket(state) => Ok(Some(state)),
             _ => Err(Error::WrongType),
         }
     }

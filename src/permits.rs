@@ -11,7 +11,7 @@
 //! [`PermitTable::validate`], the same function RDB load uses.
 
 use crate::error::{Error, Result};
-use crate::ffi::{Aof, Ctx, Digest, EffectArg, Io, KeyKind, OpenKey, Str};
+use crate::ffi::{Aof, Ctx, Digest, EffectArg, Io, OpenKey, Str, Value};
 use crate::stats;
 use rl_core::{Permit, PermitTable, MAX_PERMITS};
 
@@ -123,9 +123,9 @@ impl PermitKey {
     // through `&self` lets a command change it and then update the key's expiry.
     #[allow(clippy::mut_from_ref)]
     pub fn table(&self) -> Result<Option<&mut PermitTable>> {
-        match self.key.kind() {
-            KeyKind::Empty => Ok(None),
-            KeyKind::Permits => Ok(self.key.permits()),
+        match self.key.value() {
+            Value::Empty => Ok(None),
+            Value::Permits(t) => Ok(Some(t)),
             _ => Err(Error::WrongType),
         }
     }

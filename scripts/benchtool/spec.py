@@ -128,7 +128,7 @@ PARTS = {
     "type_set": {"redis7": "RM_ModuleTypeSetValue", "valkey": "VM_ModuleTypeSetValue"},
     "close_key": {"redis7": "RM_CloseKey", "valkey": "VM_CloseKey"},
     "reply_ll": _rm("ReplyWithLongLong"),
-    "reply_double": _all("redis_rl::api::reply_double"),
+    "reply_double": _all("redis_rl::ffi::reply::reply_double"),
     "ctx_create": {"redis7": "moduleCreateContext", "valkey": "moduleCreateContext"},
     "ctx_free": {"redis7": "moduleFreeContext", "valkey": "moduleFreeContext"},
     "take": _all("redis_rl::commands::take::take"),

@@ -16,6 +16,15 @@ pub enum KeyKind {
     Other,
 }
 
+/// A key's value, borrowed for the running command.
+pub enum Value<'k> {
+    Empty,
+    Bucket(StateMut<'k>),
+    Permits(&'k mut PermitTable),
+    /// Another kind (a hash, a string, ...).
+    Other,
+}
+
 /// A key opened for the running command; closed when dropped.
 pub struct OpenKey {
     key: *mut raw::RedisModuleKey,
@@ -60,29 +69,26 @@ impl OpenKey {
         }
     }
 
-    /// The bucket held here, if the key holds one. Called once per command: the state
-    /// borrows the value Redis holds for as long as the key is open.
-    pub fn bucket(&self) -> Option<StateMut<'_>> {
-        if self.kind() != KeyKind::Bucket {
-            return None;
+    /// The value held here. Called once per command: a bucket or permit table borrows the
+    /// value Redis holds for as long as the key is open (the value is owned by Redis's
+    /// keyspace, not by this handle: borrowing it through `&self` lets a command change it
+    /// and then update the key's expiry).
+    pub fn value(&self) -> Value<'_> {
+        match self.kind() {
+            KeyKind::Empty => Value::Empty,
+            KeyKind::Bucket => {
+                let p = rm!(RedisModule_ModuleTypeGetValue(self.key));
+                // SAFETY: a value of the bucket type was made by `bucket_into_raw`; the
+                // open key keeps it alive and this command is its only user while it runs.
+                Value::Bucket(unsafe { value::bucket_mut(p) })
+            }
+            KeyKind::Permits => {
+                let p = rm!(RedisModule_ModuleTypeGetValue(self.key));
+                // SAFETY: as above; a value of the permit type is a boxed `PermitTable`.
+                Value::Permits(unsafe { value::permits_mut(p) })
+            }
+            KeyKind::Hash | KeyKind::Other => Value::Other,
         }
-        let p = rm!(RedisModule_ModuleTypeGetValue(self.key));
-        // SAFETY: a value of the bucket type was made by `bucket_into_raw`; the open key
-        // keeps it alive and this command is its only user while it runs.
-        Some(unsafe { value::bucket_mut(p) })
-    }
-
-    /// The permit table held here, if the key holds one (once per command, as above).
-    // The table is owned by Redis's keyspace, not by this handle: borrowing it mutably
-    // through `&self` lets a command change it and then update the key's expiry.
-    #[allow(clippy::mut_from_ref)]
-    pub fn permits(&self) -> Option<&mut PermitTable> {
-        if self.kind() != KeyKind::Permits {
-            return None;
-        }
-        let p = rm!(RedisModule_ModuleTypeGetValue(self.key));
-        // SAFETY: as for `bucket`, a value of the permit type is a boxed `PermitTable`.
-        Some(unsafe { value::permits_mut(p) })
     }
 
     /// Stores a bucket as the key's value (replacing any); `false` if Redis refused it (the
