@@ -565,6 +565,24 @@ fn versioned_keys(c: &mut Connection) -> Vec<&'static str> {
             "RL.LEASE", "leased2", "0.02", "100", "5", "600000", "VERSION", "4",
         ],
     );
+    // Stale grants, under the stored limits: their effects carry those, not the callers'.
+    assert_eq!(take_v(c, "changed", (3.0, 300.0), 1, 1).0, 1);
+    let v: Vec<i64> = query(
+        c,
+        &[
+            "RL.LEASE", "leased2", "0.5", "7", "2", "600000", "VERSION", "3",
+        ],
+    );
+    assert_eq!(v[0], 2);
+    let v: Vec<Value> = query(c, &["RL.RESERVE", "v", "9", "90", "1", "0", "VERSION", "6"]);
+    assert_eq!(v[0], Value::Int(1));
+    let v: Vec<Value> = query(
+        c,
+        &[
+            "RL.MTAKE", "1", "v", "9", "90", "changed", "9", "90", "VERSION", "1",
+        ],
+    );
+    assert_eq!(v[0], Value::Int(1));
     vec!["plain", "v", "changed", "leased", "leased2"]
 }
 
