@@ -405,9 +405,9 @@ proptest! {
     /// Versioned limits (`VERSION v`): callers on several versions share a bucket. Versions
     /// never decrease; an older version never changes the stored limit; a newer one
     /// replaces it without minting (the tokens right after are at most those right before,
-    /// and at most the new cap); and from each replacement on, the let-out stays within
-    /// `cap + rate * elapsed` of the limit in force (it stays in force: only a newer
-    /// version could replace it, and that starts a new window).
+    /// and at most the new cap); and from each write of a new limit on, the let-out stays
+    /// within `cap + rate * elapsed` of the limit in force (only a newer version, or the
+    /// same version with another limit, can replace it, and that starts a new window).
     #[test]
     fn versioned_limits_replace_without_minting_and_never_go_back(
         limits in prop::collection::vec((0.5f64..2000.0, 1.0f64..500.0), 2..4),
@@ -448,9 +448,6 @@ proptest! {
                     }
                 }
             }
-            if matches!(applied, Applied::Created | Applied::Replaced | Applied::Conflict) {
-                window = Some((now, 0.0));
-            }
             // A stale caller asking for more than the stored cap gets an error: no change.
             if n as f64 > level.limit().cap() {
                 continue;
@@ -460,6 +457,11 @@ proptest! {
                 stored = Some(level.bucket());
             }
             let b = stored.unwrap();
+            if before.is_none_or(|old| old.limit() != b.limit()) {
+                // A new limit in force (written): a new window, from the tokens carried over
+                // (at most its cap).
+                window = Some((now, 0.0));
+            }
             if applied == Applied::Stale {
                 // An older version never changes the stored limit or version.
                 prop_assert_eq!(b.limit(), before.unwrap().limit());
