@@ -22,7 +22,6 @@ use crate::entry;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
 use crate::stored::StateMut;
-
 use rl_core::{Applied, Level, Limit, Nanos};
 
 /// `rate cap` at argument `i`.
