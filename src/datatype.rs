@@ -1,12 +1,14 @@
 //! The `rl-bucket` module type: persistence (RDB, AOF rewrite), digest, copy, memory usage
 //! (called from the type's callbacks in [`crate::ffi`]).
 //!
-//! RDB encoding version 2, per key:
-//! `full_at rate cap hold span table [last_id (id tokens expires_at) * (table - 1)]`
-//! (unsigned, double, double, unsigned, unsigned, unsigned, then unsigneds), where `hold`
-//! and `span` keep a key alive after a limit change (0: none; see
-//! [`rl_core::Bucket::span`]) and `table` is 0 for a bucket that never had a lease and
-//! `1 + live leases` for one that did. Version 1 (the same without `hold`) is still read.
+//! RDB encoding version 3, per key:
+//! `full_at rate cap hold span version table [last_id (id tokens expires_at) * (table - 1)]`
+//! (unsigned, double, double, unsigned, unsigned, unsigned, unsigned, then unsigneds), where
+//! `hold` and `span` keep a key alive after a limit change (0: none; see
+//! [`rl_core::Bucket::span`]), `version` is the version of the limit (`VERSION v`; 0: none)
+//! and `table` is 0 for a bucket that never had a lease and `1 + live leases` for one that
+//! did. Version 2 (the same without `version`) and version 1 (without `hold`, `span` and
+//! `version`) are still read, as version 0.
 //!
 //! `free`, `copy` and `rdb_load` keep `rl_leases_active` equal to the leases held in memory.
 
@@ -15,7 +17,7 @@ use crate::stored::{StateMut, Stored};
 use crate::{propagate, stats};
 use rl_core::{Lease, MAX_LEASES};
 
-pub const ENCODING_VERSION: i32 = 2;
+pub const ENCODING_VERSION: i32 = 3;
 
 pub fn save(io: &Io, state: &StateMut) {
     let b = state.bucket();
@@ -24,6 +26,7 @@ pub fn save(io: &Io, state: &StateMut) {
     io.save_double(b.limit().cap());
     io.save_unsigned(b.hold());
     io.save_unsigned(b.span());
+    io.save_unsigned(b.version());
     let Some(table) = state.table() else {
         io.save_unsigned(0);
         return;
@@ -56,6 +59,7 @@ pub fn load(io: &Io, encver: i32) -> Option<Stored> {
     } else {
         (0, 0)
     };
+    let version = if encver >= 3 { io.load_unsigned() } else { 0 };
     let table = io.load_unsigned();
     // 0: never leased; else 1 + the number of leases, which may not exceed the bound (a
     // corrupt count must not make us read, or allocate, without end).
@@ -84,7 +88,7 @@ pub fn load(io: &Io, encver: i32) -> Option<Stored> {
         return None;
     }
     let (bucket, table) =
-        rl_core::validate(full_at, rate, cap, hold, span, last_id, leases).ok()?;
+        rl_core::validate(full_at, rate, cap, hold, span, version, last_id, leases).ok()?;
     stats::LEASES_ACTIVE.add_shared(table.leases().len() as u64);
     Some(Stored::new(bucket, table))
 }
@@ -105,6 +109,11 @@ pub fn digest(md: &Digest, state: &StateMut) {
     if b.hold() != 0 || b.span() != 0 {
         md.add(b.hold());
         md.add(b.span());
+    }
+    if b.version() != 0 {
+        // After the hold and span (both 0 if absent), so no two states add the same.
+        md.add(u64::MAX);
+        md.add(b.version());
     }
     if let Some(t) = state.table() {
         md.add(t.last_id());

@@ -3,7 +3,7 @@
 //! A write never replicates the command that made it (its outcome depends on the master's
 //! clock at that instant); it replicates `RL.SETSTATE` with the resulting absolute state:
 //!
-//! `RL.SETSTATE key full_at rate cap [HOLD t SPAN d] [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
+//! `RL.SETSTATE key full_at rate cap [HOLD t SPAN d] [VERSION v] [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
 //!
 //! The same command rebuilds keys on AOF rewrite, so a replica, an AOF replay and an RDB
 //! load all end with the master's bytes. The key's expiry is not sent: it is a function of
@@ -25,6 +25,15 @@ pub struct Head<'a> {
     /// The bucket's hold and span (0 almost always: only after a limit change).
     pub hold: Nanos,
     pub span: Nanos,
+    /// The version of the bucket's limit (0: none, and not sent).
+    pub version: u64,
+}
+
+impl Head<'_> {
+    /// Whether the bucket has parts a lease-table effect does not carry (see [`leases`]).
+    fn has_extras(&self) -> bool {
+        self.hold != 0 || self.span != 0 || self.version != 0
+    }
 }
 
 /// The arguments of one effect, on the stack.
@@ -67,19 +76,30 @@ pub fn bucket(ctx: Ctx, h: &Head) {
         h.rate,
         h.cap,
     ];
-    if h.hold == 0 && h.span == 0 {
+    if !h.has_extras() {
         ffi::replicate(ctx, SETSTATE, &head);
         return;
     }
-    let (hold, span) = (Decimal::new(h.hold), Decimal::new(h.span));
+    // `... [HOLD t SPAN d] [VERSION v]`.
+    let (hold, span, version) = (
+        Decimal::new(h.hold),
+        Decimal::new(h.span),
+        Decimal::new(h.version),
+    );
     let mut args = EffectArgs::new();
     for a in head {
         args.push(a);
     }
-    args.push(EffectArg::Text(c"HOLD"))
-        .push(EffectArg::Bytes(hold.bytes()))
-        .push(EffectArg::Text(c"SPAN"))
-        .push(EffectArg::Bytes(span.bytes()));
+    if h.hold != 0 || h.span != 0 {
+        args.push(EffectArg::Text(c"HOLD"))
+            .push(EffectArg::Bytes(hold.bytes()))
+            .push(EffectArg::Text(c"SPAN"))
+            .push(EffectArg::Bytes(span.bytes()));
+    }
+    if h.version != 0 {
+        args.push(EffectArg::Text(c"VERSION"))
+            .push(EffectArg::Bytes(version.bytes()));
+    }
     ffi::replicate(ctx, SETSTATE, args.get());
 }
 
@@ -111,11 +131,12 @@ impl Decimal {
 }
 
 /// A new bucket state with lease changes: expired leases pruned at `now`, one lease
-/// closed, one opened. A bucket with a hold gets a second effect that sets it (rare: only
-/// after a limit change; the table effect alone would leave none).
+/// closed, one opened. A bucket with a hold or a limit version gets a second effect that
+/// sets them (rare: only after a limit change or with `VERSION`; the table effect alone
+/// would leave none).
 pub fn leases(ctx: Ctx, h: &Head, now: Nanos, closed: Option<u64>, opened: Option<&Lease>) {
     lease_changes(ctx, h, now, closed, opened);
-    if h.hold != 0 || h.span != 0 {
+    if h.has_extras() {
         bucket(ctx, h);
     }
 }
@@ -186,6 +207,7 @@ pub fn with_stored_limit(key: Str, bucket: &Bucket, f: impl FnOnce(&Head)) {
         cap: EffectArg::Bytes(cap.as_bytes()),
         hold: bucket.hold(),
         span: bucket.span(),
+        version: bucket.version(),
     });
 }
 
@@ -236,8 +258,19 @@ pub fn rewrite(aof: &Aof, key: Str, state: &StateMut) {
             }
         }
     }
-    if b.hold() != 0 || b.span() != 0 {
-        // Last, so it is the bucket the key ends with (the commands above set none).
+    if b.version() != 0 {
+        // Last, so it is the bucket the key ends with (the commands above set neither a
+        // hold nor a version).
+        with(&[
+            EffectArg::Text(c"HOLD"),
+            EffectArg::Int(b.hold() as i64),
+            EffectArg::Text(c"SPAN"),
+            EffectArg::Int(b.span() as i64),
+            EffectArg::Text(c"VERSION"),
+            EffectArg::Int(b.version() as i64),
+        ]);
+    } else if b.hold() != 0 || b.span() != 0 {
+        // Last, as above.
         with(&[
             EffectArg::Text(c"HOLD"),
             EffectArg::Int(b.hold() as i64),

@@ -41,5 +41,6 @@ pub fn peek(ctx: Ctx, args: Args) -> Result<Reply> {
         ),
         (c"leases", Reply::Int(leases)),
         (c"leased_tokens", Reply::count(held)),
+        (c"version", Reply::count(bucket.version())),
     ]))
 }
