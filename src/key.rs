@@ -1,7 +1,7 @@
 //! Opening a bucket's key and writing it back with its expiry.
 
 use crate::error::{Error, Result};
-use crate::ffi::{Ctx, OpenKey, Str, Value};
+use crate::ffi::{Access, Ctx, OpenKey, Str, Value};
 use crate::stats;
 use crate::stored::{self, StateMut, Stored};
 use rl_core::{Bucket, LeaseTable, Nanos};
@@ -21,17 +21,17 @@ pub struct BucketKey {
 
 impl BucketKey {
     pub fn open(ctx: Ctx, name: Str) -> BucketKey {
-        BucketKey::open_with(ctx, name, true)
+        BucketKey::open_with(ctx, name, Access::Write)
     }
 
     /// Opens a key only to read it (read-only commands; replicas serve these).
     pub fn open_read(ctx: Ctx, name: Str) -> BucketKey {
-        BucketKey::open_with(ctx, name, false)
+        BucketKey::open_with(ctx, name, Access::Read)
     }
 
-    fn open_with(ctx: Ctx, name: Str, write: bool) -> BucketKey {
+    fn open_with(ctx: Ctx, name: Str, access: Access) -> BucketKey {
         BucketKey {
-            key: OpenKey::open(ctx, name, write),
+            key: OpenKey::open(ctx, name, access),
             modified: std::cell::Cell::new(false),
             expiry_before: std::cell::Cell::new(None),
         }
@@ -118,13 +118,13 @@ impl BucketKey {
 
     /// Replaces a bucket and its whole lease table (an effect that sets them).
     pub fn replace(&self, mut state: Option<StateMut>, bucket: Bucket, table: LeaseTable) {
-        self.take_table(&mut state);
+        self.detach_leases(&mut state);
         self.store_with_leases(state, bucket, table);
     }
 
     /// Moves the lease table out of a bucket to change it; [`BucketKey::store_with_leases`]
     /// puts it back.
-    pub fn take_table(&self, state: &mut Option<StateMut>) -> LeaseTable {
+    pub fn detach_leases(&self, state: &mut Option<StateMut>) -> LeaseTable {
         match state {
             Some(StateMut::Full(f)) => {
                 self.expiry_before
@@ -139,7 +139,7 @@ impl BucketKey {
         }
     }
 
-    /// Writes a bucket state with its leases (taken out by [`take_table`]), in the
+    /// Writes a bucket state with its leases (taken out by [`detach_leases`]), in the
     /// encoding that fits: a bucket that had leases keeps its table (see [`Stored::new`]).
     pub fn store_with_leases(&self, state: Option<StateMut>, bucket: Bucket, table: LeaseTable) {
         stats::LEASES_ACTIVE.add_shared(table.leases().len() as u64);

@@ -11,7 +11,7 @@
 //! [`PermitTable::validate`], the same function RDB load uses.
 
 use crate::error::{Error, Result};
-use crate::ffi::{Aof, Ctx, Digest, EffectArg, Io, OpenKey, Str, Value};
+use crate::ffi::{Access, Aof, Ctx, Digest, EffectArg, Io, OpenKey, Str, Value};
 use crate::stats;
 use rl_core::{Permit, PermitTable, MAX_PERMITS};
 
@@ -112,7 +112,7 @@ pub struct PermitKey {
 impl PermitKey {
     pub fn open(ctx: Ctx, name: Str) -> PermitKey {
         PermitKey {
-            key: OpenKey::open(ctx, name, true),
+            key: OpenKey::open(ctx, name, Access::Write),
             modified: std::cell::Cell::new(false),
         }
     }

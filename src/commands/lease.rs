@@ -124,7 +124,7 @@ pub fn lease(ctx: Ctx, args: Args) -> Result<Reply> {
         if adopted {
             adopt::replace(ctx, &key, args.raw(0)?);
         }
-        let mut table = key.take_table(&mut state);
+        let mut table = key.detach_leases(&mut state);
         let outcome = table.carry_out(&plan, &request, now);
         stats::LEASES_EXPIRED.add_shared(outcome.pruned as u64);
         if plan.returned.is_some() {

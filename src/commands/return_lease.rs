@@ -29,7 +29,7 @@ pub fn return_lease(ctx: Ctx, args: Args) -> Result<Reply> {
         return Ok(Reply::Int(0));
     };
 
-    let mut table = key.take_table(&mut state);
+    let mut table = key.detach_leases(&mut state);
     stats::LEASES_EXPIRED.add_shared(table.prune(now) as u64);
     let Settled::Returned { credited } = table.settle(id, unused, now) else {
         unreachable!("the lease was live a moment ago");

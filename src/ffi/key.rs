@@ -25,6 +25,14 @@ pub enum Value<'k> {
     Other,
 }
 
+/// How a key is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    /// Read and write.
+    Write,
+}
+
 /// A key opened for the running command; closed when dropped.
 pub struct OpenKey {
     key: *mut raw::RedisModuleKey,
@@ -33,12 +41,11 @@ pub struct OpenKey {
 }
 
 impl OpenKey {
-    /// Opens `name` to read, and to write if `write`.
-    pub fn open(ctx: Ctx, name: Str, write: bool) -> OpenKey {
-        let mut mode = raw::REDISMODULE_READ;
-        if write {
-            mode |= raw::REDISMODULE_WRITE;
-        }
+    pub fn open(ctx: Ctx, name: Str, access: Access) -> OpenKey {
+        let mode = match access {
+            Access::Read => raw::REDISMODULE_READ,
+            Access::Write => raw::REDISMODULE_READ | raw::REDISMODULE_WRITE,
+        };
         OpenKey {
             key: rm!(RedisModule_OpenKey(ctx.0, name.0, mode as i32)).cast(),
             ctx,

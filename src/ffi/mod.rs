@@ -49,7 +49,7 @@ pub use command::{
 };
 pub use effects::{emit_aof, replicate, Aof, EffectArg};
 pub use info::{register_info, Info};
-pub use key::{KeyKind, OpenKey, Value};
+pub use key::{Access, KeyKind, OpenKey, Value};
 pub use reply::{reply, reply_error, reply_wrong_arity};
 pub use types::{Digest, Io, BUCKET_TYPE, PERMIT_TYPE};
 
