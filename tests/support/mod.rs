@@ -163,7 +163,7 @@ impl Server {
     }
 
     fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok(client) = redis::Client::open(self.url()) {
                 if let Ok(mut c) = client.get_connection_with_timeout(Duration::from_millis(200)) {
