@@ -37,15 +37,21 @@ impl Selector {
         }
     }
 
-    /// `Module` or `Functions`; probes the server when `Auto` and not yet known.
-    pub(crate) async fn get<C: RedisConnection>(&self, conn: &C) -> Result<Backend, Error> {
+    /// `Module` or `Functions`; probes the server when `Auto` and not yet known, for at
+    /// most `timeout`.
+    pub(crate) async fn get<C: RedisConnection>(
+        &self,
+        conn: &C,
+        timeout: std::time::Duration,
+    ) -> Result<Backend, Error> {
         if self.wanted != Backend::Auto {
             return Ok(self.wanted);
         }
-        self.resolved
-            .get_or_try_init(|| probe(conn.clone()))
-            .await
-            .copied()
+        let probing = self.resolved.get_or_try_init(|| probe(conn.clone()));
+        match tokio::time::timeout(timeout, probing).await {
+            Ok(outcome) => outcome.copied(),
+            Err(_) => Err(Error::Timeout(timeout)),
+        }
     }
 
     /// The backend if already known (for best-effort calls that cannot wait).
@@ -75,8 +81,5 @@ async fn probe<C: RedisConnection>(mut conn: C) -> Result<Backend, Error> {
     if matches!(&libs, Value::Array(items) if !items.is_empty()) {
         return Ok(Backend::Functions);
     }
-    Err(Error::Config(
-        "neither the redis-rl module (RL.TAKE) nor the Functions library `rl` \
-         (scripts/load-functions) is on this server",
-    ))
+    Err(Error::Config(crate::error::NOT_LOADED))
 }

@@ -38,7 +38,7 @@ mod prefetch;
 mod protocol;
 
 pub use backend::Backend;
-pub use config::{limit, FailurePolicy, LimiterConfig, PrefetchConfig};
+pub use config::{limit, FailurePolicy, LimiterConfig, PrefetchConfig, DEFAULT_INSTANCES};
 pub use conn::RedisConnection;
 pub use decision::{Decision, Reservation, Source};
 pub use error::Error;
