@@ -6,7 +6,7 @@ use std::time::Duration;
 use redis::ErrorKind;
 
 /// What a server answers when the module (or the Functions library) is not there.
-pub(crate) const NOT_LOADED: &str = "the redis-rl commands are unknown to this server: load \
+pub(crate) const NOT_LOADED: &str = "the redis-rl commands (RL.TAKE, RL.LEASE...) are unknown to this server: load \
      the module (redis-server --loadmodule /path/to/libredis_rl.so, or `loadmodule` in \
      redis.conf), or load the Functions library with scripts/load-functions and use \
      Backend::Functions";
