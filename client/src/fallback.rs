@@ -69,6 +69,8 @@ impl Fallback {
                 if level.is_some() {
                     entry.last_tokens = level;
                 }
+                // Fresh news from Redis: the next outage starts from it.
+                entry.local = None;
             }
             FailurePolicy::Allow => {
                 if granted == 0 {
@@ -84,20 +86,6 @@ impl Fallback {
                 entry.local = Some((*level.limit(), level.bucket()));
             }
         }
-    }
-
-    /// Redis answered again. `Allow` keeps its local buckets (a flap does not refill
-    /// them; time does, at the share's rate); `LastKnown` starts its next outage from what
-    /// Redis reports until then.
-    pub(crate) fn end_outage(&self) {
-        if self.policy != FailurePolicy::LastKnown {
-            return;
-        }
-        let mut keys = lock(&self.keys);
-        keys.retain(|_, state| {
-            state.local = None;
-            state.last_tokens.is_some() || state.meter != Meter::default()
-        });
     }
 
     /// The policy's decision for `n` tokens of `key` at `now`.
@@ -341,7 +329,7 @@ mod tests {
         let f = fleet(FailurePolicy::Allow, 4);
         // cap 20 / 4 instances.
         assert_eq!(allowed_in_burst(&f, "a"), 5);
-        f.end_outage();
+        // Redis answers for a while, then is away again: the same budget, not a new one.
         assert_eq!(allowed_in_burst(&f, "a"), 0, "a flap does not refill");
         // Redis granted this instance 3 of "b": its local budget is 2 more.
         f.observe("b", 3, Some(10.0), T0);

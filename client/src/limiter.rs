@@ -148,9 +148,7 @@ impl<C: RedisConnection> Limiter<C> {
         if inner.health.may_call() {
             match self.server_take(key, n, &limit).await {
                 Ok(decision) => {
-                    if inner.health.succeeded() {
-                        inner.fallback.end_outage();
-                    }
+                    inner.health.succeeded();
                     inner.fallback.observe(
                         key,
                         decision.granted,
@@ -270,9 +268,7 @@ impl<C: RedisConnection> Limiter<C> {
         if inner.health.may_call() {
             match self.reserve_from_server(key, n, max_wait).await {
                 Ok(reservation) => {
-                    if inner.health.succeeded() {
-                        inner.fallback.end_outage();
-                    }
+                    inner.health.succeeded();
                     let d = &reservation.decision;
                     inner
                         .fallback

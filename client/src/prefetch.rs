@@ -522,7 +522,12 @@ impl<C: RedisConnection> Inner<C> {
         {
             Ok(granted) => granted,
             Err(e) => {
-                if matches!(e, Error::Timeout(_)) {
+                let unanswered = match &e {
+                    Error::Timeout(_) => true,
+                    Error::Redis(e) => e.is_timeout(),
+                    _ => false,
+                };
+                if unanswered {
                     // Never answered: the server may hold a lease for us we cannot return.
                     self.metrics.lease_lost();
                 }
@@ -536,9 +541,7 @@ impl<C: RedisConnection> Inner<C> {
                 return self.failed(&e);
             }
         };
-        if self.health.succeeded() {
-            self.fallback.end_outage();
-        }
+        self.health.succeeded();
         if let Some((_, unused)) = settling {
             self.metrics.returned(unused);
         }
