@@ -71,7 +71,7 @@ struct Inner<C: RedisConnection> {
     fallback: Fallback,
     state: Mutex<State>,
     /// Woken when a lease call ends (its outcome is in `State::last`).
-    fetched: Notify,
+    fetched: Arc<Notify>,
     backend: Selector,
     /// `close` was called: no more lease calls; late leases are returned.
     closed: AtomicBool,
@@ -242,7 +242,7 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                 config,
                 metrics,
                 state: Mutex::new(State::default()),
-                fetched: Notify::new(),
+                fetched: Arc::new(Notify::new()),
                 closed: AtomicBool::new(false),
             }),
         })
@@ -486,7 +486,11 @@ impl<C: RedisConnection> Inner<C> {
         state.generation += 1;
         state.last = outcome;
         drop(state);
-        self.fetched.notify_waiters();
+        // Let go of the limiter before waking its callers: if they drop it, the last
+        // handle (which returns the leftovers) is theirs, not this task's.
+        let fetched = Arc::clone(&self.fetched);
+        drop(self);
+        fetched.notify_waiters();
     }
 
     async fn lease(&self, need: u64) -> Outcome {
@@ -627,10 +631,11 @@ impl<C: RedisConnection> Inner<C> {
 }
 
 impl<C: RedisConnection> Drop for Inner<C> {
-    /// Best effort: inside a multi-threaded tokio runtime the leftovers are returned before
-    /// the drop ends (at most one timeout per lease); inside a current-thread runtime the
-    /// return is spawned (it runs if the runtime keeps running); without a runtime the
-    /// leases expire on the server after their TTL.
+    /// Best effort: dropped in the main future of a multi-threaded tokio runtime (the end of
+    /// a `#[tokio::main]`), the leftovers are returned before the drop ends (at most one
+    /// timeout per lease); in a task or a current-thread runtime the return is spawned (it
+    /// runs if the runtime keeps running); without a runtime the leases expire on the
+    /// server after their TTL. `close().await` is the sure way.
     fn drop(&mut self) {
         let state = self
             .state
@@ -666,7 +671,11 @@ impl<C: RedisConnection> Drop for Inner<C> {
                 }
             }
         };
-        if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+        // Outside any task of a multi-threaded runtime (the end of `main`, which the
+        // runtime stops right after) the return is made before the drop ends; inside a
+        // task the runtime is running (or shutting down, where nothing can be sent).
+        let in_task = tokio::task::try_id().is_some();
+        if !in_task && runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
             tokio::task::block_in_place(|| runtime.block_on(give_back));
         } else {
             runtime.spawn(give_back);
