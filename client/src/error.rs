@@ -6,7 +6,8 @@ use std::time::Duration;
 use redis::ErrorKind;
 
 /// What a server answers when the module (or the Functions library) is not there.
-pub(crate) const NOT_LOADED: &str = "the redis-rl commands (RL.TAKE, RL.LEASE...) are unknown to this server: load \
+pub(crate) const NOT_LOADED: &str =
+    "the redis-rl commands (RL.TAKE, RL.LEASE...) are unknown to this server: load \
      the module (redis-server --loadmodule /path/to/libredis_rl.so, or `loadmodule` in \
      redis.conf), or load the Functions library with scripts/load-functions and use \
      Backend::Functions";
@@ -169,10 +170,17 @@ mod tests {
 
     #[test]
     fn error_replies_are_not_outages() {
-        let e = reply("WRONGTYPE", "Operation against a key holding the wrong kind of value");
-        assert!(matches!(&e, Error::Server(t) if t.contains("WRONGTYPE")), "{e:?}");
+        let e = reply(
+            "WRONGTYPE",
+            "Operation against a key holding the wrong kind of value",
+        );
+        assert!(
+            matches!(&e, Error::Server(t) if t.contains("WRONGTYPE")),
+            "{e:?}"
+        );
         assert!(!e.is_outage() && e.is_server_error());
-        let io = Error::from_redis(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into());
+        let io =
+            Error::from_redis(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into());
         assert!(io.is_outage() && !io.is_server_error());
         assert!(Error::Timeout(Duration::from_millis(1)).is_outage());
     }

@@ -192,9 +192,7 @@ impl Fallback {
                     let local = share_of(self.limit, rate / seen.clamp(rate * 1e-3, rate));
                     match entry.last_tokens {
                         // The level is the fleet's: this instance spends its share of it.
-                        Some(tokens) => {
-                            Level::starting_with(local, tokens / self.instances, now)
-                        }
+                        Some(tokens) => Level::starting_with(local, tokens / self.instances, now),
                         None => Level::new(None, local, now),
                     }
                 }
@@ -337,7 +335,10 @@ mod tests {
         // Time refills at 10 / 4 per second.
         assert!(f.decide("a", 2, T0 + S).allowed);
         // No history under LastKnown: the share too.
-        assert_eq!(allowed_in_burst(&fleet(FailurePolicy::LastKnown, 4), "c"), 5);
+        assert_eq!(
+            allowed_in_burst(&fleet(FailurePolicy::LastKnown, 4), "c"),
+            5
+        );
     }
 
     #[test]

@@ -559,7 +559,10 @@ impl<C: RedisConnection> Inner<C> {
             let mut state = lock(&self.state);
             let size = need.max(1);
             // Keep the smallest size known to be denied.
-            if state.denied.is_none_or(|(s, until)| size <= s || until <= now) {
+            if state
+                .denied
+                .is_none_or(|(s, until)| size <= s || until <= now)
+            {
                 state.denied = Some((size, now + retry_after));
             }
             return Outcome::Denied;
@@ -615,7 +618,10 @@ impl<C: RedisConnection> Inner<C> {
     /// `RL.RETURN` of a lease's leftover; a failed return counts the lease as lost.
     async fn give_back(&self, lease: Lease) -> Result<u64, Error> {
         let outcome = async {
-            let backend = self.backend.get(&self.conn, self.config.limiter.timeout).await?;
+            let backend = self
+                .backend
+                .get(&self.conn, self.config.limiter.timeout)
+                .await?;
             let cmd = return_cmd(backend, &self.key, lease.id, lease.left);
             call(&self.conn, &cmd, self.config.limiter.timeout, &self.metrics)
                 .await

@@ -84,7 +84,10 @@ async fn cancelled_takes_lose_no_tokens() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     for _ in 0..5 {
         let cancelled = tokio::time::timeout(Duration::from_millis(100), limiter.take(20)).await;
-        assert!(cancelled.is_err(), "Redis is asleep: the take cannot be answered");
+        assert!(
+            cancelled.is_err(),
+            "Redis is asleep: the take cannot be answered"
+        );
     }
     sleeper.join().unwrap();
 
@@ -156,15 +159,14 @@ async fn error_replies_are_returned_never_granted_under_any_policy() {
     let _: () = pipe.query(&mut server.conn()).unwrap();
 
     for policy in POLICIES {
-        let limiter = Limiter::from_client(
-            server.client(),
-            frozen(),
-            limiter_config(policy, 2_000),
-        )
-        .unwrap();
+        let limiter =
+            Limiter::from_client(server.client(), frozen(), limiter_config(policy, 2_000)).unwrap();
         for _ in 0..20 {
             let e = limiter.take("plain-string", 1).await.unwrap_err();
-            assert!(matches!(&e, Error::Server(t) if t.contains("WRONGTYPE")), "{e:?}");
+            assert!(
+                matches!(&e, Error::Server(t) if t.contains("WRONGTYPE")),
+                "{e:?}"
+            );
             let e = limiter
                 .reserve("plain-string", 1, Duration::from_secs(1))
                 .await
@@ -172,7 +174,10 @@ async fn error_replies_are_returned_never_granted_under_any_policy() {
             assert!(e.is_server_error() && !e.is_outage(), "{e:?}");
         }
         // Redis is not down for everyone else.
-        assert_eq!(limiter.take("fine", 1).await.unwrap().source, Source::Server);
+        assert_eq!(
+            limiter.take("fine", 1).await.unwrap().source,
+            Source::Server
+        );
         let m = limiter.metrics().snapshot();
         assert_eq!((m.server_errors, m.errors), (40, 40), "{policy:?} {m:?}");
         assert_eq!((m.redis_errors, m.fallback_decisions), (0, 0), "{policy:?}");
@@ -239,7 +244,9 @@ async fn a_missing_module_is_a_clear_error_naming_the_fix() {
 // 3. Recovery: startup with Redis down, restarts, half-open connections.
 
 /// Takes from `limiter` until Redis decides again; answers how long that took.
-async fn until_server(take: impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send>>) -> Duration {
+async fn until_server(
+    take: impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send>>,
+) -> Duration {
     let started = Instant::now();
     loop {
         let (d, took) = timed(take()).await;
@@ -373,9 +380,12 @@ async fn flapping(policy: FailurePolicy) -> u64 {
         ..limiter_config(policy, 300)
     };
     // 8 tokens, refilling 0.01/s: this instance's share is 4.
-    let limiter = Limiter::from_client(server.client(), Limit::new(0.01, 8.0).unwrap(), config)
-        .unwrap();
-    assert_eq!(limiter.take("warm", 1).await.unwrap().source, Source::Server);
+    let limiter =
+        Limiter::from_client(server.client(), Limit::new(0.01, 8.0).unwrap(), config).unwrap();
+    assert_eq!(
+        limiter.take("warm", 1).await.unwrap().source,
+        Source::Server
+    );
     let mut allowed = 0;
     for flap in 0..3 {
         server.stop();
@@ -480,7 +490,9 @@ async fn every_call_returns_within_its_timeout_under_debug_sleep() {
             calls.push(tokio::spawn(async move {
                 let started = Instant::now();
                 l.take("k", 1).await.unwrap();
-                l.reserve_nowait("k", 1, Duration::from_secs(1)).await.unwrap();
+                l.reserve_nowait("k", 1, Duration::from_secs(1))
+                    .await
+                    .unwrap();
                 started.elapsed() / 2
             }));
         }
@@ -532,7 +544,11 @@ async fn a_key_serves_512_prefetching_instances_and_the_513th_gets_an_error() {
         assert_eq!(instance.take(1).await.unwrap().source, Source::Server);
     }
     eventually(30, "every renewal", || metrics.snapshot().leases == 1024).await;
-    assert_eq!(server.live_leases("fleet"), 1024, "two live leases per instance");
+    assert_eq!(
+        server.live_leases("fleet"),
+        1024,
+        "two live leases per instance"
+    );
     // Spending on renews (settling the older lease in the same call): still 1024.
     for _ in 0..3 {
         for instance in &fleet {
@@ -550,7 +566,10 @@ async fn a_key_serves_512_prefetching_instances_and_the_513th_gets_an_error() {
     // One instance more is over the module's bound: an error, not a grant.
     let extra = PrefetchLimiter::new(conn.clone(), "fleet", limit, config).unwrap();
     let e = extra.take(1).await.unwrap_err();
-    assert!(matches!(&e, Error::Server(t) if t.contains("too many live leases")), "{e:?}");
+    assert!(
+        matches!(&e, Error::Server(t) if t.contains("too many live leases")),
+        "{e:?}"
+    );
     assert_eq!(extra.metrics().snapshot().granted, 0);
     for instance in &fleet {
         instance.close().await.unwrap();
@@ -642,8 +661,7 @@ fn dropping_the_limiter_at_the_end_of_main_returns_its_leftovers() {
         .unwrap();
     let config = prefetch_config(FailurePolicy::Deny, 2_000);
     runtime.block_on(async {
-        let limiter =
-            PrefetchLimiter::from_client(server.client(), "k", frozen(), config).unwrap();
+        let limiter = PrefetchLimiter::from_client(server.client(), "k", frozen(), config).unwrap();
         assert!(limiter.take(5).await.unwrap().allowed);
         // The end of main: the limiter goes out of scope, then the runtime.
     });
@@ -663,10 +681,17 @@ async fn per_call_limits_peek_and_mtake() {
         limiter_config(FailurePolicy::Deny, 2_000),
     )
     .unwrap();
-    assert_eq!(limiter.peek("k").await.unwrap(), None, "no key: a full bucket");
+    assert_eq!(
+        limiter.peek("k").await.unwrap(),
+        None,
+        "no key: a full bucket"
+    );
     let tight = Limit::new(0.001, 2.0).unwrap();
     for allowed in [true, true, false] {
-        assert_eq!(limiter.take_with("k", 1, tight).await.unwrap().allowed, allowed);
+        assert_eq!(
+            limiter.take_with("k", 1, tight).await.unwrap().allowed,
+            allowed
+        );
     }
     let left = limiter.peek("k").await.unwrap().unwrap();
     assert!(left < 1.0, "{left}");

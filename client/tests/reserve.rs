@@ -190,12 +190,7 @@ async fn reserve_falls_back_by_policy_while_redis_is_down() {
         ..Default::default()
     };
     let limit = Limit::new(10.0, 2.0).unwrap();
-    let allow = Limiter::from_client(
-        server.client(),
-        limit,
-        config(FailurePolicy::Allow),
-    )
-    .unwrap();
+    let allow = Limiter::from_client(server.client(), limit, config(FailurePolicy::Allow)).unwrap();
     let max = Duration::from_secs(1);
     for _ in 0..2 {
         let r = allow.reserve("k", 1, max).await.unwrap();

@@ -152,7 +152,14 @@ impl Plain {
         let port = kit::free_port();
         let dir = tempfile::tempdir().unwrap();
         let child = std::process::Command::new(kit::server_binary())
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
             .arg("--dir")
             .arg(dir.path())
             .stdout(std::process::Stdio::null())
@@ -214,8 +221,7 @@ impl Proxy {
                 let number = a.fetch_add(1, Ordering::SeqCst) + 1;
                 let f = Arc::clone(&f);
                 tokio::spawn(async move {
-                    let Ok(up) =
-                        tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                    let Ok(up) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
                     else {
                         return;
                     };
