@@ -45,7 +45,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cap: f64 = env_or("CAP", "10").parse()?;
     let instances: u32 = env_or("INSTANCES", "1").parse()?;
 
-    let app = app(build_limiter(&redis_url, rate, cap, instances)?);
+    let limiter = build_limiter(&redis_url, rate, cap, instances)?;
+    // A server without the module is a configuration error: say so and stop. Redis down
+    // is not: serve under the failure policy until it is back.
+    match limiter.check().await {
+        Err(e) if !e.is_outage() => return Err(e.into()),
+        Err(e) => eprintln!("redis unreachable ({e}): serving under the failure policy"),
+        Ok(_) => {}
+    }
+    let app = app(limiter);
 
     let listener = tokio::net::TcpListener::bind(listen).await?;
     println!("listening on http://{listen} ({rate}/s per key, bursts of {cap})");

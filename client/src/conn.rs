@@ -9,10 +9,12 @@ use redis::{Cmd, Value};
 use crate::{Error, Metrics};
 
 /// Any async Redis connection the limiters can clone and share between tasks: a
-/// [`redis::aio::ConnectionManager`] (reconnects by itself), a
-/// [`redis::aio::MultiplexedConnection`], or a [`redis::cluster_async::ClusterConnection`]
-/// (every `RL.*` command names its key first, so the cluster client routes it to the
-/// key's slot).
+/// [`LazyConnection`](crate::LazyConnection) (what `from_client` uses: starts without a
+/// server, reconnects, replaces a connection that stopped answering), a
+/// [`redis::aio::ConnectionManager`] (reconnects by itself, but needs a server to be
+/// created), a [`redis::aio::MultiplexedConnection`] (never reconnects: not for
+/// production), or a [`redis::cluster_async::ClusterConnection`] (every `RL.*` command
+/// names its key first, so the cluster client routes it to the key's slot).
 pub trait RedisConnection: ConnectionLike + Clone + Send + Sync + 'static {}
 
 impl<T: ConnectionLike + Clone + Send + Sync + 'static> RedisConnection for T {}

@@ -25,10 +25,10 @@ const MAX_WAIT: Duration = Duration::from_secs(86_400);
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use rl_client::{limit, Limiter, LimiterConfig};
+/// // No I/O: connects at the first call, serves its policy while Redis is down.
 /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
-/// let conn = redis::aio::ConnectionManager::new(client).await?;
 /// // 10 requests a second per user, bursts of 20.
-/// let limiter = Limiter::new(conn, limit(10.0, 20.0)?, LimiterConfig::default())?;
+/// let limiter = Limiter::from_client(client, limit(10.0, 20.0)?, LimiterConfig::default())?;
 /// let decision = limiter.take("user:42", 1).await?;
 /// if !decision.allowed {
 ///     println!("retry in {:?}", decision.retry_after);
@@ -121,6 +121,15 @@ impl<C: RedisConnection> Limiter<C> {
     /// The counters of this limiter.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.inner.metrics
+    }
+
+    /// Checks that the server has the module (or the Functions library, per the config's
+    /// backend), within the timeout: for a startup check. A missing module is
+    /// [`Error::Config`] naming the fix; Redis down is an outage ([`Error::is_outage`]),
+    /// which a service that must start without Redis may ignore.
+    pub async fn check(&self) -> Result<crate::Backend, Error> {
+        let inner = &self.inner;
+        crate::backend::check(&inner.backend, &inner.conn, inner.config.timeout).await
     }
 
     /// The limit this limiter applies.

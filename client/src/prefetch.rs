@@ -26,21 +26,26 @@ use crate::{Decision, Error, Metrics, PrefetchConfig, Source};
 ///   background while the rest is spent, and the previous lease is settled in the same
 ///   call (`RL.LEASE ... RETURN lease_id unused`).
 /// - A lease is never spent past `sent + ttl` (earlier than the server's expiry).
-/// - [`close`](Self::close) returns what is left (`RL.RETURN`); dropping the last clone
-///   inside a tokio runtime does so in the background, best effort.
-/// - When Redis is unavailable the held tokens are still spent; after that the failure
-///   policy decides, until Redis answers again.
+/// - Lease calls run on their own task: a take that is cancelled or times out loses
+///   nothing (the lease is installed when it arrives, or returned).
+/// - [`close`](Self::close) returns what is left (`RL.RETURN`) and stops leasing; dropping
+///   the last clone returns it best effort (see the README).
+/// - During an outage the held tokens are still spent; after that the failure policy
+///   decides, until Redis answers again. Error replies are returned, never decided
+///   locally.
 ///
-/// Cheap to clone; clones share the batch. Create one per key (and per process).
+/// Cheap to clone; clones share the batch. Create one per key (and per process), or use a
+/// [`KeyedPrefetcher`](crate::KeyedPrefetcher) for many keys.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use rl_client::{limit, PrefetchConfig, PrefetchLimiter};
+/// // No I/O: connects at the first lease call, serves its policy while Redis is down.
 /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
-/// let conn = redis::aio::ConnectionManager::new(client).await?;
 /// // The whole fleet may call the partner API 500 times a second, bursts of 1000.
 /// let quota = limit(500.0, 1000.0)?;
-/// let limiter = PrefetchLimiter::new(conn, "partner-api", quota, PrefetchConfig::default())?;
+/// let limiter =
+///     PrefetchLimiter::from_client(client, "partner-api", quota, PrefetchConfig::default())?;
 /// if limiter.take(1).await?.allowed {
 ///     // call the partner API
 /// }
@@ -251,6 +256,13 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
     /// The counters of this limiter.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.inner.metrics
+    }
+
+    /// Checks that the server has the module or library: see [`Limiter::check`](
+    /// crate::Limiter::check).
+    pub async fn check(&self) -> Result<crate::Backend, Error> {
+        let inner = &self.inner;
+        crate::backend::check(&inner.backend, &inner.conn, inner.config.limiter.timeout).await
     }
 
     /// Tokens held locally right now (unexpired lease leftovers).

@@ -219,6 +219,13 @@ async fn a_missing_module_is_a_clear_error_naming_the_fix() {
                 ..limiter_config(policy, 2_000)
             };
             let limiter = Limiter::from_client(plain.client(), frozen(), config.clone()).unwrap();
+            // At startup...
+            let e = limiter.check().await.unwrap_err();
+            assert!(
+                e.to_string().contains("loadmodule") && !e.is_outage(),
+                "{e}"
+            );
+            // ...and at first use.
             let e = limiter.take("k", 1).await.unwrap_err();
             assert!(matches!(e, Error::Config(_)), "{e:?}");
             assert!(e.to_string().contains("loadmodule"), "{e}");
@@ -239,6 +246,14 @@ async fn a_missing_module_is_a_clear_error_naming_the_fix() {
             }
         }
     }
+    // With the module: the check passes; with Redis down it is an outage, not a config
+    // error (a service may start anyway).
+    let mut server = Server::start();
+    let config = limiter_config(FailurePolicy::Allow, 300);
+    let limiter = Limiter::from_client(server.client(), frozen(), config).unwrap();
+    assert_eq!(limiter.check().await.unwrap(), Backend::Module);
+    server.stop();
+    assert!(limiter.check().await.unwrap_err().is_outage());
 }
 
 // 3. Recovery: startup with Redis down, restarts, half-open connections.
@@ -670,7 +685,26 @@ fn dropping_the_limiter_at_the_end_of_main_returns_its_leftovers() {
     assert_eq!(server.live_leases("k"), 0);
 }
 
-// "Also": per-call limits, PEEK and MTAKE.
+// "Also": a keyed prefetcher, per-call limits, PEEK and MTAKE.
+
+#[tokio::test]
+async fn a_keyed_prefetcher_leases_per_key() {
+    let server = Server::start();
+    let keyed = rl_client::KeyedPrefetcher::from_client(
+        server.client(),
+        frozen(),
+        prefetch_config(FailurePolicy::Deny, 2_000),
+    )
+    .unwrap();
+    for key in ["a", "b", "a", "c"] {
+        assert!(keyed.take(key, 1).await.unwrap().allowed);
+    }
+    assert_eq!(keyed.limiter("a").held(), 18);
+    let m = keyed.metrics().snapshot();
+    assert_eq!((m.leases, m.granted), (3, 4));
+    assert_eq!(keyed.close().await.unwrap(), 18 + 19 + 19);
+    assert_eq!(server.live_leases("a"), 0);
+}
 
 #[tokio::test]
 async fn per_call_limits_peek_and_mtake() {
