@@ -45,8 +45,9 @@ pub const DEFAULT_INSTANCES: u32 = 4;
 /// Settings every limiter has.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimiterConfig {
-    /// Longest wait for one Redis call before it counts as failed (then the policy
-    /// decides). Keep it inside the request's latency budget. Default 200 ms.
+    /// Longest wait for one call (`take`, `reserve`...): past it the call counts as an
+    /// outage and the policy decides. Every call returns within it. Keep it inside the
+    /// request's latency budget. Default 200 ms.
     pub timeout: Duration,
     /// After a failed call, how long to decide locally before one call probes Redis again.
     /// Callers never wait for a Redis that is known to be down; recovery is at most this
@@ -105,9 +106,11 @@ impl LimiterConfig {
 ///
 /// Sizing (see the README): `batch` should be of the order of what one instance spends
 /// within its latency budget (one Redis round trip plus margin). A bigger batch means
-/// fewer Redis calls but more over-issue: with `I` instances up to `batch * I` tokens are
-/// held locally at once, spent or not. A lease's unspent tokens are returned on renewal
-/// and on [`close`](crate::PrefetchLimiter::close); tokens a lease still holds when its TTL
+/// fewer Redis calls but more over-issue: with `I` instances up to `2 * batch * I` tokens
+/// are held locally at once (two leases per instance: the one spent and the next), spent or
+/// not, and a key serves at most 512 instances (the module's 1024 live leases). A lease's
+/// unspent tokens are returned on renewal and on
+/// [`close`](crate::PrefetchLimiter::close); tokens a lease still holds when its TTL
 /// passes are lost (the server keeps them debited), so `ttl` should comfortably exceed the
 /// time an instance takes to spend a batch, yet stay short enough that a crashed instance
 /// does not hold tokens for long.
