@@ -474,7 +474,16 @@ async fn a_denied_large_take_does_not_deny_small_ones() {
 async fn every_call_returns_within_its_timeout_under_debug_sleep() {
     let server = Server::start();
     let timeout = Duration::from_millis(300);
-    // Fresh limiters: the first call also resolves the backend (`Auto`) and connects.
+    // An established connection, and fresh limiters on it and on their own: their first
+    // call also resolves the backend (`Auto`) or connects.
+    let connected = LazyConnection::new(server.client());
+    let warm = Limiter::new(
+        connected.clone(),
+        frozen(),
+        limiter_config(FailurePolicy::Allow, 2_000),
+    )
+    .unwrap();
+    assert_eq!(warm.take("warm", 1).await.unwrap().source, Source::Server);
     let mut limiters = Vec::new();
     let mut prefetchers = Vec::new();
     for backend in [Backend::Module, Backend::Auto] {
@@ -482,19 +491,16 @@ async fn every_call_returns_within_its_timeout_under_debug_sleep() {
             backend,
             ..limiter_config(FailurePolicy::Allow, 300)
         };
+        let prefetch = PrefetchConfig {
+            limiter: config.clone(),
+            ..prefetch_config(FailurePolicy::Allow, 300)
+        };
         limiters.push(Limiter::from_client(server.client(), frozen(), config.clone()).unwrap());
+        limiters.push(Limiter::new(connected.clone(), frozen(), config).unwrap());
         prefetchers.push(
-            PrefetchLimiter::from_client(
-                server.client(),
-                "p",
-                frozen(),
-                PrefetchConfig {
-                    limiter: config,
-                    ..prefetch_config(FailurePolicy::Allow, 300)
-                },
-            )
-            .unwrap(),
+            PrefetchLimiter::from_client(server.client(), "p", frozen(), prefetch.clone()).unwrap(),
         );
+        prefetchers.push(PrefetchLimiter::new(connected.clone(), "q", frozen(), prefetch).unwrap());
     }
     let sleeper = server.debug_sleep(3.0);
     tokio::time::sleep(Duration::from_millis(200)).await;
