@@ -548,8 +548,12 @@ impl<C: RedisConnection> Inner<C> {
                     self.metrics.lease_lost();
                 }
                 if e.is_outage() {
-                    // The settled lease is gone either way: if the call did not arrive,
-                    // it expires on the server.
+                    // The settled lease is gone either way (spending it again could spend
+                    // tokens the call returned): if the call did not arrive, its leftover
+                    // expires on the server unspent.
+                    if settle.is_some_and(|l| l.left > 0) {
+                        self.metrics.lease_lost();
+                    }
                 } else {
                     // An error reply changes nothing on the server: keep the older lease.
                     self.restore(settle);
@@ -663,7 +667,8 @@ impl<C: RedisConnection> Drop for Inner<C> {
         let leases: Vec<Lease> = [state.older.take(), state.newer.take()]
             .into_iter()
             .flatten()
-            .filter(|l| l.expires > now && l.left > 0)
+            // Spent-out leases too: returning closes them, freeing their slot on the key.
+            .filter(|l| l.expires > now)
             .collect();
         if leases.is_empty() {
             return;
