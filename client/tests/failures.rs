@@ -80,8 +80,7 @@ async fn cancelled_takes_lose_no_tokens() {
 
     // Redis stalls; five callers give up on takes that need a lease (a request timeout,
     // a client gone): their futures are dropped while the lease call is in flight.
-    let sleeper = server.debug_sleep(1.5);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sleeper = server.debug_sleep(2.5);
     for _ in 0..5 {
         let cancelled = tokio::time::timeout(Duration::from_millis(100), limiter.take(20)).await;
         assert!(
@@ -121,7 +120,6 @@ async fn a_take_past_its_timeout_falls_back_and_its_lease_arrives_later() {
     .unwrap();
     assert!(limiter.take(1).await.unwrap().allowed);
     let sleeper = server.debug_sleep(1.5);
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let (d, took) = timed(limiter.take(20)).await;
     let d = d.unwrap();
     assert_eq!((d.allowed, d.source), (false, Source::Fallback), "{d:?}");
@@ -503,7 +501,6 @@ async fn every_call_returns_within_its_timeout_under_debug_sleep() {
         prefetchers.push(PrefetchLimiter::new(connected.clone(), "q", frozen(), prefetch).unwrap());
     }
     let sleeper = server.debug_sleep(3.0);
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let mut calls = Vec::new();
     for i in 0..4 {
         for l in &limiters {
@@ -616,8 +613,7 @@ async fn no_grant_from_a_lease_that_arrives_after_its_ttl() {
     // Connect first, so the round trip below is the slow one.
     let _ = limiter.take(1).await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let sleeper = server.debug_sleep(0.3);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let sleeper = server.debug_sleep(1.0);
     let d = limiter.take(1).await.unwrap();
     sleeper.join().unwrap();
     assert!(!d.allowed, "granted from a lease past its TTL: {d:?}");

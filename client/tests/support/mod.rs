@@ -103,16 +103,30 @@ impl Server {
     }
 
     /// Runs `DEBUG SLEEP secs` on its own connection (the server answers nobody until it
-    /// ends); join the handle to wait for the end.
+    /// ends) and returns once the server has stopped answering; join the handle to wait for
+    /// the end.
     pub fn debug_sleep(&self, secs: f64) -> std::thread::JoinHandle<()> {
         let mut conn = self.conn();
-        std::thread::spawn(move || {
+        let mut probe = self.conn();
+        let sleeper = std::thread::spawn(move || {
             let _: () = redis::cmd("DEBUG")
                 .arg("SLEEP")
                 .arg(secs)
                 .query(&mut conn)
                 .unwrap();
-        })
+        });
+        // A PING that goes unanswered for 50 ms: the sleep has begun.
+        probe
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        while redis::cmd("PING").query::<String>(&mut probe).is_ok() {
+            assert!(
+                !sleeper.is_finished(),
+                "DEBUG SLEEP ended before it was seen"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        sleeper
     }
 
     /// One field of `INFO <section>` as a number.
