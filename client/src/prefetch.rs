@@ -83,8 +83,9 @@ struct Inner<C: RedisConnection> {
 }
 
 /// How long a lease call's reply is awaited in the background after its caller gave up
-/// (at least this, or the limiter's timeout if longer): a reply within it is installed
-/// (or returned), one beyond it is counted in `leases_lost`.
+/// (this, or the limiter's timeout if longer; the connection's own response timeout may
+/// end it sooner: `LazyConfig::response_timeout`): a reply within it is installed (or
+/// returned), one beyond it is counted in `leases_lost`.
 pub(crate) const LATE_REPLY: Duration = Duration::from_secs(10);
 
 /// A lease as the client sees it.

@@ -80,7 +80,9 @@ async fn cancelled_takes_lose_no_tokens() {
 
     // Redis stalls; five callers give up on takes that need a lease (a request timeout,
     // a client gone): their futures are dropped while the lease call is in flight.
-    let sleeper = server.debug_sleep(2.5);
+    // Shorter than the connection's response timeout (LazyConfig, 2 s): a reply later than
+    // that is given up on, and the lease counted in `leases_lost`.
+    let sleeper = server.debug_sleep(1.5);
     for _ in 0..5 {
         let cancelled = tokio::time::timeout(Duration::from_millis(100), limiter.take(20)).await;
         assert!(
@@ -381,6 +383,10 @@ async fn a_half_open_connection_is_detected_and_replaced() {
     .await;
     println!("half-open connection replaced after {back:?}");
     assert!(proxy.accepted() >= 2, "a new connection");
+    // The lease call sent on the silent connection never got its answer: counted.
+    let m = prefetch.metrics().snapshot();
+    assert!(m.leases_lost >= 1, "{m:?}");
+    assert_adds_up(&m);
 }
 
 // 4. Local state: fleet shares that carry across flaps, per-size denials.
