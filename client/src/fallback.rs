@@ -226,8 +226,10 @@ fn share_of(limit: Limit, parts: f64) -> Limit {
     let parts = parts.max(1.0);
     let local_cap = (cap / parts).max(cap.min(1.0));
     let local_rate = (rate / parts).max(rl_core::MIN_VALUE);
+    // A share too slow to fill within the bounds of a limit keeps the rate, not the cap.
     Limit::new(local_rate, local_cap)
         .or_else(|_| Limit::new(local_rate, cap / parts))
+        .or_else(|_| Limit::new(rate, local_cap))
         .unwrap_or(limit)
 }
 
@@ -339,6 +341,15 @@ mod tests {
             allowed_in_burst(&fleet(FailurePolicy::LastKnown, 4), "c"),
             5
         );
+    }
+
+    #[test]
+    fn shares_of_extreme_limits_stay_shares() {
+        let slow = Limit::new(1e-6, 1000.0).unwrap();
+        let share = share_of(slow, 4.0);
+        assert_eq!(share.cap(), 250.0);
+        let tiny = Limit::new(10.0, 0.5).unwrap();
+        assert_eq!(share_of(tiny, 4.0).cap(), 0.5, "below one token: the whole cap");
     }
 
     #[test]
