@@ -349,7 +349,11 @@ mod tests {
         let share = share_of(slow, 4.0);
         assert_eq!(share.cap(), 250.0);
         let tiny = Limit::new(10.0, 0.5).unwrap();
-        assert_eq!(share_of(tiny, 4.0).cap(), 0.5, "below one token: the whole cap");
+        assert_eq!(
+            share_of(tiny, 4.0).cap(),
+            0.5,
+            "below one token: the whole cap"
+        );
     }
 
     #[test]
