@@ -16,7 +16,9 @@
 //! per key) while Redis is unreachable, and goes back to Redis when it answers.
 //!
 //! Environment: `REDIS_URL` (default `redis://127.0.0.1:6379/`), `LISTEN`
-//! (`127.0.0.1:3000`), `RATE` (requests per second per key, `5`), `CAP` (burst, `10`).
+//! (`127.0.0.1:3000`), `RATE` (requests per second per key, `5`), `CAP` (burst, `10`),
+//! `INSTANCES` (how many copies of the service share the limit, `1`: each falls back to
+//! `RATE / INSTANCES`, `CAP / INSTANCES` while Redis is away).
 //! The key is the `X-Client-Key` header, else the peer's IP address.
 
 use std::net::SocketAddr;
@@ -41,8 +43,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listen: SocketAddr = env_or("LISTEN", "127.0.0.1:3000").parse()?;
     let rate: f64 = env_or("RATE", "5").parse()?;
     let cap: f64 = env_or("CAP", "10").parse()?;
+    let instances: u32 = env_or("INSTANCES", "1").parse()?;
 
-    let app = app(build_limiter(&redis_url, rate, cap)?);
+    let limiter = build_limiter(&redis_url, rate, cap, instances)?;
+    // A server without the module is a configuration error: say so and stop. Redis down
+    // is not: serve under the failure policy until it is back.
+    match limiter.check().await {
+        Err(e) if !e.is_outage() => return Err(e.into()),
+        Err(e) => eprintln!("redis unreachable ({e}): serving under the failure policy"),
+        Ok(_) => {}
+    }
+    let app = app(limiter);
 
     let listener = tokio::net::TcpListener::bind(listen).await?;
     println!("listening on http://{listen} ({rate}/s per key, bursts of {cap})");
@@ -54,20 +65,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The limiter of `rate` requests a second per key, bursts of `cap`. No I/O: it connects
-/// at the first request, so the service starts whether or not Redis is up, and fails open
-/// (`LimiterConfig::default()`: `Allow { share: 1.0 }`) while it is unreachable.
+/// The limiter of `rate` requests a second per key, bursts of `cap`, shared by
+/// `instances` copies of the service. No I/O: it connects at the first request, so the
+/// service starts whether or not Redis is up, and fails open (`FailurePolicy::Allow`, the
+/// default) through a local bucket of `rate / instances`, `cap / instances` per key while
+/// it is unreachable.
 pub fn build_limiter(
     redis_url: &str,
     rate: f64,
     cap: f64,
+    instances: u32,
 ) -> Result<AppLimiter, Box<dyn std::error::Error>> {
     let client = rl_client::redis::Client::open(redis_url)?;
-    Ok(Limiter::from_client(
-        client,
-        limit(rate, cap)?,
-        LimiterConfig::default(),
-    )?)
+    let config = LimiterConfig {
+        instances,
+        ..LimiterConfig::default()
+    };
+    Ok(Limiter::from_client(client, limit(rate, cap)?, config)?)
 }
 
 /// The service's routes: `/` (limited per client key) and `/metrics`. Serve it with
@@ -106,8 +120,8 @@ async fn hello(
             let headers = [("content-type", "application/json")];
             with_headers(&decision, (StatusCode::TOO_MANY_REQUESTS, headers, body))
         }
-        // Only impossible requests (n above the cap) get here: Redis failures are decided
-        // by the failure policy.
+        // Impossible requests and error replies (a misused key, the module not loaded) get
+        // here; outages are decided by the failure policy.
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }

@@ -267,7 +267,7 @@ fn int(v: &Value) -> Option<i64> {
 
 fn policy(args: &Args) -> Res<FailurePolicy> {
     Ok(match args.policy.as_str() {
-        "allow" => FailurePolicy::Allow { share: args.share },
+        "allow" => FailurePolicy::Allow,
         "lastknown" => FailurePolicy::LastKnown,
         "deny" => FailurePolicy::Deny,
         other => return Err(format!("unknown policy {other}").into()),
@@ -433,6 +433,8 @@ async fn run(args: Args) -> Res<()> {
         let conn = connect(&args.redis).await?;
         let cfg = LimiterConfig {
             policy: policy(&args)?,
+            // `--share` is the fraction of the limit each instance falls back to.
+            instances: (1.0 / args.share).round().max(1.0) as u32,
             ..Default::default()
         };
         let gate = match args.approach.as_str() {

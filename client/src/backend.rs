@@ -37,15 +37,21 @@ impl Selector {
         }
     }
 
-    /// `Module` or `Functions`; probes the server when `Auto` and not yet known.
-    pub(crate) async fn get<C: RedisConnection>(&self, conn: &C) -> Result<Backend, Error> {
+    /// `Module` or `Functions`; probes the server when `Auto` and not yet known, for at
+    /// most `timeout`.
+    pub(crate) async fn get<C: RedisConnection>(
+        &self,
+        conn: &C,
+        timeout: std::time::Duration,
+    ) -> Result<Backend, Error> {
         if self.wanted != Backend::Auto {
             return Ok(self.wanted);
         }
-        self.resolved
-            .get_or_try_init(|| probe(conn.clone()))
-            .await
-            .copied()
+        let probing = self.resolved.get_or_try_init(|| probe(conn.clone()));
+        match tokio::time::timeout(timeout, probing).await {
+            Ok(outcome) => outcome.copied(),
+            Err(_) => Err(Error::Timeout(timeout)),
+        }
     }
 
     /// The backend if already known (for best-effort calls that cannot wait).
@@ -57,26 +63,56 @@ impl Selector {
     }
 }
 
-async fn probe<C: RedisConnection>(mut conn: C) -> Result<Backend, Error> {
+/// Whether the server has what `selector` will call: the backend, or the missing-module
+/// error naming the fix (or an outage, as [`Error::is_outage`] tells). For a startup check.
+pub(crate) async fn check<C: RedisConnection>(
+    selector: &Selector,
+    conn: &C,
+    timeout: std::time::Duration,
+) -> Result<Backend, Error> {
+    let checking = async {
+        let backend = selector.get(conn, timeout).await?;
+        let there = match backend {
+            Backend::Functions => has_library(conn.clone()).await?,
+            _ => has_module(conn.clone()).await?,
+        };
+        if there {
+            Ok(backend)
+        } else {
+            Err(Error::Config(crate::error::NOT_LOADED))
+        }
+    };
+    match tokio::time::timeout(timeout, checking).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(Error::Timeout(timeout)),
+    }
+}
+
+async fn has_module<C: RedisConnection>(mut conn: C) -> Result<bool, Error> {
     let info: Value = redis::cmd("COMMAND")
         .arg("INFO")
-        .arg("RL.TAKE")
+        .arg("RL.LEASE")
         .query_async(&mut conn)
         .await?;
-    if matches!(&info, Value::Array(items) if items.first().is_some_and(|v| *v != Value::Nil)) {
-        return Ok(Backend::Module);
-    }
+    Ok(matches!(&info, Value::Array(items) if items.first().is_some_and(|v| *v != Value::Nil)))
+}
+
+async fn has_library<C: RedisConnection>(mut conn: C) -> Result<bool, Error> {
     let libs: Value = redis::cmd("FUNCTION")
         .arg("LIST")
         .arg("LIBRARYNAME")
         .arg("rl")
         .query_async(&mut conn)
         .await?;
-    if matches!(&libs, Value::Array(items) if !items.is_empty()) {
+    Ok(matches!(&libs, Value::Array(items) if !items.is_empty()))
+}
+
+async fn probe<C: RedisConnection>(conn: C) -> Result<Backend, Error> {
+    if has_module(conn.clone()).await? {
+        return Ok(Backend::Module);
+    }
+    if has_library(conn).await? {
         return Ok(Backend::Functions);
     }
-    Err(Error::Config(
-        "neither the redis-rl module (RL.TAKE) nor the Functions library `rl` \
-         (scripts/load-functions) is on this server",
-    ))
+    Err(Error::Config(crate::error::NOT_LOADED))
 }

@@ -11,57 +11,56 @@ pub fn limit(rate: f64, cap: f64) -> Result<Limit, Error> {
     Ok(Limit::new(rate, cap)?)
 }
 
-/// What a limiter decides when Redis is unreachable, slow (a call exceeded
-/// [`LimiterConfig::timeout`]) or answers with an error. Every such decision is counted in
+/// What a limiter decides during an outage: Redis unreachable (connection refused, reset,
+/// closed) or slow (a call exceeded [`LimiterConfig::timeout`]). Error replies are not
+/// outages: they are returned to the caller. Every policy decision is counted in
 /// [`Metrics`](crate::Metrics) as a fallback decision.
+///
+/// The local budgets are this instance's share of the fleet's limit:
+/// [`LimiterConfig::instances`] divides the rate and the cap.
 ///
 /// Pick per limiter, by what a wrong decision costs: `Allow` where
 /// wrongly refusing costs more than letting a burst through (reads), `LastKnown` for steady
 /// traffic where a short drift is acceptable, `Deny` for writes and costly operations.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FailurePolicy {
-    /// Fail open, through a local token bucket per key at `share` of the configured limit
-    /// (`rate * share`, `cap * share`, at least one token of cap). With `N` instances,
-    /// `share = 1/N` keeps the fleet near the global rate; `share = 1.0` lets every instance
-    /// spend the full rate on its own.
-    Allow {
-        /// Fraction of the rate and cap each instance allows locally, in `(0, 1000]`.
-        share: f64,
-    },
+    /// Fail open, through a local token bucket per key at `rate / instances`, cap
+    /// `cap / instances` (at least one token). The bucket is kept across outages (a flap
+    /// does not refill it) and is debited by what Redis grants this instance, so what one
+    /// instance lets out, from Redis and locally, stays within its share over time.
+    Allow,
     /// Keep spending at the rate this instance was last seen to get from Redis for the key
     /// (tokens granted per second, measured over roughly the last seconds), starting from
-    /// the last level Redis reported. A key with no history yet gets the full configured
-    /// limit locally.
+    /// the last level Redis reported. A key with no history gets the `Allow` share.
     LastKnown,
     /// Fail closed: deny every request until Redis answers again, with
     /// [`LimiterConfig::deny_retry_after`] as the retry hint.
     Deny,
 }
 
-impl FailurePolicy {
-    fn validate(&self) -> Result<(), Error> {
-        match *self {
-            FailurePolicy::Allow { share } if !(share > 0.0 && share <= 1000.0) => {
-                Err(Error::Config("Allow share must be in (0, 1000]"))
-            }
-            _ => Ok(()),
-        }
-    }
-}
+/// The default [`LimiterConfig::instances`]: a fleet of up to 4 instances stays within the
+/// limit during an outage; set it to your fleet size.
+pub const DEFAULT_INSTANCES: u32 = 4;
 
 /// Settings every limiter has.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimiterConfig {
-    /// Longest wait for one Redis call before it counts as failed (then the policy
-    /// decides). Keep it inside the request's latency budget. Default 200 ms.
+    /// Longest wait for one call (`take`, `reserve`...): past it the call counts as an
+    /// outage and the policy decides. Every call returns within it. Keep it inside the
+    /// request's latency budget. Default 200 ms.
     pub timeout: Duration,
     /// After a failed call, how long to decide locally before one call probes Redis again.
     /// Callers never wait for a Redis that is known to be down; recovery is at most this
     /// late. Default 500 ms.
     pub probe_interval: Duration,
-    /// What to decide while Redis is unavailable. Default `Allow { share: 1.0 }`: a limiter
-    /// is a fuse, not a main switch.
+    /// What to decide while Redis is unavailable. Default `Allow`: a limiter is a fuse,
+    /// not a main switch.
     pub policy: FailurePolicy,
+    /// How many instances (processes) share each limit. A failure policy's local budget is
+    /// `rate / instances` and `cap / instances` (at least one token), so a fleet of at
+    /// most `instances` stays within the limit while Redis is away. Default
+    /// [`DEFAULT_INSTANCES`] (4), never the whole limit per instance: set your fleet size.
+    pub instances: u32,
     /// The retry hint of a `Deny` fallback decision. Default 1 s.
     pub deny_retry_after: Duration,
     /// Most keys whose fallback state (local buckets, observed rates) is kept; beyond it
@@ -77,7 +76,8 @@ impl Default for LimiterConfig {
         LimiterConfig {
             timeout: Duration::from_millis(200),
             probe_interval: Duration::from_millis(500),
-            policy: FailurePolicy::Allow { share: 1.0 },
+            policy: FailurePolicy::Allow,
+            instances: DEFAULT_INSTANCES,
             deny_retry_after: Duration::from_secs(1),
             max_keys: 100_000,
             backend: Backend::Module,
@@ -94,7 +94,10 @@ impl LimiterConfig {
         if self.max_keys == 0 {
             return Err(Error::Config("max_keys must be positive"));
         }
-        self.policy.validate()
+        if self.instances == 0 {
+            return Err(Error::Config("instances must be positive"));
+        }
+        Ok(())
     }
 }
 
@@ -103,9 +106,11 @@ impl LimiterConfig {
 ///
 /// Sizing (see the README): `batch` should be of the order of what one instance spends
 /// within its latency budget (one Redis round trip plus margin). A bigger batch means
-/// fewer Redis calls but more over-issue: with `I` instances up to `batch * I` tokens are
-/// held locally at once, spent or not. A lease's unspent tokens are returned on renewal
-/// and on [`close`](crate::PrefetchLimiter::close); tokens a lease still holds when its TTL
+/// fewer Redis calls but more over-issue: with `I` instances up to `2 * batch * I` tokens
+/// are held locally at once (two leases per instance: the one spent and the next), spent or
+/// not, and a key serves at most 512 instances (the module's 1024 live leases). A lease's
+/// unspent tokens are returned on renewal and on
+/// [`close`](crate::PrefetchLimiter::close); tokens a lease still holds when its TTL
 /// passes are lost (the server keeps them debited), so `ttl` should comfortably exceed the
 /// time an instance takes to spend a batch, yet stay short enough that a crashed instance
 /// does not hold tokens for long.
@@ -205,11 +210,14 @@ mod tests {
         for c in bad {
             assert!(c.validate().is_err(), "{c:?}");
         }
-        let share = LimiterConfig {
-            policy: FailurePolicy::Allow { share: 0.0 },
+        let fleet = LimiterConfig {
+            instances: 0,
             ..Default::default()
         };
-        assert!(share.validate().is_err());
+        assert!(fleet.validate().is_err());
+        // A rate of 0 is a configuration error, not a panic or an open door.
+        assert!(matches!(limit(0.0, 10.0), Err(Error::Config(_))));
+        assert!(matches!(limit(f64::NAN, 10.0), Err(Error::Config(_))));
     }
 
     #[test]

@@ -9,15 +9,18 @@ use redis::{Cmd, Value};
 use crate::{Error, Metrics};
 
 /// Any async Redis connection the limiters can clone and share between tasks: a
-/// [`redis::aio::ConnectionManager`] (reconnects by itself), a
-/// [`redis::aio::MultiplexedConnection`], or a [`redis::cluster_async::ClusterConnection`]
-/// (every `RL.*` command names its key first, so the cluster client routes it to the
-/// key's slot).
+/// [`LazyConnection`](crate::LazyConnection) (what `from_client` uses: starts without a
+/// server, reconnects, replaces a connection that stopped answering), a
+/// [`redis::aio::ConnectionManager`] (reconnects by itself, but needs a server to be
+/// created), a [`redis::aio::MultiplexedConnection`] (never reconnects: not for
+/// production), or a [`redis::cluster_async::ClusterConnection`] (every `RL.*` command
+/// names its key first, so the cluster client routes it to the key's slot).
 pub trait RedisConnection: ConnectionLike + Clone + Send + Sync + 'static {}
 
 impl<T: ConnectionLike + Clone + Send + Sync + 'static> RedisConnection for T {}
 
-/// Runs `cmd` on a clone of `conn`, giving up after `timeout`.
+/// Runs `cmd` on a clone of `conn`, giving up after `timeout`. An error reply comes back
+/// as [`Error::Server`] (never as a value), a connection failure as an outage.
 pub(crate) async fn call<C: RedisConnection>(
     conn: &C,
     cmd: &Cmd,
@@ -28,18 +31,11 @@ pub(crate) async fn call<C: RedisConnection>(
     let started = Instant::now();
     let outcome = tokio::time::timeout(timeout, conn.req_packed_command(cmd)).await;
     let took = started.elapsed();
-    match outcome {
-        Err(_) => {
-            metrics.redis_call(took, false, true);
-            Err(Error::Timeout(timeout))
-        }
-        Ok(Err(e)) => {
-            metrics.redis_call(took, false, false);
-            Err(Error::Redis(e))
-        }
-        Ok(Ok(value)) => {
-            metrics.redis_call(took, true, false);
-            Ok(value)
-        }
-    }
+    let outcome = match outcome {
+        Err(_) => Err(Error::Timeout(timeout)),
+        Ok(Err(e)) => Err(Error::from_redis(e)),
+        Ok(Ok(value)) => value.extract_error().map_err(Error::from_redis),
+    };
+    metrics.redis_call(took, &outcome);
+    outcome
 }

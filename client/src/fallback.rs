@@ -28,6 +28,9 @@ struct KeyState {
 pub(crate) struct Fallback {
     policy: FailurePolicy,
     limit: Limit,
+    /// This instance's share of `limit`: `rate / instances`, `cap / instances`.
+    share: Limit,
+    instances: f64,
     deny_retry_after: Duration,
     max_keys: usize,
     keys: Mutex<HashMap<String, KeyState>>,
@@ -40,46 +43,73 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Fallback {
     pub(crate) fn new(limit: Limit, config: &LimiterConfig) -> Fallback {
+        let instances = f64::from(config.instances.max(1));
         Fallback {
             policy: config.policy,
             limit,
+            share: share_of(limit, instances),
+            instances,
             deny_retry_after: config.deny_retry_after,
             max_keys: config.max_keys,
             keys: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Records what Redis granted for `key` (and the level it reported, if any). Only the
-    /// `LastKnown` policy needs this; the others skip the map entirely.
+    /// Records what Redis granted for `key` (and the level it reported, if any).
+    /// `LastKnown` measures the rate; `Allow` debits its local bucket, so the budget it
+    /// falls back to is what this instance has not spent of its share (it carries across
+    /// outages instead of starting full at each one). `Deny` keeps nothing.
     pub(crate) fn observe(&self, key: &str, granted: u64, level: Option<f64>, now: Nanos) {
-        if self.policy != FailurePolicy::LastKnown {
-            return;
+        match self.policy {
+            FailurePolicy::Deny => {}
+            FailurePolicy::LastKnown => {
+                let mut keys = lock(&self.keys);
+                let entry = self.entry(&mut keys, key, now);
+                entry.meter.add(granted, now);
+                if level.is_some() {
+                    entry.last_tokens = level;
+                }
+                // Fresh news from Redis: the next outage starts from it.
+                entry.local = None;
+            }
+            FailurePolicy::Allow => {
+                if granted == 0 {
+                    return;
+                }
+                let mut keys = lock(&self.keys);
+                let entry = self.entry(&mut keys, key, now);
+                let mut level = self.local_level(entry, now);
+                let debit = (granted as f64).min(level.tokens());
+                if debit > 0.0 {
+                    level.try_take(debit);
+                }
+                entry.local = Some((*level.limit(), level.bucket()));
+            }
         }
-        let mut keys = lock(&self.keys);
-        let entry = self.entry(&mut keys, key, now);
-        entry.meter.add(granted, now);
-        if level.is_some() {
-            entry.last_tokens = level;
-        }
-    }
-
-    /// Redis answered again: the next outage starts from fresh local buckets.
-    pub(crate) fn end_outage(&self) {
-        let mut keys = lock(&self.keys);
-        keys.retain(|_, state| {
-            state.local = None;
-            state.last_tokens.is_some() || state.meter != Meter::default()
-        });
     }
 
     /// The policy's decision for `n` tokens of `key` at `now`.
     pub(crate) fn decide(&self, key: &str, n: u64, now: Nanos) -> Decision {
+        self.decide_with(key, n, self.limit, now)
+    }
+
+    /// The policy's decision for `n` tokens of `key` under `limit` (a per-call limit).
+    pub(crate) fn decide_with(&self, key: &str, n: u64, limit: Limit, now: Nanos) -> Decision {
         if self.policy == FailurePolicy::Deny {
             return self.denied(0.0, self.deny_retry_after, Duration::ZERO);
         }
         let mut keys = lock(&self.keys);
         let entry = self.entry(&mut keys, key, now);
         let mut level = self.local_level(entry, now);
+        if limit != self.limit {
+            let share = share_of(limit, self.instances);
+            if *level.limit() != share {
+                level = match entry.local {
+                    Some((_, bucket)) => Level::new(Some(&bucket), share, now),
+                    None => Level::new(None, share, now),
+                };
+            }
+        }
         let allowed = level.try_take(n as f64);
         entry.local = Some((*level.limit(), level.bucket()));
         let remaining = level.tokens();
@@ -152,20 +182,17 @@ impl Fallback {
 
     /// The local bucket an outage starts with, by policy.
     fn start_level(&self, entry: &KeyState, now: Nanos) -> Level {
-        let (rate, cap) = (self.limit.rate(), self.limit.cap());
-        let scaled = |share: f64| {
-            let local_cap = (cap * share).max(cap.min(1.0));
-            Limit::new((rate * share).max(rate * 1e-3), local_cap).unwrap_or(self.limit)
-        };
         match self.policy {
-            FailurePolicy::Allow { share } => Level::new(None, scaled(share), now),
+            FailurePolicy::Allow => Level::new(None, self.share, now),
             FailurePolicy::LastKnown => match entry.meter.rate(now) {
-                // No history: nothing better to go on than the configured limit.
-                None => Level::new(None, self.limit, now),
+                // No history: this instance's share of the limit.
+                None => Level::new(None, self.share, now),
                 Some(seen) => {
-                    let local = scaled((seen / rate).clamp(0.0, 1.0));
+                    let rate = self.limit.rate();
+                    let local = share_of(self.limit, rate / seen.clamp(rate * 1e-3, rate));
                     match entry.last_tokens {
-                        Some(tokens) => Level::starting_with(local, tokens, now),
+                        // The level is the fleet's: this instance spends its share of it.
+                        Some(tokens) => Level::starting_with(local, tokens / self.instances, now),
                         None => Level::new(None, local, now),
                     }
                 }
@@ -192,6 +219,20 @@ impl Fallback {
     }
 }
 
+/// `limit` divided by `parts`: `rate / parts`, `cap / parts` (at least one token, or the
+/// whole cap if it is below one).
+fn share_of(limit: Limit, parts: f64) -> Limit {
+    let (rate, cap) = (limit.rate(), limit.cap());
+    let parts = parts.max(1.0);
+    let local_cap = (cap / parts).max(cap.min(1.0));
+    let local_rate = (rate / parts).max(rl_core::MIN_VALUE);
+    // A share too slow to fill within the bounds of a limit keeps the rate, not the cap.
+    Limit::new(local_rate, local_cap)
+        .or_else(|_| Limit::new(local_rate, cap / parts))
+        .or_else(|_| Limit::new(rate, local_cap))
+        .unwrap_or(limit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,8 +241,13 @@ mod tests {
     const T0: Nanos = 1_700_000_000 * S;
 
     fn fallback(policy: FailurePolicy) -> Fallback {
+        fleet(policy, 1)
+    }
+
+    fn fleet(policy: FailurePolicy, instances: u32) -> Fallback {
         let config = LimiterConfig {
             policy,
+            instances,
             ..Default::default()
         };
         Fallback::new(Limit::new(10.0, 20.0).unwrap(), &config)
@@ -222,7 +268,7 @@ mod tests {
 
     #[test]
     fn allow_uses_a_share_of_the_limit() {
-        let f = fallback(FailurePolicy::Allow { share: 0.5 });
+        let f = fleet(FailurePolicy::Allow, 2);
         assert_eq!(allowed_in_burst(&f, "a"), 10);
         let d = f.decide("a", 1, T0);
         assert!(!d.allowed);
@@ -252,7 +298,7 @@ mod tests {
 
     #[test]
     fn reserve_queues_in_the_local_bucket() {
-        let f = fallback(FailurePolicy::Allow { share: 1.0 });
+        let f = fallback(FailurePolicy::Allow);
         // Cap 20 at 10/s: 20 now, then each token 100 ms later than the one before.
         let max = Duration::from_secs(1);
         for _ in 0..20 {
@@ -279,11 +325,35 @@ mod tests {
     }
 
     #[test]
-    fn outage_end_resets_local_buckets() {
-        let f = fallback(FailurePolicy::Allow { share: 1.0 });
-        assert_eq!(allowed_in_burst(&f, "a"), 20);
-        f.end_outage();
-        assert_eq!(allowed_in_burst(&f, "a"), 20);
+    fn allow_budget_carries_across_outages_and_counts_server_grants() {
+        let f = fleet(FailurePolicy::Allow, 4);
+        // cap 20 / 4 instances.
+        assert_eq!(allowed_in_burst(&f, "a"), 5);
+        // Redis answers for a while, then is away again: the same budget, not a new one.
+        assert_eq!(allowed_in_burst(&f, "a"), 0, "a flap does not refill");
+        // Redis granted this instance 3 of "b": its local budget is 2 more.
+        f.observe("b", 3, Some(10.0), T0);
+        assert_eq!(allowed_in_burst(&f, "b"), 2);
+        // Time refills at 10 / 4 per second.
+        assert!(f.decide("a", 2, T0 + S).allowed);
+        // No history under LastKnown: the share too.
+        assert_eq!(
+            allowed_in_burst(&fleet(FailurePolicy::LastKnown, 4), "c"),
+            5
+        );
+    }
+
+    #[test]
+    fn shares_of_extreme_limits_stay_shares() {
+        let slow = Limit::new(1e-6, 1000.0).unwrap();
+        let share = share_of(slow, 4.0);
+        assert_eq!(share.cap(), 250.0);
+        let tiny = Limit::new(10.0, 0.5).unwrap();
+        assert_eq!(
+            share_of(tiny, 4.0).cap(),
+            0.5,
+            "below one token: the whole cap"
+        );
     }
 
     #[test]

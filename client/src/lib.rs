@@ -9,8 +9,12 @@
 //!   jitter, honouring lease expiry and returning leftovers.
 //! - [`Semaphore`]: at most `limit` calls in flight per key, fleet-wide; its [`Permit`]
 //!   guard releases on drop and renews while held, and expires if its holder dies.
-//! - Both take a [`FailurePolicy`] for when Redis is unreachable or slow (every call has a
-//!   timeout), count everything in [`Metrics`], and recover when Redis answers again.
+//! - [`KeyedPrefetcher`]: one prefetching limiter per key, made on first use, for many keys
+//!   under one limit.
+//! - All take a [`FailurePolicy`] for outages (Redis unreachable, or slower than the
+//!   timeout every call has), count everything in [`Metrics`], and recover when Redis
+//!   answers again. Error replies are returned, never turned into grants: see the README's
+//!   "What a client guarantees under cancellation, errors and outages".
 //!
 //! The connection is any [`RedisConnection`]: a single-node
 //! [`redis::aio::ConnectionManager`] or [`redis::aio::MultiplexedConnection`], or a
@@ -29,6 +33,7 @@ mod error;
 mod fallback;
 mod health;
 mod jitter;
+mod keyed;
 mod lazy;
 mod limiter;
 mod meter;
@@ -38,10 +43,11 @@ mod prefetch;
 mod protocol;
 
 pub use backend::Backend;
-pub use config::{limit, FailurePolicy, LimiterConfig, PrefetchConfig};
+pub use config::{limit, FailurePolicy, LimiterConfig, PrefetchConfig, DEFAULT_INSTANCES};
 pub use conn::RedisConnection;
 pub use decision::{Decision, Reservation, Source};
 pub use error::Error;
+pub use keyed::KeyedPrefetcher;
 pub use lazy::{LazyConfig, LazyConnection};
 pub use limiter::Limiter;
 pub use metrics::{Metrics, MetricsSnapshot, LATENCY_BUCKETS_US};

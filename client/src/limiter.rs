@@ -1,7 +1,7 @@
 //! [`Limiter`]: one `RL.TAKE ... WITHSTATE` call per request, with the failure policy.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rl_core::Limit;
 
@@ -25,10 +25,10 @@ const MAX_WAIT: Duration = Duration::from_secs(86_400);
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use rl_client::{limit, Limiter, LimiterConfig};
+/// // No I/O: connects at the first call, serves its policy while Redis is down.
 /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
-/// let conn = redis::aio::ConnectionManager::new(client).await?;
 /// // 10 requests a second per user, bursts of 20.
-/// let limiter = Limiter::new(conn, limit(10.0, 20.0)?, LimiterConfig::default())?;
+/// let limiter = Limiter::from_client(client, limit(10.0, 20.0)?, LimiterConfig::default())?;
 /// let decision = limiter.take("user:42", 1).await?;
 /// if !decision.allowed {
 ///     println!("retry in {:?}", decision.retry_after);
@@ -123,56 +123,81 @@ impl<C: RedisConnection> Limiter<C> {
         &self.inner.metrics
     }
 
+    /// Checks that the server has the module (or the Functions library, per the config's
+    /// backend), within the timeout: for a startup check. A missing module is
+    /// [`Error::Config`] naming the fix; Redis down is an outage ([`Error::is_outage`]),
+    /// which a service that must start without Redis may ignore.
+    pub async fn check(&self) -> Result<crate::Backend, Error> {
+        let inner = &self.inner;
+        crate::backend::check(&inner.backend, &inner.conn, inner.config.timeout).await
+    }
+
     /// The limit this limiter applies.
     pub fn limit(&self) -> Limit {
         self.inner.limit
     }
 
-    /// Decides on `n` tokens of `key`: one `RL.TAKE ... WITHSTATE` call, or, while Redis is
-    /// unavailable (error, timeout, or a recent failure not yet re-probed), the failure
-    /// policy. Errs only when `n` is 0 or above the cap.
+    /// Decides on `n` tokens of `key`: one `RL.TAKE ... WITHSTATE` call, or, during an
+    /// outage (connection failure, timeout, or a recent one not yet re-probed), the failure
+    /// policy. Returns within [`LimiterConfig::timeout`]. Errs when `n` is 0 or above the
+    /// cap, and when Redis answers with an error reply ([`Error::Server`], counted in
+    /// `server_errors`; [`Error::Config`] if the module is not loaded): an error reply is
+    /// never a grant nor a policy decision.
     pub async fn take(&self, key: &str, n: u64) -> Result<Decision, Error> {
+        self.take_with(key, n, self.inner.limit).await
+    }
+
+    /// [`take`](Self::take) under another `limit` for this call (per-call limits: one
+    /// limiter for keys of different limits). The failure policy applies the instance's
+    /// share of `limit` too.
+    pub async fn take_with(&self, key: &str, n: u64, limit: Limit) -> Result<Decision, Error> {
         let inner = &self.inner;
-        check_request(n, &inner.limit)?;
-        inner.metrics.call();
+        check_request(n, &limit)?;
+        let answer = inner.metrics.answer();
         if inner.health.may_call() {
-            match self.take_from_server(key, n).await {
+            match self.server_take(key, n, &limit).await {
                 Ok(decision) => {
-                    if inner.health.succeeded() {
-                        inner.fallback.end_outage();
-                    }
+                    inner.health.succeeded();
                     inner.fallback.observe(
                         key,
                         decision.granted,
                         Some(decision.remaining),
                         now_ns(),
                     );
-                    inner
-                        .metrics
-                        .decided(decision.allowed, decision.granted, false);
+                    answer.decided(decision.allowed, decision.granted, false);
                     return Ok(decision);
                 }
-                Err(e) if e.is_unavailable() => inner.health.failed(),
-                Err(e) => return Err(e),
+                Err(e) if e.is_outage() => inner.health.failed(),
+                Err(e) => {
+                    answer.errored(&e);
+                    return Err(e);
+                }
             }
         }
-        let decision = inner.fallback.decide(key, n, now_ns());
-        inner
-            .metrics
-            .decided(decision.allowed, decision.granted, true);
+        let decision = if limit == inner.limit {
+            inner.fallback.decide(key, n, now_ns())
+        } else {
+            inner.fallback.decide_with(key, n, limit, now_ns())
+        };
+        answer.decided(decision.allowed, decision.granted, true);
         Ok(decision)
     }
 
     /// One `RL.TAKE ... WITHSTATE` call with no failure policy: every error is returned.
     /// Counts Redis latency and errors but not decisions.
     pub async fn take_from_server(&self, key: &str, n: u64) -> Result<Decision, Error> {
+        check_request(n, &self.inner.limit)?;
+        self.server_take(key, n, &self.inner.limit).await
+    }
+
+    async fn server_take(&self, key: &str, n: u64, limit: &Limit) -> Result<Decision, Error> {
         let inner = &self.inner;
-        check_request(n, &inner.limit)?;
-        let backend = inner.backend.get(&inner.conn).await?;
-        let cmd = protocol::take_cmd(backend, key, &inner.limit, n);
-        let value = call(&inner.conn, &cmd, inner.config.timeout, &inner.metrics).await?;
+        let deadline = Instant::now() + inner.config.timeout;
+        let backend = inner.backend.get(&inner.conn, inner.config.timeout).await?;
+        let cmd = protocol::take_cmd(backend, key, limit, n);
+        let value = call(&inner.conn, &cmd, left(deadline), &inner.metrics).await?;
         let r = protocol::take_reply(value)?;
-        let cap = inner.limit.cap();
+        let cap = limit.cap();
         Ok(Decision::from_server(
             r.granted,
             r.remaining,
@@ -181,6 +206,35 @@ impl<C: RedisConnection> Limiter<C> {
             cap,
         ))
     }
+
+    /// `RL.PEEK key`: the bucket's level without changing it (`None` for a key that does
+    /// not exist: a full bucket). Every error is returned.
+    pub async fn peek(&self, key: &str) -> Result<Option<f64>, Error> {
+        let inner = &self.inner;
+        let deadline = Instant::now() + inner.config.timeout;
+        let backend = inner.backend.get(&inner.conn, inner.config.timeout).await?;
+        let cmd = protocol::peek_cmd(backend, key);
+        let value = call(&inner.conn, &cmd, left(deadline), &inner.metrics).await?;
+        protocol::peek_reply(value)
+    }
+
+    /// `RL.MTAKE n key rate cap ...`: `n` tokens from every key (each under this limiter's
+    /// limit), or from none, in one atomic call. No failure policy: every error is
+    /// returned (an outage too, as [`Error::is_outage`] tells). Answers whether the tokens
+    /// were taken.
+    pub async fn mtake(&self, keys: &[&str], n: u64) -> Result<bool, Error> {
+        let inner = &self.inner;
+        check_request(n, &inner.limit)?;
+        if keys.is_empty() {
+            return Err(Error::Request("mtake needs at least one key"));
+        }
+        let deadline = Instant::now() + inner.config.timeout;
+        let backend = inner.backend.get(&inner.conn, inner.config.timeout).await?;
+        let cmd = protocol::mtake_cmd(backend, keys, &inner.limit, n);
+        let value = call(&inner.conn, &cmd, left(deadline), &inner.metrics).await?;
+        Ok(protocol::mtake_reply(value)? > 0)
+    }
+
     /// Reserves `n` tokens of `key`, waiting up to `max_wait` for them: one `RL.RESERVE`
     /// call, then a sleep of the wait it answers, so the caller uses the tokens at their
     /// turn. Reservations queue: the bucket goes into debt (at most `rate * max_wait`) and
@@ -219,28 +273,27 @@ impl<C: RedisConnection> Limiter<C> {
         let inner = &self.inner;
         check_request(n, &inner.limit)?;
         check_wait(max_wait)?;
-        inner.metrics.call();
+        let answer = inner.metrics.answer();
         if inner.health.may_call() {
             match self.reserve_from_server(key, n, max_wait).await {
                 Ok(reservation) => {
-                    if inner.health.succeeded() {
-                        inner.fallback.end_outage();
-                    }
+                    inner.health.succeeded();
                     let d = &reservation.decision;
                     inner
                         .fallback
                         .observe(key, d.granted, Some(d.remaining.max(0.0)), now_ns());
-                    inner.metrics.decided(d.allowed, d.granted, false);
+                    answer.decided(d.allowed, d.granted, false);
                     return Ok(reservation);
                 }
-                Err(e) if e.is_unavailable() => inner.health.failed(),
-                Err(e) => return Err(e),
+                Err(e) if e.is_outage() => inner.health.failed(),
+                Err(e) => {
+                    answer.errored(&e);
+                    return Err(e);
+                }
             }
         }
         let (decision, wait) = inner.fallback.reserve(key, n, max_wait, now_ns());
-        inner
-            .metrics
-            .decided(decision.allowed, decision.granted, true);
+        answer.decided(decision.allowed, decision.granted, true);
         Ok(Reservation { decision, wait })
     }
 
@@ -254,9 +307,10 @@ impl<C: RedisConnection> Limiter<C> {
         let inner = &self.inner;
         check_request(n, &inner.limit)?;
         check_wait(max_wait)?;
-        let backend = inner.backend.get(&inner.conn).await?;
+        let deadline = Instant::now() + inner.config.timeout;
+        let backend = inner.backend.get(&inner.conn, inner.config.timeout).await?;
         let cmd = protocol::reserve_cmd(backend, key, &inner.limit, n, max_wait);
-        let value = call(&inner.conn, &cmd, inner.config.timeout, &inner.metrics).await?;
+        let value = call(&inner.conn, &cmd, left(deadline), &inner.metrics).await?;
         let r = protocol::reserve_reply(value)?;
         let cap = inner.limit.cap();
         Ok(Reservation {
@@ -278,15 +332,23 @@ impl<C: RedisConnection> Limiter<C> {
         if n == 0 {
             return Err(Error::Request("n must be positive"));
         }
-        let backend = inner.backend.get(&inner.conn).await?;
+        let deadline = Instant::now() + inner.config.timeout;
+        let backend = inner.backend.get(&inner.conn, inner.config.timeout).await?;
         let cmd = protocol::refund_cmd(backend, key, n);
-        let value = call(&inner.conn, &cmd, inner.config.timeout, &inner.metrics).await?;
+        let value = call(&inner.conn, &cmd, left(deadline), &inner.metrics).await?;
         let credited = protocol::credited(value)?;
         if credited > 0.0 {
             inner.metrics.refunded(credited);
         }
         Ok(credited)
     }
+}
+
+/// What is left of the time until `deadline` (at least a millisecond).
+pub(crate) fn left(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1))
 }
 
 /// Refuses a `max_wait` the server would refuse.

@@ -26,6 +26,10 @@ pub struct Metrics {
     fallback_granted: AtomicU64,
     redis_errors: AtomicU64,
     redis_timeouts: AtomicU64,
+    server_errors: AtomicU64,
+    errors: AtomicU64,
+    cancelled: AtomicU64,
+    leases_lost: AtomicU64,
     reserve_wait_us: AtomicU64,
     refunds: AtomicU64,
     tokens_refunded: AtomicU64,
@@ -43,7 +47,9 @@ pub struct Metrics {
 /// A copy of the counters at one instant. All counts are totals since the start.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MetricsSnapshot {
-    /// `take` calls.
+    /// Calls answered (`take`, `reserve`...): always `granted + denied + errors`. A call
+    /// dropped before its answer (cancelled, timed out by its caller) is counted in
+    /// `cancelled` instead.
     pub calls: u64,
     /// Decisions that allowed the request (from any source).
     pub granted: u64,
@@ -67,10 +73,23 @@ pub struct MetricsSnapshot {
     pub fallback_decisions: u64,
     /// Of those, the ones that allowed the request.
     pub fallback_granted: u64,
-    /// Redis calls that failed (including timeouts).
+    /// Redis calls that failed for want of Redis (connection failures and timeouts: the
+    /// outages the failure policy covers).
     pub redis_errors: u64,
-    /// Redis calls that timed out.
+    /// Of those, the calls that timed out.
     pub redis_timeouts: u64,
+    /// Redis calls answered with an error reply (`WRONGTYPE`, `ERR too many live
+    /// leases...`, an unknown command) or an unreadable reply: never outages.
+    pub server_errors: u64,
+    /// Calls answered with an error (an error reply, a missing module, a closed limiter).
+    pub errors: u64,
+    /// Calls dropped by their caller before they were answered (nothing is lost: a lease
+    /// call they started completes in the background).
+    pub cancelled: u64,
+    /// Leases Redis may have granted that the client could neither spend nor return: a
+    /// lease call whose reply never came (half-open connection), or a late lease whose
+    /// return failed. Their tokens stay debited until the lease's TTL.
+    pub leases_lost: u64,
     /// Total time `reserve` slept before its callers used their tokens, µs.
     pub reserve_wait_us: u64,
     /// `RL.REFUND` calls that credited tokens back.
@@ -99,6 +118,34 @@ pub struct MetricsSnapshot {
     pub latency_buckets: Vec<u64>,
 }
 
+/// One caller-facing call in progress: counted in `cancelled` if dropped unanswered.
+pub(crate) struct Answer<'a> {
+    metrics: &'a Metrics,
+    done: bool,
+}
+
+impl Answer<'_> {
+    /// The call is answered with `decision` (counted in `calls` and its outcome).
+    pub(crate) fn decided(mut self, allowed: bool, tokens: u64, fallback: bool) {
+        self.done = true;
+        self.metrics.decided(allowed, tokens, fallback);
+    }
+
+    /// The call is answered with an error.
+    pub(crate) fn errored(mut self, e: &crate::Error) {
+        self.done = true;
+        self.metrics.errored(e);
+    }
+}
+
+impl Drop for Answer<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.metrics.cancelled();
+        }
+    }
+}
+
 fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Relaxed);
 }
@@ -109,11 +156,16 @@ impl Metrics {
         Metrics::default()
     }
 
-    pub(crate) fn call(&self) {
-        add(&self.calls, 1);
+    /// A caller-facing call starts: see [`Answer`].
+    pub(crate) fn answer(&self) -> Answer<'_> {
+        Answer {
+            metrics: self,
+            done: false,
+        }
     }
 
     pub(crate) fn decided(&self, allowed: bool, tokens: u64, fallback: bool) {
+        add(&self.calls, 1);
         if allowed {
             add(&self.granted, 1);
             add(&self.tokens_granted, tokens);
@@ -135,6 +187,23 @@ impl Metrics {
         } else {
             add(&self.leases_denied, 1);
         }
+    }
+
+    /// A call answered with `e`.
+    pub(crate) fn errored(&self, e: &crate::Error) {
+        add(&self.calls, 1);
+        add(&self.errors, 1);
+        if matches!(e, crate::Error::Reply(_)) {
+            add(&self.server_errors, 1);
+        }
+    }
+
+    pub(crate) fn cancelled(&self) {
+        add(&self.cancelled, 1);
+    }
+
+    pub(crate) fn lease_lost(&self) {
+        add(&self.leases_lost, 1);
     }
 
     pub(crate) fn lease_expired(&self) {
@@ -181,7 +250,19 @@ impl Metrics {
         add(&self.permits_lost, 1);
     }
 
-    pub(crate) fn redis_call(&self, took: Duration, ok: bool, timed_out: bool) {
+    pub(crate) fn redis_call<T>(&self, took: Duration, outcome: &Result<T, crate::Error>) {
+        let (failed, timed_out, server) = match outcome {
+            Ok(_) => (false, false, false),
+            Err(e) if e.is_server_error() => (false, false, true),
+            Err(e) => (true, matches!(e, crate::Error::Timeout(_)), false),
+        };
+        if server {
+            add(&self.server_errors, 1);
+        }
+        self.redis_latency(took, !failed, timed_out);
+    }
+
+    fn redis_latency(&self, took: Duration, ok: bool, timed_out: bool) {
         let us = took.as_micros().min(u64::MAX as u128) as u64;
         add(&self.redis_calls, 1);
         add(&self.latency_sum_us, us);
@@ -217,6 +298,10 @@ impl Metrics {
             fallback_granted: get(&self.fallback_granted),
             redis_errors: get(&self.redis_errors),
             redis_timeouts: get(&self.redis_timeouts),
+            server_errors: get(&self.server_errors),
+            errors: get(&self.errors),
+            cancelled: get(&self.cancelled),
+            leases_lost: get(&self.leases_lost),
             reserve_wait_us: get(&self.reserve_wait_us),
             refunds: get(&self.refunds),
             tokens_refunded: get(&self.tokens_refunded),
@@ -294,6 +379,22 @@ impl MetricsSnapshot {
                 "redis calls that timed out",
             ),
             (
+                "server_errors_total",
+                self.server_errors,
+                "redis error replies",
+            ),
+            ("errors_total", self.errors, "calls answered with an error"),
+            (
+                "cancelled_total",
+                self.cancelled,
+                "calls dropped before their answer",
+            ),
+            (
+                "leases_lost_total",
+                self.leases_lost,
+                "leases neither spent nor returned",
+            ),
+            (
                 "refunds_total",
                 self.refunds,
                 "refunds that credited tokens",
@@ -362,15 +463,14 @@ mod tests {
     #[test]
     fn counts_decisions_and_latency() {
         let m = Metrics::new();
-        m.call();
         m.decided(true, 3, false);
         m.decided(false, 0, true);
-        m.redis_call(Duration::from_micros(700), true, false);
-        m.redis_call(Duration::from_secs(1), false, true);
+        m.redis_latency(Duration::from_micros(700), true, false);
+        m.redis_latency(Duration::from_secs(1), false, true);
         let s = m.snapshot();
         assert_eq!(
             (s.calls, s.granted, s.denied, s.tokens_granted),
-            (1, 1, 1, 3)
+            (2, 1, 1, 3)
         );
         assert_eq!((s.fallback_decisions, s.fallback_granted), (1, 0));
         assert_eq!((s.redis_calls, s.redis_errors, s.redis_timeouts), (2, 1, 1));
@@ -378,7 +478,7 @@ mod tests {
         assert_eq!(*s.latency_buckets.last().unwrap(), 1);
         assert_eq!(s.latency_max_us, 1_000_000);
         let text = s.to_prometheus("rl");
-        assert!(text.contains("rl_calls_total 1\n"));
+        assert!(text.contains("rl_calls_total 2\n"));
         assert!(text.contains("rl_redis_latency_seconds_bucket{le=\"+Inf\"} 2\n"));
     }
 }

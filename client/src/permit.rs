@@ -34,8 +34,8 @@ const MAX_TTL: Duration = Duration::from_secs(86_400);
 ///   so a crashed holder frees its slot after at most `ttl`.
 ///
 /// While Redis is unavailable the [`FailurePolicy`] decides, as for the rate limiters:
-/// `Allow { share }` grants local permits up to `max(1, floor(limit * share))` per key
-/// in this process, `LastKnown` up to `limit` (there is no rate to keep), `Deny` denies.
+/// `Allow` and `LastKnown` grant local permits up to `max(1, limit / instances)` per key
+/// in this process, `Deny` denies. Error replies are returned, never decided locally.
 /// Local permits need no release call and are never renewed.
 ///
 /// Cheap to clone; clones share the connection, counters and health. Module only: the
@@ -205,7 +205,7 @@ impl<C: RedisConnection> Semaphore<C> {
     ) -> Result<Result<Permit<C>, Busy>, Error> {
         let inner = &self.inner;
         check(limit, ttl)?;
-        if inner.backend.get(&inner.conn).await? == Backend::Functions {
+        if inner.backend.get(&inner.conn, inner.config.timeout).await? == Backend::Functions {
             return Err(Error::Config(
                 "permits (RL.ACQUIRE) need the module: the Functions library has none",
             ));
@@ -255,8 +255,9 @@ impl<C: RedisConnection> Semaphore<C> {
         let inner = &self.inner;
         let local_limit = match inner.config.policy {
             FailurePolicy::Deny => 0,
-            FailurePolicy::Allow { share } => ((limit as f64 * share).floor() as u64).max(1),
-            FailurePolicy::LastKnown => limit,
+            FailurePolicy::Allow | FailurePolicy::LastKnown => {
+                (limit / u64::from(inner.config.instances)).max(1)
+            }
         };
         let mut local = lock(&inner.local);
         let held = local.get(key).copied().unwrap_or(0);

@@ -1,8 +1,11 @@
 //! [`PrefetchLimiter`]: grants from a locally held lease batch, renewed ahead over
 //! `RL.LEASE`, with leftovers settled on renewal and returned on close.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
 
 use rl_core::Limit;
 
@@ -23,21 +26,26 @@ use crate::{Decision, Error, Metrics, PrefetchConfig, Source};
 ///   background while the rest is spent, and the previous lease is settled in the same
 ///   call (`RL.LEASE ... RETURN lease_id unused`).
 /// - A lease is never spent past `sent + ttl` (earlier than the server's expiry).
-/// - [`close`](Self::close) returns what is left (`RL.RETURN`); dropping the last clone
-///   inside a tokio runtime does so in the background, best effort.
-/// - When Redis is unavailable the held tokens are still spent; after that the failure
-///   policy decides, until Redis answers again.
+/// - Lease calls run on their own task: a take that is cancelled or times out loses
+///   nothing (the lease is installed when it arrives, or returned).
+/// - [`close`](Self::close) returns what is left (`RL.RETURN`) and stops leasing; dropping
+///   the last clone returns it best effort (see the README).
+/// - During an outage the held tokens are still spent; after that the failure policy
+///   decides, until Redis answers again. Error replies are returned, never decided
+///   locally.
 ///
-/// Cheap to clone; clones share the batch. Create one per key (and per process).
+/// Cheap to clone; clones share the batch. Create one per key (and per process), or use a
+/// [`KeyedPrefetcher`](crate::KeyedPrefetcher) for many keys.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use rl_client::{limit, PrefetchConfig, PrefetchLimiter};
+/// // No I/O: connects at the first lease call, serves its policy while Redis is down.
 /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
-/// let conn = redis::aio::ConnectionManager::new(client).await?;
 /// // The whole fleet may call the partner API 500 times a second, bursts of 1000.
 /// let quota = limit(500.0, 1000.0)?;
-/// let limiter = PrefetchLimiter::new(conn, "partner-api", quota, PrefetchConfig::default())?;
+/// let limiter =
+///     PrefetchLimiter::from_client(client, "partner-api", quota, PrefetchConfig::default())?;
 /// if limiter.take(1).await?.allowed {
 ///     // call the partner API
 /// }
@@ -67,10 +75,18 @@ struct Inner<C: RedisConnection> {
     health: Health,
     fallback: Fallback,
     state: Mutex<State>,
-    /// Held by whoever talks to Redis about leases: one lease call at a time.
-    fetching: tokio::sync::Mutex<()>,
+    /// Woken when a lease call ends (its outcome is in `State::last`).
+    fetched: Arc<Notify>,
     backend: Selector,
+    /// `close` was called: no more lease calls; late leases are returned.
+    closed: AtomicBool,
 }
+
+/// How long a lease call's reply is awaited in the background after its caller gave up
+/// (this, or the limiter's timeout if longer; the connection's own response timeout may
+/// end it sooner: `LazyConfig::response_timeout`): a reply within it is installed (or
+/// returned), one beyond it is counted in `leases_lost`.
+pub(crate) const LATE_REPLY: Duration = Duration::from_secs(10);
 
 /// A lease as the client sees it.
 #[derive(Debug, Clone, Copy)]
@@ -81,6 +97,51 @@ struct Lease {
     expires: Instant,
 }
 
+/// How the last lease call ended, for the callers that waited for it.
+#[derive(Debug, Clone, Default)]
+enum Outcome {
+    #[default]
+    None,
+    /// Tokens installed in the state.
+    Granted,
+    /// Redis had fewer than `MIN` tokens (see `State::denied`).
+    Denied,
+    /// Connection failure or timeout: the failure policy decides.
+    Outage,
+    /// The lease arrived expired (TTL shorter than the round trip) and was returned.
+    Stale,
+    /// An error reply (or a missing module): returned to the callers.
+    Failed(Failure),
+}
+
+#[derive(Debug, Clone)]
+enum Failure {
+    Server(String),
+    Reply(String),
+    Config(&'static str),
+    Closed,
+}
+
+impl Failure {
+    fn of(e: &Error) -> Failure {
+        match e {
+            Error::Server(t) => Failure::Server(t.clone()),
+            Error::Config(t) => Failure::Config(t),
+            Error::Closed => Failure::Closed,
+            other => Failure::Reply(other.to_string()),
+        }
+    }
+
+    fn error(&self) -> Error {
+        match self {
+            Failure::Server(t) => Error::Server(t.clone()),
+            Failure::Reply(t) => Error::Reply(t.clone()),
+            Failure::Config(t) => Error::Config(t),
+            Failure::Closed => Error::Closed,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     /// The previous lease, spent first (it expires first); settled by the next lease call.
@@ -89,10 +150,15 @@ struct State {
     newer: Option<Lease>,
     /// Renew when at most this many tokens are left.
     threshold: u64,
-    /// A background renewal is queued or in flight.
-    renewing: bool,
-    /// Redis said the bucket is empty until then: deny without asking.
-    empty_until: Option<Instant>,
+    /// A lease call is in flight (on its own task: a caller that gives up does not stop
+    /// it).
+    fetching: bool,
+    /// Lease calls ended so far, and how the last one ended.
+    generation: u64,
+    last: Outcome,
+    /// Redis said `n` tokens are not there until then: takes of `n` or more are denied
+    /// without asking; smaller ones still ask.
+    denied: Option<(u64, Instant)>,
 }
 
 impl State {
@@ -125,19 +191,14 @@ impl State {
         true
     }
 
-    fn empty_for(&self, now: Instant) -> Option<Duration> {
-        self.empty_until
-            .and_then(|until| until.checked_duration_since(now))
-            .filter(|d| !d.is_zero())
+    /// How long a take of `n` is known to be denied.
+    fn denied_for(&self, n: u64, now: Instant) -> Option<Duration> {
+        let (size, until) = self.denied?;
+        if n < size {
+            return None;
+        }
+        until.checked_duration_since(now).filter(|d| !d.is_zero())
     }
-}
-
-/// What a lease call brought.
-enum Fetched {
-    /// The caller's tokens were granted; `left` are held after them.
-    Granted { left: u64 },
-    /// Redis had too few tokens.
-    Denied { retry_after: Duration },
 }
 
 impl PrefetchLimiter<LazyConnection> {
@@ -187,7 +248,8 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                 config,
                 metrics,
                 state: Mutex::new(State::default()),
-                fetching: tokio::sync::Mutex::new(()),
+                fetched: Arc::new(Notify::new()),
+                closed: AtomicBool::new(false),
             }),
         })
     }
@@ -195,6 +257,13 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
     /// The counters of this limiter.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.inner.metrics
+    }
+
+    /// Checks that the server has the module or library: see [`Limiter::check`](
+    /// crate::Limiter::check).
+    pub async fn check(&self) -> Result<crate::Backend, Error> {
+        let inner = &self.inner;
+        crate::backend::check(&inner.backend, &inner.conn, inner.config.limiter.timeout).await
     }
 
     /// Tokens held locally right now (unexpired lease leftovers).
@@ -205,48 +274,132 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
     }
 
     /// Decides on `n` tokens: from the held batch when it has them (no Redis call), else
-    /// by one `RL.LEASE` call made for this request, else (Redis unavailable) by the
-    /// failure policy. Errs only when `n` is 0 or above the cap.
+    /// by an `RL.LEASE` call made for this request, else (an outage) by the failure policy.
+    /// Returns within [`LimiterConfig::timeout`](crate::LimiterConfig::timeout).
+    ///
+    /// The lease call runs on its own task: if this future is dropped (a request timeout,
+    /// `select!`) or its timeout passes, the call still completes and its tokens are
+    /// installed for the next takes (or returned with `RL.RETURN` if they arrive expired or
+    /// after [`close`](Self::close)): cancelling a take never loses tokens.
+    ///
+    /// Errs when `n` is 0 or above the cap, after `close` ([`Error::Closed`]), and when
+    /// Redis answers with an error reply ([`Error::Server`]; [`Error::Config`] if the
+    /// module is not loaded): error replies are never grants nor policy decisions.
     pub async fn take(&self, n: u64) -> Result<Decision, Error> {
         let inner = &self.inner;
         check_request(n, &inner.limit)?;
-        inner.metrics.call();
-        if let Some(decision) = self.decide_locally(n) {
-            return Ok(decision);
-        }
-        let probing = inner.health.is_down();
-        if !inner.health.may_call() {
-            return Ok(self.fallback(n));
-        }
-        let _fetching = inner.fetching.lock().await;
-        // A renewal may have landed while this call waited.
-        if let Some(decision) = self.decide_locally(n) {
-            return Ok(decision);
-        }
-        if !probing && inner.health.is_down() {
-            // The call this one waited behind just failed: do not wait a timeout again.
-            return Ok(self.fallback(n));
-        }
-        let decision = match inner.fetch(n).await {
-            Ok(Fetched::Granted { left }) => {
-                let cap = inner.limit.cap();
-                Decision::granted(n, left as f64, Duration::ZERO, cap, Source::Server)
+        let answer = inner.metrics.answer();
+        let deadline = tokio::time::Instant::now() + inner.config.limiter.timeout;
+        let mut asked = false;
+        loop {
+            if inner.closed.load(Ordering::Acquire) {
+                answer.errored(&Error::Closed);
+                return Err(Error::Closed);
             }
-            Ok(Fetched::Denied { retry_after }) => self.denied(retry_after, Source::Server),
-            Err(_) => return Ok(self.fallback(n)),
-        };
-        inner
-            .metrics
-            .decided(decision.allowed, decision.granted, false);
-        Ok(decision)
+            if let Some(mut decision) = self.decide_locally(n) {
+                if asked && decision.source == Source::Lease {
+                    decision.source = Source::Server;
+                }
+                answer.decided(decision.allowed, decision.granted, false);
+                return Ok(decision);
+            }
+            let notified = inner.fetched.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            enum Next {
+                Fallback,
+                Start(u64),
+                Join(u64),
+            }
+            let next = {
+                let mut state = lock(&inner.state);
+                if !state.fetching {
+                    if inner.health.may_call() {
+                        state.fetching = true;
+                        Next::Start(state.generation)
+                    } else {
+                        Next::Fallback
+                    }
+                } else if inner.health.is_down() {
+                    // A probe is in flight: do not wait for a Redis believed down.
+                    Next::Fallback
+                } else {
+                    Next::Join(state.generation)
+                }
+            };
+            let seen = match next {
+                Next::Fallback => return Ok(self.fallback(n, answer)),
+                Next::Join(generation) => generation,
+                Next::Start(generation) => {
+                    if let Some(inline) = Inner::spawn_fetch(inner, n) {
+                        inline.await;
+                    }
+                    generation
+                }
+            };
+            asked = true;
+            let ended = tokio::time::timeout_at(deadline, &mut notified)
+                .await
+                .is_ok();
+            let last = {
+                let state = lock(&inner.state);
+                (state.generation != seen).then(|| state.last.clone())
+            };
+            match last {
+                None if !ended => {
+                    // Redis is slow: an outage for this caller and the next ones (the
+                    // call goes on; its outcome ends the outage if it succeeds).
+                    inner.health.failed();
+                    return Ok(self.fallback(n, answer));
+                }
+                None => continue,
+                Some(Outcome::Outage) => return Ok(self.fallback(n, answer)),
+                Some(Outcome::Failed(failure)) => {
+                    let e = failure.error();
+                    answer.errored(&e);
+                    return Err(e);
+                }
+                Some(Outcome::Stale) => {
+                    let decision = self.denied(Duration::ZERO, Source::Server);
+                    answer.decided(false, 0, false);
+                    return Ok(decision);
+                }
+                // Granted or denied: the state says what is there now.
+                Some(_) if tokio::time::Instant::now() < deadline => continue,
+                Some(_) => {
+                    if let Some(decision) = self.decide_locally(n) {
+                        answer.decided(decision.allowed, decision.granted, false);
+                        return Ok(decision);
+                    }
+                    // Others spent what this call's lease brought, and time is up.
+                    let decision = self.denied(Duration::ZERO, Source::Server);
+                    answer.decided(false, 0, false);
+                    return Ok(decision);
+                }
+            }
+        }
     }
 
-    /// Returns the held leftovers to Redis (`RL.RETURN` per live lease) after any renewal
-    /// in flight; answers the tokens Redis credited back. The limiter stays usable: a
-    /// later `take` leases again.
+    /// Stops leasing and returns the held leftovers (`RL.RETURN` per live lease), after a
+    /// lease call in flight ends (its lease is returned too); answers the tokens Redis
+    /// credited back for the held ones. Later `take`s answer [`Error::Closed`]; no
+    /// renewal starts after `close`.
     pub async fn close(&self) -> Result<u64, Error> {
         let inner = &self.inner;
-        let _fetching = inner.fetching.lock().await;
+        inner.closed.store(true, Ordering::Release);
+        let wait = inner.late_bound() + inner.config.limiter.timeout;
+        let _ = tokio::time::timeout(wait, async {
+            loop {
+                let notified = inner.fetched.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if !lock(&inner.state).fetching {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await;
         let leases = {
             let mut state = lock(&inner.state);
             state.drop_expired(Instant::now(), &inner.metrics);
@@ -255,46 +408,37 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
         let mut credited = 0;
         let mut failure = None;
         for lease in leases.into_iter().flatten() {
-            let backend = inner.backend.get(&inner.conn).await?;
-            let cmd = return_cmd(backend, &inner.key, lease.id, lease.left);
-            let outcome = call(
-                &inner.conn,
-                &cmd,
-                inner.config.limiter.timeout,
-                &inner.metrics,
-            )
-            .await
-            .and_then(protocol::integer);
-            match outcome {
-                Ok(tokens) => {
-                    inner.metrics.returned(lease.left);
-                    credited += tokens;
-                }
+            match inner.give_back(lease).await {
+                Ok(tokens) => credited += tokens,
                 Err(e) => failure = failure.or(Some(e)),
             }
         }
         failure.map_or(Ok(credited), Err)
     }
 
-    /// A grant from the held batch, or a denial Redis gave lately; `None` if Redis must be
-    /// asked. Starts a background renewal when the batch runs low.
+    /// A grant from the held batch, or a denial Redis gave lately for this size; `None`
+    /// if Redis must be asked. Starts a background renewal when the batch runs low.
     fn decide_locally(&self, n: u64) -> Option<Decision> {
         let inner = &self.inner;
         let now = Instant::now();
         let mut state = lock(&inner.state);
         state.drop_expired(now, &inner.metrics);
         if state.spend(n) {
-            let renew = !state.renewing
+            let renew = !state.fetching
                 && state.left() <= state.threshold
-                && state.empty_for(now).is_none()
-                && !inner.health.is_down();
-            state.renewing |= renew;
+                && state.denied_for(1, now).is_none()
+                && !inner.health.is_down()
+                && !inner.closed.load(Ordering::Acquire);
+            state.fetching |= renew;
             let left = state.left();
             drop(state);
             if renew {
-                self.renew_in_background();
+                if let Some(inline) = Inner::spawn_fetch(inner, 0) {
+                    // No runtime to spawn on: the next take that needs Redis renews.
+                    drop(inline);
+                    lock(&inner.state).fetching = false;
+                }
             }
-            inner.metrics.decided(true, n, false);
             let cap = inner.limit.cap();
             return Some(Decision::granted(
                 n,
@@ -304,41 +448,15 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                 Source::Lease,
             ));
         }
-        let wait = state.empty_for(now)?;
+        let wait = state.denied_for(n, now)?;
         drop(state);
-        inner.metrics.decided(false, 0, false);
         Some(self.denied(wait, Source::Lease))
     }
 
-    fn renew_in_background(&self) {
-        let inner = Arc::clone(&self.inner);
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    let _fetching = inner.fetching.lock().await;
-                    let still_low = {
-                        let mut state = lock(&inner.state);
-                        state.drop_expired(Instant::now(), &inner.metrics);
-                        state.left() <= state.threshold
-                    };
-                    if still_low && !inner.health.is_down() {
-                        // Failures mark Redis down inside fetch; takes then fall back.
-                        let _ = inner.fetch(0).await;
-                    }
-                    lock(&inner.state).renewing = false;
-                });
-            }
-            // No runtime (a caller polling with another executor): renew inline later.
-            Err(_) => lock(&inner.state).renewing = false,
-        }
-    }
-
-    fn fallback(&self, n: u64) -> Decision {
+    fn fallback(&self, n: u64, answer: crate::metrics::Answer<'_>) -> Decision {
         let inner = &self.inner;
         let decision = inner.fallback.decide(&inner.key, n, now_ns());
-        inner
-            .metrics
-            .decided(decision.allowed, decision.granted, true);
+        answer.decided(decision.allowed, decision.granted, true);
         decision
     }
 
@@ -349,18 +467,62 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
 }
 
 impl<C: RedisConnection> Inner<C> {
-    /// One `RL.LEASE` call (caller holds `fetching`): at least `need` tokens and up to a
-    /// batch, settling the older lease. Of the tokens granted, `need` go to the caller.
-    async fn fetch(&self, need: u64) -> Result<Fetched, Error> {
+    /// How long a lease reply is awaited at most.
+    fn late_bound(&self) -> Duration {
+        self.config.limiter.timeout.max(LATE_REPLY)
+    }
+
+    /// Starts the lease call (the caller set `fetching`) on its own task; without a
+    /// runtime, answers the future for the caller to run inline.
+    fn spawn_fetch(
+        inner: &Arc<Inner<C>>,
+        need: u64,
+    ) -> Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> {
+        let task = Box::pin(Arc::clone(inner).fetch(need));
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(task);
+                None
+            }
+            Err(_) => Some(task),
+        }
+    }
+
+    /// One `RL.LEASE` call: at least `need` tokens (1 for a renewal) and up to a batch,
+    /// settling the older lease. Everything granted is installed in the state (whoever
+    /// waits spends from there), or returned if it cannot be. Ends the `fetching` slot and
+    /// wakes the waiters with the outcome.
+    async fn fetch(self: Arc<Self>, need: u64) {
+        let outcome = self.lease(need).await;
+        let mut state = lock(&self.state);
+        state.fetching = false;
+        state.generation += 1;
+        state.last = outcome;
+        drop(state);
+        // Let go of the limiter before waking its callers: if they drop it, the last
+        // handle (which returns the leftovers) is theirs, not this task's.
+        let fetched = Arc::clone(&self.fetched);
+        drop(self);
+        fetched.notify_waiters();
+    }
+
+    async fn lease(&self, need: u64) -> Outcome {
         let settle = {
             let mut state = lock(&self.state);
             state.drop_expired(Instant::now(), &self.metrics);
             // Out of the state before the call: nobody spends what is being returned.
             state.older.take()
         };
+        let late = self.late_bound();
+        let backend = match self.backend.get(&self.conn, late).await {
+            Ok(backend) => backend,
+            Err(e) => {
+                self.restore(settle);
+                return self.failed(&e);
+            }
+        };
         let ask = self.config.batch.max(need);
         let settling = settle.map(|l| (l.id, l.left));
-        let backend = self.backend.get(&self.conn).await?;
         let cmd = lease_cmd(
             backend,
             &self.key,
@@ -371,21 +533,36 @@ impl<C: RedisConnection> Inner<C> {
             settling,
         );
         let sent = Instant::now();
-        let outcome = call(&self.conn, &cmd, self.config.limiter.timeout, &self.metrics)
+        let granted = match call(&self.conn, &cmd, late, &self.metrics)
             .await
-            .and_then(parse_lease);
-        let granted = match outcome {
+            .and_then(parse_lease)
+        {
             Ok(granted) => granted,
             Err(e) => {
-                // The settled lease is gone either way: if the call did not arrive, it
-                // expires on the server.
-                self.health.failed();
-                return Err(e);
+                let unanswered = match &e {
+                    Error::Timeout(_) => true,
+                    Error::Redis(e) => e.is_timeout(),
+                    _ => false,
+                };
+                if unanswered {
+                    // Never answered: the server may hold a lease for us we cannot return.
+                    self.metrics.lease_lost();
+                }
+                if e.is_outage() {
+                    // The settled lease is gone either way (spending it again could spend
+                    // tokens the call returned): if the call did not arrive, its leftover
+                    // expires on the server unspent.
+                    if settle.is_some_and(|l| l.left > 0) {
+                        self.metrics.lease_lost();
+                    }
+                } else {
+                    // An error reply changes nothing on the server: keep the older lease.
+                    self.restore(settle);
+                }
+                return self.failed(&e);
             }
         };
-        if self.health.succeeded() {
-            self.fallback.end_outage();
-        }
+        self.health.succeeded();
         if let Some((_, unused)) = settling {
             self.metrics.returned(unused);
         }
@@ -393,27 +570,95 @@ impl<C: RedisConnection> Inner<C> {
         self.fallback
             .observe(&self.key, granted.tokens, None, now_ns());
 
-        let mut state = lock(&self.state);
+        let now = Instant::now();
         if granted.tokens == 0 {
             let retry_after = Duration::from_millis(granted.retry_after_ms);
-            state.empty_until = Some(Instant::now() + retry_after);
-            return Ok(Fetched::Denied { retry_after });
+            let mut state = lock(&self.state);
+            let size = need.max(1);
+            // Keep the smallest size known to be denied.
+            if state
+                .denied
+                .is_none_or(|(s, until)| size <= s || until <= now)
+            {
+                state.denied = Some((size, now + retry_after));
+            }
+            return Outcome::Denied;
         }
         let ttl = self.config.ttl.min(Duration::from_millis(granted.ttl_ms));
         let lease = Lease {
             id: granted.id,
-            left: granted.tokens.saturating_sub(need),
+            left: granted.tokens,
             expires: sent + ttl,
         };
-        // `older` was taken above and only lease calls (serialised) put leases in.
+        if lease.expires <= now || self.closed.load(Ordering::Acquire) {
+            // Arrived expired (a TTL shorter than the round trip) or nobody wants it.
+            let stale = lease.expires <= now;
+            let _ = self.give_back(lease).await;
+            return if stale {
+                Outcome::Stale
+            } else {
+                Outcome::Failed(Failure::Closed)
+            };
+        }
+        let mut state = lock(&self.state);
+        // `older` was taken above and only lease calls (one at a time) put leases in.
+        if let Some(previous) = state.older.take() {
+            // Unreachable, but never drop a lease silently.
+            state.newer = state.newer.or(Some(previous));
+        }
         state.older = state.newer.replace(lease);
         state.threshold = self.config.draw_threshold();
-        state.empty_until = None;
-        Ok(Fetched::Granted { left: state.left() })
+        state.denied = None;
+        Outcome::Granted
+    }
+
+    /// Puts a lease taken out for settling back (the call that would settle it failed
+    /// without reaching the server's state).
+    fn restore(&self, lease: Option<Lease>) {
+        if let Some(lease) = lease {
+            let mut state = lock(&self.state);
+            if state.older.is_none() && lease.expires > Instant::now() {
+                state.older = Some(lease);
+            }
+        }
+    }
+
+    fn failed(&self, e: &Error) -> Outcome {
+        if e.is_outage() {
+            self.health.failed();
+            Outcome::Outage
+        } else {
+            Outcome::Failed(Failure::of(e))
+        }
+    }
+
+    /// `RL.RETURN` of a lease's leftover; a failed return counts the lease as lost.
+    async fn give_back(&self, lease: Lease) -> Result<u64, Error> {
+        let outcome = async {
+            let backend = self
+                .backend
+                .get(&self.conn, self.config.limiter.timeout)
+                .await?;
+            let cmd = return_cmd(backend, &self.key, lease.id, lease.left);
+            call(&self.conn, &cmd, self.config.limiter.timeout, &self.metrics)
+                .await
+                .and_then(protocol::integer)
+        }
+        .await;
+        match &outcome {
+            Ok(_) => self.metrics.returned(lease.left),
+            Err(_) => self.metrics.lease_lost(),
+        }
+        outcome
     }
 }
 
 impl<C: RedisConnection> Drop for Inner<C> {
+    /// Best effort: dropped in the main future of a multi-threaded tokio runtime (the end of
+    /// a `#[tokio::main]`), the leftovers are returned before the drop ends (at most one
+    /// timeout per lease); in a task or a current-thread runtime the return is spawned (it
+    /// runs if the runtime keeps running); without a runtime the leases expire on the
+    /// server after their TTL. `close().await` is the sure way.
     fn drop(&mut self) {
         let state = self
             .state
@@ -423,26 +668,41 @@ impl<C: RedisConnection> Drop for Inner<C> {
         let leases: Vec<Lease> = [state.older.take(), state.newer.take()]
             .into_iter()
             .flatten()
+            // Spent-out leases too: returning closes them, freeing their slot on the key.
             .filter(|l| l.expires > now)
             .collect();
         if leases.is_empty() {
             return;
         }
-        // Best effort: without a runtime the leases simply expire on the server.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let mut conn = self.conn.clone();
-            let key = self.key.clone();
-            let timeout = self.config.limiter.timeout;
-            // A lease exists only after a call, which resolved the backend.
-            let Some(backend) = self.backend.known() else {
-                return;
-            };
-            runtime.spawn(async move {
-                for lease in leases {
-                    let cmd = return_cmd(backend, &key, lease.id, lease.left);
-                    let _ = tokio::time::timeout(timeout, conn.req_packed_command(&cmd)).await;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        // A lease exists only after a call, which resolved the backend.
+        let Some(backend) = self.backend.known() else {
+            return;
+        };
+        let mut conn = self.conn.clone();
+        let key = self.key.clone();
+        let timeout = self.config.limiter.timeout;
+        let metrics = Arc::clone(&self.metrics);
+        let give_back = async move {
+            for lease in leases {
+                let cmd = return_cmd(backend, &key, lease.id, lease.left);
+                let outcome = tokio::time::timeout(timeout, conn.req_packed_command(&cmd)).await;
+                match outcome {
+                    Ok(Ok(_)) => metrics.returned(lease.left),
+                    _ => metrics.lease_lost(),
                 }
-            });
+            }
+        };
+        // Outside any task of a multi-threaded runtime (the end of `main`, which the
+        // runtime stops right after) the return is made before the drop ends; inside a
+        // task the runtime is running (or shutting down, where nothing can be sent).
+        let in_task = tokio::task::try_id().is_some();
+        if !in_task && runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+            tokio::task::block_in_place(|| runtime.block_on(give_back));
+        } else {
+            runtime.spawn(give_back);
         }
     }
 }

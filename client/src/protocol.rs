@@ -82,6 +82,73 @@ pub(crate) fn lease_cmd(
     cmd
 }
 
+/// `RL.PEEK key`.
+pub(crate) fn peek_cmd(backend: Backend, key: &str) -> Cmd {
+    let mut cmd = head(backend, "RL.PEEK");
+    cmd.arg(key);
+    cmd
+}
+
+/// `RL.PEEK`'s tokens: `None` for a missing key; the map (or flat array) otherwise.
+pub(crate) fn peek_reply(v: Value) -> Result<Option<f64>, Error> {
+    let pairs: Vec<(Value, Value)> = match v {
+        Value::Nil => return Ok(None),
+        Value::Map(pairs) => pairs,
+        Value::Array(items) if items.len() % 2 == 0 => {
+            let mut it = items.into_iter();
+            let mut pairs = Vec::new();
+            while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                pairs.push((k, v));
+            }
+            pairs
+        }
+        other => return Err(bad("expected RL.PEEK's map", &other)),
+    };
+    for (k, v) in &pairs {
+        let name = match k {
+            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            Value::SimpleString(s) => s.clone(),
+            _ => continue,
+        };
+        if name == "tokens" {
+            return number(v).map(Some);
+        }
+    }
+    Err(Error::Reply("RL.PEEK reply without tokens".into()))
+}
+
+/// `RL.MTAKE n key rate cap [key rate cap ...]` (or `FCALL rl_mtake N keys.. n rate cap..`).
+pub(crate) fn mtake_cmd(backend: Backend, keys: &[&str], limit: &Limit, n: u64) -> Cmd {
+    match backend {
+        Backend::Functions => {
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg("rl_mtake").arg(keys.len());
+            for key in keys {
+                cmd.arg(*key);
+            }
+            cmd.arg(n);
+            for _ in keys {
+                cmd.arg(limit.rate()).arg(limit.cap());
+            }
+            cmd
+        }
+        _ => {
+            let mut cmd = redis::cmd("RL.MTAKE");
+            cmd.arg(n);
+            for key in keys {
+                cmd.arg(*key).arg(limit.rate()).arg(limit.cap());
+            }
+            cmd
+        }
+    }
+}
+
+/// `RL.MTAKE`'s `[granted, denied_by, retry_after_ms]`: the tokens granted.
+pub(crate) fn mtake_reply(v: Value) -> Result<u64, Error> {
+    let items = array(v, 3)?;
+    count(&items[0])
+}
+
 /// `RL.RETURN key id unused`.
 pub(crate) fn return_cmd(backend: Backend, key: &str, id: u64, unused: u64) -> Cmd {
     let mut cmd = head(backend, "RL.RETURN");

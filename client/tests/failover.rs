@@ -18,6 +18,7 @@ fn limiter_config(policy: FailurePolicy) -> LimiterConfig {
         timeout: Duration::from_millis(300),
         probe_interval: Duration::from_millis(100),
         policy,
+        instances: 1,
         ..Default::default()
     }
 }
@@ -72,8 +73,10 @@ async fn through_an_outage(policy: FailurePolicy) -> (Decision, Decision) {
 
 #[tokio::test]
 async fn allow_fails_open_through_a_local_bucket() {
-    let (spent, fresh) = through_an_outage(FailurePolicy::Allow { share: 1.0 }).await;
-    assert!(spent.allowed && fresh.allowed);
+    let (spent, fresh) = through_an_outage(FailurePolicy::Allow).await;
+    // What Redis granted was this instance's share: the local bucket does not grant it
+    // again.
+    assert!(!spent.allowed && fresh.allowed, "{spent:?} {fresh:?}");
 }
 
 #[tokio::test]
@@ -103,7 +106,7 @@ async fn slow_redis_times_out_instead_of_hanging() {
     let limiter = Limiter::new(
         server.manager().await,
         frozen(),
-        limiter_config(FailurePolicy::Allow { share: 1.0 }),
+        limiter_config(FailurePolicy::Allow),
     )
     .unwrap();
     assert_eq!(take(&limiter, "k").await.source, Source::Server);
@@ -180,7 +183,7 @@ async fn prefetch_spends_held_tokens_then_falls_back_then_recovers() {
 #[tokio::test]
 async fn lazy_connection_reconnects_after_redis_restarts() {
     let mut server = Server::start();
-    let config = limiter_config(FailurePolicy::Allow { share: 1.0 });
+    let config = limiter_config(FailurePolicy::Allow);
     let limiter = Limiter::from_client(server.client(), frozen(), config).unwrap();
     let take = |key: &'static str| {
         let limiter = limiter.clone();

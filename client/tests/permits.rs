@@ -224,13 +224,12 @@ async fn permits_fall_back_by_policy_while_redis_is_down() {
     let config = |policy| LimiterConfig {
         policy,
         probe_interval: Duration::from_millis(100),
+        instances: 2,
         ..Default::default()
     };
     let ttl = Duration::from_secs(5);
-    // Half of 4 slots locally.
-    let allow =
-        Semaphore::from_client(server.client(), config(FailurePolicy::Allow { share: 0.5 }))
-            .unwrap();
+    // Half of 4 slots locally (2 instances).
+    let allow = Semaphore::from_client(server.client(), config(FailurePolicy::Allow)).unwrap();
     let a = allow.acquire("k", 4, ttl).await.unwrap().unwrap();
     let b = allow.acquire("k", 4, ttl).await.unwrap().unwrap();
     assert_eq!((a.source(), b.in_use()), (Source::Fallback, 2));

@@ -3,8 +3,6 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rl_client::{FailurePolicy, Limit, LimiterConfig, PrefetchConfig, PrefetchLimiter, Source};
@@ -116,46 +114,72 @@ async fn close_returns_leftovers() {
 async fn fleet_never_spends_more_than_the_bucket_allows() {
     let server = Server::start();
     let (rate, cap) = (200.0, 50.0);
+    let (instances, batch) = (8, 10);
     let limit = Limit::new(rate, cap).unwrap();
-    let spent = Arc::new(AtomicU64::new(0));
     let run_for = Duration::from_millis(2500);
 
     let mut fleet = Vec::new();
-    for _ in 0..8 {
+    for _ in 0..instances {
         let cfg = PrefetchConfig {
             jitter: 0.1,
-            ..config(10, 300)
+            ..config(batch, 300)
         };
         fleet.push(PrefetchLimiter::new(server.manager().await, "shared", limit, cfg).unwrap());
     }
     let started = Instant::now();
     let mut tasks = Vec::new();
     for limiter in fleet.clone() {
-        let spent = Arc::clone(&spent);
         tasks.push(tokio::spawn(async move {
-            let mut last_spend = started;
+            // Every grant, as the interval its decision was made in: [asked, answered].
+            let mut grants = Vec::new();
             while started.elapsed() < run_for {
+                let asked = Instant::now();
                 let d = limiter.take(1).await.unwrap();
                 if d.allowed {
-                    spent.fetch_add(1, Ordering::Relaxed);
-                    last_spend = Instant::now();
+                    grants.push((asked, Instant::now()));
                 } else {
                     tokio::time::sleep(d.retry_after.min(Duration::from_millis(5))).await;
                 }
             }
-            last_spend
+            grants
         }));
     }
-    let mut last_spend = started;
+    let mut grants = Vec::new();
     for t in tasks {
-        last_spend = last_spend.max(t.await.unwrap());
+        grants.extend(t.await.unwrap());
     }
+    grants.sort();
+    let spent = grants.len() as u64;
+    let last_spend = grants.iter().map(|g| g.1).max().unwrap_or(started);
     let elapsed = last_spend.duration_since(started).as_secs_f64();
-    let spent = spent.load(Ordering::Relaxed);
     let bound = cap + rate * elapsed;
     println!("fleet spent {spent} in {elapsed:.3} s; bound {bound:.1}");
     assert!(spent as f64 <= bound, "spent {spent} > {bound}");
     assert!(spent >= cap as u64, "the full bucket was there to spend");
+
+    // Over any window of t seconds the fleet spends at most cap + rate * t plus what it
+    // held when the window opened: up to two leases of at most `batch` per instance. A
+    // grant counts in a window if its decision interval meets it (an over-count: the
+    // check can only be stricter than the bound).
+    let held = 2.0 * batch as f64 * instances as f64;
+    let mut worst: f64 = f64::MIN;
+    for t in [0.05, 0.1, 0.25, 0.5, 1.0] {
+        let window = Duration::from_secs_f64(t);
+        for (i, &(open, _)) in grants.iter().enumerate() {
+            let close = open + window;
+            let inside = grants[i..].iter().take_while(|g| g.0 <= close).count() as f64
+                + grants[..i].iter().filter(|g| g.1 >= open).count() as f64;
+            let excess = inside - (cap + rate * t);
+            worst = worst.max(excess);
+            assert!(
+                inside <= cap + rate * t + held,
+                "{inside} spent in a window of {t} s > {cap} + {rate} * {t} + {held}"
+            );
+        }
+    }
+    println!(
+        "worst window: cap + rate * t + {worst:.0} (bound: + 2 * batch * instances = + {held})"
+    );
 
     let mut fallbacks = 0;
     for limiter in &fleet {
@@ -170,4 +194,66 @@ async fn fleet_never_spends_more_than_the_bucket_allows() {
         leased - returned >= spent as f64,
         "{leased} - {returned} < {spent}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_holding_two_leases_each_bursts_within_the_stated_bound() {
+    let server = Server::start();
+    let (rate, cap) = (100.0, 100.0);
+    let (instances, batch) = (4u64, 10u64);
+    let limit = Limit::new(rate, cap).unwrap();
+    // Renew at 9 of 10 left: one take leaves each instance holding two leases.
+    let cfg = PrefetchConfig {
+        renew_at: 0.95,
+        ..config(batch, 60_000)
+    };
+    let mut fleet = Vec::new();
+    for _ in 0..instances {
+        fleet.push(
+            PrefetchLimiter::new(server.manager().await, "burst", limit, cfg.clone()).unwrap(),
+        );
+    }
+    for limiter in &fleet {
+        assert!(limiter.take(1).await.unwrap().allowed);
+    }
+    for limiter in &fleet {
+        let m = limiter.metrics().clone();
+        eventually(10, "the second lease", || m.snapshot().leases == 2).await;
+    }
+    let held: u64 = fleet.iter().map(|l| l.held()).sum();
+    assert_eq!(held, instances * (2 * batch - 1));
+    // The bucket refills while the fleet holds its leases; then everyone spends at once.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let opened = Instant::now();
+    let mut tasks = Vec::new();
+    for limiter in fleet.clone() {
+        tasks.push(tokio::spawn(async move {
+            let mut spent = 0u64;
+            loop {
+                let d = limiter.take(1).await.unwrap();
+                if !d.allowed {
+                    return (spent, Instant::now());
+                }
+                spent += 1;
+            }
+        }));
+    }
+    let (mut spent, mut closed) = (0, opened);
+    for t in tasks {
+        let (s, at) = t.await.unwrap();
+        spent += s;
+        closed = closed.max(at);
+    }
+    let t = closed.duration_since(opened).as_secs_f64();
+    let bound = cap + rate * t + (2 * batch * instances) as f64;
+    let old = cap + rate * t + (batch * instances) as f64;
+    println!(
+        "burst: {spent} spent in {t:.3} s; cap + rate * t = {:.1}; old README bound \
+         (+ batch * instances) {old:.1}; stated bound (+ 2 * batch * instances) {bound:.1}",
+        cap + rate * t
+    );
+    assert!(spent as f64 <= bound, "{spent} > {bound}");
+    for limiter in &fleet {
+        limiter.close().await.unwrap();
+    }
 }

@@ -186,15 +186,11 @@ async fn reserve_falls_back_by_policy_while_redis_is_down() {
     let config = |policy| LimiterConfig {
         policy,
         probe_interval: Duration::from_secs(60),
+        instances: 1,
         ..Default::default()
     };
     let limit = Limit::new(10.0, 2.0).unwrap();
-    let allow = Limiter::from_client(
-        server.client(),
-        limit,
-        config(FailurePolicy::Allow { share: 1.0 }),
-    )
-    .unwrap();
+    let allow = Limiter::from_client(server.client(), limit, config(FailurePolicy::Allow)).unwrap();
     let max = Duration::from_secs(1);
     for _ in 0..2 {
         let r = allow.reserve("k", 1, max).await.unwrap();

@@ -65,7 +65,7 @@ async fn service_starts_and_serves_without_redis_then_recovers() {
     // Nothing listens on the port yet.
     let mut server = Server::stopped();
     // As the example's main builds it: 3 requests per key, refilling very slowly.
-    let limiter = http_service::build_limiter(&server.url(), 0.01, 3.0).unwrap();
+    let limiter = http_service::build_limiter(&server.url(), 0.01, 3.0, 1).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let service = tokio::spawn(async move {

@@ -78,6 +78,57 @@ impl Server {
         redis::Client::open(self.url()).unwrap()
     }
 
+    /// `RL.PEEK`'s tokens of `key` (`None`: no key, a full bucket).
+    pub fn tokens(&self, key: &str) -> Option<f64> {
+        kit::peek_tokens(&mut self.conn(), key)
+    }
+
+    /// `RL.PEEK`'s live leases of `key` (0 for no key).
+    pub fn live_leases(&self, key: &str) -> i64 {
+        let v: redis::Value = redis::cmd("RL.PEEK")
+            .arg(key)
+            .query(&mut self.conn())
+            .unwrap();
+        let items = match v {
+            redis::Value::Nil => return 0,
+            redis::Value::Array(items) => items,
+            redis::Value::Map(pairs) => pairs.into_iter().flat_map(|(k, v)| [k, v]).collect(),
+            other => panic!("RL.PEEK: {other:?}"),
+        };
+        items
+            .chunks(2)
+            .find(|kv| kv[0] == redis::Value::BulkString(b"leases".to_vec()))
+            .map(|kv| redis::from_redis_value(&kv[1]).unwrap())
+            .unwrap_or(0)
+    }
+
+    /// Runs `DEBUG SLEEP secs` on its own connection (the server answers nobody until it
+    /// ends) and returns once the server has stopped answering; join the handle to wait for
+    /// the end.
+    pub fn debug_sleep(&self, secs: f64) -> std::thread::JoinHandle<()> {
+        let mut conn = self.conn();
+        let mut probe = self.conn();
+        let sleeper = std::thread::spawn(move || {
+            let _: () = redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg(secs)
+                .query(&mut conn)
+                .unwrap();
+        });
+        // A PING that goes unanswered for 50 ms: the sleep has begun.
+        probe
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        while redis::cmd("PING").query::<String>(&mut probe).is_ok() {
+            assert!(
+                !sleeper.is_finished(),
+                "DEBUG SLEEP ended before it was seen"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        sleeper
+    }
+
     /// One field of `INFO <section>` as a number.
     pub fn info(&self, section: &str, field: &str) -> f64 {
         let info: String = redis::cmd("INFO")
@@ -99,5 +150,157 @@ pub async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A redis-server (`RL_SERVER`, default `redis-server`) without the module: what a client
+/// meets when the module was not loaded. Killed on drop.
+pub struct Plain {
+    child: std::process::Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Plain {
+    pub fn start() -> Plain {
+        let port = kit::free_port();
+        let dir = tempfile::tempdir().unwrap();
+        let child = std::process::Command::new(kit::server_binary())
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("cannot start redis-server");
+        let plain = Plain {
+            child,
+            port,
+            _dir: dir,
+        };
+        let client = plain.client();
+        kit::wait_until(10, "plain server", || {
+            client
+                .get_connection_with_timeout(Duration::from_millis(200))
+                .is_ok()
+        });
+        plain
+    }
+
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).unwrap()
+    }
+}
+
+impl Drop for Plain {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A TCP proxy in front of a server that can make the connections it carries half-open:
+/// after [`Proxy::freeze`], the connections open at that moment stay open but forward
+/// nothing more (a peer that vanished without closing, a network partition), while new
+/// connections go through. The tokio runtime of the test drives it.
+pub struct Proxy {
+    pub port: u16,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: u16) -> Proxy {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let frozen = Arc::new(AtomicU64::new(0));
+        let accepted = Arc::new(AtomicU64::new(0));
+        let (f, a) = (Arc::clone(&frozen), Arc::clone(&accepted));
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((down, _)) = listener.accept().await else {
+                    return;
+                };
+                // Connections are numbered from 1; those up to `frozen` are frozen.
+                let number = a.fetch_add(1, Ordering::SeqCst) + 1;
+                let f = Arc::clone(&f);
+                tokio::spawn(async move {
+                    let Ok(up) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                    else {
+                        return;
+                    };
+                    let (dr, dw) = down.into_split();
+                    let (ur, uw) = up.into_split();
+                    let a = pump(dr, uw, number, Arc::clone(&f));
+                    let b = pump(ur, dw, number, f);
+                    let _ = tokio::join!(a, b);
+                });
+            }
+        });
+        Proxy {
+            port,
+            frozen,
+            accepted,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).unwrap()
+    }
+
+    /// Every connection open now forwards nothing more, and never closes.
+    pub fn freeze(&self) {
+        use std::sync::atomic::Ordering;
+        let n = self.accepted.load(Ordering::SeqCst);
+        self.frozen.store(n, Ordering::SeqCst);
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    number: u64,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let read = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(read) => read,
+        };
+        if frozen.load(std::sync::atomic::Ordering::SeqCst) >= number {
+            // Half-open: keep both sockets, forward nothing, ever.
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(&buf[..read]).await.is_err() {
+            return;
+        }
     }
 }

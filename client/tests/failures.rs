@@ -1,0 +1,744 @@
+//! The client under real failures (issue 18), each against real servers: cancelled and
+//! timed-out takes under `DEBUG SLEEP`, error replies of each kind, a missing module,
+//! half-open connections, startup with Redis down, Redis killed and restarted, flapping
+//! outages under each policy, the fleet bound at 512 instances, and the lower items (stale
+//! leases, close, drop, metrics that add up). The shared contract is in the README:
+//! "What a client guarantees under cancellation, errors and outages".
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use rl_client::{
+    Backend, Decision, Error, FailurePolicy, LazyConfig, LazyConnection, Limit, Limiter,
+    LimiterConfig, PrefetchConfig, PrefetchLimiter, Source,
+};
+use support::{eventually, Plain, Proxy, Server};
+
+/// Guard against a hang: far above any configured timeout.
+const HANG: Duration = Duration::from_secs(30);
+
+/// Slack on "returns within its timeout": generous for a loaded 2-core box.
+const SLACK: Duration = Duration::from_secs(1);
+
+const POLICIES: [FailurePolicy; 3] = [
+    FailurePolicy::Allow,
+    FailurePolicy::LastKnown,
+    FailurePolicy::Deny,
+];
+
+fn limiter_config(policy: FailurePolicy, timeout_ms: u64) -> LimiterConfig {
+    LimiterConfig {
+        timeout: Duration::from_millis(timeout_ms),
+        probe_interval: Duration::from_millis(100),
+        policy,
+        instances: 1,
+        ..Default::default()
+    }
+}
+
+fn prefetch_config(policy: FailurePolicy, timeout_ms: u64) -> PrefetchConfig {
+    PrefetchConfig {
+        batch: 20,
+        ttl: Duration::from_secs(60),
+        // No background renewal: every lease in these tests is one a take asked for.
+        renew_at: 0.0,
+        jitter: 0.0,
+        limiter: limiter_config(policy, timeout_ms),
+    }
+}
+
+/// 100 tokens that do not refill within a test.
+fn frozen() -> Limit {
+    Limit::new(0.001, 100.0).unwrap()
+}
+
+fn assert_adds_up(m: &rl_client::MetricsSnapshot) {
+    assert_eq!(m.calls, m.granted + m.denied + m.errors, "{m:?}");
+}
+
+async fn timed<T>(f: impl std::future::Future<Output = T>) -> (T, Duration) {
+    let started = Instant::now();
+    let out = tokio::time::timeout(HANG, f).await.expect("hung");
+    (out, started.elapsed())
+}
+
+// 1. Cancellation never loses tokens.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_takes_lose_no_tokens() {
+    let server = Server::start();
+    let limiter = PrefetchLimiter::from_client(
+        server.client(),
+        "k",
+        frozen(),
+        prefetch_config(FailurePolicy::Deny, 5_000),
+    )
+    .unwrap();
+    assert!(limiter.take(1).await.unwrap().allowed);
+    assert_eq!(limiter.held(), 19);
+
+    // Redis stalls; five callers give up on takes that need a lease (a request timeout,
+    // a client gone): their futures are dropped while the lease call is in flight.
+    // Shorter than the connection's response timeout (LazyConfig, 2 s): a reply later than
+    // that is given up on, and the lease counted in `leases_lost`.
+    let sleeper = server.debug_sleep(1.5);
+    for _ in 0..5 {
+        let cancelled = tokio::time::timeout(Duration::from_millis(100), limiter.take(20)).await;
+        assert!(
+            cancelled.is_err(),
+            "Redis is asleep: the take cannot be answered"
+        );
+    }
+    sleeper.join().unwrap();
+
+    // The one lease call they started completed on its own task and was installed: the
+    // older lease's 19 and the new batch of 20 are held, nothing was lost.
+    eventually(20, "the lease to be installed", || limiter.held() == 39).await;
+    let t = server.tokens("k").unwrap();
+    assert!((t - 60.0).abs() < 0.1, "server holds {t}");
+    let m = limiter.metrics().snapshot();
+    assert_eq!((m.cancelled, m.leases, m.leases_lost), (5, 2, 0), "{m:?}");
+    assert_adds_up(&m);
+    let d = limiter.take(1).await.unwrap();
+    assert_eq!((d.allowed, d.source), (true, Source::Lease));
+
+    // Everything held goes back: the server is where it would be after 2 tokens spent.
+    assert_eq!(limiter.close().await.unwrap(), 38);
+    let t = server.tokens("k").unwrap_or(100.0);
+    assert!((t - 98.0).abs() < 0.1, "server holds {t}");
+    assert_adds_up(&limiter.metrics().snapshot());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_past_its_timeout_falls_back_and_its_lease_arrives_later() {
+    let server = Server::start();
+    let limiter = PrefetchLimiter::from_client(
+        server.client(),
+        "k",
+        frozen(),
+        prefetch_config(FailurePolicy::Deny, 300),
+    )
+    .unwrap();
+    assert!(limiter.take(1).await.unwrap().allowed);
+    let sleeper = server.debug_sleep(1.5);
+    let (d, took) = timed(limiter.take(20)).await;
+    let d = d.unwrap();
+    assert_eq!((d.allowed, d.source), (false, Source::Fallback), "{d:?}");
+    assert!(took < Duration::from_millis(300) + SLACK, "{took:?}");
+    sleeper.join().unwrap();
+    // The lease call went on after the caller's timeout and installed its batch.
+    eventually(20, "the late lease", || limiter.held() == 39).await;
+    let m = limiter.metrics().snapshot();
+    assert_eq!((m.leases, m.leases_lost, m.fallback_decisions), (2, 0, 1));
+    assert_adds_up(&m);
+    assert_eq!(limiter.close().await.unwrap(), 39);
+}
+
+// 2. Error replies are errors, never outages.
+
+#[tokio::test]
+async fn error_replies_are_returned_never_granted_under_any_policy() {
+    let server = Server::start();
+    let _: () = redis::cmd("SET")
+        .arg("plain-string")
+        .arg("x")
+        .query(&mut server.conn())
+        .unwrap();
+    // A key that already has the most live leases the module allows.
+    let mut pipe = redis::pipe();
+    for _ in 0..1024 {
+        pipe.cmd("RL.LEASE")
+            .arg("crowded")
+            .arg(1000)
+            .arg(100_000)
+            .arg(1)
+            .arg(60_000)
+            .ignore();
+    }
+    let _: () = pipe.query(&mut server.conn()).unwrap();
+
+    for policy in POLICIES {
+        let limiter =
+            Limiter::from_client(server.client(), frozen(), limiter_config(policy, 2_000)).unwrap();
+        for _ in 0..20 {
+            let e = limiter.take("plain-string", 1).await.unwrap_err();
+            assert!(
+                matches!(&e, Error::Server(t) if t.contains("WRONGTYPE")),
+                "{e:?}"
+            );
+            let e = limiter
+                .reserve("plain-string", 1, Duration::from_secs(1))
+                .await
+                .unwrap_err();
+            assert!(e.is_server_error() && !e.is_outage(), "{e:?}");
+        }
+        // Redis is not down for everyone else.
+        assert_eq!(
+            limiter.take("fine", 1).await.unwrap().source,
+            Source::Server
+        );
+        let m = limiter.metrics().snapshot();
+        assert_eq!((m.server_errors, m.errors), (40, 40), "{policy:?} {m:?}");
+        assert_eq!((m.redis_errors, m.fallback_decisions), (0, 0), "{policy:?}");
+        assert_eq!(m.granted, 1);
+        assert_adds_up(&m);
+
+        for key in ["plain-string", "crowded"] {
+            let prefetch = PrefetchLimiter::from_client(
+                server.client(),
+                key,
+                Limit::new(1000.0, 100_000.0).unwrap(),
+                prefetch_config(policy, 2_000),
+            )
+            .unwrap();
+            for _ in 0..20 {
+                let e = prefetch.take(1).await.unwrap_err();
+                let want = if key == "crowded" {
+                    "too many live leases"
+                } else {
+                    "WRONGTYPE"
+                };
+                assert!(matches!(&e, Error::Server(t) if t.contains(want)), "{e:?}");
+            }
+            let m = prefetch.metrics().snapshot();
+            assert_eq!((m.granted, m.fallback_decisions, m.redis_errors), (0, 0, 0));
+            assert_eq!((m.errors, m.server_errors), (20, 20), "{policy:?} {m:?}");
+            assert_adds_up(&m);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_missing_module_is_a_clear_error_naming_the_fix() {
+    let plain = Plain::start();
+    for policy in POLICIES {
+        for backend in [Backend::Module, Backend::Auto] {
+            let config = LimiterConfig {
+                backend,
+                ..limiter_config(policy, 2_000)
+            };
+            let limiter = Limiter::from_client(plain.client(), frozen(), config.clone()).unwrap();
+            // At startup...
+            let e = limiter.check().await.unwrap_err();
+            assert!(
+                e.to_string().contains("loadmodule") && !e.is_outage(),
+                "{e}"
+            );
+            // ...and at first use.
+            let e = limiter.take("k", 1).await.unwrap_err();
+            assert!(matches!(e, Error::Config(_)), "{e:?}");
+            assert!(e.to_string().contains("loadmodule"), "{e}");
+            let prefetch = PrefetchLimiter::from_client(
+                plain.client(),
+                "k",
+                frozen(),
+                PrefetchConfig {
+                    limiter: config,
+                    ..prefetch_config(policy, 2_000)
+                },
+            )
+            .unwrap();
+            let e = prefetch.take(1).await.unwrap_err();
+            assert!(e.to_string().contains("loadmodule"), "{e}");
+            for m in [limiter.metrics().snapshot(), prefetch.metrics().snapshot()] {
+                assert_eq!((m.granted, m.fallback_decisions, m.errors), (0, 0, 1));
+            }
+        }
+    }
+    // With the module: the check passes; with Redis down it is an outage, not a config
+    // error (a service may start anyway).
+    let mut server = Server::start();
+    let config = limiter_config(FailurePolicy::Allow, 300);
+    let limiter = Limiter::from_client(server.client(), frozen(), config).unwrap();
+    assert_eq!(limiter.check().await.unwrap(), Backend::Module);
+    server.stop();
+    assert!(limiter.check().await.unwrap_err().is_outage());
+}
+
+// 3. Recovery: startup with Redis down, restarts, half-open connections.
+
+/// Takes from `limiter` until Redis decides again; answers how long that took.
+async fn until_server(
+    take: impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send>>,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        let (d, took) = timed(take()).await;
+        assert!(took < Duration::from_millis(300) + SLACK, "{took:?}");
+        if d.source != Source::Fallback {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < HANG, "never recovered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_with_redis_down_serves_its_policy_and_recovers_after_restarts() {
+    let mut server = Server::stopped();
+    let config = LimiterConfig {
+        instances: 2,
+        ..limiter_config(FailurePolicy::Allow, 300)
+    };
+    let limit = Limit::new(0.001, 10.0).unwrap();
+    let limiter = Limiter::from_client(server.client(), limit, config.clone()).unwrap();
+    let prefetch = PrefetchLimiter::from_client(
+        server.client(),
+        "p",
+        limit,
+        PrefetchConfig {
+            batch: 2,
+            limiter: config,
+            ..prefetch_config(FailurePolicy::Allow, 300)
+        },
+    )
+    .unwrap();
+    // Nothing listens: each decides from its share (10 / 2 instances), within its timeout.
+    for _ in 0..2 {
+        let mut allowed = 0;
+        for _ in 0..8 {
+            let (d, took) = timed(limiter.take("k", 1)).await;
+            let d = d.unwrap();
+            assert_eq!(d.source, Source::Fallback);
+            assert!(took < Duration::from_millis(300) + SLACK, "{took:?}");
+            allowed += u64::from(d.allowed);
+            let (d, took) = timed(prefetch.take(1)).await;
+            // A lease still held from before the outage is spent first.
+            assert_ne!(d.unwrap().source, Source::Server);
+            assert!(took < Duration::from_millis(300) + SLACK, "{took:?}");
+        }
+        assert!(allowed <= 5, "at most the share: {allowed}");
+
+        // Redis comes up (or back): both go back to it within the documented bound.
+        server.resume();
+        let l = limiter.clone();
+        let back = until_server(move || {
+            let l = l.clone();
+            Box::pin(async move { l.take("fresh", 1).await.unwrap() })
+        })
+        .await;
+        let p = prefetch.clone();
+        let back_p = until_server(move || {
+            let p = p.clone();
+            Box::pin(async move { p.take(1).await.unwrap() })
+        })
+        .await;
+        println!("recovered after {back:?} (Limiter), then {back_p:?} (PrefetchLimiter)");
+        // probe_interval + one connection attempt + one call, with slack for the box.
+        assert!(back < Duration::from_millis(100 + 1_000 + 300) + SLACK * 3);
+        server.stop();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_connection_is_detected_and_replaced() {
+    let server = Server::start();
+    let proxy = Proxy::start(server.port).await;
+    let lazy = LazyConnection::with_config(
+        proxy.client(),
+        LazyConfig {
+            connect_timeout: Duration::from_millis(500),
+            response_timeout: Duration::from_millis(800),
+        },
+    );
+    let limiter = Limiter::new(
+        lazy.clone(),
+        frozen(),
+        limiter_config(FailurePolicy::Deny, 300),
+    )
+    .unwrap();
+    let prefetch = PrefetchLimiter::new(
+        lazy,
+        "p",
+        frozen(),
+        prefetch_config(FailurePolicy::Deny, 300),
+    )
+    .unwrap();
+    assert_eq!(limiter.take("k", 1).await.unwrap().source, Source::Server);
+    assert!(prefetch.take(20).await.unwrap().allowed);
+    assert_eq!(proxy.accepted(), 1);
+
+    // The connection stays open but nothing comes back on it, ever.
+    proxy.freeze();
+    let (d, took) = timed(limiter.take("k", 1)).await;
+    assert_eq!(d.unwrap().source, Source::Fallback);
+    assert!(took < Duration::from_millis(300) + SLACK, "{took:?}");
+    let (d, took) = timed(prefetch.take(1)).await;
+    assert_eq!(d.unwrap().source, Source::Fallback);
+    assert!(took < Duration::from_millis(300) + SLACK, "{took:?}");
+
+    // The silent connection is replaced by a new one, and decisions come from Redis again.
+    let l = limiter.clone();
+    let back = until_server(move || {
+        let l = l.clone();
+        Box::pin(async move { l.take("k", 1).await.unwrap() })
+    })
+    .await;
+    let p = prefetch.clone();
+    until_server(move || {
+        let p = p.clone();
+        Box::pin(async move { p.take(1).await.unwrap() })
+    })
+    .await;
+    println!("half-open connection replaced after {back:?}");
+    assert!(proxy.accepted() >= 2, "a new connection");
+    // The lease call sent on the silent connection never got its answer: counted.
+    let m = prefetch.metrics().snapshot();
+    assert!(m.leases_lost >= 1, "{m:?}");
+    assert_adds_up(&m);
+}
+
+// 4. Local state: fleet shares that carry across flaps, per-size denials.
+
+/// Fallback grants of one key over three outages; Redis answers in between.
+async fn flapping(policy: FailurePolicy) -> u64 {
+    let mut server = Server::start();
+    let config = LimiterConfig {
+        instances: 2,
+        ..limiter_config(policy, 300)
+    };
+    // 8 tokens, refilling 0.01/s: this instance's share is 4.
+    let limiter =
+        Limiter::from_client(server.client(), Limit::new(0.01, 8.0).unwrap(), config).unwrap();
+    assert_eq!(
+        limiter.take("warm", 1).await.unwrap().source,
+        Source::Server
+    );
+    let mut allowed = 0;
+    for flap in 0..3 {
+        server.stop();
+        for _ in 0..10 {
+            let d = limiter.take("k", 1).await.unwrap();
+            assert_eq!(d.source, Source::Fallback);
+            allowed += u64::from(d.allowed);
+        }
+        server.resume();
+        let l = limiter.clone();
+        until_server(move || {
+            let l = l.clone();
+            Box::pin(async move { l.take(&format!("probe{flap}"), 1).await.unwrap() })
+        })
+        .await;
+    }
+    assert_adds_up(&limiter.metrics().snapshot());
+    allowed
+}
+
+#[tokio::test]
+async fn flapping_outages_do_not_refill_the_allow_budget() {
+    // The share of 4 once, not a fresh bucket per flap (nor the whole 8 per instance).
+    assert_eq!(flapping(FailurePolicy::Allow).await, 4);
+}
+
+#[tokio::test]
+async fn flapping_outages_do_not_refill_the_last_known_budget() {
+    assert_eq!(flapping(FailurePolicy::LastKnown).await, 4);
+}
+
+#[tokio::test]
+async fn flapping_outages_under_deny_grant_nothing() {
+    assert_eq!(flapping(FailurePolicy::Deny).await, 0);
+}
+
+#[tokio::test]
+async fn a_denied_large_take_does_not_deny_small_ones() {
+    let server = Server::start();
+    let limiter = PrefetchLimiter::from_client(
+        server.client(),
+        "k",
+        frozen(),
+        prefetch_config(FailurePolicy::Deny, 5_000),
+    )
+    .unwrap();
+    // 93 of 100 left on the server.
+    let _: redis::Value = redis::cmd("RL.TAKE")
+        .arg("k")
+        .arg(0.001)
+        .arg(100.0)
+        .arg(7)
+        .query(&mut server.conn())
+        .unwrap();
+    let big = limiter.take(95).await.unwrap();
+    assert_eq!((big.allowed, big.source), (false, Source::Server));
+    assert!(big.retry_after > Duration::from_secs(60), "{big:?}");
+    // The same size again is denied locally, without a call...
+    let calls = limiter.metrics().snapshot().redis_calls;
+    assert!(!limiter.take(96).await.unwrap().allowed);
+    assert_eq!(limiter.metrics().snapshot().redis_calls, calls);
+    // ...but 59 small takes are not: the server has the tokens.
+    for _ in 0..59 {
+        let d = limiter.take(1).await.unwrap();
+        assert!(d.allowed, "{d:?}");
+    }
+    assert_adds_up(&limiter.metrics().snapshot());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_call_returns_within_its_timeout_under_debug_sleep() {
+    let server = Server::start();
+    let timeout = Duration::from_millis(300);
+    // An established connection, and fresh limiters on it and on their own: their first
+    // call also resolves the backend (`Auto`) or connects.
+    let connected = LazyConnection::new(server.client());
+    let warm = Limiter::new(
+        connected.clone(),
+        frozen(),
+        limiter_config(FailurePolicy::Allow, 2_000),
+    )
+    .unwrap();
+    assert_eq!(warm.take("warm", 1).await.unwrap().source, Source::Server);
+    let mut limiters = Vec::new();
+    let mut prefetchers = Vec::new();
+    for backend in [Backend::Module, Backend::Auto] {
+        let config = LimiterConfig {
+            backend,
+            ..limiter_config(FailurePolicy::Allow, 300)
+        };
+        let prefetch = PrefetchConfig {
+            limiter: config.clone(),
+            ..prefetch_config(FailurePolicy::Allow, 300)
+        };
+        limiters.push(Limiter::from_client(server.client(), frozen(), config.clone()).unwrap());
+        limiters.push(Limiter::new(connected.clone(), frozen(), config).unwrap());
+        prefetchers.push(
+            PrefetchLimiter::from_client(server.client(), "p", frozen(), prefetch.clone()).unwrap(),
+        );
+        prefetchers.push(PrefetchLimiter::new(connected.clone(), "q", frozen(), prefetch).unwrap());
+    }
+    let sleeper = server.debug_sleep(3.0);
+    let mut calls = Vec::new();
+    for i in 0..4 {
+        for l in &limiters {
+            let l = l.clone();
+            calls.push(tokio::spawn(async move {
+                let started = Instant::now();
+                l.take("k", 1).await.unwrap();
+                l.reserve_nowait("k", 1, Duration::from_secs(1))
+                    .await
+                    .unwrap();
+                started.elapsed() / 2
+            }));
+        }
+        for p in &prefetchers {
+            let p = p.clone();
+            calls.push(tokio::spawn(async move {
+                let started = Instant::now();
+                p.take(1 + i).await.unwrap();
+                started.elapsed()
+            }));
+        }
+    }
+    let mut slowest = Duration::ZERO;
+    for call in calls {
+        slowest = slowest.max(call.await.unwrap());
+    }
+    println!("slowest call under DEBUG SLEEP 3: {slowest:?} (timeout {timeout:?})");
+    assert!(slowest < timeout + SLACK, "{slowest:?}");
+    sleeper.join().unwrap();
+}
+
+// 5. The fleet bound at the stated instance count.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_serves_512_prefetching_instances_and_the_513th_gets_an_error() {
+    let server = Server::start();
+    let conn = server.manager().await;
+    let limit = Limit::new(0.001, 1_000_000.0).unwrap();
+    // Batch 2 renewing at 1 left: after one take each instance holds two live leases.
+    let config = PrefetchConfig {
+        batch: 2,
+        renew_at: 0.5,
+        ..prefetch_config(FailurePolicy::Allow, 5_000)
+    };
+    let metrics = std::sync::Arc::new(rl_client::Metrics::new());
+    let fleet: Vec<_> = (0..512)
+        .map(|_| {
+            PrefetchLimiter::with_metrics(
+                conn.clone(),
+                "fleet",
+                limit,
+                config.clone(),
+                metrics.clone(),
+            )
+            .unwrap()
+        })
+        .collect();
+    for instance in &fleet {
+        assert_eq!(instance.take(1).await.unwrap().source, Source::Server);
+    }
+    eventually(30, "every renewal", || metrics.snapshot().leases == 1024).await;
+    assert_eq!(
+        server.live_leases("fleet"),
+        1024,
+        "two live leases per instance"
+    );
+    // Spending on renews (settling the older lease in the same call): still 1024.
+    for _ in 0..3 {
+        for instance in &fleet {
+            assert!(instance.take(1).await.unwrap().allowed);
+        }
+    }
+    eventually(30, "renewals", || {
+        fleet.iter().all(|i| i.held() > 0) && metrics.snapshot().leases >= 1024 + 512
+    })
+    .await;
+    assert!(server.live_leases("fleet") <= 1024);
+    let m = metrics.snapshot();
+    assert_eq!((m.errors, m.server_errors, m.fallback_decisions), (0, 0, 0));
+
+    // One instance more is over the module's bound: an error, not a grant.
+    let extra = PrefetchLimiter::new(conn.clone(), "fleet", limit, config).unwrap();
+    let e = extra.take(1).await.unwrap_err();
+    assert!(
+        matches!(&e, Error::Server(t) if t.contains("too many live leases")),
+        "{e:?}"
+    );
+    assert_eq!(extra.metrics().snapshot().granted, 0);
+    for instance in &fleet {
+        instance.close().await.unwrap();
+    }
+    assert_eq!(server.live_leases("fleet"), 0);
+}
+
+// 6. The lower items.
+
+#[tokio::test]
+async fn no_grant_from_a_lease_that_arrives_after_its_ttl() {
+    let server = Server::start();
+    let limiter = PrefetchLimiter::from_client(
+        server.client(),
+        "k",
+        frozen(),
+        PrefetchConfig {
+            ttl: Duration::from_millis(20),
+            ..prefetch_config(FailurePolicy::Deny, 5_000)
+        },
+    )
+    .unwrap();
+    // Connect first, so the round trip below is the slow one.
+    let _ = limiter.take(1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let sleeper = server.debug_sleep(1.0);
+    let d = limiter.take(1).await.unwrap();
+    sleeper.join().unwrap();
+    assert!(!d.allowed, "granted from a lease past its TTL: {d:?}");
+    let m = limiter.metrics().snapshot();
+    // The stale lease went back (or, if that failed, is counted).
+    eventually(10, "the stale lease settled", || {
+        let m = limiter.metrics().snapshot();
+        m.returns + m.leases_lost >= 1
+    })
+    .await;
+    assert_eq!(m.fallback_decisions, 0);
+    assert_adds_up(&m);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_does_not_lease_again() {
+    let server = Server::start();
+    let limiter = PrefetchLimiter::from_client(
+        server.client(),
+        "k",
+        frozen(),
+        prefetch_config(FailurePolicy::Allow, 5_000),
+    )
+    .unwrap();
+    assert!(limiter.take(1).await.unwrap().allowed);
+    // Tasks keep calling take while the service shuts down.
+    let busy: Vec<_> = (0..4)
+        .map(|_| {
+            let l = limiter.clone();
+            tokio::spawn(async move {
+                loop {
+                    match l.take(1).await {
+                        Err(Error::Closed) => return,
+                        Ok(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    limiter.close().await.unwrap();
+    for task in busy {
+        tokio::time::timeout(HANG, task).await.unwrap().unwrap();
+    }
+    let granted = server.info("rl", "rl_leases_granted");
+    assert!(matches!(limiter.take(1).await, Err(Error::Closed)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(server.info("rl", "rl_leases_granted"), granted);
+    assert_eq!(server.live_leases("k"), 0, "nothing held after close");
+    assert_adds_up(&limiter.metrics().snapshot());
+}
+
+#[test]
+fn dropping_the_limiter_at_the_end_of_main_returns_its_leftovers() {
+    let server = Server::start();
+    // What `#[tokio::main]` does: a multi-threaded runtime, dropped when main returns.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let config = prefetch_config(FailurePolicy::Deny, 2_000);
+    runtime.block_on(async {
+        let limiter = PrefetchLimiter::from_client(server.client(), "k", frozen(), config).unwrap();
+        assert!(limiter.take(5).await.unwrap().allowed);
+        // The end of main: the limiter goes out of scope, then the runtime.
+    });
+    drop(runtime);
+    assert_eq!(server.info("rl", "rl_tokens_returned"), 15.0);
+    assert_eq!(server.live_leases("k"), 0);
+}
+
+// "Also": a keyed prefetcher, per-call limits, PEEK and MTAKE.
+
+#[tokio::test]
+async fn a_keyed_prefetcher_leases_per_key() {
+    let server = Server::start();
+    let keyed = rl_client::KeyedPrefetcher::from_client(
+        server.client(),
+        frozen(),
+        prefetch_config(FailurePolicy::Deny, 2_000),
+    )
+    .unwrap();
+    for key in ["a", "b", "a", "c"] {
+        assert!(keyed.take(key, 1).await.unwrap().allowed);
+    }
+    assert_eq!(keyed.limiter("a").held(), 18);
+    let m = keyed.metrics().snapshot();
+    assert_eq!((m.leases, m.granted), (3, 4));
+    assert_eq!(keyed.close().await.unwrap(), 18 + 19 + 19);
+    assert_eq!(server.live_leases("a"), 0);
+}
+
+#[tokio::test]
+async fn per_call_limits_peek_and_mtake() {
+    let server = Server::start();
+    let limiter = Limiter::from_client(
+        server.client(),
+        frozen(),
+        limiter_config(FailurePolicy::Deny, 2_000),
+    )
+    .unwrap();
+    assert_eq!(
+        limiter.peek("k").await.unwrap(),
+        None,
+        "no key: a full bucket"
+    );
+    let tight = Limit::new(0.001, 2.0).unwrap();
+    for allowed in [true, true, false] {
+        assert_eq!(
+            limiter.take_with("k", 1, tight).await.unwrap().allowed,
+            allowed
+        );
+    }
+    let left = limiter.peek("k").await.unwrap().unwrap();
+    assert!(left < 1.0, "{left}");
+    assert!(limiter.mtake(&["{a}x", "{a}y"], 60).await.unwrap());
+    assert!(!limiter.mtake(&["{a}x", "{a}y"], 60).await.unwrap());
+    let x = limiter.peek("{a}x").await.unwrap().unwrap();
+    assert!((x - 40.0).abs() < 0.1, "{x}");
+}
