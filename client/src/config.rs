@@ -1,5 +1,6 @@
 //! Limiter configuration: timeouts, the failure policy, and the lease batch and TTL.
 
+use rl_core::MAX_VERSION;
 use std::time::Duration;
 
 use rl_core::Limit;
@@ -69,6 +70,12 @@ pub struct LimiterConfig {
     /// The server side: the module's commands, the Functions library, or `Auto`.
     /// Default `Module`.
     pub backend: Backend,
+    /// The version of this instance's limit, sent as `VERSION v` on every call that carries
+    /// the limit (`take`, `reserve`, `mtake`, leases). A bucket keeps the newest limit any
+    /// caller sent, so while a new limit rolls out instance by instance, old instances are
+    /// decided under the new limit instead of flapping the bucket. Raise it with every
+    /// change of the limit. `None` (default): not sent, the server's version 0.
+    pub version: Option<u64>,
 }
 
 impl Default for LimiterConfig {
@@ -81,6 +88,7 @@ impl Default for LimiterConfig {
             deny_retry_after: Duration::from_secs(1),
             max_keys: 100_000,
             backend: Backend::Module,
+            version: None,
         }
     }
 }
@@ -96,6 +104,9 @@ impl LimiterConfig {
         }
         if self.instances == 0 {
             return Err(Error::Config("instances must be positive"));
+        }
+        if self.version.is_some_and(|v| v > MAX_VERSION) {
+            return Err(Error::Config("version must be at most 2^53 - 1"));
         }
         Ok(())
     }

@@ -194,7 +194,7 @@ impl<C: RedisConnection> Limiter<C> {
         let inner = &self.inner;
         let deadline = Instant::now() + inner.config.timeout;
         let backend = inner.backend.get(&inner.conn, inner.config.timeout).await?;
-        let cmd = protocol::take_cmd(backend, key, limit, n);
+        let cmd = protocol::take_cmd(backend, key, limit, n, inner.config.version);
         let value = call(&inner.conn, &cmd, left(deadline), &inner.metrics).await?;
         let r = protocol::take_reply(value)?;
         let cap = limit.cap();
@@ -230,7 +230,7 @@ impl<C: RedisConnection> Limiter<C> {
         }
         let deadline = Instant::now() + inner.config.timeout;
         let backend = inner.backend.get(&inner.conn, inner.config.timeout).await?;
-        let cmd = protocol::mtake_cmd(backend, keys, &inner.limit, n);
+        let cmd = protocol::mtake_cmd(backend, keys, &inner.limit, n, inner.config.version);
         let value = call(&inner.conn, &cmd, left(deadline), &inner.metrics).await?;
         Ok(protocol::mtake_reply(value)? > 0)
     }
@@ -309,7 +309,14 @@ impl<C: RedisConnection> Limiter<C> {
         check_wait(max_wait)?;
         let deadline = Instant::now() + inner.config.timeout;
         let backend = inner.backend.get(&inner.conn, inner.config.timeout).await?;
-        let cmd = protocol::reserve_cmd(backend, key, &inner.limit, n, max_wait);
+        let cmd = protocol::reserve_cmd(
+            backend,
+            key,
+            &inner.limit,
+            n,
+            max_wait,
+            inner.config.version,
+        );
         let value = call(&inner.conn, &cmd, left(deadline), &inner.metrics).await?;
         let r = protocol::reserve_reply(value)?;
         let cap = inner.limit.cap();

@@ -531,6 +531,7 @@ impl<C: RedisConnection> Inner<C> {
             self.config.ttl_ms(),
             need.max(1),
             settling,
+            self.config.limiter.version,
         );
         let sent = Instant::now();
         let granted = match call(&self.conn, &cmd, late, &self.metrics)

@@ -23,24 +23,39 @@ pub(crate) fn head(backend: Backend, name: &str) -> Cmd {
     }
 }
 
-/// `RL.TAKE key rate cap n WITHSTATE`.
-pub(crate) fn take_cmd(backend: Backend, key: &str, limit: &Limit, n: u64) -> Cmd {
+/// `VERSION v` after a command's other arguments, if the limit has a version.
+fn versioned(mut cmd: Cmd, version: Option<u64>) -> Cmd {
+    if let Some(v) = version {
+        cmd.arg("VERSION").arg(v);
+    }
+    cmd
+}
+
+/// `RL.TAKE key rate cap n WITHSTATE [VERSION v]`.
+pub(crate) fn take_cmd(
+    backend: Backend,
+    key: &str,
+    limit: &Limit,
+    n: u64,
+    version: Option<u64>,
+) -> Cmd {
     let mut cmd = head(backend, "RL.TAKE");
     cmd.arg(key)
         .arg(limit.rate())
         .arg(limit.cap())
         .arg(n)
         .arg("WITHSTATE");
-    cmd
+    versioned(cmd, version)
 }
 
-/// `RL.RESERVE key rate cap n max_wait_ms`.
+/// `RL.RESERVE key rate cap n max_wait_ms [VERSION v]`.
 pub(crate) fn reserve_cmd(
     backend: Backend,
     key: &str,
     limit: &Limit,
     n: u64,
     max_wait: Duration,
+    version: Option<u64>,
 ) -> Cmd {
     let mut cmd = head(backend, "RL.RESERVE");
     cmd.arg(key)
@@ -48,7 +63,7 @@ pub(crate) fn reserve_cmd(
         .arg(limit.cap())
         .arg(n)
         .arg(max_wait.as_millis() as u64);
-    cmd
+    versioned(cmd, version)
 }
 
 /// `RL.REFUND key n`.
@@ -58,7 +73,8 @@ pub(crate) fn refund_cmd(backend: Backend, key: &str, n: u64) -> Cmd {
     cmd
 }
 
-/// `RL.LEASE key rate cap n ttl_ms MIN min [RETURN id unused]`.
+/// `RL.LEASE key rate cap n ttl_ms MIN min [RETURN id unused] [VERSION v]`.
+#[allow(clippy::too_many_arguments)] // the command's own arguments, named
 pub(crate) fn lease_cmd(
     backend: Backend,
     key: &str,
@@ -67,6 +83,7 @@ pub(crate) fn lease_cmd(
     ttl_ms: u64,
     min: u64,
     settle: Option<(u64, u64)>,
+    version: Option<u64>,
 ) -> Cmd {
     let mut cmd = head(backend, "RL.LEASE");
     cmd.arg(key)
@@ -79,7 +96,7 @@ pub(crate) fn lease_cmd(
     if let Some((id, unused)) = settle {
         cmd.arg("RETURN").arg(id).arg(unused);
     }
-    cmd
+    versioned(cmd, version)
 }
 
 /// `RL.PEEK key`.
@@ -117,9 +134,16 @@ pub(crate) fn peek_reply(v: Value) -> Result<Option<f64>, Error> {
     Err(Error::Reply("RL.PEEK reply without tokens".into()))
 }
 
-/// `RL.MTAKE n key rate cap [key rate cap ...]` (or `FCALL rl_mtake N keys.. n rate cap..`).
-pub(crate) fn mtake_cmd(backend: Backend, keys: &[&str], limit: &Limit, n: u64) -> Cmd {
-    match backend {
+/// `RL.MTAKE n key rate cap [key rate cap ...] [VERSION v]` (or `FCALL rl_mtake N keys.. n
+/// rate cap..`).
+pub(crate) fn mtake_cmd(
+    backend: Backend,
+    keys: &[&str],
+    limit: &Limit,
+    n: u64,
+    version: Option<u64>,
+) -> Cmd {
+    let cmd = match backend {
         Backend::Functions => {
             let mut cmd = redis::cmd("FCALL");
             cmd.arg("rl_mtake").arg(keys.len());
@@ -140,7 +164,8 @@ pub(crate) fn mtake_cmd(backend: Backend, keys: &[&str], limit: &Limit, n: u64) 
             }
             cmd
         }
-    }
+    };
+    versioned(cmd, version)
 }
 
 /// `RL.MTAKE`'s `[granted, denied_by, retry_after_ms]`: the tokens granted.
@@ -319,7 +344,16 @@ mod tests {
     #[test]
     fn settlement_rides_on_the_lease_call() {
         let limit = Limit::new(10.0, 100.0).unwrap();
-        let cmd = lease_cmd(Backend::Module, "k", &limit, 20, 1000, 1, Some((7, 3)));
+        let cmd = lease_cmd(
+            Backend::Module,
+            "k",
+            &limit,
+            20,
+            1000,
+            1,
+            Some((7, 3)),
+            None,
+        );
         let args: Vec<String> = cmd
             .args_iter()
             .map(|a| match a {

@@ -257,3 +257,24 @@ async fn a_fleet_holding_two_leases_each_bursts_within_the_stated_bound() {
         limiter.close().await.unwrap();
     }
 }
+
+#[tokio::test]
+async fn leases_carry_the_limit_version() {
+    let server = Server::start();
+    let mut cfg = config(10, 60_000);
+    cfg.limiter.version = Some(7);
+    let limiter = PrefetchLimiter::new(server.manager().await, "v", frozen(), cfg).unwrap();
+    assert!(limiter.take(1).await.unwrap().allowed);
+    let version: i64 = {
+        let flat: Vec<redis::Value> = redis::cmd("RL.PEEK")
+            .arg("v")
+            .query(&mut server.conn())
+            .unwrap();
+        match flat.last() {
+            Some(redis::Value::Int(v)) => *v,
+            other => panic!("PEEK ends with {other:?}, not its version"),
+        }
+    };
+    assert_eq!(version, 7);
+    assert_eq!(server.info("rl", "rl_limit_replaced"), 0.0);
+}

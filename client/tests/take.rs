@@ -97,3 +97,65 @@ async fn works_over_a_cluster_connection() {
         assert!(!limiter.take(key, 1).await.unwrap().allowed);
     }
 }
+
+/// The bucket's stored `(rate, cap, version)`, from `RL.PEEK` under RESP2.
+fn stored_limit(server: &Server, key: &str) -> (f64, f64, u64) {
+    let flat: Vec<redis::Value> = redis::cmd("RL.PEEK")
+        .arg(key)
+        .query(&mut server.conn())
+        .unwrap();
+    let field = |name: &str| -> String {
+        let i = flat
+            .iter()
+            .position(|v| matches!(v, redis::Value::BulkString(b) if b == name.as_bytes()))
+            .unwrap_or_else(|| panic!("PEEK without {name}"));
+        match &flat[i + 1] {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            redis::Value::Int(n) => n.to_string(),
+            other => panic!("{other:?}"),
+        }
+    };
+    (
+        field("rate").parse().unwrap(),
+        field("cap").parse().unwrap(),
+        field("version").parse().unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn a_newer_limit_version_wins_over_older_instances() {
+    let server = Server::start();
+    let config = |version| LimiterConfig {
+        version,
+        ..LimiterConfig::default()
+    };
+    let old = Limiter::new(server.manager().await, frozen(), config(Some(1))).unwrap();
+    let new_limit = Limit::new(0.001, 3.0).unwrap();
+    let new = Limiter::new(server.manager().await, new_limit, config(Some(2))).unwrap();
+
+    assert!(old.take("rollout", 1).await.unwrap().allowed);
+    assert_eq!(stored_limit(&server, "rollout"), (0.001, 5.0, 1));
+    // The new instance's limit replaces the old one (4 of 5 left, clamped to cap 3)...
+    let d = new.take("rollout", 1).await.unwrap();
+    assert!(d.allowed && (d.remaining - 2.0).abs() < 0.01, "{d:?}");
+    assert_eq!(stored_limit(&server, "rollout"), (0.001, 3.0, 2));
+    // ...and an old instance is decided under it: 2 left, not 3 of its own cap 5.
+    let d = old.take("rollout", 1).await.unwrap();
+    assert!(d.allowed && (d.remaining - 1.0).abs() < 0.01, "{d:?}");
+    assert_eq!(stored_limit(&server, "rollout"), (0.001, 3.0, 2));
+
+    // Without a version nothing is sent: an unversioned instance is the oldest (version 0).
+    let plain = Limiter::new(server.manager().await, frozen(), LimiterConfig::default()).unwrap();
+    assert!(plain.take("rollout", 1).await.unwrap().allowed);
+    assert!(!plain.take("rollout", 1).await.unwrap().allowed);
+    assert_eq!(stored_limit(&server, "rollout"), (0.001, 3.0, 2));
+
+    let too_new = LimiterConfig {
+        version: Some(1 << 53),
+        ..LimiterConfig::default()
+    };
+    assert!(matches!(
+        Limiter::new(server.manager().await, frozen(), too_new),
+        Err(Error::Config(_))
+    ));
+}
