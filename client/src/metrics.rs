@@ -9,113 +9,126 @@ pub const LATENCY_BUCKETS_US: [u64; 10] = [
     250, 500, 1_000, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
 ];
 
-/// Counters of one or more limiters (share one `Arc<Metrics>` to aggregate).
-#[derive(Debug, Default)]
-pub struct Metrics {
-    calls: AtomicU64,
-    granted: AtomicU64,
-    denied: AtomicU64,
-    tokens_granted: AtomicU64,
-    leases: AtomicU64,
-    lease_tokens: AtomicU64,
-    leases_denied: AtomicU64,
-    leases_expired: AtomicU64,
-    returns: AtomicU64,
-    tokens_returned: AtomicU64,
-    fallback_decisions: AtomicU64,
-    fallback_granted: AtomicU64,
-    redis_errors: AtomicU64,
-    redis_timeouts: AtomicU64,
-    server_errors: AtomicU64,
-    errors: AtomicU64,
-    cancelled: AtomicU64,
-    leases_lost: AtomicU64,
-    reserve_wait_us: AtomicU64,
-    refunds: AtomicU64,
-    tokens_refunded: AtomicU64,
-    permits_acquired: AtomicU64,
-    permits_denied: AtomicU64,
-    permits_released: AtomicU64,
-    permits_renewed: AtomicU64,
-    permits_lost: AtomicU64,
-    redis_calls: AtomicU64,
-    latency_sum_us: AtomicU64,
-    latency_max_us: AtomicU64,
-    latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
+/// Declares every counter once: its field in [`Metrics`] (an atomic) and in
+/// [`MetricsSnapshot`] (with its doc), its copy in [`Metrics::snapshot`], and, for the
+/// `exported` ones, its Prometheus counter `<prefix>_<name>_total` with its help text.
+macro_rules! counters {
+    (
+        exported { $( $(#[doc = $doc:literal])* $name:ident: $help:literal, )* }
+        internal { $( $(#[doc = $idoc:literal])* $iname:ident, )* }
+    ) => {
+        /// Counters of one or more limiters (share one `Arc<Metrics>` to aggregate).
+        #[derive(Debug, Default)]
+        pub struct Metrics {
+            $( $name: AtomicU64, )*
+            $( $iname: AtomicU64, )*
+            latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
+        }
+
+        /// A copy of the counters at one instant. All counts are totals since the start.
+        #[derive(Debug, Clone, Default, PartialEq, Eq)]
+        pub struct MetricsSnapshot {
+            $( $(#[doc = $doc])* pub $name: u64, )*
+            $( $(#[doc = $idoc])* pub $iname: u64, )*
+            /// Calls per latency bucket: `latency_buckets[i]` counts calls of at most
+            /// `LATENCY_BUCKETS_US[i]` µs (not cumulative); the last entry counts the slower
+            /// ones.
+            pub latency_buckets: Vec<u64>,
+        }
+
+        impl Metrics {
+            /// The counters now.
+            pub fn snapshot(&self) -> MetricsSnapshot {
+                let get = |c: &AtomicU64| c.load(Relaxed);
+                MetricsSnapshot {
+                    $( $name: get(&self.$name), )*
+                    $( $iname: get(&self.$iname), )*
+                    latency_buckets: self.latency_buckets.iter().map(get).collect(),
+                }
+            }
+        }
+
+        impl MetricsSnapshot {
+            /// The exported counters: name (without `_total`), value, help.
+            fn exported(&self) -> Vec<(&'static str, u64, &'static str)> {
+                vec![ $( (stringify!($name), self.$name, $help), )* ]
+            }
+        }
+    };
 }
 
-/// A copy of the counters at one instant. All counts are totals since the start.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MetricsSnapshot {
-    /// Calls answered (`take`, `reserve`...): always `granted + denied + errors`. A call
-    /// dropped before its answer (cancelled, timed out by its caller) is counted in
-    /// `cancelled` instead.
-    pub calls: u64,
-    /// Decisions that allowed the request (from any source).
-    pub granted: u64,
-    /// Decisions that denied it (from any source).
-    pub denied: u64,
-    /// Tokens granted by allowed decisions.
-    pub tokens_granted: u64,
-    /// Leases Redis granted (`RL.LEASE` with tokens).
-    pub leases: u64,
-    /// Tokens received in leases.
-    pub lease_tokens: u64,
-    /// `RL.LEASE` calls that got no tokens (bucket empty).
-    pub leases_denied: u64,
-    /// Leases that reached their TTL locally with tokens unspent (those tokens are lost).
-    pub leases_expired: u64,
-    /// Leftovers settled with Redis (`RL.RETURN`, or `RETURN` inside `RL.LEASE`).
-    pub returns: u64,
-    /// Unspent tokens sent back in those settlements.
-    pub tokens_returned: u64,
-    /// Decisions made by the failure policy because Redis was unavailable.
-    pub fallback_decisions: u64,
-    /// Of those, the ones that allowed the request.
-    pub fallback_granted: u64,
-    /// Redis calls that failed for want of Redis (connection failures and timeouts: the
-    /// outages the failure policy covers).
-    pub redis_errors: u64,
-    /// Of those, the calls that timed out.
-    pub redis_timeouts: u64,
-    /// Redis calls answered with an error reply (`WRONGTYPE`, `ERR too many live
-    /// leases...`, an unknown command) or an unreadable reply: never outages.
-    pub server_errors: u64,
-    /// Calls answered with an error (an error reply, a missing module, a closed limiter).
-    pub errors: u64,
-    /// Calls dropped by their caller before they were answered (nothing is lost: a lease
-    /// call they started completes in the background).
-    pub cancelled: u64,
-    /// Leases Redis may have granted that the client could neither spend nor return: a
-    /// lease call whose reply never came (half-open connection), or a late lease whose
-    /// return failed. Their tokens stay debited until the lease's TTL.
-    pub leases_lost: u64,
-    /// Total time `reserve` slept before its callers used their tokens, µs.
-    pub reserve_wait_us: u64,
-    /// `RL.REFUND` calls that credited tokens back.
-    pub refunds: u64,
-    /// Whole tokens those refunds credited.
-    pub tokens_refunded: u64,
-    /// Permits granted (`RL.ACQUIRE`, or locally by the failure policy).
-    pub permits_acquired: u64,
-    /// Permit requests denied (the limit was reached).
-    pub permits_denied: u64,
-    /// Permits given back (`RL.RELEASE`, explicitly or on drop).
-    pub permits_released: u64,
-    /// Background renewals that extended a permit (`RL.RENEW`).
-    pub permits_renewed: u64,
-    /// Permits found expired while still held (a renewal came too late, or Redis was away
-    /// longer than the TTL): their slot may have gone to someone else.
-    pub permits_lost: u64,
-    /// Redis calls made (latency samples).
-    pub redis_calls: u64,
-    /// Sum of Redis call latencies, µs.
-    pub latency_sum_us: u64,
-    /// Slowest Redis call, µs.
-    pub latency_max_us: u64,
-    /// Calls per latency bucket: `latency_buckets[i]` counts calls of at most
-    /// `LATENCY_BUCKETS_US[i]` µs (not cumulative); the last entry counts the slower ones.
-    pub latency_buckets: Vec<u64>,
+counters! {
+    exported {
+        /// Calls answered (`take`, `reserve`...): always `granted + denied + errors`. A call
+        /// dropped before its answer (cancelled, timed out by its caller) is counted in
+        /// `cancelled` instead.
+        calls: "take calls",
+        /// Decisions that allowed the request (from any source).
+        granted: "decisions that allowed",
+        /// Decisions that denied it (from any source).
+        denied: "decisions that denied",
+        /// Tokens granted by allowed decisions.
+        tokens_granted: "tokens granted",
+        /// Leases Redis granted (`RL.LEASE` with tokens).
+        leases: "leases granted by redis",
+        /// Tokens received in leases.
+        lease_tokens: "tokens received in leases",
+        /// `RL.LEASE` calls that got no tokens (bucket empty).
+        leases_denied: "lease calls that got nothing",
+        /// Leases that reached their TTL locally with tokens unspent (those tokens are lost).
+        leases_expired: "leases expired unspent",
+        /// Leftovers settled with Redis (`RL.RETURN`, or `RETURN` inside `RL.LEASE`).
+        returns: "leftovers settled with redis",
+        /// Unspent tokens sent back in those settlements.
+        tokens_returned: "unspent tokens returned",
+        /// Decisions made by the failure policy because Redis was unavailable.
+        fallback_decisions: "decisions by the failure policy",
+        /// Of those, the ones that allowed the request.
+        fallback_granted: "fallback decisions that allowed",
+        /// Redis calls that failed for want of Redis (connection failures and timeouts: the
+        /// outages the failure policy covers).
+        redis_errors: "failed redis calls",
+        /// Of those, the calls that timed out.
+        redis_timeouts: "redis calls that timed out",
+        /// Redis calls answered with an error reply (`WRONGTYPE`, `ERR too many live
+        /// leases...`, an unknown command) or an unreadable reply: never outages.
+        server_errors: "redis error replies",
+        /// Calls answered with an error (an error reply, a missing module, a closed limiter).
+        errors: "calls answered with an error",
+        /// Calls dropped by their caller before they were answered (nothing is lost: a lease
+        /// call they started completes in the background).
+        cancelled: "calls dropped before their answer",
+        /// Leases Redis may have granted that the client could neither spend nor return: a
+        /// lease call whose reply never came (half-open connection), or a late lease whose
+        /// return failed. Their tokens stay debited until the lease's TTL.
+        leases_lost: "leases neither spent nor returned",
+        /// `RL.REFUND` calls that credited tokens back.
+        refunds: "refunds that credited tokens",
+        /// Whole tokens those refunds credited.
+        tokens_refunded: "whole tokens refunded",
+        /// Permits granted (`RL.ACQUIRE`, or locally by the failure policy).
+        permits_acquired: "permits granted",
+        /// Permit requests denied (the limit was reached).
+        permits_denied: "permit requests denied",
+        /// Permits given back (`RL.RELEASE`, explicitly or on drop).
+        permits_released: "permits released",
+        /// Background renewals that extended a permit (`RL.RENEW`).
+        permits_renewed: "permit renewals",
+        /// Permits found expired while still held (a renewal came too late, or Redis was away
+        /// longer than the TTL): their slot may have gone to someone else.
+        permits_lost: "permits that expired while held",
+    }
+    internal {
+        /// Total time `reserve` slept before its callers used their tokens, µs (exported in
+        /// seconds).
+        reserve_wait_us,
+        /// Redis calls made (latency samples; the latency histogram's count).
+        redis_calls,
+        /// Sum of Redis call latencies, µs (the histogram's sum, in seconds).
+        latency_sum_us,
+        /// Slowest Redis call, µs.
+        latency_max_us,
+    }
 }
 
 /// One caller-facing call in progress: counted in `cancelled` if dropped unanswered.
@@ -279,43 +292,6 @@ impl Metrics {
             add(&self.redis_timeouts, 1);
         }
     }
-
-    /// The counters now.
-    pub fn snapshot(&self) -> MetricsSnapshot {
-        let get = |c: &AtomicU64| c.load(Relaxed);
-        MetricsSnapshot {
-            calls: get(&self.calls),
-            granted: get(&self.granted),
-            denied: get(&self.denied),
-            tokens_granted: get(&self.tokens_granted),
-            leases: get(&self.leases),
-            lease_tokens: get(&self.lease_tokens),
-            leases_denied: get(&self.leases_denied),
-            leases_expired: get(&self.leases_expired),
-            returns: get(&self.returns),
-            tokens_returned: get(&self.tokens_returned),
-            fallback_decisions: get(&self.fallback_decisions),
-            fallback_granted: get(&self.fallback_granted),
-            redis_errors: get(&self.redis_errors),
-            redis_timeouts: get(&self.redis_timeouts),
-            server_errors: get(&self.server_errors),
-            errors: get(&self.errors),
-            cancelled: get(&self.cancelled),
-            leases_lost: get(&self.leases_lost),
-            reserve_wait_us: get(&self.reserve_wait_us),
-            refunds: get(&self.refunds),
-            tokens_refunded: get(&self.tokens_refunded),
-            permits_acquired: get(&self.permits_acquired),
-            permits_denied: get(&self.permits_denied),
-            permits_released: get(&self.permits_released),
-            permits_renewed: get(&self.permits_renewed),
-            permits_lost: get(&self.permits_lost),
-            redis_calls: get(&self.redis_calls),
-            latency_sum_us: get(&self.latency_sum_us),
-            latency_max_us: get(&self.latency_max_us),
-            latency_buckets: self.latency_buckets.iter().map(get).collect(),
-        }
-    }
 }
 
 impl MetricsSnapshot {
@@ -323,117 +299,10 @@ impl MetricsSnapshot {
     /// (e.g. `"rl_client"`); latency as a histogram in seconds.
     pub fn to_prometheus(&self, prefix: &str) -> String {
         let mut out = String::new();
-        let counters = [
-            ("calls_total", self.calls, "take calls"),
-            ("granted_total", self.granted, "decisions that allowed"),
-            ("denied_total", self.denied, "decisions that denied"),
-            (
-                "tokens_granted_total",
-                self.tokens_granted,
-                "tokens granted",
-            ),
-            ("leases_total", self.leases, "leases granted by redis"),
-            (
-                "lease_tokens_total",
-                self.lease_tokens,
-                "tokens received in leases",
-            ),
-            (
-                "leases_denied_total",
-                self.leases_denied,
-                "lease calls that got nothing",
-            ),
-            (
-                "leases_expired_total",
-                self.leases_expired,
-                "leases expired unspent",
-            ),
-            (
-                "returns_total",
-                self.returns,
-                "leftovers settled with redis",
-            ),
-            (
-                "tokens_returned_total",
-                self.tokens_returned,
-                "unspent tokens returned",
-            ),
-            (
-                "fallback_decisions_total",
-                self.fallback_decisions,
-                "decisions by the failure policy",
-            ),
-            (
-                "fallback_granted_total",
-                self.fallback_granted,
-                "fallback decisions that allowed",
-            ),
-            (
-                "redis_errors_total",
-                self.redis_errors,
-                "failed redis calls",
-            ),
-            (
-                "redis_timeouts_total",
-                self.redis_timeouts,
-                "redis calls that timed out",
-            ),
-            (
-                "server_errors_total",
-                self.server_errors,
-                "redis error replies",
-            ),
-            ("errors_total", self.errors, "calls answered with an error"),
-            (
-                "cancelled_total",
-                self.cancelled,
-                "calls dropped before their answer",
-            ),
-            (
-                "leases_lost_total",
-                self.leases_lost,
-                "leases neither spent nor returned",
-            ),
-            (
-                "refunds_total",
-                self.refunds,
-                "refunds that credited tokens",
-            ),
-            (
-                "tokens_refunded_total",
-                self.tokens_refunded,
-                "whole tokens refunded",
-            ),
-            (
-                "permits_acquired_total",
-                self.permits_acquired,
-                "permits granted",
-            ),
-            (
-                "permits_denied_total",
-                self.permits_denied,
-                "permit requests denied",
-            ),
-            (
-                "permits_released_total",
-                self.permits_released,
-                "permits released",
-            ),
-            (
-                "permits_renewed_total",
-                self.permits_renewed,
-                "permit renewals",
-            ),
-            (
-                "permits_lost_total",
-                self.permits_lost,
-                "permits that expired while held",
-            ),
-        ];
-        for (name, value, help) in counters {
-            let _ = writeln!(out, "# HELP {prefix}_{name} {help}");
-            let _ = writeln!(out, "# TYPE {prefix}_{name} counter");
-            let _ = writeln!(out, "{prefix}_{name} {value}");
+        for (name, value, help) in self.exported() {
+            let _ = writeln!(out, "# HELP {prefix}_{name}_total {help}");
+            let _ = writeln!(out, "# TYPE {prefix}_{name}_total counter");
+            let _ = writeln!(out, "{prefix}_{name}_total {value}");
         }
         let name = format!("{prefix}_reserve_wait_seconds_total");
         let _ = writeln!(out, "# HELP {name} time reserve slept before use");

@@ -90,7 +90,7 @@ pub(crate) const LATE_REPLY: Duration = Duration::from_secs(10);
 
 /// A lease as the client sees it.
 #[derive(Debug, Clone, Copy)]
-struct Lease {
+struct HeldLease {
     id: u64,
     left: u64,
     /// When the client stops spending it: the send time of the call plus the TTL.
@@ -145,9 +145,9 @@ impl Failure {
 #[derive(Debug, Default)]
 struct State {
     /// The previous lease, spent first (it expires first); settled by the next lease call.
-    older: Option<Lease>,
+    older: Option<HeldLease>,
     /// The latest lease.
-    newer: Option<Lease>,
+    newer: Option<HeldLease>,
     /// Renew when at most this many tokens are left.
     threshold: u64,
     /// A lease call is in flight (on its own task: a caller that gives up does not stop
@@ -586,7 +586,7 @@ impl<C: RedisConnection> Inner<C> {
             return Outcome::Denied;
         }
         let ttl = self.config.ttl.min(Duration::from_millis(granted.ttl_ms));
-        let lease = Lease {
+        let lease = HeldLease {
             id: granted.id,
             left: granted.tokens,
             expires: sent + ttl,
@@ -615,7 +615,7 @@ impl<C: RedisConnection> Inner<C> {
 
     /// Puts a lease taken out for settling back (the call that would settle it failed
     /// without reaching the server's state).
-    fn restore(&self, lease: Option<Lease>) {
+    fn restore(&self, lease: Option<HeldLease>) {
         if let Some(lease) = lease {
             let mut state = lock(&self.state);
             if state.older.is_none() && lease.expires > Instant::now() {
@@ -634,7 +634,7 @@ impl<C: RedisConnection> Inner<C> {
     }
 
     /// `RL.RETURN` of a lease's leftover; a failed return counts the lease as lost.
-    async fn give_back(&self, lease: Lease) -> Result<u64, Error> {
+    async fn give_back(&self, lease: HeldLease) -> Result<u64, Error> {
         let outcome = async {
             let backend = self
                 .backend
@@ -666,7 +666,7 @@ impl<C: RedisConnection> Drop for Inner<C> {
             .get_mut()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let now = Instant::now();
-        let leases: Vec<Lease> = [state.older.take(), state.newer.take()]
+        let leases: Vec<HeldLease> = [state.older.take(), state.newer.take()]
             .into_iter()
             .flatten()
             // Spent-out leases too: returning closes them, freeing their slot on the key.
