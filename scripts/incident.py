@@ -131,7 +131,7 @@ def runs_for(smoke):
         ("reserve", f"(e) RL.RESERVE pacing, max wait {MAX_WAIT_MS} ms", ["--approach", "reserve"], "central"),
     ]
     if not smoke:
-        for pol, label in (("allow", "Allow{share=1/8}"), ("lastknown", "LastKnown"), ("deny", "Deny")):
+        for pol, label in (("allow", "Allow (instances=8)"), ("lastknown", "LastKnown"), ("deny", "Deny")):
             runs.append((f"fail_{pol}", f"(f) lease death + Redis stopped 2 s, {label}",
                          ["--approach", "prefetch", "--policy", pol, "--share", "0.125",
                           "--kill-instance", "max"], "failure"))

@@ -297,8 +297,8 @@ Three more runs of (d), one per failure policy, on the same trace. At {sc['kill_
 holding the most leased tokens stops dead (its lease is never returned; in-flight requests
 finish). From
 {sc['stop_at']:g} s to {sc['stop_at'] + sc['stop_for']:g} s redis-server is SIGSTOPped, then SIGCONTed. Client
-timeout 200 ms, probe every 500 ms (the defaults); `Allow` uses share = 1/8, the value
-one would configure for 8 instances.
+timeout 200 ms, probe every 500 ms (the defaults); `Allow` falls back to 1/8 of the limit per
+instance (`instances: 8`), the value one would configure for 8 instances.
 
 ![failures](incident/failures.png)
 
@@ -314,7 +314,7 @@ one would configure for 8 instances.
   later arrivals are dropped (it is dead); the demand left is still well over the quota.
 - **Redis stopped**: for the first 200 ms every call waits for the timeout; then each
   instance decides locally until a probe succeeds after SIGCONT.
-  - `Allow {{share: 1/8}}` turns the fleet back into the local split, with its denominator
+  - `Allow` (`instances: 8`) turns the fleet back into the local split, with its denominator
     problem: 16 instances × 125/s, so the partner saw more than the quota for the outage.
   - `LastKnown` starts each instance's local bucket full (RL.LEASE replies carry no bucket
     level, so there is no "last level" to start from) at the rate it was last granted, so
@@ -349,7 +349,7 @@ def readme_section(results):
     extra = ""
     if fa:
         extra = ("\n- Failing open brings the split back: with Redis stopped for 2 s, "
-                 f"`Allow {{share: 1/8}}` let out {f0(fa['failure']['partner_rate_during_outage'])}/s.")
+                 f"`Allow` (each instance falling back to 1/8 of the limit: `instances: 8`) let out {f0(fa['failure']['partner_rate_during_outage'])}/s.")
     return f"""## Why
 
 A partner gave us 1000 calls/s. We ran 8 instances and gave each a local token bucket of
