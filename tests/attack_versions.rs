@@ -941,3 +941,93 @@ fn the_functions_library_takes_version_as_the_module_does() {
     let library: Vec<String> = library.iter().map(text).collect();
     assert_eq!(library, module);
 }
+
+// ---------------------------------------------------------------------------------------
+// RL.MTAKE's keys with VERSION: Cluster routing and the call agree on them.
+// ---------------------------------------------------------------------------------------
+
+/// `COMMAND GETKEYS` and the call read the same keys, whatever the options and however
+/// the keys are named (a key may be called `VERSION`, `INIT` or `WITHSTATE`: options are
+/// read from the end, and `rate cap` are numbers); a malformed option list has no keys and
+/// the call is an error that changes nothing.
+#[test]
+fn mtake_keys_with_version_are_the_same_for_routing_and_the_call() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["1", "a", "1", "2", "VERSION", "3"], &["a"]),
+        (
+            &[
+                "1",
+                "a",
+                "1",
+                "2",
+                "b",
+                "1",
+                "2",
+                "VERSION",
+                "3",
+                "WITHSTATE",
+            ],
+            &["a", "b"],
+        ),
+        (
+            &["1", "a", "1", "2", "VERSION", "3", "INIT", "1", "SHADOW"],
+            &["a"],
+        ),
+        (
+            &["1", "VERSION", "1", "2", "VERSION", "9007199254740991"],
+            &["VERSION"],
+        ),
+        (
+            &["1", "INIT", "1", "2", "WITHSTATE", "1", "2", "VERSION", "0"],
+            &["INIT", "WITHSTATE"],
+        ),
+        (
+            &["1", "a", "1", "2", "VERSION", "1", "2"],
+            &["a", "VERSION"],
+        ),
+    ];
+    for (args, keys) in cases {
+        let mut getkeys = vec!["COMMAND", "GETKEYS", "RL.MTAKE"];
+        getkeys.extend_from_slice(args);
+        let got: Vec<String> = query(&mut c, &getkeys);
+        assert_eq!(&got, keys, "{args:?}");
+        let mut mtake = vec!["RL.MTAKE"];
+        mtake.extend_from_slice(args);
+        let r: Value = query(&mut c, &mtake);
+        assert!(matches!(r, Value::Array(_)), "{args:?}: {r:?}");
+        for k in *keys {
+            assert!(exists(&mut c, k), "{args:?}: {k} not written");
+        }
+        let _: Value = query(&mut c, &["FLUSHALL"]);
+    }
+    for bad in [
+        &["1", "a", "1", "2", "VERSION"][..],
+        &["1", "a", "1", "2", "VERSION", "3", "VERSION", "4"],
+        &["1", "a", "1", "VERSION", "3"],
+        &["1", "a", "1", "2", "b", "VERSION", "3"],
+    ] {
+        let mut mtake = vec!["RL.MTAKE"];
+        mtake.extend_from_slice(bad);
+        assert!(call(&mut c, &mtake).is_err(), "{bad:?}");
+        let keys: Vec<String> = query(&mut c, &["KEYS", "*"]);
+        assert!(keys.is_empty(), "{bad:?} wrote {keys:?}");
+    }
+    // The docs show the option on every command that carries a limit (the internal
+    // effect's to an internal client: Redis 8 hides it from the others).
+    let mut c = s.internal_conn();
+    for cmd in [
+        "RL.TAKE",
+        "RL.LEASE",
+        "RL.RESERVE",
+        "RL.MTAKE",
+        "RL.SETSTATE",
+    ] {
+        let docs: Value = query(&mut c, &["COMMAND", "DOCS", cmd]);
+        assert!(
+            format!("{docs:?}").contains("\"VERSION\""),
+            "{cmd}: {docs:?}"
+        );
+    }
+}
