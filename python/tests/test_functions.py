@@ -55,7 +55,11 @@ def test_mtake_over_functions(fserver: Server, key: str) -> None:
 
 
 def test_module_backend_forced_on_a_functions_server(fserver: Server, key: str) -> None:
-    # backend="module" where only the library exists: Redis errors go to the policy.
-    lim = Limiter(fserver.client(), key, 1, 2, backend="module", policy=redis_rl.DENY)
-    d = lim.take()
-    assert not d.granted and d.source is redis_rl.Source.FALLBACK
+    # backend="module" where only the library exists: an error naming the fix, not a
+    # policy decision (contract rule 2: a missing module is a clear error).
+    lim = Limiter(fserver.client(), key, 1, 2, backend="module", policy=redis_rl.ALLOW)
+    with pytest.raises(redis_rl.BackendNotFound, match="loadmodule"):
+        lim.take()
+    m = lim.metrics
+    assert m["server_errors"] == 1 and m["errors"] == 1 and m["fallback_decisions"] == 0
+    assert m["calls"] == m["granted"] + m["denied"] + m["errors"]

@@ -1,4 +1,10 @@
-"""Sending one command with a timeout, and resolving the backend, for sync and asyncio clients."""
+"""Sending one command with a timeout, and resolving the backend, for sync and asyncio clients.
+
+What counts as an outage (the failure policy decides then): no connection, a timeout, a
+cluster that says it is down. Everything else Redis answers (``WRONGTYPE``, ``ERR too many
+live leases``, an unknown command, any ``-ERR``) is a :class:`ServerError`, raised to the
+caller and counted in ``server_errors``, never a policy decision.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +12,26 @@ import asyncio
 import concurrent.futures
 import os
 import threading
+import time
 from typing import Any, Awaitable, Callable, Optional
 
 import redis.exceptions
 
 from . import _protocol as p
-from .errors import ProtocolError
+from .errors import BackendNotFound, ServerError
 from .metrics import Metrics
 
 #: What counts as Redis being unavailable (the failure policy decides then).
-FAILURES = (redis.exceptions.RedisError, OSError, asyncio.TimeoutError, ProtocolError)
+OUTAGES = (
+    redis.exceptions.ConnectionError,  # BusyLoadingError and AuthenticationError included
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,  # CLUSTERDOWN, MASTERDOWN
+    OSError,
+    asyncio.TimeoutError,
+    concurrent.futures.TimeoutError,
+)
+#: The old name of :data:`OUTAGES`.
+FAILURES = OUTAGES
 TIMEOUTS = (redis.exceptions.TimeoutError, asyncio.TimeoutError, concurrent.futures.TimeoutError)
 
 _executor_lock = threading.Lock()
@@ -45,50 +61,102 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
         return _executor
 
 
+def now() -> float:
+    return time.monotonic()
+
+
+def server_error(e: BaseException) -> ServerError:
+    """The :class:`ServerError` for an error reply (a missing module or library gets
+    :class:`BackendNotFound`, naming the fix)."""
+    text = str(e)
+    low = text.lower()
+    if "unknown command" in low or "function not found" in low:
+        return BackendNotFound(f"{text} -- {p.NO_BACKEND}")
+    return ServerError(text)
+
+
+def _connection_kwargs(client: Any) -> Optional[dict[str, Any]]:
+    for owner in ("connection_pool", "nodes_manager"):
+        kwargs = getattr(getattr(client, owner, None), "connection_kwargs", None)
+        if isinstance(kwargs, dict):
+            return kwargs
+    return None
+
+
 def socket_timeout(client: Any) -> Optional[float]:
     """The client's own socket timeout, if it has one (``redis.Redis``, ``RedisCluster``)."""
-    candidates = (
-        ("connection_pool", "connection_kwargs"),
-        ("nodes_manager", "connection_kwargs"),
-    )
-    for owner, attr in candidates:
-        kwargs = getattr(getattr(client, owner, None), attr, None)
-        if isinstance(kwargs, dict):
-            value = kwargs.get("socket_timeout")
-            return float(value) if value is not None else None
+    kwargs = _connection_kwargs(client)
+    if kwargs is not None:
+        value = kwargs.get("socket_timeout")
+        return float(value) if value is not None else None
     return None
+
+
+def worst_case(client: Any) -> Optional[float]:
+    """How long one command on a sync client can take at most (connect + command, no
+    retries), or ``None`` if unbounded (no socket timeout, or retries configured: redis-py
+    retries timeouts 3 times by default, with backoff)."""
+    kwargs = _connection_kwargs(client)
+    if kwargs is None:
+        return None
+    st = kwargs.get("socket_timeout")
+    if st is None:
+        return None
+    ct = kwargs.get("socket_connect_timeout")
+    ct = st if ct is None else ct
+    get_retry = getattr(client, "get_retry", None)
+    retry = get_retry() if callable(get_retry) else kwargs.get("retry")
+    retries = getattr(retry, "get_retries", lambda: 0)() if retry is not None else 0
+    if retries != 0:
+        return None
+    return float(st) + float(ct)
 
 
 class SyncCaller:
     """Sends commands on a synchronous client, each within ``timeout`` seconds.
 
-    When the client's own ``socket_timeout`` is at most ``timeout`` the call is made in the
-    caller's thread (the cheap path; set ``socket_timeout`` on the client to get it);
-    otherwise it runs on a small shared thread pool and the caller stops waiting at
-    ``timeout``.
+    When the client cannot take longer than ``timeout`` by itself (``socket_timeout`` plus
+    ``socket_connect_timeout`` at most ``timeout``, retries off) the call is made in the
+    caller's thread (the cheap path); otherwise it runs on a small shared thread pool and
+    the caller stops waiting at ``timeout``.
     """
 
     def __init__(self, client: Any, timeout: Optional[float], metrics: Metrics) -> None:
         self.client = client
         self.timeout = timeout
         self.metrics = metrics
-        st = socket_timeout(client)
-        self.direct = timeout is None or (st is not None and st <= timeout)
+        worst = worst_case(client)
+        self.direct = timeout is None or (worst is not None and worst <= timeout)
 
-    def __call__(self, args: p.Args, **options: Any) -> Any:
+    def remaining(self, deadline: Optional[float]) -> Optional[float]:
+        if deadline is None:
+            return self.timeout
+        return max(0.0, deadline - now())
+
+    def deadline(self) -> Optional[float]:
+        return None if self.timeout is None else now() + self.timeout
+
+    def __call__(self, args: p.Args, deadline: Optional[float] = None, **options: Any) -> Any:
         self.metrics.add("redis_calls")
         try:
             if self.direct:
                 return self.client.execute_command(*args, **options)
             future = _pool().submit(self.client.execute_command, *args, **options)
-            return future.result(self.timeout)
+            try:
+                return future.result(self.remaining(deadline))
+            except concurrent.futures.TimeoutError:
+                future.cancel()  # not started yet: never sent
+                raise
         except TIMEOUTS:
             self.metrics.add("redis_timeouts")
             self.metrics.add("redis_errors")
             raise
-        except FAILURES:
+        except OUTAGES:
             self.metrics.add("redis_errors")
             raise
+        except redis.exceptions.RedisError as e:
+            self.metrics.add("server_errors")
+            raise server_error(e) from e
 
 
 class AsyncCaller:
@@ -99,20 +167,27 @@ class AsyncCaller:
         self.timeout = timeout
         self.metrics = metrics
 
-    async def __call__(self, args: p.Args, **options: Any) -> Any:
+    def deadline(self) -> Optional[float]:
+        return None if self.timeout is None else now() + self.timeout
+
+    async def __call__(self, args: p.Args, deadline: Optional[float] = None, **options: Any) -> Any:
         self.metrics.add("redis_calls")
         try:
             call = self.client.execute_command(*args, **options)
-            if self.timeout is None:
+            timeout = self.timeout if deadline is None else max(0.0, deadline - now())
+            if timeout is None:
                 return await call
-            return await asyncio.wait_for(call, self.timeout)
+            return await asyncio.wait_for(call, timeout)
         except TIMEOUTS:
             self.metrics.add("redis_timeouts")
             self.metrics.add("redis_errors")
             raise
-        except FAILURES:
+        except OUTAGES:
             self.metrics.add("redis_errors")
             raise
+        except redis.exceptions.RedisError as e:
+            self.metrics.add("server_errors")
+            raise server_error(e) from e
 
 
 def probe_options(client: Any) -> dict[str, Any]:
@@ -123,12 +198,16 @@ def probe_options(client: Any) -> dict[str, Any]:
     return {}
 
 
-def resolve_backend(client: Any, call: Callable[..., Any], backend: str) -> p.Protocol:
+def resolve_backend(
+    client: Any, call: Callable[..., Any], backend: str, deadline: Optional[float] = None
+) -> p.Protocol:
     """The protocol for ``backend``; ``auto`` asks the server (module first) through
     ``call`` (a caller, so the probes have the limiter's timeout)."""
     if backend != p.AUTO:
         return p.Protocol(backend)
     options = probe_options(client)
+    if deadline is not None:
+        options["deadline"] = deadline
     if p.module_present(call(p.PROBE_MODULE, **options)):
         return p.Protocol(p.MODULE)
     has_functions = p.functions_present(call(p.PROBE_FUNCTIONS, **options))
@@ -136,7 +215,10 @@ def resolve_backend(client: Any, call: Callable[..., Any], backend: str) -> p.Pr
 
 
 async def aresolve_backend(
-    client: Any, call: Callable[..., Awaitable[Any]], backend: str
+    client: Any,
+    call: Callable[..., Awaitable[Any]],
+    backend: str,
+    deadline: Optional[float] = None,
 ) -> p.Protocol:
     if backend != p.AUTO:
         return p.Protocol(backend)
@@ -145,6 +227,8 @@ async def aresolve_backend(
     ):
         await client.initialize()  # an asyncio cluster client learns its nodes lazily
     options = probe_options(client)
+    if deadline is not None:
+        options["deadline"] = deadline
     if p.module_present(await call(p.PROBE_MODULE, **options)):
         return p.Protocol(p.MODULE)
     has_functions = p.functions_present(await call(p.PROBE_FUNCTIONS, **options))
