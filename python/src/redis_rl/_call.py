@@ -211,6 +211,10 @@ def resolve_backend(
     if p.module_present(call(p.PROBE_MODULE, **options)):
         return p.Protocol(p.MODULE)
     has_functions = p.functions_present(call(p.PROBE_FUNCTIONS, **options))
+    if not has_functions:
+        metrics = getattr(call, "metrics", None)
+        if isinstance(metrics, Metrics):
+            metrics.add("server_errors")  # counted as the error reply it stands for
     return p.Protocol(p.decide_backend(False, has_functions))
 
 
@@ -232,4 +236,8 @@ async def aresolve_backend(
     if p.module_present(await call(p.PROBE_MODULE, **options)):
         return p.Protocol(p.MODULE)
     has_functions = p.functions_present(await call(p.PROBE_FUNCTIONS, **options))
+    if not has_functions:
+        metrics = getattr(call, "metrics", None)
+        if isinstance(metrics, Metrics):
+            metrics.add("server_errors")  # counted as the error reply it stands for
     return p.Protocol(p.decide_backend(False, has_functions))
