@@ -1,11 +1,13 @@
 //! The `rl-bucket` module type: persistence (RDB, AOF rewrite), digest, copy, memory usage.
 //!
-//! RDB encoding version 2, per key:
-//! `full_at rate cap hold span table [last_id (id tokens expires_at) * (table - 1)]`
-//! (unsigned, double, double, unsigned, unsigned, unsigned, then unsigneds), where `hold`
-//! and `span` keep a key alive after a limit change (0: none; see
-//! [`rl_core::Bucket::span`]) and `table` is 0 for a bucket that never had a lease and
-//! `1 + live leases` for one that did. Version 1 (the same without `hold`) is still read.
+//! RDB encoding version 3, per key:
+//! `full_at rate cap hold span version table [last_id (id tokens expires_at) * (table - 1)]`
+//! (unsigned, double, double, unsigned, unsigned, unsigned, unsigned, then unsigneds), where
+//! `hold` and `span` keep a key alive after a limit change (0: none; see
+//! [`rl_core::Bucket::span`]), `version` is the version of the limit (`VERSION v`; 0: none)
+//! and `table` is 0 for a bucket that never had a lease and `1 + live leases` for one that
+//! did. Version 2 (the same without `version`) and version 1 (without `hold`, `span` and
+//! `version`) are still read, as version 0.
 //!
 //! `free`, `copy` and `rdb_load` keep `rl_leases_active` equal to the leases held in memory.
 
@@ -18,7 +20,7 @@ use rl_core::{Lease, MAX_LEASES};
 use std::os::raw::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-pub const ENCODING_VERSION: i32 = 2;
+pub const ENCODING_VERSION: i32 = 3;
 
 pub static BUCKET_TYPE: RedisType = RedisType::new(
     "rl-bucket",
@@ -65,6 +67,7 @@ unsafe extern "C" fn rdb_save(io: *mut RedisModuleIO, value: *mut c_void) {
         rm!(RedisModule_SaveDouble(io, b.limit().cap()));
         rm!(RedisModule_SaveUnsigned(io, b.hold()));
         rm!(RedisModule_SaveUnsigned(io, b.span()));
+        rm!(RedisModule_SaveUnsigned(io, b.version()));
         let Some(table) = state.table() else {
             rm!(RedisModule_SaveUnsigned(io, 0));
             return;
@@ -110,6 +113,11 @@ unsafe fn load(io: *mut RedisModuleIO, encver: c_int) -> Option<Stored> {
     } else {
         (0, 0)
     };
+    let version = if encver >= 3 {
+        rm!(RedisModule_LoadUnsigned(io))
+    } else {
+        0
+    };
     let table = rm!(RedisModule_LoadUnsigned(io));
     // 0: never leased; else 1 + the number of leases, which may not exceed the bound (a
     // corrupt count must not make us read, or allocate, without end).
@@ -138,7 +146,7 @@ unsafe fn load(io: *mut RedisModuleIO, encver: c_int) -> Option<Stored> {
         return None;
     }
     let (bucket, table) =
-        rl_core::validate(full_at, rate, cap, hold, span, last_id, leases).ok()?;
+        rl_core::validate(full_at, rate, cap, hold, span, version, last_id, leases).ok()?;
     stats::LEASES_ACTIVE.add_shared(table.leases().len() as u64);
     Some(Stored::new(bucket, table))
 }
@@ -168,6 +176,11 @@ unsafe extern "C" fn digest(md: *mut RedisModuleDigest, value: *mut c_void) {
         if b.hold() != 0 || b.span() != 0 {
             add(b.hold());
             add(b.span());
+        }
+        if b.version() != 0 {
+            // After the hold and span (both 0 if absent), so no two states add the same.
+            add(u64::MAX);
+            add(b.version());
         }
         if let Some(t) = state.table() {
             add(t.last_id());

@@ -184,7 +184,8 @@ impl BucketKey {
                 if c.update(&bucket) {
                     self.move_expiry(Some(before), expires);
                 } else {
-                    stats::LIMIT_CHANGES.add(1);
+                    // A new limit that does not fit, or a version.
+                    count_limit_change(&c.bucket(), &bucket);
                     self.put(Stored::new(bucket, table), expires);
                 }
             }

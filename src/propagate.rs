@@ -3,7 +3,7 @@
 //! A write never replicates the command that made it (its outcome depends on the master's
 //! clock at that instant); it replicates `RL.SETSTATE` with the resulting absolute state:
 //!
-//! `RL.SETSTATE key full_at rate cap [HOLD t SPAN d] [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
+//! `RL.SETSTATE key full_at rate cap [HOLD t SPAN d] [VERSION v] [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
 //!
 //! The same command rebuilds keys on AOF rewrite, so a replica, an AOF replay and an RDB
 //! load all end with the master's bytes. The key's expiry is not sent: it is a function of
@@ -28,6 +28,15 @@ pub struct Head {
     /// The bucket's hold and span (0 almost always: only after a limit change).
     pub hold: Nanos,
     pub span: Nanos,
+    /// The version of the bucket's limit (0: none, and not sent).
+    pub version: u64,
+}
+
+impl Head {
+    /// Whether the bucket has parts a lease-table effect does not carry (see [`leases`]).
+    fn has_extras(&self) -> bool {
+        self.hold != 0 || self.span != 0 || self.version != 0
+    }
 }
 
 /// A new bucket state and nothing else (a take: the hot path).
@@ -35,6 +44,9 @@ pub fn bucket(ctx: *mut Ctx, h: &Head) {
     // `full_at` as text made here and passed as a buffer: Redis builds one string object
     // from it, where an integer argument (`l`) costs it a formatting and two allocations.
     let at = Decimal::new(h.full_at);
+    if h.version != 0 {
+        return versioned(ctx, h, &at);
+    }
     if h.hold == 0 && h.span == 0 {
         rm!(RedisModule_Replicate(
             ctx,
@@ -64,6 +76,47 @@ pub fn bucket(ctx: *mut Ctx, h: &Head) {
         c"SPAN".as_ptr(),
         span.ptr(),
         span.len()
+    ));
+}
+
+/// [`bucket`] for a bucket with a limit version: `... [HOLD t SPAN d] VERSION v`.
+fn versioned(ctx: *mut Ctx, h: &Head, at: &Decimal) {
+    let version = Decimal::new(h.version);
+    if h.hold == 0 && h.span == 0 {
+        rm!(RedisModule_Replicate(
+            ctx,
+            SETSTATE.as_ptr(),
+            c"sbsscb".as_ptr(),
+            h.key,
+            at.ptr(),
+            at.len(),
+            h.rate,
+            h.cap,
+            c"VERSION".as_ptr(),
+            version.ptr(),
+            version.len()
+        ));
+        return;
+    }
+    let (hold, span) = (Decimal::new(h.hold), Decimal::new(h.span));
+    rm!(RedisModule_Replicate(
+        ctx,
+        SETSTATE.as_ptr(),
+        c"sbsscbcbcb".as_ptr(),
+        h.key,
+        at.ptr(),
+        at.len(),
+        h.rate,
+        h.cap,
+        c"HOLD".as_ptr(),
+        hold.ptr(),
+        hold.len(),
+        c"SPAN".as_ptr(),
+        span.ptr(),
+        span.len(),
+        c"VERSION".as_ptr(),
+        version.ptr(),
+        version.len()
     ));
 }
 
@@ -99,11 +152,12 @@ impl Decimal {
 }
 
 /// A new bucket state with lease changes: expired leases pruned at `now`, one lease
-/// closed, one opened. A bucket with a hold gets a second effect that sets it (rare: only
-/// after a limit change; the table effect alone would leave none).
+/// closed, one opened. A bucket with a hold or a limit version gets a second effect that
+/// sets them (rare: only after a limit change or with `VERSION`; the table effect alone
+/// would leave none).
 pub fn leases(ctx: *mut Ctx, h: &Head, now: Nanos, closed: Option<u64>, opened: Option<&Lease>) {
     lease_changes(ctx, h, now, closed, opened);
-    if h.hold != 0 || h.span != 0 {
+    if h.has_extras() {
         bucket(ctx, h);
     }
 }
@@ -256,6 +310,7 @@ pub fn with_stored_limit(ctx: *mut Ctx, key: *mut RStr, bucket: &Bucket, f: impl
         cap,
         hold: bucket.hold(),
         span: bucket.span(),
+        version: bucket.version(),
     });
     rm!(RedisModule_FreeString(ctx, rate));
     rm!(RedisModule_FreeString(ctx, cap));
@@ -278,7 +333,31 @@ pub fn stored_number(x: f64) -> String {
 pub unsafe fn rewrite(aof: *mut RedisModuleIO, key: *mut RStr, state: &StateMut) {
     rewrite_state(aof, key, state);
     let b = state.bucket();
-    if b.hold() != 0 || b.span() != 0 {
+    if b.version() != 0 {
+        // Last, so it is the bucket the key ends with (the commands above set neither a
+        // hold nor a version).
+        let (rate, cap) = (
+            stored_number(b.limit().rate()),
+            stored_number(b.limit().cap()),
+        );
+        rm!(RedisModule_EmitAOF(
+            aof,
+            SETSTATE.as_ptr(),
+            c"slbbclclcl".as_ptr(),
+            key,
+            b.full_at() as i64,
+            rate.as_ptr().cast::<c_char>(),
+            rate.len(),
+            cap.as_ptr().cast::<c_char>(),
+            cap.len(),
+            c"HOLD".as_ptr(),
+            b.hold() as i64,
+            c"SPAN".as_ptr(),
+            b.span() as i64,
+            c"VERSION".as_ptr(),
+            b.version() as i64
+        ));
+    } else if b.hold() != 0 || b.span() != 0 {
         // Last, so it is the bucket the key ends with (the commands above set none).
         let (rate, cap) = (
             stored_number(b.limit().rate()),

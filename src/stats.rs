@@ -78,6 +78,9 @@ counters! {
     PERMITS_EXPIRED: "Permits gone without a release: expired (counted when dropped) or with their key.",
     PERMITS_IN_USE: "Permits recorded in keys now (expired ones leave at the key's next write).",
     LIMIT_CHANGES: "Writes that stored a bucket under a rate or cap other than its own: a limit rollout, or callers disagreeing on a key's limit (flapping).",
+    LIMIT_REPLACED: "Buckets whose stored limit a call with a newer VERSION replaced (stored even if the call was denied; RL.MTAKE counts each bucket).",
+    LIMIT_STALE: "Buckets a call with an older VERSION was decided on under the stored, newer limit (stale callers: when this stops growing, a rollout is complete).",
+    LIMIT_CONFLICTS: "Buckets a call with the stored VERSION (0 included: no VERSION on a never-versioned bucket) but another rate or cap was decided on (the call's limit applied).",
     ADOPTED: "Seed Lua script hashes converted into buckets (rl.adopt-script-keys).",
 }
 

@@ -4,8 +4,8 @@
 //! case is a bare 16 bytes: [`Compact`], the full instant plus the limit as two 32-bit
 //! decimals. It is used when both numbers of the limit fit such a decimal exactly (every
 //! limit written with up to 8 significant digits: `1000`, `0.5`, `0.001`, `16.6667`) and the
-//! bucket never had a lease. Anything else is a [`Full`]: the exact bucket and its lease
-//! table. A `Full` starts with a word no `Compact` can hold ([`FULL_MARKER`]), so reading the
+//! bucket never had a lease nor a limit version (`VERSION v`). Anything else is a
+//! [`Full`]: the exact bucket (with its version) and its lease table. A `Full` starts with a word no `Compact` can hold ([`FULL_MARKER`]), so reading the
 //! first word tells which one a pointer holds, as Redis's own types switch between a compact
 //! and a general encoding.
 
@@ -74,9 +74,10 @@ pub struct Compact {
 }
 
 impl Compact {
-    /// The compact form of `bucket`, if its limit fits it exactly and it has no hold.
+    /// The compact form of `bucket`, if its limit fits it exactly and it has no hold and
+    /// no version.
     pub fn of(bucket: &Bucket) -> Option<Compact> {
-        if bucket.hold() != 0 || bucket.span() != 0 {
+        if bucket.hold() != 0 || bucket.span() != 0 || bucket.version() != 0 {
             return None;
         }
         let limit = bucket.limit();
@@ -96,7 +97,7 @@ impl Compact {
     /// Stores `bucket` here if it fits: at once when the limit is unchanged (the hot path:
     /// nothing to encode), else if the new limit encodes. `false` if it does not fit.
     pub fn update(&mut self, bucket: &Bucket) -> bool {
-        if bucket.hold() != 0 || bucket.span() != 0 {
+        if bucket.hold() != 0 || bucket.span() != 0 || bucket.version() != 0 {
             return false;
         }
         if bucket.limit() == self.bucket().limit() {
@@ -314,5 +315,15 @@ mod tests {
         assert!(c.update(&Bucket::new(100, Limit::new(0.25, 20.0).unwrap())));
         assert_eq!(c.bucket().limit(), Limit::new(0.25, 20.0).unwrap());
         assert!(!c.update(&Bucket::new(101, Limit::new(1.0 / 3.0, 20.0).unwrap())));
+        // A versioned bucket takes the full form.
+        let v = Bucket::new(102, Limit::new(0.25, 20.0).unwrap()).with_version(3);
+        assert!(!c.update(&v));
+        assert!(Compact::of(&v).is_none());
+        let p = Stored::new(v, LeaseTable::default()).into_raw();
+        match unsafe { StateMut::from_raw(p) } {
+            StateMut::Full(f) => assert_eq!(f.bucket.version(), 3),
+            StateMut::Compact(_) => panic!("lost the version"),
+        }
+        drop(unsafe { Stored::from_raw(p) });
     }
 }

@@ -78,8 +78,18 @@ fn setstate_args(rng: &mut Rng, key: &str) -> Vec<String> {
         number(rng).to_string(),
         number(rng).to_string(),
     ];
+    let versions = [
+        "0",
+        "1",
+        "7",
+        "9007199254740991",
+        "9007199254740992",
+        "-1",
+        "x",
+    ];
     for _ in 0..rng.below(4) {
-        match rng.below(5) {
+        match rng.below(6) {
+            4 => args.extend(["VERSION".into(), rng.pick(&versions).into()]),
             0 => args.extend(["LASTID".into(), rng.pick(&ids).into()]),
             1 => args.extend(["PRUNE".into(), now.to_string()]),
             2 => args.extend(["DROP".into(), rng.pick(&ids).into()]),
@@ -281,9 +291,18 @@ fn corrupt_restore_payloads_are_errors_not_aborts() {
         .arg(&["leased", "0.001", "1000", "30", "600000"])
         .query(&mut c)
         .unwrap();
+    // Encoding 3 carries the limit's version.
+    let _: i64 = redis::cmd("RL.TAKE")
+        .arg(&["versioned", "10", "100", "7", "VERSION", "9007199254740991"])
+        .query(&mut c)
+        .unwrap();
+    let _: Vec<i64> = redis::cmd("RL.LEASE")
+        .arg(&["vleased", "0.001", "1000", "20", "600000", "VERSION", "300"])
+        .query(&mut c)
+        .unwrap();
     let mut rng = Rng(42);
     let (mut tried, mut accepted) = (0, 0);
-    for key in ["plain", "leased"] {
+    for key in ["plain", "leased", "versioned", "vleased"] {
         let payload = dump(&mut c, key);
         let body = dump_body(&payload);
         // The CRC is Redis's: an untouched payload reseals to itself.
@@ -324,7 +343,7 @@ fn corrupt_restore_payloads_are_errors_not_aborts() {
     let pong: String = redis::cmd("PING").query(&mut c).unwrap();
     assert_eq!(pong, "PONG");
     let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
-    assert!(tried > 600 && accepted < tried, "{accepted} of {tried}");
+    assert!(tried > 1200 && accepted < tried, "{accepted} of {tried}");
 }
 
 /// `RL.SETSTATE ... ADD` past the bound used to write the master, reply an error and send
@@ -576,12 +595,16 @@ fn command_docs_list_the_arguments() {
     for (cmd, args) in [
         (
             "RL.TAKE",
-            &["key", "rate", "cap", "n", "WITHSTATE", "tokens"][..],
+            &["key", "rate", "cap", "n", "WITHSTATE", "tokens", "VERSION"][..],
         ),
-        ("RL.LEASE", &["ttl_ms", "m", "return", "lease_id", "unused"]),
+        (
+            "RL.LEASE",
+            &["ttl_ms", "m", "return", "lease_id", "unused", "VERSION"],
+        ),
+        ("RL.RESERVE", &["max_wait_ms", "VERSION"]),
         ("RL.RETURN", &["key", "lease_id", "unused"]),
         ("RL.PEEK", &["key"]),
-        ("RL.MTAKE", &["n", "bucket", "key", "WITHSTATE"]),
+        ("RL.MTAKE", &["n", "bucket", "key", "WITHSTATE", "VERSION"]),
     ] {
         let docs: Value = redis::cmd("COMMAND")
             .arg("DOCS")

@@ -696,8 +696,14 @@ fn guard_resp3_replies() {
     let Value::Map(m) = &v else {
         panic!("PEEK under RESP3: {v:?}")
     };
-    assert_eq!(m.len(), 6);
+    // Six fields, then `version` (issue 17), last and an integer.
+    assert_eq!(m.len(), 7);
     assert!(matches!(m[1].1, Value::Double(r) if r == 1.0), "{m:?}");
+    assert!(
+        matches!(&m[6], (Value::SimpleString(k), Value::Int(0)) if k == "version")
+            || matches!(&m[6], (Value::BulkString(k), Value::Int(0)) if k == b"version"),
+        "{m:?}"
+    );
     let v: Value = cmd(
         &mut c,
         &["RL.MTAKE", "9", "k", "1", "10", "j", "1", "10", "WITHSTATE"],

@@ -93,6 +93,9 @@ pub struct Bucket {
     /// would appear; a bucket idle that long is full under every one of its limits, so
     /// dropping it then creates none. 0 for a bucket only ever used with one limit.
     span: Nanos,
+    /// The version of the limit it holds (`VERSION v`; 0: never given one). See
+    /// [`crate::version`].
+    version: u64,
 }
 
 impl Bucket {
@@ -108,7 +111,18 @@ impl Bucket {
             limit,
             hold: hold.min(MAX_INSTANT),
             span,
+            version: 0,
         }
+    }
+
+    /// The same bucket holding a limit of version `version`.
+    pub fn with_version(self, version: u64) -> Bucket {
+        Bucket { version, ..self }
+    }
+
+    /// The version of the limit this bucket holds (0: never given one).
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     /// Rebuilds a bucket from stored parts (RDB, a replicated effect), or `None` if they
@@ -156,11 +170,14 @@ pub struct Level {
     deficit: Nanos,
     /// See [`Bucket::span`]: the stored one while its hold has not passed.
     span: Nanos,
+    /// The version of the limit, stored with the bucket (see [`Bucket::version`]).
+    version: u64,
 }
 
 impl Level {
     /// `bucket` refilled to `now` under `limit`; an absent bucket is full. If the bucket was
-    /// written under another limit, its tokens carry over, clamped to the new cap.
+    /// written under another limit, its tokens carry over, clamped to the new cap. The
+    /// bucket's version is kept (see [`Level::with_version`]).
     pub fn new(bucket: Option<&Bucket>, limit: Limit, now: Nanos) -> Level {
         let Some(b) = bucket else {
             return Level {
@@ -169,11 +186,13 @@ impl Level {
                 behind: 0,
                 deficit: 0,
                 span: 0,
+                version: 0,
             };
         };
         if b.limit == limit {
             let mut level = Level::refill(b.full_at, limit, now);
             level.span = live_span(b, level.at);
+            level.version = b.version;
             return level;
         }
         let old = Level::refill(b.full_at, b.limit, now);
@@ -183,8 +202,19 @@ impl Level {
             deficit: carry_over(old.deficit, &b.limit, &limit),
             limit,
             span: live_span(b, old.at).max(b.limit.fill_nanos()),
+            version: b.version,
             ..old
         }
+    }
+
+    /// The same level, its limit of version `version` (what the bucket stores).
+    pub fn with_version(self, version: u64) -> Level {
+        Level { version, ..self }
+    }
+
+    /// The version of the limit (see [`Bucket::version`]).
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     /// A bucket that does not exist yet, starting with `tokens` instead of full (warm start).
@@ -198,6 +228,7 @@ impl Level {
             behind: 0,
             deficit,
             span: 0,
+            version: 0,
         }
     }
 
@@ -217,6 +248,7 @@ impl Level {
             behind: at - now,
             deficit: full_at.saturating_sub(at),
             span: 0,
+            version: 0,
         }
     }
 
@@ -356,6 +388,7 @@ impl Level {
             0
         };
         Bucket::with_hold(self.at + self.deficit, self.limit, hold, self.span)
+            .with_version(self.version)
     }
 }
 

@@ -322,7 +322,7 @@ mod tests {
 
     #[test]
     fn ids_stop_at_the_signed_limit() {
-        let (b, mut t) = crate::validate(T0, 1.0, 1.0, 0, 0, i64::MAX as u64, vec![]).unwrap();
+        let (b, mut t) = crate::validate(T0, 1.0, 1.0, 0, 0, 0, i64::MAX as u64, vec![]).unwrap();
         let _ = b;
         assert_eq!(t.open(1, MS, T0), Err(LeaseError::IdsExhausted));
     }

@@ -19,6 +19,7 @@ mod permits;
 pub mod round;
 mod state;
 pub mod top;
+pub mod version;
 
 pub use bucket::{take_all, AllOrNothing, Bucket, Level};
 pub use lease::{
@@ -28,6 +29,7 @@ pub use lease::{
 pub use limit::{Limit, LimitError, MAX_FILL_SECS, MAX_VALUE, MIN_VALUE};
 pub use permits::{Acquired, Permit, PermitError, PermitTable, MAX_PERMITS};
 pub use state::{validate, StateError};
+pub use version::{Applied, MAX_VERSION};
 
 /// A point in time: nanoseconds since the Unix epoch, as read by the caller.
 pub type Nanos = u64;

@@ -7,7 +7,7 @@
 //! call [`validate`] on the complete resulting state, and nothing else decides.
 
 use crate::bucket::MAX_INSTANT;
-use crate::{Bucket, Lease, LeaseTable, Limit, LimitError, Nanos, MAX_LEASES};
+use crate::{Bucket, Lease, LeaseTable, Limit, LimitError, Nanos, MAX_LEASES, MAX_VERSION};
 
 /// Why a state was refused. The texts are the user-facing error messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +22,7 @@ pub enum StateError {
     LeaseExpiry,
     HeldTotal,
     LastId,
+    Version,
 }
 
 impl StateError {
@@ -37,6 +38,7 @@ impl StateError {
             StateError::LeaseExpiry => "lease expiry must be at most 9223372036854775807",
             StateError::HeldTotal => "leases may hold at most 9223372036854775807 tokens in all",
             StateError::LastId => "the last lease id must be at most 9223372036854775807",
+            StateError::Version => "VERSION must be an integer from 0 to 9007199254740991",
         }
     }
 }
@@ -56,13 +58,15 @@ const MAX_FIELD: u64 = i64::MAX as u64;
 /// A bucket and its lease table from their parts, if this module could have written them:
 /// a valid limit, `full_at` within range, at most [`MAX_LEASES`] leases with ids in
 /// `1..=last_id` ascending, each holding at least one token, their total and every number
-/// within `i64`.
+/// within `i64`, and a limit version of at most [`MAX_VERSION`].
+#[allow(clippy::too_many_arguments)]
 pub fn validate(
     full_at: Nanos,
     rate: f64,
     cap: f64,
     hold: Nanos,
     span: Nanos,
+    version: u64,
     last_id: u64,
     leases: Vec<Lease>,
 ) -> Result<(Bucket, LeaseTable), StateError> {
@@ -72,6 +76,9 @@ pub fn validate(
     }
     if hold > MAX_INSTANT || span > MAX_INSTANT {
         return Err(StateError::Hold);
+    }
+    if version > MAX_VERSION {
+        return Err(StateError::Version);
     }
     if last_id > MAX_FIELD {
         return Err(StateError::LastId);
@@ -99,7 +106,7 @@ pub fn validate(
             .ok_or(StateError::HeldTotal)?;
     }
     Ok((
-        Bucket::with_hold(full_at, limit, hold, span),
+        Bucket::with_hold(full_at, limit, hold, span).with_version(version),
         LeaseTable::from_validated(last_id, leases),
     ))
 }
@@ -120,37 +127,37 @@ mod tests {
 
     #[test]
     fn accepts_what_the_module_writes() {
-        assert!(validate(T0, 1.0, 10.0, 0, 0, 0, vec![]).is_ok());
-        assert!(validate(T0, 1.0, 10.0, 0, 0, 5, vec![l(1, 1), l(5, 3)]).is_ok());
+        assert!(validate(T0, 1.0, 10.0, 0, 0, 0, 0, vec![]).is_ok());
+        assert!(validate(T0, 1.0, 10.0, 0, 0, 0, 5, vec![l(1, 1), l(5, 3)]).is_ok());
         let many: Vec<_> = (1..=MAX_LEASES as u64).map(|i| l(i, 1)).collect();
-        assert!(validate(T0, 1.0, 10.0, 0, 0, MAX_LEASES as u64, many).is_ok());
+        assert!(validate(T0, 1.0, 10.0, 0, 0, 0, MAX_LEASES as u64, many).is_ok());
     }
 
     #[test]
     fn refuses_what_it_cannot() {
         let e = |r: Result<_, StateError>| r.err();
         assert_eq!(
-            e(validate(T0, f64::NAN, 1.0, 0, 0, 0, vec![])),
+            e(validate(T0, f64::NAN, 1.0, 0, 0, 0, 0, vec![])),
             Some(StateError::Limit(LimitError::Rate))
         );
         assert_eq!(
-            e(validate(u64::MAX, 1.0, 1.0, 0, 0, 0, vec![])),
+            e(validate(u64::MAX, 1.0, 1.0, 0, 0, 0, 0, vec![])),
             Some(StateError::FullAt)
         );
         assert_eq!(
-            e(validate(T0, 1.0, 1.0, 0, 0, 9, vec![l(0, 5)])),
+            e(validate(T0, 1.0, 1.0, 0, 0, 0, 9, vec![l(0, 5)])),
             Some(StateError::LeaseId)
         );
         assert_eq!(
-            e(validate(T0, 1.0, 1.0, 0, 0, 4, vec![l(5, 5)])),
+            e(validate(T0, 1.0, 1.0, 0, 0, 0, 4, vec![l(5, 5)])),
             Some(StateError::LeaseId)
         );
         assert_eq!(
-            e(validate(T0, 1.0, 1.0, 0, 0, 9, vec![l(5, 1), l(5, 1)])),
+            e(validate(T0, 1.0, 1.0, 0, 0, 0, 9, vec![l(5, 1), l(5, 1)])),
             Some(StateError::LeaseOrder)
         );
         assert_eq!(
-            e(validate(T0, 1.0, 1.0, 0, 0, 9, vec![l(5, 0)])),
+            e(validate(T0, 1.0, 1.0, 0, 0, 0, 9, vec![l(5, 0)])),
             Some(StateError::LeaseTokens)
         );
         assert_eq!(
@@ -160,22 +167,29 @@ mod tests {
                 1.0,
                 0,
                 0,
+                0,
                 9,
                 vec![l(1, i64::MAX as u64), l(2, 1)]
             )),
             Some(StateError::HeldTotal)
         );
         assert_eq!(
-            e(validate(T0, 1.0, 1.0, 0, 0, u64::MAX, vec![])),
+            e(validate(T0, 1.0, 1.0, 0, 0, 0, u64::MAX, vec![])),
             Some(StateError::LastId)
         );
         assert_eq!(
-            e(validate(T0, 1.0, 1.0, u64::MAX, 0, 0, vec![])),
+            e(validate(T0, 1.0, 1.0, u64::MAX, 0, 0, 0, vec![])),
             Some(StateError::Hold)
         );
+        assert_eq!(
+            e(validate(T0, 1.0, 1.0, 0, 0, MAX_VERSION + 1, 0, vec![])),
+            Some(StateError::Version)
+        );
+        let ok = validate(T0, 1.0, 1.0, 0, 0, MAX_VERSION, 0, vec![]).unwrap();
+        assert_eq!(ok.0.version(), MAX_VERSION);
         let many: Vec<_> = (1..=MAX_LEASES as u64 + 1).map(|i| l(i, 1)).collect();
         assert_eq!(
-            e(validate(T0, 1.0, 10.0, 0, 0, 2000, many)),
+            e(validate(T0, 1.0, 10.0, 0, 0, 0, 2000, many)),
             Some(StateError::TooManyLeases)
         );
     }

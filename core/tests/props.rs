@@ -3,7 +3,9 @@
 //! `cap + rate * elapsed`, where `elapsed` runs to the latest instant the clock showed.
 
 use proptest::prelude::*;
-use rl_core::{take_all, Bucket, LeaseRequest, LeaseTable, Level, Limit, Nanos, MAX_LEASES};
+use rl_core::{
+    take_all, Applied, Bucket, LeaseRequest, LeaseTable, Level, Limit, Nanos, MAX_LEASES,
+};
 
 const T0: Nanos = 1_700_000_000_000_000_000;
 
@@ -393,6 +395,85 @@ proptest! {
             prop_assert_eq!(&before, &after);
             prop_assert_eq!(d.longest, *waits.iter().max().unwrap());
             prop_assert_eq!(waits[d.worst], d.longest);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// Versioned limits (`VERSION v`): callers on several versions share a bucket. Versions
+    /// never decrease; an older version never changes the stored limit; a newer one
+    /// replaces it without minting (the tokens right after are at most those right before,
+    /// and at most the new cap); and from each write of a new limit on, the let-out stays
+    /// within `cap + rate * elapsed` of the limit in force (only a newer version, or the
+    /// same version with another limit, can replace it, and that starts a new window).
+    #[test]
+    fn versioned_limits_replace_without_minting_and_never_go_back(
+        limits in prop::collection::vec((0.5f64..2000.0, 1.0f64..500.0), 2..4),
+        calls in prop::collection::vec((0usize..4, 0u64..4, 0.0f64..1.0, step()), 1..200),
+    ) {
+        let limits: Vec<Limit> = limits
+            .iter()
+            .filter_map(|&(r, c)| Limit::new(r, c).ok())
+            .collect();
+        prop_assume!(!limits.is_empty());
+        let mut stored: Option<Bucket> = None;
+        let mut now = T0;
+        let mut latest = T0;
+        // Since the limit in force was set: when, and tokens let out since.
+        let mut window: Option<(Nanos, f64)> = None;
+        for (which, version, fraction, dt) in calls {
+            now = now.saturating_add_signed(dt);
+            latest = latest.max(now);
+            let limit = limits[which % limits.len()];
+            let n = (fraction * limit.cap()).floor().max(1.0) as u64;
+            let before = stored;
+            let (mut level, applied) = rl_core::version::open(stored.as_ref(), limit, version, now);
+            match before {
+                None => prop_assert_eq!(applied, Applied::Created),
+                Some(b) => {
+                    prop_assert!(level.version() >= b.version(), "version went back");
+                    prop_assert_eq!(level.version(), version.max(b.version()));
+                    if version < b.version() {
+                        prop_assert_eq!(applied, Applied::Stale);
+                        prop_assert_eq!(*level.limit(), b.limit());
+                    } else {
+                        prop_assert_eq!(*level.limit(), limit);
+                    }
+                    if applied == Applied::Replaced {
+                        let old = Level::new(Some(&b), b.limit(), now);
+                        prop_assert!(level.tokens() <= old.tokens().max(0.0) + 1e-9, "minted");
+                        prop_assert!(level.tokens() <= limit.cap());
+                    }
+                }
+            }
+            // A stale caller asking for more than the stored cap gets an error: no change.
+            if n as f64 > level.limit().cap() {
+                continue;
+            }
+            let granted = level.try_take(n as f64);
+            if granted || applied.must_write() || stored.is_none() {
+                stored = Some(level.bucket());
+            }
+            let b = stored.unwrap();
+            if before.is_none_or(|old| old.limit() != b.limit()) {
+                // A new limit in force (written): a new window, from the tokens carried over
+                // (at most its cap).
+                window = Some((now, 0.0));
+            }
+            if applied == Applied::Stale {
+                // An older version never changes the stored limit or version.
+                prop_assert_eq!(b.limit(), before.unwrap().limit());
+                prop_assert_eq!(b.version(), before.unwrap().version());
+            }
+            let (since, out) = window.as_mut().unwrap();
+            if granted {
+                *out += n as f64;
+            }
+            let force = b.limit();
+            let bound = force.cap() + force.rate() * (latest - *since) as f64 / 1e9;
+            prop_assert!(*out <= bound + 1e-6, "let out {} > {} under {:?}", out, bound, force);
         }
     }
 }

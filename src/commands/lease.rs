@@ -1,4 +1,5 @@
-//! `RL.LEASE key rate cap n ttl_ms [MIN m] [RETURN lease_id unused] [INIT tokens]`: take up
+//! `RL.LEASE key rate cap n ttl_ms [MIN m] [RETURN lease_id unused] [INIT tokens] [SHADOW]
+//! [VERSION v]`: take up
 //! to `n` tokens at once for a holder to spend locally until `ttl_ms` passes, optionally
 //! settling the holder's previous lease in the same call.
 
@@ -24,6 +25,7 @@ struct Request {
     returning: Option<(u64, u64)>,
     init: Option<f64>,
     shadow: bool,
+    version: Option<u64>,
 }
 
 fn parse(args: &Args, limit: &Limit) -> Result<Request> {
@@ -42,6 +44,7 @@ fn parse(args: &Args, limit: &Limit) -> Result<Request> {
         returning: None,
         init: None,
         shadow: false,
+        version: None,
     };
     let mut i = 5;
     let mut min_given = false;
@@ -53,7 +56,10 @@ fn parse(args: &Args, limit: &Limit) -> Result<Request> {
                 Ok(())
             }
         };
-        if args.is(i, "MIN") {
+        if let Some(v) = super::version_option(args, i, req.version) {
+            req.version = Some(v?);
+            i += 2;
+        } else if args.is(i, "MIN") {
             seen(min_given)?;
             min_given = true;
             req.min = args.positive(i + 1, "MIN must be a positive integer")?;
@@ -91,12 +97,15 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
     let ns = ops::enter(name);
     let now = clock::now();
     let key = BucketKey::open(ctx, args.raw(0)?);
+    let opened = super::open_bucket(ctx, &key, limit, req.version.unwrap_or(0), now, req.init)?;
+    opened.fits(req.min, "MIN must not exceed cap")?;
     let super::Opened {
         mut state,
         mut level,
         adopted,
         created,
-    } = super::open_bucket(ctx, &key, limit, now, req.init)?;
+        applied,
+    } = opened;
 
     // Decide everything before changing anything, so an error or a denial writes nothing.
     let table = state.as_ref().and_then(|s| s.table()).unwrap_or(&EMPTY);
@@ -107,6 +116,7 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
         returning: req.returning,
     };
     let plan = table.plan(&mut level, &request, now)?;
+    super::count_applied(applied);
 
     let mut opened = None;
     if plan.writes() || created {
@@ -123,15 +133,24 @@ pub fn lease(ctx: *mut Ctx, args: Args) -> Result<()> {
         opened = outcome.opened;
         let bucket = level.bucket();
         key.store_with_leases(state, bucket, table);
-        let head = Head {
-            key: args.raw(0)?,
-            full_at: bucket.full_at(),
-            rate: args.raw(1)?,
-            cap: args.raw(2)?,
-            hold: bucket.hold(),
-            span: bucket.span(),
-        };
-        propagate::leases(ctx, &head, now, plan.returned, opened.as_ref());
+        let (returned, name) = (plan.returned, args.raw(0)?);
+        if applied == rl_core::Applied::Stale {
+            // Decided under the stored limit: the effect carries it, not the caller's.
+            propagate::with_stored_limit(ctx, name, &bucket, |head| {
+                propagate::leases(ctx, head, now, returned, opened.as_ref())
+            });
+        } else {
+            let head = Head {
+                key: name,
+                full_at: bucket.full_at(),
+                rate: args.raw(1)?,
+                cap: args.raw(2)?,
+                hold: bucket.hold(),
+                span: bucket.span(),
+                version: bucket.version(),
+            };
+            propagate::leases(ctx, &head, now, returned, opened.as_ref());
+        }
     }
 
     let shadow = opened.is_none() && ops::answered(false, req.shadow);

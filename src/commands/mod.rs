@@ -22,13 +22,36 @@ use crate::entry;
 use crate::error::{Error, Result};
 use crate::key::BucketKey;
 use crate::stored::StateMut;
-use rl_core::{Level, Limit, Nanos};
+use rl_core::{Applied, Level, Limit, Nanos};
 
 /// `rate cap` at argument `i`.
 fn limit(args: &Args, i: usize) -> Result<Limit> {
     let rate = args.number(i, "rate is not a number")?;
     let cap = args.number(i + 1, "cap is not a number")?;
     Ok(Limit::new(rate, cap)?)
+}
+
+/// The error for a bad `VERSION v` (the same text as [`rl_core::StateError::Version`]).
+const BAD_VERSION: &str = "VERSION must be an integer from 0 to 9007199254740991";
+
+/// The `v` of `VERSION v` at argument `i`: an integer `0..=2^53-1`.
+fn version(args: &Args, i: usize) -> Result<u64> {
+    match args.integer(i, BAD_VERSION)? {
+        v if v <= rl_core::MAX_VERSION => Ok(v),
+        _ => Err(Error::Invalid(BAD_VERSION)),
+    }
+}
+
+/// Whether argument `i` is `VERSION`: if so, its value (at `i + 1`), or the duplicate
+/// error if `given` already.
+fn version_option(args: &Args, i: usize, given: Option<u64>) -> Option<Result<u64>> {
+    if !args.is(i, "VERSION") {
+        return None;
+    }
+    if given.is_some() {
+        return Some(Err(args.duplicate(i)));
+    }
+    Some(version(args, i + 1))
 }
 
 /// A request for `n` tokens must be one the bucket can ever grant; `what` names it.
@@ -49,52 +72,98 @@ fn init_tokens(args: &Args, i: usize, limit: &Limit) -> Result<f64> {
     Ok(tokens)
 }
 
-/// The bucket a command works on: the stored one refilled to `now`, or a new one (full, or
-/// holding `init` tokens).
 /// A key's bucket as one call sees it.
 struct Opened<'k> {
     /// The stored bucket (none for a new key, or a script hash being adopted).
     state: Option<StateMut<'k>>,
-    /// Its level at `now` under the call's limit.
+    /// Its level at `now` under the limit that decides the call: the call's own, or (a
+    /// call with an older `VERSION`) the stored one.
     level: Level,
     /// The key holds the classic script's hash, adopted (`rl.adopt-script-keys`).
     adopted: bool,
-    /// A new bucket that starts below full (`INIT`): stored even if the call is denied.
+    /// Stored even if the call is denied: a new bucket that starts below full (`INIT`),
+    /// or a limit replaced by a newer `VERSION`.
     created: bool,
+    /// Which limit decides the call (see [`rl_core::version`]).
+    applied: Applied,
 }
 
-/// Opens the bucket of `key` for a call with `limit` (and `INIT tokens`, if given).
+impl Opened<'_> {
+    /// The call's `n` (or `MIN`) must fit the limit that decides it: under a stored, newer
+    /// limit with a smaller cap, a stale call gets the error a call passing that limit
+    /// would (nothing changes).
+    fn fits(&self, n: u64, what: &'static str) -> Result<()> {
+        fits(n, self.level.limit(), what)
+    }
+
+    /// Counts which limit decided the call (once it is decided).
+    fn count(&self) {
+        count_applied(self.applied);
+    }
+}
+
+/// Counts a decided call by which limit decided it (`rl_limit_replaced`, `rl_limit_stale`,
+/// `rl_limit_conflicts`).
+fn count_applied(applied: Applied) {
+    match applied {
+        Applied::Replaced => crate::stats::LIMIT_REPLACED.add(1),
+        Applied::Stale => crate::stats::LIMIT_STALE.add(1),
+        Applied::Conflict => crate::stats::LIMIT_CONFLICTS.add(1),
+        Applied::Created | Applied::Same => {}
+    }
+}
+
+/// Opens the bucket of `key` for a call with `limit` at `version` (and `INIT tokens`, if
+/// given).
 fn open_bucket<'k>(
     ctx: *mut Ctx,
     key: &'k BucketKey,
     limit: Limit,
+    version: u64,
     now: Nanos,
     init: Option<f64>,
 ) -> Result<Opened<'k>> {
     let (state, adopted) = crate::adopt::state(ctx, key, limit, now)?;
-    let (level, adopted) = match adopted {
-        Some(level) => (level, true),
-        None => (level_of(state.as_ref(), limit, now, init), false),
+    let (level, applied, adopted) = match adopted {
+        Some(level) => (level.with_version(version), Applied::Created, true),
+        None => {
+            let (level, applied) = level_of(state.as_ref(), limit, version, now, init);
+            (level, applied, false)
+        }
     };
-    let created = !adopted && created_below_full(state.as_ref(), &level);
+    let created = !adopted && (created_below_full(state.as_ref(), &level) || applied.must_write());
     Ok(Opened {
         state,
         level,
         adopted,
         created,
+        applied,
     })
 }
 
-fn level_of(state: Option<&StateMut>, limit: Limit, now: Nanos, init: Option<f64>) -> Level {
+fn level_of(
+    state: Option<&StateMut>,
+    limit: Limit,
+    version: u64,
+    now: Nanos,
+    init: Option<f64>,
+) -> (Level, Applied) {
     match (state, init) {
-        (None, Some(tokens)) => Level::starting_with(limit, tokens, now),
-        (state, _) => Level::new(state.map(|s| s.bucket()).as_ref(), limit, now),
+        (None, Some(tokens)) => (
+            Level::starting_with(limit, tokens, now).with_version(version),
+            Applied::Created,
+        ),
+        (state, _) => {
+            rl_core::version::open(state.map(|s| s.bucket()).as_ref(), limit, version, now)
+        }
     }
 }
 
 /// Stores `bucket` and sends its effect, for a command whose key is argument `i` with
-/// `rate cap` after it (the caller's own strings go into the effect: nothing to format).
-/// A script hash being adopted is replaced first.
+/// `rate cap` after it (the caller's own strings go into the effect: nothing to format,
+/// unless the call was decided under the stored limit, `stale`). A script hash being
+/// adopted is replaced first.
+#[allow(clippy::too_many_arguments)]
 fn write_bucket(
     ctx: *mut Ctx,
     key: &BucketKey,
@@ -103,6 +172,7 @@ fn write_bucket(
     args: &Args,
     i: usize,
     adopted: bool,
+    stale: bool,
 ) -> Result<()> {
     // Everything fallible first: nothing may fail once the key is changed.
     let (name, rate, cap) = (args.raw(i)?, args.raw(i + 1)?, args.raw(i + 2)?);
@@ -110,6 +180,13 @@ fn write_bucket(
         crate::adopt::replace(ctx, key, name);
     }
     key.store(state, bucket);
+    if stale {
+        // The stored limit, not the caller's.
+        crate::propagate::with_stored_limit(ctx, name, &bucket, |head| {
+            crate::propagate::bucket(ctx, head)
+        });
+        return Ok(());
+    }
     let head = crate::propagate::Head {
         key: name,
         full_at: bucket.full_at(),
@@ -117,6 +194,7 @@ fn write_bucket(
         cap,
         hold: bucket.hold(),
         span: bucket.span(),
+        version: bucket.version(),
     };
     crate::propagate::bucket(ctx, &head);
     Ok(())
@@ -134,6 +212,7 @@ const CAP: ArgDoc = ArgDoc::double(c"cap");
 const INIT: ArgDoc = ArgDoc::double(c"tokens").after(c"INIT");
 const WITHSTATE: ArgDoc = ArgDoc::flag(c"WITHSTATE");
 const SHADOW: ArgDoc = ArgDoc::flag(c"SHADOW");
+const VERSION: ArgDoc = ArgDoc::integer(c"v").after(c"VERSION");
 
 const RESERVE_ARGS: &[ArgDoc] = &[
     KEY,
@@ -143,6 +222,7 @@ const RESERVE_ARGS: &[ArgDoc] = &[
     ArgDoc::integer(c"max_wait_ms"),
     INIT,
     SHADOW,
+    VERSION,
 ];
 const REFUND_ARGS: &[ArgDoc] = &[KEY, ArgDoc::integer(c"n")];
 const ACQUIRE_ARGS: &[ArgDoc] = &[KEY, ArgDoc::integer(c"limit"), ArgDoc::integer(c"ttl_ms")];
@@ -179,6 +259,7 @@ const TAKE_ARGS: &[ArgDoc] = &[
     WITHSTATE,
     INIT,
     SHADOW,
+    VERSION,
 ];
 const LEASE_ARGS: &[ArgDoc] = &[
     KEY,
@@ -194,6 +275,7 @@ const LEASE_ARGS: &[ArgDoc] = &[
     },
     INIT,
     SHADOW,
+    VERSION,
 ];
 const RETURN_ARGS: &[ArgDoc] = &[
     KEY,
@@ -207,6 +289,7 @@ const MTAKE_ARGS: &[ArgDoc] = &[
     WITHSTATE,
     INIT,
     SHADOW,
+    VERSION,
 ];
 const STATS_ARGS: &[ArgDoc] = &[ArgDoc {
     name: c"namespace",
@@ -222,6 +305,7 @@ const SETSTATE_ARGS: &[ArgDoc] = &[
     ArgDoc::integer(c"full_at"),
     RATE,
     CAP,
+    VERSION,
     ArgDoc::integer(c"id").after(c"LASTID"),
     ArgDoc::integer(c"t").after(c"PRUNE"),
     ArgDoc::integer(c"id").after(c"DROP"),

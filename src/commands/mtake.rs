@@ -1,6 +1,7 @@
-//! `RL.MTAKE n key rate cap [key rate cap ...] [WITHSTATE] [INIT tokens] [SHADOW]`: take `n` tokens
-//! from every bucket, or from none. For limits checked together (per user, per API,
-//! global) in one round trip.
+//! `RL.MTAKE n key rate cap [key rate cap ...] [WITHSTATE] [INIT tokens] [SHADOW] [VERSION v]`:
+//! take `n` tokens from every bucket, or from none. For limits checked together (per user,
+//! per API, global) in one round trip. One `VERSION` applies to every bucket, each compared
+//! with its own stored version.
 //!
 //! Reply: `[granted, denied_by, retry_after_ms]` (+ `[remaining...]` with `WITHSTATE`):
 //! `granted` is `n` or 0; `denied_by` the key whose wait is longest (nil when granted);
@@ -25,6 +26,8 @@ struct Shape {
     with_state: bool,
     /// Argument index of `INIT`'s value.
     init_at: Option<usize>,
+    /// Argument index of `VERSION`'s value.
+    version_at: Option<usize>,
     shadow: bool,
 }
 
@@ -33,6 +36,7 @@ fn shape(args: &Args) -> Result<Shape> {
         end: args.len(),
         with_state: false,
         init_at: None,
+        version_at: None,
         shadow: false,
     };
     loop {
@@ -53,6 +57,12 @@ fn shape(args: &Args) -> Result<Shape> {
                 return Err(args.duplicate(s.end - 2));
             }
             s.init_at = Some(s.end - 1);
+            s.end -= 2;
+        } else if s.end > 2 && args.is(s.end - 2, "VERSION") {
+            if s.version_at.is_some() {
+                return Err(args.duplicate(s.end - 2));
+            }
+            s.version_at = Some(s.end - 1);
             s.end -= 2;
         } else {
             break;
@@ -82,6 +92,10 @@ pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
     stats::CALLS.add(1);
     let s = shape(&args)?;
     let n = args.positive(0, "n must be a positive integer")?;
+    let version = match s.version_at {
+        Some(at) => super::version(&args, at)?,
+        None => 0,
+    };
     let mut limits: Vec<Limit> = Vec::with_capacity(s.end / 3);
     let mut init = None;
     for i in (1..s.end).step_by(3) {
@@ -114,14 +128,17 @@ pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
         .map(|i| args.raw(i).map(|k| BucketKey::open(ctx, k)))
         .collect::<Result<_>>()?;
     let (mut states, mut levels) = (Vec::new(), Vec::new());
-    let (mut adopted, mut created) = (Vec::new(), Vec::new());
+    let (mut adopted, mut created, mut applied) = (Vec::new(), Vec::new(), Vec::new());
     for (key, limit) in keys.iter().zip(&limits) {
-        let opened = super::open_bucket(ctx, key, *limit, now, init)?;
+        let opened = super::open_bucket(ctx, key, *limit, version, now, init)?;
+        opened.fits(n, "n must not exceed cap")?;
         states.push(opened.state);
         levels.push(opened.level);
         adopted.push(opened.adopted);
         created.push(opened.created);
+        applied.push(opened.applied);
     }
+    applied.iter().for_each(|&a| super::count_applied(a));
 
     // All or nothing: every bucket is looked at before any is debited.
     let AllOrNothing {
@@ -133,8 +150,9 @@ pub fn mtake(ctx: *mut Ctx, args: Args) -> Result<()> {
         if !granted && !created[j] {
             continue;
         }
-        let adopting = adopted[j];
-        super::write_bucket(ctx, key, state, level.bucket(), &args, 1 + 3 * j, adopting)?;
+        let (adopting, stale) = (adopted[j], applied[j] == rl_core::Applied::Stale);
+        let bucket = level.bucket();
+        super::write_bucket(ctx, key, state, bucket, &args, 1 + 3 * j, adopting, stale)?;
     }
 
     let answered = ops::answered(granted, s.shadow);

@@ -31,7 +31,7 @@ pub fn peek(ctx: *mut Ctx, args: Args) -> Result<()> {
         })
     });
 
-    api::reply_map(ctx, 6);
+    api::reply_map(ctx, 7);
     api::reply_text(ctx, c"tokens");
     api::reply_double(ctx, level.signed_tokens());
     api::reply_text(ctx, c"rate");
@@ -44,5 +44,7 @@ pub fn peek(ctx: *mut Ctx, args: Args) -> Result<()> {
     api::reply_integer(ctx, leases);
     api::reply_text(ctx, c"leased_tokens");
     api::reply_integer(ctx, held.min(i64::MAX as u64) as i64);
+    api::reply_text(ctx, c"version");
+    api::reply_integer(ctx, bucket.version() as i64);
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! `RL.RESERVE key rate cap n max_wait_ms [INIT tokens] [SHADOW]`: take `n` tokens now if they are
+//! `RL.RESERVE key rate cap n max_wait_ms [INIT tokens] [SHADOW] [VERSION v]`: take `n` tokens now if they are
 //! there or will be within `max_wait_ms`, and say how long to wait before using them.
 //!
 //! A granted reservation is debited at once; if the tokens are not there yet the bucket
@@ -29,10 +29,13 @@ pub fn reserve(ctx: *mut Ctx, args: Args) -> Result<()> {
             "max_wait_ms must be at most 86400000 (a day)",
         ));
     }
-    let (mut init, mut shadow) = (None, false);
+    let (mut init, mut shadow, mut version) = (None, false, None);
     let mut i = 5;
     while i < args.len() {
-        if args.is(i, "INIT") {
+        if let Some(v) = super::version_option(&args, i, version) {
+            version = Some(v?);
+            i += 2;
+        } else if args.is(i, "INIT") {
             if init.is_some() {
                 return Err(args.duplicate(i));
             }
@@ -54,17 +57,23 @@ pub fn reserve(ctx: *mut Ctx, args: Args) -> Result<()> {
     let ns = ops::enter(name);
     let now = clock::now();
     let key = BucketKey::open(ctx, args.raw(0)?);
-    let super::Opened {
-        state,
-        mut level,
-        adopted,
-        created,
-    } = super::open_bucket(ctx, &key, limit, now, init)?;
-    let (granted, wait) = level
+    let mut opened = super::open_bucket(ctx, &key, limit, version.unwrap_or(0), now, init)?;
+    opened.fits(n, "n must not exceed cap")?;
+    let (granted, wait) = opened
+        .level
         .reserve(n as f64, max_wait_ms * 1_000_000)
         .ok_or(Error::Invalid("n must not exceed cap"))?;
+    opened.count();
+    let super::Opened {
+        state,
+        level,
+        adopted,
+        created,
+        applied,
+    } = opened;
     if granted || created {
-        super::write_bucket(ctx, &key, state, level.bucket(), &args, 0, adopted)?;
+        let stale = applied == rl_core::Applied::Stale;
+        super::write_bucket(ctx, &key, state, level.bucket(), &args, 0, adopted, stale)?;
     }
     // In shadow mode (server-wide or this call's SHADOW) a denial answers as a grant with
     // no wait (nothing was debited).

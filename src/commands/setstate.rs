@@ -1,4 +1,4 @@
-//! `RL.SETSTATE key full_at rate cap [HOLD t SPAN d] [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
+//! `RL.SETSTATE key full_at rate cap [HOLD t SPAN d] [VERSION v] [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
 //!
 //! The effect replicas and the AOF apply (see [`crate::propagate`]); not meant for clients.
 //! It only sets what it is told: no clock is read, so every copy ends with the same bytes.
@@ -21,6 +21,8 @@ struct TableOps {
     /// The bucket's hold and span (part of the bucket, not the table; absent: none).
     hold: Option<u64>,
     span: Option<u64>,
+    /// The version of the bucket's limit (absent: 0).
+    version: Option<u64>,
     last_id: Option<u64>,
     prune: Option<u64>,
     drop: Option<u64>,
@@ -52,6 +54,10 @@ fn parse_ops(args: &Args) -> Result<TableOps> {
         } else if args.is(i, "SPAN") {
             seen(ops.span.is_some())?;
             ops.span = Some(int(i + 1)?);
+            i += 2;
+        } else if args.is(i, "VERSION") {
+            seen(ops.version.is_some())?;
+            ops.version = Some(super::version(args, i + 1)?);
             i += 2;
         } else if args.is(i, "LASTID") {
             seen(ops.last_id.is_some())?;
@@ -94,7 +100,9 @@ pub fn setstate(ctx: *mut Ctx, args: Args) -> Result<()> {
     if !ops.any() {
         // The bucket alone; the key's leases (valid when they got in) stay as they are.
         let (hold, span) = (ops.hold.unwrap_or(0), ops.span.unwrap_or(0));
-        let (bucket, _) = rl_core::validate(full_at, rate, cap, hold, span, 0, Vec::new())?;
+        let version = ops.version.unwrap_or(0);
+        let (bucket, _) =
+            rl_core::validate(full_at, rate, cap, hold, span, version, 0, Vec::new())?;
         key.store(state, bucket);
     } else {
         // The table this effect leaves: the key's own, changed as told (a copy: nothing
@@ -117,7 +125,9 @@ pub fn setstate(ctx: *mut Ctx, args: Args) -> Result<()> {
         }
         let (last_id, leases) = table.into_parts();
         let (hold, span) = (ops.hold.unwrap_or(0), ops.span.unwrap_or(0));
-        let (bucket, table) = rl_core::validate(full_at, rate, cap, hold, span, last_id, leases)?;
+        let version = ops.version.unwrap_or(0);
+        let (bucket, table) =
+            rl_core::validate(full_at, rate, cap, hold, span, version, last_id, leases)?;
         key.replace(state, bucket, table);
     }
     rm!(RedisModule_ReplicateVerbatim(ctx));

@@ -1,4 +1,5 @@
-//! `RL.TAKE key rate cap [n] [WITHSTATE] [INIT tokens] [SHADOW]`: refill, check and debit in one step.
+//! `RL.TAKE key rate cap [n] [WITHSTATE] [INIT tokens] [SHADOW] [VERSION v]`: refill, check and
+//! debit in one step.
 
 use crate::api::{self, Ctx};
 use crate::args::Args;
@@ -8,14 +9,18 @@ use crate::{clock, ops, stats};
 use rl_core::ceil_millis;
 
 pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
-    if !(3..=8).contains(&args.len()) {
+    if !(3..=10).contains(&args.len()) {
         return Err(Error::Arity);
     }
     let limit = super::limit(&args, 1)?;
     let (mut n, mut with_state, mut init, mut shadow) = (1, false, None, false);
+    let mut version = None;
     let mut i = 3;
     while i < args.len() {
-        if args.is(i, "WITHSTATE") {
+        if let Some(v) = super::version_option(&args, i, version) {
+            version = Some(v?);
+            i += 1;
+        } else if args.is(i, "WITHSTATE") {
             if with_state {
                 return Err(args.duplicate(i));
             }
@@ -44,15 +49,20 @@ pub fn take(ctx: *mut Ctx, args: Args) -> Result<()> {
     let ns = ops::enter(name);
     let now = clock::now();
     let key = BucketKey::open(ctx, args.raw(0)?);
+    let opened = super::open_bucket(ctx, &key, limit, version.unwrap_or(0), now, init)?;
+    opened.fits(n, "n must not exceed cap")?;
+    opened.count();
     let super::Opened {
         state,
         mut level,
         adopted,
         created,
-    } = super::open_bucket(ctx, &key, limit, now, init)?;
+        applied,
+    } = opened;
     let granted = level.try_take(n as f64);
     if granted || created {
-        super::write_bucket(ctx, &key, state, level.bucket(), &args, 0, adopted)?;
+        let stale = applied == rl_core::Applied::Stale;
+        super::write_bucket(ctx, &key, state, level.bucket(), &args, 0, adopted, stale)?;
     }
     let answered = ops::answered(granted, shadow);
     match (granted, answered) {
