@@ -53,8 +53,10 @@ class _LimiterCore:
         metrics: Optional[Metrics],
         deny_retry_after_ms: int,
         instances: Optional[int],
+        version: Optional[int],
     ) -> None:
         check_limit(rate, cap)
+        p.check_version(version)
         if backend not in p.BACKENDS:
             raise ValueError(f"backend must be one of {p.BACKENDS}, not {backend!r}")
         self.key = key
@@ -63,6 +65,7 @@ class _LimiterCore:
         self.policy = policy
         self.timeout = timeout
         self.init = init
+        self.version = version
         self.backend = backend
         self.protocol: Optional[p.Protocol] = None if backend == p.AUTO else p.Protocol(backend)
         self.metrics = metrics if metrics is not None else Metrics()
@@ -155,6 +158,7 @@ class Limiter(_Base):
         metrics: Optional[Metrics] = None,
         deny_retry_after_ms: int = 1000,
         instances: Optional[int] = None,
+        version: Optional[int] = None,
     ) -> None:
         self._core = _LimiterCore(
             key,
@@ -168,6 +172,7 @@ class Limiter(_Base):
             metrics,
             deny_retry_after_ms,
             instances,
+            version,
         )
         self.client = client
         self._call = SyncCaller(client, timeout, self._core.metrics)
@@ -195,7 +200,7 @@ class Limiter(_Base):
                 deadline = self._call.deadline()
                 try:
                     proto = self._protocol(deadline)
-                    args = proto.take(key, core.rate, core.cap, n, True, core.init)
+                    args = proto.take(key, core.rate, core.cap, n, True, core.init, core.version)
                     d = core.server_decision(key, n, p.parse_take(self._call(args, deadline)))
                 except OUTAGES:
                     core.health.failed()
@@ -211,7 +216,9 @@ class Limiter(_Base):
         core = self._core
         key = core.key if key is None else key
         return p.parse_take(
-            self._call(self._protocol().take(key, core.rate, core.cap, n, True, core.init))
+            self._call(
+                self._protocol().take(key, core.rate, core.cap, n, True, core.init, core.version)
+            )
         )
 
     def headers(self) -> dict[str, str]:
@@ -232,7 +239,7 @@ class Limiter(_Base):
         try:
             deadline = self._call.deadline()
             args = self._protocol(deadline).reserve(
-                key, core.rate, core.cap, n, math.floor(max_wait * 1000), core.init
+                key, core.rate, core.cap, n, math.floor(max_wait * 1000), core.init, core.version
             )
             r = p.parse_reserve(self._call(args, deadline))
         except OUTAGES:
@@ -291,6 +298,7 @@ class AsyncLimiter(_Base):
         metrics: Optional[Metrics] = None,
         deny_retry_after_ms: int = 1000,
         instances: Optional[int] = None,
+        version: Optional[int] = None,
     ) -> None:
         self._core = _LimiterCore(
             key,
@@ -304,6 +312,7 @@ class AsyncLimiter(_Base):
             metrics,
             deny_retry_after_ms,
             instances,
+            version,
         )
         self.client = client
         self._call = AsyncCaller(client, timeout, self._core.metrics)
@@ -327,7 +336,7 @@ class AsyncLimiter(_Base):
                 deadline = self._call.deadline()
                 try:
                     proto = await self._protocol(deadline)
-                    args = proto.take(key, core.rate, core.cap, n, True, core.init)
+                    args = proto.take(key, core.rate, core.cap, n, True, core.init, core.version)
                     reply = await self._call(args, deadline)
                     d = core.server_decision(key, n, p.parse_take(reply))
                 except OUTAGES:
@@ -344,7 +353,7 @@ class AsyncLimiter(_Base):
         key = core.key if key is None else key
         proto = await self._protocol()
         return p.parse_take(
-            await self._call(proto.take(key, core.rate, core.cap, n, True, core.init))
+            await self._call(proto.take(key, core.rate, core.cap, n, True, core.init, core.version))
         )
 
     def headers(self) -> dict[str, str]:
@@ -363,7 +372,7 @@ class AsyncLimiter(_Base):
             deadline = self._call.deadline()
             proto = await self._protocol(deadline)
             args = proto.reserve(
-                key, core.rate, core.cap, n, math.floor(max_wait * 1000), core.init
+                key, core.rate, core.cap, n, math.floor(max_wait * 1000), core.init, core.version
             )
             r = p.parse_reserve(await self._call(args, deadline))
         except OUTAGES:
@@ -396,12 +405,15 @@ def mtake(
     withstate: bool = False,
     init: Optional[float] = None,
     backend: str = p.AUTO,
+    version: Optional[int] = None,
 ) -> p.MTakeReply:
     """``RL.MTAKE``: ``n`` tokens from every ``(key, rate, cap)`` bucket, or from none. In a
     cluster the keys must share a hash tag. Raises on Redis errors (no failure policy)."""
     try:
         proto = resolve_backend(client, lambda a, **o: client.execute_command(*a, **o), backend)
-        return p.parse_mtake(client.execute_command(*proto.mtake(buckets, n, withstate, init)))
+        return p.parse_mtake(
+            client.execute_command(*proto.mtake(buckets, n, withstate, init, version))
+        )
     except OUTAGES:
         raise
     except redis.exceptions.RedisError as e:
@@ -416,13 +428,14 @@ async def amtake(
     withstate: bool = False,
     init: Optional[float] = None,
     backend: str = p.AUTO,
+    version: Optional[int] = None,
 ) -> p.MTakeReply:
     """The asyncio twin of :func:`mtake`."""
     try:
         proto = await aresolve_backend(
             client, lambda a, **o: client.execute_command(*a, **o), backend
         )
-        args = proto.mtake(buckets, n, withstate, init)
+        args = proto.mtake(buckets, n, withstate, init, version)
         return p.parse_mtake(await client.execute_command(*args))
     except OUTAGES:
         raise

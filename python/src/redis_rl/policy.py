@@ -76,28 +76,39 @@ class LocalBucket:
 
 
 class Meter:
-    """Tokens granted by Redis over the last seconds: the rate this instance gets."""
+    """Tokens granted by Redis over the last seconds: the rate this instance gets. Once the
+    window is empty (no call for a while) it keeps answering the last rate it measured."""
 
     WINDOW = 2.0
 
     def __init__(self) -> None:
         self.events: Deque[Tuple[float, int]] = deque()
         self.first: Optional[float] = None
+        self.last: Optional[float] = None
+
+    def _trim(self, t: float) -> None:
+        while self.events and self.events[0][0] < t - self.WINDOW:
+            self.events.popleft()
+
+    def _measure(self, t: float) -> float:
+        assert self.first is not None
+        span = min(self.WINDOW, max(t - self.first, 0.25))
+        return sum(n for _, n in self.events) / span
 
     def add(self, tokens: int, t: float) -> None:
         if self.first is None:
             self.first = t
         self.events.append((t, tokens))
-        while self.events and self.events[0][0] < t - self.WINDOW:
-            self.events.popleft()
+        self._trim(t)
+        self.last = self._measure(t)
 
     def rate(self, t: float) -> Optional[float]:
         if self.first is None:
             return None
-        while self.events and self.events[0][0] < t - self.WINDOW:
-            self.events.popleft()
-        span = min(self.WINDOW, max(t - self.first, 0.25))
-        return sum(n for _, n in self.events) / span
+        self._trim(t)
+        if not self.events:
+            return self.last
+        return self._measure(t)
 
 
 class Health:

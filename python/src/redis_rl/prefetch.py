@@ -104,8 +104,10 @@ class _Core:
         metrics: Optional[Metrics],
         deny_retry_after_ms: int,
         instances: Optional[int],
+        version: Optional[int],
     ) -> None:
         check_limit(rate, cap)
+        p.check_version(version)
         if batch < 1 or batch > cap:
             raise ValueError("batch must be between 1 and cap")
         if not (1 <= ttl_ms <= 86_400_000):
@@ -123,6 +125,7 @@ class _Core:
         self.jitter = jitter
         self.timeout = timeout
         self.init = init
+        self.version = version
         self.backend = backend
         self.protocol: Optional[p.Protocol] = None if backend == p.AUTO else p.Protocol(backend)
         self.metrics = metrics if metrics is not None else Metrics()
@@ -246,6 +249,7 @@ class _Core:
             max(1, flight.need),
             (settle.id, settle.left) if settle is not None else None,
             self.init,
+            self.version,
         )
 
     def land(self, flight: _Flight, reply: p.LeaseReply) -> List[_Lease]:
@@ -439,6 +443,7 @@ class PrefetchLimiter(_Base):
         metrics: Optional[Metrics] = None,
         deny_retry_after_ms: int = 1000,
         instances: Optional[int] = None,
+        version: Optional[int] = None,
     ) -> None:
         self._core = _Core(
             key,
@@ -456,6 +461,7 @@ class PrefetchLimiter(_Base):
             metrics,
             deny_retry_after_ms,
             instances,
+            version,
         )
         self.client = client
         self._call = SyncCaller(client, timeout, self._core.metrics)
@@ -648,6 +654,7 @@ class AsyncPrefetchLimiter(_Base):
         metrics: Optional[Metrics] = None,
         deny_retry_after_ms: int = 1000,
         instances: Optional[int] = None,
+        version: Optional[int] = None,
     ) -> None:
         self._core = _Core(
             key,
@@ -665,6 +672,7 @@ class AsyncPrefetchLimiter(_Base):
             metrics,
             deny_retry_after_ms,
             instances,
+            version,
         )
         self.client = client
         self._call = AsyncCaller(client, timeout, self._core.metrics)
