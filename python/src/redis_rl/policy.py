@@ -83,22 +83,24 @@ class Meter:
 
     def __init__(self) -> None:
         self.events: Deque[Tuple[float, int]] = deque()
+        self.total = 0  # of the events in the window
         self.first: Optional[float] = None
         self.last: Optional[float] = None
 
     def _trim(self, t: float) -> None:
         while self.events and self.events[0][0] < t - self.WINDOW:
-            self.events.popleft()
+            self.total -= self.events.popleft()[1]
 
     def _measure(self, t: float) -> float:
         assert self.first is not None
         span = min(self.WINDOW, max(t - self.first, 0.25))
-        return sum(n for _, n in self.events) / span
+        return self.total / span
 
     def add(self, tokens: int, t: float) -> None:
         if self.first is None:
             self.first = t
         self.events.append((t, tokens))
+        self.total += tokens
         self._trim(t)
         self.last = self._measure(t)
 

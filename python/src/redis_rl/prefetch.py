@@ -419,9 +419,11 @@ class PrefetchLimiter(_Base):
     to ``policy`` (its local budget: the limit divided by ``instances``); an error reply
     raises :class:`ServerError`.
 
-    Lease calls run on the shared call pool: give the client a ``socket_timeout`` longer
-    than ``timeout`` (the default 2 s of the examples is fine) so that a late reply is
-    still read, installed or returned, rather than cut off (counted in ``leases_lost``).
+    Lease calls run on the shared call pool: give the client a ``socket_timeout`` well
+    above ``timeout`` (say 2 s) so that a late reply is still read, installed or returned.
+    A client that cannot outlive ``timeout`` by itself (the fast path, see ``SyncCaller``)
+    makes them in the calling thread: a reply later than its socket timeout is cut off
+    (counted in ``leases_lost``).
     """
 
     def __init__(
@@ -524,6 +526,11 @@ class PrefetchLimiter(_Base):
         core = self._core
         args = core.lease_args(flight)
         core.metrics.add("redis_calls")
+        if self._call.direct:
+            # The client cannot outlive the timeout by itself: the call runs here (a reply
+            # later than the socket timeout is cut off there, counted in leases_lost).
+            self._fly(flight, args)
+            return
         try:
             _pool().submit(self._fly, flight, args)
         except RuntimeError as e:  # the pool is shut down (interpreter exit): never sent
