@@ -222,6 +222,36 @@ def test_lease_landing_after_its_ttl_is_returned(server: Server, key: str, kind:
     adds_up(lim.metrics)
 
 
+def test_async_limiter_cancelled_takes_are_refunded(server: Server, key: str) -> None:
+    """RL.TAKE calls whose callers were cancelled complete; their grants are refunded."""
+
+    async def run() -> None:
+        r = aredis.Redis(port=server.port, socket_timeout=10)
+        lim = AsyncLimiter(r, key, TINY, 10, timeout=10, backend="module")
+        pause(server, 1000)
+        for _ in range(3):
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(lim.take(2), 0.1)
+        await await_for(lambda: lim.metrics["tokens_returned"] == 6, "the refunds")
+        assert peek(server.client(), key)["tokens"] >= 10  # every token back
+        assert lim.metrics["errors"] == 3
+        adds_up(lim.metrics)
+        await r.aclose()
+
+    asyncio.run(run())
+
+
+def test_sync_limiter_timed_out_take_is_refunded(server: Server, key: str) -> None:
+    r = server.client(socket_timeout=10)  # above the limiter's timeout: the pool path
+    lim = Limiter(r, key, TINY, 10, timeout=0.2, policy=DENY, backend="module")
+    pause(server, 1000)
+    d = lim.take(3)
+    assert d.source is Source.FALLBACK and not d.granted
+    wait_for(lambda: lim.metrics["tokens_returned"] == 3, "the refund")
+    assert peek(server.client(), key)["tokens"] >= 10
+    adds_up(lim.metrics)
+
+
 # -- 2. Error replies are errors, not outages ---------------------------------------------
 
 KINDS = ["limiter", "prefetch", "async-limiter", "async-prefetch"]

@@ -136,7 +136,16 @@ class SyncCaller:
     def deadline(self) -> Optional[float]:
         return None if self.timeout is None else now() + self.timeout
 
-    def __call__(self, args: p.Args, deadline: Optional[float] = None, **options: Any) -> Any:
+    def __call__(
+        self,
+        args: p.Args,
+        deadline: Optional[float] = None,
+        late: Optional[Callable[[Any], None]] = None,
+        **options: Any,
+    ) -> Any:
+        """The reply, within the timeout. ``late``: what to do with a reply that comes after
+        the caller stopped waiting (say, refund a grant nobody will use); it runs on the
+        pool."""
         self.metrics.add("redis_calls")
         try:
             if self.direct:
@@ -145,7 +154,8 @@ class SyncCaller:
             try:
                 return future.result(self.remaining(deadline))
             except concurrent.futures.TimeoutError:
-                future.cancel()  # not started yet: never sent
+                if not future.cancel() and late is not None:  # sent: it may still land
+                    future.add_done_callback(_on_late(late))
                 raise
         except TIMEOUTS:
             self.metrics.add("redis_timeouts")
@@ -159,6 +169,19 @@ class SyncCaller:
             raise server_error(e) from e
 
 
+def _on_late(late: Callable[[Any], None]) -> Callable[[concurrent.futures.Future[Any]], None]:
+    def done(future: concurrent.futures.Future[Any]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            late(future.result())
+
+    return done
+
+
+#: How long a call whose caller stopped waiting may still land (asyncio; a sync call is
+#: bounded by the client's socket timeout).
+LATE_LIMIT = 30.0
+
+
 class AsyncCaller:
     """Sends commands on an asyncio client, each within ``timeout`` seconds."""
 
@@ -166,18 +189,53 @@ class AsyncCaller:
         self.client = client
         self.timeout = timeout
         self.metrics = metrics
+        self._late: set[asyncio.Future[Any]] = set()
+
+    def _keep(self, task: asyncio.Future[Any]) -> None:
+        self._late.add(task)
+        task.add_done_callback(self._late.discard)
+
+    def _later(self, task: asyncio.Future[Any], late: Callable[[Any], Awaitable[None]]) -> None:
+        """When ``task`` lands, hand its reply to ``late`` (in a task of its own)."""
+
+        def done(t: asyncio.Future[Any]) -> None:
+            if not t.cancelled() and t.exception() is None:
+                self._keep(asyncio.ensure_future(late(t.result())))
+
+        self._keep(task)
+        task.add_done_callback(done)
 
     def deadline(self) -> Optional[float]:
         return None if self.timeout is None else now() + self.timeout
 
-    async def __call__(self, args: p.Args, deadline: Optional[float] = None, **options: Any) -> Any:
+    async def __call__(
+        self,
+        args: p.Args,
+        deadline: Optional[float] = None,
+        late: Optional[Callable[[Any], Awaitable[None]]] = None,
+        **options: Any,
+    ) -> Any:
+        """The reply, within the timeout. With ``late``, the call runs as a task of its own
+        that a timeout or a cancellation of the caller does not stop; ``late`` gets a reply
+        that comes after the caller stopped waiting (say, to refund a grant)."""
         self.metrics.add("redis_calls")
         try:
             call = self.client.execute_command(*args, **options)
             timeout = self.timeout if deadline is None else max(0.0, deadline - now())
-            if timeout is None:
-                return await call
-            return await asyncio.wait_for(call, timeout)
+            if late is None:
+                if timeout is None:
+                    return await call
+                return await asyncio.wait_for(call, timeout)
+            task = asyncio.ensure_future(asyncio.wait_for(call, LATE_LIMIT))
+            try:
+                done, _ = await asyncio.wait({task}, timeout=timeout)
+            except asyncio.CancelledError:
+                self._later(task, late)
+                raise
+            if not done:
+                self._later(task, late)
+                raise asyncio.TimeoutError()
+            return task.result()
         except TIMEOUTS:
             self.metrics.add("redis_timeouts")
             self.metrics.add("redis_errors")

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Awaitable, Callable, List, Optional, Sequence, Tuple
 
 import redis.exceptions
 
@@ -184,6 +185,19 @@ class Limiter(_Base):
             core.protocol = resolve_backend(self.client, self._call, core.backend, deadline)
         return core.protocol
 
+    def _refund_late(self, key: str, n: int, parse: Callable[[Any], Any]) -> Callable[[Any], None]:
+        """For a call the caller stopped waiting for: a grant that lands later is refunded
+        (``RL.REFUND``), so a timed-out take costs no tokens."""
+        core = self._core
+
+        def late(reply: Any) -> None:
+            with contextlib.suppress(Exception):  # the grant then stays spent
+                if parse(reply).granted > 0 and core.protocol is not None:
+                    self.client.execute_command(*core.protocol.refund(key, n))
+                    core.metrics.add("tokens_returned", n)
+
+        return late
+
     def take(self, n: int = 1, *, key: Optional[str] = None) -> Decision:
         """Takes ``n`` tokens if they are all there, within ``timeout``. Outages (no
         connection, a timeout) go to the failure policy (``decision.source``); an error
@@ -201,7 +215,8 @@ class Limiter(_Base):
                 try:
                     proto = self._protocol(deadline)
                     args = proto.take(key, core.rate, core.cap, n, True, core.init, core.version)
-                    d = core.server_decision(key, n, p.parse_take(self._call(args, deadline)))
+                    late = self._refund_late(key, n, p.parse_take)
+                    d = core.server_decision(key, n, p.parse_take(self._call(args, deadline, late)))
                 except OUTAGES:
                     core.health.failed()
                     d = core.fallback_decision(key, n)
@@ -241,7 +256,9 @@ class Limiter(_Base):
             args = self._protocol(deadline).reserve(
                 key, core.rate, core.cap, n, math.floor(max_wait * 1000), core.init, core.version
             )
-            r = p.parse_reserve(self._call(args, deadline))
+            r = p.parse_reserve(
+                self._call(args, deadline, self._refund_late(key, n, p.parse_reserve))
+            )
         except OUTAGES:
             core.health.failed()
             return core.fallback_decision(key, n)
@@ -324,6 +341,21 @@ class AsyncLimiter(_Base):
             core.protocol = await aresolve_backend(self.client, self._call, core.backend, deadline)
         return core.protocol
 
+    def _refund_late(
+        self, key: str, n: int, parse: Callable[[Any], Any]
+    ) -> Callable[[Any], Awaitable[None]]:
+        """For a call the caller stopped waiting for (a timeout, or cancelled): a grant that
+        lands later is refunded (``RL.REFUND``), so a cancelled take costs no tokens."""
+        core = self._core
+
+        async def late(reply: Any) -> None:
+            with contextlib.suppress(Exception):  # the grant then stays spent
+                if parse(reply).granted > 0 and core.protocol is not None:
+                    await self.client.execute_command(*core.protocol.refund(key, n))
+                    core.metrics.add("tokens_returned", n)
+
+        return late
+
     async def take(self, n: int = 1, *, key: Optional[str] = None) -> Decision:
         core = self._core
         check_n(n, core.cap)
@@ -337,7 +369,8 @@ class AsyncLimiter(_Base):
                 try:
                     proto = await self._protocol(deadline)
                     args = proto.take(key, core.rate, core.cap, n, True, core.init, core.version)
-                    reply = await self._call(args, deadline)
+                    late = self._refund_late(key, n, p.parse_take)
+                    reply = await self._call(args, deadline, late)
                     d = core.server_decision(key, n, p.parse_take(reply))
                 except OUTAGES:
                     core.health.failed()
@@ -374,7 +407,8 @@ class AsyncLimiter(_Base):
             args = proto.reserve(
                 key, core.rate, core.cap, n, math.floor(max_wait * 1000), core.init, core.version
             )
-            r = p.parse_reserve(await self._call(args, deadline))
+            late = self._refund_late(key, n, p.parse_reserve)
+            r = p.parse_reserve(await self._call(args, deadline, late))
         except OUTAGES:
             core.health.failed()
             return core.fallback_decision(key, n)
