@@ -204,6 +204,8 @@ class AsyncCaller:
 
         self._keep(task)
         task.add_done_callback(done)
+        handle = asyncio.get_running_loop().call_later(LATE_LIMIT, task.cancel)
+        task.add_done_callback(lambda _: handle.cancel())
 
     def deadline(self) -> Optional[float]:
         return None if self.timeout is None else now() + self.timeout
@@ -226,13 +228,26 @@ class AsyncCaller:
                 if timeout is None:
                     return await call
                 return await asyncio.wait_for(call, timeout)
-            task = asyncio.ensure_future(asyncio.wait_for(call, LATE_LIMIT))
+            loop = asyncio.get_running_loop()
+            task = loop.create_task(call)
+            waiter = loop.create_future()
+
+            def wake(_: object) -> None:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+            task.add_done_callback(wake)
+            timer = None if timeout is None else loop.call_later(timeout, wake, None)
             try:
-                done, _ = await asyncio.wait({task}, timeout=timeout)
+                await waiter  # cancelling this caller cancels the waiter, never the task
             except asyncio.CancelledError:
                 self._later(task, late)
                 raise
-            if not done:
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                task.remove_done_callback(wake)
+            if not task.done():
                 self._later(task, late)
                 raise asyncio.TimeoutError()
             return task.result()
