@@ -40,6 +40,7 @@ import redis.exceptions
 
 from . import _protocol as p
 from ._call import (
+    LATE_LIMIT,
     OUTAGES,
     TIMEOUTS,
     AsyncCaller,
@@ -150,6 +151,12 @@ class _Core:
     def flight_limit(self) -> float:
         """How long a lease call may be in the air before another one may be sent."""
         return self.ttl_ms / 1000 + (self.timeout or 0.0) + 1.0
+
+    @property
+    def late_limit(self) -> float:
+        """How long an asyncio lease call may take before it is given up (and counted in
+        ``leases_lost``); a sync one is bounded by the client's socket timeout."""
+        return max(LATE_LIMIT, self.flight_limit)
 
     # -- state (callers hold self.lock) --
 
@@ -549,6 +556,8 @@ class PrefetchLimiter(_Base):
         else:
             d = core.give_up(flight)
             if d is None:
+                if flight.error is not None:  # it failed just as the wait ended
+                    raise flight.error
                 raise concurrent.futures.TimeoutError()
         assert d is not None
         core.metrics.decided(d.granted, d.tokens, False)
@@ -768,6 +777,8 @@ class AsyncPrefetchLimiter(_Base):
         else:
             d = core.give_up(flight)
             if d is None:
+                if flight.error is not None:  # it failed just as the wait ended
+                    raise flight.error
                 raise asyncio.TimeoutError()
         assert d is not None
         core.metrics.decided(d.granted, d.tokens, False)
@@ -779,7 +790,9 @@ class AsyncPrefetchLimiter(_Base):
         give_back: List[_Lease] = []
         try:
             call = self.client.execute_command(*args)
-            reply = p.parse_lease(await asyncio.wait_for(call, core.flight_limit))
+            # Bounded (a half-open connection with no socket timeout), but well past the
+            # lease's end: a late lease is returned, not lost.
+            reply = p.parse_lease(await asyncio.wait_for(call, core.late_limit))
         except OUTAGES as e:
             give_back = core.fail(flight, e)
         except (redis.exceptions.RedisError, ProtocolError) as e:
@@ -801,7 +814,7 @@ class AsyncPrefetchLimiter(_Base):
             assert core.protocol is not None
             core.metrics.add("redis_calls")
             args = core.protocol.return_(core.key, lease.id, lease.left)
-            await asyncio.wait_for(self.client.execute_command(*args), core.flight_limit)
+            await asyncio.wait_for(self.client.execute_command(*args), core.late_limit)
             core.returned(lease)
         except Exception:
             core.metrics.add("leases_lost")
