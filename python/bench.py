@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from redis_rl import Limiter, PrefetchLimiter
 
@@ -70,8 +72,14 @@ def main() -> None:
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            # socket_timeout <= the limiters' timeout (0.2 s): calls run in the calling thread.
-            r = redis.Redis(port=port, socket_timeout=0.2)
+            # The client cannot exceed the limiters' timeout (0.2 s) by itself (socket and
+            # connect timeouts 0.1 s, retries off): calls run in the calling thread.
+            r = redis.Redis(
+                port=port,
+                socket_timeout=0.1,
+                socket_connect_timeout=0.1,
+                retry=Retry(NoBackoff(), 0),
+            )
             for _ in range(200):
                 try:
                     r.ping()

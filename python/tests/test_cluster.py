@@ -75,7 +75,7 @@ def test_limiter_on_keys_across_masters(cluster: list[Server], protocol: int) ->
     slots_on = {rc.get_node_from_key(k).port for k in keys}
     assert len(slots_on) == 3  # the keys really are spread over the masters
     for k in keys:
-        lim = Limiter(rc, k, 1e-6, 2)
+        lim = Limiter(rc, k, 1e-6, 2, timeout=5)
         assert [lim.take().granted for _ in range(3)] == [True, True, False]
         assert lim.take().source is Source.SERVER
         peek = lim.peek()
@@ -89,7 +89,7 @@ def test_limiter_on_keys_across_masters(cluster: list[Server], protocol: int) ->
 
 def test_prefetch_and_mtake_in_cluster(cluster: list[Server]) -> None:
     rc = RedisCluster(host="127.0.0.1", port=cluster[0].port)
-    with PrefetchLimiter(rc, "c:prefetch", 1e-6, 100, batch=10) as lim:
+    with PrefetchLimiter(rc, "c:prefetch", 1e-6, 100, batch=10, timeout=5) as lim:
         assert sum(lim.take() for _ in range(25)) == 25
     peek = Limiter(rc, "c:prefetch", 1e-6, 100).peek()
     assert peek is not None and peek.leases == 0 and int(peek.tokens) == 75
@@ -105,9 +105,11 @@ def test_async_cluster(cluster: list[Server]) -> None:
 
     async def run() -> None:
         rc = AsyncRedisCluster(host="127.0.0.1", port=cluster[0].port, protocol=3)
-        lim = redis_rl.AsyncLimiter(rc, "c:async", 1e-6, 1)
+        lim = redis_rl.AsyncLimiter(rc, "c:async", 1e-6, 1, timeout=5)
         assert (await lim.take()).granted and not (await lim.take()).granted
-        async with redis_rl.AsyncPrefetchLimiter(rc, "c:async2", 1e-6, 10, batch=5) as pl:
+        async with redis_rl.AsyncPrefetchLimiter(
+            rc, "c:async2", 1e-6, 10, batch=5, timeout=5
+        ) as pl:
             assert await pl.take()
         await rc.aclose()
 

@@ -46,7 +46,7 @@ def test_limiter_outage_and_recovery(
     own_server: Server, key: str, name: str, policy: FailurePolicy, burst: int
 ) -> None:
     r = own_server.client(socket_timeout=0.5, socket_connect_timeout=0.5)
-    lim = Limiter(r, key, RATE, CAP, policy=policy, probe_interval=0.1)
+    lim = Limiter(r, key, RATE, CAP, policy=policy, probe_interval=0.1, timeout=5)
     for _ in range(4):
         assert lim.take().source is Source.SERVER
     own_server.kill()
@@ -70,7 +70,7 @@ def test_prefetch_spends_its_lease_then_applies_the_policy(
 ) -> None:
     r = own_server.client(socket_timeout=0.5, socket_connect_timeout=0.5)
     lim = PrefetchLimiter(
-        r, key, RATE, CAP, batch=5, renew_at=0.0, policy=policy, probe_interval=0.1
+        r, key, RATE, CAP, batch=5, renew_at=0.0, policy=policy, probe_interval=0.1, timeout=5
     )
     assert lim.take() and lim.held == 4
     own_server.kill()
@@ -94,7 +94,7 @@ def test_prefetch_spends_its_lease_then_applies_the_policy(
 def test_async_outage_and_recovery(own_server: Server, key: str) -> None:
     async def run() -> None:
         r = aredis.Redis(port=own_server.port, socket_connect_timeout=0.5)
-        lim = AsyncLimiter(r, key, RATE, CAP, policy=DENY, probe_interval=0.1)
+        lim = AsyncLimiter(r, key, RATE, CAP, policy=DENY, probe_interval=0.1, timeout=5)
         assert (await lim.take()).source is Source.SERVER
         own_server.kill()
         ds = [await lim.take() for _ in range(5)]

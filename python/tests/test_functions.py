@@ -30,7 +30,7 @@ def fserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def test_auto_picks_functions_and_decisions_match(fserver: Server, protocol: int, key: str) -> None:
-    lim = Limiter(fserver.client(protocol=protocol), key, RATE, CAP)
+    lim = Limiter(fserver.client(protocol=protocol), key, RATE, CAP, timeout=5)
     for n, (ok, tokens) in zip(SEQ, expected(SEQ)):
         check(lim.take(n), n, ok, tokens)
     assert lim.backend == "functions"
@@ -40,7 +40,7 @@ def test_auto_picks_functions_and_decisions_match(fserver: Server, protocol: int
 
 def test_prefetch_over_functions(fserver: Server, key: str) -> None:
     r = fserver.client()
-    with PrefetchLimiter(r, key, 1e-6, 100, batch=10, backend="functions") as lim:
+    with PrefetchLimiter(r, key, 1e-6, 100, batch=10, backend="functions", timeout=5) as lim:
         assert sum(lim.take() for _ in range(3)) == 3
     peek = Limiter(r, key, 1e-6, 100, backend="functions").peek()
     assert peek is not None and math.floor(peek.tokens) == 97 and peek.leases == 0
@@ -55,7 +55,11 @@ def test_mtake_over_functions(fserver: Server, key: str) -> None:
 
 
 def test_module_backend_forced_on_a_functions_server(fserver: Server, key: str) -> None:
-    # backend="module" where only the library exists: Redis errors go to the policy.
-    lim = Limiter(fserver.client(), key, 1, 2, backend="module", policy=redis_rl.DENY)
-    d = lim.take()
-    assert not d.granted and d.source is redis_rl.Source.FALLBACK
+    # backend="module" where only the library exists: an error naming the fix, not a
+    # policy decision (contract rule 2: a missing module is a clear error).
+    lim = Limiter(fserver.client(), key, 1, 2, backend="module", policy=redis_rl.ALLOW)
+    with pytest.raises(redis_rl.BackendNotFound, match="loadmodule"):
+        lim.take()
+    m = lim.metrics
+    assert m["server_errors"] == 1 and m["errors"] == 1 and m["fallback_decisions"] == 0
+    assert m["calls"] == m["granted"] + m["denied"] + m["errors"]

@@ -53,7 +53,7 @@ def check(d: redis_rl.Decision, n: int, ok: bool, tokens: float) -> None:
 
 def test_decisions_match_rl_take(server: Server, protocol: int, key: str) -> None:
     r = server.client(protocol=protocol)
-    lim = Limiter(r, key, RATE, CAP)
+    lim = Limiter(r, key, RATE, CAP, timeout=5)
     for n, (ok, tokens) in zip(SEQ, expected(SEQ)):
         d = lim.take(n)
         check(d, n, ok, tokens)
@@ -70,7 +70,7 @@ def test_decisions_match_rl_take(server: Server, protocol: int, key: str) -> Non
 def test_async_decisions_match_rl_take(server: Server, protocol: int, key: str) -> None:
     async def run() -> None:
         r = aredis.Redis(port=server.port, protocol=protocol)
-        lim = AsyncLimiter(r, key, RATE, CAP)
+        lim = AsyncLimiter(r, key, RATE, CAP, timeout=5)
         for n, (ok, tokens) in zip(SEQ, expected(SEQ)):
             check(await lim.take(n), n, ok, tokens)
         # Another key through the same limiter: its own bucket.
@@ -82,13 +82,13 @@ def test_async_decisions_match_rl_take(server: Server, protocol: int, key: str) 
 
 def test_decode_responses_and_keys(server: Server, key: str) -> None:
     r = server.client(decode_responses=True)
-    lim = Limiter(r, key, RATE, CAP, backend="module")
+    lim = Limiter(r, key, RATE, CAP, backend="module", timeout=5)
     check(lim.take(2), 2, True, 3.0)
     assert lim.peek() is not None
 
 
 def test_requests_that_can_never_succeed_raise(server: Server, key: str) -> None:
-    lim = Limiter(server.client(), key, RATE, CAP)
+    lim = Limiter(server.client(), key, RATE, CAP, timeout=5)
     for n in (0, -1, 6):
         with pytest.raises(ValueError):
             lim.take(n)
@@ -99,7 +99,7 @@ def test_requests_that_can_never_succeed_raise(server: Server, key: str) -> None
 
 
 def test_init_starts_a_bucket_below_full(server: Server, key: str) -> None:
-    lim = Limiter(server.client(), key, RATE, CAP, init=1)
+    lim = Limiter(server.client(), key, RATE, CAP, init=1, timeout=5)
     assert lim.take().granted
     assert not lim.take().granted
 
@@ -148,7 +148,7 @@ def needs(server: Server, command: str) -> None:
 def test_reserve_sleeps_its_wait_and_refund(server: Server, key: str) -> None:
     needs(server, "RL.RESERVE")
     r = server.client()
-    lim = Limiter(r, key, 10, 2)
+    lim = Limiter(r, key, 10, 2, timeout=5)
     assert lim.reserve(2, max_wait=0).granted  # full bucket: no wait
     # Empty now: 1 token needs ~100 ms; allowed with max_wait 1 s, into debt.
     d = lim.reserve(1, max_wait=1.0)

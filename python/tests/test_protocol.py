@@ -149,3 +149,33 @@ def test_local_policies() -> None:
     b = LocalBucket(2.0, 4.0, 0.0)
     ok, _, retry, reset = b.take(1)
     assert not ok and 0 < retry <= 500 and 0 < reset <= 2000
+
+
+def test_version_is_sent_only_when_set() -> None:
+    m, f = p.Protocol("module"), p.Protocol("functions")
+    assert m.take("k", 5, 10, 2, version=3) == (
+        *("RL.TAKE", "k", "5", "10", 2, "WITHSTATE"),
+        *("VERSION", 3),
+    )
+    assert "VERSION" not in m.take("k", 5, 10, 2)
+    assert m.lease("k", 1, 2, 2, 100, version=0)[-2:] == ("VERSION", 0)
+    assert "VERSION" not in m.lease("k", 1, 2, 2, 100)
+    assert m.reserve("k", 1, 2, 1, 500, version=2**53 - 1)[-2:] == ("VERSION", 2**53 - 1)
+    assert m.mtake([("a", 1, 2), ("b", 3, 4)], 1, version=7)[-2:] == ("VERSION", 7)
+    assert f.take("k", 5, 10, 1, False, version=2) == (
+        *("FCALL", "rl_take", 1, "k", "5", "10", 1),
+        *("VERSION", 2),
+    )
+    assert f.mtake([("a", 1, 2)], 1, version=1)[-2:] == ("VERSION", 1)
+    for bad in (-1, 2**53, 1.0, True):
+        with pytest.raises((ValueError, TypeError)):
+            p.check_version(bad)  # type: ignore[arg-type]
+    p.check_version(None)
+
+
+def test_peek_version() -> None:
+    flat = [b"tokens", b"1", b"rate", b"1", b"cap", b"2", b"reset_after_ms", 5]
+    reply = p.parse_peek([*flat, b"leases", 0, b"leased_tokens", 0, b"version", 4])
+    assert reply is not None and reply.version == 4
+    old = p.parse_peek(flat)
+    assert old is not None and old.version is None

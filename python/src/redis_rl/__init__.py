@@ -24,7 +24,7 @@ from ._protocol import (
     TakeReply,
 )
 from .decision import Decision, Source
-from .errors import BackendNotFound, PermitDenied, ProtocolError, RedisRLError
+from .errors import BackendNotFound, PermitDenied, ProtocolError, RedisRLError, ServerError
 from .limiter import AsyncLimiter, Limiter, amtake, mtake
 from .metrics import Metrics
 from .permit import Permit, apermit, permit
@@ -57,6 +57,7 @@ __all__ = [
     "ProtocolError",
     "RedisRLError",
     "ReserveReply",
+    "ServerError",
     "Source",
     "TakeReply",
     "amtake",

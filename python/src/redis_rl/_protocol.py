@@ -51,6 +51,24 @@ def num(value: Any) -> str:
     return repr(f)
 
 
+MAX_VERSION = 2**53 - 1
+
+
+def check_version(version: Optional[int]) -> None:
+    """``VERSION v``: an integer from 0 to 2^53 - 1 (or ``None``: not sent)."""
+    if version is None:
+        return
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise TypeError("version must be an integer")
+    if not (0 <= version <= MAX_VERSION):
+        raise ValueError(f"version must be between 0 and {MAX_VERSION}")
+
+
+def _version(rest: List[Arg], version: Optional[int]) -> None:
+    if version is not None:
+        rest += ["VERSION", version]
+
+
 def to_int(value: Any) -> int:
     if isinstance(value, (int, float)):
         return int(value)
@@ -131,6 +149,8 @@ class PeekReply:
     reset_after_ms: int
     leases: int
     leased_tokens: int
+    #: The version of the stored limit (``VERSION``); ``None`` from a server without it.
+    version: Optional[int] = None
 
 
 def parse_take(reply: Any) -> TakeReply:
@@ -178,6 +198,7 @@ def parse_peek(reply: Any) -> Optional[PeekReply]:
             reset_after_ms=to_int(fields["reset_after_ms"]),
             leases=to_int(fields.get("leases", 0)),
             leased_tokens=to_int(fields.get("leased_tokens", 0)),
+            version=None if fields.get("version") is None else to_int(fields["version"]),
         )
     except KeyError as e:
         raise ProtocolError(f"RL.PEEK reply lacks {e}: {reply!r}") from None
@@ -237,12 +258,14 @@ class Protocol:
         n: int = 1,
         withstate: bool = True,
         init: Optional[float] = None,
+        version: Optional[int] = None,
     ) -> Args:
         rest: List[Arg] = [num(rate), num(cap), n]
         if withstate:
             rest.append("WITHSTATE")
         if init is not None:
             rest += ["INIT", num(init)]
+        _version(rest, version)
         return self._cmd("take", [key], rest)
 
     def lease(
@@ -255,6 +278,7 @@ class Protocol:
         min_tokens: int = 1,
         settle: Optional[Tuple[int, int]] = None,
         init: Optional[float] = None,
+        version: Optional[int] = None,
     ) -> Args:
         rest: List[Arg] = [num(rate), num(cap), n, ttl_ms]
         if min_tokens != 1:
@@ -263,6 +287,7 @@ class Protocol:
             rest += ["RETURN", settle[0], settle[1]]
         if init is not None:
             rest += ["INIT", num(init)]
+        _version(rest, version)
         return self._cmd("lease", [key], rest)
 
     def return_(self, key: str, lease_id: int, unused: int) -> Args:
@@ -277,12 +302,14 @@ class Protocol:
         n: int = 1,
         withstate: bool = False,
         init: Optional[float] = None,
+        version: Optional[int] = None,
     ) -> Args:
         opts: List[Arg] = []
         if withstate:
             opts.append("WITHSTATE")
         if init is not None:
             opts += ["INIT", num(init)]
+        _version(opts, version)
         if self.backend == MODULE:
             flat: List[Arg] = [n]
             for key, rate, cap in buckets:
@@ -301,10 +328,12 @@ class Protocol:
         n: int,
         max_wait_ms: int,
         init: Optional[float] = None,
+        version: Optional[int] = None,
     ) -> Args:
         rest: List[Arg] = [num(rate), num(cap), n, max_wait_ms]
         if init is not None:
             rest += ["INIT", num(init)]
+        _version(rest, version)
         return self._cmd("reserve", [key], rest)
 
     def refund(self, key: str, n: int) -> Args:

@@ -73,7 +73,9 @@ class RateLimitMiddleware:
 
     ``fail_open=True`` (default) lets requests through while Redis is unavailable (a local
     bucket per key, ``FailurePolicy.allow``); ``fail_open=False`` answers 429 instead.
-    Pass ``policy=`` for any other :class:`FailurePolicy`, or ``limiter=`` to bring your own.
+    Pass ``policy=`` for any other :class:`FailurePolicy`, ``instances=N`` (the number of
+    app instances) so that each falls back to ``1/N`` of the limit, or ``limiter=`` to bring
+    your own. An error reply from Redis (not an outage) raises :class:`ServerError`.
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class RateLimitMiddleware:
         cost: int = 1,
         metrics: Optional[Metrics] = None,
         limiter: Optional[AsyncLimiter] = None,
+        instances: Optional[int] = None,
     ) -> None:
         self.app = app
         self.key = key
@@ -110,6 +113,7 @@ class RateLimitMiddleware:
                 timeout=timeout,
                 backend=backend,
                 metrics=metrics,
+                instances=instances,
             )
         self.limiter = limiter
 

@@ -7,11 +7,19 @@ class RedisRLError(Exception):
     """Base class of the errors this package raises itself."""
 
 
-class BackendNotFound(RedisRLError):
-    """Neither the module nor the Functions library ``rl`` is on the server."""
+class ServerError(RedisRLError):
+    """Redis answered with an error reply (``WRONGTYPE``, ``ERR too many live leases``, an
+    unknown command, any ``-ERR``) or with a reply of the wrong shape. Not an outage: it is
+    raised to the caller and counted (``server_errors``), never decided by the failure
+    policy. The redis-py exception, if any, is ``__cause__``."""
 
 
-class ProtocolError(RedisRLError):
+class BackendNotFound(ServerError):
+    """Neither the module nor the Functions library ``rl`` is on the server (or the backend
+    named does not answer its commands)."""
+
+
+class ProtocolError(ServerError):
     """A reply did not have the shape the protocol promises."""
 
 

@@ -4,13 +4,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Awaitable, Callable, List, Optional, Sequence, Tuple
+
+import redis.exceptions
 
 from . import _protocol as p
-from ._call import FAILURES, AsyncCaller, SyncCaller, aresolve_backend, resolve_backend
+from ._call import (
+    OUTAGES,
+    AsyncCaller,
+    SyncCaller,
+    aresolve_backend,
+    resolve_backend,
+    server_error,
+)
 from .decision import Decision, Source
+from .errors import ProtocolError, ServerError
 from .metrics import Metrics
 from .policy import ALLOW, FailurePolicy, Fallback, Health
 
@@ -42,8 +53,11 @@ class _LimiterCore:
         init: Optional[float],
         metrics: Optional[Metrics],
         deny_retry_after_ms: int,
+        instances: Optional[int],
+        version: Optional[int],
     ) -> None:
         check_limit(rate, cap)
+        p.check_version(version)
         if backend not in p.BACKENDS:
             raise ValueError(f"backend must be one of {p.BACKENDS}, not {backend!r}")
         self.key = key
@@ -52,15 +66,30 @@ class _LimiterCore:
         self.policy = policy
         self.timeout = timeout
         self.init = init
+        self.version = version
         self.backend = backend
         self.protocol: Optional[p.Protocol] = None if backend == p.AUTO else p.Protocol(backend)
         self.metrics = metrics if metrics is not None else Metrics()
         self.health = Health(probe_interval)
-        self.fallback = Fallback(policy, self.rate, self.cap, deny_retry_after_ms)
+        self.fallback = Fallback(
+            policy, self.rate, self.cap, deny_retry_after_ms, instances=instances
+        )
 
-    def server_decision(self, key: str, n: int, reply: p.TakeReply) -> Decision:
+    def answered(self) -> None:
+        """Redis answered (a reply or an error reply): an outage ends."""
         if self.health.succeeded():
             self.fallback.end_outage()
+
+    def raised(self, e: BaseException) -> None:
+        """A call ends in an exception, not a decision (counted in ``errors``)."""
+        self.metrics.add("errors")
+        if isinstance(e, ServerError):
+            if isinstance(e, ProtocolError):
+                self.metrics.add("server_errors")  # the caller counts error replies
+            self.answered()
+
+    def server_decision(self, key: str, n: int, reply: p.TakeReply) -> Decision:
+        self.answered()
         granted = reply.granted > 0
         self.fallback.observe(key, reply.granted, reply.remaining)
         self.metrics.decided(granted, n if granted else 0, False)
@@ -129,6 +158,8 @@ class Limiter(_Base):
         init: Optional[float] = None,
         metrics: Optional[Metrics] = None,
         deny_retry_after_ms: int = 1000,
+        instances: Optional[int] = None,
+        version: Optional[int] = None,
     ) -> None:
         self._core = _LimiterCore(
             key,
@@ -141,34 +172,57 @@ class Limiter(_Base):
             init,
             metrics,
             deny_retry_after_ms,
+            instances,
+            version,
         )
         self.client = client
         self._call = SyncCaller(client, timeout, self._core.metrics)
         self._last: Optional[Decision] = None
 
-    def _protocol(self) -> p.Protocol:
+    def _protocol(self, deadline: Optional[float] = None) -> p.Protocol:
         core = self._core
         if core.protocol is None:
-            core.protocol = resolve_backend(self.client, self._call, core.backend)
+            core.protocol = resolve_backend(self.client, self._call, core.backend, deadline)
         return core.protocol
 
+    def _refund_late(self, key: str, n: int, parse: Callable[[Any], Any]) -> Callable[[Any], None]:
+        """For a call the caller stopped waiting for: a grant that lands later is refunded
+        (``RL.REFUND``), so a timed-out take costs no tokens."""
+        core = self._core
+
+        def late(reply: Any) -> None:
+            with contextlib.suppress(Exception):  # the grant then stays spent
+                if parse(reply).granted > 0 and core.protocol is not None:
+                    self.client.execute_command(*core.protocol.refund(key, n))
+                    core.metrics.add("tokens_returned", n)
+
+        return late
+
     def take(self, n: int = 1, *, key: Optional[str] = None) -> Decision:
-        """Takes ``n`` tokens if they are all there. Raises only for an ``n`` that can never
-        be granted; Redis failures go to the failure policy (``decision.source``)."""
+        """Takes ``n`` tokens if they are all there, within ``timeout``. Outages (no
+        connection, a timeout) go to the failure policy (``decision.source``); an error
+        reply raises :class:`ServerError` (a missing module :class:`BackendNotFound`); an
+        ``n`` that can never be granted raises ``ValueError``."""
         core = self._core
         check_n(n, core.cap)
         key = core.key if key is None else key
         core.metrics.add("calls")
-        if not core.health.may_call():
-            d = core.fallback_decision(key, n)
-        else:
-            try:
-                proto = self._protocol()
-                args = proto.take(key, core.rate, core.cap, n, True, core.init)
-                d = core.server_decision(key, n, p.parse_take(self._call(args)))
-            except FAILURES:
-                core.health.failed()
+        try:
+            if not core.health.may_call():
                 d = core.fallback_decision(key, n)
+            else:
+                deadline = self._call.deadline()
+                try:
+                    proto = self._protocol(deadline)
+                    args = proto.take(key, core.rate, core.cap, n, True, core.init, core.version)
+                    late = self._refund_late(key, n, p.parse_take)
+                    d = core.server_decision(key, n, p.parse_take(self._call(args, deadline, late)))
+                except OUTAGES:
+                    core.health.failed()
+                    d = core.fallback_decision(key, n)
+        except BaseException as e:
+            core.raised(e)
+            raise
         self._last = d
         return d
 
@@ -177,7 +231,9 @@ class Limiter(_Base):
         core = self._core
         key = core.key if key is None else key
         return p.parse_take(
-            self._call(self._protocol().take(key, core.rate, core.cap, n, True, core.init))
+            self._call(
+                self._protocol().take(key, core.rate, core.cap, n, True, core.init, core.version)
+            )
         )
 
     def headers(self) -> dict[str, str]:
@@ -196,13 +252,19 @@ class Limiter(_Base):
         if not core.health.may_call():
             return core.fallback_decision(key, n)
         try:
-            args = self._protocol().reserve(
-                key, core.rate, core.cap, n, math.floor(max_wait * 1000), core.init
+            deadline = self._call.deadline()
+            args = self._protocol(deadline).reserve(
+                key, core.rate, core.cap, n, math.floor(max_wait * 1000), core.init, core.version
             )
-            r = p.parse_reserve(self._call(args))
-        except FAILURES:
+            r = p.parse_reserve(
+                self._call(args, deadline, self._refund_late(key, n, p.parse_reserve))
+            )
+        except OUTAGES:
             core.health.failed()
             return core.fallback_decision(key, n)
+        except BaseException as e:
+            core.raised(e)
+            raise
         d = _reserve_decision(core, key, n, r)
         if d.granted and r.wait_ms > 0:
             time.sleep(r.wait_ms / 1000)
@@ -221,8 +283,7 @@ class Limiter(_Base):
 
 
 def _reserve_decision(core: _LimiterCore, key: str, n: int, r: p.ReserveReply) -> Decision:
-    if core.health.succeeded():
-        core.fallback.end_outage()
+    core.answered()
     granted = r.granted > 0
     core.metrics.decided(granted, n if granted else 0, False)
     return Decision(
@@ -253,6 +314,8 @@ class AsyncLimiter(_Base):
         init: Optional[float] = None,
         metrics: Optional[Metrics] = None,
         deny_retry_after_ms: int = 1000,
+        instances: Optional[int] = None,
+        version: Optional[int] = None,
     ) -> None:
         self._core = _LimiterCore(
             key,
@@ -265,32 +328,56 @@ class AsyncLimiter(_Base):
             init,
             metrics,
             deny_retry_after_ms,
+            instances,
+            version,
         )
         self.client = client
         self._call = AsyncCaller(client, timeout, self._core.metrics)
         self._last: Optional[Decision] = None
 
-    async def _protocol(self) -> p.Protocol:
+    async def _protocol(self, deadline: Optional[float] = None) -> p.Protocol:
         core = self._core
         if core.protocol is None:
-            core.protocol = await aresolve_backend(self.client, self._call, core.backend)
+            core.protocol = await aresolve_backend(self.client, self._call, core.backend, deadline)
         return core.protocol
+
+    def _refund_late(
+        self, key: str, n: int, parse: Callable[[Any], Any]
+    ) -> Callable[[Any], Awaitable[None]]:
+        """For a call the caller stopped waiting for (a timeout, or cancelled): a grant that
+        lands later is refunded (``RL.REFUND``), so a cancelled take costs no tokens."""
+        core = self._core
+
+        async def late(reply: Any) -> None:
+            with contextlib.suppress(Exception):  # the grant then stays spent
+                if parse(reply).granted > 0 and core.protocol is not None:
+                    await self.client.execute_command(*core.protocol.refund(key, n))
+                    core.metrics.add("tokens_returned", n)
+
+        return late
 
     async def take(self, n: int = 1, *, key: Optional[str] = None) -> Decision:
         core = self._core
         check_n(n, core.cap)
         key = core.key if key is None else key
         core.metrics.add("calls")
-        if not core.health.may_call():
-            d = core.fallback_decision(key, n)
-        else:
-            try:
-                proto = await self._protocol()
-                args = proto.take(key, core.rate, core.cap, n, True, core.init)
-                d = core.server_decision(key, n, p.parse_take(await self._call(args)))
-            except FAILURES:
-                core.health.failed()
+        try:
+            if not core.health.may_call():
                 d = core.fallback_decision(key, n)
+            else:
+                deadline = self._call.deadline()
+                try:
+                    proto = await self._protocol(deadline)
+                    args = proto.take(key, core.rate, core.cap, n, True, core.init, core.version)
+                    late = self._refund_late(key, n, p.parse_take)
+                    reply = await self._call(args, deadline, late)
+                    d = core.server_decision(key, n, p.parse_take(reply))
+                except OUTAGES:
+                    core.health.failed()
+                    d = core.fallback_decision(key, n)
+        except BaseException as e:  # an error reply, or cancelled
+            core.raised(e)
+            raise
         self._last = d
         return d
 
@@ -299,7 +386,7 @@ class AsyncLimiter(_Base):
         key = core.key if key is None else key
         proto = await self._protocol()
         return p.parse_take(
-            await self._call(proto.take(key, core.rate, core.cap, n, True, core.init))
+            await self._call(proto.take(key, core.rate, core.cap, n, True, core.init, core.version))
         )
 
     def headers(self) -> dict[str, str]:
@@ -315,14 +402,19 @@ class AsyncLimiter(_Base):
         if not core.health.may_call():
             return core.fallback_decision(key, n)
         try:
-            proto = await self._protocol()
+            deadline = self._call.deadline()
+            proto = await self._protocol(deadline)
             args = proto.reserve(
-                key, core.rate, core.cap, n, math.floor(max_wait * 1000), core.init
+                key, core.rate, core.cap, n, math.floor(max_wait * 1000), core.init, core.version
             )
-            r = p.parse_reserve(await self._call(args))
-        except FAILURES:
+            late = self._refund_late(key, n, p.parse_reserve)
+            r = p.parse_reserve(await self._call(args, deadline, late))
+        except OUTAGES:
             core.health.failed()
             return core.fallback_decision(key, n)
+        except BaseException as e:
+            core.raised(e)
+            raise
         d = _reserve_decision(core, key, n, r)
         if d.granted and r.wait_ms > 0:
             await asyncio.sleep(r.wait_ms / 1000)
@@ -347,11 +439,19 @@ def mtake(
     withstate: bool = False,
     init: Optional[float] = None,
     backend: str = p.AUTO,
+    version: Optional[int] = None,
 ) -> p.MTakeReply:
     """``RL.MTAKE``: ``n`` tokens from every ``(key, rate, cap)`` bucket, or from none. In a
     cluster the keys must share a hash tag. Raises on Redis errors (no failure policy)."""
-    proto = resolve_backend(client, lambda a, **o: client.execute_command(*a, **o), backend)
-    return p.parse_mtake(client.execute_command(*proto.mtake(buckets, n, withstate, init)))
+    try:
+        proto = resolve_backend(client, lambda a, **o: client.execute_command(*a, **o), backend)
+        return p.parse_mtake(
+            client.execute_command(*proto.mtake(buckets, n, withstate, init, version))
+        )
+    except OUTAGES:
+        raise
+    except redis.exceptions.RedisError as e:
+        raise server_error(e) from e
 
 
 async def amtake(
@@ -362,10 +462,19 @@ async def amtake(
     withstate: bool = False,
     init: Optional[float] = None,
     backend: str = p.AUTO,
+    version: Optional[int] = None,
 ) -> p.MTakeReply:
     """The asyncio twin of :func:`mtake`."""
-    proto = await aresolve_backend(client, lambda a, **o: client.execute_command(*a, **o), backend)
-    return p.parse_mtake(await client.execute_command(*proto.mtake(buckets, n, withstate, init)))
+    try:
+        proto = await aresolve_backend(
+            client, lambda a, **o: client.execute_command(*a, **o), backend
+        )
+        args = proto.mtake(buckets, n, withstate, init, version)
+        return p.parse_mtake(await client.execute_command(*args))
+    except OUTAGES:
+        raise
+    except redis.exceptions.RedisError as e:
+        raise server_error(e) from e
 
 
 __all__: List[str] = ["AsyncLimiter", "Limiter", "amtake", "mtake"]

@@ -9,6 +9,7 @@ FIELDS = (
     "calls",
     "granted",
     "denied",
+    "errors",
     "tokens_granted",
     "leases",
     "lease_tokens",
@@ -21,12 +22,15 @@ FIELDS = (
     "redis_calls",
     "redis_errors",
     "redis_timeouts",
+    "server_errors",
+    "leases_lost",
 )
 
 HELP = {
     "calls": "take() calls",
     "granted": "decisions that let the request through",
     "denied": "decisions that refused the request",
+    "errors": "calls that ended without a decision (an error raised, or cancelled)",
     "tokens_granted": "tokens granted",
     "leases": "RL.LEASE calls that granted tokens",
     "lease_tokens": "tokens leased",
@@ -37,13 +41,18 @@ HELP = {
     "fallback_decisions": "decisions made by the failure policy (Redis unavailable or slow)",
     "fallback_granted": "fallback decisions that let the request through",
     "redis_calls": "calls to Redis",
-    "redis_errors": "calls to Redis that failed (timeouts included)",
+    "redis_errors": "calls to Redis that failed as outages (no connection, timeouts)",
     "redis_timeouts": "calls to Redis that timed out",
+    "server_errors": "error replies from Redis (and malformed replies): raised, not outages",
+    "leases_lost": "lease calls whose outcome is unknown, or leases neither installed nor returned",
 }
 
 
 class Metrics:
-    """Thread-safe counters; share one between limiters by passing ``metrics=``."""
+    """Thread-safe counters; share one between limiters by passing ``metrics=``.
+
+    Every ``take``/``decide``/``reserve`` call ends in exactly one of ``granted``, ``denied``
+    or ``errors`` (cancelled ones included): ``calls == granted + denied + errors``."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -16,13 +16,13 @@ from .decision import Decision, Source
 class FailurePolicy:
     """Three tiers, chosen by what a wrong decision costs.
 
-    - ``ALLOW`` (fail open) through a local token bucket per key at ``share`` of the
-      configured limit (``rate * share``, ``cap * share``): ``FailurePolicy.allow(1 / N)``
-      keeps a fleet of N instances near the global rate. For reads, where refusing wrongly
-      costs more than a burst.
+    - ``ALLOW`` (fail open) through a local token bucket per key at a share of the
+      configured limit: ``1 / instances`` (the limiter's ``instances=N`` setting; or
+      ``FailurePolicy.allow(share)``), by default the share this instance was getting from
+      Redis. For reads, where refusing wrongly costs more than a burst.
     - ``LAST_KNOWN``: a local bucket at the rate this instance last got from Redis for the
       key, starting from the level Redis last reported (a key never seen gets the
-      configured limit). For steady traffic.
+      configured limit divided by ``instances``). For steady traffic.
     - ``DENY`` (fail closed): every request denied until Redis answers. For writes and
       costly operations.
     """
@@ -76,28 +76,41 @@ class LocalBucket:
 
 
 class Meter:
-    """Tokens granted by Redis over the last seconds: the rate this instance gets."""
+    """Tokens granted by Redis over the last seconds: the rate this instance gets. Once the
+    window is empty (no call for a while) it keeps answering the last rate it measured."""
 
     WINDOW = 2.0
 
     def __init__(self) -> None:
         self.events: Deque[Tuple[float, int]] = deque()
+        self.total = 0  # of the events in the window
         self.first: Optional[float] = None
+        self.last: Optional[float] = None
+
+    def _trim(self, t: float) -> None:
+        while self.events and self.events[0][0] < t - self.WINDOW:
+            self.total -= self.events.popleft()[1]
+
+    def _measure(self, t: float) -> float:
+        assert self.first is not None
+        span = min(self.WINDOW, max(t - self.first, 0.25))
+        return self.total / span
 
     def add(self, tokens: int, t: float) -> None:
         if self.first is None:
             self.first = t
         self.events.append((t, tokens))
-        while self.events and self.events[0][0] < t - self.WINDOW:
-            self.events.popleft()
+        self.total += tokens
+        self._trim(t)
+        self.last = self._measure(t)
 
     def rate(self, t: float) -> Optional[float]:
         if self.first is None:
             return None
-        while self.events and self.events[0][0] < t - self.WINDOW:
-            self.events.popleft()
-        span = min(self.WINDOW, max(t - self.first, 0.25))
-        return sum(n for _, n in self.events) / span
+        self._trim(t)
+        if not self.events:
+            return self.last
+        return self._measure(t)
 
 
 class Health:
@@ -140,16 +153,29 @@ class Health:
 
 
 class _KeyState:
-    __slots__ = ("last_tokens", "local", "meter")
+    __slots__ = ("fresh", "last_tokens", "local", "meter")
 
     def __init__(self) -> None:
         self.meter = Meter()
         self.last_tokens: Optional[float] = None
         self.local: Optional[LocalBucket] = None
+        #: An outage ended since the local bucket was last used: size it anew.
+        self.fresh = True
 
 
 class Fallback:
-    """Per-key local state of one limiter's failure policy."""
+    """Per-key local state of one limiter's failure policy.
+
+    The local budget is a share of the fleet's limit: ``rate * share``, ``cap * share`` with
+    ``share = policy.share / instances`` when ``instances`` is given (or the policy names a
+    share). Otherwise (the default) the share is the one this instance was getting from
+    Redis for the key over the last seconds (the rate it was granted / the limit), so a fleet
+    of N instances sharing a key's traffic gets about the limit between them; a key this
+    instance never had an answer for gets the configured limit.
+
+    The local bucket carries across flaps: an outage that ends and starts again continues
+    the same bucket (refilled only by time at its rate), never a full one.
+    """
 
     def __init__(
         self,
@@ -158,14 +184,27 @@ class Fallback:
         cap: float,
         deny_retry_after_ms: int = 1000,
         max_keys: int = 100_000,
+        instances: Optional[int] = None,
     ) -> None:
+        if instances is not None and (
+            isinstance(instances, bool) or not isinstance(instances, int) or instances < 1
+        ):
+            raise ValueError("instances must be a positive integer")
         self.policy = policy
         self.rate = rate
         self.cap = cap
         self.deny_retry_after_ms = deny_retry_after_ms
         self.max_keys = max_keys
+        self.instances = instances
         self.keys: Dict[str, _KeyState] = {}
         self._lock = threading.Lock()
+        #: The share when it is fixed (``instances`` given, or a policy share other than 1).
+        self.fixed_share: Optional[float] = None
+        if instances is not None or policy.share != 1.0:
+            self.fixed_share = policy.share / (instances or 1)
+        self.observing = policy.kind == "last_known" or (
+            policy.kind == "allow" and self.fixed_share is None
+        )
 
     def _entry(self, key: str) -> _KeyState:
         entry = self.keys.get(key)
@@ -176,8 +215,8 @@ class Fallback:
         return entry
 
     def observe(self, key: str, granted: int, level: Optional[float]) -> None:
-        """What Redis granted for ``key`` (and the level it reported): ``LAST_KNOWN`` only."""
-        if self.policy.kind != "last_known":
+        """What Redis granted for ``key`` (and the level it reported)."""
+        if not self.observing:
             return
         with self._lock:
             entry = self._entry(key)
@@ -186,30 +225,40 @@ class Fallback:
                 entry.last_tokens = level
 
     def end_outage(self) -> None:
-        """Redis answered again: the next outage starts from fresh local buckets."""
+        """Redis answered again: the next outage sizes its local buckets anew (they keep
+        their levels)."""
         with self._lock:
             for entry in self.keys.values():
-                entry.local = None
+                entry.fresh = True
 
-    def _scaled(self, share: float, tokens: Optional[float]) -> LocalBucket:
-        cap = max(self.cap * share, min(self.cap, 1.0))
-        rate = max(self.rate * share, self.rate * 1e-3)
-        return LocalBucket(rate, cap, tokens)
-
-    def _start(self, entry: _KeyState) -> LocalBucket:
-        if self.policy.kind == "allow":
-            return self._scaled(self.policy.share, None)
+    def _share(self, entry: _KeyState) -> float:
+        if self.policy.kind == "allow" and self.fixed_share is not None:
+            return self.fixed_share
         seen = entry.meter.rate(now())
         if seen is None:
-            return LocalBucket(self.rate, self.cap)
-        return self._scaled(min(1.0, seen / self.rate), entry.last_tokens)
+            return 1.0 / (self.instances or 1)
+        return min(1.0, seen / self.rate)
+
+    def _bucket(self, entry: _KeyState) -> LocalBucket:
+        local = entry.local
+        if local is not None and not entry.fresh:
+            return local
+        share = self._share(entry)
+        cap = max(self.cap * share, min(self.cap, 1.0))
+        rate = max(self.rate * share, self.rate * 1e-3)
+        level: Optional[float] = None  # a new bucket starts full
+        if local is not None:
+            local._refill(now())
+            level = local.tokens  # carried across the flap
+        if self.policy.kind == "last_known" and entry.last_tokens is not None:
+            level = entry.last_tokens if level is None else min(level, entry.last_tokens)
+        entry.local = LocalBucket(rate, cap, level)
+        entry.fresh = False
+        return entry.local
 
     def decide(self, key: str, n: int) -> Decision:
         if self.policy.kind == "deny":
             return Decision(False, 0.0, self.deny_retry_after_ms, 0, 0, self.cap, Source.FALLBACK)
         with self._lock:
-            entry = self._entry(key)
-            if entry.local is None:
-                entry.local = self._start(entry)
-            ok, remaining, retry, reset = entry.local.take(n)
+            ok, remaining, retry, reset = self._bucket(self._entry(key)).take(n)
         return Decision(ok, remaining, retry, reset, n if ok else 0, self.cap, Source.FALLBACK)

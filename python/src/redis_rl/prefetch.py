@@ -14,20 +14,44 @@ The lease protocol, as this client runs it:
 4. A lease is spent only until ``sent + ttl``, ``sent`` being when the call that opened it
    was *sent*: earlier than the server's expiry, whatever the clocks say.
 5. ``close()`` (or leaving the ``with`` block) returns what is left with ``RL.RETURN``.
+
+Cancellation never loses a lease. Every ``RL.LEASE`` call is a *flight* of its own (a task
+of the event loop, or a job on the shared call pool) that completes whoever waits for it: a
+caller that times out or is cancelled stops waiting, and the flight installs the lease when
+it lands (spending nothing for the caller who left), or returns it with ``RL.RETURN`` when
+it landed after ``sent + ttl`` or after ``close()``. One flight is in the air at a time per
+limiter (one that has not landed within ``ttl + timeout + 1 s`` is given up on), so an
+instance holds at most two live leases. Leases that could be neither installed nor returned
+(and lease calls whose outcome is unknown: a timeout at the socket) are counted in
+``leases_lost``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import random
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional, Set, Tuple
+from typing import Any, List, Optional, Set, Tuple
+
+import redis.exceptions
 
 from . import _protocol as p
-from ._call import FAILURES, AsyncCaller, SyncCaller, aresolve_backend, resolve_backend
+from ._call import (
+    LATE_LIMIT,
+    OUTAGES,
+    TIMEOUTS,
+    AsyncCaller,
+    SyncCaller,
+    _pool,
+    aresolve_backend,
+    resolve_backend,
+    server_error,
+)
 from .decision import Decision, Source
+from .errors import ProtocolError, ServerError
 from .limiter import check_limit, check_n
 from .metrics import Metrics
 from .policy import ALLOW, FailurePolicy, Fallback, Health, now
@@ -39,6 +63,26 @@ class _Lease:
     left: int
     #: When the client stops spending it: the send time of the call plus the TTL.
     expires: float
+
+
+class _Flight:
+    """One ``RL.LEASE`` call, completed on its own whoever waits for it."""
+
+    def __init__(self, need: int, settle: Optional[_Lease], sent: float, generation: int) -> None:
+        self.need = need
+        self.settle = settle
+        self.sent = sent
+        self.generation = generation
+        #: A caller waits for ``need`` tokens from it (a renewal has none).
+        self.waiting = need > 0
+        #: The waiter stopped waiting at its timeout (and counted the timeout).
+        self.timed_out = False
+        self.done = False
+        self.decision: Optional[Decision] = None
+        self.lease: Optional[_Lease] = None
+        self.error: Optional[BaseException] = None
+        self.event = threading.Event()
+        self.task: Optional[asyncio.Task[None]] = None
 
 
 class _Core:
@@ -54,13 +98,17 @@ class _Core:
         renew_at: float,
         jitter: float,
         policy: FailurePolicy,
+        timeout: Optional[float],
         probe_interval: float,
         backend: str,
         init: Optional[float],
         metrics: Optional[Metrics],
         deny_retry_after_ms: int,
+        instances: Optional[int],
+        version: Optional[int],
     ) -> None:
         check_limit(rate, cap)
+        p.check_version(version)
         if batch < 1 or batch > cap:
             raise ValueError("batch must be between 1 and cap")
         if not (1 <= ttl_ms <= 86_400_000):
@@ -76,19 +124,39 @@ class _Core:
         self.ttl_ms = ttl_ms
         self.renew_at = renew_at
         self.jitter = jitter
+        self.timeout = timeout
         self.init = init
+        self.version = version
         self.backend = backend
         self.protocol: Optional[p.Protocol] = None if backend == p.AUTO else p.Protocol(backend)
         self.metrics = metrics if metrics is not None else Metrics()
         self.health = Health(probe_interval)
-        self.fallback = Fallback(policy, self.rate, self.cap, deny_retry_after_ms)
+        self.fallback = Fallback(
+            policy, self.rate, self.cap, deny_retry_after_ms, instances=instances
+        )
         self.lock = threading.Lock()
         self.older: Optional[_Lease] = None
         self.newer: Optional[_Lease] = None
         self.threshold = 0
-        self.renewing = False
-        #: Redis said the bucket is empty until then: deny without asking.
-        self.empty_until = 0.0
+        #: The lease call in the air, if any (one at a time).
+        self.flight: Optional[_Flight] = None
+        #: Bumped by close(): flights sent before it return what they get.
+        self.generation = 0
+        #: Redis denied ``denied_n`` tokens until then: deny that many or more without
+        #: asking (a smaller take may still be granted: the cache is per size).
+        self.denied_until = 0.0
+        self.denied_n = 0
+
+    @property
+    def flight_limit(self) -> float:
+        """How long a lease call may be in the air before another one may be sent."""
+        return self.ttl_ms / 1000 + (self.timeout or 0.0) + 1.0
+
+    @property
+    def late_limit(self) -> float:
+        """How long an asyncio lease call may take before it is given up (and counted in
+        ``leases_lost``); a sync one is bounded by the client's socket timeout."""
+        return max(LATE_LIMIT, self.flight_limit)
 
     # -- state (callers hold self.lock) --
 
@@ -118,98 +186,215 @@ class _Core:
         spread = self.jitter * self.batch * random.random()
         return max(0, min(self.batch - 1, round(self.renew_at * self.batch + spread)))
 
+    def denied(self, n: int, t: float) -> bool:
+        return self.denied_until > t and n >= self.denied_n
+
+    # -- decisions --
+
     def decide_locally(self, n: int) -> Tuple[Optional[Decision], bool]:
-        """A grant from the held batch, or a recent denial; ``None`` if Redis must be asked.
-        The flag says the caller should start a renewal."""
+        """A grant from the held batch, or a recent denial of ``n`` or fewer tokens; ``None``
+        if Redis must be asked. The flag says the caller should start a renewal."""
         t = now()
         with self.lock:
             self.drop_expired(t)
             if self.spend(n):
                 renew = (
-                    not self.renewing
+                    self.flight is None
                     and self.left() <= self.threshold
-                    and self.empty_until <= t
+                    and self.denied_until <= t
                     and not self.health.down
                 )
-                if renew:
-                    self.renewing = True
                 left = self.left()
                 self.metrics.decided(True, n, False)
                 return Decision(True, float(left), 0, 0, n, self.cap, Source.LEASE), renew
-            if self.empty_until > t:
+            if self.denied(n, t):
                 self.metrics.decided(False, 0, False)
-                wait = max(1, round((self.empty_until - t) * 1000))
+                wait = max(1, round((self.denied_until - t) * 1000))
                 return Decision(False, 0.0, wait, 0, 0, self.cap, Source.LEASE), False
         return None, False
-
-    def start_fetch(self, need: int) -> Tuple[Optional[_Lease], int]:
-        """Takes the older lease out of the state (it is being returned); the batch to ask."""
-        with self.lock:
-            self.drop_expired(now())
-            settle, self.older = self.older, None
-        return settle, max(self.batch, need)
-
-    def lease_args(self, need: int, ask: int, settle: Optional[_Lease]) -> p.Args:
-        assert self.protocol is not None
-        return self.protocol.lease(
-            self.key,
-            self.rate,
-            self.cap,
-            ask,
-            self.ttl_ms,
-            max(1, need),
-            (settle.id, settle.left) if settle is not None else None,
-            self.init,
-        )
-
-    def finish_fetch(
-        self, need: int, settle: Optional[_Lease], sent: float, reply: p.LeaseReply
-    ) -> Decision:
-        """Records a lease reply; the decision for the ``need`` tokens asked with it."""
-        if self.health.succeeded():
-            self.fallback.end_outage()
-        if settle is not None:
-            self.metrics.add("returns")
-            self.metrics.add("tokens_returned", settle.left)
-        self.fallback.observe(self.key, reply.granted, None)
-        with self.lock:
-            if reply.granted == 0:
-                self.metrics.add("leases_denied")
-                self.empty_until = now() + reply.retry_after_ms / 1000
-                return Decision(False, 0.0, reply.retry_after_ms, 0, 0, self.cap, Source.SERVER)
-            self.metrics.add("leases")
-            self.metrics.add("lease_tokens", reply.granted)
-            ttl = min(self.ttl_ms, reply.ttl_ms) / 1000
-            expires = sent + ttl
-            if now() >= expires:
-                # The reply came after the lease's end as this client measures it (from
-                # when the call was sent): none of it may be spent, not even for `need`.
-                self.metrics.add("leases_expired")
-                self.threshold = self.draw_threshold()
-                return Decision(False, float(self.left()), 0, 0, 0, self.cap, Source.SERVER)
-            lease = _Lease(reply.lease_id, max(0, reply.granted - need), expires)
-            # `older` was taken out by start_fetch; only (serialised) fetches add leases.
-            self.older, self.newer = self.newer, lease
-            self.threshold = self.draw_threshold()
-            self.empty_until = 0.0
-            left = self.left()
-        return Decision(True, float(left), 0, 0, need, self.cap, Source.SERVER)
-
-    def fetch_failed(self) -> None:
-        # The settled lease is gone either way: if the call never arrived it expires there.
-        self.health.failed()
 
     def fallback_decision(self, n: int) -> Decision:
         d = self.fallback.decide(self.key, n)
         self.metrics.decided(d.granted, d.tokens, True)
         return d
 
+    def answered(self) -> None:
+        if self.health.succeeded():
+            self.fallback.end_outage()
+
+    def raised(self, e: BaseException) -> None:
+        """A take ends in an exception, not a decision (counted in ``errors``)."""
+        self.metrics.add("errors")
+        if isinstance(e, ServerError):
+            self.answered()
+
+    # -- flights --
+
+    def begin(self, need: int) -> Tuple[Optional[_Flight], Optional[_Flight]]:
+        """A new flight asking for ``need`` tokens (0: a renewal), with the older lease taken
+        out of the state (the call returns it); or ``(None, the flight in the air)``."""
+        with self.lock:
+            t = now()
+            busy = self.flight
+            if busy is not None and t - busy.sent < self.flight_limit:
+                return None, busy
+            self.drop_expired(t)
+            settle, self.older = self.older, None
+            flight = _Flight(need, settle, t, self.generation)
+            self.flight = flight
+            return flight, None
+
+    def lease_args(self, flight: _Flight) -> p.Args:
+        assert self.protocol is not None
+        settle = flight.settle
+        return self.protocol.lease(
+            self.key,
+            self.rate,
+            self.cap,
+            max(self.batch, flight.need),
+            self.ttl_ms,
+            max(1, flight.need),
+            (settle.id, settle.left) if settle is not None else None,
+            self.init,
+            self.version,
+        )
+
+    def land(self, flight: _Flight, reply: p.LeaseReply) -> List[_Lease]:
+        """Records a lease reply: the decision for the waiter, if any; the lease installed
+        (nothing spent from it if nobody waits). Returns leases to give back: one that
+        landed after ``sent + ttl`` or after ``close()``."""
+        self.answered()
+        if flight.settle is not None:
+            self.metrics.add("returns")
+            self.metrics.add("tokens_returned", flight.settle.left)
+        self.fallback.observe(self.key, reply.granted, None)
+        give_back: List[_Lease] = []
+        with self.lock:
+            if self.flight is flight:
+                self.flight = None
+            flight.done = True
+            t = now()
+            if reply.granted == 0:
+                self.metrics.add("leases_denied")
+                self.denied_until = t + reply.retry_after_ms / 1000
+                self.denied_n = max(1, flight.need)
+                if flight.waiting:
+                    flight.decision = Decision(
+                        False, 0.0, reply.retry_after_ms, 0, 0, self.cap, Source.SERVER
+                    )
+                return give_back
+            self.metrics.add("leases")
+            self.metrics.add("lease_tokens", reply.granted)
+            expires = flight.sent + min(self.ttl_ms, reply.ttl_ms) / 1000
+            lease = _Lease(reply.lease_id, reply.granted, expires)
+            if t >= expires or flight.generation != self.generation:
+                # Landed after the lease's end as this client measures it (from when the
+                # call was sent), or after close(): none of it is spent; it goes back.
+                if t >= expires:
+                    self.metrics.add("leases_expired")
+                give_back.append(lease)
+                if flight.waiting:
+                    flight.decision = Decision(
+                        False, float(self.left()), 0, 0, 0, self.cap, Source.SERVER
+                    )
+                return give_back
+            spent = flight.need if flight.waiting else 0
+            lease.left -= spent
+            if self.older is not None:  # never more than two leases (not expected)
+                give_back.append(self.older)
+            self.older, self.newer = self.newer, lease
+            flight.lease = lease
+            self.threshold = self.draw_threshold()
+            self.denied_until = 0.0
+            if flight.waiting:
+                flight.decision = Decision(
+                    True, float(self.left()), 0, 0, spent, self.cap, Source.SERVER
+                )
+        return give_back
+
+    def fail(self, flight: _Flight, e: BaseException) -> List[_Lease]:
+        """A lease call failed. An error reply wrote nothing (the module decides before it
+        writes): the settled lease is still live and comes back into the state. After an
+        outage the outcome is unknown when the call timed out: counted in ``leases_lost``."""
+        give_back: List[_Lease] = []
+        with self.lock:
+            if self.flight is flight:
+                self.flight = None
+            flight.done = True
+            flight.error = e
+            settle = flight.settle
+            if isinstance(e, ServerError):
+                if settle is not None and settle.expires > now():
+                    if flight.generation == self.generation and self.older is None:
+                        self.older = settle
+                    else:
+                        give_back.append(settle)
+            else:
+                if isinstance(e, (*TIMEOUTS, asyncio.CancelledError)):
+                    self.metrics.add("leases_lost")
+                if not flight.timed_out:
+                    self.metrics.add("redis_errors")
+                    if isinstance(e, TIMEOUTS):
+                        self.metrics.add("redis_timeouts")
+        if isinstance(e, ServerError):
+            self.answered()
+        else:
+            self.health.failed()
+        return give_back
+
+    def give_up(self, flight: _Flight) -> Optional[Decision]:
+        """The waiter's timeout: its decision if the flight landed meanwhile, else ``None``
+        (the flight then installs the whole lease for later takes)."""
+        with self.lock:
+            if flight.done:
+                return flight.decision
+            flight.waiting = False
+            flight.timed_out = True
+            self.metrics.add("redis_timeouts")
+            self.metrics.add("redis_errors")
+            return None
+
+    def stalled(self, flight: _Flight) -> None:
+        """A caller waited for someone else's flight (a renewal) past its timeout: the call
+        is slow, an outage (counted once per flight)."""
+        with self.lock:
+            if not flight.done and not flight.timed_out:
+                flight.timed_out = True
+                self.metrics.add("redis_timeouts")
+                self.metrics.add("redis_errors")
+
+    def cancelled(self, flight: _Flight) -> None:
+        """The waiter was cancelled: what the flight spent for it goes back to the lease."""
+        with self.lock:
+            if not flight.done:
+                flight.waiting = False
+                return
+            d, lease = flight.decision, flight.lease
+            flight.decision = None
+            held = lease is not None and (lease is self.older or lease is self.newer)
+            if d is not None and d.granted and held:
+                assert lease is not None
+                lease.left += d.tokens
+
     def take_all(self) -> Tuple[Optional[_Lease], Optional[_Lease]]:
         with self.lock:
             self.drop_expired(now())
             leases = (self.older, self.newer)
             self.older = self.newer = None
+            self.generation += 1
         return leases
+
+    def returned(self, lease: _Lease) -> None:
+        self.metrics.add("returns")
+        self.metrics.add("tokens_returned", lease.left)
+
+
+def _as_server_error(e: BaseException) -> BaseException:
+    if isinstance(e, ProtocolError):
+        return e
+    err = server_error(e)
+    err.__cause__ = e
+    return err
 
 
 class _Base:
@@ -237,7 +422,15 @@ class PrefetchLimiter(_Base):
 
     ``take()`` answers a bool; ``decide()`` the full :class:`Decision`. Renewal happens
     inline, ahead of running out; use it as a context manager (or call ``close()``) so
-    that leftovers go back to the bucket.
+    that leftovers go back to the bucket. Every call returns within ``timeout``; outages go
+    to ``policy`` (its local budget: the limit divided by ``instances``); an error reply
+    raises :class:`ServerError`.
+
+    Lease calls run on the shared call pool: give the client a ``socket_timeout`` well
+    above ``timeout`` (say 2 s) so that a late reply is still read, installed or returned.
+    A client that cannot outlive ``timeout`` by itself (the fast path, see ``SyncCaller``)
+    makes them in the calling thread: a reply later than its socket timeout is cut off
+    (counted in ``leases_lost``).
     """
 
     def __init__(
@@ -258,6 +451,8 @@ class PrefetchLimiter(_Base):
         init: Optional[float] = None,
         metrics: Optional[Metrics] = None,
         deny_retry_after_ms: int = 1000,
+        instances: Optional[int] = None,
+        version: Optional[int] = None,
     ) -> None:
         self._core = _Core(
             key,
@@ -268,15 +463,17 @@ class PrefetchLimiter(_Base):
             renew_at,
             jitter,
             policy,
+            timeout,
             probe_interval,
             backend,
             init,
             metrics,
             deny_retry_after_ms,
+            instances,
+            version,
         )
         self.client = client
         self._call = SyncCaller(client, timeout, self._core.metrics)
-        self._fetching = threading.Lock()
 
     def take(self, n: int = 1) -> bool:
         """Whether ``n`` tokens may be spent now."""
@@ -286,6 +483,14 @@ class PrefetchLimiter(_Base):
         core = self._core
         check_n(n, core.cap)
         core.metrics.add("calls")
+        try:
+            return self._decide(n)
+        except BaseException as e:
+            core.raised(e)
+            raise
+
+    def _decide(self, n: int) -> Decision:
+        core = self._core
         d, renew = core.decide_locally(n)
         if d is not None:
             if renew:
@@ -293,74 +498,141 @@ class PrefetchLimiter(_Base):
             return d
         if not core.health.may_call():
             return core.fallback_decision(n)
-        with self._fetching:
-            d, renew = core.decide_locally(n)
-            if d is not None:
-                if renew:
-                    self._renew_locked()
-                return d
-            try:
-                d = self._fetch(n)
-            except FAILURES:
-                core.fetch_failed()
-                return core.fallback_decision(n)
-            core.metrics.decided(d.granted, d.tokens, False)
-            return d
-
-    def _renew(self) -> None:
-        # Another thread renewing already: keep spending, it will land.
-        if self._fetching.acquire(blocking=False):
-            try:
-                self._renew_locked()
-            finally:
-                self._fetching.release()
-        else:
-            with self._core.lock:
-                self._core.renewing = False
-
-    def _renew_locked(self) -> None:
-        core = self._core
+        deadline = self._call.deadline()
         try:
-            with core.lock:
-                core.drop_expired(now())
-                still_low = core.left() <= core.threshold
-            if still_low and not core.health.down:
-                self._fetch(0)
-        except FAILURES:
-            core.fetch_failed()
-        finally:
-            with core.lock:
-                core.renewing = False
+            return self._lease(n, deadline)
+        except OUTAGES:
+            core.health.failed()
+            return core.fallback_decision(n)
 
-    def _fetch(self, need: int) -> Decision:
+    def _resolve(self, deadline: Optional[float]) -> None:
         core = self._core
         if core.protocol is None:
-            core.protocol = resolve_backend(self.client, self._call, core.backend)
-        settle, ask = core.start_fetch(need)
-        args = core.lease_args(need, ask, settle)
-        sent = now()
-        reply = p.parse_lease(self._call(args))
-        return core.finish_fetch(need, settle, sent, reply)
+            core.protocol = resolve_backend(self.client, self._call, core.backend, deadline)
+
+    def _lease(self, n: int, deadline: Optional[float]) -> Decision:
+        core = self._core
+        self._resolve(deadline)
+        for _ in range(2):
+            flight, busy = core.begin(n)
+            if flight is not None:
+                return self._await(flight, deadline)
+            # Another lease call is in the air: wait for it, then look again.
+            assert busy is not None
+            if not busy.event.wait(self._call.remaining(deadline)):
+                core.stalled(busy)
+                raise concurrent.futures.TimeoutError()
+            d, _ = core.decide_locally(n)
+            if d is not None:
+                return d
+            if core.health.down:
+                return core.fallback_decision(n)
+        return core.fallback_decision(n)
+
+    def _send(self, flight: _Flight) -> None:
+        core = self._core
+        args = core.lease_args(flight)
+        core.metrics.add("redis_calls")
+        if self._call.direct:
+            # The client cannot outlive the timeout by itself: the call runs here (a reply
+            # later than the socket timeout is cut off there, counted in leases_lost).
+            self._fly(flight, args)
+            return
+        try:
+            _pool().submit(self._fly, flight, args)
+        except RuntimeError as e:  # the pool is shut down (interpreter exit): never sent
+            err = ConnectionError(f"redis-rl: cannot send: {e}")
+            core.fail(flight, err)
+            flight.event.set()
+            raise err from e
+
+    def _await(self, flight: _Flight, deadline: Optional[float]) -> Decision:
+        core = self._core
+        self._send(flight)
+        if flight.event.wait(self._call.remaining(deadline)):
+            if flight.error is not None:
+                raise flight.error
+            d = flight.decision
+        else:
+            d = core.give_up(flight)
+            if d is None:
+                if flight.error is not None:  # it failed just as the wait ended
+                    raise flight.error
+                raise concurrent.futures.TimeoutError()
+        assert d is not None
+        core.metrics.decided(d.granted, d.tokens, False)
+        return d
+
+    def _fly(self, flight: _Flight, args: p.Args) -> None:
+        """The lease call, on the pool: installs or returns what it gets, whoever waits."""
+        core = self._core
+        give_back: List[_Lease] = []
+        try:
+            try:
+                reply = p.parse_lease(self.client.execute_command(*args))
+            except OUTAGES as e:
+                give_back = core.fail(flight, e)
+            except (redis.exceptions.RedisError, ProtocolError) as e:
+                core.metrics.add("server_errors")
+                give_back = core.fail(flight, _as_server_error(e))
+            except BaseException as e:
+                give_back = core.fail(flight, e)
+            else:
+                give_back = core.land(flight, reply)
+        finally:
+            flight.event.set()
+        for lease in give_back:
+            self._give_back(lease)
+
+    def _give_back(self, lease: _Lease) -> None:
+        core = self._core
+        try:
+            assert core.protocol is not None
+            core.metrics.add("redis_calls")
+            self.client.execute_command(*core.protocol.return_(core.key, lease.id, lease.left))
+            core.returned(lease)
+        except Exception:
+            core.metrics.add("leases_lost")
+
+    def _renew(self) -> None:
+        """The next batch, before this one runs out; the caller already has its grant."""
+        core = self._core
+        flight, _ = core.begin(0)
+        if flight is None:
+            return  # one in the air already
+        deadline = self._call.deadline()
+        try:
+            self._send(flight)
+        except OUTAGES:
+            return
+        if not flight.event.wait(self._call.remaining(deadline)):
+            core.give_up(flight)  # it installs what it gets when it lands
+            core.health.failed()
 
     def close(self) -> int:
         """Returns the leftovers of every live lease (``RL.RETURN``); answers the tokens
-        Redis credited. The limiter stays usable: a later take leases again."""
+        Redis credited. A lease call in the air returns what it gets when it lands (close
+        waits up to ``timeout`` for it). The limiter stays usable: a later take leases
+        again."""
         core = self._core
+        flight = core.flight
+        if flight is not None:
+            flight.event.wait(core.timeout)
         credited = 0
         failure: Optional[BaseException] = None
-        with self._fetching:
-            for lease in core.take_all():
-                if lease is None:
-                    continue
-                try:
-                    if core.protocol is None:
-                        core.protocol = resolve_backend(self.client, self._call, core.backend)
-                    args = core.protocol.return_(core.key, lease.id, lease.left)
-                    credited += p.to_int(self._call(args))
-                    core.metrics.add("returns")
-                    core.metrics.add("tokens_returned", lease.left)
-                except FAILURES as e:
-                    failure = failure or e
+        for lease in core.take_all():
+            if lease is None:
+                continue
+            try:
+                if core.protocol is None:
+                    core.protocol = resolve_backend(self.client, self._call, core.backend)
+                args = core.protocol.return_(core.key, lease.id, lease.left)
+                credited += p.to_int(self._call(args))
+                core.returned(lease)
+            except Exception as e:
+                if lease.left > 0:
+                    core.metrics.add("leases_lost")
+                failure = failure or e
         if failure is not None:
             raise failure
         return credited
@@ -369,13 +641,15 @@ class PrefetchLimiter(_Base):
         return self
 
     def __exit__(self, *exc: object) -> None:
-        with contextlib.suppress(*FAILURES):  # the leases expire on the server
+        with contextlib.suppress(*OUTAGES):  # the leases expire on the server
             self.close()
 
 
 class AsyncPrefetchLimiter(_Base):
     """The asyncio twin of :class:`PrefetchLimiter`; renewals run in the background while
-    the rest of the batch is spent. Use ``async with`` (or ``await close()``)."""
+    the rest of the batch is spent. Use ``async with`` (or ``await close()``). A cancelled
+    ``take`` (``asyncio.wait_for``, a client gone) loses nothing: the lease call runs as a
+    task of its own and installs or returns what it gets."""
 
     def __init__(
         self,
@@ -395,6 +669,8 @@ class AsyncPrefetchLimiter(_Base):
         init: Optional[float] = None,
         metrics: Optional[Metrics] = None,
         deny_retry_after_ms: int = 1000,
+        instances: Optional[int] = None,
+        version: Optional[int] = None,
     ) -> None:
         self._core = _Core(
             key,
@@ -405,21 +681,18 @@ class AsyncPrefetchLimiter(_Base):
             renew_at,
             jitter,
             policy,
+            timeout,
             probe_interval,
             backend,
             init,
             metrics,
             deny_retry_after_ms,
+            instances,
+            version,
         )
         self.client = client
         self._call = AsyncCaller(client, timeout, self._core.metrics)
-        self._fetching: Optional[asyncio.Lock] = None
         self._tasks: Set[asyncio.Task[None]] = set()
-
-    def _lock(self) -> asyncio.Lock:
-        if self._fetching is None:
-            self._fetching = asyncio.Lock()
-        return self._fetching
 
     async def take(self, n: int = 1) -> bool:
         return (await self.decide(n)).granted
@@ -428,88 +701,157 @@ class AsyncPrefetchLimiter(_Base):
         core = self._core
         check_n(n, core.cap)
         core.metrics.add("calls")
+        try:
+            return await self._decide(n)
+        except BaseException as e:  # an error reply, or cancelled
+            core.raised(e)
+            raise
+
+    async def _decide(self, n: int) -> Decision:
+        core = self._core
         d, renew = core.decide_locally(n)
         if d is not None:
             if renew:
                 self._renew_in_background()
             return d
-        probing = core.health.down
         if not core.health.may_call():
             return core.fallback_decision(n)
-        async with self._lock():
-            d, renew = core.decide_locally(n)
-            if d is not None:
-                if renew:
-                    self._renew_in_background()
-                return d
-            if not probing and core.health.down:
-                # The call this one waited behind just failed: do not wait a timeout again.
-                return core.fallback_decision(n)
-            try:
-                d = await self._fetch(n)
-            except FAILURES:
-                core.fetch_failed()
-                return core.fallback_decision(n)
-            core.metrics.decided(d.granted, d.tokens, False)
-            return d
-
-    def _renew_in_background(self) -> None:
-        task = asyncio.get_running_loop().create_task(self._renew())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _renew(self) -> None:
-        core = self._core
+        deadline = self._call.deadline()
         try:
-            async with self._lock():
-                with core.lock:
-                    core.drop_expired(now())
-                    still_low = core.left() <= core.threshold
-                if still_low and not core.health.down:
-                    await self._fetch(0)
-        except FAILURES:
-            core.fetch_failed()
-        finally:
-            with core.lock:
-                core.renewing = False
+            return await self._lease(n, deadline)
+        except OUTAGES:
+            core.health.failed()
+            return core.fallback_decision(n)
 
-    async def _fetch(self, need: int) -> Decision:
+    def _remaining(self, deadline: Optional[float]) -> Optional[float]:
+        return None if deadline is None else max(0.0, deadline - now())
+
+    async def _resolve(self, deadline: Optional[float]) -> None:
         core = self._core
         if core.protocol is None:
-            core.protocol = await aresolve_backend(self.client, self._call, core.backend)
-        settle, ask = core.start_fetch(need)
-        args = core.lease_args(need, ask, settle)
-        sent = now()
-        reply = p.parse_lease(await self._call(args))
-        return core.finish_fetch(need, settle, sent, reply)
+            core.protocol = await aresolve_backend(self.client, self._call, core.backend, deadline)
+
+    async def _lease(self, n: int, deadline: Optional[float]) -> Decision:
+        core = self._core
+        await self._resolve(deadline)
+        for _ in range(2):
+            flight, busy = core.begin(n)
+            if flight is not None:
+                return await self._await(flight, deadline)
+            # Another lease call is in the air: wait for it, then look again.
+            assert busy is not None
+            if busy.task is not None and not busy.done:
+                done, _ = await asyncio.wait({busy.task}, timeout=self._remaining(deadline))
+                if not done:
+                    core.stalled(busy)
+                    raise asyncio.TimeoutError()
+            d, _ = core.decide_locally(n)
+            if d is not None:
+                return d
+            if core.health.down:
+                return core.fallback_decision(n)
+        return core.fallback_decision(n)
+
+    def _send(self, flight: _Flight) -> asyncio.Task[None]:
+        core = self._core
+        core.metrics.add("redis_calls")
+        task = asyncio.get_running_loop().create_task(self._fly(flight, core.lease_args(flight)))
+        flight.task = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _await(self, flight: _Flight, deadline: Optional[float]) -> Decision:
+        core = self._core
+        task = self._send(flight)
+        try:
+            # asyncio.wait never cancels the task: cancelling this caller leaves it flying.
+            done, _ = await asyncio.wait({task}, timeout=self._remaining(deadline))
+        except asyncio.CancelledError:
+            core.cancelled(flight)
+            raise
+        if done:
+            if flight.error is not None:
+                raise flight.error
+            d = flight.decision
+        else:
+            d = core.give_up(flight)
+            if d is None:
+                if flight.error is not None:  # it failed just as the wait ended
+                    raise flight.error
+                raise asyncio.TimeoutError()
+        assert d is not None
+        core.metrics.decided(d.granted, d.tokens, False)
+        return d
+
+    async def _fly(self, flight: _Flight, args: p.Args) -> None:
+        """The lease call as a task of its own: installs or returns what it gets."""
+        core = self._core
+        give_back: List[_Lease] = []
+        try:
+            call = self.client.execute_command(*args)
+            # Bounded (a half-open connection with no socket timeout), but well past the
+            # lease's end: a late lease is returned, not lost.
+            reply = p.parse_lease(await asyncio.wait_for(call, core.late_limit))
+        except OUTAGES as e:
+            give_back = core.fail(flight, e)
+        except (redis.exceptions.RedisError, ProtocolError) as e:
+            core.metrics.add("server_errors")
+            give_back = core.fail(flight, _as_server_error(e))
+        except BaseException as e:  # cancelled: the event loop is closing
+            core.fail(flight, e)
+            flight.event.set()
+            raise
+        else:
+            give_back = core.land(flight, reply)
+        flight.event.set()
+        for lease in give_back:
+            await self._give_back(lease)
+
+    async def _give_back(self, lease: _Lease) -> None:
+        core = self._core
+        try:
+            assert core.protocol is not None
+            core.metrics.add("redis_calls")
+            args = core.protocol.return_(core.key, lease.id, lease.left)
+            await asyncio.wait_for(self.client.execute_command(*args), core.late_limit)
+            core.returned(lease)
+        except Exception:
+            core.metrics.add("leases_lost")
+
+    def _renew_in_background(self) -> None:
+        flight, _ = self._core.begin(0)
+        if flight is not None:
+            self._send(flight)
 
     async def close(self) -> int:
-        """Waits for a renewal in flight, then returns every live lease's leftovers."""
+        """Waits (up to ``timeout``) for a lease call in the air, then returns every live
+        lease's leftovers; a call landing later returns what it gets."""
         core = self._core
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=core.timeout)
         credited = 0
         failure: Optional[BaseException] = None
-        async with self._lock():
-            for lease in core.take_all():
-                if lease is None:
-                    continue
-                try:
-                    if core.protocol is None:
-                        core.protocol = await aresolve_backend(
-                            self.client, self._call, core.backend
-                        )
-                    args = core.protocol.return_(core.key, lease.id, lease.left)
-                    credited += p.to_int(await self._call(args))
-                    core.metrics.add("returns")
-                    core.metrics.add("tokens_returned", lease.left)
-                except FAILURES as e:
-                    failure = failure or e
+        for lease in core.take_all():
+            if lease is None:
+                continue
+            try:
+                if core.protocol is None:
+                    core.protocol = await aresolve_backend(self.client, self._call, core.backend)
+                args = core.protocol.return_(core.key, lease.id, lease.left)
+                credited += p.to_int(await self._call(args))
+                core.returned(lease)
+            except Exception as e:
+                if lease.left > 0:
+                    core.metrics.add("leases_lost")
+                failure = failure or e
         if failure is not None:
             raise failure
         return credited
 
+    async def __aexit__(self, *exc: object) -> None:
+        with contextlib.suppress(*OUTAGES):
+            await self.close()
+
     async def __aenter__(self) -> AsyncPrefetchLimiter:
         return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        with contextlib.suppress(*FAILURES):
-            await self.close()

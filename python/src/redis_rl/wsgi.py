@@ -51,12 +51,21 @@ def _limiter(
     timeout: Optional[float],
     backend: str,
     metrics: Optional[Metrics],
+    instances: Optional[int] = None,
 ) -> Limiter:
     if client is None:
         raise ValueError("needs client= (a redis.Redis) or limiter=")
     chosen = policy if policy is not None else (ALLOW if fail_open else DENY)
     return Limiter(
-        client, prefix, rate, cap, policy=chosen, timeout=timeout, backend=backend, metrics=metrics
+        client,
+        prefix,
+        rate,
+        cap,
+        policy=chosen,
+        timeout=timeout,
+        backend=backend,
+        metrics=metrics,
+        instances=instances,
     )
 
 
@@ -81,13 +90,14 @@ class RateLimitWSGIMiddleware:
         cost: int = 1,
         metrics: Optional[Metrics] = None,
         limiter: Optional[Limiter] = None,
+        instances: Optional[int] = None,
     ) -> None:
         self.app = app
         self.key = key
         self.prefix = prefix
         self.cost = cost
         self.limiter = limiter or _limiter(
-            client, rate, cap, prefix, fail_open, policy, timeout, backend, metrics
+            client, rate, cap, prefix, fail_open, policy, timeout, backend, metrics, instances
         )
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
@@ -128,12 +138,13 @@ def rate_limit(
     cost: int = 1,
     metrics: Optional[Metrics] = None,
     limiter: Optional[Limiter] = None,
+    instances: Optional[int] = None,
 ) -> Callable[[F], F]:
     """A Flask view decorator. ``key()`` runs inside the request (default: the remote
     address); denied requests get a 429 JSON response with the headers, granted ones the
     ``X-RateLimit-*`` headers."""
     lim = limiter or _limiter(
-        client, rate, cap, prefix, fail_open, policy, timeout, backend, metrics
+        client, rate, cap, prefix, fail_open, policy, timeout, backend, metrics, instances
     )
 
     def decorate(view: F) -> F:
