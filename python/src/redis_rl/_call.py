@@ -21,11 +21,15 @@ from . import _protocol as p
 from .errors import BackendNotFound, ServerError
 from .metrics import Metrics
 
-#: What counts as Redis being unavailable (the failure policy decides then).
+#: What counts as Redis being unavailable (the failure policy decides then): the same
+#: list as the Rust client's (connection failures, timeouts, LOADING, MASTERDOWN,
+#: CLUSTERDOWN, TRYAGAIN, READONLY).
 OUTAGES = (
     redis.exceptions.ConnectionError,  # BusyLoadingError and AuthenticationError included
     redis.exceptions.TimeoutError,
     redis.exceptions.ClusterDownError,  # CLUSTERDOWN, MASTERDOWN
+    redis.exceptions.TryAgainError,  # TRYAGAIN: a cluster slot moving
+    redis.exceptions.ReadOnlyError,  # READONLY: a failover demoted the master
     OSError,
     asyncio.TimeoutError,
     concurrent.futures.TimeoutError,
