@@ -52,16 +52,18 @@ local G = 1e9
 -- the standard functions are bound to these locals at the first call.
 local floor, ceil, frexp, ldexp, fmt, upper, ssub, byte, char, gmatch
 local call, pcall_r, error_reply
--- A millisecond expiry as PEXPIREAT's argument: the number itself, or its text on Redis 7.0
--- (see `store`).
-local function ms_arg(ms) return ms end
-local function ms_text(ms) return fmt('%d', ms) end
+-- Whether PEXPIREAT gets its millisecond argument as text (Redis 7.0: see `store`).
+local MS_TEXT = false
+local function ms_arg(ms)
+    if MS_TEXT then return fmt('%d', ms) end
+    return ms
+end
 local function bind()
     floor, ceil, frexp, ldexp = math.floor, math.ceil, math.frexp, math.ldexp
     fmt, upper, ssub, byte = string.format, string.upper, string.sub, string.byte
     char, gmatch = string.char, string.gmatch
     call, pcall_r, error_reply = redis.call, redis.pcall, redis.error_reply
-    if (tonumber(redis.REDIS_VERSION_NUM) or 0) < 0x070200 then ms_arg = ms_text end
+    MS_TEXT = (tonumber(redis.REDIS_VERSION_NUM) or 0) < 0x070200
 end
 
 local MIN_VALUE, MAX_VALUE = 1e-9, 1e15
@@ -875,7 +877,9 @@ local function store(key, h, lv)
         local fs, fn = lv.as + lv.ds, lv.an + lv.dn
         if fn >= G then fs, fn = fs + 1, fn - G end
         call('HSET', key, 'f', instant_text(fs, fn))
-        call('PEXPIREAT', key, ms_arg(fs * 1000 + ceil(fn / 1e6)))
+        local ms = fs * 1000 + ceil(fn / 1e6)
+        if MS_TEXT then ms = fmt('%d', ms) end
+        call('PEXPIREAT', key, ms)
         return
     end
     write(key, h, lv)
@@ -957,10 +961,7 @@ local function take_options(a, na, L, N)
     local i = 3
     if na == 3 then
         local v = INTS[a[3]]
-        if v and v > 0 then
-            fits(v, L, 'n must not exceed cap')
-            return v, false, nil
-        end
+        if v and v > 0 and v <= L.c then return v, false, nil end
     end
     while i <= na do
         local o = a[i]
@@ -993,7 +994,7 @@ local function rl_take(keys, a)
     local ns, nn = now()
     local h = read(key)
     local lv = level_of(h, L, init, ns, nn, SCRATCH)
-    local created = created_below_full(h, lv)
+    local created = not h[F] and created_below_full(h, lv)
     local granted = try_take(lv, n)
     if granted or created then store(key, h, lv) end
     local reply = granted and n or 0
