@@ -732,8 +732,10 @@ end
 
 -- HMGET of a bucket's fields (f r c h s x), and with its lease table (i l), WRONGTYPE
 -- answered as the module does (redis.call would append script info).
+local function hmget_bucket(key) return pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x') end
+
 local function read(key)
-    local h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x')
+    local h = hmget_bucket(key)
     if h.err then error({ reply = h }, 0) end
     return h
 end
@@ -954,15 +956,10 @@ end
 -- ---------------------------------------------------------------------------------------
 -- Commands.
 
--- RL.TAKE's options after rate and cap: [n] [WITHSTATE] [INIT tokens]. The common call
--- (`rate cap n`, an n seen before) is decided by one lookup in INTS.
+-- RL.TAKE's options after rate and cap: [n] [WITHSTATE] [INIT tokens].
 local function take_options(a, na, L, N)
     local n, with_state, init = 1, false, nil
     local i = 3
-    if na == 3 then
-        local v = INTS[a[3]]
-        if v and v > 0 and v <= L.c then return v, false, nil end
-    end
     while i <= na do
         local o = a[i]
         if is(o, 'WITHSTATE') then
@@ -983,16 +980,12 @@ local function take_options(a, na, L, N)
     return n, with_state, init
 end
 
-local function rl_take(keys, a)
-    local N = 'RL.TAKE'
-    local na = #a
-    if #keys ~= 1 or na < 2 or na > 6 then arity(N) end
-    local L = limit_at(a, 1, N)
-    local n, with_state, init = take_options(a, na, L, N)
-
-    local key = keys[1]
+-- RL.TAKE on `key` once its arguments are parsed and valid. Raises no error of its own
+-- (WRONGTYPE is returned as the reply): `quick_take` runs it outside the boundary's pcall.
+local function take(key, L, n, with_state, init)
     local ns, nn = now()
-    local h = read(key)
+    local h = hmget_bucket(key)
+    if h.err then return h end
     local lv = level_of(h, L, init, ns, nn, SCRATCH)
     local created = not h[F] and created_below_full(h, lv)
     local granted = try_take(lv, n)
@@ -1002,6 +995,28 @@ local function rl_take(keys, a)
     local retry = 0
     if not granted then retry = wait_ms(wait_for(lv, n)) end
     return { reply, { double = signed_tokens(lv) }, retry, ceil_ms(reset_after(lv)) }
+end
+
+local function rl_take(keys, a)
+    local N = 'RL.TAKE'
+    local na = #a
+    if #keys ~= 1 or na < 2 or na > 6 then arity(N) end
+    local L = limit_at(a, 1, N)
+    local n, with_state, init = take_options(a, na, L, N)
+    return take(keys[1], L, n, with_state, init)
+end
+
+-- The plain call `FCALL rl_take 1 key rate cap n` whose limit and n were parsed and
+-- validated before (LIMITS, INTS): nothing left to check, so it is taken without the
+-- option parser and outside the boundary's pcall (nothing on that path raises). Any other
+-- call (a new limit or n, options, errors): nil, and rl_take parses it.
+local function quick_take(keys, a)
+    if #a ~= 3 or #keys ~= 1 then return nil end
+    local byr = LIMITS[a[1]]
+    local L = byr and byr[a[2]]
+    local n = INTS[a[3]]
+    if not L or not n or n <= 0 or n > L.c then return nil end
+    return take(keys[1], L, n, false, nil)
 end
 
 local function rl_lease(keys, a)
@@ -1255,9 +1270,15 @@ end
 -- ---------------------------------------------------------------------------------------
 -- The boundary: argument and state errors become the module's error replies.
 
-local function boundary(f)
+-- `quick` (optional): the command's common case, which raises nothing; nil when the call
+-- is not that case.
+local function boundary(f, quick)
     return function(keys, args)
         if not call then bind() end
+        if quick then
+            local res = quick(keys, args)
+            if res ~= nil then return res end
+        end
         local ok, res = pcall(f, keys, args)
         if ok then return res end
         if type(res) == 'table' then
@@ -1268,7 +1289,7 @@ local function boundary(f)
     end
 end
 
-redis.register_function('rl_take', boundary(rl_take))
+redis.register_function('rl_take', boundary(rl_take, quick_take))
 redis.register_function('rl_lease', boundary(rl_lease))
 redis.register_function('rl_return', boundary(rl_return))
 redis.register_function('rl_mtake', boundary(rl_mtake))
