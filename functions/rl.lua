@@ -114,9 +114,12 @@ local function parse_instant(t) -- decimal ns text -> pair
     return tonumber(ssub(t, 1, len - 9)), tonumber(ssub(t, len - 8))
 end
 
+-- The seconds' text of the last instant written: most writes fall in the second before.
+local it_s, it_text = -1, ''
 local function instant_text(s, n)
     if s == 0 then return fmt('%d', n) end
-    return fmt('%d%09d', s, n)
+    if s ~= it_s then it_s, it_text = s, fmt('%d', s) end
+    return it_text .. fmt('%09d', n)
 end
 
 -- ---------------------------------------------------------------------------------------
