@@ -612,6 +612,11 @@ class Runner:
             if rm[0] != rf[0]:
                 if abs(rm[0] - rf[0]) <= 1 + rate_l * window_s or self.near_expiry(call):
                     raise Straddle(f"granted {rm[0]} vs {rf[0]}")
+                # Denied on one side (fewer than MIN there): its wait within the tolerance.
+                denied = rm if rm[0] == 0 else rf if rf[0] == 0 else None
+                if denied is not None and denied[3] <= 1 + window_ms:
+                    raise Straddle(f"granted {rm[0]} vs {rf[0]}; denied side's wait "
+                                   f"{denied[3]} ms")
                 if call.meta["settle"] is not None and self.near_debt(call.keys[0]):
                     raise Straddle(f"granted {rm[0]} vs {rf[0]}: the RETURN's credit taken "
                                    f"on one side only (in debt on the other, within the window)")
