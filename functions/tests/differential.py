@@ -497,12 +497,14 @@ class Runner:
             if h is not None and abs(int(h) / 1e3 - call.t0_us) <= q.max_window_us + raw_us:
                 q.hold_straddle = True
         # A key about to expire (its expiry is full_at or a hold rounded up to the ms, so
-        # the two keys' expiries can be a millisecond apart), or gone on one side only: the
-        # two buckets are full, but INIT applies only where the key is absent.
-        expiring = any((tm < 0) != (tf < 0) or 0 <= min(tm, tf) <= 2 + raw_us / 1000
+        # the two keys' expiries can be a millisecond apart, plus the states' offset), or
+        # gone on one side only. The two buckets are full then, but a full bucket and no key
+        # are not the same call's input everywhere: INIT applies only where the key is
+        # absent, and a limit change carries the stored bucket's tokens (at most its cap)
+        # where an absent key is full under the new limit.
+        expiring = any((tm < 0) != (tf < 0) or 0 <= min(tm, tf) <= 2 + window_us / 1000
                        for tm, tf in zip(before[1::pre], before[2::pre])
                        if tm != -1 and tf != -1)
-        with_init = any(isinstance(x, str) and x.upper() == "INIT" for x in call.mod)
         rm, rf = (out[1], out[2]) if first_module else (out[2], out[1])
         self.log = (self.log + [(self.stats.calls, [q.name for q in call.keys],
                                  f"{call.mod} -> {rm!r} / {rf!r} (module first: "
@@ -548,10 +550,10 @@ class Runner:
                     q.in_debt = pm is not None and as_float(pm[b"tokens"]) < 0
                     q.debt_seen = q.debt_seen or q.in_debt
             except Mismatch as e:
-                if not (expiring and with_init):
+                if not expiring:
                     raise
-                raise Straddle(f"{e}: INIT where a key expired (or was about to) on one "
-                               f"side") from None
+                raise Straddle(f"{e}: a key expired (or was about to) on one side only "
+                               f"(INIT, a limit change)") from None
         except Straddle as s:
             self.stats.straddles.append(f"{call.kind} {call.mod}: {s}")
             for q in call.keys:  # the states now differ by a decision: start afresh
