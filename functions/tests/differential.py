@@ -514,6 +514,7 @@ class Runner:
         try:
             try:
                 self.raw_us = raw_us
+                self.window_us = window_us
                 self.call_t0_us = call.t0_us
                 self.call_peeks = [out[4 + 4 * i: 6 + 4 * i] for i in range(len(call.keys))]
                 self.peek_raw_us = peek_raw_us
@@ -550,10 +551,13 @@ class Runner:
                     q.in_debt = pm is not None and as_float(pm[b"tokens"]) < 0
                     q.debt_seen = q.debt_seen or q.in_debt
             except Mismatch as e:
-                if not expiring:
-                    raise
-                raise Straddle(f"{e}: a key expired (or was about to) on one side only "
-                               f"(INIT, a limit change)") from None
+                if expiring:
+                    raise Straddle(f"{e}: a key expired (or was about to) on one side only "
+                                   f"(INIT, a limit change)") from None
+                if call.kind in ("lease", "return") and self.near_expiry(call):
+                    raise Straddle(f"{e}: the returned lease expired within the window on "
+                                   f"one side only (the other credited it and wrote)") from None
+                raise
         except Straddle as s:
             self.stats.straddles.append(f"{call.kind} {call.mod}: {s}")
             for q in call.keys:  # the states now differ by a decision: start afresh
@@ -583,7 +587,8 @@ class Runner:
             if call.meta["settle"] is not None and call.meta["settle"] in p.leases:
                 p.leases.remove(call.meta["settle"])
             if rm[0] > 0:
-                p.leases.append((rm[1], rf[1], rm[0], time.time() + call.meta["ttl"] / 1000))
+                p.leases.append((rm[1], rf[1], rm[0], time.time() + call.meta["ttl"] / 1000,
+                                 call.meta["ttl"] * 1000))
             p.leases = p.leases[-8:]
         if call.kind == "return" and call.meta["settle"] in call.keys[0].leases:
             call.keys[0].leases.remove(call.meta["settle"])
@@ -688,10 +693,18 @@ class Runner:
         return any(abs(t + r * elapsed) <= reach + r * self.raw_us / 1e6 for t in (tm, tf))
 
     def near_expiry(self, call):
+        """Whether the lease this call returns expires within its window on either side:
+        each side's lease expires at its id (the µs instant it was granted, by that side's
+        clock) plus the ttl, so the two expiries are that lease call's window apart, and one
+        side may find it live (and credit it, writing) while the other finds it expired."""
         s = call.meta.get("settle")
         if not s:
             return False
-        return abs(time.time() - s[3]) < 0.005
+        if abs(time.time() - s[3]) < 0.005:
+            return True
+        exp_m, exp_f = s[0] + s[4], s[1] + s[4]
+        return (call.t0_us - self.window_us <= max(exp_m, exp_f)
+                and min(exp_m, exp_f) <= call.t0_us + self.window_us)
 
     def decision(self, gm, gf, replies, window_ms, retry_of):
         if gm == gf:
