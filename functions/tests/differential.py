@@ -1,18 +1,26 @@
 """The module and the library side by side on one server, driven by the same random calls.
 
 Every call is issued to both backends back to back inside one MULTI/EXEC (module keys
-`m:*`, library keys `f:*`), bracketed by TIME, and followed in the same transaction by
-RL.PEEK/rl_peek and PTTL of the keys involved. The two calls run a few microseconds apart
-(the module reads a nanosecond clock, the library TIME's microseconds), so:
+`m:*`, library keys `f:*`), bracketed by TIME, preceded in the same transaction by the
+library's hold and both keys' PTTL, and followed by RL.PEEK/rl_peek and PTTL of the keys
+involved. The two calls read clocks up to the call's window apart (the module a nanosecond
+clock, the library TIME, frozen for the whole EXEC on Redis >= 7.2 and Valkey), and each
+side's stored state keeps its own clock's offset. That offset is measured, not estimated:
+after every call, |tokens_module - tokens_library| / rate of the two peeks (exact doubles,
+negative in debt) plus the peeks' own window bounds how far apart the two states are. The
+next call on the pair is compared within T = (offset + window) x max(1, stored rate / call
+rate), in time under the call's limit (a limit change carries the offset as tokens, or in
+debt as time: the larger). So:
 
 - errors, integers and decisions must be identical, except where the two calls straddle a
-  boundary within that window (a token arriving, a millisecond ticking over, a lease
-  expiring): those are counted, each must be explained by the window (see `explain`), the
-  pair of keys is retired (their states now differ by a decision), and they must stay under
-  0.5% of the calls;
-- doubles (remaining tokens) must be equal up to what the bucket refills in the window
-  (`rate * window`); how many are bit-identical is reported;
-- PTTL must agree within the window plus a millisecond of rounding.
+  boundary within T (a token arriving, a lease expiring, the debt boundary of a credit, a
+  hold lapsing, a key expiring on one side only): those are counted, each must be explained
+  by T, the pair of keys is retired (their states now differ by a decision), and they must
+  stay under 0.5% of the calls;
+- doubles (remaining tokens) must be equal up to rate * T; how many are bit-identical is
+  reported;
+- PTTL must agree within the peeks' window plus the pair's largest tolerance so far and
+  2 ms of rounding.
 
 Some pairs flap between two limits, a big cap and a small one refilling fast, with sleeps
 longer than the small bucket takes to fill: without the hold (a limit change keeps the key
