@@ -5,12 +5,14 @@ default target/release/libredis_rl.so, then target/debug) and the library loaded
 case for RL_BENCH_CALLS calls (default 20000) on its own keys, and reads
 INFO commandstats usec_per_call (fcall, rl.take / rl.lease, evalsha). Memory per live
 bucket: used_memory before and after 10000 buckets created by each backend.
+RL_BENCH_ROUNDS=k: k interleaved rounds of the take cases, medians reported.
 RL_LIBRARY=path benchmarks another version of the library (e.g. `git show REV:functions/rl.lua`).
 Run: target/functions-venv/bin/python functions/bench.py
 """
 
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -18,6 +20,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tes
 from servers import ROOT, Server  # noqa: E402
 
 CALLS = int(os.environ.get("RL_BENCH_CALLS", "20000"))
+# Rounds of every take case, interleaved (library, module, seed, then the next case); the
+# median of each is reported. Each run is preceded by 500 unmeasured calls (the first calls
+# on a fresh server pay for allocator growth and cold caches: a first case measured cold read
+# up to 4x its warm cost).
+ROUNDS = int(os.environ.get("RL_BENCH_ROUNDS", "1"))
 SEED = open(os.path.join(ROOT, "scripts", "token_bucket.lua")).read()
 
 
@@ -29,6 +36,10 @@ def usec(r, cmd):
 
 
 def run(r, name, args_of, stat):
+    pipe = r.pipeline(transaction=False)
+    for i in range(500):
+        pipe.execute_command(*args_of(i))
+    pipe.execute()
     r.config_resetstat()
     pipe = r.pipeline(transaction=False)
     for i in range(CALLS):
@@ -62,15 +73,23 @@ def main():
             ("grant, busy bucket (expiry moves < 1 ms)", busy, 10),
             ("deny", tiny, 1),
         ]
-        for label, (rate, cap), n in cases:
-            fn = run(r, label, lambda i: ("FCALL", "rl_take", 1, f"f:{label}", rate, cap, n),
-                     "fcall")
-            md = run(r, label, lambda i: ("RL.TAKE", f"m:{label}", rate, cap, n),
-                     "rl.take") if module else float("nan")
-            sd = run(r, label, lambda i: ("EVALSHA", sha, 1, f"s:{label}", rate, cap, n),
-                     "evalsha")
+        samples = {label: ([], [], []) for label, _, _ in cases}
+        for _ in range(ROUNDS):
+            for label, (rate, cap), n in cases:
+                fs, ms, ss = samples[label]
+                fs.append(run(r, label, lambda i: ("FCALL", "rl_take", 1, f"f:{label}", rate,
+                                                   cap, n), "fcall"))
+                ms.append(run(r, label, lambda i: ("RL.TAKE", f"m:{label}", rate, cap, n),
+                              "rl.take") if module else float("nan"))
+                ss.append(run(r, label, lambda i: ("EVALSHA", sha, 1, f"s:{label}", rate, cap,
+                                                   n), "evalsha"))
+                r.delete(f"f:{label}", f"m:{label}", f"s:{label}")
+        for label, _, _ in cases:
+            fn, md, sd = (statistics.median(x) for x in samples[label])
+            ratios = sorted(f / s for f, s in zip(samples[label][0], samples[label][2]))
             rows.append((f"take, {label}", fn, md, sd))
-            r.delete(f"f:{label}", f"m:{label}", f"s:{label}")
+            if ROUNDS > 1:
+                print(f"# {label}: library/seed per round {', '.join(f'{x:.2f}' for x in ratios)}")
         # Lease 20 and return it (renewal in one call: RETURN rides on the next lease).
         fn = run(r, "lease", lambda i: ("FCALL", "rl_lease", 1, f"f:lease:{i // 8}", "1000000",
                                         "1000000", 20, 1000), "fcall")
@@ -93,7 +112,8 @@ def main():
             mem[label] = (r.info("memory")["used_memory"] - before) / 10000
         version = r.info("server")["redis_version"]
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.node()}, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cpus, server {version}, {CALLS} calls per case (pipelined)\n")
+          f"{os.cpu_count()} cpus, server {version}, {CALLS} calls per case (pipelined), "
+          f"median of {ROUNDS} round(s)\n")
     print("| call | FCALL (library) µs | module µs | EVALSHA seed script µs | library / seed |")
     print("|---|---|---|---|---|")
     for label, fn, md, sd in rows:

@@ -52,11 +52,18 @@ local G = 1e9
 -- the standard functions are bound to these locals at the first call.
 local floor, ceil, frexp, ldexp, fmt, upper, ssub, byte, char, gmatch
 local call, pcall_r, error_reply
+-- Whether PEXPIREAT gets its millisecond argument as text (Redis 7.0: see `store`).
+local MS_TEXT = false
+local function ms_arg(ms)
+    if MS_TEXT then return fmt('%d', ms) end
+    return ms
+end
 local function bind()
     floor, ceil, frexp, ldexp = math.floor, math.ceil, math.frexp, math.ldexp
     fmt, upper, ssub, byte = string.format, string.upper, string.sub, string.byte
     char, gmatch = string.char, string.gmatch
     call, pcall_r, error_reply = redis.call, redis.pcall, redis.error_reply
+    MS_TEXT = (tonumber(redis.REDIS_VERSION_NUM) or 0) < 0x070200
 end
 
 local MIN_VALUE, MAX_VALUE = 1e-9, 1e15
@@ -107,9 +114,12 @@ local function parse_instant(t) -- decimal ns text -> pair
     return tonumber(ssub(t, 1, len - 9)), tonumber(ssub(t, len - 8))
 end
 
+-- The seconds' text of the last instant written: most writes fall in the second before.
+local it_s, it_text = -1, ''
 local function instant_text(s, n)
     if s == 0 then return fmt('%d', n) end
-    return fmt('%d%09d', s, n)
+    if s ~= it_s then it_s, it_text = s, fmt('%d', s) end
+    return it_text .. fmt('%09d', n)
 end
 
 -- ---------------------------------------------------------------------------------------
@@ -448,8 +458,9 @@ end
 
 local function limit_at(a, i, name)
     local rt, ct = a[i], a[i + 1]
-    if rt and ct then
-        local L = known_limit(rt, ct)
+    local byr = rt and LIMITS[rt] -- the common case inline: a limit seen before
+    if byr and ct then
+        local L = byr[ct]
         if L then return L end
     end
     local rate = number(a, i, name, 'rate is not a number')
@@ -479,6 +490,11 @@ local function debit(L, n)
     end
     local s, ns = nanos_for(L, n)
     if L.qc < 64 then
+        if not L.qb then L.qb = {} end
+        -- has()'s `clearly_below(L, d, cap - n)`, the same expression: a deficit below it
+        -- has n tokens (-1 when n > cap: never).
+        local spare = L.c - n
+        L.qb[n] = spare >= 0 and spare * G / L.r * (1 - 1e-9) or -1
         qs[n], L.qn[n], L.qc = s, ns, L.qc + 1
     end
     return s, ns
@@ -515,7 +531,12 @@ end
 local SCRATCH = {}
 
 local function full_level(L, ns, nn, into)
-    return new_level(into, L, ns, nn, 0, 0, 0, 0)
+    if into then
+        into.L, into.as, into.an, into.bs, into.bn = L, ns, nn, 0, 0
+        into.ds, into.dn, into.ss, into.sn = 0, 0, 0, 0
+        return into
+    end
+    return new_level(nil, L, ns, nn, 0, 0, 0, 0)
 end
 
 local function min_pair(as, an, bs, bn)
@@ -632,6 +653,19 @@ local function has(lv, n)
 end
 
 local function try_take(lv, n)
+    local L = lv.L
+    local qb = L.qb
+    if qb then
+        -- The common case: a debit of n computed before, and n clearly there (has()'s first
+        -- test, its threshold remembered by `debit`).
+        local b = qb[n]
+        if b and lv.ds * G + lv.dn < b then
+            local s, ns = lv.ds + L.qs[n], lv.dn + L.qn[n]
+            if ns >= G then s, ns = s + 1, ns - G end
+            lv.ds, lv.dn = s, ns
+            return true
+        end
+    end
     if not has(lv, n) then return false end
     local ts, tn = debit(lv.L, n)
     lv.ds, lv.dn = add(lv.ds, lv.dn, ts, tn)
@@ -684,15 +718,33 @@ end
 -- ---------------------------------------------------------------------------------------
 -- Keys.
 
+-- The seconds of the last TIME, text and number: they change once a second, and a string
+-- compare is cheaper than parsing them again.
+local last_st, last_s = nil, 0
+
 local function now()
     local t = call('TIME')
-    local s, us = tonumber(t[1]), tonumber(t[2])
+    local st, s = t[1], last_s
+    if st ~= last_st then
+        s = tonumber(st)
+        last_st, last_s = st, s
+    end
+    local us = tonumber(t[2])
     return s, us * 1000, s * 1e6 + us
 end
 
--- HMGET with WRONGTYPE answered as the module does (redis.call would append script info).
-local function read(key, ...)
-    local h = pcall_r('HMGET', key, ...)
+-- HMGET of a bucket's fields (f r c h s x), and with its lease table (i l), WRONGTYPE
+-- answered as the module does (redis.call would append script info).
+local function hmget_bucket(key) return pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x') end
+
+local function read(key)
+    local h = hmget_bucket(key)
+    if h.err then error({ reply = h }, 0) end
+    return h
+end
+
+local function read_leases(key)
+    local h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l')
     if h.err then error({ reply = h }, 0) end
     return h
 end
@@ -705,10 +757,12 @@ local F, R, C, H, S, X, I, LS = 1, 2, 3, 4, 5, 6, 7, 8
 local function level_of(h, L, init, ns, nn, into)
     local ft = h[F]
     if ft then
-        local B = stored_limit(h[R], h[C], L)
+        local rt, ct = h[R], h[C]
+        local B = L
+        if rt ~= L.rt or ct ~= L.ct then B = stored_limit(rt, ct, L) end
         local hs, hn, ss, sn = 0, 0, 0, 0
         local fs, fn
-        if not h[H] and B == L and #ft > 9 then
+        if B == L and not h[H] and #ft > 9 then
             -- The common cases: the same limit, no span. A full_at clearly before now (the
             -- nearest double of the text is within 256 ns of it) is a full bucket whatever
             -- its exact value; else the exact pair from that double and the last 9 digits:
@@ -716,7 +770,24 @@ local function level_of(h, L, init, ns, nn, into)
             local x = tonumber(ft)
             if x < ns * G + nn - 1024 then return full_level(L, ns, nn, into) end
             fn = tonumber(ssub(ft, -9))
-            return refill(floor((x - fn) / G + 0.5), fn, L, ns, nn, into)
+            fs = floor((x - fn) / G + 0.5)
+            if fs > ns or (fs == ns and fn > nn) then
+                -- Not full by now: refill's common case inline (the deficit clearly less
+                -- than the fill time: at now, nothing behind).
+                local ds, dn = fs - ns, fn - nn
+                if dn < 0 then ds, dn = ds - 1, dn + G end
+                local cf = L.cf
+                if not cf then
+                    cf = L.c * G / L.r * (1 - 1e-9) -- clearly_below(L, _, L.c)'s bound
+                    L.cf = cf
+                end
+                if into and ds * G + dn < cf then
+                    into.L, into.as, into.an, into.bs, into.bn = L, ns, nn, 0, 0
+                    into.ds, into.dn, into.ss, into.sn = ds, dn, 0, 0
+                    return into
+                end
+            end
+            return refill(fs, fn, L, ns, nn, into)
         end
         fs, fn = parse_instant(ft)
         if h[H] then
@@ -797,23 +868,27 @@ end
 
 -- Writes the bucket (leases untouched). The expiry is set on every write, whatever the
 -- state implied before: PERSIST or RESTORE ... 0 may have removed it. The expiry (ms, an
--- integer below 2^53) goes to PEXPIREAT as a Lua number: Redis 7.0 formats it with
--- %.17g, Redis >= 7.2 and Valkey as an integer (ll2string), both plain digits (tested
--- with trailing zeros on all three), and cheaper than string.format here.
+-- integer below 2^53) goes to PEXPIREAT as a Lua number on Redis >= 7.2 and Valkey, which
+-- format it as an integer (ll2string); Redis 7.0 formats a number with %.17g (plain digits
+-- too, but several times the cost of string.format's %d), so there it goes as text
+-- (`ms_arg`, chosen at the first call).
 local function store(key, h, lv)
     -- Set, not compared: reading PEXPIRETIME to skip an unchanged expiry measured no
     -- cheaper than setting it (functions/bench.py; docs/functions.md).
     local L = lv.L
-    if lv.ss == 0 and lv.sn == 0 and not h[X] and not h[H] and not h[S] and h[F]
+    if lv.ss == 0 and lv.sn == 0 and h[F] and not h[X] and not h[H] and not h[S]
         and h[R] == L.rt and h[C] == L.ct then
         -- The hot path: same limit, no span, no lease: f and the expiry (full_at).
-        local fs, fn = full_at(lv)
+        local fs, fn = lv.as + lv.ds, lv.an + lv.dn
+        if fn >= G then fs, fn = fs + 1, fn - G end
         call('HSET', key, 'f', instant_text(fs, fn))
-        call('PEXPIREAT', key, ceil_ms(fs, fn))
+        local ms = fs * 1000 + ceil(fn / 1e6)
+        if MS_TEXT then ms = fmt('%d', ms) end
+        call('PEXPIREAT', key, ms)
         return
     end
     write(key, h, lv)
-    call('PEXPIREAT', key, expiry_ms(lv, h[X] and tonumber(h[X])))
+    call('PEXPIREAT', key, ms_arg(expiry_ms(lv, h[X] and tonumber(h[X]))))
 end
 
 -- Lease tables: { last = id, {id, tokens, exp_us}... } from fields i and l.
@@ -878,17 +953,14 @@ local function store_with_leases(key, h, lv, t)
     local drop = { key }
     if not x and (h[X] or h[LS]) then drop[2] = 'l'; drop[3] = 'x' end
     write(key, h, lv, extra, drop)
-    call('PEXPIREAT', key, expiry_ms(lv, x))
+    call('PEXPIREAT', key, ms_arg(expiry_ms(lv, x)))
 end
 
 -- ---------------------------------------------------------------------------------------
 -- Commands.
 
-local function rl_take(keys, a)
-    local N = 'RL.TAKE'
-    local na = #a
-    if #keys ~= 1 or na < 2 or na > 6 then arity(N) end
-    local L = limit_at(a, 1, N)
+-- RL.TAKE's options after rate and cap: [n] [WITHSTATE] [INIT tokens].
+local function take_options(a, na, L, N)
     local n, with_state, init = 1, false, nil
     local i = 3
     while i <= na do
@@ -908,12 +980,17 @@ local function rl_take(keys, a)
         i = i + 1
     end
     fits(n, L, 'n must not exceed cap')
+    return n, with_state, init
+end
 
-    local key = keys[1]
+-- RL.TAKE on `key` once its arguments are parsed and valid. Raises no error of its own
+-- (WRONGTYPE is returned as the reply): `quick_take` runs it outside the boundary's pcall.
+local function take(key, L, n, with_state, init)
     local ns, nn = now()
-    local h = read(key, 'f', 'r', 'c', 'h', 's', 'x')
+    local h = hmget_bucket(key)
+    if h.err then return h end
     local lv = level_of(h, L, init, ns, nn, SCRATCH)
-    local created = created_below_full(h, lv)
+    local created = not h[F] and created_below_full(h, lv)
     local granted = try_take(lv, n)
     if granted or created then store(key, h, lv) end
     local reply = granted and n or 0
@@ -921,6 +998,28 @@ local function rl_take(keys, a)
     local retry = 0
     if not granted then retry = wait_ms(wait_for(lv, n)) end
     return { reply, { double = signed_tokens(lv) }, retry, ceil_ms(reset_after(lv)) }
+end
+
+local function rl_take(keys, a)
+    local N = 'RL.TAKE'
+    local na = #a
+    if #keys ~= 1 or na < 2 or na > 6 then arity(N) end
+    local L = limit_at(a, 1, N)
+    local n, with_state, init = take_options(a, na, L, N)
+    return take(keys[1], L, n, with_state, init)
+end
+
+-- The plain call `FCALL rl_take 1 key rate cap n` whose limit and n were parsed and
+-- validated before (LIMITS, INTS): nothing left to check, so it is taken without the
+-- option parser and outside the boundary's pcall (nothing on that path raises). Any other
+-- call (a new limit or n, options, errors): nil, and rl_take parses it.
+local function quick_take(keys, a)
+    if #a ~= 3 or #keys ~= 1 then return nil end
+    local byr = LIMITS[a[1]]
+    local L = byr and byr[a[2]]
+    local n = INTS[a[3]]
+    if not L or not n or n <= 0 or n > L.c then return nil end
+    return take(keys[1], L, n, false, nil)
 end
 
 local function rl_lease(keys, a)
@@ -960,7 +1059,7 @@ local function rl_lease(keys, a)
 
     local key = keys[1]
     local ns, nn, now_us = now()
-    local h = read(key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l')
+    local h = read_leases(key)
     local lv = level_of(h, L, init, ns, nn, SCRATCH)
     local created = created_below_full(h, lv)
     local t = parse_table(h[I], h[LS])
@@ -1001,7 +1100,7 @@ local function rl_return(keys, a)
     local unused = integer(a, 2, N, 'unused must be a non-negative integer')
     local key = keys[1]
     local ns, nn, now_us = now()
-    local h = read(key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l')
+    local h = read_leases(key)
     if not h[F] or not h[LS] then return 0 end
     local t = parse_table(h[I], h[LS])
     local _, e = find_live(t, id, now_us)
@@ -1058,7 +1157,7 @@ local function rl_mtake(keys, a)
 
     local ns, nn = now()
     local hs, levels, created = {}, {}, {}
-    for j = 1, nk do hs[j] = read(keys[j], 'f', 'r', 'c', 'h', 's', 'x') end
+    for j = 1, nk do hs[j] = read(keys[j]) end
     local worst, ls, ln = 1, -1, 0
     for j = 1, nk do
         local lv = level_of(hs[j], limits[j], init, ns, nn)
@@ -1091,7 +1190,7 @@ local function rl_peek(keys, a)
     if #keys ~= 1 or #a ~= 0 then arity('RL.PEEK') end
     local key = keys[1]
     local ns, nn, now_us = now()
-    local h = read(key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l')
+    local h = read_leases(key)
     if not h[F] then return false end
     local lv = level_stored(h, ns, nn)
     local B = lv.L
@@ -1134,7 +1233,7 @@ local function rl_reserve(keys, a)
 
     local key = keys[1]
     local ns, nn = now()
-    local h = read(key, 'f', 'r', 'c', 'h', 's', 'x')
+    local h = read(key)
     local lv = level_of(h, L, init, ns, nn, SCRATCH)
     local created = created_below_full(h, lv)
     -- Level::reserve: granted if the wait is at most max_wait (exact, in ns).
@@ -1157,7 +1256,7 @@ local function rl_refund(keys, a)
     local n = positive(a, 1, N, 'n must be a positive integer')
     local key = keys[1]
     local ns, nn = now()
-    local h = read(key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l')
+    local h = read_leases(key)
     if not h[F] then return { double = 0 } end
     local lv = level_stored(h, ns, nn)
     local credited = refund(lv, n)
@@ -1174,9 +1273,15 @@ end
 -- ---------------------------------------------------------------------------------------
 -- The boundary: argument and state errors become the module's error replies.
 
-local function boundary(f)
+-- `quick` (optional): the command's common case, which raises nothing; nil when the call
+-- is not that case.
+local function boundary(f, quick)
     return function(keys, args)
         if not call then bind() end
+        if quick then
+            local res = quick(keys, args)
+            if res ~= nil then return res end
+        end
         local ok, res = pcall(f, keys, args)
         if ok then return res end
         if type(res) == 'table' then
@@ -1187,7 +1292,7 @@ local function boundary(f)
     end
 end
 
-redis.register_function('rl_take', boundary(rl_take))
+redis.register_function('rl_take', boundary(rl_take, quick_take))
 redis.register_function('rl_lease', boundary(rl_lease))
 redis.register_function('rl_return', boundary(rl_return))
 redis.register_function('rl_mtake', boundary(rl_mtake))

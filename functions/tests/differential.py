@@ -1,18 +1,26 @@
 """The module and the library side by side on one server, driven by the same random calls.
 
 Every call is issued to both backends back to back inside one MULTI/EXEC (module keys
-`m:*`, library keys `f:*`), bracketed by TIME, and followed in the same transaction by
-RL.PEEK/rl_peek and PTTL of the keys involved. The two calls run a few microseconds apart
-(the module reads a nanosecond clock, the library TIME's microseconds), so:
+`m:*`, library keys `f:*`), bracketed by TIME, preceded in the same transaction by the
+library's hold and both keys' PTTL, and followed by RL.PEEK/rl_peek and PTTL of the keys
+involved. The two calls read clocks up to the call's window apart (the module a nanosecond
+clock, the library TIME, frozen for the whole EXEC on Redis >= 7.2 and Valkey), and each
+side's stored state keeps its own clock's offset. That offset is measured, not estimated:
+after every call, |tokens_module - tokens_library| / rate of the two peeks (exact doubles,
+negative in debt) plus the peeks' own window bounds how far apart the two states are. The
+next call on the pair is compared within T = (offset + window) x max(1, stored rate / call
+rate), in time under the call's limit (a limit change carries the offset as tokens, or in
+debt as time: the larger). So:
 
 - errors, integers and decisions must be identical, except where the two calls straddle a
-  boundary within that window (a token arriving, a millisecond ticking over, a lease
-  expiring): those are counted, each must be explained by the window (see `explain`), the
-  pair of keys is retired (their states now differ by a decision), and they must stay under
-  0.5% of the calls;
-- doubles (remaining tokens) must be equal up to what the bucket refills in the window
-  (`rate * window`); how many are bit-identical is reported;
-- PTTL must agree within the window plus a millisecond of rounding.
+  boundary within T (a token arriving, a lease expiring, the debt boundary of a credit, a
+  hold lapsing, a key expiring on one side only): those are counted, each must be explained
+  by T, the pair of keys is retired (their states now differ by a decision), and they must
+  stay under 0.5% of the calls;
+- doubles (remaining tokens) must be equal up to rate * T; how many are bit-identical is
+  reported;
+- PTTL must agree within the peeks' window plus the pair's largest tolerance so far and
+  2 ms of rounding.
 
 Some pairs flap between two limits, a big cap and a small one refilling fast, with sleeps
 longer than the small bucket takes to fill: without the hold (a limit change keeps the key
@@ -89,6 +97,18 @@ class Pair:
         # `behind`), kept through limit changes and after the debt is paid: at a faster
         # rate it is more tokens. From then on the tolerance includes `skew_us` at any rate.
         self.debt_seen = False
+        # Measured: after each call the two sides' peeks give their tokens under the stored
+        # limit (exact doubles, negative in debt); their difference over the stored rate,
+        # plus the time between the two peeks, bounds how far apart the two stored states
+        # are (µs: |full_at_module - full_at_library|), whatever produced it (windows of
+        # earlier calls, a debt's offset kept as time, a conversion to a slower rate).
+        self.off_us = 0.0
+        self.stored_rate = None  # the stored limit's rate (None: no key, a full bucket)
+        self.last_peek = None  # (module tokens, library tokens, TIME after them, peek window)
+        self.max_window_us = 0.0  # the largest call tolerance on this pair so far
+        # The library's hold was within reach of a write's instant (see `step`): one side's
+        # span may have lapsed and not the other's, which only the expiry shows.
+        self.hold_straddle = False
         if self.flap:
             self.rate, self.cap = self.flap[0]
 
@@ -291,6 +311,13 @@ def as_float(x):
     return float(x.decode() if isinstance(x, bytes) else x)
 
 
+def as_map(p):
+    """A peek's reply as a dict (RESP2 gives a flat list), or None."""
+    if isinstance(p, list):
+        return dict(zip(p[::2], p[1::2]))
+    return p
+
+
 class Stats:
     def __init__(self):
         self.calls = 0
@@ -421,6 +448,11 @@ class Runner:
         # Bad calls outside MULTI: an arity error refused at queueing would abort it.
         pipe = self.r.pipeline(transaction=call.kind != "bad")
         pipe.execute_command("TIME")
+        pre = 3  # per key: the library's hold, both keys' PTTL, before the call
+        for q in call.keys:
+            pipe.execute_command("HGET", q.f, "h")
+            pipe.execute_command("PTTL", q.m)
+            pipe.execute_command("PTTL", q.f)
         order = [call.mod, call.fn] if first_module else [call.fn, call.mod]
         for c in order:
             pipe.execute_command(*c)
@@ -433,6 +465,9 @@ class Runner:
         pipe.execute_command("TIME")
         out = pipe.execute(raise_on_error=False)
 
+        before = out[1:1 + pre * len(call.keys)]
+        holds = before[0::pre]
+        out = [out[0]] + out[1 + pre * len(call.keys):]
         t0, t1, t2 = out[0], out[3], out[-1]
         if t0 == t2 and call.kind != "bad":
             # Redis >= 7.2 and Valkey freeze TIME for a whole MULTI/EXEC (and a script sees
@@ -448,12 +483,36 @@ class Runner:
         raw_us = window_us
         for q in call.keys:
             q.skew_tokens = max(q.skew_tokens, q.tol_rate * window_us / 1e6)
-        # The same offset as time, at the slowest rate involved. A bucket in debt keeps
-        # part of its state as time (`behind`, the level's instant ahead of the clock), and
-        # a limit change carries that over as time, not tokens: its offset is the pair's
-        # offset in time under any earlier limit (`skew_us`).
-        debt_us = max([q.skew_us for q in call.keys if q.in_debt or q.debt_seen], default=0.0)
-        window_us += max(max(q.skew_tokens / q.rate for q in call.keys) * 1e6, debt_us)
+        # The tolerance of this call, in time under each key's limit for the call: the two
+        # stored states were `off_us` apart (measured after the last call on the pair, under
+        # the stored limit), and the two calls read clocks up to the window apart. Both
+        # count in time under the stored limit; a limit change carries tokens over (time
+        # scaled by stored rate / new rate), or time when in debt (`behind`): the larger.
+        # (RETURN, REFUND and PEEK pass no limit: the stored one, no conversion.)
+        no_limit = call.kind in ("return", "refund", "peek")
+        tols = [(q.off_us + raw_us) * (1.0 if no_limit else
+                                       max(1.0, (q.stored_rate or q.rate) / q.rate))
+                for q in call.keys]
+        window_us = max(tols)
+        call.tols = tols
+        call.t0_us = t0[0] * 1e6 + t0[1]
+        for q, h in zip(call.keys, holds):
+            q.max_window_us = max(q.max_window_us, window_us)
+            # A write keeps the stored span only while the hold is after the level's
+            # instant. The two holds are as far apart as the levels' instants were at the
+            # write that set them (at most the largest tolerance of the pair's calls): a
+            # hold that close to this call's instant may lapse on one side only.
+            if h is not None and abs(int(h) / 1e3 - call.t0_us) <= q.max_window_us + raw_us:
+                q.hold_straddle = True
+        # A key about to expire (its expiry is full_at or a hold rounded up to the ms, so
+        # the two keys' expiries can be a millisecond apart, plus the states' offset), or
+        # gone on one side only. The two buckets are full then, but a full bucket and no key
+        # are not the same call's input everywhere: INIT applies only where the key is
+        # absent, and a limit change carries the stored bucket's tokens (at most its cap)
+        # where an absent key is full under the new limit.
+        expiring = any((tm < 0) != (tf < 0) or 0 <= min(tm, tf) <= 2 + window_us / 1000
+                       for tm, tf in zip(before[1::pre], before[2::pre])
+                       if tm != -1 and tf != -1)
         rm, rf = (out[1], out[2]) if first_module else (out[2], out[1])
         self.log = (self.log + [(self.stats.calls, [q.name for q in call.keys],
                                  f"{call.mod} -> {rm!r} / {rf!r} (module first: "
@@ -461,20 +520,52 @@ class Runner:
         self.stats.calls += 1
         self.stats.kinds[call.kind] = self.stats.kinds.get(call.kind, 0) + 1
         try:
-            self.raw_us = raw_us
-            self.compare(call, rm, rf, window_us)
-            for i, q in enumerate(call.keys):
-                pm, pf, tm, tf = out[4 + 4 * i: 8 + 4 * i]
-                # The peeks see the offset the call left: its window at the call's rate.
-                skew = max(q.skew_tokens, q.tol_rate * raw_us / 1e6)
-                rate = self.compare_peek(pm, pf, None, peek_raw_us, "after-peek", skew,
-                                         q.skew_us, q.in_debt or q.debt_seen)
-                pttl_us = peek_raw_us + max(skew / rate * 1e6 if rate else 0, q.skew_us)
-                self.compare_pttl(tm, tf, pttl_us)
-                q.in_debt = pm is not None and as_float(
-                    dict(zip(pm[::2], pm[1::2]))[b"tokens"] if isinstance(pm, list)
-                    else pm[b"tokens"]) < 0
-                q.debt_seen = q.debt_seen or q.in_debt
+            try:
+                self.raw_us = raw_us
+                self.window_us = window_us
+                self.call_t0_us = call.t0_us
+                self.call_peeks = [out[4 + 4 * i: 6 + 4 * i] for i in range(len(call.keys))]
+                self.peek_raw_us = peek_raw_us
+                self.t2 = t2
+                self.compare(call, rm, rf, window_us)
+                for i, q in enumerate(call.keys):
+                    pm, pf, tm, tf = out[4 + 4 * i: 8 + 4 * i]
+                    # After the call the states are at most its tolerance apart (in time under
+                    # the limit now stored: the call's if it wrote, else the old one and then
+                    # `off_us` <= the tolerance), and the two peeks read clocks up to their own
+                    # window apart.
+                    rate = self.compare_peek(pm, pf, tols[i] + peek_raw_us, "after-peek")
+                    skew = max(q.skew_tokens, q.tol_rate * raw_us / 1e6)
+                    # PTTL also carries holds and lease expiries set by earlier calls, each off
+                    # by that call's offset: bounded by the pair's largest offsets so far.
+                    pttl_us = peek_raw_us + max(skew / rate * 1e6 if rate else 0, q.skew_us,
+                                                q.max_window_us)
+                    try:
+                        self.compare_pttl(tm, tf, pttl_us)
+                    except Mismatch as e:
+                        if q.hold_straddle:
+                            raise Straddle(f"{e}: a hold within the window of a write (the span "
+                                           f"lapsed on one side only)") from None
+                        raise
+                    pm, pf = as_map(pm), as_map(pf)
+                    if pm is not None and pf is not None:
+                        rate = as_float(pm[b"rate"])
+                        tm_, tf_ = as_float(pm[b"tokens"]), as_float(pf[b"tokens"])
+                        q.off_us = abs(tm_ - tf_) / rate * 1e6 + peek_raw_us
+                        q.stored_rate = rate
+                        q.last_peek = (tm_, tf_, t2[0] * 1e6 + t2[1], peek_raw_us)
+                    else:  # no key on either side: full buckets, equal
+                        q.off_us, q.stored_rate, q.last_peek = 0.0, None, None
+                    q.in_debt = pm is not None and as_float(pm[b"tokens"]) < 0
+                    q.debt_seen = q.debt_seen or q.in_debt
+            except Mismatch as e:
+                if expiring:
+                    raise Straddle(f"{e}: a key expired (or was about to) on one side only "
+                                   f"(INIT, a limit change)") from None
+                if call.kind in ("lease", "return") and self.near_expiry(call):
+                    raise Straddle(f"{e}: the returned lease expired within the window on "
+                                   f"one side only (the other credited it and wrote)") from None
+                raise
         except Straddle as s:
             self.stats.straddles.append(f"{call.kind} {call.mod}: {s}")
             for q in call.keys:  # the states now differ by a decision: start afresh
@@ -489,10 +580,13 @@ class Runner:
             raise Mismatch(f"{call.mod} / {call.fn} (protocol {self.protocol}): {e}\n"
                            f"  module:  {rm!r}\n  library: {rf!r}\n  history:{history}"
                            ) from None
-        for q in call.keys:
+        for i, q in enumerate(call.keys):
             q.skew_us = max(q.skew_us, q.skew_tokens / q.rate * 1e6)
-            q.history = (q.history + [f"{call.mod} -> {rm!r} / {rf!r} "
-                                      f"(window {window_us:.0f} us)"])[-10:]
+            q.history = (q.history + [
+                f"{call.mod} -> {rm!r} / {rf!r} (TIME {t0[0]}.{int(t0[1]):06d}, window "
+                f"{raw_us:.0f} us, tolerance {window_us:.0f} us; before it: library hold "
+                f"{before[pre * i]!r}, PTTL {before[pre * i + 1]} / {before[pre * i + 2]}; "
+                f"after: states {q.off_us:.0f} us apart)"])[-10:]
         self.after(call, rm, rf)
 
     def after(self, call, rm, rf):
@@ -501,7 +595,8 @@ class Runner:
             if call.meta["settle"] is not None and call.meta["settle"] in p.leases:
                 p.leases.remove(call.meta["settle"])
             if rm[0] > 0:
-                p.leases.append((rm[1], rf[1], rm[0], time.time() + call.meta["ttl"] / 1000))
+                p.leases.append((rm[1], rf[1], rm[0], time.time() + call.meta["ttl"] / 1000,
+                                 call.meta["ttl"] * 1000))
             p.leases = p.leases[-8:]
         if call.kind == "return" and call.meta["settle"] in call.keys[0].leases:
             call.keys[0].leases.remove(call.meta["settle"])
@@ -518,18 +613,28 @@ class Runner:
         if call.kind == "bad":
             raise Mismatch("expected an error")
         k = call.kind
+        # Doubles of the call's limit: that rate over the tolerance.
+        rate_l = call.keys[0].rate
         if k == "take":
             if call.meta["with_state"]:
                 self.decision(rm[0], rf[0], (rm, rf), window_ms, lambda r: r[2])
-                self.double(rm[1], rf[1], call.rate, window_s, "remaining")
+                self.double(rm[1], rf[1], rate_l, window_s, "remaining")
                 self.ms(rm[2], rf[2], window_ms, "retry_after_ms")
                 self.ms(rm[3], rf[3], window_ms, "reset_after_ms")
             else:
                 self.decision(rm, rf, None, window_ms, None)
         elif k == "lease":
             if rm[0] != rf[0]:
-                if abs(rm[0] - rf[0]) <= 1 + call.rate * window_s or self.near_expiry(call):
+                if abs(rm[0] - rf[0]) <= 1 + rate_l * window_s or self.near_expiry(call):
                     raise Straddle(f"granted {rm[0]} vs {rf[0]}")
+                # Denied on one side (fewer than MIN there): its wait within the tolerance.
+                denied = rm if rm[0] == 0 else rf if rf[0] == 0 else None
+                if denied is not None and denied[3] <= 1 + window_ms:
+                    raise Straddle(f"granted {rm[0]} vs {rf[0]}; denied side's wait "
+                                   f"{denied[3]} ms")
+                if call.meta["settle"] is not None and self.near_debt(call.keys[0]):
+                    raise Straddle(f"granted {rm[0]} vs {rf[0]}: the RETURN's credit taken "
+                                   f"on one side only (in debt on the other, within the window)")
                 raise Mismatch(f"granted {rm[0]} vs {rf[0]}")
             if (rm[1] == 0) != (rf[1] == 0) or rm[2] != rf[2]:
                 raise Mismatch("lease id / ttl")
@@ -538,7 +643,11 @@ class Runner:
             if rm != rf:
                 if self.near_expiry(call):
                     raise Straddle(f"credited {rm} vs {rf} at the lease's expiry")
-                if abs(rm - rf) <= 1 + call.rate * window_s:
+                if (rm == 0) != (rf == 0) and self.near_debt(call.keys[0]):
+                    raise Straddle(f"credited {rm} vs {rf}: in debt on one side only, "
+                                   f"within the window")
+                q = call.keys[0]
+                if abs(rm - rf) <= 1 + (q.stored_rate or q.rate) * window_s:
                     # What the bucket lacks, rounded up, differs by what refills in the
                     # window (a bucket full again on one side only).
                     raise Straddle(f"credited {rm} vs {rf}: full again within the window")
@@ -553,12 +662,12 @@ class Runner:
                 raise Mismatch("denied_by on a grant")
             self.ms(rm[2], rf[2], window_ms, "retry_after_ms")
             if len(rm) == 4:
-                for a, b_ in zip(rm[3], rf[3]):
-                    self.double(a, b_, call.rate, window_s, "remaining")
+                for a, b_, q, t in zip(rm[3], rf[3], call.keys, call.tols):
+                    self.double(a, b_, q.rate, t / 1e6, "remaining")
         elif k == "peek":
+            # Under the stored limit: the states' offset and this call's window.
             q = call.keys[0]
-            self.compare_peek(rm, rf, None, self.raw_us, "peek", q.skew_tokens, q.skew_us,
-                              q.in_debt or q.debt_seen)
+            self.compare_peek(rm, rf, q.off_us + self.raw_us, "peek")
         elif k == "reserve":
             if rm[0] != rf[0]:
                 wait = max(rm[1], rf[1])
@@ -566,16 +675,44 @@ class Runner:
                     raise Straddle(f"reserve granted {rm[0]} vs {rf[0]} at max_wait")
                 self.decision(rm[0], rf[0], (rm, rf), window_ms, lambda r: r[1])
             self.ms(rm[1], rf[1], window_ms, "wait_ms")
-            self.double(rm[2], rf[2], call.rate, window_s, "remaining")
+            self.double(rm[2], rf[2], rate_l, window_s, "remaining")
             self.ms(rm[3], rf[3], window_ms, "reset_after_ms")
         elif k == "refund":
-            self.double(rm, rf, call.rate, window_s, "refunded")
+            # Under the stored limit: the states' offset and this call's window.
+            q = call.keys[0]
+            stored = q.stored_rate or q.rate
+            tol_s = (q.off_us + self.raw_us) / 1e6
+            if (as_float(rm) == 0) != (as_float(rf) == 0) and self.near_debt(q):
+                raise Straddle(f"refunded {rm} vs {rf}: in debt on one side only, within "
+                               f"the window")
+            self.double(rm, rf, stored, tol_s, "refunded")
+
+    def near_debt(self, q):
+        """Whether the pair's level, extrapolated from its last peeks to this call, was
+        within the call's tolerance of 0 on either side: a bucket in debt credits nothing
+        (RETURN, REFUND, LEASE ... RETURN), one just out of it credits, so the two sides may
+        straddle that boundary."""
+        if q.last_peek is None or not q.stored_rate:
+            return False
+        tm, tf, t_peek, peek_us = q.last_peek
+        r = q.stored_rate
+        elapsed = (self.call_t0_us - t_peek) / 1e6
+        reach = r * (q.off_us + self.raw_us + peek_us) / 1e6
+        return any(abs(t + r * elapsed) <= reach + r * self.raw_us / 1e6 for t in (tm, tf))
 
     def near_expiry(self, call):
+        """Whether the lease this call returns expires within its window on either side:
+        each side's lease expires at its id (the µs instant it was granted, by that side's
+        clock) plus the ttl, so the two expiries are that lease call's window apart, and one
+        side may find it live (and credit it, writing) while the other finds it expired."""
         s = call.meta.get("settle")
         if not s:
             return False
-        return abs(time.time() - s[3]) < 0.005
+        if abs(time.time() - s[3]) < 0.005:
+            return True
+        exp_m, exp_f = s[0] + s[4], s[1] + s[4]
+        return (call.t0_us - self.window_us <= max(exp_m, exp_f)
+                and min(exp_m, exp_f) <= call.t0_us + self.window_us)
 
     def decision(self, gm, gf, replies, window_ms, retry_of):
         if gm == gf:
@@ -587,23 +724,17 @@ class Runner:
             raise Mismatch(f"granted {gm} vs {gf}, wait {retry_of(denied)} ms")
         raise Straddle(f"granted {gm} vs {gf} (no wait in the reply; checked by the peek after)")
 
-    def compare_peek(self, pm, pf, rate, window_us, what, skew_tokens, skew_us=0.0,
-                     debt_seen=False):
-        """A peek answers under the stored limit, which may not be the call's: the
-        tolerance is the window at that rate plus the pair's offset in tokens (in debt:
-        its offset in time, carried over limit changes as time)."""
+    def compare_peek(self, pm, pf, window_us, what):
+        """A peek answers under the stored limit: the two sides' states, `window_us` apart
+        at most in time under that limit (see `step`), at that limit's rate."""
         if pm is None or pf is None:
             if pm is not None or pf is not None:
                 raise Straddle(f"{what}: one key gone ({pm!r} / {pf!r})")
             return None
-        if isinstance(pm, list):
-            pm = dict(zip(pm[::2], pm[1::2]))
-            pf = dict(zip(pf[::2], pf[1::2]))
+        pm, pf = as_map(pm), as_map(pf)
         if set(pm) != set(pf):
             raise Mismatch(f"{what}: fields {sorted(pm)} vs {sorted(pf)}")
         rate = as_float(pm[b"rate"])
-        in_debt = debt_seen or min(as_float(pm[b"tokens"]), as_float(pf[b"tokens"])) < 0
-        window_us += max(skew_tokens / rate * 1e6, skew_us if in_debt else 0.0)
         window_s, window_ms = window_us / 1e6, window_us / 1000
         for f in (b"rate", b"cap"):
             if as_float(pm[f]) != as_float(pf[f]):
