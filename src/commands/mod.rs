@@ -157,11 +157,19 @@ fn level_of(
     }
 }
 
+/// Where a bucket being written came from: what [`write_bucket`] must replace or send.
+#[derive(Clone, Copy)]
+struct Origin {
+    /// The key held the classic script's hash (replaced first).
+    adopted: bool,
+    /// Which limit decided the call: under the stored one (`Stale`) the effect carries it.
+    applied: Applied,
+}
+
 /// Stores `bucket` and sends its effect, for a command whose key is argument `i` with
 /// `rate cap` after it (the caller's own strings go into the effect: nothing to format,
-/// unless the call was decided under the stored limit, `stale`). A script hash being
-/// adopted is replaced first.
-#[allow(clippy::too_many_arguments)]
+/// unless the call was decided under the stored limit). A script hash being adopted is
+/// replaced first.
 fn write_bucket(
     ctx: Ctx,
     key: &BucketKey,
@@ -169,16 +177,15 @@ fn write_bucket(
     bucket: rl_core::Bucket,
     args: &Args,
     i: usize,
-    adopted: bool,
-    stale: bool,
+    origin: Origin,
 ) -> Result<()> {
     // Everything fallible first: nothing may fail once the key is changed.
     let (name, rate, cap) = (args.raw(i)?, args.raw(i + 1)?, args.raw(i + 2)?);
-    if adopted {
+    if origin.adopted {
         crate::adopt::replace(ctx, key, name);
     }
     key.store(state, bucket);
-    if stale {
+    if origin.applied == Applied::Stale {
         // The stored limit, not the caller's.
         crate::propagate::with_stored_limit(name, &bucket, |head| {
             crate::propagate::bucket(ctx, head)

@@ -150,9 +150,12 @@ pub fn mtake(ctx: Ctx, args: Args) -> Result<Reply> {
         if !granted && !created[j] {
             continue;
         }
-        let (adopting, stale) = (adopted[j], applied[j] == rl_core::Applied::Stale);
+        let origin = super::Origin {
+            adopted: adopted[j],
+            applied: applied[j],
+        };
         let bucket = level.bucket();
-        super::write_bucket(ctx, key, state, bucket, &args, 1 + 3 * j, adopting, stale)?;
+        super::write_bucket(ctx, key, state, bucket, &args, 1 + 3 * j, origin)?;
     }
 
     let answered = ops::answered(granted, s.shadow);

@@ -73,8 +73,8 @@ pub fn reserve(ctx: Ctx, args: Args) -> Result<Reply> {
         applied,
     } = opened;
     if granted || created {
-        let stale = applied == rl_core::Applied::Stale;
-        super::write_bucket(ctx, &key, state, level.bucket(), &args, 0, adopted, stale)?;
+        let origin = super::Origin { adopted, applied };
+        super::write_bucket(ctx, &key, state, level.bucket(), &args, 0, origin)?;
     }
     // In shadow mode (server-wide or this call's SHADOW) a denial answers as a grant with
     // no wait (nothing was debited).

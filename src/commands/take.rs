@@ -62,8 +62,8 @@ pub fn take(ctx: Ctx, args: Args) -> Result<Reply> {
     } = opened;
     let granted = level.try_take(n as f64);
     if granted || created {
-        let stale = applied == rl_core::Applied::Stale;
-        super::write_bucket(ctx, &key, state, level.bucket(), &args, 0, adopted, stale)?;
+        let origin = super::Origin { adopted, applied };
+        super::write_bucket(ctx, &key, state, level.bucket(), &args, 0, origin)?;
     }
     let answered = ops::answered(granted, shadow);
     match (granted, answered) {
