@@ -109,20 +109,35 @@ struct Decimal {
     start: usize,
 }
 
+/// `"00" "01" ... "99"`: two digits per step.
+const DIGIT_PAIRS: &[u8; 200] = b"\
+0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
 impl Decimal {
     fn new(mut n: u64) -> Decimal {
         let mut d = Decimal {
             buf: [0; 20],
             start: 20,
         };
-        loop {
-            d.start -= 1;
-            d.buf[d.start] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                return d;
-            }
+        while n >= 100 {
+            let pair = (n % 100) as usize * 2;
+            n /= 100;
+            d.start -= 2;
+            d.buf[d.start..d.start + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
         }
+        if n >= 10 {
+            let pair = n as usize * 2;
+            d.start -= 2;
+            d.buf[d.start..d.start + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+        } else {
+            d.start -= 1;
+            d.buf[d.start] = b'0' + n as u8;
+        }
+        d
     }
 
     fn bytes(&self) -> &[u8] {
@@ -287,7 +302,21 @@ mod tests {
 
     #[test]
     fn decimal_text() {
-        for n in [0, 7, 10, 1_795_965_785_839_823_081, u64::MAX] {
+        let mut cases = vec![
+            0,
+            7,
+            9,
+            10,
+            99,
+            100,
+            101,
+            1_795_965_785_839_823_081,
+            u64::MAX,
+        ];
+        cases.extend((0..64).map(|b| 1u64 << b));
+        cases.extend((1..20).map(|e| 10u64.pow(e) - 1));
+        cases.extend((1..20).map(|e| 10u64.pow(e)));
+        for n in cases {
             let d = Decimal::new(n);
             assert_eq!(d.bytes(), n.to_string().as_bytes());
         }

@@ -20,16 +20,50 @@ pub enum Reply {
     /// A Redis string of the call, as it is (a key name).
     Key(Str),
     Array(Vec<Reply>),
+    /// A short array of scalars, held inline: the hot paths' replies allocate nothing.
+    Row(Row),
     /// Pairs: a map under RESP3, a flat array under RESP2.
     Map(Vec<(Reply, Reply)>),
     /// Nothing: the call answered through another channel (a keys-position request).
     Nothing,
 }
 
+/// One element of a [`Row`].
+#[derive(Debug, Clone, Copy)]
+pub enum Scalar {
+    Int(i64),
+    Double(f64),
+    Null,
+}
+
+/// Up to four scalars (see [`Reply::Row`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Row {
+    items: [Scalar; 4],
+    len: usize,
+}
+
+impl Row {
+    pub fn items(&self) -> &[Scalar] {
+        &self.items[..self.len]
+    }
+}
+
 impl Reply {
-    /// An array of integers.
+    /// An array of up to four scalars (more is a bug: a panic, which the boundary answers
+    /// with an error).
+    pub fn row<const N: usize>(values: [Scalar; N]) -> Reply {
+        let mut row = Row {
+            items: [Scalar::Null; 4],
+            len: N,
+        };
+        row.items[..N].copy_from_slice(&values);
+        Reply::Row(row)
+    }
+
+    /// An array of up to four integers.
     pub fn ints<const N: usize>(values: [i64; N]) -> Reply {
-        Reply::Array(values.into_iter().map(Reply::Int).collect())
+        Reply::row(values.map(Scalar::Int))
     }
 
     /// A map whose keys are names.

@@ -174,15 +174,16 @@ pub fn mtake(ctx: Ctx, args: Args) -> Result<Reply> {
         // The key that refused (the longest wait) is the one denied.
         ops::denied(args.bytes(1 + 3 * worst)?, now);
     }
-    let mut reply = if answered {
-        vec![Reply::Int(n as i64), Reply::Null, Reply::Int(0)]
+    let head = if answered {
+        [Reply::Int(n as i64), Reply::Null, Reply::Int(0)]
     } else {
-        vec![
+        [
             Reply::Int(0),
             Reply::Key(args.raw(1 + 3 * worst)?),
             Reply::Int(ceil_millis(longest) as i64),
         ]
     };
+    let mut reply = Vec::from(head);
     if s.with_state {
         reply.push(Reply::Array(
             levels

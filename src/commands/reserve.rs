@@ -11,7 +11,7 @@ use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::ffi::Ctx;
 use crate::key::BucketKey;
-use crate::reply::Reply;
+use crate::reply::{Reply, Scalar};
 use crate::{clock, ops, stats};
 use rl_core::ceil_millis;
 
@@ -98,10 +98,10 @@ pub fn reserve(ctx: Ctx, args: Args) -> Result<Reply> {
         (false, true) => (n, 0),
         (false, false) => (0, ceil_millis(wait)),
     };
-    Ok(Reply::Array(vec![
-        Reply::Int(reply as i64),
-        Reply::Int(wait_ms as i64),
-        Reply::Double(level.signed_tokens()),
-        Reply::Int(ceil_millis(level.reset_after()) as i64),
+    Ok(Reply::row([
+        Scalar::Int(reply as i64),
+        Scalar::Int(wait_ms as i64),
+        Scalar::Double(level.signed_tokens()),
+        Scalar::Int(ceil_millis(level.reset_after()) as i64),
     ]))
 }

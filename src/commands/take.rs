@@ -5,7 +5,7 @@ use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::ffi::Ctx;
 use crate::key::BucketKey;
-use crate::reply::Reply;
+use crate::reply::{Reply, Scalar};
 use crate::{clock, ops, stats};
 use rl_core::ceil_millis;
 
@@ -90,10 +90,10 @@ pub fn take(ctx: Ctx, args: Args) -> Result<Reply> {
     } else {
         level.wait_for(n as f64).map_or(0, ceil_millis)
     };
-    Ok(Reply::Array(vec![
-        Reply::Int(reply),
-        Reply::Double(level.signed_tokens()),
-        Reply::Int(retry as i64),
-        Reply::Int(ceil_millis(level.reset_after()) as i64),
+    Ok(Reply::row([
+        Scalar::Int(reply),
+        Scalar::Double(level.signed_tokens()),
+        Scalar::Int(retry as i64),
+        Scalar::Int(ceil_millis(level.reset_after()) as i64),
     ]))
 }
