@@ -272,18 +272,19 @@ def gen_peek(p):
 def gen_mtake(pairs):
     k = random.randint(1, min(3, len(pairs)))
     group = random.sample(pairs, k)
-    # One VERSION for every bucket: drawn by the first pair in version mode (the others in
-    # it take that version's limit too); without one, rarely a small version anyway.
+    # One VERSION for every bucket, when every pair is in version mode: drawn by the first
+    # (the others take that version's limit too). Pairs not in version mode keep calls
+    # without versions (a version would make all their later calls stale), but for a rare
+    # explicit 0.
     vo = []
-    modes = [q for q in group if q.vlimits is not None]
-    if modes:
-        v = draw_version(modes[0])
-        for q in modes:
+    if all(q.vlimits is not None for q in group):
+        v = draw_version(group[0])
+        for q in group:
             versioned(q, v)
         if v or random.random() < 0.5:
             vo = ["VERSION", str(v)]
     elif random.random() < 0.03:
-        vo = ["VERSION", random.choice(["0", "1"])]
+        vo = ["VERSION", "0"]
     n = small_n(min(q.cap for q in group))
     opts = []
     if random.random() < 0.6:
