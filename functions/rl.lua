@@ -765,38 +765,60 @@ local function now()
     return s, us * 1000, s * 1e6 + us
 end
 
--- HMGET of a bucket's fields (f r c h s x v), and with its lease table (i l), WRONGTYPE
--- answered as the module does (redis.call would append script info).
-local function hmget_bucket(key)
-    return pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'v')
+-- HMGET of a bucket's fields (f r c h s x), and with its lease table (i l), WRONGTYPE
+-- answered as the module does (redis.call would append script info). The version `v` is
+-- read (at V, false when absent) by a call with VERSION, and by rl_peek; a call without
+-- one reads it only if its limit's texts differ from the stored ones (`level_of`): with the
+-- same texts, an older stored version decides under that same limit and keeps its version,
+-- so the plain call's read is the one it was before versions.
+local function hmget_bucket(key) return pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x') end
+
+-- Every read is HMGET f r c h s x [i l] [v]: these positions.
+local F, R, C, H, S, X, I, LS, V = 1, 2, 3, 4, 5, 6, 7, 8, 9
+
+-- The same with `v`, moved to V.
+local function hmget_versioned(key)
+    local h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'v')
+    if not h.err then h[V], h[7] = h[7], nil end
+    return h
 end
 
-local function read(key)
-    local h = hmget_bucket(key)
+-- `with_v`: read v too.
+local function read(key, with_v)
+    local h
+    if with_v then h = hmget_versioned(key) else h = hmget_bucket(key) end
     if h.err then error({ reply = h }, 0) end
     return h
 end
 
-local function read_leases(key)
-    local h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'v', 'i', 'l')
+local function read_leases(key, with_v)
+    local h
+    if with_v then
+        h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l', 'v')
+    else
+        h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l')
+    end
     if h.err then error({ reply = h }, 0) end
     return h
 end
-
--- Every read is HMGET f r c h s x v [i l]: these positions.
-local F, R, C, H, S, X, V, I, LS = 1, 2, 3, 4, 5, 6, 7, 8, 9
 
 -- The level of the bucket in `h` for a call with limit L at version v (nil: none, 0),
 -- and the version a write must store (nil: none, or the stored one unchanged). The level's
 -- limit is the one that decides the call: L, or the stored one for a stale version.
--- `into`: a table to fill (SCRATCH) instead of a new one.
-local function level_of(h, L, init, ns, nn, into, v)
+-- `into`: a table to fill (SCRATCH) instead of a new one. `key`: where to read the stored
+-- version if `h` has not (see hmget_bucket).
+local function level_of(h, L, init, ns, nn, into, v, key)
     local ft = h[F]
     if ft then
         local rt, ct = h[R], h[C]
         local B, wv = L, nil
-        if rt ~= L.rt or ct ~= L.ct or v or h[V] then
-            B, L, wv = stored_limit(rt, ct, L, h[V], v)
+        if rt ~= L.rt or ct ~= L.ct or v then
+            local vt = h[V]
+            if vt == nil then
+                vt = call('HGET', key, 'v')
+                h[V] = vt
+            end
+            B, L, wv = stored_limit(rt, ct, L, vt, v)
         end
         local hs, hn, ss, sn = 0, 0, 0, 0
         local fs, fn
@@ -1045,9 +1067,10 @@ end
 -- `quick_take` runs it outside the boundary's pcall.
 local function take(key, L, n, with_state, init, v)
     local ns, nn = now()
-    local h = hmget_bucket(key)
+    local h
+    if v then h = hmget_versioned(key) else h = hmget_bucket(key) end
     if h.err then return h end
-    local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v)
+    local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
     if lv.L ~= L and n > lv.L.c then return error_reply('ERR n must not exceed cap') end
     local created = (wv or not h[F]) and must_write(h, lv, wv)
     local granted = try_take(lv, n)
@@ -1123,8 +1146,8 @@ local function rl_lease(keys, a)
 
     local key = keys[1]
     local ns, nn, now_us = now()
-    local h = read_leases(key)
-    local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v)
+    local h = read_leases(key, v)
+    local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
     fits_decided(min, lv, L, 'MIN must not exceed cap')
     local created = must_write(h, lv, wv)
     local t = parse_table(h[I], h[LS])
@@ -1230,8 +1253,8 @@ local function rl_mtake(keys, a)
     for j = 1, nk do
         -- Each bucket opened, then n checked against the limit deciding it, in key order
         -- (nothing is written before every bucket passed).
-        hs[j] = read(keys[j])
-        local lv, wv = level_of(hs[j], limits[j], init, ns, nn, nil, v)
+        hs[j] = read(keys[j], v)
+        local lv, wv = level_of(hs[j], limits[j], init, ns, nn, nil, v, keys[j])
         fits_decided(n, lv, limits[j], 'n must not exceed cap')
         levels[j], wvs[j] = lv, wv
         created[j] = must_write(hs[j], lv, wv)
@@ -1266,7 +1289,7 @@ local function rl_peek(keys, a)
     if #keys ~= 1 or #a ~= 0 then arity('RL.PEEK') end
     local key = keys[1]
     local ns, nn, now_us = now()
-    local h = read_leases(key)
+    local h = read_leases(key, true)
     if not h[F] then return false end
     local lv = level_stored(h, ns, nn)
     local B = lv.L
@@ -1315,8 +1338,8 @@ local function rl_reserve(keys, a)
 
     local key = keys[1]
     local ns, nn = now()
-    local h = read(key)
-    local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v)
+    local h = read(key, v)
+    local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
     fits_decided(n, lv, L, 'n must not exceed cap')
     local created = must_write(h, lv, wv)
     -- Level::reserve: granted if the wait is at most max_wait (exact, in ns).
