@@ -802,6 +802,25 @@ local function read_leases(key, with_v)
     return h
 end
 
+-- level_of's general case: a stored bucket (full_at text ft) for a call whose limit's
+-- texts differ from the stored ones, or with VERSION. The stored limit and version decide
+-- which limit applies (`stored_limit`); returns the level and the version to write.
+local function level_versioned(h, ft, L, ns, nn, into, v, key)
+    local vt = h[V]
+    if vt == nil then
+        vt = call('HGET', key, 'v')
+        h[V] = vt
+    end
+    local B, D, wv = stored_limit(h[R], h[C], L, vt, v)
+    local fs, fn = parse_instant(ft)
+    local hs, hn, ss, sn = 0, 0, 0, 0
+    if h[H] then
+        hs, hn = parse_instant(h[H])
+        ss, sn = parse_instant(h[S] or '0')
+    end
+    return level_new(fs, fn, B, D, ns, nn, hs, hn, ss, sn, into), wv
+end
+
 -- The level of the bucket in `h` for a call with limit L at version v (nil: none, 0),
 -- and the version a write must store (nil: none, or the stored one unchanged). The level's
 -- limit is the one that decides the call: L, or the stored one for a stale version.
@@ -810,25 +829,20 @@ end
 local function level_of(h, L, init, ns, nn, into, v, key)
     local ft = h[F]
     if ft then
-        local rt, ct = h[R], h[C]
-        local B, wv = L, nil
-        if rt ~= L.rt or ct ~= L.ct or v then
-            local vt = h[V]
-            if vt == nil then
-                vt = call('HGET', key, 'v')
-                h[V] = vt
-            end
-            B, L, wv = stored_limit(rt, ct, L, vt, v)
+        if h[R] ~= L.rt or h[C] ~= L.ct or v then
+            return level_versioned(h, ft, L, ns, nn, into, v, key)
         end
+        -- The stored limit's texts are the call's and no version given: L decides (a newer
+        -- stored version decides under that same limit and stays: see hmget_bucket).
         local hs, hn, ss, sn = 0, 0, 0, 0
         local fs, fn
-        if B == L and not h[H] and #ft > 9 then
+        if not h[H] and #ft > 9 then
             -- The common cases: the same limit, no span. A full_at clearly before now (the
             -- nearest double of the text is within 256 ns of it) is a full bucket whatever
             -- its exact value; else the exact pair from that double and the last 9 digits:
             -- (x - n) / 1e9 is within 1e-6 of the whole seconds.
             local x = tonumber(ft)
-            if x < ns * G + nn - 1024 then return full_level(L, ns, nn, into), wv end
+            if x < ns * G + nn - 1024 then return full_level(L, ns, nn, into) end
             fn = tonumber(ssub(ft, -9))
             fs = floor((x - fn) / G + 0.5)
             if fs > ns or (fs == ns and fn > nn) then
@@ -844,17 +858,17 @@ local function level_of(h, L, init, ns, nn, into, v, key)
                 if into and ds * G + dn < cf then
                     into.L, into.as, into.an, into.bs, into.bn = L, ns, nn, 0, 0
                     into.ds, into.dn, into.ss, into.sn = ds, dn, 0, 0
-                    return into, wv
+                    return into
                 end
             end
-            return refill(fs, fn, L, ns, nn, into), wv
+            return refill(fs, fn, L, ns, nn, into)
         end
         fs, fn = parse_instant(ft)
         if h[H] then
             hs, hn = parse_instant(h[H])
             ss, sn = parse_instant(h[S] or '0')
         end
-        return level_new(fs, fn, B, L, ns, nn, hs, hn, ss, sn, into), wv
+        return level_new(fs, fn, L, L, ns, nn, hs, hn, ss, sn, into)
     end
     if init then return starting_with(L, init, ns, nn, into), v end
     return full_level(L, ns, nn, into), v
