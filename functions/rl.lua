@@ -2,12 +2,14 @@
 -- redis-rl as a Redis Functions library: the module's protocol for servers where
 -- `loadmodule` is not allowed. Load with `scripts/load-functions` (FUNCTION LOAD REPLACE).
 --
---   FCALL rl_take    1 key rate cap [n] [WITHSTATE] [INIT tokens]
+--   FCALL rl_take    1 key rate cap [n] [WITHSTATE] [INIT tokens] [VERSION v]
 --   FCALL rl_lease   1 key rate cap n ttl_ms [MIN m] [RETURN lease_id unused] [INIT tokens]
+--                    [VERSION v]
 --   FCALL rl_return  1 key lease_id unused
 --   FCALL rl_mtake   N key1..keyN n rate1 cap1 .. rateN capN [WITHSTATE] [INIT tokens]
+--                    [VERSION v]
 --   FCALL rl_peek    1 key                        (no-writes: FCALL_RO, replicas)
---   FCALL rl_reserve 1 key rate cap n max_wait_ms [INIT tokens]   (no SHADOW)
+--   FCALL rl_reserve 1 key rate cap n max_wait_ms [INIT tokens] [VERSION v]   (no SHADOW)
 --   FCALL rl_refund  1 key n
 --
 -- Same arguments, replies, error texts and arithmetic as the module (core/src/*.rs); see
@@ -18,6 +20,8 @@
 --      epoch, as decimal text (exact: it does not fit a Lua number, see below)
 --   r  rate and c cap of the last write, as the caller wrote them (each parses to the
 --      exact double the module stores)
+--   v  the version of the limit in r c (`VERSION v`, core/src/version.rs), decimal text;
+--      absent for version 0 (unversioned buckets, and hashes written before versions)
 --   i  the last lease id handed out (present once the bucket had a lease)
 --   l  live leases, "id:tokens:expires_us," each, ids ascending (absent when none)
 --   x  the latest expiry among the leases in `l`, microseconds (absent when none)
@@ -72,6 +76,7 @@ local MAX_LEASES = 1024
 local MAX_TTL_MS = 86400000
 local MAX_BUCKETS = 64
 local HUGE_NS = 2 ^ 62 -- beyond any duration a valid limit makes: "saturated"
+local MAX_VERSION = 9007199254740991 -- 2^53 - 1: every version is an exact Lua number
 
 -- Errors: raised as a table, turned into the reply at the function's boundary.
 local function fail(msg) error({ rl = msg }, 0) end
@@ -356,6 +361,16 @@ local function positive(a, i, name, what)
     return x
 end
 
+-- The v of `VERSION v` at a[i]: an integer 0..2^53-1; nil for 0 (no version: what a
+-- call without VERSION passes).
+local BAD_VERSION = 'VERSION must be an integer from 0 to 9007199254740991'
+local function version_at(a, i, name)
+    local v = integer(a, i, name, BAD_VERSION)
+    if v > MAX_VERSION then fail(BAD_VERSION) end
+    if v == 0 then return nil end
+    return v
+end
+
 -- Integer texts compared exactly (u64 comparisons of the module, beyond 2^53 too).
 local function int_gt(a, b)
     a = a:gsub('^0+', ''); b = b:gsub('^0+', '')
@@ -598,12 +613,29 @@ local function signed_tokens(lv)
     return L.c - tokens_for(L, add(lv.bs, lv.bn, lv.ds, lv.dn))
 end
 
--- Stored limit: the texts of the last write; equal limits compare as doubles.
-local function stored_limit(rt, ct, L)
-    if rt == L.rt and ct == L.ct then return L end
-    local B = stored_texts(rt, ct)
-    if B.r == L.r and B.c == L.c then return L end
-    return B
+-- A stored bucket's limit (texts rt ct, version text vt: false when 0) and the limit that
+-- decides a call with limit L at version v (nil: 0), as rl_core::version::resolve:
+-- returns B (the stored limit; L itself when equal as doubles), the deciding limit, and
+-- the version the write must store (nil: the stored one stays).
+-- - v > stored: L replaces B (carried over by level_new), the new version written even
+--   if the call is denied (the caller sees it: `wv` of a stored bucket);
+-- - v < stored (a stale caller): B decides, as if the call had passed it;
+-- - v = stored: L decides, as without versions.
+local function stored_limit(rt, ct, L, vt, v)
+    local sv = vt and tonumber(vt) or 0
+    v = v or 0
+    if v < sv then
+        if rt == L.rt and ct == L.ct then return L, L, nil end
+        local B = stored_texts(rt, ct)
+        return B, B, nil
+    end
+    local B = L
+    if rt ~= L.rt or ct ~= L.ct then
+        B = stored_texts(rt, ct)
+        if B.r == L.r and B.c == L.c then B = L end
+    end
+    if v > sv then return B, L, v end
+    return B, L, nil
 end
 
 -- Level::new for a stored bucket (full_at fs/fn, limit B, hold hs/hn, span ss/sn) and a
@@ -734,35 +766,77 @@ local function now()
 end
 
 -- HMGET of a bucket's fields (f r c h s x), and with its lease table (i l), WRONGTYPE
--- answered as the module does (redis.call would append script info).
+-- answered as the module does (redis.call would append script info). The version `v` is
+-- read (at V, false when absent) by a call with VERSION, and by rl_peek; a call without
+-- one reads it only if its limit's texts differ from the stored ones (`level_of`): with the
+-- same texts, an older stored version decides under that same limit and keeps its version,
+-- so the plain call's read is the one it was before versions.
 local function hmget_bucket(key) return pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x') end
 
-local function read(key)
-    local h = hmget_bucket(key)
+-- Every read is HMGET f r c h s x [i l] [v]: these positions.
+local F, R, C, H, S, X, I, LS, V = 1, 2, 3, 4, 5, 6, 7, 8, 9
+
+-- The same with `v`, moved to V.
+local function hmget_versioned(key)
+    local h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'v')
+    if not h.err then h[V], h[7] = h[7], nil end
+    return h
+end
+
+-- `with_v`: read v too.
+local function read(key, with_v)
+    local h
+    if with_v then h = hmget_versioned(key) else h = hmget_bucket(key) end
     if h.err then error({ reply = h }, 0) end
     return h
 end
 
-local function read_leases(key)
-    local h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l')
+local function read_leases(key, with_v)
+    local h
+    if with_v then
+        h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l', 'v')
+    else
+        h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l')
+    end
     if h.err then error({ reply = h }, 0) end
     return h
 end
 
--- Every read is HMGET f r c h s x [i l]: these positions.
-local F, R, C, H, S, X, I, LS = 1, 2, 3, 4, 5, 6, 7, 8
+-- level_of's general case: a stored bucket (full_at text ft) for a call whose limit's
+-- texts differ from the stored ones, or with VERSION. The stored limit and version decide
+-- which limit applies (`stored_limit`); returns the level and the version to write.
+local function level_versioned(h, ft, L, ns, nn, into, v, key)
+    local vt = h[V]
+    if vt == nil then
+        vt = call('HGET', key, 'v')
+        h[V] = vt
+    end
+    local B, D, wv = stored_limit(h[R], h[C], L, vt, v)
+    local fs, fn = parse_instant(ft)
+    local hs, hn, ss, sn = 0, 0, 0, 0
+    if h[H] then
+        hs, hn = parse_instant(h[H])
+        ss, sn = parse_instant(h[S] or '0')
+    end
+    return level_new(fs, fn, B, D, ns, nn, hs, hn, ss, sn, into), wv
+end
 
--- The level of the bucket in `h` for a call with limit L.
--- `into`: a table to fill (SCRATCH) instead of a new one.
-local function level_of(h, L, init, ns, nn, into)
+-- The level of the bucket in `h` for a call with limit L at version v (nil: none, 0),
+-- and the version a write must store (nil: none, or the stored one unchanged). The level's
+-- limit is the one that decides the call: L, or the stored one for a stale version.
+-- `into`: a table to fill (SCRATCH) instead of a new one. `key`: where to read the stored
+-- version if `h` has not (see hmget_bucket).
+local function level_of(h, L, init, ns, nn, into, v, key)
     local ft = h[F]
     if ft then
-        local rt, ct = h[R], h[C]
-        local B = L
-        if rt ~= L.rt or ct ~= L.ct then B = stored_limit(rt, ct, L) end
+        if h[R] ~= L.rt or h[C] ~= L.ct or v then
+            return level_versioned(h, ft, L, ns, nn, into, v, key)
+        end
+        -- The stored limit's texts are the call's and no version given: L decides (a newer
+        -- stored version decides under that same limit and stays: see hmget_bucket).
         local hs, hn, ss, sn = 0, 0, 0, 0
         local fs, fn
-        if B == L and not h[H] and #ft > 9 then
+        if not h[H] and #ft > 9 then
             -- The common cases: the same limit, no span. A full_at clearly before now (the
             -- nearest double of the text is within 256 ns of it) is a full bucket whatever
             -- its exact value; else the exact pair from that double and the last 9 digits:
@@ -794,16 +868,24 @@ local function level_of(h, L, init, ns, nn, into)
             hs, hn = parse_instant(h[H])
             ss, sn = parse_instant(h[S] or '0')
         end
-        return level_new(fs, fn, B, L, ns, nn, hs, hn, ss, sn, into)
+        return level_new(fs, fn, L, L, ns, nn, hs, hn, ss, sn, into)
     end
-    if init then return starting_with(L, init, ns, nn, into) end
-    return full_level(L, ns, nn, into)
+    if init then return starting_with(L, init, ns, nn, into), v end
+    return full_level(L, ns, nn, into), v
 end
 
-local function created_below_full(h, lv)
-    if h[F] then return false end
+-- Whether a call's bucket must be written even if it is denied: a new bucket that starts
+-- below full (INIT), or a stored one whose limit a newer version replaced (`wv`).
+local function must_write(h, lv, wv)
+    if h[F] then return wv ~= nil end
     local s, n = reset_after(lv)
     return s ~= 0 or n ~= 0
+end
+
+-- The module's check that n (or MIN) fits the limit deciding the call: a stale call under a
+-- stored limit with a smaller cap (L is the call's own, already checked).
+local function fits_decided(n, lv, L, what)
+    if lv.L ~= L and n > lv.L.c then fail(what) end
 end
 
 -- The level of a stored bucket under its own limit (RETURN, PEEK, REFUND).
@@ -834,10 +916,10 @@ local function gone_at(lv, ns, nn)
     return not lt(ns, nn, hs, hn)
 end
 
--- The HSET arguments of the bucket's fields (f always, r c when the limit is new, h s
--- when there is a span), then HDEL of h s when they are stored and no longer wanted, and
--- the expiry. `extra` adds fields (the lease table's).
-local function write(key, h, lv, extra, drop)
+-- The HSET arguments of the bucket's fields (f always, r c when the limit is new, v when
+-- the version is (`wv`), h s when there is a span), then HDEL of h s when they are stored
+-- and no longer wanted, and the expiry. `extra` adds fields (the lease table's).
+local function write(key, h, lv, extra, drop, wv)
     local L = lv.L
     local fs, fn = full_at(lv)
     local args = { key, 'f', instant_text(fs, fn) }
@@ -845,6 +927,10 @@ local function write(key, h, lv, extra, drop)
     if not (h[F] and h[R] == L.rt and h[C] == L.ct) then
         args[4] = 'r'; args[5] = L.rt; args[6] = 'c'; args[7] = L.ct
         k = 7
+    end
+    if wv then
+        args[k + 1] = 'v'; args[k + 2] = fmt('%d', wv)
+        k = k + 2
     end
     local spanned = lv.ss ~= 0 or lv.sn ~= 0
     if spanned then
@@ -872,12 +958,13 @@ end
 -- format it as an integer (ll2string); Redis 7.0 formats a number with %.17g (plain digits
 -- too, but several times the cost of string.format's %d), so there it goes as text
 -- (`ms_arg`, chosen at the first call).
-local function store(key, h, lv)
+-- `wv`: the version to store (nil: the stored one stays).
+local function store(key, h, lv, wv)
     -- Set, not compared: reading PEXPIRETIME to skip an unchanged expiry measured no
     -- cheaper than setting it (functions/bench.py; docs/functions.md).
     local L = lv.L
     if lv.ss == 0 and lv.sn == 0 and h[F] and not h[X] and not h[H] and not h[S]
-        and h[R] == L.rt and h[C] == L.ct then
+        and h[R] == L.rt and h[C] == L.ct and not wv then
         -- The hot path: same limit, no span, no lease: f and the expiry (full_at).
         local fs, fn = lv.as + lv.ds, lv.an + lv.dn
         if fn >= G then fs, fn = fs + 1, fn - G end
@@ -887,7 +974,7 @@ local function store(key, h, lv)
         call('PEXPIREAT', key, ms)
         return
     end
-    write(key, h, lv)
+    write(key, h, lv, nil, nil, wv)
     call('PEXPIREAT', key, ms_arg(expiry_ms(lv, h[X] and tonumber(h[X]))))
 end
 
@@ -940,7 +1027,7 @@ local function count_live(t, now_us)
 end
 
 -- Writes bucket and table.
-local function store_with_leases(key, h, lv, t)
+local function store_with_leases(key, h, lv, t, wv)
     local text, x = table_text(t)
     local extra = {}
     if t.last ~= 0 then
@@ -952,20 +1039,26 @@ local function store_with_leases(key, h, lv, t)
     end
     local drop = { key }
     if not x and (h[X] or h[LS]) then drop[2] = 'l'; drop[3] = 'x' end
-    write(key, h, lv, extra, drop)
+    write(key, h, lv, extra, drop, wv)
     call('PEXPIREAT', key, ms_arg(expiry_ms(lv, x)))
 end
 
 -- ---------------------------------------------------------------------------------------
 -- Commands.
 
--- RL.TAKE's options after rate and cap: [n] [WITHSTATE] [INIT tokens].
+-- RL.TAKE's options after rate and cap: [n] [WITHSTATE] [INIT tokens] [VERSION v].
+-- Returns n, with_state, init, version (nil for none or 0).
 local function take_options(a, na, L, N)
-    local n, with_state, init = 1, false, nil
+    local n, with_state, init, v, v_given = 1, false, nil, nil, false
     local i = 3
     while i <= na do
         local o = a[i]
-        if is(o, 'WITHSTATE') then
+        if is(o, 'VERSION') then
+            once(v_given, o)
+            v_given = true
+            v = version_at(a, i + 1, N)
+            i = i + 1
+        elseif is(o, 'WITHSTATE') then
             once(with_state, o)
             with_state = true
         elseif is(o, 'INIT') then
@@ -980,19 +1073,22 @@ local function take_options(a, na, L, N)
         i = i + 1
     end
     fits(n, L, 'n must not exceed cap')
-    return n, with_state, init
+    return n, with_state, init, v
 end
 
 -- RL.TAKE on `key` once its arguments are parsed and valid. Raises no error of its own
--- (WRONGTYPE is returned as the reply): `quick_take` runs it outside the boundary's pcall.
-local function take(key, L, n, with_state, init)
+-- (WRONGTYPE, and n above a stored newer limit's cap, are returned as the reply):
+-- `quick_take` runs it outside the boundary's pcall.
+local function take(key, L, n, with_state, init, v)
     local ns, nn = now()
-    local h = hmget_bucket(key)
+    local h
+    if v then h = hmget_versioned(key) else h = hmget_bucket(key) end
     if h.err then return h end
-    local lv = level_of(h, L, init, ns, nn, SCRATCH)
-    local created = not h[F] and created_below_full(h, lv)
+    local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
+    if lv.L ~= L and n > lv.L.c then return error_reply('ERR n must not exceed cap') end
+    local created = (wv or not h[F]) and must_write(h, lv, wv)
     local granted = try_take(lv, n)
-    if granted or created then store(key, h, lv) end
+    if granted or created then store(key, h, lv, wv) end
     local reply = granted and n or 0
     if not with_state then return reply end
     local retry = 0
@@ -1003,10 +1099,10 @@ end
 local function rl_take(keys, a)
     local N = 'RL.TAKE'
     local na = #a
-    if #keys ~= 1 or na < 2 or na > 6 then arity(N) end
+    if #keys ~= 1 or na < 2 or na > 9 then arity(N) end
     local L = limit_at(a, 1, N)
-    local n, with_state, init = take_options(a, na, L, N)
-    return take(keys[1], L, n, with_state, init)
+    local n, with_state, init, v = take_options(a, na, L, N)
+    return take(keys[1], L, n, with_state, init, v)
 end
 
 -- The plain call `FCALL rl_take 1 key rate cap n` whose limit and n were parsed and
@@ -1031,11 +1127,16 @@ local function rl_lease(keys, a)
     local ttl = positive(a, 4, N, 'ttl_ms must be a positive integer')
     if ttl > MAX_TTL_MS then fail('ttl_ms must be at most 86400000 (a day)') end
     local min, min_text, ret_id, ret_unused, init = 1, '1', nil, nil, nil
-    local min_given = false
+    local min_given, v, v_given = false, nil, false
     local i = 5
     while i <= na do
         local o = a[i]
-        if is(o, 'MIN') then
+        if is(o, 'VERSION') then
+            once(v_given, o)
+            v_given = true
+            v = version_at(a, i + 1, N)
+            i = i + 2
+        elseif is(o, 'MIN') then
             once(min_given, o)
             min_given = true
             min = positive(a, i + 1, N, 'MIN must be a positive integer')
@@ -1059,9 +1160,10 @@ local function rl_lease(keys, a)
 
     local key = keys[1]
     local ns, nn, now_us = now()
-    local h = read_leases(key)
-    local lv = level_of(h, L, init, ns, nn, SCRATCH)
-    local created = created_below_full(h, lv)
+    local h = read_leases(key, v)
+    local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
+    fits_decided(min, lv, L, 'MIN must not exceed cap')
+    local created = must_write(h, lv, wv)
     local t = parse_table(h[I], h[LS])
     local returned -- credit of the lease being returned, if live
     if ret_id then
@@ -1087,7 +1189,7 @@ local function rl_lease(keys, a)
             t.last = id
             t[#t + 1] = { id, got, now_us + ttl * 1000 }
         end
-        store_with_leases(key, h, lv, t)
+        store_with_leases(key, h, lv, t, wv)
     end
     if got > 0 then return { got, id, ttl, 0 } end
     return { 0, 0, 0, wait_ms(wait_for(lv, min)) }
@@ -1128,7 +1230,7 @@ end
 local function rl_mtake(keys, a)
     local N = 'RL.MTAKE'
     local nk, na = #keys, #a
-    local e, ws, init_at = na, false, nil
+    local e, ws, init_at, v_at = na, false, nil, nil
     while true do
         if e > 1 and is(a[e], 'WITHSTATE') then
             once(ws, a[e])
@@ -1136,6 +1238,10 @@ local function rl_mtake(keys, a)
         elseif e > 2 and is(a[e - 1], 'INIT') then
             once(init_at ~= nil, a[e - 1])
             init_at = e; e = e - 2
+        elseif e > 2 and is(a[e - 1], 'VERSION') then
+            -- One version for every bucket, each compared with its own stored version.
+            once(v_at ~= nil, a[e - 1])
+            v_at = e; e = e - 2
         else
             break
         end
@@ -1143,6 +1249,7 @@ local function rl_mtake(keys, a)
     if nk == 0 or e - 1 ~= 2 * nk then arity(N) end
     if nk > MAX_BUCKETS then fail('at most 64 buckets per call') end
     local n = positive(a, 1, N, 'n must be a positive integer')
+    local v = v_at and version_at(a, v_at, N)
     local limits, init = {}, nil
     for j = 1, nk do
         local L = limit_at(a, 2 * j, N)
@@ -1156,13 +1263,19 @@ local function rl_mtake(keys, a)
     end
 
     local ns, nn = now()
-    local hs, levels, created = {}, {}, {}
-    for j = 1, nk do hs[j] = read(keys[j]) end
+    local hs, levels, created, wvs = {}, {}, {}, {}
+    for j = 1, nk do
+        -- Each bucket opened, then n checked against the limit deciding it, in key order
+        -- (nothing is written before every bucket passed).
+        hs[j] = read(keys[j], v)
+        local lv, wv = level_of(hs[j], limits[j], init, ns, nn, nil, v, keys[j])
+        fits_decided(n, lv, limits[j], 'n must not exceed cap')
+        levels[j], wvs[j] = lv, wv
+        created[j] = must_write(hs[j], lv, wv)
+    end
     local worst, ls, ln = 1, -1, 0
     for j = 1, nk do
-        local lv = level_of(hs[j], limits[j], init, ns, nn)
-        levels[j] = lv
-        created[j] = created_below_full(hs[j], lv)
+        local lv = levels[j]
         local s, w = wait_for(lv, n)
         if s == nil then s, w = HUGE_NS * 4, 0 end
         if not lt(s, w, ls, ln) then worst, ls, ln = j, s, w end -- the last longest wait
@@ -1170,7 +1283,7 @@ local function rl_mtake(keys, a)
     local granted = ls == 0 and ln == 0
     for j = 1, nk do
         local debited = granted and try_take(levels[j], n)
-        if debited or created[j] then store(keys[j], hs[j], levels[j]) end
+        if debited or created[j] then store(keys[j], hs[j], levels[j], wvs[j]) end
     end
     local reply
     if granted then
@@ -1190,7 +1303,7 @@ local function rl_peek(keys, a)
     if #keys ~= 1 or #a ~= 0 then arity('RL.PEEK') end
     local key = keys[1]
     local ns, nn, now_us = now()
-    local h = read_leases(key)
+    local h = read_leases(key, true)
     if not h[F] then return false end
     local lv = level_stored(h, ns, nn)
     local B = lv.L
@@ -1202,10 +1315,11 @@ local function rl_peek(keys, a)
         reset_after_ms = ceil_ms(reset_after(lv)),
         leases = leases,
         leased_tokens = held,
+        version = tonumber(h[V]) or 0,
     } }
 end
 
--- RL.RESERVE key rate cap n max_wait_ms [INIT tokens]: n tokens now, or a reservation of
+-- RL.RESERVE key rate cap n max_wait_ms [INIT tokens] [VERSION v]: n tokens now, or a reservation of
 -- them if they will be there within max_wait_ms (debited now: the bucket goes into debt,
 -- which the level carries as `behind`, and later callers queue behind it).
 -- Reply [granted, wait_ms, remaining, reset_after_ms]; remaining is negative in debt.
@@ -1218,10 +1332,15 @@ local function rl_reserve(keys, a)
     local n = positive(a, 3, N, 'n must be a positive integer')
     local max_wait = integer(a, 4, N, 'max_wait_ms must be a non-negative integer')
     if max_wait > MAX_TTL_MS then fail('max_wait_ms must be at most 86400000 (a day)') end
-    local init
+    local init, v, v_given
     local i = 5
     while i <= na do
-        if is(a[i], 'INIT') then
+        if is(a[i], 'VERSION') then
+            once(v_given, a[i])
+            v_given = true
+            v = version_at(a, i + 1, N)
+            i = i + 2
+        elseif is(a[i], 'INIT') then
             once(init ~= nil, a[i])
             init = init_tokens(a, i + 1, L, N)
             i = i + 2
@@ -1233,17 +1352,18 @@ local function rl_reserve(keys, a)
 
     local key = keys[1]
     local ns, nn = now()
-    local h = read(key)
-    local lv = level_of(h, L, init, ns, nn, SCRATCH)
-    local created = created_below_full(h, lv)
+    local h = read(key, v)
+    local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
+    fits_decided(n, lv, L, 'n must not exceed cap')
+    local created = must_write(h, lv, wv)
     -- Level::reserve: granted if the wait is at most max_wait (exact, in ns).
     local ws, wn = wait_for(lv, n)
     local granted = not lt(floor(max_wait / 1000), (max_wait % 1000) * 1e6, ws, wn)
     if granted then
-        local ts, tn = nanos_for(L, n)
+        local ts, tn = nanos_for(lv.L, n)
         lv.ds, lv.dn = add(lv.ds, lv.dn, ts, tn)
     end
-    if granted or created then store(key, h, lv) end
+    if granted or created then store(key, h, lv, wv) end
     return { granted and n or 0, ceil_ms(ws, wn), { double = signed_tokens(lv) },
         ceil_ms(reset_after(lv)) }
 end

@@ -892,8 +892,6 @@ fn after_every_versioned_write_the_expiry_is_the_time_to_full() {
 /// `ERR wrong number of arguments`), so a versioned limiter on a server without the module
 /// gets nothing but errors.
 #[test]
-#[ignore = "defect: functions/rl.lua does not accept VERSION (the clients send it on the \
-            Functions backend too)"]
 fn the_functions_library_takes_version_as_the_module_does() {
     let s = Server::start(&[]);
     let mut c = s.conn();

@@ -197,3 +197,63 @@ async fn reserve_and_refund_over_functions_and_no_permits() {
     assert!(matches!(e, Error::Config(_)), "{e:?}");
     assert!(e.to_string().contains("RL.ACQUIRE"), "{e}");
 }
+
+/// `VERSION v` over the library (issue 17): two releases share a key with two limits; the
+/// newer version's limit replaces the older one's (tokens carried over) and then decides
+/// the older release's calls too, as with the module.
+#[tokio::test]
+async fn a_versioned_limit_over_functions_the_newer_wins() {
+    let server = Plain::start(true);
+    let versioned = |version| LimiterConfig {
+        version: Some(version),
+        ..config(Backend::Functions)
+    };
+    let old = Limiter::new(
+        server.manager().await,
+        Limit::new(0.000001, 10.0).unwrap(),
+        versioned(1),
+    )
+    .unwrap();
+    let new = Limiter::new(
+        server.manager().await,
+        Limit::new(0.000001, 4.0).unwrap(),
+        versioned(2),
+    )
+    .unwrap();
+    // Version 1 creates the bucket: cap 10, 9 left.
+    let d = old.take("shared", 1).await.unwrap();
+    assert!(d.allowed && (d.remaining - 9.0).abs() < 0.01, "{d:?}");
+    // Version 2 replaces the limit: 9 tokens carried into cap 4, one taken.
+    let d = new.take("shared", 1).await.unwrap();
+    assert!(d.allowed && (d.remaining - 3.0).abs() < 0.01, "{d:?}");
+    // Version 1's calls are now decided under version 2's cap of 4: 3 left in all, and
+    // 5 at once (its own cap allows it) is more than the stored cap.
+    let mut granted = 0;
+    for _ in 0..5 {
+        granted += old.take("shared", 1).await.unwrap().allowed as u32;
+    }
+    assert_eq!(granted, 3);
+    let e = old.take("shared", 5).await;
+    assert!(
+        matches!(&e, Err(Error::Server(s)) if s.contains("n must not exceed cap")),
+        "{e:?}"
+    );
+    let fields: Vec<redis::Value> = redis::cmd("FCALL")
+        .arg("rl_peek")
+        .arg(1)
+        .arg("shared")
+        .query(&mut server.conn().unwrap())
+        .unwrap();
+    let field = |name: &[u8]| {
+        fields
+            .chunks(2)
+            .find(|kv| kv[0] == redis::Value::BulkString(name.to_vec()))
+            .map(|kv| kv[1].clone())
+    };
+    assert_eq!(field(b"version"), Some(redis::Value::Int(2)), "{fields:?}");
+    assert_eq!(
+        field(b"cap"),
+        Some(redis::Value::BulkString(b"4".to_vec())),
+        "{fields:?}"
+    );
+}

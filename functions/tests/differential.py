@@ -61,6 +61,14 @@ FLAP_LIMITS = [((100, 50), (2000, 3)), ((5, 40), (1000, 2)), ((1000, 1e6), (1e6,
 BAD_NUMBERS = ["x", "-1", "nan", "inf", "-inf", "0", "1e16", "1e-10", "", "1.2.3", " 1",
                "1 ", "0x10", "1e", "e5", ".", "NaN", "Infinity", "1e400", b"\xff1"]
 BAD_INTEGERS = ["x", "-1", "0", "1.0", "1e3", "+1", "9223372036854775808", "", " 1"]
+# VERSION v: a pair in version mode has a limit per version (two releases rolling out), and
+# its callers send versions around the newest drawn so far: the newest (which replaces the
+# stored limit the first time), older ones (stale: decided under the stored, newer limit),
+# 0 (explicit or absent), and rarely the largest.
+VERSIONS = [1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233]
+MAX_VERSION = 9007199254740991
+BAD_VERSIONS = ["-1", "x", "1.5", "9007199254740992", "18446744073709551615", "",
+                " 1", "+1", "1e3", "9223372036854775808"]
 
 
 def spell(x):
@@ -111,6 +119,10 @@ class Pair:
         self.hold_straddle = False
         if self.flap:
             self.rate, self.cap = self.flap[0]
+        # Version mode: a limit per version (None: calls without VERSION, or VERSION 0).
+        self.vlimits = {0: (self.rate, self.cap)} if (
+            not self.flap and random.random() < 0.45) else None
+        self.vnext = 0  # index in VERSIONS of the newest version drawn so far
 
     @property
     def m(self):
@@ -139,6 +151,42 @@ class Pair:
         return self.flap is not None and (self.rate, self.cap) == self.flap[1]
 
 
+def draw_version(p):
+    """A version for a call on a pair in version mode (see VERSIONS)."""
+    x = random.random()
+    if x < 0.004:
+        return MAX_VERSION  # every later call on the key is stale until it goes
+    if x < 0.12:
+        return 0
+    if x < 0.22 and p.vnext < len(VERSIONS) - 1:
+        p.vnext += 1  # a new release
+    if x < 0.45 and p.vnext > 0:
+        return VERSIONS[random.randrange(p.vnext)]  # an older one: stale once newer is stored
+    return VERSIONS[p.vnext]
+
+
+def versioned(p, v):
+    """The pair's limit at version v (drawn the first time; rarely redrawn: a conflict at
+    the same version, where the call's limit applies as without versions)."""
+    limit = p.vlimits.get(v)
+    if limit is None or random.random() < 0.03:
+        limit = random.choice(EXTREME_LIMITS if random.random() < 0.1 else PLAIN_LIMITS)
+        p.vlimits[v] = limit
+    if limit != (p.rate, p.cap):
+        p.set_limit(limit)
+
+
+def version_opts(p):
+    """`VERSION v` for a single-key call (and the pair's limit set to that version's)."""
+    if p.vlimits is None:
+        return ["VERSION", "0"] if random.random() < 0.02 else []
+    v = draw_version(p)
+    versioned(p, v)
+    if v == 0 and random.random() < 0.5:
+        return []
+    return ["VERSION", str(v)]
+
+
 class Call:
     def __init__(self, kind, mod, fn, keys, rate, **meta):
         self.kind, self.mod, self.fn, self.keys, self.rate = kind, mod, fn, keys, rate
@@ -152,6 +200,7 @@ def small_n(cap):
 
 def gen_take(p):
     rest = []
+    vo = version_opts(p)
     n = small_n(p.cap)
     if random.random() < 0.8:
         rest.append(str(n))
@@ -161,6 +210,11 @@ def gen_take(p):
         rest.append(random.choice(["WITHSTATE", "withstate"]))
     if random.random() < 0.15:
         rest += ["INIT", spell(random.choice([0, p.cap / 2, p.cap, 1]) if p.cap >= 1 else 0)]
+    if vo:
+        # After n (only the first option place takes it), before or after the options.
+        first = 1 if rest and rest[0] == str(n) else 0
+        at = random.choice([first, len(rest)])
+        rest[at:at] = vo
     r, c = spell(p.rate), spell(p.cap)
     return Call("take", ["RL.TAKE", p.m, r, c, *rest],
                 ["FCALL", "rl_take", 1, p.f, r, c, *rest], [p], p.rate, n=n,
@@ -168,6 +222,7 @@ def gen_take(p):
 
 
 def gen_lease(p, now_s):
+    vo = version_opts(p)
     n = random.randint(1, max(1, min(int(p.cap) * 2, 30)))
     ttl = random.choice([20, 50, 100, 300, 1000])
     opts_m, opts_f = [], []
@@ -188,6 +243,10 @@ def gen_lease(p, now_s):
         init = ["INIT", spell(random.choice([0, 1, p.cap]) if p.cap >= 1 else 0)]
         opts_m += init
         opts_f += init
+    if vo:
+        front = random.random() < 0.5
+        opts_m = vo + opts_m if front else opts_m + vo
+        opts_f = vo + opts_f if front else opts_f + vo
     r, c = spell(p.rate), spell(p.cap)
     return Call("lease", ["RL.LEASE", p.m, r, c, str(n), str(ttl), *opts_m],
                 ["FCALL", "rl_lease", 1, p.f, r, c, str(n), str(ttl), *opts_f], [p], p.rate,
@@ -213,12 +272,27 @@ def gen_peek(p):
 def gen_mtake(pairs):
     k = random.randint(1, min(3, len(pairs)))
     group = random.sample(pairs, k)
+    # One VERSION for every bucket, when every pair is in version mode: drawn by the first
+    # (the others take that version's limit too). Pairs not in version mode keep calls
+    # without versions (a version would make all their later calls stale), but for a rare
+    # explicit 0.
+    vo = []
+    if all(q.vlimits is not None for q in group):
+        v = draw_version(group[0])
+        for q in group:
+            versioned(q, v)
+        if v or random.random() < 0.5:
+            vo = ["VERSION", str(v)]
+    elif random.random() < 0.03:
+        vo = ["VERSION", "0"]
     n = small_n(min(q.cap for q in group))
     opts = []
     if random.random() < 0.6:
         opts.append("WITHSTATE")
     if random.random() < 0.1:
         opts += ["INIT", "0"]
+    if vo:
+        opts = vo + opts if random.random() < 0.5 else opts + vo
     mod = ["RL.MTAKE", str(n)]
     fn = ["FCALL", "rl_mtake", k, *[q.f for q in group], str(n)]
     for q in group:
@@ -229,11 +303,14 @@ def gen_mtake(pairs):
 
 
 def gen_reserve(p):
+    vo = version_opts(p)
     n = small_n(p.cap)
     wait = random.choice([0, 10, 100, 1000, 5000])
     rest = []
     if random.random() < 0.1:
         rest += ["INIT", "0"]
+    if vo:
+        rest = vo + rest if random.random() < 0.5 else rest + vo
     r, c = spell(p.rate), spell(p.cap)
     return Call("reserve", ["RL.RESERVE", p.m, r, c, str(n), str(wait), *rest],
                 ["FCALL", "rl_reserve", 1, p.f, r, c, str(n), str(wait), *rest], [p], p.rate,
@@ -249,7 +326,27 @@ def gen_refund(p):
 def gen_bad(p):
     """A call the module refuses; the library must refuse it with the same text."""
     r, c = spell(p.rate), spell(p.cap)
-    choice = random.randrange(15)
+    choice = random.randrange(17)
+    if choice == 15:  # VERSION errors, on every command that takes it
+        bad = random.choice([["VERSION", random.choice(BAD_VERSIONS)], ["VERSION"],
+                             ["VERSION", "1", "VERSION", "1"], ["version", "2", "VERSION", "x"],
+                             ["VERSION", "VERSION"]])
+        cmd = random.randrange(4)
+        if cmd == 0:
+            return Call("bad", ["RL.TAKE", p.m, r, c, "1", *bad],
+                        ["FCALL", "rl_take", 1, p.f, r, c, "1", *bad], [p], p.rate)
+        if cmd == 1:
+            return Call("bad", ["RL.LEASE", p.m, r, c, "1", "100", *bad],
+                        ["FCALL", "rl_lease", 1, p.f, r, c, "1", "100", *bad], [p], p.rate)
+        if cmd == 2:
+            return Call("bad", ["RL.RESERVE", p.m, r, c, "1", "10", *bad],
+                        ["FCALL", "rl_reserve", 1, p.f, r, c, "1", "10", *bad], [p], p.rate)
+        return Call("bad", ["RL.MTAKE", "1", p.m, r, c, *bad],
+                    ["FCALL", "rl_mtake", 1, p.f, "1", r, c, *bad], [p], p.rate)
+    if choice == 16:  # n above the cap with a valid version (the call's own cap: a syntax check)
+        v = random.choice(["1", str(MAX_VERSION)])
+        return Call("bad", ["RL.TAKE", p.m, "1", "3", "4", "VERSION", v],
+                    ["FCALL", "rl_take", 1, p.f, "1", "3", "4", "VERSION", v], [p], p.rate)
     if choice == 0:
         args = [random.choice(BAD_NUMBERS), c]
     elif choice == 1:
@@ -334,13 +431,15 @@ class Stats:
         self.persists = 0
         self.in_debt = 0  # calls on a pair whose module bucket was in debt before the call
         self.debt_changes = 0  # limit changes on a pair in debt
+        self.versioned = 0  # calls passing VERSION (bad ones included)
 
     def summary(self):
         rate = len(self.straddles) / max(1, self.calls)
         return (f"{self.calls} pairs ({', '.join(f'{k} {v}' for k, v in sorted(self.kinds.items()))}); "
                 f"{self.errors} error replies compared; limit flaps {self.flaps}, "
                 f"PERSIST/RESTORE-0 steps {self.persists}; calls on a bucket in debt "
-                f"{self.in_debt} (limit changes in debt {self.debt_changes}); straddles {len(self.straddles)} "
+                f"{self.in_debt} (limit changes in debt {self.debt_changes}); with VERSION "
+                f"{self.versioned}; straddles {len(self.straddles)} "
                 f"({100 * rate:.3f}%); ms fields {self.ms_fields}, one apart (a tick in the "
                 f"window) {self.ticks}; doubles {self.doubles}, value-identical "
                 f"{self.doubles_equal}, text-identical {self.texts_equal}"
@@ -443,7 +542,9 @@ class Runner:
             self.persist()
         call = self.pick_call(time.time())
         # The refill in the window is at the stored limit's rate, maybe an earlier one's.
-        call.rate = max([call.rate] + [q.tol_rate for q in call.keys])
+        # A call with an older VERSION is decided under the stored limit: its rate too.
+        call.rate = max([call.rate] + [q.tol_rate for q in call.keys]
+                        + [q.stored_rate or 0 for q in call.keys])
         first_module = random.random() < 0.5
         # Bad calls outside MULTI: an arity error refused at queueing would abort it.
         pipe = self.r.pipeline(transaction=call.kind != "bad")
@@ -519,6 +620,7 @@ class Runner:
                                  f"{first_module})")])[-400:]
         self.stats.calls += 1
         self.stats.kinds[call.kind] = self.stats.kinds.get(call.kind, 0) + 1
+        self.stats.versioned += any(str(x).upper() == "VERSION" for x in call.mod)
         try:
             try:
                 self.raw_us = raw_us
@@ -613,8 +715,9 @@ class Runner:
         if call.kind == "bad":
             raise Mismatch("expected an error")
         k = call.kind
-        # Doubles of the call's limit: that rate over the tolerance.
-        rate_l = call.keys[0].rate
+        # Doubles of the call's limit: that rate over the tolerance (or the stored limit's,
+        # which decides a call with an older VERSION).
+        rate_l = max(call.keys[0].rate, call.keys[0].stored_rate or 0)
         if k == "take":
             if call.meta["with_state"]:
                 self.decision(rm[0], rf[0], (rm, rf), window_ms, lambda r: r[2])
@@ -663,7 +766,7 @@ class Runner:
             self.ms(rm[2], rf[2], window_ms, "retry_after_ms")
             if len(rm) == 4:
                 for a, b_, q, t in zip(rm[3], rf[3], call.keys, call.tols):
-                    self.double(a, b_, q.rate, t / 1e6, "remaining")
+                    self.double(a, b_, max(q.rate, q.stored_rate or 0), t / 1e6, "remaining")
         elif k == "peek":
             # Under the stored limit: the states' offset and this call's window.
             q = call.keys[0]
@@ -739,6 +842,8 @@ class Runner:
         for f in (b"rate", b"cap"):
             if as_float(pm[f]) != as_float(pf[f]):
                 raise Mismatch(f"{what}: {f} {pm[f]} vs {pf[f]}")
+        if pm[b"version"] != pf[b"version"]:
+            raise Mismatch(f"{what}: version {pm[b'version']} vs {pf[b'version']}")
         self.double(pm[b"tokens"], pf[b"tokens"], rate, window_s, f"{what} tokens")
         self.ms(pm[b"reset_after_ms"], pf[b"reset_after_ms"], window_ms, f"{what} reset")
         if pm[b"leases"] != pf[b"leases"] or pm[b"leased_tokens"] != pf[b"leased_tokens"]:

@@ -186,6 +186,11 @@ def differential_all(protocol_list, ops, seed):
         for proto in protocol_list:
             stats = differential.run(s, proto, with_reserve, ops, seed + proto)
             print(f"   RESP{proto}: {stats.summary()}", flush=True)
+        # The module's own count of how VERSION decided (the library has no counters).
+        info = r.info("everything")
+        print("   module, versions: " + ", ".join(
+            f"{k} {info.get(k, 0)}" for k in
+            ("rl_limit_replaced", "rl_limit_stale", "rl_limit_conflicts")), flush=True)
 
 
 @section("replication: effects reach a replica equal")

@@ -63,3 +63,21 @@ def test_module_backend_forced_on_a_functions_server(fserver: Server, key: str) 
     m = lim.metrics
     assert m["server_errors"] == 1 and m["errors"] == 1 and m["fallback_decisions"] == 0
     assert m["calls"] == m["granted"] + m["denied"] + m["errors"]
+
+
+def test_versioned_limit_over_functions_newer_wins(fserver: Server, key: str) -> None:
+    # VERSION v over the library (issue 17): two releases share a key with two limits; the
+    # newer version's limit replaces the older one's and then decides its calls too.
+    r = fserver.client()
+    old = Limiter(r, key, 1e-6, 10, version=1, backend="functions", timeout=5)
+    new = Limiter(r, key, 1e-6, 4, version=2, backend="functions", timeout=5)
+    assert old.take().granted  # the bucket: version 1, cap 10, 9 left
+    peek = old.peek()
+    assert peek is not None and peek.version == 1 and peek.cap == 10
+    d = new.take()  # version 2 replaces the limit: 9 tokens carried into cap 4, one taken
+    assert d.granted and math.floor(d.remaining) == 3
+    # Version 1's calls are now decided under version 2's cap of 4: 3 left in all.
+    assert sum(old.take().granted for _ in range(5)) == 3
+    peek = old.peek()
+    assert peek is not None and peek.version == 2 and peek.cap == 4
+    assert old.metrics["server_errors"] == 0
