@@ -333,7 +333,7 @@ instance (`instances: 8`), the value one would configure for 8 instances.
 
 The smoke run checks: (a) the local split's over-issue is visible after the scale-out
 (> 1.1 × quota); (b)(c)(e) the sends never exceed `cap + rate × t` (+1 for rounding); (d)
-never more than `cap + rate × t + batch × instances`; every arrival replayed. It exits
+never more than `cap + rate × t + 2 × batch × instances`; every arrival replayed. It exits
 non-zero on a violation. Plots use matplotlib from PyPI in `target/incident-venv`, pinned
 in `scripts/incident-requirements.txt`.
 """
@@ -370,7 +370,8 @@ classic Lua script at the same call rate, with {ms(take['latency_p50_us'])} / {m
 latency on loopback (a busy shared machine: see the page for the spread). The prefetching client (`RL.LEASE`, batch {results['batch']}) also held
 **{f0(pf['partner_mean'])}/s**, with {f0(pf['central_calls_per_s'])} Redis calls/s against
 {f0(take['central_calls_per_s'])} for one call per request: under 2.5× overload the bucket is
-nearly empty and leases come back small, so batching saves less than its batch size.
+nearly empty and leases come back with a token or two, so batching saves nothing there; it
+cuts central calls by up to the batch size while the bucket has tokens to spare.
 
 ![partner calls per second, local split vs shared bucket](docs/incident/partner_rate.png)
 """
