@@ -76,6 +76,11 @@ pub struct LimiterConfig {
     /// decided under the new limit instead of flapping the bucket. Raise it with every
     /// change of the limit. `None` (default): not sent, the server's version 0.
     pub version: Option<u64>,
+    /// What a bucket that does not exist yet starts with, sent as `INIT tokens` on every
+    /// call that carries the limit: a warm start (`Some(0.0)` starts empty and ramps up at
+    /// `rate`) for buckets whose full burst would hurt a downstream after a deploy or a
+    /// flush. At most the limit's cap. `None` (default): a new bucket starts full.
+    pub init: Option<f64>,
 }
 
 impl Default for LimiterConfig {
@@ -89,6 +94,7 @@ impl Default for LimiterConfig {
             max_keys: 100_000,
             backend: Backend::Module,
             version: None,
+            init: None,
         }
     }
 }
@@ -107,6 +113,9 @@ impl LimiterConfig {
         }
         if self.version.is_some_and(|v| v > MAX_VERSION) {
             return Err(Error::Config("version must be at most 2^53 - 1"));
+        }
+        if self.init.is_some_and(|t| !(t >= 0.0 && t.is_finite())) {
+            return Err(Error::Config("init must be a number of tokens, at least 0"));
         }
         Ok(())
     }

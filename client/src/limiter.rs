@@ -194,7 +194,13 @@ impl<C: RedisConnection> Limiter<C> {
         let inner = &self.inner;
         let deadline = Instant::now() + inner.config.timeout;
         let backend = inner.backend.get(&inner.conn, inner.config.timeout).await?;
-        let cmd = protocol::take_cmd(backend, key, limit, n, inner.config.version);
+        let cmd = protocol::take_cmd(
+            backend,
+            key,
+            limit,
+            n,
+            protocol::LimitOptions::of(&inner.config),
+        );
         let value = call(&inner.conn, &cmd, left(deadline), &inner.metrics).await?;
         let r = protocol::take_reply(value)?;
         let cap = limit.cap();
@@ -230,7 +236,13 @@ impl<C: RedisConnection> Limiter<C> {
         }
         let deadline = Instant::now() + inner.config.timeout;
         let backend = inner.backend.get(&inner.conn, inner.config.timeout).await?;
-        let cmd = protocol::mtake_cmd(backend, keys, &inner.limit, n, inner.config.version);
+        let cmd = protocol::mtake_cmd(
+            backend,
+            keys,
+            &inner.limit,
+            n,
+            protocol::LimitOptions::of(&inner.config),
+        );
         let value = call(&inner.conn, &cmd, left(deadline), &inner.metrics).await?;
         Ok(protocol::mtake_reply(value)? > 0)
     }
@@ -315,7 +327,7 @@ impl<C: RedisConnection> Limiter<C> {
             &inner.limit,
             n,
             max_wait,
-            inner.config.version,
+            protocol::LimitOptions::of(&inner.config),
         );
         let value = call(&inner.conn, &cmd, left(deadline), &inner.metrics).await?;
         let r = protocol::reserve_reply(value)?;

@@ -531,7 +531,7 @@ impl<C: RedisConnection> Inner<C> {
             self.config.ttl_ms(),
             need.max(1),
             settling,
-            self.config.limiter.version,
+            protocol::LimitOptions::of(&self.config.limiter),
         );
         let sent = Instant::now();
         let granted = match call(&self.conn, &cmd, late, &self.metrics)

@@ -23,21 +23,41 @@ pub(crate) fn head(backend: Backend, name: &str) -> Cmd {
     }
 }
 
-/// `VERSION v` after a command's other arguments, if the limit has a version.
-fn versioned(mut cmd: Cmd, version: Option<u64>) -> Cmd {
-    if let Some(v) = version {
+/// The options every limit-carrying command takes from the limiter's configuration:
+/// `INIT tokens` and `VERSION v`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct LimitOptions {
+    pub(crate) init: Option<f64>,
+    pub(crate) version: Option<u64>,
+}
+
+impl LimitOptions {
+    pub(crate) fn of(config: &crate::LimiterConfig) -> LimitOptions {
+        LimitOptions {
+            init: config.init,
+            version: config.version,
+        }
+    }
+}
+
+/// `[INIT tokens] [INIT tokens] [VERSION v]` after a command's other arguments.
+fn with_limit_options(mut cmd: Cmd, options: LimitOptions) -> Cmd {
+    if let Some(t) = options.init {
+        cmd.arg("INIT").arg(t);
+    }
+    if let Some(v) = options.version {
         cmd.arg("VERSION").arg(v);
     }
     cmd
 }
 
-/// `RL.TAKE key rate cap n WITHSTATE [VERSION v]`.
+/// `RL.TAKE key rate cap n WITHSTATE [INIT tokens] [VERSION v]`.
 pub(crate) fn take_cmd(
     backend: Backend,
     key: &str,
     limit: &Limit,
     n: u64,
-    version: Option<u64>,
+    options: LimitOptions,
 ) -> Cmd {
     let mut cmd = head(backend, "RL.TAKE");
     cmd.arg(key)
@@ -45,17 +65,17 @@ pub(crate) fn take_cmd(
         .arg(limit.cap())
         .arg(n)
         .arg("WITHSTATE");
-    versioned(cmd, version)
+    with_limit_options(cmd, options)
 }
 
-/// `RL.RESERVE key rate cap n max_wait_ms [VERSION v]`.
+/// `RL.RESERVE key rate cap n max_wait_ms [INIT tokens] [VERSION v]`.
 pub(crate) fn reserve_cmd(
     backend: Backend,
     key: &str,
     limit: &Limit,
     n: u64,
     max_wait: Duration,
-    version: Option<u64>,
+    options: LimitOptions,
 ) -> Cmd {
     let mut cmd = head(backend, "RL.RESERVE");
     cmd.arg(key)
@@ -63,7 +83,7 @@ pub(crate) fn reserve_cmd(
         .arg(limit.cap())
         .arg(n)
         .arg(max_wait.as_millis() as u64);
-    versioned(cmd, version)
+    with_limit_options(cmd, options)
 }
 
 /// `RL.REFUND key n`.
@@ -73,7 +93,7 @@ pub(crate) fn refund_cmd(backend: Backend, key: &str, n: u64) -> Cmd {
     cmd
 }
 
-/// `RL.LEASE key rate cap n ttl_ms MIN min [RETURN id unused] [VERSION v]`.
+/// `RL.LEASE key rate cap n ttl_ms MIN min [RETURN id unused] [INIT tokens] [VERSION v]`.
 #[allow(clippy::too_many_arguments)] // the command's own arguments, named
 pub(crate) fn lease_cmd(
     backend: Backend,
@@ -83,7 +103,7 @@ pub(crate) fn lease_cmd(
     ttl_ms: u64,
     min: u64,
     settle: Option<(u64, u64)>,
-    version: Option<u64>,
+    options: LimitOptions,
 ) -> Cmd {
     let mut cmd = head(backend, "RL.LEASE");
     cmd.arg(key)
@@ -96,7 +116,7 @@ pub(crate) fn lease_cmd(
     if let Some((id, unused)) = settle {
         cmd.arg("RETURN").arg(id).arg(unused);
     }
-    versioned(cmd, version)
+    with_limit_options(cmd, options)
 }
 
 /// `RL.PEEK key`.
@@ -134,14 +154,14 @@ pub(crate) fn peek_reply(v: Value) -> Result<Option<f64>, Error> {
     Err(Error::Reply("RL.PEEK reply without tokens".into()))
 }
 
-/// `RL.MTAKE n key rate cap [key rate cap ...] [VERSION v]` (or `FCALL rl_mtake N keys.. n
+/// `RL.MTAKE n key rate cap [key rate cap ...] [INIT tokens] [VERSION v]` (or `FCALL rl_mtake N keys.. n
 /// rate cap..`).
 pub(crate) fn mtake_cmd(
     backend: Backend,
     keys: &[&str],
     limit: &Limit,
     n: u64,
-    version: Option<u64>,
+    options: LimitOptions,
 ) -> Cmd {
     let cmd = match backend {
         Backend::Functions => {
@@ -165,7 +185,7 @@ pub(crate) fn mtake_cmd(
             cmd
         }
     };
-    versioned(cmd, version)
+    with_limit_options(cmd, options)
 }
 
 /// `RL.MTAKE`'s `[granted, denied_by, retry_after_ms]`: the tokens granted.
@@ -352,7 +372,10 @@ mod tests {
             1000,
             1,
             Some((7, 3)),
-            None,
+            LimitOptions {
+                init: Some(0.5),
+                version: Some(3),
+            },
         );
         let args: Vec<String> = cmd
             .args_iter()
@@ -362,7 +385,10 @@ mod tests {
             })
             .collect();
         assert_eq!(args[0], "RL.LEASE");
-        assert_eq!(args[4..], ["20", "1000", "MIN", "1", "RETURN", "7", "3"]);
+        assert_eq!(
+            args[4..],
+            ["20", "1000", "MIN", "1", "RETURN", "7", "3", "INIT", "0.5", "VERSION", "3"]
+        );
     }
 
     #[test]

@@ -159,3 +159,32 @@ async fn a_newer_limit_version_wins_over_older_instances() {
         Err(Error::Config(_))
     ));
 }
+
+#[tokio::test]
+async fn init_starts_a_new_bucket_below_full() {
+    let server = Server::start();
+    let config = LimiterConfig {
+        init: Some(2.0),
+        ..LimiterConfig::default()
+    };
+    let limiter = Limiter::new(server.manager().await, frozen(), config).unwrap();
+    // A new bucket holds 2 of its 5: two takes, then a denial.
+    assert!(limiter.take("warm", 1).await.unwrap().allowed);
+    let d = limiter.take("warm", 1).await.unwrap();
+    assert!(d.allowed && d.remaining.abs() < 0.01, "{d:?}");
+    assert!(!limiter.take("warm", 1).await.unwrap().allowed);
+    // INIT applies to new buckets only: an existing full one is left as it is.
+    let plain = Limiter::new(server.manager().await, frozen(), LimiterConfig::default()).unwrap();
+    assert!(plain.take("full", 1).await.unwrap().allowed);
+    let d = limiter.take("full", 1).await.unwrap();
+    assert!(d.allowed && (d.remaining - 3.0).abs() < 0.01, "{d:?}");
+
+    let bad = LimiterConfig {
+        init: Some(-1.0),
+        ..LimiterConfig::default()
+    };
+    assert!(matches!(
+        Limiter::new(server.manager().await, frozen(), bad),
+        Err(Error::Config(_))
+    ));
+}
