@@ -127,7 +127,7 @@ def measure_row(server, row, counts, samples):
         granted = after.get("rl_granted", 0) - before.get("rl_granted", 0)
         if (row["expect"] == "granted" and denied) or (row["expect"] == "denied" and granted):
             raise RuntimeError(f"{key}: {granted} granted, {denied} denied")
-    if row["expect"] and row["stat"] == "evalsha":
+    if row["expect"] and row["stat"] in ("evalsha", "fcall"):
         k = [a for a in row["args"] if ":" in a][0].replace("__rand_int__", "000000000001")
         args = subst(row["args"], server.sha)
         reply = server.call(*[k if ":" in a else a for a in args])
@@ -254,9 +254,13 @@ def memory_section(r, binary):
     def floor(_sha):
         return (("SET", f"b:{i}", "1732897000123456", "PX", MEMORY_TTL) for i in range(n))
 
+    def functions(_sha):
+        # The library's hash expires at its time-to-full, as the module's key does.
+        return (("FCALL", "rl_take", "1", f"b:{i}", "0.001", "10", "1") for i in range(n))
+
     layouts = {}
     for name, make in [("floor", floor), ("ours", ours), ("lua_expiry", lua_with_expiry),
-                       ("lua_seed", lua_as_seeded)]:  # fmt: skip
+                       ("lua_seed", lua_as_seeded), ("functions", functions)]:  # fmt: skip
         log(f"memory: {n} buckets, {name}")
         layouts[name] = memory_layout(r, binary, f"mem_{name}", make)
 

@@ -104,6 +104,9 @@ class Server:
                 raise RuntimeError(f"{name}: server did not start; see {self.dir}/server.log")
             time.sleep(0.1)
         self.sha = self.conn.call("SCRIPT", "LOAD", Path(lua_script).read_text())
+        # The Functions library next to the module (their keys never meet).
+        library = Path(__file__).resolve().parents[2] / "functions" / "rl.lua"
+        self.conn.call("FUNCTION", "LOAD", "REPLACE", library.read_text())
 
     def call(self, *args):
         return self.conn.call(*args)

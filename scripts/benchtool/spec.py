@@ -39,6 +39,10 @@ class Counts:
 # with, the INCR row to compare with, the path every call must take.
 
 LUA = ["EVALSHA", "SHA", "1"]
+# The Functions library (functions/rl.lua), loaded next to the module: the same protocol
+# where modules cannot load.
+FN_TAKE = ["FCALL", "rl_take", "1"]
+FN_LEASE = ["FCALL", "rl_lease", "1"]
 
 THROUGHPUT_ROWS = [
     dict(key="incr", label="INCR (the floor)", args=["INCR", "k:1"], stat="incr",
@@ -76,6 +80,15 @@ THROUGHPUT_ROWS = [
     dict(key="lua_lease", label="Lua script, batch of 20 (1000 keys)",
          args=[*LUA, "lua:lease:__rand_int__", *GRANT_LIMIT, "20"], stat="evalsha",
          rand=LEASE_KEYS),
+    dict(key="fn_grant", label="Functions library `rl_take`, grant path",
+         args=[*FN_TAKE, "fn:grant", *GRANT_LIMIT, "1"], stat="fcall", lua="lua_grant",
+         expect="granted"),
+    dict(key="fn_deny", label="Functions library `rl_take`, deny path",
+         args=[*FN_TAKE, "fn:deny", *DENY_LIMIT, "1"], stat="fcall",
+         pre=[[*FN_TAKE, "fn:deny", *DENY_LIMIT, "1"]], lua="lua_deny", expect="denied"),
+    dict(key="fn_lease", label="Functions library `rl_lease`, batch of 20 (1000 keys)",
+         args=[*FN_LEASE, "fn:lease:__rand_int__", *GRANT_LIMIT, "20", LEASE_TTL_MS],
+         stat="fcall", rand=LEASE_KEYS, lua="lua_lease"),
 ]  # fmt: skip
 for _row in THROUGHPUT_ROWS:
     _row.setdefault("rand", None)
