@@ -72,3 +72,52 @@ async fn prefetch_last_known_budget_is_a_share_and_survives_flaps() {
     // The share of 25, once (not 100 per flap).
     assert!(fallback_allowed <= 25, "fallback allowed {fallback_allowed}");
 }
+
+/// Rule 2: an authentication failure (`WRONGPASS` at connect, `NOAUTH` on a call) is an
+/// error reply, never an outage: under `Allow` it must not fail open.
+#[tokio::test]
+async fn authentication_failures_are_errors_not_outages() {
+    let server = Server::start();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("secret")
+        .query(&mut server.conn())
+        .unwrap();
+    let wrong = format!("redis://:wrong@127.0.0.1:{}/", server.port);
+    let none = server.url();
+    for url in [wrong, none] {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let config = LimiterConfig {
+            policy: FailurePolicy::Allow,
+            ..Default::default()
+        };
+        let limiter =
+            rl_client::Limiter::from_client(client.clone(), Limit::new(1.0, 5.0).unwrap(), config)
+                .unwrap();
+        for _ in 0..3 {
+            let e = limiter.take("k", 1).await.unwrap_err();
+            assert!(!e.is_outage() && e.is_server_error(), "{url}: {e:?}");
+        }
+        let prefetch = PrefetchLimiter::from_client(
+            client,
+            "p",
+            Limit::new(1.0, 40.0).unwrap(),
+            prefetch_config(FailurePolicy::Allow, 4),
+        )
+        .unwrap();
+        let e = prefetch.take(1).await.unwrap_err();
+        assert!(!e.is_outage() && e.is_server_error(), "{url}: {e:?}");
+        let m = limiter.metrics().snapshot();
+        assert_eq!((m.fallback_decisions, m.errors, m.calls), (0, 3, 3), "{m:?}");
+    }
+    // The kit's server stops with SHUTDOWN, unauthenticated.
+    let authed = format!("redis://:secret@127.0.0.1:{}/", server.port);
+    let mut c = redis::Client::open(authed).unwrap().get_connection().unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("")
+        .query(&mut c)
+        .unwrap();
+}

@@ -41,6 +41,7 @@ import redis.exceptions
 from . import _protocol as p
 from ._call import (
     LATE_LIMIT,
+    NOT_OUTAGES,
     OUTAGES,
     TIMEOUTS,
     AsyncCaller,
@@ -51,7 +52,7 @@ from ._call import (
     server_error,
 )
 from .decision import Decision, Source
-from .errors import ProtocolError, ServerError
+from .errors import LimiterClosed, ProtocolError, ServerError
 from .limiter import check_limit, check_n
 from .metrics import Metrics
 from .policy import ALLOW, FailurePolicy, Fallback, Health, now
@@ -146,6 +147,8 @@ class _Core:
         #: asking (a smaller take may still be granted: the cache is per size).
         self.denied_until = 0.0
         self.denied_n = 0
+        #: ``close()`` was called: no lease call is made any more, takes raise.
+        self.closed = False
 
     @property
     def flight_limit(self) -> float:
@@ -203,6 +206,7 @@ class _Core:
                     and self.left() <= self.threshold
                     and self.denied_until <= t
                     and not self.health.down
+                    and not self.closed
                 )
                 left = self.left()
                 self.metrics.decided(True, n, False)
@@ -234,6 +238,10 @@ class _Core:
         """A new flight asking for ``need`` tokens (0: a renewal), with the older lease taken
         out of the state (the call returns it); or ``(None, the flight in the air)``."""
         with self.lock:
+            if self.closed:
+                if need == 0:
+                    return None, None  # a renewal racing close(): none
+                raise LimiterClosed(f"the limiter of {self.key!r} is closed")
             t = now()
             busy = self.flight
             if busy is not None and t - busy.sent < self.flight_limit:
@@ -382,6 +390,7 @@ class _Core:
             leases = (self.older, self.newer)
             self.older = self.newer = None
             self.generation += 1
+            self.closed = True
         return leases
 
     def returned(self, lease: _Lease) -> None:
@@ -491,6 +500,8 @@ class PrefetchLimiter(_Base):
 
     def _decide(self, n: int) -> Decision:
         core = self._core
+        if core.closed:
+            raise LimiterClosed(f"the limiter of {core.key!r} is closed")
         d, renew = core.decide_locally(n)
         if d is not None:
             if renew:
@@ -570,6 +581,9 @@ class PrefetchLimiter(_Base):
         try:
             try:
                 reply = p.parse_lease(self.client.execute_command(*args))
+            except NOT_OUTAGES as e:
+                core.metrics.add("server_errors")
+                give_back = core.fail(flight, _as_server_error(e))
             except OUTAGES as e:
                 give_back = core.fail(flight, e)
             except (redis.exceptions.RedisError, ProtocolError) as e:
@@ -612,8 +626,8 @@ class PrefetchLimiter(_Base):
     def close(self) -> int:
         """Returns the leftovers of every live lease (``RL.RETURN``); answers the tokens
         Redis credited. A lease call in the air returns what it gets when it lands (close
-        waits up to ``timeout`` for it). The limiter stays usable: a later take leases
-        again."""
+        waits up to ``timeout`` for it). Nothing is leased after it: later takes raise
+        :class:`LimiterClosed`."""
         core = self._core
         flight = core.flight
         if flight is not None:
@@ -709,6 +723,8 @@ class AsyncPrefetchLimiter(_Base):
 
     async def _decide(self, n: int) -> Decision:
         core = self._core
+        if core.closed:
+            raise LimiterClosed(f"the limiter of {core.key!r} is closed")
         d, renew = core.decide_locally(n)
         if d is not None:
             if renew:
@@ -793,6 +809,9 @@ class AsyncPrefetchLimiter(_Base):
             # Bounded (a half-open connection with no socket timeout), but well past the
             # lease's end: a late lease is returned, not lost.
             reply = p.parse_lease(await asyncio.wait_for(call, core.late_limit))
+        except NOT_OUTAGES as e:
+            core.metrics.add("server_errors")
+            give_back = core.fail(flight, _as_server_error(e))
         except OUTAGES as e:
             give_back = core.fail(flight, e)
         except (redis.exceptions.RedisError, ProtocolError) as e:
@@ -826,7 +845,8 @@ class AsyncPrefetchLimiter(_Base):
 
     async def close(self) -> int:
         """Waits (up to ``timeout``) for a lease call in the air, then returns every live
-        lease's leftovers; a call landing later returns what it gets."""
+        lease's leftovers; a call landing later returns what it gets. Nothing is leased
+        after it: later takes raise :class:`LimiterClosed`."""
         core = self._core
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=core.timeout)
