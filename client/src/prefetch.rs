@@ -416,6 +416,12 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
         failure.map_or(Ok(credited), Err)
     }
 
+    /// Closed from the start (a keyed prefetcher after its `close`): takes answer
+    /// [`Error::Closed`], nothing is leased.
+    pub(crate) fn mark_closed(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+    }
+
     /// A grant from the held batch, or a denial Redis gave lately for this size; `None`
     /// if Redis must be asked. Starts a background renewal when the batch runs low.
     fn decide_locally(&self, n: u64) -> Option<Decision> {

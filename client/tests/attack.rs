@@ -5,7 +5,10 @@ mod support;
 
 use std::time::Duration;
 
-use rl_client::{FailurePolicy, Limit, LimiterConfig, PrefetchConfig, PrefetchLimiter, Source};
+use rl_client::{
+    Error, FailurePolicy, KeyedPrefetcher, Limit, LimiterConfig, PrefetchConfig,
+    PrefetchLimiter, Semaphore, Source,
+};
 use support::Server;
 
 fn prefetch_config(policy: FailurePolicy, instances: u32) -> PrefetchConfig {
@@ -120,4 +123,81 @@ async fn authentication_failures_are_errors_not_outages() {
         .arg("")
         .query(&mut c)
         .unwrap();
+}
+
+/// Rule 6: `close()` returns what is held and leases nothing more. Before the fix
+/// `KeyedPrefetcher::close` closed the limiters it had and forgot them: the next take of any
+/// key made a fresh limiter and leased a batch nobody would return (a live lease after
+/// close, counted nowhere).
+#[tokio::test]
+async fn a_closed_keyed_prefetcher_leases_nothing_more() {
+    let server = Server::start();
+    let keyed = KeyedPrefetcher::from_client(
+        server.client(),
+        Limit::new(0.001, 100.0).unwrap(),
+        prefetch_config(FailurePolicy::Allow, 1),
+    )
+    .unwrap();
+    assert!(keyed.take("a", 1).await.unwrap().allowed);
+    assert_eq!(keyed.close().await.unwrap(), 19);
+    for key in ["a", "b"] {
+        assert!(
+            matches!(keyed.take(key, 1).await, Err(Error::Closed)),
+            "{key} after close"
+        );
+        assert_eq!(server.live_leases(key), 0, "{key}: a lease after close");
+    }
+    let m = keyed.metrics().snapshot();
+    assert_eq!((m.leases, m.leases_lost, m.errors), (1, 0, 2), "{m:?}");
+    assert_eq!(m.calls, m.granted + m.denied + m.errors, "{m:?}");
+}
+
+/// Rule 1 for permits: an `RL.ACQUIRE` whose caller gave up (its timeout, a dropped
+/// future) still lands on the server; a permit it brings must be released, not left to
+/// hold a slot nobody has until its TTL. Before the fix the call ran in the caller's future:
+/// the limit-1 key stayed busy for the whole 60 s TTL after a timed-out acquire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_acquired_after_its_caller_gave_up_is_released() {
+    let server = Server::start();
+    let config = LimiterConfig {
+        timeout: Duration::from_millis(300),
+        probe_interval: Duration::from_millis(100),
+        policy: FailurePolicy::Deny,
+        instances: 1,
+        ..Default::default()
+    };
+    let semaphore = Semaphore::from_client(server.client(), config).unwrap();
+    let ttl = Duration::from_secs(60);
+    // Connect first.
+    let p = semaphore.acquire("p", 1, ttl).await.unwrap().unwrap();
+    p.release().await.unwrap();
+    let sleeper = server.debug_sleep(1.0);
+    // A caller that times out (the limiter's timeout: Deny answers busy)...
+    let busy = semaphore.acquire("p", 1, ttl).await.unwrap();
+    assert!(busy.is_err());
+    // ...and one whose future is dropped.
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(100),
+        semaphore.acquire_from_server("q", 1, ttl),
+    )
+    .await;
+    assert!(dropped.is_err());
+    sleeper.join().unwrap();
+    // The calls landed after the sleep: their permits go back, the slots are free again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    for key in ["p", "q"] {
+        loop {
+            match semaphore.acquire_from_server(key, 1, ttl).await.unwrap() {
+                Ok(permit) => {
+                    permit.release().await.unwrap();
+                    break;
+                }
+                Err(busy) => assert!(
+                    std::time::Instant::now() < deadline,
+                    "{key}: slot still held by a permit nobody has: {busy:?}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
