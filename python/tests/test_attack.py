@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
+import time
 from typing import Any, Iterator
 
 import pytest
@@ -24,6 +26,7 @@ from redis_rl import (
     Metrics,
     PrefetchLimiter,
     ServerError,
+    apermit,
 )
 
 TINY = 1e-6
@@ -144,3 +147,61 @@ def test_wrong_password_with_default_retries_is_not_an_outage(
     lim = Limiter(r, key, rate=1, cap=40, policy=ALLOW, timeout=0.2)
     with pytest.raises(ServerError):
         lim.take()
+
+
+@pytest.fixture
+def debug_server(tmp_path: Any) -> Iterator[Server]:
+    s = Server(tmp_path / "redis", extra=["--enable-debug-command", "yes"])
+    yield s
+    s.stop()
+
+
+def sleep_server(server: Server, seconds: int) -> threading.Thread:
+    """DEBUG SLEEP on a connection of its own; returns once the server stopped answering."""
+    admin = server.client(socket_timeout=seconds + 30)
+    t = threading.Thread(target=admin.execute_command, args=("DEBUG", "SLEEP", seconds))
+    t.start()
+    probe = server.client(socket_timeout=0.3, retry=NO_RETRY)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            probe.ping()
+            time.sleep(0.01)
+        except redis.exceptions.TimeoutError:
+            return t
+    raise AssertionError("DEBUG SLEEP did not take effect")
+
+
+def test_cancelled_apermit_frees_its_slot(debug_server: Server, key: str) -> None:
+    """Rule 1 for permits: an ``RL.ACQUIRE`` sent for a caller that is cancelled still
+    lands; a permit it brings must be released, not hold the slot (nobody has it) until its
+    TTL. Before the fix the call ran in the caller's task: the limit-1 key stayed busy for
+    the whole 60 s TTL."""
+    r = debug_server.client()
+
+    async def run() -> None:
+        ar = aredis.Redis(port=debug_server.port)
+        await ar.ping()  # connected: the RL.ACQUIRE below is sent at once
+
+        async def hold() -> None:
+            async with apermit(ar, key, 1, 60_000, backend="module"):
+                await asyncio.sleep(30)
+
+        sleeper = await asyncio.to_thread(sleep_server, debug_server, 1)
+        task = asyncio.get_running_loop().create_task(hold())
+        await asyncio.sleep(0.2)  # the RL.ACQUIRE is sent, the server asleep
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.to_thread(sleeper.join)
+        deadline = time.monotonic() + 10
+        while True:  # the late permit is released: the slot is free again
+            reply = r.execute_command("RL.ACQUIRE", key, 1, 60_000)
+            if reply[0] == 1:
+                break
+            assert time.monotonic() < deadline, f"slot held by a permit nobody has: {reply}"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)
+        await ar.aclose()
+
+    asyncio.run(run())
