@@ -205,3 +205,34 @@ def test_cancelled_apermit_frees_its_slot(debug_server: Server, key: str) -> Non
         await ar.aclose()
 
     asyncio.run(run())
+
+
+def test_joined_flights_never_end_in_a_policy_decision(server: Server, key: str) -> None:
+    """Rule 2: only outages go to the failure policy. A take that waits for other takes'
+    lease calls (one in the air at a time) and finds nothing for its size after two of them
+    fell to the policy while Redis answered every call: under ALLOW an empty bucket let it
+    through. Ordered deterministically: ``CLIENT PAUSE`` holds the first call while three
+    takes (5, 3, 1 tokens) line up behind it."""
+    r = server.client()
+    r.execute_command("RL.TAKE", key, TINY, 100, 100)  # empty, and it stays so
+
+    async def run() -> tuple[list[Any], Metrics]:
+        ar = aredis.Redis(port=server.port)
+        lim = AsyncPrefetchLimiter(
+            ar, key, TINY, 100, batch=10, policy=ALLOW, timeout=5, backend="module"
+        )
+        await ar.ping()
+        r.execute_command("CLIENT", "PAUSE", 300, "WRITE")
+        loop = asyncio.get_running_loop()
+        tasks = []
+        for n in (5, 3, 1):
+            tasks.append(loop.create_task(lim.decide(n)))
+            await asyncio.sleep(0.02)  # each in turn: the first sends, the others wait
+        decisions = await asyncio.gather(*tasks)
+        await ar.aclose()
+        return decisions, lim.metrics
+
+    decisions, m = asyncio.run(run())
+    assert not any(d.granted for d in decisions), decisions
+    assert m["fallback_decisions"] == 0 and m["redis_errors"] == 0, m.snapshot()
+    adds_up(m)

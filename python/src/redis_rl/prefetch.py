@@ -222,6 +222,12 @@ class _Core:
         self.metrics.decided(d.granted, d.tokens, True)
         return d
 
+    def crowded_out(self, n: int) -> Decision:
+        """Two lease calls of other takes landed (Redis answered) and left nothing for this
+        one: a denial, never a policy decision (Redis is up)."""
+        self.metrics.decided(False, 0, False)
+        return Decision(False, 0.0, 0, 0, 0, self.cap, Source.SERVER)
+
     def answered(self) -> None:
         if self.health.succeeded():
             self.fallback.end_outage()
@@ -538,7 +544,7 @@ class PrefetchLimiter(_Base):
                 return d
             if core.health.down:
                 return core.fallback_decision(n)
-        return core.fallback_decision(n)
+        return core.crowded_out(n)
 
     def _send(self, flight: _Flight) -> None:
         core = self._core
@@ -766,7 +772,7 @@ class AsyncPrefetchLimiter(_Base):
                 return d
             if core.health.down:
                 return core.fallback_decision(n)
-        return core.fallback_decision(n)
+        return core.crowded_out(n)
 
     def _send(self, flight: _Flight) -> asyncio.Task[None]:
         core = self._core
