@@ -26,6 +26,7 @@ from redis_rl import (
     Metrics,
     PrefetchLimiter,
     ServerError,
+    Source,
     apermit,
 )
 
@@ -236,3 +237,23 @@ def test_joined_flights_never_end_in_a_policy_decision(server: Server, key: str)
     assert not any(d.granted for d in decisions), decisions
     assert m["fallback_decisions"] == 0 and m["redis_errors"] == 0, m.snapshot()
     adds_up(m)
+
+
+@pytest.mark.parametrize("instances", [4, None], ids=["instances", "measured"])
+def test_fallback_budget_is_debited_by_redis_grants(
+    own_server: Server, key: str, instances: Any
+) -> None:
+    """Rule 4: a fallback budget is this instance's share, debited by what Redis grants the
+    instance. Before the fix Redis grants never touched it: an instance that had just taken
+    its whole share from Redis got a full local bucket at the outage, its share again."""
+    r = own_server.client(socket_timeout=0.5, retry=NO_RETRY)
+    lim = Limiter(r, key, rate=TINY, cap=100, policy=ALLOW, instances=instances, timeout=0.5)
+    # The share: 25 of 4 instances; measured, all of it (this instance took every grant).
+    share = 25 if instances else 100
+    for _ in range(share):
+        d = lim.take()
+        assert d.granted and d.source == Source.SERVER, d
+    own_server.kill()
+    let_out = sum(lim.take().granted for _ in range(50))
+    assert let_out == 0, f"{let_out} let out locally after the share was spent at Redis"
+    adds_up(lim.metrics)
