@@ -201,3 +201,86 @@ async fn a_permit_acquired_after_its_caller_gave_up_is_released() {
         }
     }
 }
+
+/// Rule 2: `VERSION v` sent to a side that does not know it (the Functions library) is an
+/// error reply: returned, never a grant or a policy decision.
+#[tokio::test]
+async fn version_sent_to_the_functions_library_is_an_error() {
+    let server = Server::start();
+    let source = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../functions/rl.lua"
+    ))
+    .unwrap();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(source)
+        .query(&mut server.conn())
+        .unwrap();
+    let config = LimiterConfig {
+        backend: rl_client::Backend::Functions,
+        version: Some(2),
+        policy: FailurePolicy::Allow,
+        ..Default::default()
+    };
+    let limit = Limit::new(1.0, 40.0).unwrap();
+    let limiter = rl_client::Limiter::from_client(server.client(), limit, config.clone()).unwrap();
+    let e = limiter.take("k", 1).await.unwrap_err();
+    assert!(!e.is_outage() && e.is_server_error(), "{e:?}");
+    let prefetch = PrefetchLimiter::from_client(
+        server.client(),
+        "p",
+        limit,
+        PrefetchConfig {
+            limiter: config,
+            ..prefetch_config(FailurePolicy::Allow, 1)
+        },
+    )
+    .unwrap();
+    let e = prefetch.take(1).await.unwrap_err();
+    assert!(!e.is_outage() && e.is_server_error(), "{e:?}");
+    for m in [limiter.metrics().snapshot(), prefetch.metrics().snapshot()] {
+        assert_eq!((m.granted, m.fallback_decisions, m.errors), (0, 0, 1), "{m:?}");
+    }
+}
+
+/// Rule 2: `-OOM command not allowed when used memory > 'maxmemory'` is an error reply:
+/// returned under every policy, never a grant (Allow) nor a denial (Deny).
+#[tokio::test]
+async fn oom_is_an_error_reply_not_an_outage() {
+    let server = Server::start();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query(&mut server.conn())
+        .unwrap();
+    for policy in [FailurePolicy::Allow, FailurePolicy::Deny] {
+        let config = LimiterConfig {
+            policy,
+            ..Default::default()
+        };
+        let limit = Limit::new(1.0, 40.0).unwrap();
+        let limiter =
+            rl_client::Limiter::from_client(server.client(), limit, config.clone()).unwrap();
+        let e = limiter.take("k", 1).await.unwrap_err();
+        assert!(!e.is_outage() && e.is_server_error(), "{e:?}");
+        assert!(e.to_string().contains("OOM"), "{e}");
+        let prefetch = PrefetchLimiter::from_client(
+            server.client(),
+            "p",
+            limit,
+            PrefetchConfig {
+                limiter: config,
+                ..prefetch_config(policy, 1)
+            },
+        )
+        .unwrap();
+        let e = prefetch.take(1).await.unwrap_err();
+        assert!(!e.is_outage() && e.is_server_error(), "{e:?}");
+        for m in [limiter.metrics().snapshot(), prefetch.metrics().snapshot()] {
+            assert_eq!((m.fallback_decisions, m.errors, m.calls), (0, 1, 1), "{m:?}");
+        }
+    }
+}
