@@ -257,3 +257,48 @@ def test_fallback_budget_is_debited_by_redis_grants(
     let_out = sum(lim.take().granted for _ in range(50))
     assert let_out == 0, f"{let_out} let out locally after the share was spent at Redis"
     adds_up(lim.metrics)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_oom_is_an_error_reply_not_an_outage(own_server: Server, key: str, kind: str) -> None:
+    """Rule 2: ``-OOM command not allowed ...`` is an error reply, never a grant (ALLOW)."""
+    own_server.client().config_set("maxmemory", 1)
+    m = _takes_raise(kind, own_server.port, {"socket_timeout": 2}, key)
+    assert m["server_errors"] >= 3 and m["errors"] == 3, m.snapshot()
+    assert m["granted"] == 0 and m["fallback_decisions"] == 0, m.snapshot()
+    adds_up(m)
+
+
+def test_close_racing_takes_from_threads_leaves_no_lease(server: Server, key: str) -> None:
+    """Rules 1 and 6 with 8 threads taking while ``close()`` runs: afterwards no lease is
+    live on the server except ones counted in ``leases_lost``, every take either decided or
+    raised ``LimiterClosed``, and the counters add up."""
+    r = server.client()
+    lim = PrefetchLimiter(r, key, 1000, 10_000, batch=20, policy=ALLOW, timeout=2)
+    stop = threading.Event()
+    other: list[BaseException] = []
+
+    def worker() -> None:
+        while not stop.is_set():
+            try:
+                lim.take()
+            except LimiterClosed:
+                return
+            except BaseException as e:
+                other.append(e)
+                return
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    lim.close()
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    assert not other, other
+    time.sleep(0.5)  # a flight in the air at close lands and goes back
+    state = peek(r, key)
+    m = lim.metrics
+    assert state["leases"] <= m["leases_lost"], (state, m.snapshot())
+    adds_up(m)
