@@ -19,6 +19,7 @@ from redis.retry import Retry
 
 from redis_rl import (
     ALLOW,
+    LAST_KNOWN,
     AsyncLimiter,
     AsyncPrefetchLimiter,
     Limiter,
@@ -302,3 +303,45 @@ def test_close_racing_takes_from_threads_leaves_no_lease(server: Server, key: st
     m = lim.metrics
     assert state["leases"] <= m["leases_lost"], (state, m.snapshot())
     adds_up(m)
+
+
+@pytest.mark.parametrize("kind", ["prefetch", "async-prefetch"])
+def test_prefetch_last_known_budget_is_a_share(own_server: Server, key: str, kind: str) -> None:
+    """Rule 4 (the Rust client's twin defect): under LAST_KNOWN a prefetching limiter has no
+    level from Redis (a lease reports none), so its local bucket started full at the share
+    it measured, the whole cap when it took the whole rate: 100 let out per instance where
+    ``instances=4`` allow 25 (less the 10 it leased)."""
+    make: dict[str, Any] = {
+        "batch": 10,
+        "policy": LAST_KNOWN,
+        "instances": 4,
+        "timeout": 0.5,
+        "probe_interval": 3600,
+    }
+    kw = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5, "retry": NO_RETRY}
+    if kind == "async-prefetch":
+
+        async def run() -> int:
+            ar = aredis.Redis(port=own_server.port, **kw)
+            lim = AsyncPrefetchLimiter(ar, key, TINY, 100, **make)
+            assert await lim.take()
+            await asyncio.sleep(0.3)
+            own_server.kill()
+            out = 0
+            for _ in range(150):
+                d = await lim.decide()
+                out += d.granted and d.source is Source.FALLBACK
+            await ar.aclose()
+            return out
+
+        let_out = asyncio.run(run())
+    else:
+        lim = PrefetchLimiter(own_server.client(**kw), key, TINY, 100, **make)
+        assert lim.take()
+        time.sleep(0.3)
+        own_server.kill()
+        let_out = 0
+        for _ in range(150):
+            d = lim.decide()
+            let_out += d.granted and d.source is Source.FALLBACK
+    assert let_out <= 15, f"{let_out} let out locally: the share is 25, 10 were leased"

@@ -262,8 +262,14 @@ class Fallback:
         if local is not None:
             local._refill(now())
             level = local.tokens  # carried across the flap
-        if self.policy.kind == "last_known" and entry.last_tokens is not None:
-            level = entry.last_tokens if level is None else min(level, entry.last_tokens)
+        if self.policy.kind == "last_known":
+            # From the level Redis last reported; with none (a prefetching limiter's
+            # leases report none), from this instance's share of the cap, never a full
+            # bucket of a measured share that can be the whole limit.
+            start = entry.last_tokens
+            if start is None:
+                start = self.cap / (self.instances or 1)
+            level = start if level is None else min(level, start)
         entry.local = LocalBucket(rate, cap, level)
         entry.fresh = False
         return entry.local
