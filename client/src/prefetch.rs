@@ -159,6 +159,8 @@ struct State {
     /// Redis said `n` tokens are not there until then: takes of `n` or more are denied
     /// without asking; smaller ones still ask.
     denied: Option<(u64, Instant)>,
+    /// The generation of the lease call already counted as timed out (once per call).
+    slow: Option<u64>,
 }
 
 impl State {
@@ -349,6 +351,13 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                 None if !ended => {
                     // Redis is slow: an outage for this caller and the next ones (the
                     // call goes on; its outcome ends the outage if it succeeds).
+                    let first = {
+                        let mut state = lock(&inner.state);
+                        state.generation == seen && state.slow.replace(seen) != Some(seen)
+                    };
+                    if first {
+                        inner.metrics.slow_call();
+                    }
                     inner.health.failed();
                     return Ok(self.fallback(n, answer));
                 }

@@ -284,3 +284,89 @@ async fn oom_is_an_error_reply_not_an_outage() {
         }
     }
 }
+
+/// Rules 1, 6 and the metrics under stress: 16 tasks take from one limiter while the
+/// server stalls three times (`DEBUG SLEEP`, longer than the timeout, shorter than the
+/// connection's response timeout), then `close()`: no panic, no hung task, every lease live
+/// on the server after close is counted in `leases_lost`, and the counters add up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_tasks_through_stalls_then_close_leave_no_uncounted_lease() {
+    let server = Server::start();
+    let mut config = prefetch_config(FailurePolicy::Allow, 4);
+    config.renew_at = 0.3;
+    config.jitter = 0.1;
+    config.limiter.timeout = Duration::from_millis(150);
+    let limiter = PrefetchLimiter::from_client(
+        server.client(),
+        "k",
+        Limit::new(200.0, 400.0).unwrap(),
+        config,
+    )
+    .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let l = limiter.clone();
+            let stop = std::sync::Arc::clone(&stop);
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let started = std::time::Instant::now();
+                    match tokio::time::timeout(Duration::from_millis(300), l.take(1)).await {
+                        Ok(Ok(_)) | Err(_) => {}
+                        Ok(Err(Error::Closed)) => return,
+                        Ok(Err(e)) => panic!("{e}"),
+                    }
+                    assert!(started.elapsed() < Duration::from_secs(2));
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+        })
+        .collect();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let s = server.debug_sleep(0.8);
+        tokio::task::spawn_blocking(move || s.join().unwrap())
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    limiter.close().await.unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(10), t)
+            .await
+            .expect("hung task")
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let m = limiter.metrics().snapshot();
+    let live = server.live_leases("k") as u64;
+    assert!(live <= m.leases_lost, "{live} live leases after close: {m:?}");
+    assert_eq!(m.calls, m.granted + m.denied + m.errors, "{m:?}");
+}
+
+/// Metrics: a take that falls back because Redis is slow (its lease call outlives the
+/// timeout) is an outage and counts as one in `redis_timeouts` / `redis_errors`, as in the
+/// Python client. Before the fix the policy decided with both at 0 (the call itself ended
+/// well later, within the late-reply bound): an outage invisible in the metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_for_a_slow_redis_counts_a_timeout() {
+    let server = Server::start();
+    let limiter = PrefetchLimiter::from_client(
+        server.client(),
+        "k",
+        Limit::new(0.001, 100.0).unwrap(),
+        prefetch_config(FailurePolicy::Allow, 1),
+    )
+    .unwrap();
+    assert_eq!(limiter.take(1).await.unwrap().source, Source::Server);
+    let sleeper = server.debug_sleep(1.0);
+    // More than the 19 held: this take needs a lease call.
+    let d = limiter.take(20).await.unwrap();
+    sleeper.join().unwrap();
+    assert_eq!(d.source, Source::Fallback);
+    let m = limiter.metrics().snapshot();
+    assert!(m.redis_timeouts >= 1 && m.redis_errors >= 1, "{m:?}");
+    assert_eq!(m.calls, m.granted + m.denied + m.errors, "{m:?}");
+    limiter.close().await.unwrap();
+}
