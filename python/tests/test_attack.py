@@ -5,6 +5,7 @@ xfail with the reason it still fails)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import threading
 import time
@@ -345,3 +346,19 @@ def test_prefetch_last_known_budget_is_a_share(own_server: Server, key: str, kin
             d = lim.decide()
             let_out += d.granted and d.source is Source.FALLBACK
     assert let_out <= 15, f"{let_out} let out locally: the share is 25, 10 were leased"
+
+
+def test_dropping_a_sync_prefetch_limiter_returns_its_leftovers(server: Server, key: str) -> None:
+    """Rule 6: dropping a limiter returns its leftovers best effort. Before the fix a
+    ``PrefetchLimiter`` dropped without ``close()`` left its lease live for its whole TTL
+    (60 s here), its 9 unspent tokens with it."""
+    r = server.client()
+    lim = PrefetchLimiter(r, key, TINY, 100, batch=10, ttl_ms=60_000)
+    assert lim.take()
+    del lim
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while peek(r, key)["leases"] != 0:
+        assert time.monotonic() < deadline, peek(r, key)
+        time.sleep(0.02)
+    assert abs(peek(r, key)["tokens"] - 99) < 0.01, peek(r, key)

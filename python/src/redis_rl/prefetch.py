@@ -660,6 +660,29 @@ class PrefetchLimiter(_Base):
     def __enter__(self) -> PrefetchLimiter:
         return self
 
+    def __del__(self) -> None:
+        """Best effort: a limiter dropped without ``close()`` returns its leftovers (on the
+        call pool, never blocking the garbage collector); ``close()`` is the sure way."""
+        try:
+            core = self._core
+            if core.closed or core.protocol is None:
+                return
+            leases = [lease for lease in core.take_all() if lease is not None]
+            if leases:
+                client, proto = self.client, core.protocol
+
+                def give_back() -> None:
+                    for lease in leases:
+                        try:
+                            client.execute_command(*proto.return_(core.key, lease.id, lease.left))
+                            core.returned(lease)
+                        except Exception:
+                            core.metrics.add("leases_lost")
+
+                _pool().submit(give_back)
+        except Exception:  # never raise from a finalizer (interpreter shutdown, no pool)
+            return
+
     def __exit__(self, *exc: object) -> None:
         with contextlib.suppress(*OUTAGES):  # the leases expire on the server
             self.close()
