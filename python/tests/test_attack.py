@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
+import multiprocessing
 import threading
 import time
 from typing import Any, Iterator
@@ -362,3 +363,35 @@ def test_dropping_a_sync_prefetch_limiter_returns_its_leftovers(server: Server, 
         assert time.monotonic() < deadline, peek(r, key)
         time.sleep(0.02)
     assert abs(peek(r, key)["tokens"] - 99) < 0.01, peek(r, key)
+
+
+def _child_takes(lim: PrefetchLimiter, out: Any) -> None:
+    decisions = [lim.decide() for _ in range(3)]
+    out.put([d.source.value for d in decisions])
+    lim.close()
+
+
+def test_a_forked_child_does_not_spend_its_parents_lease(server: Server, key: str) -> None:
+    """Fork (``multiprocessing`` with the fork start method, a gunicorn worker): the child
+    inherits a copy of the parent's held lease. Before the fix it spent it too: tokens Redis
+    granted once (to the parent) were let out by both processes, and a lease call in the air
+    at the fork blocked the child's leasing for up to ``ttl + timeout + 1`` s. The child
+    starts with no lease and no call in the air: its first take leases its own batch."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    r = server.client()
+    lim = PrefetchLimiter(r, key, TINY, 100, batch=10, ttl_ms=60_000, timeout=2)
+    assert lim.take() and lim.held == 9
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child_takes, args=(lim, out))
+    child.start()
+    sources = out.get(timeout=20)
+    child.join(20)
+    assert child.exitcode == 0
+    assert sources[0] == "server", sources  # its own lease, not the parent's copy
+    assert lim.held == 9
+    assert lim.close() == 9
+    state = peek(r, key)
+    # Spent: 1 by the parent, 3 by the child; nothing else live or missing.
+    assert state["leases"] == 0 and abs(state["tokens"] - 96) < 0.01, state

@@ -31,8 +31,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import random
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, List, Optional, Set, Tuple
 
@@ -56,6 +58,29 @@ from .errors import LimiterClosed, ProtocolError, ServerError
 from .limiter import check_limit, check_n
 from .metrics import Metrics
 from .policy import ALLOW, FailurePolicy, Fallback, Health, now
+
+#: Every lease state machine alive, to reset in a forked child.
+_cores: weakref.WeakSet[_Core] = weakref.WeakSet()
+
+
+def _reset_cores_in_child() -> None:
+    """A forked child (``multiprocessing``, a gunicorn worker) inherits copies of its
+    parent's held leases and of a lease call in the air that will never land here: it must
+    spend neither (Redis granted them once, to the parent; the parent spends and returns
+    them). The child starts with no lease, no call in the air and fresh locks (the parent
+    may have held one while forking)."""
+    for core in list(_cores):
+        core.lock = threading.Lock()
+        core.health._lock = threading.Lock()
+        core.fallback._lock = threading.Lock()
+        core.metrics._lock = threading.Lock()
+        core.older = core.newer = None
+        core.flight = None
+        core.generation += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_cores_in_child)
 
 
 @dataclass
@@ -147,6 +172,7 @@ class _Core:
         #: asking (a smaller take may still be granted: the cache is per size).
         self.denied_until = 0.0
         self.denied_n = 0
+        _cores.add(self)
         #: ``close()`` was called: no lease call is made any more, takes raise.
         self.closed = False
 
