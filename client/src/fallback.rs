@@ -204,9 +204,7 @@ impl Fallback {
                         Some(tokens) => Level::starting_with(local, tokens / self.instances, now),
                         // No level seen (leases): this instance's share of the cap, not
                         // a full bucket of a share that can be the whole limit.
-                        None => {
-                            Level::starting_with(local, local.cap().min(self.share.cap()), now)
-                        }
+                        None => Level::starting_with(local, local.cap().min(self.share.cap()), now),
                     }
                 }
             },

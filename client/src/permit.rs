@@ -333,7 +333,8 @@ impl<C: RedisConnection> Inner<C> {
             Ok(Err(_)) => Err(Error::Timeout(timeout)),
             Err(_) => {
                 let e = Error::Timeout(timeout);
-                self.metrics.redis_call(timeout, &Err::<(), _>(Error::Timeout(timeout)));
+                self.metrics
+                    .redis_call(timeout, &Err::<(), _>(Error::Timeout(timeout)));
                 Err(e)
             }
         }

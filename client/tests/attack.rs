@@ -6,8 +6,8 @@ mod support;
 use std::time::Duration;
 
 use rl_client::{
-    Error, FailurePolicy, KeyedPrefetcher, Limit, LimiterConfig, PrefetchConfig,
-    PrefetchLimiter, Semaphore, Source,
+    Error, FailurePolicy, KeyedPrefetcher, Limit, LimiterConfig, PrefetchConfig, PrefetchLimiter,
+    Semaphore, Source,
 };
 use support::Server;
 
@@ -73,7 +73,10 @@ async fn prefetch_last_known_budget_is_a_share_and_survives_flaps() {
     }
     println!("fallback allowed over 3 flaps: {fallback_allowed}");
     // The share of 25, once (not 100 per flap).
-    assert!(fallback_allowed <= 25, "fallback allowed {fallback_allowed}");
+    assert!(
+        fallback_allowed <= 25,
+        "fallback allowed {fallback_allowed}"
+    );
 }
 
 /// Rule 2: an authentication failure (`WRONGPASS` at connect, `NOAUTH` on a call) is an
@@ -112,11 +115,18 @@ async fn authentication_failures_are_errors_not_outages() {
         let e = prefetch.take(1).await.unwrap_err();
         assert!(!e.is_outage() && e.is_server_error(), "{url}: {e:?}");
         let m = limiter.metrics().snapshot();
-        assert_eq!((m.fallback_decisions, m.errors, m.calls), (0, 3, 3), "{m:?}");
+        assert_eq!(
+            (m.fallback_decisions, m.errors, m.calls),
+            (0, 3, 3),
+            "{m:?}"
+        );
     }
     // The kit's server stops with SHUTDOWN, unauthenticated.
     let authed = format!("redis://:secret@127.0.0.1:{}/", server.port);
-    let mut c = redis::Client::open(authed).unwrap().get_connection().unwrap();
+    let mut c = redis::Client::open(authed)
+        .unwrap()
+        .get_connection()
+        .unwrap();
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("requirepass")
@@ -207,11 +217,9 @@ async fn a_permit_acquired_after_its_caller_gave_up_is_released() {
 #[tokio::test]
 async fn version_sent_to_the_functions_library_is_an_error() {
     let server = Server::start();
-    let source = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../functions/rl.lua"
-    ))
-    .unwrap();
+    let source =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../functions/rl.lua"))
+            .unwrap();
     let _: String = redis::cmd("FUNCTION")
         .arg("LOAD")
         .arg("REPLACE")
@@ -241,7 +249,11 @@ async fn version_sent_to_the_functions_library_is_an_error() {
     let e = prefetch.take(1).await.unwrap_err();
     assert!(!e.is_outage() && e.is_server_error(), "{e:?}");
     for m in [limiter.metrics().snapshot(), prefetch.metrics().snapshot()] {
-        assert_eq!((m.granted, m.fallback_decisions, m.errors), (0, 0, 1), "{m:?}");
+        assert_eq!(
+            (m.granted, m.fallback_decisions, m.errors),
+            (0, 0, 1),
+            "{m:?}"
+        );
     }
 }
 
@@ -280,7 +292,11 @@ async fn oom_is_an_error_reply_not_an_outage() {
         let e = prefetch.take(1).await.unwrap_err();
         assert!(!e.is_outage() && e.is_server_error(), "{e:?}");
         for m in [limiter.metrics().snapshot(), prefetch.metrics().snapshot()] {
-            assert_eq!((m.fallback_decisions, m.errors, m.calls), (0, 1, 1), "{m:?}");
+            assert_eq!(
+                (m.fallback_decisions, m.errors, m.calls),
+                (0, 1, 1),
+                "{m:?}"
+            );
         }
     }
 }
@@ -341,7 +357,10 @@ async fn many_tasks_through_stalls_then_close_leave_no_uncounted_lease() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let m = limiter.metrics().snapshot();
     let live = server.live_leases("k") as u64;
-    assert!(live <= m.leases_lost, "{live} live leases after close: {m:?}");
+    assert!(
+        live <= m.leases_lost,
+        "{live} live leases after close: {m:?}"
+    );
     assert_eq!(m.calls, m.granted + m.denied + m.errors, "{m:?}");
 }
 
