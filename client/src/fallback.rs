@@ -68,9 +68,18 @@ impl Fallback {
                 entry.meter.add(granted, now);
                 if level.is_some() {
                     entry.last_tokens = level;
+                    // Fresh news from Redis: the next outage starts from it.
+                    entry.local = None;
+                } else if granted > 0 {
+                    // A lease reports no level: the local budget carries across outages,
+                    // debited by what Redis granted (as under `Allow`), never refilled.
+                    let mut local = self.local_level(entry, now);
+                    let debit = (granted as f64).min(local.tokens());
+                    if debit > 0.0 {
+                        local.try_take(debit);
+                    }
+                    entry.local = Some((*local.limit(), local.bucket()));
                 }
-                // Fresh news from Redis: the next outage starts from it.
-                entry.local = None;
             }
             FailurePolicy::Allow => {
                 if granted == 0 {
@@ -193,7 +202,9 @@ impl Fallback {
                     match entry.last_tokens {
                         // The level is the fleet's: this instance spends its share of it.
                         Some(tokens) => Level::starting_with(local, tokens / self.instances, now),
-                        None => Level::new(None, local, now),
+                        // No level seen (leases): this instance's share of the cap, not
+                        // a full bucket of a share that can be the whole limit.
+                        None => Level::starting_with(local, local.cap().min(self.share.cap()), now),
                     }
                 }
             },

@@ -1,6 +1,7 @@
 //! [`KeyedPrefetcher`]: prefetching for many keys under one limit, one object.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rl_core::Limit;
@@ -22,6 +23,8 @@ pub struct KeyedPrefetcher<C: RedisConnection> {
     config: PrefetchConfig,
     metrics: Arc<Metrics>,
     limiters: Arc<Mutex<HashMap<String, PrefetchLimiter<C>>>>,
+    /// `close` was called (set under the map's lock): no limiter is made any more.
+    closed: Arc<AtomicBool>,
 }
 
 impl KeyedPrefetcher<LazyConnection> {
@@ -48,6 +51,7 @@ impl<C: RedisConnection> KeyedPrefetcher<C> {
             config,
             metrics: Arc::new(Metrics::new()),
             limiters: Arc::new(Mutex::new(HashMap::new())),
+            closed: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -61,6 +65,19 @@ impl<C: RedisConnection> KeyedPrefetcher<C> {
         let mut limiters = lock(&self.limiters);
         if let Some(l) = limiters.get(key) {
             return l.clone();
+        }
+        if self.closed.load(Ordering::Acquire) {
+            // After `close`: a limiter that answers `Error::Closed` and leases nothing.
+            let made = PrefetchLimiter::with_metrics(
+                self.conn.clone(),
+                key,
+                self.limit,
+                self.config.clone(),
+                Arc::clone(&self.metrics),
+            )
+            .expect("the config was checked in new");
+            made.mark_closed();
+            return made;
         }
         if limiters.len() >= self.config.limiter.max_keys {
             // Dropped limiters return their leftovers (best effort).
@@ -84,9 +101,13 @@ impl<C: RedisConnection> KeyedPrefetcher<C> {
     }
 
     /// Closes every key's limiter (returning their leftovers); answers the tokens credited.
-    /// Later takes make new limiters.
+    /// Nothing is leased after it: later takes, of any key, answer [`Error::Closed`].
     pub async fn close(&self) -> Result<u64, Error> {
-        let limiters: Vec<_> = lock(&self.limiters).drain().map(|(_, l)| l).collect();
+        let limiters: Vec<_> = {
+            let mut map = lock(&self.limiters);
+            self.closed.store(true, Ordering::Release);
+            map.drain().map(|(_, l)| l).collect()
+        };
         let mut credited = 0;
         let mut failure = None;
         for l in limiters {

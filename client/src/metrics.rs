@@ -275,6 +275,13 @@ impl Metrics {
         self.redis_latency(took, !failed, timed_out);
     }
 
+    /// A call still in flight outlived a caller's timeout: an outage for the failure policy
+    /// (counted once per call; its latency is counted when it ends).
+    pub(crate) fn slow_call(&self) {
+        add(&self.redis_errors, 1);
+        add(&self.redis_timeouts, 1);
+    }
+
     fn redis_latency(&self, took: Duration, ok: bool, timed_out: bool) {
         let us = took.as_micros().min(u64::MAX as u128) as u64;
         add(&self.redis_calls, 1);

@@ -210,14 +210,12 @@ impl<C: RedisConnection> Semaphore<C> {
                 "permits (RL.ACQUIRE) need the module: the Functions library has none",
             ));
         }
-        let cmd = protocol::acquire_cmd(key, limit, ttl);
-        let value = call(&inner.conn, &cmd, inner.config.timeout, &inner.metrics).await?;
         let protocol::AcquireReply {
             granted,
             id,
             in_use,
             retry_after,
-        } = protocol::acquire_reply(value)?;
+        } = inner.acquire_call(key, limit, ttl).await?;
         inner.metrics.permit(granted);
         if !granted {
             return Ok(Err(Busy {
@@ -298,6 +296,50 @@ fn check(limit: u64, ttl: Duration) -> Result<(), Error> {
 }
 
 impl<C: RedisConnection> Inner<C> {
+    /// One `RL.ACQUIRE` call, within the timeout. It runs on its own task: when its caller
+    /// gives up (the timeout, a dropped future) the call still lands, and a permit it
+    /// brings is released at once instead of holding a slot nobody has until its TTL.
+    async fn acquire_call(
+        self: &Arc<Self>,
+        key: &str,
+        limit: u64,
+        ttl: Duration,
+    ) -> Result<protocol::AcquireReply, Error> {
+        let cmd = protocol::acquire_cmd(key, limit, ttl);
+        let timeout = self.config.timeout;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            let value = call(&self.conn, &cmd, timeout, &self.metrics).await?;
+            return protocol::acquire_reply(value);
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let owner = Arc::clone(self);
+        let owned_key = key.to_owned();
+        let late = timeout.max(crate::prefetch::LATE_REPLY);
+        runtime.spawn(async move {
+            let outcome = call(&owner.conn, &cmd, late, &owner.metrics)
+                .await
+                .and_then(protocol::acquire_reply);
+            if let Err(Ok(reply)) = tx.send(outcome) {
+                if reply.granted {
+                    // Nobody holds it: free the slot (not counted as a permit).
+                    let release = protocol::release_cmd(&owned_key, reply.id);
+                    let _ = call(&owner.conn, &release, timeout, &owner.metrics).await;
+                }
+            }
+        });
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(outcome)) => outcome,
+            // The task was dropped: the runtime is shutting down.
+            Ok(Err(_)) => Err(Error::Timeout(timeout)),
+            Err(_) => {
+                let e = Error::Timeout(timeout);
+                self.metrics
+                    .redis_call(timeout, &Err::<(), _>(Error::Timeout(timeout)));
+                Err(e)
+            }
+        }
+    }
+
     /// `RL.RELEASE key id`: whether a live permit was released.
     async fn release(&self, key: &str, id: u64) -> Result<bool, Error> {
         let cmd = protocol::release_cmd(key, id);

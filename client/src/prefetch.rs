@@ -159,6 +159,8 @@ struct State {
     /// Redis said `n` tokens are not there until then: takes of `n` or more are denied
     /// without asking; smaller ones still ask.
     denied: Option<(u64, Instant)>,
+    /// The generation of the lease call already counted as timed out (once per call).
+    slow: Option<u64>,
 }
 
 impl State {
@@ -349,6 +351,13 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                 None if !ended => {
                     // Redis is slow: an outage for this caller and the next ones (the
                     // call goes on; its outcome ends the outage if it succeeds).
+                    let first = {
+                        let mut state = lock(&inner.state);
+                        state.generation == seen && state.slow.replace(seen) != Some(seen)
+                    };
+                    if first {
+                        inner.metrics.slow_call();
+                    }
                     inner.health.failed();
                     return Ok(self.fallback(n, answer));
                 }
@@ -414,6 +423,12 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
             }
         }
         failure.map_or(Ok(credited), Err)
+    }
+
+    /// Closed from the start (a keyed prefetcher after its `close`): takes answer
+    /// [`Error::Closed`], nothing is leased.
+    pub(crate) fn mark_closed(&self) {
+        self.inner.closed.store(true, Ordering::Release);
     }
 
     /// A grant from the held batch, or a denial Redis gave lately for this size; `None`

@@ -24,7 +24,14 @@ from ._protocol import (
     TakeReply,
 )
 from .decision import Decision, Source
-from .errors import BackendNotFound, PermitDenied, ProtocolError, RedisRLError, ServerError
+from .errors import (
+    BackendNotFound,
+    LimiterClosed,
+    PermitDenied,
+    ProtocolError,
+    RedisRLError,
+    ServerError,
+)
 from .limiter import AsyncLimiter, Limiter, amtake, mtake
 from .metrics import Metrics
 from .permit import Permit, apermit, permit
@@ -58,6 +65,7 @@ __all__ = [
     "RedisRLError",
     "ReserveReply",
     "ServerError",
+    "LimiterClosed",
     "Source",
     "TakeReply",
     "amtake",

@@ -37,6 +37,11 @@ OUTAGES = (
 #: The old name of :data:`OUTAGES`.
 FAILURES = OUTAGES
 TIMEOUTS = (redis.exceptions.TimeoutError, asyncio.TimeoutError, concurrent.futures.TimeoutError)
+#: Error replies that redis-py raises as a ``ConnectionError``: ``WRONGPASS`` and
+#: ``NOAUTH`` (``AuthenticationError``) are the server refusing this client's credentials, a
+#: misconfiguration it answered, not an outage: raised as :class:`ServerError`, never decided
+#: by the policy (a wrong password must not fail open). Catch them before :data:`OUTAGES`.
+NOT_OUTAGES = (redis.exceptions.AuthenticationError,)
 
 _executor_lock = threading.Lock()
 _executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
@@ -161,6 +166,9 @@ class SyncCaller:
                 if not future.cancel() and late is not None:  # sent: it may still land
                     future.add_done_callback(_on_late(late))
                 raise
+        except NOT_OUTAGES as e:
+            self.metrics.add("server_errors")
+            raise server_error(e) from e
         except TIMEOUTS:
             self.metrics.add("redis_timeouts")
             self.metrics.add("redis_errors")
@@ -255,6 +263,9 @@ class AsyncCaller:
                 self._later(task, late)
                 raise asyncio.TimeoutError()
             return task.result()
+        except NOT_OUTAGES as e:
+            self.metrics.add("server_errors")
+            raise server_error(e) from e
         except TIMEOUTS:
             self.metrics.add("redis_timeouts")
             self.metrics.add("redis_errors")

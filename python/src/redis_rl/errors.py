@@ -31,3 +31,8 @@ class PermitDenied(RedisRLError):
         self.key = key
         self.in_use = in_use
         self.retry_after_ms = retry_after_ms
+
+
+class LimiterClosed(RedisRLError):
+    """The prefetching limiter was closed (``close()``): it leases nothing more, and every
+    later take raises this (counted in ``errors``)."""

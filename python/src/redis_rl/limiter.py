@@ -13,6 +13,7 @@ import redis.exceptions
 
 from . import _protocol as p
 from ._call import (
+    NOT_OUTAGES,
     OUTAGES,
     AsyncCaller,
     SyncCaller,
@@ -448,6 +449,8 @@ def mtake(
         return p.parse_mtake(
             client.execute_command(*proto.mtake(buckets, n, withstate, init, version))
         )
+    except NOT_OUTAGES as e:
+        raise server_error(e) from e
     except OUTAGES:
         raise
     except redis.exceptions.RedisError as e:
@@ -471,6 +474,8 @@ async def amtake(
         )
         args = proto.mtake(buckets, n, withstate, init, version)
         return p.parse_mtake(await client.execute_command(*args))
+    except NOT_OUTAGES as e:
+        raise server_error(e) from e
     except OUTAGES:
         raise
     except redis.exceptions.RedisError as e:

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from typing import Any, AsyncIterator, Iterator, Optional
+from typing import Any, AsyncIterator, Iterator, Optional, Set
 
 from . import _protocol as p
 from ._call import aresolve_backend, resolve_backend
@@ -92,6 +92,31 @@ def permit(
             client.execute_command(*proto.release(key, held.id))
 
 
+#: Acquire calls whose caller was cancelled, kept until they land (and release).
+_orphans: Set[asyncio.Future[Any]] = set()
+
+
+async def _acquire(client: Any, proto: p.Protocol, key: str, limit: int, ttl_ms: int) -> Any:
+    """One ``RL.ACQUIRE`` as a task of its own: if the caller is cancelled while it is in
+    the air, it still lands, and a permit it brings is released at once (nobody holds it)
+    instead of taking a slot until its TTL."""
+    call = asyncio.ensure_future(client.execute_command(*proto.acquire(key, limit, ttl_ms)))
+    try:
+        return p.parse_acquire(await asyncio.shield(call))
+    except asyncio.CancelledError:
+
+        async def release_late() -> None:
+            with contextlib.suppress(BaseException):
+                r = p.parse_acquire(await call)
+                if r.granted:
+                    await client.execute_command(*proto.release(key, r.permit_id))
+
+        orphan = asyncio.ensure_future(release_late())
+        _orphans.add(orphan)
+        orphan.add_done_callback(_orphans.discard)
+        raise
+
+
 @contextlib.asynccontextmanager
 async def apermit(
     client: Any,
@@ -108,8 +133,7 @@ async def apermit(
     proto = await aresolve_backend(client, lambda a, **o: client.execute_command(*a, **o), backend)
     deadline = time.monotonic() + max_wait
     while True:
-        reply = await client.execute_command(*proto.acquire(key, limit, ttl_ms))
-        r = p.parse_acquire(reply)
+        r = await _acquire(client, proto, key, limit, ttl_ms)
         if r.granted:
             break
         wait = max(r.retry_after_ms, 10) / 1000

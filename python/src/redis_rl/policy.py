@@ -174,7 +174,9 @@ class Fallback:
     instance never had an answer for gets the configured limit.
 
     The local bucket carries across flaps: an outage that ends and starts again continues
-    the same bucket (refilled only by time at its rate), never a full one.
+    the same bucket (refilled only by time at its rate), never a full one. What Redis grants
+    this instance is debited from it (under ``LAST_KNOWN``, the level Redis reports already
+    counts it), so the share is spent once, from Redis or locally.
     """
 
     def __init__(
@@ -216,13 +218,23 @@ class Fallback:
 
     def observe(self, key: str, granted: int, level: Optional[float]) -> None:
         """What Redis granted for ``key`` (and the level it reported)."""
-        if not self.observing:
+        if self.policy.kind == "deny":
             return
         with self._lock:
             entry = self._entry(key)
-            entry.meter.add(granted, now())
-            if level is not None:
-                entry.last_tokens = level
+            if self.observing:
+                entry.meter.add(granted, now())
+                if level is not None:
+                    entry.last_tokens = level
+            if granted > 0 and (self.policy.kind == "allow" or level is None):
+                # What Redis granted this instance is spent from its share: the local
+                # budget is debited (an outage right after does not hand it out again),
+                # and sized anew at the next outage from this level. (A level Redis
+                # reported already counts the grant: LAST_KNOWN starts from it.)
+                bucket = self._bucket(entry)
+                bucket._refill(now())
+                bucket.tokens = max(0.0, bucket.tokens - granted)
+                entry.fresh = True
 
     def end_outage(self) -> None:
         """Redis answered again: the next outage sizes its local buckets anew (they keep
@@ -250,8 +262,14 @@ class Fallback:
         if local is not None:
             local._refill(now())
             level = local.tokens  # carried across the flap
-        if self.policy.kind == "last_known" and entry.last_tokens is not None:
-            level = entry.last_tokens if level is None else min(level, entry.last_tokens)
+        if self.policy.kind == "last_known":
+            # From the level Redis last reported; with none (a prefetching limiter's
+            # leases report none), from this instance's share of the cap, never a full
+            # bucket of a measured share that can be the whole limit.
+            start = entry.last_tokens
+            if start is None:
+                start = self.cap / (self.instances or 1)
+            level = start if level is None else min(level, start)
         entry.local = LocalBucket(rate, cap, level)
         entry.fresh = False
         return entry.local

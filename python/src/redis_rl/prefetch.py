@@ -31,8 +31,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import random
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, List, Optional, Set, Tuple
 
@@ -41,6 +43,7 @@ import redis.exceptions
 from . import _protocol as p
 from ._call import (
     LATE_LIMIT,
+    NOT_OUTAGES,
     OUTAGES,
     TIMEOUTS,
     AsyncCaller,
@@ -51,10 +54,33 @@ from ._call import (
     server_error,
 )
 from .decision import Decision, Source
-from .errors import ProtocolError, ServerError
+from .errors import LimiterClosed, ProtocolError, ServerError
 from .limiter import check_limit, check_n
 from .metrics import Metrics
 from .policy import ALLOW, FailurePolicy, Fallback, Health, now
+
+#: Every lease state machine alive, to reset in a forked child.
+_cores: weakref.WeakSet[_Core] = weakref.WeakSet()
+
+
+def _reset_cores_in_child() -> None:
+    """A forked child (``multiprocessing``, a gunicorn worker) inherits copies of its
+    parent's held leases and of a lease call in the air that will never land here: it must
+    spend neither (Redis granted them once, to the parent; the parent spends and returns
+    them). The child starts with no lease, no call in the air and fresh locks (the parent
+    may have held one while forking)."""
+    for core in list(_cores):
+        core.lock = threading.Lock()
+        core.health._lock = threading.Lock()
+        core.fallback._lock = threading.Lock()
+        core.metrics._lock = threading.Lock()
+        core.older = core.newer = None
+        core.flight = None
+        core.generation += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_cores_in_child)
 
 
 @dataclass
@@ -146,6 +172,9 @@ class _Core:
         #: asking (a smaller take may still be granted: the cache is per size).
         self.denied_until = 0.0
         self.denied_n = 0
+        _cores.add(self)
+        #: ``close()`` was called: no lease call is made any more, takes raise.
+        self.closed = False
 
     @property
     def flight_limit(self) -> float:
@@ -203,6 +232,7 @@ class _Core:
                     and self.left() <= self.threshold
                     and self.denied_until <= t
                     and not self.health.down
+                    and not self.closed
                 )
                 left = self.left()
                 self.metrics.decided(True, n, False)
@@ -217,6 +247,12 @@ class _Core:
         d = self.fallback.decide(self.key, n)
         self.metrics.decided(d.granted, d.tokens, True)
         return d
+
+    def crowded_out(self, n: int) -> Decision:
+        """Two lease calls of other takes landed (Redis answered) and left nothing for this
+        one: a denial, never a policy decision (Redis is up)."""
+        self.metrics.decided(False, 0, False)
+        return Decision(False, 0.0, 0, 0, 0, self.cap, Source.SERVER)
 
     def answered(self) -> None:
         if self.health.succeeded():
@@ -234,6 +270,10 @@ class _Core:
         """A new flight asking for ``need`` tokens (0: a renewal), with the older lease taken
         out of the state (the call returns it); or ``(None, the flight in the air)``."""
         with self.lock:
+            if self.closed:
+                if need == 0:
+                    return None, None  # a renewal racing close(): none
+                raise LimiterClosed(f"the limiter of {self.key!r} is closed")
             t = now()
             busy = self.flight
             if busy is not None and t - busy.sent < self.flight_limit:
@@ -382,6 +422,7 @@ class _Core:
             leases = (self.older, self.newer)
             self.older = self.newer = None
             self.generation += 1
+            self.closed = True
         return leases
 
     def returned(self, lease: _Lease) -> None:
@@ -491,6 +532,8 @@ class PrefetchLimiter(_Base):
 
     def _decide(self, n: int) -> Decision:
         core = self._core
+        if core.closed:
+            raise LimiterClosed(f"the limiter of {core.key!r} is closed")
         d, renew = core.decide_locally(n)
         if d is not None:
             if renew:
@@ -527,7 +570,7 @@ class PrefetchLimiter(_Base):
                 return d
             if core.health.down:
                 return core.fallback_decision(n)
-        return core.fallback_decision(n)
+        return core.crowded_out(n)
 
     def _send(self, flight: _Flight) -> None:
         core = self._core
@@ -570,6 +613,9 @@ class PrefetchLimiter(_Base):
         try:
             try:
                 reply = p.parse_lease(self.client.execute_command(*args))
+            except NOT_OUTAGES as e:
+                core.metrics.add("server_errors")
+                give_back = core.fail(flight, _as_server_error(e))
             except OUTAGES as e:
                 give_back = core.fail(flight, e)
             except (redis.exceptions.RedisError, ProtocolError) as e:
@@ -612,8 +658,8 @@ class PrefetchLimiter(_Base):
     def close(self) -> int:
         """Returns the leftovers of every live lease (``RL.RETURN``); answers the tokens
         Redis credited. A lease call in the air returns what it gets when it lands (close
-        waits up to ``timeout`` for it). The limiter stays usable: a later take leases
-        again."""
+        waits up to ``timeout`` for it). Nothing is leased after it: later takes raise
+        :class:`LimiterClosed`."""
         core = self._core
         flight = core.flight
         if flight is not None:
@@ -639,6 +685,29 @@ class PrefetchLimiter(_Base):
 
     def __enter__(self) -> PrefetchLimiter:
         return self
+
+    def __del__(self) -> None:
+        """Best effort: a limiter dropped without ``close()`` returns its leftovers (on the
+        call pool, never blocking the garbage collector); ``close()`` is the sure way."""
+        try:
+            core = self._core
+            if core.closed or core.protocol is None:
+                return
+            leases = [lease for lease in core.take_all() if lease is not None]
+            if leases:
+                client, proto = self.client, core.protocol
+
+                def give_back() -> None:
+                    for lease in leases:
+                        try:
+                            client.execute_command(*proto.return_(core.key, lease.id, lease.left))
+                            core.returned(lease)
+                        except Exception:
+                            core.metrics.add("leases_lost")
+
+                _pool().submit(give_back)
+        except Exception:  # never raise from a finalizer (interpreter shutdown, no pool)
+            return
 
     def __exit__(self, *exc: object) -> None:
         with contextlib.suppress(*OUTAGES):  # the leases expire on the server
@@ -709,6 +778,8 @@ class AsyncPrefetchLimiter(_Base):
 
     async def _decide(self, n: int) -> Decision:
         core = self._core
+        if core.closed:
+            raise LimiterClosed(f"the limiter of {core.key!r} is closed")
         d, renew = core.decide_locally(n)
         if d is not None:
             if renew:
@@ -750,7 +821,7 @@ class AsyncPrefetchLimiter(_Base):
                 return d
             if core.health.down:
                 return core.fallback_decision(n)
-        return core.fallback_decision(n)
+        return core.crowded_out(n)
 
     def _send(self, flight: _Flight) -> asyncio.Task[None]:
         core = self._core
@@ -793,6 +864,9 @@ class AsyncPrefetchLimiter(_Base):
             # Bounded (a half-open connection with no socket timeout), but well past the
             # lease's end: a late lease is returned, not lost.
             reply = p.parse_lease(await asyncio.wait_for(call, core.late_limit))
+        except NOT_OUTAGES as e:
+            core.metrics.add("server_errors")
+            give_back = core.fail(flight, _as_server_error(e))
         except OUTAGES as e:
             give_back = core.fail(flight, e)
         except (redis.exceptions.RedisError, ProtocolError) as e:
@@ -826,7 +900,8 @@ class AsyncPrefetchLimiter(_Base):
 
     async def close(self) -> int:
         """Waits (up to ``timeout``) for a lease call in the air, then returns every live
-        lease's leftovers; a call landing later returns what it gets."""
+        lease's leftovers; a call landing later returns what it gets. Nothing is leased
+        after it: later takes raise :class:`LimiterClosed`."""
         core = self._core
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=core.timeout)
