@@ -99,6 +99,35 @@ impl Opened<'_> {
     fn count(&self) {
         count_applied(self.applied);
     }
+
+    /// Stores the level's bucket and sends its effect if the call `granted`, or if the
+    /// bucket must be stored even on a denial (`created`); for a command whose key is
+    /// argument `i` with `rate cap` after it. Once per call.
+    fn write_if(
+        &mut self,
+        ctx: Ctx,
+        key: &BucketKey,
+        args: &Args,
+        i: usize,
+        granted: bool,
+    ) -> Result<()> {
+        if !(granted || self.created) {
+            return Ok(());
+        }
+        let origin = Origin {
+            adopted: self.adopted,
+            applied: self.applied,
+        };
+        write_bucket(
+            ctx,
+            key,
+            self.state.take(),
+            self.level.bucket(),
+            args,
+            i,
+            origin,
+        )
+    }
 }
 
 /// Counts a decided call by which limit decided it (`rl_limit_replaced`, `rl_limit_stale`,

@@ -65,17 +65,8 @@ pub fn reserve(ctx: Ctx, args: Args) -> Result<Reply> {
         .reserve(n as f64, max_wait_ms * 1_000_000)
         .ok_or(Error::Invalid("n must not exceed cap"))?;
     opened.count();
-    let super::Opened {
-        state,
-        level,
-        adopted,
-        created,
-        applied,
-    } = opened;
-    if granted || created {
-        let origin = super::Origin { adopted, applied };
-        super::write_bucket(ctx, &key, state, level.bucket(), &args, 0, origin)?;
-    }
+    opened.write_if(ctx, &key, &args, 0, granted)?;
+    let level = opened.level;
     // In shadow mode (server-wide or this call's SHADOW) a denial answers as a grant with
     // no wait (nothing was debited).
     let answered = ops::answered(granted, shadow);

@@ -50,21 +50,12 @@ pub fn take(ctx: Ctx, args: Args) -> Result<Reply> {
     let ns = ops::enter(name);
     let now = clock::now();
     let key = BucketKey::open(ctx, args.raw(0)?);
-    let opened = super::open_bucket(&key, limit, version.unwrap_or(0), now, init)?;
+    let mut opened = super::open_bucket(&key, limit, version.unwrap_or(0), now, init)?;
     opened.fits(n, "n must not exceed cap")?;
     opened.count();
-    let super::Opened {
-        state,
-        mut level,
-        adopted,
-        created,
-        applied,
-    } = opened;
-    let granted = level.try_take(n as f64);
-    if granted || created {
-        let origin = super::Origin { adopted, applied };
-        super::write_bucket(ctx, &key, state, level.bucket(), &args, 0, origin)?;
-    }
+    let granted = opened.level.try_take(n as f64);
+    opened.write_if(ctx, &key, &args, 0, granted)?;
+    let level = opened.level;
     let answered = ops::answered(granted, shadow);
     match (granted, answered) {
         (true, _) => {
