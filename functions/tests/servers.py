@@ -1,6 +1,7 @@
 """Throwaway redis-server processes for the Functions tests: standalone, replica, cluster."""
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -17,9 +18,17 @@ MODULE = os.environ.get("RL_MODULE", os.path.join(ROOT, "target", "debug", "libr
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below the kernel's ephemeral range (32768+), where outgoing
+    connections take their local ports: a port from bind(0) can be taken by one of those
+    between this check and the server's own bind. Server retries if it still loses."""
+    while True:
+        port = random.randint(20000, 31999)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def library_source():
@@ -28,24 +37,41 @@ def library_source():
 
 
 class Server:
+    """One server on a free port; an argument "{bus}" becomes a free port too (a cluster
+    node's bus port), both picked again if the server loses a race for them."""
+
     def __init__(self, *args, module=False):
+        for _ in range(5):
+            if self._start(args, module):
+                return
+        raise RuntimeError("no free port after 5 tries")
+
+    def _start(self, args, module):
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="rl-fn-")
+        args = [str(free_port()) if a == "{bus}" else a for a in args]
         cmd = [SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                "--appendonly", "no", "--dir", self.dir, "--logfile", "server.log",
                "--enable-debug-command", "yes", *args]
         if module:
             cmd += ["--loadmodule", MODULE]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 10
+        deadline = time.time() + 30
         while True:
+            if self.proc.poll() is not None:
+                with open(os.path.join(self.dir, "server.log")) as f:
+                    log = f.read()[-2000:]
+                self.stop()
+                if "Address already in use" in log:
+                    return False
+                raise RuntimeError(f"{SERVER} did not start: {log}")
             try:
                 self.client().ping()
-                break
+                return True
             except redis.exceptions.ConnectionError:
-                if self.proc.poll() is not None or time.time() > deadline:
-                    log = open(os.path.join(self.dir, "server.log")).read()[-2000:]
-                    raise RuntimeError(f"{SERVER} did not start: {log}")
+                if time.time() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"{SERVER} did not start in 30 s")
                 time.sleep(0.02)
 
     def client(self, protocol=2, **kw):
@@ -74,9 +100,8 @@ class Cluster:
         self.nodes = []
         try:
             for _ in range(3):
-                bus = free_port()
                 self.nodes.append(Server("--cluster-enabled", "yes", "--cluster-config-file",
-                                         "nodes.conf", "--cluster-port", str(bus),
+                                         "nodes.conf", "--cluster-port", "{bus}",
                                          "--cluster-node-timeout", "2000"))
             subprocess.run(["redis-cli", "--cluster", "create",
                             *[f"127.0.0.1:{n.port}" for n in self.nodes],

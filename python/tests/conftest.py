@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -25,20 +26,21 @@ FUNCTIONS_LUA = REPO / "functions" / "rl.lua"
 
 
 def free_port(bus: bool = False) -> int:
-    """A free loopback port; with ``bus``, one whose cluster bus port (+10000) is free too."""
+    """A free loopback port; with ``bus``, one whose cluster bus port (+10000) is free too.
+
+    Picked below the kernel's ephemeral range (32768+), where outgoing connections take
+    their local ports: a port from ``bind(0)`` can be taken by one of those between this
+    check and the server's own bind. ``Server`` still retries if it loses that race.
+    """
     while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if not bus:
-            return port
-        if port + 10000 < 65536:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port + 10000))
-                except OSError:
-                    continue
-            return port
+        port = random.randint(10000, 21999)
+        try:
+            for p in (port, port + 10000) if bus else (port,):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
 
 
 class Server:
@@ -51,14 +53,14 @@ class Server:
         self.extra = extra or []
         self.proc: Optional[subprocess.Popen[bytes]] = None
         cluster = "--cluster-enabled" in self.extra
-        for attempt in range(3):  # another process may take the port between pick and bind
+        for attempt in range(5):  # another process may take the port between pick and bind
             self.port = free_port(bus=cluster)
             try:
                 self.start()
                 return
             except RuntimeError:
                 self.stop()
-                if attempt == 2:
+                if attempt == 4:
                     raise
 
     def args(self) -> List[str]:

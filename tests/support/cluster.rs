@@ -119,21 +119,25 @@ impl Cluster {
         let timeout = NODE_TIMEOUT_MS.to_string();
         let servers: Vec<Server> = (0..NODES)
             .map(|_| {
-                // The bus port is set, not port + 10000, which may not exist.
-                let bus = free_port().to_string();
-                Server::start(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    &timeout,
-                    "--cluster-port",
-                    &bus,
-                    // Replicas sync at once, not after the default 5 s wait for more.
-                    "--repl-diskless-sync-delay",
-                    "0",
-                ])
+                Server::start_with(|| {
+                    // The bus port is set, not port + 10000, which may not exist.
+                    let bus = free_port().to_string();
+                    [
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        &timeout,
+                        "--cluster-port",
+                        &bus,
+                        // Replicas sync at once, not after the default 5 s wait for more.
+                        "--repl-diskless-sync-delay",
+                        "0",
+                    ]
+                    .map(String::from)
+                    .to_vec()
+                })
             })
             .collect();
         let cluster = Cluster {

@@ -39,12 +39,37 @@ pub fn module_path() -> PathBuf {
 }
 
 /// A free loopback port (for servers that must talk to each other over TCP).
+///
+/// Picked below the kernel's ephemeral range (32768+ on Linux): a port the kernel hands out
+/// for `bind(0)` is one it also hands out as the local end of outgoing connections, and with
+/// dozens of servers and clients running at once one of those took a cluster bus port
+/// between this check and the server's own bind (CI, "bind: Address already in use").
+/// [`Server::start`] still retries on a fresh port if the bind loses a race.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Test binaries run one after another, threads within one at once: start each process
+    // at its own offset and step through the range, skipping ports something holds.
+    let seed = std::process::id().wrapping_mul(7919)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+    let _ = NEXT.compare_exchange(0, seed | 1, Ordering::SeqCst, Ordering::SeqCst);
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let port = (LOW + n % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// Whether a server's log says it could not listen on its port (a lost race for it).
+fn lost_port_race(log: &str) -> bool {
+    log.contains("Address already in use")
 }
 
 fn spawn(dir: &Path, port: u16, extra: &[String]) -> Child {
@@ -85,9 +110,32 @@ impl Server {
     /// A server on a free loopback port with the module loaded and `extra` config args
     /// (`["--appendonly", "yes"]`, ...).
     pub fn start(extra: &[&str]) -> Server {
-        let dir = tempfile::tempdir().unwrap();
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        Server::launch(dir, free_port(), extra)
+        Server::start_with(|| extra.clone())
+    }
+
+    /// [`Server::start`] with config args made afresh for each try (a cluster node's bus
+    /// port is a free port too, and is picked again if a bind loses its race).
+    pub fn start_with(extra: impl Fn() -> Vec<String>) -> Server {
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let port = free_port();
+            let extra = extra();
+            let child = spawn(dir.path(), port, &extra);
+            let mut server = Server {
+                child: Some(child),
+                dir,
+                port,
+                extra,
+            };
+            if server.wait_ready_or_exit() {
+                return server;
+            }
+            let log = server.log();
+            assert!(lost_port_race(&log), "server did not start: {log}");
+            server.child = None;
+        }
+        panic!("no free port after 5 tries");
     }
 
     /// Starts a server that may refuse to start (a bad `loadmodule` argument): `Err` holds
@@ -125,18 +173,6 @@ impl Server {
         }
     }
 
-    fn launch(dir: tempfile::TempDir, port: u16, extra: Vec<String>) -> Server {
-        let child = spawn(dir.path(), port, &extra);
-        let server = Server {
-            child: Some(child),
-            dir,
-            port,
-            extra,
-        };
-        server.wait_ready();
-        server
-    }
-
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
@@ -162,14 +198,28 @@ impl Server {
         c
     }
 
-    fn wait_ready(&self) {
+    fn wait_ready(&mut self) {
+        assert!(
+            self.wait_ready_or_exit(),
+            "server did not start: {}",
+            self.log()
+        );
+    }
+
+    /// Waits until the server answers PING (true) or its process has exited (false).
+    fn wait_ready_or_exit(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
+            if let Some(child) = &mut self.child {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return false;
+                }
+            }
             if let Ok(client) = redis::Client::open(self.url()) {
                 if let Ok(mut c) = client.get_connection_with_timeout(Duration::from_millis(200)) {
                     // LOADING replies an error until the dataset is in.
                     if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                        return;
+                        return true;
                     }
                 }
             }
