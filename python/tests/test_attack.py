@@ -1,6 +1,5 @@
 """Attacks on the client contract (README: "What a client guarantees under cancellation,
-errors and outages"), against real servers. Each test failed before its fix (or is marked
-xfail with the reason it still fails)."""
+errors and outages"), against real servers. Each test failed before its fix."""
 
 from __future__ import annotations
 
@@ -60,8 +59,10 @@ def auth_server(own_server: Server) -> Iterator[Server]:
     own_server.client(password="secret").config_set("requirepass", "")
 
 
-def _takes_raise(kind: str, port: int, client_kw: dict[str, Any], key: str) -> Metrics:
-    make: dict[str, Any] = {"rate": 1, "cap": 40, "policy": ALLOW, "timeout": 1.0}
+def _takes_raise(
+    kind: str, port: int, client_kw: dict[str, Any], key: str, timeout: float = 1.0
+) -> Metrics:
+    make: dict[str, Any] = {"rate": 1, "cap": 40, "policy": ALLOW, "timeout": timeout}
     if "prefetch" in kind:
         make["batch"] = 10
     if kind.startswith("async"):
@@ -86,19 +87,80 @@ def _takes_raise(kind: str, port: int, client_kw: dict[str, Any], key: str) -> M
     return lim.metrics  # type: ignore[no-any-return]
 
 
+@pytest.mark.parametrize("retries", ["no-retries", "default-retries"])
 @pytest.mark.parametrize("password", ["wrong", None], ids=["wrongpass", "noauth"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_authentication_failure_is_an_error_not_an_outage(
-    auth_server: Server, key: str, kind: str, password: Any
+    auth_server: Server, key: str, kind: str, password: Any, retries: str
 ) -> None:
     """Rule 2. ``WRONGPASS`` / ``NOAUTH`` are error replies; redis-py raises them as
     ``AuthenticationError``, a subclass of ``ConnectionError``, which the clients took for an
     outage: under ALLOW a wrong password failed open on every call, silently (the Rust
-    client raises ``Error::Server``). A client that fails fast (no retries)."""
-    kw = {"password": password, "socket_timeout": 0.5, "retry": NO_RETRY}
-    m = _takes_raise(kind, auth_server.port, kw, key)
+    client raises ``Error::Server``). With redis-py's default retries (8.x: the refusal is
+    retried with backoff for seconds) the call outlived the limiter's 0.2 s timeout, an
+    outage again, until the clients checked credentials once without retries."""
+    if retries == "no-retries":
+        kw: dict[str, Any] = {"password": password, "socket_timeout": 0.5, "retry": NO_RETRY}
+        timeout = 1.0
+    else:
+        kw, timeout = {"password": password, "socket_timeout": 2}, 0.2
+    m = _takes_raise(kind, auth_server.port, kw, key, timeout)
     assert m["server_errors"] >= 3 and m["errors"] == 3, m.snapshot()
     assert m["granted"] == 0 and m["fallback_decisions"] == 0, m.snapshot()
+    adds_up(m)
+
+
+@pytest.mark.parametrize("kind", ["limiter", "async-limiter"])
+def test_rotated_password_is_an_error_after_at_most_one_outage(
+    own_server: Server, key: str, kind: str
+) -> None:
+    """A password rotated under a running limiter (default retries, so the refusal on a
+    new connection is retried past the timeout and looks like an outage once): the next
+    call that asks Redis (after ``probe_interval``) checks credentials again and raises, and
+    so does every call after it: the policy decides only the calls of one outage."""
+    admin = own_server.client()
+    admin.config_set("requirepass", "old")
+    admin = own_server.client(password="old")
+    make: dict[str, Any] = {"rate": 1, "cap": 40, "policy": ALLOW, "timeout": 0.2}
+    make["probe_interval"] = 0.05
+
+    def rotate() -> None:
+        admin.config_set("requirepass", "new")
+        admin.client_kill_filter(_type="normal", skipme=True)  # connections auth again
+
+    outcomes: list[str] = []
+    if kind == "async-limiter":
+
+        async def run() -> Metrics:
+            r = aredis.Redis(port=own_server.port, password="old", socket_timeout=2)
+            lim = AsyncLimiter(r, key, **make)
+            assert (await lim.take()).source is Source.SERVER
+            rotate()
+            for _ in range(4):
+                try:
+                    outcomes.append((await lim.take()).source.value)
+                except ServerError:
+                    outcomes.append("error")
+                await asyncio.sleep(0.1)  # past probe_interval: the next call asks Redis
+            await r.aclose()
+            return lim.metrics
+
+        m = asyncio.run(run())
+    else:
+        r = redis.Redis(port=own_server.port, password="old", socket_timeout=2)
+        lim = Limiter(r, key, **make)
+        assert lim.take().source is Source.SERVER
+        rotate()
+        for _ in range(4):
+            try:
+                outcomes.append(lim.take().source.value)
+            except ServerError:
+                outcomes.append("error")
+            time.sleep(0.1)  # past probe_interval: the next call asks Redis
+        m = lim.metrics
+    own_server.client(password="new").config_set("requirepass", "")
+    assert outcomes[1:] == ["error"] * 3 and outcomes[0] in ("error", "fallback"), outcomes
+    assert m["fallback_decisions"] <= 1, m.snapshot()
     adds_up(m)
 
 
@@ -137,22 +199,6 @@ def test_close_leases_nothing_more(server: Server, key: str, kind: str) -> None:
     assert abs(state["tokens"] - 99) < 0.01, state
     assert m["leases_lost"] == 0 and m["leases"] == 1 and m["errors"] == 3, m.snapshot()
     adds_up(m)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="redis-py (8.x) retries AuthenticationError 10 times with backoff (~4 s) by "
-    "default: the call outlives the limiter's timeout, which is an outage, so ALLOW fails "
-    "open on a wrong password; the late error is never seen. Needs the caller to remember "
-    "a late non-outage error (or to check credentials at startup).",
-)
-def test_wrong_password_with_default_retries_is_not_an_outage(
-    auth_server: Server, key: str
-) -> None:
-    r = redis.Redis(port=auth_server.port, password="wrong", socket_timeout=2)
-    lim = Limiter(r, key, rate=1, cap=40, policy=ALLOW, timeout=0.2)
-    with pytest.raises(ServerError):
-        lim.take()
 
 
 @pytest.fixture
@@ -455,18 +501,13 @@ class FreezingProxy:
                 s.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="A sync Limiter on a client without socket_timeout runs its "
-    "calls on the shared pool of 8 threads; a call on a half-open connection blocks its "
-    "thread forever (the caller is answered at its timeout, the thread is leaked). With 8 "
-    "half-open connections in the client's pool every thread of the process-wide pool is "
-    "stuck: every later call of every limiter queues behind them and falls back forever, "
-    "though Redis answers new connections. Needs a bound on the pooled call (a socket "
-    "timeout imposed, or a pool that replaces stuck threads); the README's advice "
-    "(socket_timeout ~2 s) avoids it.",
-)
 def test_half_open_connections_without_socket_timeout_recover(server: Server, key: str) -> None:
+    """A sync Limiter on a client without ``socket_timeout`` runs its calls on the shared
+    call pool; a call on a half-open connection blocks its thread until the socket fails,
+    maybe forever. With the pool's 8 fixed threads, 8 half-open connections in the client's
+    pool stuck every one of them: every later call of every limiter queued behind them and
+    fell back forever, though Redis answered new connections. The pool now grows past
+    threads whose callers gave up (up to ``CallPool.MAX_THREADS``)."""
     proxy = FreezingProxy(server.port)
     try:
         # No socket timeout (redis-py 8 defaults to 5 s: then recovery takes those 5 s,

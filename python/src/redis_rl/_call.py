@@ -9,13 +9,18 @@ caller and counted in ``server_errors``, never a policy decision.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import os
+import queue
 import threading
 import time
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional, Tuple
 
 import redis.exceptions
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from . import _protocol as p
 from .errors import BackendNotFound, ServerError
@@ -43,31 +48,121 @@ TIMEOUTS = (redis.exceptions.TimeoutError, asyncio.TimeoutError, concurrent.futu
 #: by the policy (a wrong password must not fail open). Catch them before :data:`OUTAGES`.
 NOT_OUTAGES = (redis.exceptions.AuthenticationError,)
 
-_executor_lock = threading.Lock()
-_executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_Work = Tuple[concurrent.futures.Future[Any], Callable[..., Any], Tuple[Any, ...], dict[str, Any]]
+
+
+class CallPool:
+    """Threads that run calls for callers who stop waiting at their timeout.
+
+    A call blocked on a half-open connection (a peer gone without a FIN, a client without
+    ``socket_timeout``) holds its thread until the socket fails, maybe forever. A fixed
+    pool would queue every later call of every limiter behind such threads, and all of
+    them would fall back though Redis answers new connections. So a call that finds no
+    idle thread gets a new one (up to ``MAX_THREADS``), and a thread idle for
+    ``IDLE_SECONDS`` exits: the pool is as large as the calls in flight, stuck or not.
+
+    The threads are daemons, so a stuck call never keeps the process from exiting; at
+    exit the pool waits up to ``EXIT_WAIT_SECONDS`` for work already submitted (a dropped
+    prefetching limiter giving back its leftovers, a late grant being refunded).
+    """
+
+    MAX_THREADS = 64
+    IDLE_SECONDS = 30.0
+    EXIT_WAIT_SECONDS = 5.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._finished = threading.Condition(self._lock)
+        self._work: queue.SimpleQueue[_Work] = queue.SimpleQueue()
+        self._threads = 0
+        self._idle = 0
+        self._queued = 0
+        self._unfinished = 0  # submitted, not yet run to the end
+
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            self._work.put((future, fn, args, kwargs))
+            self._queued += 1
+            self._unfinished += 1
+            if self._queued > self._idle and self._threads < self.MAX_THREADS:
+                self._threads += 1
+                threading.Thread(target=self._run, name="redis-rl-call", daemon=True).start()
+        return future
+
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    def drain(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` seconds until everything submitted has run."""
+        with self._finished:
+            return self._finished.wait_for(lambda: self._unfinished == 0, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            work: Optional[_Work]
+            try:
+                work = self._work.get(timeout=self.IDLE_SECONDS)
+            except queue.Empty:
+                work = None
+            with self._lock:
+                self._idle -= 1
+                if work is None:
+                    # Nothing came: exit, unless work was queued just now with this thread
+                    # counted as idle (then it takes that work).
+                    if self._queued <= self._idle:
+                        self._threads -= 1
+                        return
+                    continue
+                self._queued -= 1
+            future, fn, args, kwargs = work
+            if future.set_running_or_notify_cancel():  # else the caller cancelled it
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as e:  # handed to the caller, like ThreadPoolExecutor
+                    future.set_exception(e)
+            del work, future, fn, args, kwargs
+            with self._finished:
+                self._unfinished -= 1
+                if self._unfinished == 0:
+                    self._finished.notify_all()
+
+
+_pool_lock = threading.Lock()
+_the_pool: Optional[CallPool] = None
 
 
 def _forget_pool_in_child() -> None:
     """A forked child (a gunicorn or multiprocessing worker) inherits the pool object but
     none of its threads: work submitted to it would never run and every call would time
     out. The child starts a pool of its own on first use instead."""
-    global _executor, _executor_lock
-    _executor = None
-    _executor_lock = threading.Lock()  # the parent may have held it while forking
+    global _the_pool, _pool_lock
+    _the_pool = None
+    _pool_lock = threading.Lock()  # the parent may have held it while forking
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
-def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            _executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=8, thread_name_prefix="redis-rl-call"
-            )
-        return _executor
+@atexit.register
+def _drain_at_exit() -> None:
+    pool = _the_pool
+    if pool is not None:
+        pool.drain(CallPool.EXIT_WAIT_SECONDS)
+
+
+def _pool() -> CallPool:
+    global _the_pool
+    with _pool_lock:
+        if _the_pool is None:
+            _the_pool = CallPool()
+        return _the_pool
 
 
 def now() -> float:
@@ -121,13 +216,57 @@ def worst_case(client: Any) -> Optional[float]:
     return float(st) + float(ct)
 
 
+def _unretried_connection(client: Any, retry: Any) -> Any:
+    """A new connection with ``client``'s settings but ``retry``, or ``None`` for clients
+    without a plain connection pool (cluster clients)."""
+    pool = getattr(client, "connection_pool", None)
+    connection_class = getattr(pool, "connection_class", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if connection_class is None or not isinstance(kwargs, dict):
+        return None
+    return connection_class(**{**kwargs, "retry": retry})
+
+
+def check_credentials(client: Any) -> None:
+    """Connects once with ``client``'s settings but no retries, sends PING and closes: the
+    server's answer to its credentials (``WRONGPASS`` at AUTH / HELLO, ``NOAUTH`` at the
+    PING) in one try. redis-py counts a refusal as a ``ConnectionError`` and its default
+    retries repeat it with backoff for seconds, longer than a limiter waits: without this
+    check a wrong password looks like an outage, and ALLOW fails open on it."""
+    conn = _unretried_connection(client, Retry(NoBackoff(), 0))
+    if conn is None:
+        return
+    try:
+        conn.connect()
+        conn.send_command("PING")
+        conn.read_response()
+    finally:
+        conn.disconnect()
+
+
+async def acheck_credentials(client: Any) -> None:
+    """:func:`check_credentials` for an asyncio client."""
+    conn = _unretried_connection(client, AsyncRetry(NoBackoff(), 0))
+    if conn is None:
+        return
+    try:
+        await conn.connect()
+        await conn.send_command("PING")
+        await conn.read_response()
+    finally:
+        await conn.disconnect()
+
+
 class SyncCaller:
     """Sends commands on a synchronous client, each within ``timeout`` seconds.
 
     When the client cannot take longer than ``timeout`` by itself (``socket_timeout`` plus
     ``socket_connect_timeout`` at most ``timeout``, retries off) the call is made in the
-    caller's thread (the cheap path); otherwise it runs on a small shared thread pool and
-    the caller stops waiting at ``timeout``.
+    caller's thread (the cheap path); otherwise it runs on the shared call pool and the
+    caller stops waiting at ``timeout``. On that path the client's credentials are checked
+    without retries (:func:`check_credentials`) before the first call and before the first
+    call after an outage (a timeout there may have been a refusal retried, say after a
+    password rotation): a refusal is a :class:`ServerError`, never an outage.
     """
 
     def __init__(self, client: Any, timeout: Optional[float], metrics: Metrics) -> None:
@@ -136,6 +275,17 @@ class SyncCaller:
         self.metrics = metrics
         worst = worst_case(client)
         self.direct = timeout is None or (worst is not None and worst <= timeout)
+        #: Whether this caller checks credentials (the pooled path), and must before its
+        #: next call.
+        self._checks = self._check = not self.direct
+
+    def _send(self, args: p.Args, options: dict[str, Any]) -> Any:
+        """The pooled call: credentials first if due, in the same job, so a call whose
+        caller stops waiting during the check is still sent (and refunded) as before."""
+        if self._check:
+            check_credentials(self.client)
+            self._check = False
+        return self.client.execute_command(*args, **options)
 
     def remaining(self, deadline: Optional[float]) -> Optional[float]:
         if deadline is None:
@@ -159,7 +309,7 @@ class SyncCaller:
         try:
             if self.direct:
                 return self.client.execute_command(*args, **options)
-            future = _pool().submit(self.client.execute_command, *args, **options)
+            future = _pool().submit(self._send, args, options)
             try:
                 return future.result(self.remaining(deadline))
             except concurrent.futures.TimeoutError:
@@ -172,9 +322,11 @@ class SyncCaller:
         except TIMEOUTS:
             self.metrics.add("redis_timeouts")
             self.metrics.add("redis_errors")
+            self._check = self._checks
             raise
         except OUTAGES:
             self.metrics.add("redis_errors")
+            self._check = self._checks
             raise
         except redis.exceptions.RedisError as e:
             self.metrics.add("server_errors")
@@ -202,6 +354,16 @@ class AsyncCaller:
         self.timeout = timeout
         self.metrics = metrics
         self._late: set[asyncio.Future[Any]] = set()
+        #: Credentials are checked without retries (:func:`acheck_credentials`) before the
+        #: first call and the first after an outage, as for :class:`SyncCaller`.
+        self._checks = self._check = True
+
+    async def _send(self, args: p.Args, options: dict[str, Any]) -> Any:
+        """The call, credentials first if due (as :meth:`SyncCaller._send`)."""
+        if self._check:
+            await acheck_credentials(self.client)
+            self._check = False
+        return await self.client.execute_command(*args, **options)
 
     def _keep(self, task: asyncio.Future[Any]) -> None:
         self._late.add(task)
@@ -234,7 +396,7 @@ class AsyncCaller:
         that comes after the caller stopped waiting (say, to refund a grant)."""
         self.metrics.add("redis_calls")
         try:
-            call = self.client.execute_command(*args, **options)
+            call = self._send(args, options)
             timeout = self.timeout if deadline is None else max(0.0, deadline - now())
             if late is None:
                 if timeout is None:
@@ -269,9 +431,11 @@ class AsyncCaller:
         except TIMEOUTS:
             self.metrics.add("redis_timeouts")
             self.metrics.add("redis_errors")
+            self._check = self._checks
             raise
         except OUTAGES:
             self.metrics.add("redis_errors")
+            self._check = self._checks
             raise
         except redis.exceptions.RedisError as e:
             self.metrics.add("server_errors")
