@@ -389,14 +389,22 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
         }
     }
 
-    /// Stops leasing and returns the held leftovers (`RL.RETURN` per live lease), after a
-    /// lease call in flight ends (its lease is returned too); answers the tokens Redis
-    /// credited back for the held ones. Later `take`s answer [`Error::Closed`]; no
-    /// renewal starts after `close`.
+    /// Stops leasing and returns the held leftovers (`RL.RETURN` per live lease); answers
+    /// the tokens Redis credited back for them. A lease call in flight returns its lease
+    /// itself when it lands (not counted in the answer); `close` waits for it up to the
+    /// limiter's `timeout`, no longer, so a slow or unreachable Redis does not hold up a
+    /// shutdown (a call landing later still returns its lease if the runtime runs, else the
+    /// lease expires after its TTL). Later `take`s answer [`Error::Closed`]; no renewal
+    /// starts after `close`.
     pub async fn close(&self) -> Result<u64, Error> {
         let inner = &self.inner;
-        inner.closed.store(true, Ordering::Release);
-        let wait = inner.late_bound() + inner.config.limiter.timeout;
+        {
+            // Under the state lock: a lease call landing from now on sees `closed` before it
+            // could install its lease (see `fetch`), so none slips in after the take below.
+            let _state = lock(&inner.state);
+            inner.closed.store(true, Ordering::Release);
+        }
+        let wait = inner.config.limiter.timeout;
         let _ = tokio::time::timeout(wait, async {
             loop {
                 let notified = inner.fetched.notified();
@@ -606,17 +614,19 @@ impl<C: RedisConnection> Inner<C> {
             left: granted.tokens,
             expires: sent + ttl,
         };
-        if lease.expires <= now || self.closed.load(Ordering::Acquire) {
-            // Arrived expired (a TTL shorter than the round trip) or nobody wants it.
-            let stale = lease.expires <= now;
+        if lease.expires <= now {
+            // Arrived expired (a TTL shorter than the round trip): nothing to spend.
             let _ = self.give_back(lease).await;
-            return if stale {
-                Outcome::Stale
-            } else {
-                Outcome::Failed(Failure::Closed)
-            };
+            return Outcome::Stale;
         }
         let mut state = lock(&self.state);
+        // `close` sets `closed` under this lock and then takes what `state` holds: a lease
+        // that finds it set here is nobody's but this task's to return.
+        if self.closed.load(Ordering::Acquire) {
+            drop(state);
+            let _ = self.give_back(lease).await;
+            return Outcome::Failed(Failure::Closed);
+        }
         // `older` was taken above and only lease calls (one at a time) put leases in.
         if let Some(previous) = state.older.take() {
             // Unreachable, but never drop a lease silently.

@@ -673,6 +673,41 @@ async fn close_does_not_lease_again() {
     assert_adds_up(&limiter.metrics().snapshot());
 }
 
+/// `close()` during a lease call Redis is slow to answer: before, it waited for that call
+/// up to its late bound (10 s + timeout) and held up the shutdown; now it returns within the
+/// limiter's timeout, and the call returns its own lease when it lands: nothing is left live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_does_not_wait_out_a_slow_lease_call() {
+    let server = Server::start();
+    let limiter = PrefetchLimiter::from_client(
+        server.client(),
+        "k",
+        frozen(),
+        prefetch_config(FailurePolicy::Deny, 300),
+    )
+    .unwrap();
+    assert!(limiter.take(1).await.unwrap().allowed);
+    let sleeper = server.debug_sleep(2.0);
+    // This take needs a new lease, which stays in the air while Redis sleeps.
+    let (d, _) = timed(limiter.take(20)).await;
+    assert_eq!(d.unwrap().source, Source::Fallback);
+    let (credited, took) = timed(limiter.close()).await;
+    assert!(
+        took < Duration::from_millis(300) + SLACK,
+        "close took {took:?}"
+    );
+    // The held lease's return waits for Redis too; it is credited when Redis wakes.
+    assert!(credited.is_err() || credited.unwrap() == 19);
+    sleeper.join().unwrap();
+    eventually(20, "the late lease to be returned", || {
+        server.live_leases("k") == 0
+    })
+    .await;
+    let t = server.tokens("k").unwrap_or(100.0);
+    assert!((t - 99.0).abs() < 0.1, "server holds {t}");
+    assert!(matches!(limiter.take(1).await, Err(Error::Closed)));
+}
+
 #[test]
 fn dropping_the_limiter_at_the_end_of_main_returns_its_leftovers() {
     let server = Server::start();
