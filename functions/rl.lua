@@ -23,7 +23,9 @@
 --   v  the version of the limit in r c (`VERSION v`, core/src/version.rs), decimal text;
 --      absent for version 0 (unversioned buckets, and hashes written before versions)
 --   i  the last lease id handed out (present once the bucket had a lease)
---   l  live leases, "id:tokens:expires_us," each, ids ascending (absent when none)
+--   l  leases, "id:tokens:expires_us," each, ids ascending (absent when none); it may
+--      hold expired entries, which every reader skips (rl_lease appends without parsing
+--      and drops only the expired ones at the front; see PRUNE_CHARS)
 --   x  the latest expiry among the leases in `l`, microseconds (absent when none)
 --   h  the hold, ns as decimal text like `f`, and
 --   s  the span, ns as decimal text (both absent when the span is 0): after a write that
@@ -54,7 +56,7 @@
 local G = 1e9
 -- Library code runs at FUNCTION LOAD with no globals (Redis 7.0 gives it only `redis`):
 -- the standard functions are bound to these locals at the first call.
-local floor, ceil, frexp, ldexp, fmt, upper, ssub, byte, char, gmatch
+local floor, ceil, frexp, ldexp, fmt, upper, ssub, byte, char, gmatch, sfind
 local call, pcall_r, error_reply
 -- Whether PEXPIREAT gets its millisecond argument as text (Redis 7.0: see `store`).
 local MS_TEXT = false
@@ -65,7 +67,7 @@ end
 local function bind()
     floor, ceil, frexp, ldexp = math.floor, math.ceil, math.frexp, math.ldexp
     fmt, upper, ssub, byte = string.format, string.upper, string.sub, string.byte
-    char, gmatch = string.char, string.gmatch
+    char, gmatch, sfind = string.char, string.gmatch, string.find
     call, pcall_r, error_reply = redis.call, redis.pcall, redis.error_reply
     MS_TEXT = (tonumber(redis.REDIS_VERSION_NUM) or 0) < 0x070200
 end
@@ -1026,12 +1028,12 @@ local function count_live(t, now_us)
     return c, held
 end
 
--- Writes bucket and table.
-local function store_with_leases(key, h, lv, t, wv)
-    local text, x = table_text(t)
+-- Writes the bucket and its lease table: `text` (nil: no entry left, the fields go), `x`
+-- the latest expiry in it, `last` the last lease id.
+local function store_leases(key, h, lv, text, x, last, wv)
     local extra = {}
-    if t.last ~= 0 then
-        extra[1] = 'i'; extra[2] = fmt('%d', t.last)
+    if last ~= 0 then
+        extra[1] = 'i'; extra[2] = fmt('%d', last)
     end
     if x then
         extra[#extra + 1] = 'l'; extra[#extra + 1] = text
@@ -1041,6 +1043,12 @@ local function store_with_leases(key, h, lv, t, wv)
     if not x and (h[X] or h[LS]) then drop[2] = 'l'; drop[3] = 'x' end
     write(key, h, lv, extra, drop, wv)
     call('PEXPIREAT', key, ms_arg(expiry_ms(lv, x)))
+end
+
+-- Writes bucket and table.
+local function store_with_leases(key, h, lv, t, wv)
+    local text, x = table_text(t)
+    store_leases(key, h, lv, x and text, x, t.last, wv)
 end
 
 -- ---------------------------------------------------------------------------------------
@@ -1118,9 +1126,92 @@ local function quick_take(keys, a)
     return take(keys[1], L, n, false, nil)
 end
 
+-- A lease table shorter than this holds fewer than 683 entries (each is at least
+-- "1:1:1,"), below MAX_LEASES: a lease call appends its lease to such a table without
+-- parsing it all. Entries are in id order, which is the order they were granted in, so
+-- with one TTL the expired ones are a prefix: the call drops that prefix and leaves any
+-- other expired entry (they count for nothing: every reader skips them) for a call that
+-- finds the table longer, which parses and prunes it all.
+local PRUNE_CHARS = 4096
+
+-- `text` without its leading expired entries (nil if none is left).
+local function drop_expired_prefix(text, now_us)
+    local at = 1
+    while true do
+        local _, e, exp = sfind(text, '^%d+:%d+:(%d+),', at)
+        if not e or tonumber(exp) > now_us then break end
+        at = e + 1
+    end
+    if at == 1 then return text end
+    if at > #text then return nil end
+    return ssub(text, at)
+end
+
+-- RL.LEASE on `key` once its arguments are parsed and valid.
+local function lease(key, L, n, ttl, min, ret_id, ret_unused, init, v)
+    local ns, nn, now_us = now()
+    local h = read_leases(key, v)
+    local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
+    fits_decided(min, lv, L, 'MIN must not exceed cap')
+    local created = must_write(h, lv, wv)
+    local text, x, last = h[LS], tonumber(h[X]), tonumber(h[I]) or 0
+    if x and x <= now_us then text, x = nil, nil end -- every lease in it has expired
+    -- `live`: the live leases, or (a short table, not parsed) a bound on them below
+    -- MAX_LEASES, which decides the same.
+    local live, returned = 0, nil -- returned: the credit of the lease being returned
+    if text and not ret_id then
+        text = drop_expired_prefix(text, now_us)
+        if not text then x = nil end
+    end
+    if text and (ret_id or #text >= PRUNE_CHARS) then
+        local t = prune(parse_table(nil, text), now_us)
+        if ret_id then
+            local k, e = find_live(t, ret_id, now_us)
+            if k then
+                returned = math.min(ret_unused, e[2])
+                table.remove(t, k)
+            end
+        end
+        live = #t
+        text, x = table_text(t)
+        if not x then text = nil end
+    elseif text then
+        live = floor(#text / 6) -- at most this many entries: below MAX_LEASES
+    end
+    if returned then credit(lv, returned) end
+    local got = 0
+    if live < MAX_LEASES then got = take_up_to(lv, n, min) end
+    if got == 0 and live >= MAX_LEASES and not returned then
+        fail('too many live leases on this key (at most 1024)')
+    end
+    if got > 0 or returned or created then
+        local id = 0
+        if got > 0 then
+            id = math.max(last + 1, now_us)
+            last = id
+            local exp = now_us + ttl * 1000
+            text = (text or '') .. fmt('%d:%d:%d,', id, got, exp)
+            if not x or exp > x then x = exp end
+        end
+        store_leases(key, h, lv, text, x, last, wv)
+        if got > 0 then return { got, id, ttl, 0 } end
+    end
+    return { 0, 0, 0, wait_ms(wait_for(lv, min)) }
+end
+
 local function rl_lease(keys, a)
     local N = 'RL.LEASE'
     local na = #a
+    if na == 4 and #keys == 1 then
+        -- The plain call `rl_lease 1 key rate cap n ttl_ms` with a limit and integers
+        -- parsed and validated before (LIMITS, INTS): no option parser.
+        local byr = LIMITS[a[1]]
+        local L = byr and byr[a[2]]
+        local n, ttl = INTS[a[3]], INTS[a[4]]
+        if L and n and ttl and n > 0 and ttl > 0 and ttl <= MAX_TTL_MS and L.c >= 1 then
+            return lease(keys[1], L, n, ttl, 1, nil, nil, nil, nil)
+        end
+    end
     if #keys ~= 1 or na < 4 then arity(N) end
     local L = limit_at(a, 1, N)
     local n = positive(a, 3, N, 'n must be a positive integer')
@@ -1157,42 +1248,7 @@ local function rl_lease(keys, a)
     end
     if int_gt(min_text, a[3]) then fail('MIN must not exceed n') end
     fits(min, L, 'MIN must not exceed cap')
-
-    local key = keys[1]
-    local ns, nn, now_us = now()
-    local h = read_leases(key, v)
-    local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
-    fits_decided(min, lv, L, 'MIN must not exceed cap')
-    local created = must_write(h, lv, wv)
-    local t = parse_table(h[I], h[LS])
-    local returned -- credit of the lease being returned, if live
-    if ret_id then
-        local _, e = find_live(t, ret_id, now_us)
-        if e then returned = math.min(ret_unused, e[2]) end
-    end
-    local live = count_live(t, now_us)
-    if returned then live = live - 1; credit(lv, returned) end
-    local got = 0
-    if live < MAX_LEASES then got = take_up_to(lv, n, min) end
-    if got == 0 and live >= MAX_LEASES and not returned then
-        fail('too many live leases on this key (at most 1024)')
-    end
-    local id = 0
-    if got > 0 or returned or created then
-        t = prune(t, now_us)
-        if ret_id then
-            local k = find_live(t, ret_id, now_us)
-            if k then table.remove(t, k) end
-        end
-        if got > 0 then
-            id = math.max(t.last + 1, now_us)
-            t.last = id
-            t[#t + 1] = { id, got, now_us + ttl * 1000 }
-        end
-        store_with_leases(key, h, lv, t, wv)
-    end
-    if got > 0 then return { got, id, ttl, 0 } end
-    return { 0, 0, 0, wait_ms(wait_for(lv, min)) }
+    return lease(keys[1], L, n, ttl, min, ret_id, ret_unused, init, v)
 end
 
 local function rl_return(keys, a)

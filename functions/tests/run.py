@@ -173,6 +173,83 @@ def alone():
         r2.config_set("maxmemory", 0)
 
 
+def entries(r, key):
+    """The lease table's entries as stored (live and expired): (id, tokens, expiry_us)."""
+    text = (r.hget(key, "l") or b"").decode()
+    return [tuple(int(x) for x in e.split(":")) for e in text.split(",") if e]
+
+
+@section("lease tables: appended, expired entries dropped lazily, the bound exact")
+def lease_tables():
+    """rl_lease appends to a short table without parsing it: it drops only the expired
+    entries at its front, and leaves others (a short TTL among long ones) for the call
+    that finds the table long (4096 characters), which prunes it all. Expired entries
+    must count for nothing anywhere: PEEK, RETURN, the 1024 bound, the ids."""
+    with Server() as s:
+        s.load_library()
+        r2, r3 = s.client(), s.client(protocol=3)
+        # A short TTL between long ones: kept in the table, counted nowhere.
+        a = fcall(r2, "rl_lease", ["t"], 1, 1000, 5, 60000)[1]
+        b = fcall(r2, "rl_lease", ["t"], 1, 1000, 7, 30)[1]
+        c = fcall(r2, "rl_lease", ["t"], 1, 1000, 11, 60000)[1]
+        assert a < b < c
+        time.sleep(0.06)
+        peek = fcall(r3, "rl_peek", ["t"])
+        assert peek[b"leases"] == 2 and peek[b"leased_tokens"] == 16, peek
+        assert fcall(r2, "rl_return", ["t"], b, 7) == 0  # expired: nothing back
+        d = fcall(r2, "rl_lease", ["t"], 1, 1000, 13, 60000)[1]
+        assert d > c
+        assert [e[0] for e in entries(r2, "t")] == [a, b, c, d]  # b: not at the front
+        e = fcall(r2, "rl_lease", ["t"], 1, 1000, 17, 20)[1]
+        f = fcall(r2, "rl_lease", ["t"], 1, 1000, 1, 60000)[1]
+        time.sleep(0.04)
+        fcall(r2, "rl_lease", ["t"], 1, 1000, 1, 60000)
+        assert e in [x[0] for x in entries(r2, "t")]  # not at the front: still stored
+        peek = fcall(r3, "rl_peek", ["t"])
+        assert peek[b"leases"] == 5 and peek[b"leased_tokens"] == 5 + 11 + 13 + 1 + 1, peek
+        # RETURN of a live lease writes: it prunes the table whole.
+        assert fcall(r2, "rl_return", ["t"], a, 5) == 5
+        assert [x[0] for x in entries(r2, "t")] == [c, d, f, entries(r2, "t")[-1][0]]
+        assert f > e
+        # Expired entries at the front go on the next lease.
+        r2.delete("p")
+        for _ in range(5):
+            fcall(r2, "rl_lease", ["p"], 1, 1000, 1, 30)
+        time.sleep(0.05)
+        g = fcall(r2, "rl_lease", ["p"], 1, 1000, 1, 60000)[1]
+        assert [x[0] for x in entries(r2, "p")] == [g]
+        # Every lease expired: the table goes, the id still grows (field i).
+        time.sleep(0.001)
+        r2.delete("q")
+        q1 = fcall(r2, "rl_lease", ["q"], 1000000, 1000000, 1, 1)[1]
+        time.sleep(0.01)
+        q2 = fcall(r2, "rl_lease", ["q"], 1000000, 1000000, 1, 60000)[1]
+        assert q2 > q1 and [x[0] for x in entries(r2, "q")] == [q2]
+        # A long table is pruned whole: 150 short leases behind a long one.
+        pipe = r2.pipeline(transaction=False)
+        pipe.execute_command("FCALL", "rl_lease", 1, "m", 1e6, 1e6, 1, 60000)
+        for _ in range(150):
+            pipe.execute_command("FCALL", "rl_lease", 1, "m", 1e6, 1e6, 1, 20)
+        pipe.execute()
+        assert len(entries(r2, "m")) == 151
+        time.sleep(0.03)
+        fcall(r2, "rl_lease", ["m"], 1e6, 1e6, 1, 60000)
+        assert len(entries(r2, "m")) == 2, len(entries(r2, "m"))
+        # The bound counts live leases only: 1024 live ones behind 200 expired ones.
+        pipe = r2.pipeline(transaction=False)
+        for _ in range(200):
+            pipe.execute_command("FCALL", "rl_lease", 1, "b", 1e6, 1e6, 1, 20)
+        pipe.execute()
+        time.sleep(0.03)
+        pipe = r2.pipeline(transaction=False)
+        for _ in range(1024):
+            pipe.execute_command("FCALL", "rl_lease", 1, "b", 1e6, 1e6, 1, 60000)
+        assert all(x[0] == 1 for x in pipe.execute())
+        assert err(r2, "FCALL", "rl_lease", 1, "b", 1e6, 1e6, 1, 60000) == \
+            "too many live leases on this key (at most 1024)"
+        assert fcall(r3, "rl_peek", ["b"])[b"leases"] == 1024
+
+
 @section("differential: module and library, same calls")
 def differential_all(protocol_list, ops, seed):
     with Server(module=True) as s:
@@ -283,6 +360,8 @@ def main():
     started = time.time()
     if not only or "alone" in only:
         alone()
+    if not only or "lease_tables" in only:
+        lease_tables()
     if not only or "differential" in only:
         if os.path.exists(MODULE):
             differential_all([2, 3], ops, seed)
