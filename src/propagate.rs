@@ -56,8 +56,8 @@ impl<'a> EffectArgs<'a> {
         self
     }
 
-    fn keyword(&mut self, k: &'static std::ffi::CStr, v: u64) -> &mut Self {
-        self.push(EffectArg::Text(k)).push(EffectArg::Int(v as i64))
+    fn keyword(&mut self, k: &'static std::ffi::CStr, v: &'a Decimal) -> &mut Self {
+        self.push(EffectArg::Text(k)).push(EffectArg::Bytes(v.bytes()))
     }
 
     fn get(&self) -> &[EffectArg<'a>] {
@@ -157,19 +157,24 @@ pub fn leases(ctx: Ctx, h: &Head, now: Nanos, closed: Option<u64>, opened: Optio
 }
 
 fn lease_changes(ctx: Ctx, h: &Head, now: Nanos, closed: Option<u64>, opened: Option<&Lease>) {
+    // Numbers as text made here (see `bucket`): Redis copies each into one string object.
+    let (full_at, now) = (Decimal::new(h.full_at), Decimal::new(now));
+    let closed = closed.map(Decimal::new);
+    let opened =
+        opened.map(|l| [l.id, l.tokens, l.expires_at].map(Decimal::new));
     let mut args = EffectArgs::new();
     args.push(EffectArg::Str(h.key))
-        .push(EffectArg::Int(h.full_at as i64))
+        .push(EffectArg::Bytes(full_at.bytes()))
         .push(h.rate)
         .push(h.cap)
-        .keyword(c"PRUNE", now);
-    if let Some(id) = closed {
+        .keyword(c"PRUNE", &now);
+    if let Some(id) = &closed {
         args.keyword(c"DROP", id);
     }
-    if let Some(l) = opened {
-        args.keyword(c"ADD", l.id)
-            .push(EffectArg::Int(l.tokens as i64))
-            .push(EffectArg::Int(l.expires_at as i64));
+    if let Some([id, tokens, expires_at]) = &opened {
+        args.keyword(c"ADD", id)
+            .push(EffectArg::Bytes(tokens.bytes()))
+            .push(EffectArg::Bytes(expires_at.bytes()));
     }
     ffi::replicate(ctx, SETSTATE, args.get());
 }
@@ -185,17 +190,20 @@ pub struct PermitChange {
 }
 
 pub fn permits(ctx: Ctx, c: &PermitChange) {
+    let (last_id, prune) = (Decimal::new(c.last_id), Decimal::new(c.prune));
+    let drop = c.drop.map(Decimal::new);
+    let add = c.add.map(|a| [a.id, a.expires_at].map(Decimal::new));
     let mut args = EffectArgs::new();
     args.push(EffectArg::Str(c.key))
-        .keyword(c"LASTID", c.last_id)
-        .keyword(c"PRUNE", c.prune);
-    match (c.drop, c.add) {
+        .keyword(c"LASTID", &last_id)
+        .keyword(c"PRUNE", &prune);
+    match (&drop, &add) {
         (Some(id), _) => {
             args.keyword(c"DROP", id);
         }
-        (None, Some(a)) => {
-            args.keyword(c"ADD", a.id)
-                .push(EffectArg::Int(a.expires_at as i64));
+        (None, Some([id, expires_at])) => {
+            args.keyword(c"ADD", id)
+                .push(EffectArg::Bytes(expires_at.bytes()));
         }
         (None, None) => {}
     }
