@@ -8,10 +8,15 @@ import contextlib
 import gc
 import math
 import multiprocessing
+import queue
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
-from typing import Any, Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import pytest
 import redis
@@ -532,3 +537,244 @@ def test_half_open_connections_without_socket_timeout_recover(server: Server, ke
     finally:
         proxy.close()  # the stuck pool threads get their EOF: later tests have the pool
         time.sleep(0.5)
+
+
+# -- The credential check and the call pool ------------------------------------------------
+
+
+def _sources(kind: str, port: int, client_kw: dict[str, Any], key: str, **make: Any) -> list[str]:
+    """What three calls of a ``kind`` limiter came to ("error" for a ServerError)."""
+    make = {"rate": 100, "cap": 100, "policy": ALLOW, **make}
+    if "prefetch" in kind:
+        make["batch"] = 10
+    out: list[str] = []
+    if kind.startswith("async"):
+
+        async def run() -> None:
+            r = aredis.Redis(port=port, **client_kw)
+            cls: Any = AsyncLimiter if kind == "async-limiter" else AsyncPrefetchLimiter
+            lim = cls(r, key, **make)
+            take = lim.take if kind == "async-limiter" else lim.decide
+            for _ in range(3):
+                try:
+                    out.append((await take()).source.value)
+                except ServerError:
+                    out.append("error")
+                await asyncio.sleep(0.1)
+            await r.aclose()
+
+        asyncio.run(run())
+        return out
+    r = redis.Redis(port=port, **client_kw)
+    cls: Any = Limiter if kind == "limiter" else PrefetchLimiter
+    lim = cls(r, key, **make)
+    take: Callable[[], Any] = lim.take if kind == "limiter" else lim.decide
+    for _ in range(3):
+        try:
+            out.append(take().source.value)
+        except ServerError:
+            out.append("error")
+        time.sleep(0.1)
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_wrong_password_with_an_explicit_backend_is_an_error(
+    auth_server: Server, key: str, kind: str
+) -> None:
+    """Rule 2. The prefetching limiters sent their lease calls straight to the client: the
+    credential check ran only in front of the backend probe. With ``backend="module"`` (no
+    probe) and redis-py's default retries, a wrong password was retried past the 0.2 s
+    timeout on every lease call: an outage each time, and ALLOW failed open forever (a
+    password rotated under a running prefetcher likewise, the probe long done)."""
+    kw = {"password": "wrong", "socket_timeout": 2}
+    out = _sources(kind, auth_server.port, kw, key, timeout=0.2, backend="module")
+    assert out == ["error"] * 3, out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_user_without_ping_is_not_refused(own_server: Server, key: str, kind: str) -> None:
+    """Rule 2 (and 3). A least-privilege ACL user may run the limiter's commands but not
+    ``PING``; the credential check's ``PING`` then answered ``NOPERM``, which the check
+    raised: every call of a limiter on the pooled path (and every asyncio limiter) was a
+    ServerError, though the user's credentials and the calls themselves were fine."""
+    admin = own_server.client()
+    admin.acl_setuser(
+        "lim", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-ping"]
+    )
+    kw = {"username": "lim", "password": "pw", "socket_timeout": 2}  # default retries: pooled
+    out = _sources(kind, own_server.port, kw, key, timeout=1.0)
+    assert out[0] == "server" and "error" not in out, out
+
+
+@pytest.fixture
+def unix_auth_server(tmp_path: Path) -> Iterator[Server]:
+    """A server on a Unix socket (a short path: sun_path has ~100 bytes) with a password."""
+    short = Path(tempfile.mkdtemp(prefix="rl", dir="/tmp"))
+    s = Server(
+        tmp_path / "redis", extra=["--unixsocket", str(short / "s"), "--unixsocketperm", "700"]
+    )
+    s.client().config_set("requirepass", "secret")
+    yield s
+    s.stop()
+    with contextlib.suppress(OSError):
+        (short / "s").unlink()
+        short.rmdir()
+
+
+@pytest.mark.parametrize("kind", ["async-limiter", "async-prefetch"])
+def test_wrong_password_on_a_unix_socket_is_an_error(
+    unix_auth_server: Server, key: str, kind: str
+) -> None:
+    """Rule 2. redis.asyncio authenticates a Unix-socket connection inside its connect, and
+    wraps the ``AuthenticationError`` there in a bare ``ConnectionError``: the credential
+    check raised that, an outage, and ALLOW failed open on a wrong password."""
+    path = unix_auth_server.extra[1]
+
+    async def run() -> list[str]:
+        r = aredis.Redis(unix_socket_path=path, password="wrong", socket_timeout=2, retry=None)
+        make: dict[str, Any] = {"rate": 1, "cap": 40, "policy": ALLOW, "timeout": 1.0}
+        if kind == "async-limiter":
+            lim: Any = AsyncLimiter(r, key, **make)
+        else:
+            lim = AsyncPrefetchLimiter(r, key, batch=10, **make)
+        out = []
+        for _ in range(3):
+            try:
+                out.append(
+                    (
+                        await lim.decide() if kind != "async-limiter" else await lim.take()
+                    ).source.value
+                )
+            except ServerError:
+                out.append("error")
+        await r.aclose()
+        return out
+
+    out = asyncio.run(run())
+    assert out == ["error"] * 3, out
+
+
+class DelayProxy:
+    """A TCP proxy whose replies reach the client ``delay`` seconds late (a long link:
+    every round trip takes ``delay``)."""
+
+    def __init__(self, upstream: int, delay: float) -> None:
+        self.upstream, self.delay = upstream, delay
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                down, _ = self.listener.accept()
+            except OSError:
+                return
+            up = socket.create_connection(("127.0.0.1", self.upstream))
+            self.sockets += [down, up]
+            threading.Thread(target=self._pump, args=(down, up, 0.0), daemon=True).start()
+            threading.Thread(target=self._pump, args=(up, down, self.delay), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket, delay: float) -> None:
+        chunks: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
+
+        def forward() -> None:
+            while True:
+                at, data = chunks.get()
+                time.sleep(max(0.0, at - time.monotonic()))
+                if not data:
+                    with contextlib.suppress(OSError):
+                        b.shutdown(socket.SHUT_WR)
+                    return
+                try:
+                    b.sendall(data)
+                except OSError:
+                    return
+
+        threading.Thread(target=forward, daemon=True).start()
+        while True:
+            try:
+                data = a.recv(65536)
+            except OSError:
+                data = b""
+            chunks.put((time.monotonic() + delay, data))
+            if not data:
+                return
+
+    def close(self) -> None:
+        self.listener.close()
+        for s in self.sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+@pytest.mark.parametrize("kind", ["limiter", "async-limiter"])
+def test_the_credential_check_never_keeps_a_long_link_down(
+    server: Server, key: str, kind: str
+) -> None:
+    """Rule 3. Over a link with 0.2 s round trips a call takes 0.2 s, well within the 1.1 s
+    timeout; the credential check (a new connection: its handshake, then PING) takes five
+    round trips, 1 s. After any outage every call was check + call = 1.2 s: it timed out,
+    the timeout asked for the check again, and the limiter fell back forever though Redis
+    answered every call in time. A check that passed during the call now stands."""
+    proxy = DelayProxy(server.port, 0.2)
+    # Between check and check + call: redis-py 8's sync check takes five round trips (1 s),
+    # its asyncio check four (0.8 s).
+    timeout = 1.1 if kind == "limiter" else 0.9
+    make: dict[str, Any] = {"rate": 1000, "cap": 1000, "policy": ALLOW, "timeout": timeout}
+    make.update(probe_interval=0.05, backend="module")
+    kw: dict[str, Any] = {"socket_timeout": 5}  # default retries: the pooled path
+    sources: list[str] = []
+    try:
+        if kind == "async-limiter":
+
+            async def run() -> None:
+                r = aredis.Redis(port=proxy.port, **kw)
+                lim = AsyncLimiter(r, key, **make)
+                for _ in range(3):
+                    sources.append((await lim.take()).source.value)
+                    await asyncio.sleep(1.0)  # the late call lands: a warm connection
+                await r.aclose()
+
+            asyncio.run(run())
+        else:
+            lim = Limiter(redis.Redis(port=proxy.port, **kw), key, **make)
+            for _ in range(3):
+                sources.append(lim.take().source.value)
+                time.sleep(1.0)  # the late call lands: a warm connection
+    finally:
+        proxy.close()
+    assert "server" in sources, sources
+
+
+_MODULE_LEVEL = """
+import sys, redis
+from redis_rl import PrefetchLimiter
+
+r = redis.Redis(port=int(sys.argv[1]), socket_timeout=10)
+lim = PrefetchLimiter(r, sys.argv[2], 1e-6, 100, batch=10, timeout=2)
+assert lim.take()
+# The program ends; the module-level limiter is dropped after the exit hooks.
+"""
+
+
+def test_a_module_level_prefetch_limiter_gives_back_at_exit(server: Server, key: str) -> None:
+    """Rule 6 (dropping returns leftovers, best effort). A limiter at module level (an
+    app's global) is dropped only after the exit hooks, when the call pool's drain is over
+    and its daemon threads no longer run: the return it submitted never ran, its lease
+    stayed live with 9 tokens. Limiters alive at exit now submit their return from the
+    pool's exit hook, before it drains."""
+    done = subprocess.run(
+        [sys.executable, "-c", _MODULE_LEVEL, str(server.port), key],
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    state = peek(server.client(), key)
+    assert state["leases"] == 0 and abs(state["tokens"] - 99) < 0.01, state

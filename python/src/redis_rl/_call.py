@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import os
 import queue
 import threading
 import time
+import weakref
 from typing import Any, Awaitable, Callable, Optional, Tuple
 
 import redis.exceptions
@@ -150,8 +152,17 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
+#: Objects whose ``_at_exit()`` runs at exit, before the pool is drained: prefetching
+#: limiters still alive then (a module-level limiter is dropped only after the exit hooks,
+#: when the pool's threads no longer run) submit the return of their leftovers there.
+at_exit: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 @atexit.register
 def _drain_at_exit() -> None:
+    for obj in list(at_exit):
+        with contextlib.suppress(Exception):  # best effort; the next one still runs
+            obj._at_exit()
     pool = _the_pool
     if pool is not None:
         pool.drain(CallPool.EXIT_WAIT_SECONDS)
@@ -239,7 +250,9 @@ def check_credentials(client: Any) -> None:
     try:
         conn.connect()
         conn.send_command("PING")
-        conn.read_response()
+        # An answer past the credentials (a user without PING gets NOPERM): passed.
+        with contextlib.suppress(redis.exceptions.ResponseError):
+            conn.read_response()
     finally:
         conn.disconnect()
 
@@ -252,7 +265,15 @@ async def acheck_credentials(client: Any) -> None:
     try:
         await conn.connect()
         await conn.send_command("PING")
-        await conn.read_response()
+        # An answer past the credentials (a user without PING gets NOPERM): passed.
+        with contextlib.suppress(redis.exceptions.ResponseError):
+            await conn.read_response()
+    except redis.exceptions.ConnectionError as e:
+        # redis.asyncio wraps a refusal during a Unix-socket connect in a bare
+        # ConnectionError: the refusal it stands for.
+        if isinstance(e.__cause__, NOT_OUTAGES) and not isinstance(e, NOT_OUTAGES):
+            raise e.__cause__ from e
+        raise
     finally:
         await conn.disconnect()
 
@@ -278,13 +299,30 @@ class SyncCaller:
         #: Whether this caller checks credentials (the pooled path), and must before its
         #: next call.
         self._checks = self._check = not self.direct
+        #: Checks passed so far (see :meth:`failed`).
+        self.checks_passed = 0
+
+    def check(self) -> None:
+        """Checks the credentials if due (:func:`check_credentials`; raises the refusal).
+        Prefetching limiters call this in their lease jobs before the lease call."""
+        if self._check:
+            check_credentials(self.client)
+            self.checks_passed += 1
+            self._check = False
+
+    def failed(self, passed: int) -> None:
+        """An outage of a call that started when ``checks_passed`` was ``passed``: the
+        credentials are checked again before the next call, unless a check passed since
+        (they were accepted during this very call: re-checking would put the check's
+        connection in front of every call, and a call needing longer than ``timeout`` with
+        it would time out forever though Redis answers each call within it)."""
+        if self.checks_passed == passed:
+            self._check = self._checks
 
     def _send(self, args: p.Args, options: dict[str, Any]) -> Any:
         """The pooled call: credentials first if due, in the same job, so a call whose
         caller stops waiting during the check is still sent (and refunded) as before."""
-        if self._check:
-            check_credentials(self.client)
-            self._check = False
+        self.check()
         return self.client.execute_command(*args, **options)
 
     def remaining(self, deadline: Optional[float]) -> Optional[float]:
@@ -306,6 +344,7 @@ class SyncCaller:
         the caller stopped waiting (say, refund a grant nobody will use); it runs on the
         pool."""
         self.metrics.add("redis_calls")
+        passed = self.checks_passed
         try:
             if self.direct:
                 return self.client.execute_command(*args, **options)
@@ -322,11 +361,11 @@ class SyncCaller:
         except TIMEOUTS:
             self.metrics.add("redis_timeouts")
             self.metrics.add("redis_errors")
-            self._check = self._checks
+            self.failed(passed)
             raise
         except OUTAGES:
             self.metrics.add("redis_errors")
-            self._check = self._checks
+            self.failed(passed)
             raise
         except redis.exceptions.RedisError as e:
             self.metrics.add("server_errors")
@@ -357,12 +396,23 @@ class AsyncCaller:
         #: Credentials are checked without retries (:func:`acheck_credentials`) before the
         #: first call and the first after an outage, as for :class:`SyncCaller`.
         self._checks = self._check = True
+        self.checks_passed = 0
+
+    async def check(self) -> None:
+        """As :meth:`SyncCaller.check`."""
+        if self._check:
+            await acheck_credentials(self.client)
+            self.checks_passed += 1
+            self._check = False
+
+    def failed(self, passed: int) -> None:
+        """As :meth:`SyncCaller.failed`."""
+        if self.checks_passed == passed:
+            self._check = self._checks
 
     async def _send(self, args: p.Args, options: dict[str, Any]) -> Any:
         """The call, credentials first if due (as :meth:`SyncCaller._send`)."""
-        if self._check:
-            await acheck_credentials(self.client)
-            self._check = False
+        await self.check()
         return await self.client.execute_command(*args, **options)
 
     def _keep(self, task: asyncio.Future[Any]) -> None:
@@ -395,6 +445,7 @@ class AsyncCaller:
         that a timeout or a cancellation of the caller does not stop; ``late`` gets a reply
         that comes after the caller stopped waiting (say, to refund a grant)."""
         self.metrics.add("redis_calls")
+        passed = self.checks_passed
         try:
             call = self._send(args, options)
             timeout = self.timeout if deadline is None else max(0.0, deadline - now())
@@ -431,11 +482,11 @@ class AsyncCaller:
         except TIMEOUTS:
             self.metrics.add("redis_timeouts")
             self.metrics.add("redis_errors")
-            self._check = self._checks
+            self.failed(passed)
             raise
         except OUTAGES:
             self.metrics.add("redis_errors")
-            self._check = self._checks
+            self.failed(passed)
             raise
         except redis.exceptions.RedisError as e:
             self.metrics.add("server_errors")

@@ -50,6 +50,7 @@ from ._call import (
     SyncCaller,
     _pool,
     aresolve_backend,
+    at_exit,
     resolve_backend,
     server_error,
 )
@@ -515,6 +516,7 @@ class PrefetchLimiter(_Base):
         )
         self.client = client
         self._call = SyncCaller(client, timeout, self._core.metrics)
+        at_exit.add(self)  # alive at exit (a module-level limiter): gives back then
 
     def take(self, n: int = 1) -> bool:
         """Whether ``n`` tokens may be spent now."""
@@ -542,10 +544,12 @@ class PrefetchLimiter(_Base):
         if not core.health.may_call():
             return core.fallback_decision(n)
         deadline = self._call.deadline()
+        passed = self._call.checks_passed
         try:
             return self._lease(n, deadline)
         except OUTAGES:
             core.health.failed()
+            self._call.failed(passed)  # credentials checked before the next lease call
             return core.fallback_decision(n)
 
     def _resolve(self, deadline: Optional[float]) -> None:
@@ -612,6 +616,9 @@ class PrefetchLimiter(_Base):
         give_back: List[_Lease] = []
         try:
             try:
+                # Credentials first if due (the pooled path): a refusal is a ServerError, not
+                # a lease call redis-py retries past the timeout (an outage, failing open).
+                self._call.check()
                 reply = p.parse_lease(self.client.execute_command(*args))
             except NOT_OUTAGES as e:
                 core.metrics.add("server_errors")
@@ -689,6 +696,12 @@ class PrefetchLimiter(_Base):
     def __del__(self) -> None:
         """Best effort: a limiter dropped without ``close()`` returns its leftovers (on the
         call pool, never blocking the garbage collector); ``close()`` is the sure way."""
+        self._at_exit()
+
+    def _at_exit(self) -> None:
+        """Submits the return of the leftovers to the call pool (dropped, or still alive
+        as the program exits: the pool's exit hook runs this before it drains, while its
+        threads still run; a module-level limiter is dropped only after that)."""
         try:
             core = self._core
             if core.closed or core.protocol is None:
@@ -788,10 +801,12 @@ class AsyncPrefetchLimiter(_Base):
         if not core.health.may_call():
             return core.fallback_decision(n)
         deadline = self._call.deadline()
+        passed = self._call.checks_passed
         try:
             return await self._lease(n, deadline)
         except OUTAGES:
             core.health.failed()
+            self._call.failed(passed)  # credentials checked before the next lease call
             return core.fallback_decision(n)
 
     def _remaining(self, deadline: Optional[float]) -> Optional[float]:
@@ -860,7 +875,7 @@ class AsyncPrefetchLimiter(_Base):
         core = self._core
         give_back: List[_Lease] = []
         try:
-            call = self.client.execute_command(*args)
+            call = self._checked_call(args)
             # Bounded (a half-open connection with no socket timeout), but well past the
             # lease's end: a late lease is returned, not lost.
             reply = p.parse_lease(await asyncio.wait_for(call, core.late_limit))
@@ -881,6 +896,11 @@ class AsyncPrefetchLimiter(_Base):
         flight.event.set()
         for lease in give_back:
             await self._give_back(lease)
+
+    async def _checked_call(self, args: p.Args) -> Any:
+        """The lease call, credentials first if due (as ``PrefetchLimiter._fly``)."""
+        await self._call.check()
+        return await self.client.execute_command(*args)
 
     async def _give_back(self, lease: _Lease) -> None:
         core = self._core
