@@ -114,3 +114,67 @@ def test_async_cluster(cluster: list[Server]) -> None:
         await rc.aclose()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_rotated_password_on_a_cluster_is_an_error(cluster: list[Server], kind: str) -> None:
+    """Rule 2 on a cluster client: a password rotated under a running limiter is a
+    ``ServerError`` (after at most one outage). The asyncio cluster client reports the
+    refusal as a ``RedisClusterException`` ("cannot be connected"), which is not a
+    ``RedisError``: it escaped the limiter as a raw exception, neither an error reply nor
+    an outage. Both clients now see the refusal it wraps."""
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+    for n in cluster:
+        n.client().config_set("requirepass", "old")
+    make = {"policy": redis_rl.ALLOW, "timeout": 0.2, "probe_interval": 0.05}
+
+    def rotate() -> None:
+        for n in cluster:
+            admin = n.client(password="old")
+            admin.config_set("requirepass", "new")
+            admin.client_kill_filter(_type="normal", skipme=True)
+
+    outcomes: list[str] = []
+    try:
+        if kind == "async":
+
+            async def run() -> None:
+                rc = AsyncRedisCluster(
+                    host="127.0.0.1", port=cluster[0].port, password="old", socket_timeout=2
+                )
+                lim = redis_rl.AsyncLimiter(rc, f"c:rot:{kind}", 1, 40, **make)
+                assert (await lim.take()).source is Source.SERVER
+                rotate()
+                for _ in range(4):
+                    try:
+                        outcomes.append((await lim.take()).source.value)
+                    except redis_rl.ServerError:
+                        outcomes.append("error")
+                    await asyncio.sleep(0.1)  # past probe_interval
+                await rc.aclose()
+
+            asyncio.run(run())
+        else:
+            rc = RedisCluster(
+                host="127.0.0.1", port=cluster[0].port, password="old", socket_timeout=2
+            )
+            lim = Limiter(rc, f"c:rot:{kind}", 1, 40, **make)
+            assert lim.take().source is Source.SERVER
+            rotate()
+            for _ in range(4):
+                try:
+                    outcomes.append(lim.take().source.value)
+                except redis_rl.ServerError:
+                    outcomes.append("error")
+                time.sleep(0.1)  # past probe_interval
+            rc.close()
+    finally:
+        for n in cluster:
+            for password in ("new", "old"):
+                try:
+                    n.client(password=password).config_set("requirepass", "")
+                    break
+                except redis.exceptions.AuthenticationError:
+                    continue
+    assert outcomes[1:] == ["error"] * 3 and outcomes[0] in ("error", "fallback"), outcomes

@@ -229,7 +229,9 @@ def worst_case(client: Any) -> Optional[float]:
 
 def _unretried_connection(client: Any, retry: Any) -> Any:
     """A new connection with ``client``'s settings but ``retry``, or ``None`` for clients
-    without a plain connection pool (cluster clients)."""
+    without a plain connection pool. Cluster clients are not checked: they give up on a
+    refusal at once (``RedisClusterException``, see :func:`execute`) instead of retrying
+    it past the timeout."""
     pool = getattr(client, "connection_pool", None)
     connection_class = getattr(pool, "connection_class", None)
     kwargs = getattr(pool, "connection_kwargs", None)
@@ -278,6 +280,32 @@ async def acheck_credentials(client: Any) -> None:
         await conn.disconnect()
 
 
+def _plain(e: redis.exceptions.RedisClusterException) -> BaseException:
+    """A cluster client's "cannot be connected" (``RedisClusterException``, not a
+    ``RedisError``) as what it stands for: the error that caused it (a refused password:
+    an error reply, not an outage), else a ``ConnectionError`` (an outage)."""
+    cause = e.__cause__ or e.__context__
+    if isinstance(cause, redis.exceptions.RedisError):
+        return type(cause)(*cause.args)
+    return redis.exceptions.ConnectionError(str(e))
+
+
+def execute(client: Any, *args: Any, **options: Any) -> Any:
+    """``client.execute_command`` with a cluster client's failures as plain ones."""
+    try:
+        return client.execute_command(*args, **options)
+    except redis.exceptions.RedisClusterException as e:
+        raise _plain(e) from e
+
+
+async def aexecute(client: Any, *args: Any, **options: Any) -> Any:
+    """:func:`execute` for an asyncio client."""
+    try:
+        return await client.execute_command(*args, **options)
+    except redis.exceptions.RedisClusterException as e:
+        raise _plain(e) from e
+
+
 class SyncCaller:
     """Sends commands on a synchronous client, each within ``timeout`` seconds.
 
@@ -323,7 +351,7 @@ class SyncCaller:
         """The pooled call: credentials first if due, in the same job, so a call whose
         caller stops waiting during the check is still sent (and refunded) as before."""
         self.check()
-        return self.client.execute_command(*args, **options)
+        return execute(self.client, *args, **options)
 
     def remaining(self, deadline: Optional[float]) -> Optional[float]:
         if deadline is None:
@@ -347,7 +375,7 @@ class SyncCaller:
         passed = self.checks_passed
         try:
             if self.direct:
-                return self.client.execute_command(*args, **options)
+                return execute(self.client, *args, **options)
             future = _pool().submit(self._send, args, options)
             try:
                 return future.result(self.remaining(deadline))
@@ -413,7 +441,7 @@ class AsyncCaller:
     async def _send(self, args: p.Args, options: dict[str, Any]) -> Any:
         """The call, credentials first if due (as :meth:`SyncCaller._send`)."""
         await self.check()
-        return await self.client.execute_command(*args, **options)
+        return await aexecute(self.client, *args, **options)
 
     def _keep(self, task: asyncio.Future[Any]) -> None:
         self._late.add(task)

@@ -49,8 +49,10 @@ from ._call import (
     AsyncCaller,
     SyncCaller,
     _pool,
+    aexecute,
     aresolve_backend,
     at_exit,
+    execute,
     resolve_backend,
     server_error,
 )
@@ -619,7 +621,7 @@ class PrefetchLimiter(_Base):
                 # Credentials first if due (the pooled path): a refusal is a ServerError, not
                 # a lease call redis-py retries past the timeout (an outage, failing open).
                 self._call.check()
-                reply = p.parse_lease(self.client.execute_command(*args))
+                reply = p.parse_lease(execute(self.client, *args))
             except NOT_OUTAGES as e:
                 core.metrics.add("server_errors")
                 give_back = core.fail(flight, _as_server_error(e))
@@ -900,7 +902,7 @@ class AsyncPrefetchLimiter(_Base):
     async def _checked_call(self, args: p.Args) -> Any:
         """The lease call, credentials first if due (as ``PrefetchLimiter._fly``)."""
         await self._call.check()
-        return await self.client.execute_command(*args)
+        return await aexecute(self.client, *args)
 
     async def _give_back(self, lease: _Lease) -> None:
         core = self._core
