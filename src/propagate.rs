@@ -57,7 +57,8 @@ impl<'a> EffectArgs<'a> {
     }
 
     fn keyword(&mut self, k: &'static std::ffi::CStr, v: &'a Decimal) -> &mut Self {
-        self.push(EffectArg::Text(k)).push(EffectArg::Bytes(v.bytes()))
+        self.push(EffectArg::Text(k))
+            .push(EffectArg::Bytes(v.bytes()))
     }
 
     fn get(&self) -> &[EffectArg<'a>] {
@@ -160,8 +161,7 @@ fn lease_changes(ctx: Ctx, h: &Head, now: Nanos, closed: Option<u64>, opened: Op
     // Numbers as text made here (see `bucket`): Redis copies each into one string object.
     let (full_at, now) = (Decimal::new(h.full_at), Decimal::new(now));
     let closed = closed.map(Decimal::new);
-    let opened =
-        opened.map(|l| [l.id, l.tokens, l.expires_at].map(Decimal::new));
+    let opened = opened.map(|l| [l.id, l.tokens, l.expires_at].map(Decimal::new));
     let mut args = EffectArgs::new();
     args.push(EffectArg::Str(h.key))
         .push(EffectArg::Bytes(full_at.bytes()))

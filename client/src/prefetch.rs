@@ -540,7 +540,7 @@ impl<C: RedisConnection> Inner<C> {
         let backend = match self.backend.get(&self.conn, late).await {
             Ok(backend) => backend,
             Err(e) => {
-                self.restore(settle);
+                self.restore(settle).await;
                 return self.failed(&e);
             }
         };
@@ -581,7 +581,7 @@ impl<C: RedisConnection> Inner<C> {
                     }
                 } else {
                     // An error reply changes nothing on the server: keep the older lease.
-                    self.restore(settle);
+                    self.restore(settle).await;
                 }
                 return self.failed(&e);
             }
@@ -639,14 +639,23 @@ impl<C: RedisConnection> Inner<C> {
     }
 
     /// Puts a lease taken out for settling back (the call that would settle it failed
-    /// without reaching the server's state).
-    fn restore(&self, lease: Option<HeldLease>) {
-        if let Some(lease) = lease {
+    /// without reaching the server's state), or returns it if the limiter was closed
+    /// meanwhile: `close` has taken what the state held, so the lease is this task's.
+    async fn restore(&self, lease: Option<HeldLease>) {
+        let Some(lease) = lease else {
+            return;
+        };
+        {
+            // `closed` is set under this lock (see `close`).
             let mut state = lock(&self.state);
-            if state.older.is_none() && lease.expires > Instant::now() {
-                state.older = Some(lease);
+            if !self.closed.load(Ordering::Acquire) {
+                if state.older.is_none() && lease.expires > Instant::now() {
+                    state.older = Some(lease);
+                }
+                return;
             }
         }
+        let _ = self.give_back(lease).await;
     }
 
     fn failed(&self, e: &Error) -> Outcome {

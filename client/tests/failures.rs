@@ -365,7 +365,13 @@ async fn a_half_open_connection_is_detected_and_replaced() {
     assert_eq!(d.unwrap().source, Source::Fallback);
     assert!(took < Duration::from_millis(300) + SLACK, "{took:?}");
     let (d, took) = timed(prefetch.take(1)).await;
-    assert_eq!(d.unwrap().source, Source::Fallback);
+    // Its lease call may already go out on a new connection (the replacement below, racing
+    // this call on a loaded machine): then Redis answers it. Never the frozen one.
+    let d = d.unwrap();
+    assert!(
+        d.source == Source::Fallback || proxy.accepted() > 1,
+        "{d:?} with one connection, frozen"
+    );
     assert!(took < Duration::from_millis(300) + SLACK, "{took:?}");
 
     // The silent connection is replaced by a new one, and decisions come from Redis again.
@@ -706,6 +712,49 @@ async fn close_does_not_wait_out_a_slow_lease_call() {
     let t = server.tokens("k").unwrap_or(100.0);
     assert!((t - 99.0).abs() < 0.1, "server holds {t}");
     assert!(matches!(limiter.take(1).await, Err(Error::Closed)));
+}
+
+/// A lease call that was settling the older lease (`RETURN` in the same call) ends in an
+/// error reply after `close()`: the older lease, taken out for settling, went back into the
+/// closed limiter's state (held, spendable by nobody, returned only on drop). Now it is
+/// returned (here the key is a string by then, so the return fails too: nothing is held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settling_lease_that_fails_after_close_is_not_put_back() {
+    let server = Server::start();
+    let mut config = prefetch_config(FailurePolicy::Deny, 300);
+    config.renew_at = 0.5; // renew in the background at 10 left
+    let limiter = PrefetchLimiter::from_client(server.client(), "k", frozen(), config).unwrap();
+    // Two leases: the older one (10 left) is settled by the next lease call.
+    assert!(limiter.take(1).await.unwrap().allowed);
+    assert!(limiter.take(9).await.unwrap().allowed);
+    eventually(20, "the renewal", || limiter.held() == 30).await;
+    let mut admin = server.conn();
+    let sleeper = server.debug_sleep(2.0);
+    // Queued before the lease call: the key is a string when the lease call runs.
+    let overwrite = std::thread::spawn(move || {
+        let _: () = redis::cmd("SET")
+            .arg("k")
+            .arg("x")
+            .query(&mut admin)
+            .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (d, took) = timed(limiter.take(40)).await;
+    assert!(
+        took < Duration::from_millis(300) + SLACK,
+        "take took {took:?}"
+    );
+    assert_eq!(d.unwrap().source, Source::Fallback);
+    // Returns the newer lease (which times out: Redis sleeps); the older one is in the air.
+    let (_, took) = timed(limiter.close()).await;
+    assert!(
+        took < Duration::from_millis(300) + SLACK,
+        "close took {took:?}"
+    );
+    sleeper.join().unwrap();
+    overwrite.join().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(limiter.held(), 0, "a closed limiter holds nothing");
 }
 
 #[test]
