@@ -753,6 +753,43 @@ def test_the_credential_check_never_keeps_a_long_link_down(
     assert "server" in sources, sources
 
 
+@pytest.mark.parametrize("kind", ["async-limiter", "async-prefetch"])
+def test_an_asyncio_backend_probe_outlives_a_short_timeout(
+    server: Server, key: str, kind: str
+) -> None:
+    """Rule 3. Over a link with 0.12 s round trips, an asyncio limiter with the default
+    ``backend="auto"`` and a 0.3 s timeout: its first call opens a connection, checks
+    credentials and probes for the module, more than 0.3 s. The probes ran within each
+    call's timeout and were cancelled with it (redis.asyncio then drops the connection),
+    so every call started over and the limiter fell back forever, though each call alone
+    takes 0.12 s. The probe now goes on past the timeout on a task of its own."""
+    proxy = DelayProxy(server.port, 0.12)
+    sources: list[str] = []
+
+    async def run() -> None:
+        r = aredis.Redis(port=proxy.port, socket_timeout=5)
+        make: dict[str, Any] = {"policy": ALLOW, "timeout": 0.3, "probe_interval": 0.05}
+        if kind == "async-prefetch":
+            lim: Any = AsyncPrefetchLimiter(r, key, 1000, 1000, batch=10, **make)
+        else:
+            lim = AsyncLimiter(r, key, 1000, 1000, **make)
+        decide = lim.decide if kind == "async-prefetch" else lim.take
+        for _ in range(12):
+            sources.append((await decide()).source.value)
+            if sources[-1] != "fallback":
+                break
+            await asyncio.sleep(0.25)
+        if kind == "async-prefetch":
+            await lim.close()
+        await r.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        proxy.close()
+    assert sources[-1] in ("server", "lease"), sources
+
+
 _MODULE_LEVEL = """
 import sys, redis
 from redis_rl import PrefetchLimiter

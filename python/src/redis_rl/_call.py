@@ -572,3 +572,36 @@ async def aresolve_backend(
         if isinstance(metrics, Metrics):
             metrics.add("server_errors")  # counted as the error reply it stands for
     return p.Protocol(p.decide_backend(False, has_functions))
+
+
+class BackendTask:
+    """An asyncio limiter's backend, resolved once on a task of its own.
+
+    Awaited inline, the probes ran within each call's timeout and were cancelled with it;
+    redis.asyncio drops a connection whose command is cancelled, so on a link where a new
+    connection and the probes take longer than the timeout every call started over and
+    the limiter fell back forever. The task goes on past a caller's timeout (up to
+    ``LATE_LIMIT``); each call waits for it within its own deadline, and a task that
+    failed is started again by the next call.
+    """
+
+    def __init__(self) -> None:
+        self._task: Optional[asyncio.Task[p.Protocol]] = None
+
+    async def __call__(
+        self, client: Any, call: AsyncCaller, backend: str, deadline: Optional[float]
+    ) -> p.Protocol:
+        loop = asyncio.get_running_loop()
+        task = self._task
+        if (
+            task is None
+            or task.get_loop() is not loop
+            or (task.done() and (task.cancelled() or task.exception() is not None))
+        ):
+            resolve = aresolve_backend(client, call, backend, now() + LATE_LIMIT)
+            task = self._task = loop.create_task(resolve)
+            # A failure nobody waited for is not "never retrieved": the next call retries.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        if deadline is None:
+            return await asyncio.shield(task)
+        return await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - now()))

@@ -16,6 +16,7 @@ from ._call import (
     NOT_OUTAGES,
     OUTAGES,
     AsyncCaller,
+    BackendTask,
     SyncCaller,
     aresolve_backend,
     resolve_backend,
@@ -334,12 +335,13 @@ class AsyncLimiter(_Base):
         )
         self.client = client
         self._call = AsyncCaller(client, timeout, self._core.metrics)
+        self._backend = BackendTask()
         self._last: Optional[Decision] = None
 
     async def _protocol(self, deadline: Optional[float] = None) -> p.Protocol:
         core = self._core
         if core.protocol is None:
-            core.protocol = await aresolve_backend(self.client, self._call, core.backend, deadline)
+            core.protocol = await self._backend(self.client, self._call, core.backend, deadline)
         return core.protocol
 
     def _refund_late(

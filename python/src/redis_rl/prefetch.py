@@ -47,10 +47,10 @@ from ._call import (
     OUTAGES,
     TIMEOUTS,
     AsyncCaller,
+    BackendTask,
     SyncCaller,
     _pool,
     aexecute,
-    aresolve_backend,
     at_exit,
     execute,
     resolve_backend,
@@ -776,6 +776,7 @@ class AsyncPrefetchLimiter(_Base):
         )
         self.client = client
         self._call = AsyncCaller(client, timeout, self._core.metrics)
+        self._backend = BackendTask()
         self._tasks: Set[asyncio.Task[None]] = set()
 
     async def take(self, n: int = 1) -> bool:
@@ -817,7 +818,7 @@ class AsyncPrefetchLimiter(_Base):
     async def _resolve(self, deadline: Optional[float]) -> None:
         core = self._core
         if core.protocol is None:
-            core.protocol = await aresolve_backend(self.client, self._call, core.backend, deadline)
+            core.protocol = await self._backend(self.client, self._call, core.backend, deadline)
 
     async def _lease(self, n: int, deadline: Optional[float]) -> Decision:
         core = self._core
@@ -933,8 +934,8 @@ class AsyncPrefetchLimiter(_Base):
             if lease is None:
                 continue
             try:
-                if core.protocol is None:
-                    core.protocol = await aresolve_backend(self.client, self._call, core.backend)
+                await self._resolve(None)
+                assert core.protocol is not None
                 args = core.protocol.return_(core.key, lease.id, lease.left)
                 credited += p.to_int(await self._call(args))
                 core.returned(lease)
