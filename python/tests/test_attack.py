@@ -450,9 +450,10 @@ def test_a_forked_child_does_not_spend_its_parents_lease(server: Server, key: st
     assert state["leases"] == 0 and abs(state["tokens"] - 96) < 0.01, state
 
 
-class FreezingProxy:
-    """A TCP proxy whose connections open at ``freeze()`` forward nothing more and never
-    close (a network partition, a peer gone without a FIN); later connections pass."""
+class Proxy:
+    """A TCP proxy on a free loopback port to ``upstream``: each accepted connection gets
+    its own upstream one, numbered from 1 (``accepted``), and two pump threads
+    (``_pump(a, b, number, to_client)``, which subclasses define)."""
 
     def __init__(self, upstream: int) -> None:
         self.upstream = upstream
@@ -462,7 +463,6 @@ class FreezingProxy:
         self.listener.listen(64)
         self.port = self.listener.getsockname()[1]
         self.accepted = 0
-        self.frozen_upto = 0
         self.sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -476,10 +476,31 @@ class FreezingProxy:
             number = self.accepted
             up = socket.create_connection(("127.0.0.1", self.upstream))
             self.sockets += [down, up]
-            for a, b in ((down, up), (up, down)):
-                threading.Thread(target=self._pump, args=(a, b, number), daemon=True).start()
+            for a, b, to_client in ((down, up, False), (up, down, True)):
+                args = (a, b, number, to_client)
+                threading.Thread(target=self._pump, args=args, daemon=True).start()
 
-    def _pump(self, a: socket.socket, b: socket.socket, number: int) -> None:
+    def _pump(self, a: socket.socket, b: socket.socket, number: int, to_client: bool) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.listener.close()
+        for s in self.sockets:  # shutdown wakes the threads blocked on them, sends the FIN
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+class FreezingProxy(Proxy):
+    """A proxy whose connections open at ``freeze()`` forward nothing more and never
+    close (a network partition, a peer gone without a FIN); later connections pass."""
+
+    def __init__(self, upstream: int) -> None:
+        self.frozen_upto = 0
+        super().__init__(upstream)
+
+    def _pump(self, a: socket.socket, b: socket.socket, number: int, to_client: bool) -> None:
         while True:
             try:
                 data = a.recv(65536)
@@ -496,14 +517,6 @@ class FreezingProxy:
 
     def freeze(self) -> None:
         self.frozen_upto = self.accepted
-
-    def close(self) -> None:
-        self.listener.close()
-        for s in self.sockets:  # shutdown wakes the threads blocked on them, sends the FIN
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                s.close()
 
 
 def test_half_open_connections_without_socket_timeout_recover(server: Server, key: str) -> None:
@@ -655,31 +668,16 @@ def test_wrong_password_on_a_unix_socket_is_an_error(
     assert out == ["error"] * 3, out
 
 
-class DelayProxy:
-    """A TCP proxy whose replies reach the client ``delay`` seconds late (a long link:
-    every round trip takes ``delay``)."""
+class DelayProxy(Proxy):
+    """A proxy whose replies reach the client ``delay`` seconds late (a long link: every
+    round trip takes ``delay``)."""
 
     def __init__(self, upstream: int, delay: float) -> None:
-        self.upstream, self.delay = upstream, delay
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(64)
-        self.port = self.listener.getsockname()[1]
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.delay = delay
+        super().__init__(upstream)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                down, _ = self.listener.accept()
-            except OSError:
-                return
-            up = socket.create_connection(("127.0.0.1", self.upstream))
-            self.sockets += [down, up]
-            threading.Thread(target=self._pump, args=(down, up, 0.0), daemon=True).start()
-            threading.Thread(target=self._pump, args=(up, down, self.delay), daemon=True).start()
-
-    def _pump(self, a: socket.socket, b: socket.socket, delay: float) -> None:
+    def _pump(self, a: socket.socket, b: socket.socket, number: int, to_client: bool) -> None:
+        delay = self.delay if to_client else 0.0
         chunks: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
 
         def forward() -> None:
@@ -704,14 +702,6 @@ class DelayProxy:
             chunks.put((time.monotonic() + delay, data))
             if not data:
                 return
-
-    def close(self) -> None:
-        self.listener.close()
-        for s in self.sockets:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                s.close()
 
 
 @pytest.mark.parametrize("kind", ["limiter", "async-limiter"])
@@ -790,25 +780,43 @@ def test_an_asyncio_backend_probe_outlives_a_short_timeout(
     assert sources[-1] in ("server", "lease"), sources
 
 
-_MODULE_LEVEL = """
+_DROPPED_AT_EXIT = {
+    # Dropped as main() returns, the interpreter exiting next.
+    "end-of-main": """
+import sys, redis
+from redis_rl import PrefetchLimiter
+
+def main() -> None:
+    r = redis.Redis(port=int(sys.argv[1]), socket_timeout=10)  # the call pool path
+    lim = PrefetchLimiter(r, sys.argv[2], 1e-6, 100, batch=10, timeout=2)
+    assert lim.take()
+
+main()
+""",
+    # An app's global: dropped only after the exit hooks.
+    "module-level": """
 import sys, redis
 from redis_rl import PrefetchLimiter
 
 r = redis.Redis(port=int(sys.argv[1]), socket_timeout=10)
 lim = PrefetchLimiter(r, sys.argv[2], 1e-6, 100, batch=10, timeout=2)
 assert lim.take()
-# The program ends; the module-level limiter is dropped after the exit hooks.
-"""
+""",
+}
 
 
-def test_a_module_level_prefetch_limiter_gives_back_at_exit(server: Server, key: str) -> None:
-    """Rule 6 (dropping returns leftovers, best effort). A limiter at module level (an
-    app's global) is dropped only after the exit hooks, when the call pool's drain is over
-    and its daemon threads no longer run: the return it submitted never ran, its lease
-    stayed live with 9 tokens. Limiters alive at exit now submit their return from the
-    pool's exit hook, before it drains."""
+@pytest.mark.parametrize("where", list(_DROPPED_AT_EXIT))
+def test_a_prefetch_limiter_dropped_at_exit_gives_back(
+    server: Server, key: str, where: str
+) -> None:
+    """Rule 6 (dropping returns leftovers, best effort) for a limiter never closed. Its
+    return goes to the call pool, whose daemon threads the exit kills: dropped as main()
+    returns, the return was lost unless the pool waited for submitted work at exit (it
+    does, up to ``CallPool.EXIT_WAIT_SECONDS``); dropped at module level, only after the
+    exit hooks, when the pool no longer runs, the lease stayed live with 9 tokens, unless
+    limiters alive at exit submit their return from the pool's exit hook (they do)."""
     done = subprocess.run(
-        [sys.executable, "-c", _MODULE_LEVEL, str(server.port), key],
+        [sys.executable, "-c", _DROPPED_AT_EXIT[where], str(server.port), key],
         capture_output=True,
         timeout=60,
     )

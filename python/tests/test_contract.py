@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -252,34 +250,6 @@ def test_sync_limiter_timed_out_take_is_refunded(server: Server, key: str) -> No
     wait_for(lambda: lim.metrics["tokens_returned"] == 3, "the refund")
     assert peek(server.client(), key)["tokens"] >= 10
     adds_up(lim.metrics)
-
-
-_DROP_AT_EXIT = """
-import sys, redis
-from redis_rl import PrefetchLimiter
-
-def main() -> None:
-    r = redis.Redis(port=int(sys.argv[1]), socket_timeout=10)  # the call pool path
-    lim = PrefetchLimiter(r, sys.argv[2], 1e-6, 100, batch=10, timeout=2)
-    assert lim.take()
-    # Returns without close(): the limiter is dropped here, the interpreter exits next.
-
-main()
-"""
-
-
-def test_prefetch_limiter_dropped_at_the_end_of_main_gives_back(server: Server, key: str) -> None:
-    """A limiter dropped as the program ends (no ``close()``) gives its leftovers back: the
-    return is queued on the call pool, whose daemon threads the exit would kill; the pool
-    waits for submitted work at exit (up to ``CallPool.EXIT_WAIT_SECONDS``)."""
-    done = subprocess.run(
-        [sys.executable, "-c", _DROP_AT_EXIT, str(server.port), key],
-        capture_output=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr.decode()
-    state = peek(server.client(), key)
-    assert state["leases"] == 0 and abs(state["tokens"] - 99) < 0.01, state
 
 
 # -- 2. Error replies are errors, not outages ---------------------------------------------
