@@ -53,6 +53,21 @@ fn frozen() -> Limit {
     Limit::new(0.001, 100.0).unwrap()
 }
 
+/// A prefetching limiter on `server`'s key "k": [`frozen`], [`prefetch_config`].
+fn prefetcher(
+    server: &Server,
+    policy: FailurePolicy,
+    timeout_ms: u64,
+) -> PrefetchLimiter<LazyConnection> {
+    PrefetchLimiter::from_client(
+        server.client(),
+        "k",
+        frozen(),
+        prefetch_config(policy, timeout_ms),
+    )
+    .unwrap()
+}
+
 fn assert_adds_up(m: &rl_client::MetricsSnapshot) {
     assert_eq!(m.calls, m.granted + m.denied + m.errors, "{m:?}");
 }
@@ -68,13 +83,7 @@ async fn timed<T>(f: impl std::future::Future<Output = T>) -> (T, Duration) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_takes_lose_no_tokens() {
     let server = Server::start();
-    let limiter = PrefetchLimiter::from_client(
-        server.client(),
-        "k",
-        frozen(),
-        prefetch_config(FailurePolicy::Deny, 5_000),
-    )
-    .unwrap();
+    let limiter = prefetcher(&server, FailurePolicy::Deny, 5_000);
     assert!(limiter.take(1).await.unwrap().allowed);
     assert_eq!(limiter.held(), 19);
 
@@ -113,13 +122,7 @@ async fn cancelled_takes_lose_no_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_take_past_its_timeout_falls_back_and_its_lease_arrives_later() {
     let server = Server::start();
-    let limiter = PrefetchLimiter::from_client(
-        server.client(),
-        "k",
-        frozen(),
-        prefetch_config(FailurePolicy::Deny, 300),
-    )
-    .unwrap();
+    let limiter = prefetcher(&server, FailurePolicy::Deny, 300);
     assert!(limiter.take(1).await.unwrap().allowed);
     let sleeper = server.debug_sleep(1.5);
     let (d, took) = timed(limiter.take(20)).await;
@@ -450,13 +453,7 @@ async fn flapping_outages_under_deny_grant_nothing() {
 #[tokio::test]
 async fn a_denied_large_take_does_not_deny_small_ones() {
     let server = Server::start();
-    let limiter = PrefetchLimiter::from_client(
-        server.client(),
-        "k",
-        frozen(),
-        prefetch_config(FailurePolicy::Deny, 5_000),
-    )
-    .unwrap();
+    let limiter = prefetcher(&server, FailurePolicy::Deny, 5_000);
     // 93 of 100 left on the server.
     let _: redis::Value = redis::cmd("RL.TAKE")
         .arg("k")
@@ -643,13 +640,7 @@ async fn no_grant_from_a_lease_that_arrives_after_its_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_does_not_lease_again() {
     let server = Server::start();
-    let limiter = PrefetchLimiter::from_client(
-        server.client(),
-        "k",
-        frozen(),
-        prefetch_config(FailurePolicy::Allow, 5_000),
-    )
-    .unwrap();
+    let limiter = prefetcher(&server, FailurePolicy::Allow, 5_000);
     assert!(limiter.take(1).await.unwrap().allowed);
     // Tasks keep calling take while the service shuts down.
     let busy: Vec<_> = (0..4)
@@ -685,13 +676,7 @@ async fn close_does_not_lease_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_does_not_wait_out_a_slow_lease_call() {
     let server = Server::start();
-    let limiter = PrefetchLimiter::from_client(
-        server.client(),
-        "k",
-        frozen(),
-        prefetch_config(FailurePolicy::Deny, 300),
-    )
-    .unwrap();
+    let limiter = prefetcher(&server, FailurePolicy::Deny, 300);
     assert!(limiter.take(1).await.unwrap().allowed);
     let sleeper = server.debug_sleep(2.0);
     // This take needs a new lease, which stays in the air while Redis sleeps.
