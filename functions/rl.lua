@@ -489,8 +489,18 @@ local function limit_at(a, i, name)
 end
 
 -- The limit of a stored bucket, from its texts (written by a call that validated them).
+-- Remembered only if a call would accept the same texts: LIMITS is what `limit_at` and
+-- the plain-call paths trust without checking, so a hash written by anything else (HSET
+-- r 0, r 0x10, ...) must not put a limit there that a call's validation refuses.
 local function stored_texts(rt, ct)
-    return known_limit(rt, ct) or remember(make_limit(tonumber(rt), tonumber(ct), rt, ct))
+    local L = known_limit(rt, ct)
+    if L then return L end
+    local rate, cap = parse_number(rt), parse_number(ct)
+    L = make_limit(tonumber(rt), tonumber(ct), rt, ct)
+    if rate and cap and in_range(rate) and in_range(cap) and cap / rate <= MAX_FILL_SECS then
+        return remember(L)
+    end
+    return L
 end
 
 local function nanos_for(L, t) return split(refill_ceil(t, L.r)) end
@@ -1163,7 +1173,9 @@ local function lease(key, L, n, ttl, min, ret_id, ret_unused, init, v)
         text = drop_expired_prefix(text, now_us)
         if not text then x = nil end
     end
-    if text and (ret_id or #text >= PRUNE_CHARS) then
+    -- A table without its `x` (not one this library wrote) is parsed whole: appending
+    -- would take the new lease's expiry for the latest and expire the key too early.
+    if text and (ret_id or not x or #text >= PRUNE_CHARS) then
         local t = prune(parse_table(nil, text), now_us)
         if ret_id then
             local k, e = find_live(t, ret_id, now_us)

@@ -250,6 +250,50 @@ def lease_tables():
         assert fcall(r3, "rl_peek", ["b"])[b"leases"] == 1024
 
 
+@section("forged hashes: stored texts validate no call; a table without x")
+def forged_hashes():
+    """A hash written by something else than the library (HSET) is read as it is, but it
+    must not change how other calls are checked: the library remembers the limits it has
+    validated by their texts (LIMITS) and trusts them without checking again, so a stored
+    limit read from such a hash (rl_peek, rl_return, rl_refund, a call with another limit)
+    must not land there. And a lease table without its `x` is parsed whole, not appended
+    to (else the key's expiry would be the new lease's, before older leases end)."""
+    with Server() as s:
+        s.load_library()
+        r = s.client()
+        rate_err = "rate must be a finite number between 1e-9 and 1e15"
+        cap_err = "cap must be a finite number between 1e-9 and 1e15"
+        for rt, ct, want in [("0", "1", rate_err), ("1e-12", "1e15", rate_err),
+                             ("1", "0", cap_err), ("0x10", "100", "rate is not a number"),
+                             (" 5", "100", "rate is not a number"),
+                             ("1e-9", "1e15", "cap / rate must be at most 100 years")]:
+            r.delete("forged")
+            r.hset("forged", mapping={"f": "1", "r": rt, "c": ct})
+            # Each reads the stored limit. What they answer on the forged key itself is not
+            # checked: the library reads its hashes unchecked (a rate of 0 may give a raw
+            # PEXPIREAT error on Redis >= 7.2, formatted garbage on 7.0).
+            for cmd in (["rl_peek"], ["rl_refund", 1], ["rl_take", 10, 100, 1]):
+                try:
+                    fcall(r, cmd[0], ["forged"], *cmd[1:])
+                except redis.ResponseError:
+                    pass
+            for cmd in (["rl_lease", 1, "z", rt, ct, 1, 1000], ["rl_take", 1, "z", rt, ct, 1],
+                        ["rl_take", 1, "z", rt, ct], ["rl_lease", 1, "z", rt, ct, 1, 1000,
+                                                      "MIN", 1],
+                        ["rl_reserve", 1, "z", rt, ct, 1, 0],
+                        ["rl_mtake", 1, "z", 1, rt, ct]):
+                got = err(r, "FCALL", *cmd)
+                assert got == want, (rt, ct, cmd, got)
+            assert not r.exists("z")
+        # `x` gone (HDEL): the next lease does not take its own expiry for the table's.
+        r.delete("t")
+        fcall(r, "rl_lease", ["t"], 10, 100, 5, 60000)
+        r.hdel("t", "x")
+        fcall(r, "rl_lease", ["t"], 10, 100, 1, 50)
+        assert r.pttl("t") > 59000, r.pttl("t")
+        assert int(r.hget("t", "x")) == max(e[2] for e in entries(r, "t"))
+
+
 @section("differential: module and library, same calls")
 def differential_all(protocol_list, ops, seed):
     with Server(module=True) as s:
@@ -362,6 +406,8 @@ def main():
         alone()
     if not only or "lease_tables" in only:
         lease_tables()
+    if not only or "forged_hashes" in only:
+        forged_hashes()
     if not only or "differential" in only:
         if os.path.exists(MODULE):
             differential_all([2, 3], ops, seed)
