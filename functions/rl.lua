@@ -489,18 +489,20 @@ local function limit_at(a, i, name)
 end
 
 -- The limit of a stored bucket, from its texts (written by a call that validated them).
--- Remembered only if a call would accept the same texts: LIMITS is what `limit_at` and
--- the plain-call paths trust without checking, so a hash written by anything else (HSET
--- r 0, r 0x10, ...) must not put a limit there that a call's validation refuses.
+-- A hash written by anything else (HSET r 0, r 0x10, no r at all) is refused as not a
+-- bucket, before anything is written: its limit must neither decide a call (rate 0 made
+-- a write whose expiry Redis then refused) nor reach LIMITS, which `limit_at` and the
+-- plain-call paths trust without checking.
+local NOT_A_BUCKET = 'WRONGTYPE the hash at this key is not a bucket of this library '
+    .. '(its fields r, c are not a valid limit)'
 local function stored_texts(rt, ct)
     local L = known_limit(rt, ct)
     if L then return L end
     local rate, cap = parse_number(rt), parse_number(ct)
-    L = make_limit(tonumber(rt), tonumber(ct), rt, ct)
-    if rate and cap and in_range(rate) and in_range(cap) and cap / rate <= MAX_FILL_SECS then
-        return remember(L)
+    if not (rate and cap and in_range(rate) and in_range(cap) and cap / rate <= MAX_FILL_SECS) then
+        error({ reply = error_reply(NOT_A_BUCKET) }, 0)
     end
-    return L
+    return remember(make_limit(rate, cap, rt, ct))
 end
 
 local function nanos_for(L, t) return split(refill_ceil(t, L.r)) end
@@ -1094,9 +1096,9 @@ local function take_options(a, na, L, N)
     return n, with_state, init, v
 end
 
--- RL.TAKE on `key` once its arguments are parsed and valid. Raises no error of its own
--- (WRONGTYPE, and n above a stored newer limit's cap, are returned as the reply):
--- `quick_take` runs it outside the boundary's pcall.
+-- RL.TAKE on `key` once its arguments are parsed and valid. WRONGTYPE, and n above a
+-- stored newer limit's cap, are returned as the reply; a hash that is not a bucket raises
+-- (`stored_texts`).
 local function take(key, L, n, with_state, init, v)
     local ns, nn = now()
     local h
@@ -1466,11 +1468,12 @@ end
 local function boundary(f, quick)
     return function(keys, args)
         if not call then bind() end
+        local ok, res = true, nil
         if quick then
-            local res = quick(keys, args)
-            if res ~= nil then return res end
+            -- Inside the pcall too: a stored hash that is not a bucket raises (stored_texts).
+            ok, res = pcall(quick, keys, args)
         end
-        local ok, res = pcall(f, keys, args)
+        if ok and res == nil then ok, res = pcall(f, keys, args) end
         if ok then return res end
         if type(res) == 'table' then
             if res.rl then return error_reply('ERR ' .. res.rl) end

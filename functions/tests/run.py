@@ -269,14 +269,16 @@ def forged_hashes():
                              ("1e-9", "1e15", "cap / rate must be at most 100 years")]:
             r.delete("forged")
             r.hset("forged", mapping={"f": "1", "r": rt, "c": ct})
-            # Each reads the stored limit. What they answer on the forged key itself is not
-            # checked: the library reads its hashes unchecked (a rate of 0 may give a raw
-            # PEXPIREAT error on Redis >= 7.2, formatted garbage on 7.0).
-            for cmd in (["rl_peek"], ["rl_refund", 1], ["rl_take", 10, 100, 1]):
-                try:
-                    fcall(r, cmd[0], ["forged"], *cmd[1:])
-                except redis.ResponseError:
-                    pass
+            # Each reads the stored limit, and refuses the key as not a bucket, writing
+            # nothing (a rate of 0 used to make rl_take write f, then fail at PEXPIREAT on
+            # Redis >= 7.2: a partial write).
+            before = r.hgetall("forged")
+            for cmd in (["rl_peek"], ["rl_refund", 1], ["rl_take", 10, 100, 1],
+                        ["rl_take", 10, 100, 1, "WITHSTATE"], ["rl_lease", 10, 100, 1, 1000],
+                        ["rl_reserve", 10, 100, 1, 0]):
+                got = err(r, "FCALL", cmd[0], 1, "forged", *cmd[1:])
+                assert "the hash at this key is not a bucket" in got, (cmd, got)
+            assert r.hgetall("forged") == before and r.pttl("forged") == -1
             for cmd in (["rl_lease", 1, "z", rt, ct, 1, 1000], ["rl_take", 1, "z", rt, ct, 1],
                         ["rl_take", 1, "z", rt, ct], ["rl_lease", 1, "z", rt, ct, 1, 1000,
                                                       "MIN", 1],
