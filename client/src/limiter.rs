@@ -1,7 +1,11 @@
 //! [`Limiter`]: one `RL.TAKE ... WITHSTATE` call per request, with the failure policy.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use redis::{Cmd, Value};
 
 use rl_core::Limit;
 
@@ -11,6 +15,7 @@ use crate::conn::{call, RedisConnection};
 use crate::fallback::Fallback;
 use crate::health::Health;
 use crate::lazy::LazyConnection;
+use crate::prefetch::LATE_REPLY;
 use crate::protocol;
 use crate::{Decision, Error, LimiterConfig, Metrics, Reservation};
 
@@ -201,7 +206,9 @@ impl<C: RedisConnection> Limiter<C> {
             n,
             protocol::LimitOptions::of(&inner.config),
         );
-        let value = call(&inner.conn, &cmd, left(deadline), &inner.metrics).await?;
+        let value = TakeFlight::send(&self.inner, cmd, key, n)
+            .reply(left(deadline))
+            .await?;
         let r = protocol::take_reply(value)?;
         let cap = limit.cap();
         Ok(Decision::from_server(
@@ -360,6 +367,77 @@ impl<C: RedisConnection> Limiter<C> {
             inner.metrics.refunded(credited);
         }
         Ok(credited)
+    }
+}
+
+/// A Redis call in flight, owned: it can move to a task of its own.
+type PendingCall = Pin<Box<dyn Future<Output = Result<Value, Error>> + Send>>;
+
+/// An `RL.TAKE` sent for a caller. If the caller stops waiting (its timeout passes, or its
+/// future is dropped) the call completes on a task of its own, and a grant that lands then
+/// is refunded (`RL.REFUND`): a take nobody waited for costs no tokens (the Python client
+/// does the same). Without a runtime to finish on, the call is dropped with the caller.
+struct TakeFlight<C: RedisConnection> {
+    inner: Arc<Inner<C>>,
+    /// The call, until it has answered the caller.
+    call: Option<PendingCall>,
+    key: String,
+    n: u64,
+}
+
+impl<C: RedisConnection> TakeFlight<C> {
+    fn send(inner: &Arc<Inner<C>>, cmd: Cmd, key: &str, n: u64) -> Self {
+        let owner = Arc::clone(inner);
+        // The call's own bound is the late one: the caller's is applied in `reply`.
+        let call = async move { call(&owner.conn, &cmd, LATE_REPLY, &owner.metrics).await };
+        TakeFlight {
+            inner: Arc::clone(inner),
+            call: Some(Box::pin(call)),
+            key: key.to_owned(),
+            n,
+        }
+    }
+
+    /// The reply within `wait`: a timeout is an outage for the caller (counted now; the
+    /// call's latency is counted when it ends).
+    async fn reply(mut self, wait: Duration) -> Result<Value, Error> {
+        let Some(call) = self.call.as_mut() else {
+            return Err(Error::Timeout(wait));
+        };
+        match tokio::time::timeout(wait, call).await {
+            Ok(outcome) => {
+                self.call = None;
+                outcome
+            }
+            Err(_) => {
+                self.inner.metrics.slow_call();
+                Err(Error::Timeout(wait))
+            }
+        }
+    }
+}
+
+impl<C: RedisConnection> Drop for TakeFlight<C> {
+    fn drop(&mut self) {
+        let Some(call) = self.call.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let limiter = Limiter {
+            inner: Arc::clone(&self.inner),
+        };
+        let (key, n) = (std::mem::take(&mut self.key), self.n);
+        runtime.spawn(async move {
+            let granted = match call.await.and_then(protocol::take_reply) {
+                Ok(r) => r.granted,
+                Err(_) => 0,
+            };
+            if granted > 0 {
+                let _ = limiter.refund(&key, granted.min(n)).await;
+            }
+        });
     }
 }
 

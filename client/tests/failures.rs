@@ -138,6 +138,44 @@ async fn a_take_past_its_timeout_falls_back_and_its_lease_arrives_later() {
     assert_eq!(limiter.close().await.unwrap(), 39);
 }
 
+/// A plain `take` whose caller stopped waiting (its timeout passed, or its future was
+/// dropped) while Redis slept: the `RL.TAKE` still ran when Redis woke and debited the
+/// bucket for a caller that had already been answered by the policy (or was gone). The
+/// call now completes on its own task and the grant is refunded: nothing spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_nobody_waited_for_is_refunded() {
+    let server = Server::start();
+    let limiter = Limiter::from_client(
+        server.client(),
+        frozen(),
+        limiter_config(FailurePolicy::Deny, 300),
+    )
+    .unwrap();
+    assert!(limiter.take("k", 1).await.unwrap().allowed);
+    let sleeper = server.debug_sleep(1.5);
+    // Timed out: the policy answers.
+    let (d, took) = timed(limiter.take("k", 5)).await;
+    let d = d.unwrap();
+    assert_eq!((d.allowed, d.source), (false, Source::Fallback), "{d:?}");
+    assert!(took < Duration::from_millis(300) + SLACK, "{took:?}");
+    // Cancelled: the caller's future is dropped mid-call (the probe after the timeout is
+    // allowed again after `probe_interval`).
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), limiter.take("k", 7))
+            .await
+            .is_err()
+    );
+    sleeper.join().unwrap();
+    eventually(20, "the refunds", || {
+        limiter.metrics().snapshot().tokens_refunded == 12
+    })
+    .await;
+    let t = server.tokens("k").unwrap_or(100.0);
+    assert!((t - 99.0).abs() < 0.1, "server holds {t}");
+    assert_eq!(limiter.metrics().snapshot().refunds, 2);
+}
+
 // 2. Error replies are errors, never outages.
 
 #[tokio::test]
