@@ -388,8 +388,10 @@ struct TakeFlight<C: RedisConnection> {
 impl<C: RedisConnection> TakeFlight<C> {
     fn send(inner: &Arc<Inner<C>>, cmd: Cmd, key: &str, n: u64) -> Self {
         let owner = Arc::clone(inner);
-        // The call's own bound is the late one: the caller's is applied in `reply`.
-        let call = async move { call(&owner.conn, &cmd, LATE_REPLY, &owner.metrics).await };
+        // The call's own bound is the late one (never below the caller's): the caller's is
+        // applied in `reply`.
+        let late = owner.config.timeout.max(LATE_REPLY);
+        let call = async move { call(&owner.conn, &cmd, late, &owner.metrics).await };
         TakeFlight {
             inner: Arc::clone(inner),
             call: Some(Box::pin(call)),
@@ -430,12 +432,15 @@ impl<C: RedisConnection> Drop for TakeFlight<C> {
         };
         let (key, n) = (std::mem::take(&mut self.key), self.n);
         runtime.spawn(async move {
-            let granted = match call.await.and_then(protocol::take_reply) {
-                Ok(r) => r.granted,
-                Err(_) => 0,
+            let refunded = match call.await.and_then(protocol::take_reply) {
+                Ok(r) if r.granted > 0 => limiter.refund(&key, r.granted.min(n)).await.is_ok(),
+                Ok(_) => true,
+                // The reply never came (cut by the connection's response timeout or the
+                // late bound): Redis may have run the take; nothing to refund safely.
+                Err(e) => !e.is_outage(),
             };
-            if granted > 0 {
-                let _ = limiter.refund(&key, granted.min(n)).await;
+            if !refunded {
+                limiter.inner.metrics.take_lost();
             }
         });
     }

@@ -102,6 +102,11 @@ counters! {
         /// lease call whose reply never came (half-open connection), or a late lease whose
         /// return failed. Their tokens stay debited until the lease's TTL.
         leases_lost: "leases neither spent nor returned",
+        /// Plain takes (`RL.TAKE`) whose caller stopped waiting and whose grant could not be
+        /// refunded: the late reply never came (the connection's `response_timeout` or the
+        /// late bound cut it while Redis may still have run the take), or the refund failed.
+        /// A grant they got stays debited.
+        takes_lost: "abandoned takes neither answered nor refunded",
         /// `RL.REFUND` calls that credited tokens back.
         refunds: "refunds that credited tokens",
         /// Whole tokens those refunds credited.
@@ -217,6 +222,10 @@ impl Metrics {
 
     pub(crate) fn lease_lost(&self) {
         add(&self.leases_lost, 1);
+    }
+
+    pub(crate) fn take_lost(&self) {
+        add(&self.takes_lost, 1);
     }
 
     pub(crate) fn lease_expired(&self) {

@@ -397,3 +397,98 @@ async fn a_fallback_for_a_slow_redis_counts_a_timeout() {
     assert_eq!(m.calls, m.granted + m.denied + m.errors, "{m:?}");
     limiter.close().await.unwrap();
 }
+
+// Attack 7: plain takes whose caller stopped waiting (`TakeFlight`).
+
+fn take_config(timeout_ms: u64) -> LimiterConfig {
+    LimiterConfig {
+        timeout: Duration::from_millis(timeout_ms),
+        probe_interval: Duration::from_millis(100),
+        policy: FailurePolicy::Deny,
+        instances: 1,
+        ..Default::default()
+    }
+}
+
+/// Rule 1, many at once: 20 concurrent takes of 2 all time out behind a `DEBUG SLEEP`; every
+/// grant that lands later is refunded once: the bucket is back where it was, 20 refunds of 2,
+/// and the decisions add up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack7_many_timed_out_takes_are_each_refunded_once() {
+    let server = Server::start();
+    let limit = Limit::new(0.001, 100.0).unwrap();
+    let limiter =
+        rl_client::Limiter::from_client(server.client(), limit, take_config(200)).unwrap();
+    assert!(limiter.take("k", 1).await.unwrap().allowed);
+    let sleeper = server.debug_sleep(1.0);
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let l = limiter.clone();
+        tasks.push(tokio::spawn(async move { l.take("k", 2).await }));
+    }
+    for t in tasks {
+        let d = t.await.unwrap().unwrap();
+        assert_eq!(d.source, Source::Fallback, "{d:?}");
+    }
+    sleeper.join().unwrap();
+    support::eventually(10, "the refunds", || {
+        limiter.metrics().snapshot().refunds == 20
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let s = limiter.metrics().snapshot();
+    assert_eq!((s.refunds, s.tokens_refunded), (20, 40), "{s:?}");
+    assert_eq!(s.calls, s.granted + s.denied + s.errors, "{s:?}");
+    let t = server.tokens("k").unwrap();
+    assert!((t - 99.0).abs() < 0.1, "server holds {t}");
+}
+
+/// Rule 1: a take whose caller gave up while Redis stalled for longer than the connection's
+/// `response_timeout` (2 s by default). The `RL.TAKE` still runs when Redis wakes and
+/// debits the bucket, but the background call was cut at 2 s (not `LATE_REPLY`), so its
+/// grant is never refunded nor counted anywhere: 5 tokens silently lost. Now counted in
+/// `takes_lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack7_a_take_answered_after_the_response_timeout_is_not_lost_silently() {
+    let server = Server::start();
+    let limit = Limit::new(0.001, 100.0).unwrap();
+    let limiter =
+        rl_client::Limiter::from_client(server.client(), limit, take_config(200)).unwrap();
+    assert!(limiter.take("k", 1).await.unwrap().allowed);
+    let sleeper = server.debug_sleep(2.6);
+    let d = limiter.take("k", 5).await.unwrap();
+    assert_eq!(d.source, Source::Fallback, "{d:?}");
+    sleeper.join().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t = server.tokens("k").unwrap();
+    let s = limiter.metrics().snapshot();
+    // The reply was cut at 2 s: the take ran, nothing could be refunded; at least it is
+    // counted (as `leases_lost` counts a lease whose reply never came).
+    assert!((t - 94.0).abs() < 0.1, "server holds {t}");
+    assert_eq!((s.takes_lost, s.refunds), (1, 0), "{s:?}");
+}
+
+/// No panic: a take cancelled on a current-thread runtime that is dropped right after.
+#[test]
+fn attack7_a_take_cancelled_on_a_runtime_then_dropped_does_not_panic() {
+    let server = Server::start();
+    let limit = Limit::new(0.001, 100.0).unwrap();
+    for _ in 0..5 {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let limiter =
+            rl_client::Limiter::from_client(server.client(), limit, take_config(200)).unwrap();
+        rt.block_on(async {
+            assert!(limiter.take("k", 1).await.unwrap().allowed);
+        });
+        let sleeper = server.debug_sleep(0.5);
+        rt.block_on(async {
+            let _ = tokio::time::timeout(Duration::from_millis(20), limiter.take("k", 3)).await;
+        });
+        drop(rt);
+        drop(limiter);
+        sleeper.join().unwrap();
+    }
+}
