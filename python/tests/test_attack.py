@@ -823,3 +823,45 @@ def test_a_prefetch_limiter_dropped_at_exit_gives_back(
     assert done.returncode == 0, done.stderr.decode()
     state = peek(server.client(), key)
     assert state["leases"] == 0 and abs(state["tokens"] - 99) < 0.01, state
+
+
+@pytest.mark.parametrize("kind", ["async-limiter", "async-prefetch"])
+def test_an_asyncio_backend_probe_stuck_on_a_half_open_connection_holds_up_nobody(
+    server: Server, key: str, kind: str
+) -> None:
+    """Rule 3 (attack 7). An asyncio limiter whose first call finds the client's pooled
+    connection half-open (no ``socket_timeout``: a peer gone without a FIN). The backend
+    probe now runs on a task of its own bounded by ``LATE_LIMIT`` (30 s), and every call
+    awaited that one task: all of them fell back for 30 s though Redis answered new
+    connections at once. The rule: a half-open connection is caught by the per-call
+    timeout and calls stuck on one never hold up the others."""
+    proxy = FreezingProxy(server.port)
+    sources: list[str] = []
+
+    async def run() -> None:
+        r = aredis.Redis(port=proxy.port, socket_timeout=None)
+        await r.ping()  # one connection in the client's pool, about to go half-open
+        proxy.freeze()
+        make: dict[str, Any] = {"policy": ALLOW, "timeout": 0.2, "probe_interval": 0.05}
+        if kind == "async-prefetch":
+            lim: Any = AsyncPrefetchLimiter(r, key, 1000, 1000, batch=10, **make)
+        else:
+            lim = AsyncLimiter(r, key, 1000, 1000, **make)
+        decide = lim.decide if kind == "async-prefetch" else lim.take
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            sources.append((await decide()).source.value)
+            assert time.monotonic() - started < 0.2 + 1.0
+            if sources[-1] != "fallback":
+                break
+            await asyncio.sleep(0.05)
+        if kind == "async-prefetch":
+            await lim.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        proxy.close()
+        time.sleep(0.2)
+    assert sources[-1] in ("server", "lease"), sources

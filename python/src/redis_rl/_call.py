@@ -575,33 +575,67 @@ async def aresolve_backend(
 
 
 class BackendTask:
-    """An asyncio limiter's backend, resolved once on a task of its own.
+    """An asyncio limiter's backend, resolved on tasks of their own.
 
     Awaited inline, the probes ran within each call's timeout and were cancelled with it;
     redis.asyncio drops a connection whose command is cancelled, so on a link where a new
     connection and the probes take longer than the timeout every call started over and
-    the limiter fell back forever. The task goes on past a caller's timeout (up to
-    ``LATE_LIMIT``); each call waits for it within its own deadline, and a task that
-    failed is started again by the next call.
+    the limiter fell back forever. A task goes on past a caller's timeout (up to
+    ``LATE_LIMIT``), and each call waits within its own deadline for the first task to
+    succeed. A call that finds the newest task running longer than the call timeout starts
+    another beside it (at most ``MAX_TASKS``, the oldest cancelled): a probe stuck on a
+    half-open connection holds up nobody for longer than a timeout. A task that failed is
+    started again by the next call; tasks of another event loop are forgotten.
     """
 
+    MAX_TASKS = 4
+
     def __init__(self) -> None:
-        self._task: Optional[asyncio.Task[p.Protocol]] = None
+        self._tasks: list[tuple[asyncio.Task[p.Protocol], float]] = []
 
     async def __call__(
         self, client: Any, call: AsyncCaller, backend: str, deadline: Optional[float]
     ) -> p.Protocol:
         loop = asyncio.get_running_loop()
-        task = self._task
-        if (
-            task is None
-            or task.get_loop() is not loop
-            or (task.done() and (task.cancelled() or task.exception() is not None))
-        ):
+        tasks = [
+            (t, at)
+            for t, at in self._tasks
+            if t.get_loop() is loop and not (t.done() and (t.cancelled() or t.exception()))
+        ]
+        for t, _ in tasks:
+            if t.done():
+                self._tasks = [(t, 0.0)]
+                return t.result()
+        stale = call.timeout if call.timeout is not None else LATE_LIMIT
+        failure: Optional[BaseException] = None
+        if not tasks or now() - tasks[-1][1] >= stale:
+            if len(tasks) >= self.MAX_TASKS:
+                tasks.pop(0)[0].cancel()
             resolve = aresolve_backend(client, call, backend, now() + LATE_LIMIT)
-            task = self._task = loop.create_task(resolve)
+            task = loop.create_task(resolve)
             # A failure nobody waited for is not "never retrieved": the next call retries.
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        if deadline is None:
-            return await asyncio.shield(task)
-        return await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - now()))
+            tasks.append((task, now()))
+        self._tasks = tasks
+        pending = {asyncio.shield(t) for t, _ in tasks}
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - now())
+            done, pending = await asyncio.wait(
+                pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:
+                for f in pending:
+                    f.cancel()
+                raise asyncio.TimeoutError()
+            for f in done:
+                if f.cancelled():
+                    continue
+                e = f.exception()
+                if e is None:
+                    for rest in pending:
+                        rest.cancel()
+                    return f.result()
+                failure = e
+        if failure is None:  # every task cancelled (their event loop is closing)
+            raise asyncio.CancelledError()
+        raise failure
