@@ -493,14 +493,16 @@ end
 -- bucket, before anything is written: its limit must neither decide a call (rate 0 made
 -- a write whose expiry Redis then refused) nor reach LIMITS, which `limit_at` and the
 -- plain-call paths trust without checking.
-local NOT_A_BUCKET = 'WRONGTYPE the hash at this key is not a bucket of this library '
-    .. '(its fields r, c are not a valid limit)'
+local function not_a_bucket(why)
+    error({ reply = error_reply('WRONGTYPE the hash at this key is not a bucket of this library ('
+        .. why .. ')') }, 0)
+end
 local function stored_texts(rt, ct)
     local L = known_limit(rt, ct)
     if L then return L end
     local rate, cap = parse_number(rt), parse_number(ct)
     if not (rate and cap and in_range(rate) and in_range(cap) and cap / rate <= MAX_FILL_SECS) then
-        error({ reply = error_reply(NOT_A_BUCKET) }, 0)
+        not_a_bucket('its fields r, c are not a valid limit')
     end
     return remember(make_limit(rate, cap, rt, ct))
 end
@@ -843,6 +845,8 @@ end
 local function level_of(h, L, init, ns, nn, into, v, key)
     local ft = h[F]
     if ft then
+        -- Digits only (what `write` stores): anything else is no instant to read.
+        if ft == '' or sfind(ft, '%D') then not_a_bucket('its field f is not an instant') end
         if h[R] ~= L.rt or h[C] ~= L.ct or v then
             return level_versioned(h, ft, L, ns, nn, into, v, key)
         end

@@ -287,6 +287,19 @@ def forged_hashes():
                 got = err(r, "FCALL", *cmd)
                 assert got == want, (rt, ct, cmd, got)
             assert not r.exists("z")
+        # An `f` that is no instant: refused the same way (it gave a raw Lua error when
+        # longer than 9 characters), nothing written.
+        for ft in ["abcdefghijkl", "", "-5", "12345678901.5"]:
+            r.delete("forged")
+            r.hset("forged", mapping={"f": ft, "r": "10", "c": "100"})
+            before = r.hgetall("forged")
+            for cmd in (["rl_peek"], ["rl_refund", 1], ["rl_take", 10, 100, 1],
+                        ["rl_lease", 10, 100, 1, 1000], ["rl_reserve", 10, 100, 1, 0]):
+                got = err(r, "FCALL", cmd[0], 1, "forged", *cmd[1:])
+                assert "not a bucket of this library (its field f" in got, (ft, cmd, got)
+            got = err(r, "FCALL", "rl_mtake", 2, "ok", "forged", 1, 10, 100, 10, 100)
+            assert "not a bucket" in got and not r.exists("ok"), got
+            assert r.hgetall("forged") == before
         # `x` gone (HDEL): the next lease does not take its own expiry for the table's.
         r.delete("t")
         fcall(r, "rl_lease", ["t"], 10, 100, 5, 60000)
