@@ -1,87 +1,16 @@
 //! The `Functions` and `Auto` backends against a server without the module that has the
 //! Functions library (`functions/rl.lua`) loaded: same API, same decisions.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod support;
+
+use std::time::Duration;
+
+use support::Plain;
 
 use rl_client::{
     Backend, Error, FailurePolicy, Limit, Limiter, LimiterConfig, PrefetchConfig, PrefetchLimiter,
     Semaphore, Source,
 };
-
-/// A redis-server (RL_SERVER, default `redis-server`) with no module; killed on drop.
-struct Plain {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Plain {
-    fn start(with_library: bool) -> Plain {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = tempfile::tempdir().unwrap();
-        let server = std::env::var("RL_SERVER").unwrap_or_else(|_| "redis-server".into());
-        let child = Command::new(server)
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-            ])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("cannot start redis-server");
-        let plain = Plain {
-            child,
-            port,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while plain.conn().is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if with_library {
-            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../functions/rl.lua");
-            let source = std::fs::read_to_string(path).unwrap();
-            let name: String = redis::cmd("FUNCTION")
-                .arg("LOAD")
-                .arg("REPLACE")
-                .arg(source)
-                .query(&mut plain.conn().unwrap())
-                .unwrap();
-            assert_eq!(name, "rl");
-        }
-        plain
-    }
-
-    fn conn(&self) -> redis::RedisResult<redis::Connection> {
-        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?
-            .get_connection_with_timeout(Duration::from_millis(500))
-    }
-
-    async fn manager(&self) -> redis::aio::ConnectionManager {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).unwrap();
-        redis::aio::ConnectionManager::new(client).await.unwrap()
-    }
-}
-
-impl Drop for Plain {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn frozen() -> Limit {
     Limit::new(0.001, 5.0).unwrap()
@@ -98,7 +27,7 @@ fn config(backend: Backend) -> LimiterConfig {
 
 #[tokio::test]
 async fn functions_backend_decides_as_the_module() {
-    let server = Plain::start(true);
+    let server = Plain::with_library();
     for backend in [Backend::Functions, Backend::Auto] {
         let key = format!("user:{backend:?}");
         let limiter = Limiter::new(server.manager().await, frozen(), config(backend)).unwrap();
@@ -114,7 +43,7 @@ async fn functions_backend_decides_as_the_module() {
         // The library's own state, a hash.
         let kind: String = redis::cmd("TYPE")
             .arg(&key)
-            .query(&mut server.conn().unwrap())
+            .query(&mut server.conn())
             .unwrap();
         assert_eq!(kind, "hash");
     }
@@ -122,7 +51,7 @@ async fn functions_backend_decides_as_the_module() {
 
 #[tokio::test]
 async fn prefetch_over_functions() {
-    let server = Plain::start(true);
+    let server = Plain::with_library();
     let config = PrefetchConfig {
         batch: 10,
         ttl: Duration::from_secs(5),
@@ -140,7 +69,7 @@ async fn prefetch_over_functions() {
         .arg("rl_peek")
         .arg(1)
         .arg("partner")
-        .query(&mut server.conn().unwrap())
+        .query(&mut server.conn())
         .unwrap();
     // A map (a flat array under RESP2, in the library's own field order).
     let live = leases
@@ -152,7 +81,7 @@ async fn prefetch_over_functions() {
 
 #[tokio::test]
 async fn auto_without_either_names_both() {
-    let server = Plain::start(false);
+    let server = Plain::start();
     let limiter = Limiter::new(server.manager().await, frozen(), config(Backend::Auto)).unwrap();
     let e = limiter.take_from_server("k", 1).await.unwrap_err();
     assert!(matches!(e, Error::Config(_)), "{e:?}");
@@ -165,7 +94,7 @@ async fn auto_without_either_names_both() {
 
 #[tokio::test]
 async fn reserve_and_refund_over_functions_and_no_permits() {
-    let server = Plain::start(true);
+    let server = Plain::with_library();
     let limiter = Limiter::new(
         server.manager().await,
         Limit::new(1.0, 2.0).unwrap(),
@@ -203,7 +132,7 @@ async fn reserve_and_refund_over_functions_and_no_permits() {
 /// the older release's calls too, as with the module.
 #[tokio::test]
 async fn a_versioned_limit_over_functions_the_newer_wins() {
-    let server = Plain::start(true);
+    let server = Plain::with_library();
     let versioned = |version| LimiterConfig {
         version: Some(version),
         ..config(Backend::Functions)
@@ -242,7 +171,7 @@ async fn a_versioned_limit_over_functions_the_newer_wins() {
         .arg("rl_peek")
         .arg(1)
         .arg("shared")
-        .query(&mut server.conn().unwrap())
+        .query(&mut server.conn())
         .unwrap();
     let field = |name: &[u8]| {
         fields

@@ -194,8 +194,37 @@ impl Plain {
         plain
     }
 
+    /// [`Plain::start`] with the Functions library (`functions/rl.lua`) loaded.
+    pub fn with_library() -> Plain {
+        let plain = Plain::start();
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../functions/rl.lua");
+        let source = std::fs::read_to_string(path).unwrap();
+        let name: String = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(source)
+            .query(&mut plain.conn())
+            .unwrap();
+        assert_eq!(name, "rl");
+        plain
+    }
+
     pub fn client(&self) -> redis::Client {
         redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).unwrap()
+    }
+
+    /// A blocking connection (for the test's own commands).
+    pub fn conn(&self) -> redis::Connection {
+        self.client()
+            .get_connection_with_timeout(Duration::from_millis(500))
+            .unwrap()
+    }
+
+    /// A reconnecting async connection for the limiters.
+    pub async fn manager(&self) -> redis::aio::ConnectionManager {
+        redis::aio::ConnectionManager::new(self.client())
+            .await
+            .unwrap()
     }
 }
 
