@@ -12,12 +12,15 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator, List, Optional
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE = Path(os.environ.get("RL_MODULE") or REPO / "target" / "debug" / "libredis_rl.so")
@@ -161,3 +164,19 @@ def key(request: pytest.FixtureRequest) -> str:
 
 def info_rl(client: redis.Redis) -> dict[str, Any]:
     return dict(client.info("rl"))
+
+
+def sleep_server(server: Server, seconds: int) -> threading.Thread:
+    """DEBUG SLEEP on a connection of its own; returns once the server stopped answering."""
+    admin = server.client(socket_timeout=seconds + 30)
+    t = threading.Thread(target=admin.execute_command, args=("DEBUG", "SLEEP", seconds))
+    t.start()
+    probe = server.client(socket_timeout=0.3, retry=Retry(NoBackoff(), 0))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            probe.ping()
+            time.sleep(0.01)
+        except redis.exceptions.TimeoutError:
+            return t
+    raise AssertionError("DEBUG SLEEP did not take effect")

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import redis
 import redis.asyncio as aredis
-from conftest import Server
+from conftest import Server, sleep_server
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -211,22 +211,6 @@ def debug_server(tmp_path: Any) -> Iterator[Server]:
     s = Server(tmp_path / "redis", extra=["--enable-debug-command", "yes"])
     yield s
     s.stop()
-
-
-def sleep_server(server: Server, seconds: int) -> threading.Thread:
-    """DEBUG SLEEP on a connection of its own; returns once the server stopped answering."""
-    admin = server.client(socket_timeout=seconds + 30)
-    t = threading.Thread(target=admin.execute_command, args=("DEBUG", "SLEEP", seconds))
-    t.start()
-    probe = server.client(socket_timeout=0.3, retry=NO_RETRY)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            probe.ping()
-            time.sleep(0.01)
-        except redis.exceptions.TimeoutError:
-            return t
-    raise AssertionError("DEBUG SLEEP did not take effect")
 
 
 def test_cancelled_apermit_frees_its_slot(debug_server: Server, key: str) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -25,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional
 import pytest
 import redis
 import redis.asyncio as aredis
-from conftest import Server, _check_setup
+from conftest import Server, _check_setup, sleep_server
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -90,22 +89,6 @@ async def await_for(cond: Callable[[], bool], what: str, limit: float = 15.0) ->
 def pause(server: Server, ms: int) -> None:
     """CLIENT PAUSE ALL: every command from now on waits until the pause ends."""
     server.client().execute_command("CLIENT", "PAUSE", ms, "ALL")
-
-
-def sleep_server(server: Server, seconds: int) -> threading.Thread:
-    """DEBUG SLEEP on a connection of its own; returns once the server stopped answering."""
-    admin = server.client(socket_timeout=seconds + 30)
-    t = threading.Thread(target=admin.execute_command, args=("DEBUG", "SLEEP", seconds))
-    t.start()
-    probe = server.client(socket_timeout=0.3, retry=NO_RETRY)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            probe.ping()
-            time.sleep(0.01)
-        except redis.exceptions.TimeoutError:
-            return t
-    raise AssertionError("DEBUG SLEEP did not take effect")
 
 
 # -- 1. Cancellation never loses tokens ---------------------------------------------------
