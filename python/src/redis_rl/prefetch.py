@@ -433,6 +433,19 @@ class _Core:
         self.metrics.add("tokens_returned", lease.left)
 
 
+def _failed(core: _Core, flight: _Flight, e: BaseException) -> List[_Lease]:
+    """A lease call that ended in ``e``: an error reply (the server refused it) as a
+    :class:`ServerError`, counted; an outage or anything else as it is. Returns what must
+    be given back."""
+    refused = isinstance(e, NOT_OUTAGES) or (
+        not isinstance(e, OUTAGES) and isinstance(e, (redis.exceptions.RedisError, ProtocolError))
+    )
+    if refused:
+        core.metrics.add("server_errors")
+        return core.fail(flight, _as_server_error(e))
+    return core.fail(flight, e)
+
+
 def _as_server_error(e: BaseException) -> BaseException:
     if isinstance(e, ProtocolError):
         return e
@@ -622,16 +635,8 @@ class PrefetchLimiter(_Base):
                 # a lease call redis-py retries past the timeout (an outage, failing open).
                 self._call.check()
                 reply = p.parse_lease(execute(self.client, *args))
-            except NOT_OUTAGES as e:
-                core.metrics.add("server_errors")
-                give_back = core.fail(flight, _as_server_error(e))
-            except OUTAGES as e:
-                give_back = core.fail(flight, e)
-            except (redis.exceptions.RedisError, ProtocolError) as e:
-                core.metrics.add("server_errors")
-                give_back = core.fail(flight, _as_server_error(e))
             except BaseException as e:
-                give_back = core.fail(flight, e)
+                give_back = _failed(core, flight, e)
             else:
                 give_back = core.land(flight, reply)
         finally:
@@ -882,14 +887,8 @@ class AsyncPrefetchLimiter(_Base):
             # Bounded (a half-open connection with no socket timeout), but well past the
             # lease's end: a late lease is returned, not lost.
             reply = p.parse_lease(await asyncio.wait_for(call, core.late_limit))
-        except NOT_OUTAGES as e:
-            core.metrics.add("server_errors")
-            give_back = core.fail(flight, _as_server_error(e))
-        except OUTAGES as e:
-            give_back = core.fail(flight, e)
-        except (redis.exceptions.RedisError, ProtocolError) as e:
-            core.metrics.add("server_errors")
-            give_back = core.fail(flight, _as_server_error(e))
+        except (redis.exceptions.RedisError, ProtocolError, *OUTAGES) as e:
+            give_back = _failed(core, flight, e)
         except BaseException as e:  # cancelled: the event loop is closing
             core.fail(flight, e)
             flight.event.set()
