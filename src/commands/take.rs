@@ -44,14 +44,14 @@ pub fn take(ctx: Ctx, args: Args) -> Result<Reply> {
         }
         i += 1;
     }
-    super::fits(n, &limit, "n must not exceed cap")?;
+    super::fits(n, &limit, N_OVER_CAP).map_err(|e| redis_cell_hint(&args).unwrap_or(e))?;
 
     let name = args.bytes(0)?;
     let ns = ops::enter(name);
     let now = clock::now();
     let key = BucketKey::open(ctx, args.raw(0)?);
     let mut opened = super::open_bucket(&key, limit, version.unwrap_or(0), now, init)?;
-    opened.fits(n, "n must not exceed cap")?;
+    opened.fits(n, N_OVER_CAP)?;
     opened.count();
     let granted = opened.level.try_take(n as f64);
     opened.write_if(ctx, &key, &args, 0, granted)?;
@@ -87,4 +87,30 @@ pub fn take(ctx: Ctx, args: Args) -> Result<Reply> {
         Scalar::Int(retry as i64),
         Scalar::Int(ceil_millis(level.reset_after()) as i64),
     ]))
+}
+
+const N_OVER_CAP: &str = "n must not exceed cap";
+
+/// `RL.TAKE key 15 30 60` is redis-cell's habit (`CL.THROTTLE key max_burst count period`):
+/// three numbers where the third exceeds the second. The error then says what the same
+/// limit is here: `count / period` tokens per second, and a cap of `max_burst + 1`.
+fn redis_cell_hint(args: &Args) -> Option<Error> {
+    if args.len() != 4 {
+        return None;
+    }
+    let burst = args.integer(1, "").ok()?;
+    let count = args.number(2, "").ok()?;
+    let period = args.integer(3, "").ok()?;
+    if period == 0 || !(count > 0.0) {
+        return None;
+    }
+    let rate = count / period as f64;
+    Some(Error::Hinted(
+        N_OVER_CAP,
+        format!(
+            "if these are redis-cell's max_burst count period, the same limit here is \
+             RL.TAKE key {rate} {}: rate in tokens per second, cap = max_burst + 1",
+            burst.saturating_add(1)
+        ),
+    ))
 }

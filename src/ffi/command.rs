@@ -286,7 +286,7 @@ fn key_specs(keys: Keys) -> Vec<raw::RedisModuleCommandKeySpec> {
 }
 
 /// Arity, summary, complexity, key specs and arguments, for `COMMAND INFO` / `COMMAND
-/// DOCS` (Redis then checks the arity itself).
+/// DOCS`.
 fn set_info(command: *mut raw::RedisModuleCommand, spec: &Spec) -> Option<()> {
     let version = raw::RedisModuleCommandInfoVersion {
         version: 1,
@@ -303,7 +303,7 @@ fn set_info(command: *mut raw::RedisModuleCommand, spec: &Spec) -> Option<()> {
         since: c"0.1.0".as_ptr(),
         history: std::ptr::null_mut(),
         tips: std::ptr::null(),
-        arity: spec.arity,
+        arity: spec.registered_arity(),
         key_specs: if specs.is_empty() {
             std::ptr::null_mut()
         } else {
