@@ -101,7 +101,7 @@ fn redis_cell_hint(args: &Args) -> Option<Error> {
     let burst = args.integer(1, "").ok()?;
     let count = args.number(2, "").ok()?;
     let period = args.integer(3, "").ok()?;
-    if period == 0 || !(count > 0.0) {
+    if period == 0 || count.is_nan() || count <= 0.0 {
         return None;
     }
     let rate = count / period as f64;
