@@ -3,14 +3,16 @@
     python -m redis_rl.exporter --redis-url redis://127.0.0.1:6379 --listen 127.0.0.1:9188
     redis-rl-exporter --redis-url rediss://user:secret@host:6380/0 --listen 0.0.0.0:9188
 
-Every scrape reads the server once: ``MODULE LIST``, ``INFO rl``, ``RL.STATS``, ``RL.TOP``
-(and, for the Functions library, ``FUNCTION LIST`` and ``INFO commandstats``). Run one
-exporter per server (each Cluster node, each replica), as with redis_exporter.
+Every scrape reads the server once: ``INFO rl``, ``RL.STATS``, ``RL.TOP`` (and, for the
+Functions library, ``FUNCTION LIST`` and ``INFO commandstats``). Run one exporter per server
+(each Cluster node, each replica), as with redis_exporter. The URL defaults to the
+environment variable ``RL_EXPORTER_REDIS_URL`` (a password there stays out of ``ps``).
 
 What it exposes (docs/operations.md, "Metrics"):
 
 - ``redis_rl_up``: 1 if the last scrape reached the server.
-- ``redis_rl_module_loaded``, ``redis_rl_functions_loaded``: which backend this server has.
+- ``redis_rl_module_loaded`` (``INFO rl`` has the module's section),
+  ``redis_rl_functions_loaded``: which backend this server has.
   A replica without the module shows ``redis_rl_module_loaded 0`` next to a master with 1.
 - every counter of ``INFO rl`` as ``redis_rl_<field>_total`` (``rl_denied`` is
   ``redis_rl_denied_total``); the fields that are levels, not counts (``rl_leases_active``,
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -40,7 +43,6 @@ import redis
 
 log = logging.getLogger("redis_rl.exporter")
 
-MODULE_NAME = "rl"
 LIBRARY_NAME = "rl"
 TOP_MAX = 100
 
@@ -140,14 +142,6 @@ def parse_top(reply: Any) -> List[Tuple[str, float, float]]:
     return rows
 
 
-def _module_loaded(modules: Any) -> bool:
-    for entry in modules or []:
-        fields = {_text(k): v for k, v in _pairs(entry)}
-        if _text(fields.get("name", b"")) == MODULE_NAME:
-            return True
-    return False
-
-
 class RlCollector:
     """A ``prometheus_client`` collector that reads one server at each scrape."""
 
@@ -188,15 +182,16 @@ class RlCollector:
     def _read(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        modules = self._call("MODULE LIST", "MODULE", "LIST")
-        module = _module_loaded(modules)
+        # The module's INFO section is there exactly when the module is loaded (and needs
+        # only +info, where MODULE LIST needs an admin command).
+        values, mode = parse_info(self.client.info("rl"))
+        module = mode is not None
         yield GaugeMetricFamily(
             "redis_rl_module_loaded", "1 if the redis-rl module is loaded", value=int(module)
         )
         yield from self._functions()
         if not module:
             return
-        values, mode = parse_info(self.client.info("rl"))
         for field, value in values.items():
             help_text = INFO_HELP.get(field, f"INFO rl field rl_{field}")
             if is_gauge(field):
@@ -312,9 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--redis-url",
-        default="redis://127.0.0.1:6379",
+        default=os.environ.get("RL_EXPORTER_REDIS_URL", "redis://127.0.0.1:6379"),
         help="any URL redis-py accepts: redis://[user:password@]host:port/db, rediss://, "
-        "unix:///path/redis.sock (default: %(default)s)",
+        "unix:///path/redis.sock (default: $RL_EXPORTER_REDIS_URL, else "
+        "redis://127.0.0.1:6379)",
     )
     p.add_argument(
         "--listen",
