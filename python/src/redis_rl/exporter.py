@@ -339,7 +339,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"--top must be 0 to {TOP_MAX}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    from prometheus_client import CollectorRegistry, start_http_server
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ImportError:
+        print(
+            "redis-rl-exporter needs prometheus_client: pip install 'redis-rl[prometheus]'",
+            file=sys.stderr,
+        )
+        return 2
 
     client = redis.Redis.from_url(
         args.redis_url, socket_timeout=args.timeout, socket_connect_timeout=args.timeout
