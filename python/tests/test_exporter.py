@@ -381,6 +381,28 @@ def dashboard_queries() -> List[Tuple[str, str]]:
     return queries
 
 
+def test_dashboard_is_well_formed() -> None:
+    """What Grafana needs to import it: unique ids, a data source and a refId per query,
+    panels inside the 24-column grid without overlapping, every variable defined."""
+    dash = json.loads(DASHBOARD.read_text())
+    panels = dash["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    variables = {v["name"] for v in dash["templating"]["list"]}
+    cells = set()
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps another panel"
+                cells.add((x, y))
+        assert p["datasource"]["uid"] == "${datasource}"
+        assert len({t["refId"] for t in p["targets"]}) == len(p["targets"]), p["title"]
+        for t in p["targets"]:
+            used = set(re.findall(r"\$(\w+)", t["expr"])) - {"__rate_interval"}
+            assert used <= variables, (p["title"], used - variables)
+
+
 def as_promql(expr: str) -> str:
     """A Grafana query with its variables filled in as the dashboard would."""
     m = re.fullmatch(r"label_values\((.*), (\w+)\)", expr)
