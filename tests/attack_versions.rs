@@ -64,10 +64,10 @@ fn call<T: AsRef<str>>(c: &mut Connection, args: &[T]) -> redis::RedisResult<Val
 }
 
 // ---------------------------------------------------------------------------------------
-// A version lives with its key (by design: idle state costs nothing; README, "Changing a
-// limit"). Found by the review: once a version-2 bucket is full again and its key goes, a
+// A version lives with its key (by design: idle state costs nothing; docs/commands.md,
+// "Changing a limit"). Found by the review: once a version-2 bucket is full again and its key goes, a
 // caller still on version 1 creates a fresh bucket under its own, older limit. The bound
-// the README states instead: that caller gets at most one bucket of its old cap, once, and
+// docs/commands.md states instead: that caller gets at most one bucket of its old cap, once, and
 // the next version-2 call puts version 2's limit back, with no more than its cap.
 // ---------------------------------------------------------------------------------------
 

@@ -66,7 +66,7 @@ fn rule5_init_rounding_mints_a_token_at_large_caps() {
 ///   RL.TAKE f 1 1000 1000    -> 1000  (no key = full)
 /// 2000 tokens in ~40 ms; even with the largest cap and the largest rate of the two limits
 /// the bound is 1000 + 1000 * 0.04 = 1040. (tests/hostile.rs asserts this behaviour as
-/// "documented", but the README only says tokens carry over when the limit changes, and
+/// "documented", but docs/commands.md ("Changing a limit") only says tokens carry over when the limit changes, and
 /// here they do not.)
 #[test]
 fn rule5_cap_flap_through_key_expiry_mints_a_full_burst() {
@@ -88,11 +88,11 @@ fn rule5_cap_flap_through_key_expiry_mints_a_full_burst() {
 }
 
 /// ACL rule: a user with `+@all -@write -@dangerous` must not write buckets. On Redis 7.0
-/// (the default server, listed as fully supported in the README) the module cannot set
+/// (the default server, listed as fully supported in docs/deploy.md) the module cannot set
 /// command categories and registers its commands with none, so the category rules do not
 /// apply at all: such a "read-only" user can RL.TAKE, RL.LEASE, RL.MTAKE and even
-/// RL.SETSTATE (forge any bucket state, which replicas and the AOF then carry). The README
-/// says nothing about this; tests/acl.rs skips the check on 7.0.
+/// RL.SETSTATE (forge any bucket state, which replicas and the AOF then carry). docs/deploy.md
+/// ("ACL") says so; tests/acl.rs skips the check on 7.0.
 ///
 /// Reproduce on redis-server 7.0.15:
 ///   ACL SETUSER u on nopass +@all -@write -@dangerous ~*
@@ -109,7 +109,7 @@ fn acl_read_only_user_cannot_write_buckets() {
         .unwrap();
     if !format!("{info:?}").contains("@write") {
         // Redis 7.0 has no API to put a module command in a category: `-@write` cannot
-        // reach it. The README says so and gives the rules that name the commands
+        // reach it. docs/deploy.md ("ACL") says so and gives the rules that name the commands
         // (tested in tests/acl.rs on every server).
         eprintln!("this server cannot set module ACL categories: skipped");
         return;
