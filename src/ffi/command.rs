@@ -208,7 +208,7 @@ fn set_acl_categories(
 ) -> Option<()> {
     // SAFETY: reading a function pointer the API table filled at load.
     let Some(set) = (unsafe { raw::RedisModule_SetCommandACLCategories }) else {
-        return Some(()); // Redis 7.0: the README gives the ACL rules to write instead.
+        return Some(()); // Redis 7.0: docs/deploy.md gives the ACL rules to write instead.
     };
     let mut categories = acl.to_bytes().to_vec();
     if ratelimit && RATELIMIT_CATEGORY.load(std::sync::atomic::Ordering::Relaxed) {
