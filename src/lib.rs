@@ -13,6 +13,7 @@ mod config;
 mod datatype;
 mod error;
 mod ffi;
+mod grammar;
 mod key;
 mod ops;
 mod permits;

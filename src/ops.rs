@@ -6,7 +6,6 @@
 //! command filter all run there, so they are plain memory behind [`MainThread`], fixed in
 //! size, and the hot path allocates nothing.
 
-use crate::args::Args;
 use crate::ffi::MainThread;
 use crate::ffi::Refusal;
 use rl_core::namespace::{self, Counts, Id, Outcome, Table};
@@ -109,8 +108,48 @@ pub fn init() {
 pub fn namespace_id(key: &[u8]) -> Id {
     let (sep, len) = SEPARATOR.get();
     let ns = namespace::namespace_of(key, &sep[1..1 + len]);
+    if let Some(id) = RECENT_NAMESPACE.with(|r| r.get(ns)) {
+        return id;
+    }
     let limit = MAX_NAMESPACES.load(Relaxed).max(0) as usize;
-    NAMESPACES.with(|t| t.id(ns, limit))
+    let id = NAMESPACES.with(|t| t.id(ns, limit));
+    RECENT_NAMESPACE.with(|r| r.put(ns, id));
+    id
+}
+
+/// The last namespace looked up and its entry: calls come in runs on one namespace, and an
+/// entry, once made, keeps its id until the table is reset.
+static RECENT_NAMESPACE: MainThread<RecentNamespace> = MainThread::new(RecentNamespace {
+    name: [0; namespace::MAX_NAME],
+    len: usize::MAX,
+    id: 0,
+});
+
+struct RecentNamespace {
+    name: [u8; namespace::MAX_NAME],
+    /// `usize::MAX`: nothing remembered.
+    len: usize,
+    id: Id,
+}
+
+impl RecentNamespace {
+    fn get(&self, ns: &[u8]) -> Option<Id> {
+        (ns.len() == self.len && self.name[..self.len] == *ns).then_some(self.id)
+    }
+
+    /// Remembers a namespace with an entry of its own (not one counted under `other`,
+    /// which may get an entry when the limit is raised).
+    fn put(&mut self, ns: &[u8], id: Id) {
+        if id == 0 || ns.len() > self.name.len() {
+            return;
+        }
+        self.name[..ns.len()].copy_from_slice(ns);
+        (self.len, self.id) = (ns.len(), id);
+    }
+
+    fn forget(&mut self) {
+        self.len = usize::MAX;
+    }
 }
 
 /// Counts a call in namespace `id` (once its arguments are read).
@@ -154,17 +193,11 @@ pub fn denied(key: &[u8], now: Nanos) {
 /// What a call answers: granted if the bucket granted, or if the denial is only recorded
 /// (`rl.mode shadow`, or the call's own `SHADOW` option).
 ///
-/// The hook for a command with a `SHADOW` option (RL.RESERVE): parse it with
-/// [`is_shadow`] (refusing a repeat with `args.duplicate(i)`), decide as when enforcing,
-/// write what enforcing would write, then answer `answered(granted, shadow)` and count
-/// `Outcome::ShadowDenied` when `!granted && answered`.
+/// For a command with the `SHADOW` option (list `Opt::Shadow` among its options, see
+/// `grammar.rs`): decide as when enforcing, write what enforcing would write, then answer
+/// `answered(granted, shadow)` and count `Outcome::ShadowDenied` when `!granted && answered`.
 pub fn answered(granted: bool, shadow_option: bool) -> bool {
     granted || shadow_option || crate::config::shadow()
-}
-
-/// Whether argument `i` is the `SHADOW` option.
-pub fn is_shadow(args: &Args, i: usize) -> bool {
-    args.is(i, "SHADOW")
 }
 
 /// The outcome to count for a call that granted `tokens` (0: denied) and `answered`.
@@ -201,6 +234,7 @@ pub fn top(count: usize, now: Nanos, mut f: impl FnMut(&[u8], f64, u64)) -> usiz
 /// Forgets the namespaces and the sketch (`CONFIG RESETSTAT`).
 pub fn reset() {
     NAMESPACES.with(Table::reset);
+    RECENT_NAMESPACE.with(RecentNamespace::forget);
     TOP.with(|t| {
         if let Some(t) = t {
             t.clear();

@@ -19,38 +19,61 @@ use crate::args::Args;
 use crate::boundary::{ArgDoc, Counting, Keys, Spec};
 use crate::error::{Error, Result};
 use crate::ffi::{Ctx, EffectArg};
+use crate::grammar::Opt;
 use crate::key::BucketKey;
 use crate::stored::StateMut;
 use rl_core::{Applied, Level, Limit, Nanos};
 
 /// `rate cap` at argument `i`.
 fn limit(args: &Args, i: usize) -> Result<Limit> {
-    let rate = args.number(i, "rate is not a number")?;
-    let cap = args.number(i + 1, "cap is not a number")?;
-    Ok(Limit::new(rate, cap)?)
+    let (rate, cap) = (args.bytes(i)?, args.bytes(i + 1)?);
+    if let Some(limit) = RECENT_LIMIT.with(|r| r.get(rate, cap)) {
+        return Ok(limit);
+    }
+    let rate_v = args.number(i, "rate is not a number")?;
+    let cap_v = args.number(i + 1, "cap is not a number")?;
+    let limit = Limit::new(rate_v, cap_v)?;
+    RECENT_LIMIT.with(|r| r.put(rate, cap, limit));
+    Ok(limit)
 }
 
-/// The error for a bad `VERSION v` (the same text as [`rl_core::StateError::Version`]).
-const BAD_VERSION: &str = "VERSION must be an integer from 0 to 9007199254740991";
+/// The last limit parsed, by its argument bytes: a fleet calls one key (or a few) with the
+/// same `rate cap` strings, so most calls skip parsing both numbers.
+static RECENT_LIMIT: crate::ffi::MainThread<RecentLimit> =
+    crate::ffi::MainThread::new(RecentLimit {
+        text: [0; 32],
+        rate_len: 0,
+        cap_len: 0,
+        limit: None,
+    });
 
-/// The `v` of `VERSION v` at argument `i`: an integer `0..=2^53-1`.
-fn version(args: &Args, i: usize) -> Result<u64> {
-    match args.integer(i, BAD_VERSION)? {
-        v if v <= rl_core::MAX_VERSION => Ok(v),
-        _ => Err(Error::Invalid(BAD_VERSION)),
-    }
+struct RecentLimit {
+    /// The rate's bytes, then the cap's.
+    text: [u8; 32],
+    rate_len: usize,
+    cap_len: usize,
+    limit: Option<Limit>,
 }
 
-/// Whether argument `i` is `VERSION`: if so, its value (at `i + 1`), or the duplicate
-/// error if `given` already.
-fn version_option(args: &Args, i: usize, given: Option<u64>) -> Option<Result<u64>> {
-    if !args.is(i, "VERSION") {
-        return None;
+impl RecentLimit {
+    fn get(&self, rate: &[u8], cap: &[u8]) -> Option<Limit> {
+        let limit = self.limit?;
+        let (r, c) = (self.rate_len, self.cap_len);
+        (rate.len() == r
+            && cap.len() == c
+            && self.text[..r] == *rate
+            && self.text[r..r + c] == *cap)
+            .then_some(limit)
     }
-    if given.is_some() {
-        return Some(Err(args.duplicate(i)));
+
+    fn put(&mut self, rate: &[u8], cap: &[u8], limit: Limit) {
+        if rate.len() + cap.len() > self.text.len() {
+            return;
+        }
+        self.text[..rate.len()].copy_from_slice(rate);
+        self.text[rate.len()..rate.len() + cap.len()].copy_from_slice(cap);
+        (self.rate_len, self.cap_len, self.limit) = (rate.len(), cap.len(), Some(limit));
     }
-    Some(version(args, i + 1))
 }
 
 /// A request for `n` tokens must be one the bucket can ever grant; `what` names it.
@@ -59,16 +82,6 @@ fn fits(n: u64, limit: &Limit, what: &'static str) -> Result<()> {
         return Err(Error::Invalid(what));
     }
     Ok(())
-}
-
-/// The `tokens` of `INIT tokens` at argument `i`: what a bucket that does not exist yet
-/// starts with instead of full (warm start).
-fn init_tokens(args: &Args, i: usize, limit: &Limit) -> Result<f64> {
-    let tokens = args.number(i, "INIT must be a number")?;
-    if !(0.0..=limit.cap()).contains(&tokens) {
-        return Err(Error::Invalid("INIT must be between 0 and cap"));
-    }
-    Ok(tokens)
 }
 
 /// A key's bucket as one call sees it.
@@ -243,10 +256,10 @@ fn created_below_full(state: Option<&StateMut>, level: &Level) -> bool {
 const KEY: ArgDoc = ArgDoc::key(c"key");
 const RATE: ArgDoc = ArgDoc::double(c"rate");
 const CAP: ArgDoc = ArgDoc::double(c"cap");
-const INIT: ArgDoc = ArgDoc::double(c"tokens").after(c"INIT");
-const WITHSTATE: ArgDoc = ArgDoc::flag(c"WITHSTATE");
-const SHADOW: ArgDoc = ArgDoc::flag(c"SHADOW");
-const VERSION: ArgDoc = ArgDoc::integer(c"v").after(c"VERSION");
+const INIT: ArgDoc = Opt::Init.doc();
+const WITHSTATE: ArgDoc = Opt::WithState.doc();
+const SHADOW: ArgDoc = Opt::Shadow.doc();
+const VERSION: ArgDoc = Opt::Version.doc();
 
 const RESERVE_ARGS: &[ArgDoc] = &[
     KEY,
@@ -278,7 +291,6 @@ const SETPERMITS_ARGS: &[ArgDoc] = &[
     },
 ];
 const PERMIT_BLOCK: &[ArgDoc] = &[ArgDoc::integer(c"id"), ArgDoc::integer(c"expires_at")];
-const RETURN_BLOCK: &[ArgDoc] = &[ArgDoc::integer(c"lease_id"), ArgDoc::integer(c"unused")];
 const BUCKET_BLOCK: &[ArgDoc] = &[KEY, RATE, CAP];
 const ADD_BLOCK: &[ArgDoc] = &[
     ArgDoc::integer(c"id"),
@@ -301,12 +313,8 @@ const LEASE_ARGS: &[ArgDoc] = &[
     CAP,
     ArgDoc::integer(c"n"),
     ArgDoc::integer(c"ttl_ms"),
-    ArgDoc::integer(c"m").after(c"MIN"),
-    ArgDoc {
-        token: Some(c"RETURN"),
-        optional: true,
-        ..ArgDoc::block(c"return", RETURN_BLOCK)
-    },
+    Opt::Min.doc(),
+    Opt::Return.doc(),
     INIT,
     SHADOW,
     VERSION,
@@ -555,3 +563,25 @@ pub static COMMANDS: &[Spec] = &[
         args: &[],
     },
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `COMMAND DOCS` shows exactly the options each command's parser takes.
+    #[test]
+    fn the_docs_list_the_options_the_parser_takes() {
+        const MTAKE_OPTIONS: &[Opt] = &[Opt::WithState, Opt::Init, Opt::Shadow, Opt::Version];
+        for (table, options) in [
+            (TAKE_ARGS, take::OPTIONS),
+            (LEASE_ARGS, lease::OPTIONS),
+            (RESERVE_ARGS, reserve::OPTIONS),
+            (MTAKE_ARGS, MTAKE_OPTIONS),
+        ] {
+            let documented: Vec<&std::ffi::CStr> = table.iter().filter_map(|a| a.token).collect();
+            let parsed: Vec<&std::ffi::CStr> =
+                options.iter().map(|o| o.doc().token.unwrap()).collect();
+            assert_eq!(documented, parsed);
+        }
+    }
+}

@@ -4,6 +4,7 @@
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::ffi::Ctx;
+use crate::grammar::{self, Opt};
 use crate::key::BucketKey;
 use crate::reply::{Reply, Scalar};
 use crate::{clock, ops, stats};
@@ -14,36 +15,15 @@ pub fn take(ctx: Ctx, args: Args) -> Result<Reply> {
         return Err(Error::Arity);
     }
     let limit = super::limit(&args, 1)?;
-    let (mut n, mut with_state, mut init, mut shadow) = (1, false, None, false);
-    let mut version = None;
-    let mut i = 3;
-    while i < args.len() {
-        if let Some(v) = super::version_option(&args, i, version) {
-            version = Some(v?);
-            i += 1;
-        } else if args.is(i, "WITHSTATE") {
-            if with_state {
-                return Err(args.duplicate(i));
-            }
-            with_state = true;
-        } else if ops::is_shadow(&args, i) {
-            if shadow {
-                return Err(args.duplicate(i));
-            }
-            shadow = true;
-        } else if args.is(i, "INIT") {
-            if init.is_some() {
-                return Err(args.duplicate(i));
-            }
-            init = Some(super::init_tokens(&args, i + 1, &limit)?);
-            i += 1;
-        } else if i == 3 && args.looks_numeric(i) {
-            n = args.positive(i, "n must be a positive integer")?;
-        } else {
-            return Err(args.unknown(i));
-        }
-        i += 1;
-    }
+    // `n` is optional: a number where the options start.
+    let (n, from) = if args.len() > 3 && args.looks_numeric(3) {
+        (args.positive(3, "n must be a positive integer")?, 4)
+    } else {
+        (1, 3)
+    };
+    let opts = grammar::options(&args, from, OPTIONS, &limit)?;
+    let (with_state, init, shadow, version) =
+        (opts.with_state, opts.init, opts.shadow, opts.version);
     super::fits(n, &limit, N_OVER_CAP).map_err(|e| redis_cell_hint(&args).unwrap_or(e))?;
 
     let name = args.bytes(0)?;
@@ -88,6 +68,9 @@ pub fn take(ctx: Ctx, args: Args) -> Result<Reply> {
         Scalar::Int(ceil_millis(level.reset_after()) as i64),
     ]))
 }
+
+/// The options `RL.TAKE` takes (its `COMMAND DOCS` table lists the same).
+pub const OPTIONS: &[Opt] = &[Opt::WithState, Opt::Init, Opt::Shadow, Opt::Version];
 
 const N_OVER_CAP: &str = "n must not exceed cap";
 
