@@ -37,7 +37,16 @@ pub fn run(ctx: Ctx, args: Args, spec: &Spec) {
     }
     let outcome = catch_unwind(AssertUnwindSafe(|| (spec.func)(ctx, args)));
     match outcome {
-        Ok(Ok(reply)) => ffi::reply(ctx, &reply),
+        Ok(Ok(reply)) => {
+            if let Reply::Int(v) = reply {
+                // The hot paths' reply, written without the general walk; an integer holds
+                // nothing to free, so its drop glue is skipped.
+                ffi::reply_int(ctx, v);
+                std::mem::forget(reply);
+            } else {
+                ffi::reply(ctx, &reply);
+            }
+        }
         Ok(Err(crate::error::Error::Arity)) => {
             stats::ERRORS.add(1);
             reply_usage(ctx, spec);

@@ -100,7 +100,15 @@ pub struct Options {
 /// Reads the options from argument `from` to the end, for a command that takes `accepts`
 /// under `limit` (which `INIT` must fit). Each value is checked where it stands, so the
 /// first bad argument is the one the error names.
+#[inline]
 pub fn options(args: &Args, from: usize, accepts: &[Opt], limit: &Limit) -> Result<Options> {
+    if from >= args.len() {
+        return Ok(Options::default());
+    }
+    given(args, from, accepts, limit)
+}
+
+fn given(args: &Args, from: usize, accepts: &[Opt], limit: &Limit) -> Result<Options> {
     let mut out = Options::default();
     let mut seen = [false; ALL.len()];
     let mut i = from;

@@ -109,6 +109,7 @@ impl Opened<'_> {
     }
 
     /// Counts which limit decided the call (once it is decided).
+    #[inline]
     fn count(&self) {
         count_applied(self.applied);
     }
@@ -116,6 +117,7 @@ impl Opened<'_> {
     /// Stores the level's bucket and sends its effect if the call `granted`, or if the
     /// bucket must be stored even on a denial (`created`); for a command whose key is
     /// argument `i` with `rate cap` after it. Once per call.
+    #[inline]
     fn write_if(
         &mut self,
         ctx: Ctx,

@@ -54,7 +54,7 @@ pub use effects::{emit_aof, replicate, Aof, EffectArg};
 pub use info::{register_info, Info};
 pub use key::{Access, KeyKind, OpenKey, Value};
 pub use load::{create_types, log_notice};
-pub use reply::{reply, reply_error, reply_wrong_arity};
+pub use reply::{reply, reply_error, reply_int, reply_wrong_arity};
 pub use types::{Digest, Io, BUCKET_TYPE, PERMIT_TYPE};
 
 use redis_module::raw;

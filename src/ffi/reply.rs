@@ -43,6 +43,11 @@ pub fn reply(ctx: Ctx, r: &Reply) {
     }
 }
 
+/// Writes an integer reply.
+pub fn reply_int(ctx: Ctx, v: i64) {
+    reply_integer(ctx, v);
+}
+
 fn reply_integer(ctx: Ctx, v: i64) {
     rm!(RedisModule_ReplyWithLongLong(ctx.0, v));
 }
