@@ -247,6 +247,8 @@ pub struct Decision {
     pub applied: Applied,
     /// The holder's entry (an index into [`ShareTable::holders`]), if written.
     pub index: usize,
+    /// When the last entry ends, if written: the key's expiry.
+    pub expires_at: Nanos,
 }
 
 /// The holders of one key and its limit.
@@ -367,6 +369,7 @@ impl ShareTable {
                 s.dead += 1;
                 continue;
             }
+            s.last_end = s.last_end.max(h.end());
             s.rate = add_up(s.rate, h.rate_at(now));
             s.burst = add_up(s.burst, h.burst_at(now));
             if h.is_live(now) {
@@ -391,6 +394,7 @@ impl ShareTable {
                 short: false,
                 applied,
                 index: 0,
+                expires_at: 0,
             });
         }
         if own_alive.is_none() && others >= MAX_HOLDERS {
@@ -444,6 +448,7 @@ impl ShareTable {
             holders: (s.live + usize::from(!req.release)) as u64,
         };
 
+        let expires_at = s.last_end.max(entry.end());
         // Nothing can fail from here on.
         self.limit = limit;
         self.version = version;
@@ -472,6 +477,7 @@ impl ShareTable {
             short,
             applied,
             index,
+            expires_at,
         })
     }
 
@@ -597,6 +603,8 @@ struct Scan {
     live: usize,
     wants: f64,
     dead: usize,
+    /// When the last of them ends.
+    last_end: Nanos,
 }
 
 impl Default for Scan {
@@ -607,6 +615,7 @@ impl Default for Scan {
             live: 0,
             wants: 0.0,
             dead: 0,
+            last_end: 0,
         }
     }
 }
@@ -1007,6 +1016,7 @@ mod tests {
             let (pruned, joined) = replica.apply(t.limit(), t.version(), Some(now), e).unwrap();
             assert_eq!((pruned, joined), (d.pruned, d.joined));
             assert_eq!(replica, t);
+            assert_eq!(Some(d.expires_at), t.last_end());
         }
     }
 }
