@@ -708,6 +708,6 @@ fn counted_documented_and_in_the_write_category() {
         .unwrap();
     let set = format!("{set:?}");
     if info.contains("@write") {
-        assert!(set == "Array([Nil])" || set.contains("@dangerous"), "{set}");
+        assert!(set == "array([nil])" || set.contains("@dangerous"), "{set}");
     }
 }
