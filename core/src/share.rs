@@ -343,6 +343,10 @@ impl ShareTable {
     pub fn prune(&mut self, now: Nanos) -> usize {
         let before = self.holders.len();
         self.holders.retain(|h| !h.is_dead(now));
+        // A fleet that shrank gives its memory back.
+        if self.holders.capacity() > 4 * self.holders.len().max(8) {
+            self.holders.shrink_to(2 * self.holders.len());
+        }
         before - self.holders.len()
     }
 
@@ -908,6 +912,53 @@ mod tests {
         assert!(t.decide(&req("h7", 1.0, l), T0 + 1).is_ok());
         let d = t.decide(&req("new", 1.0, l), T0 + 3001 * MS).unwrap();
         assert_eq!(d.pruned, MAX_HOLDERS);
+    }
+
+    #[test]
+    fn huge_wants_stay_within_the_rate() {
+        let l = limit(1e15, 1e15);
+        let mut t = ShareTable::new(l, 0);
+        let n = 300u64;
+        for round in 0..3u64 {
+            for i in 0..n {
+                let id = format!("h{i}");
+                let want = if i % 3 == 0 {
+                    1e15
+                } else {
+                    (i * 1_000_000_000) as f64
+                };
+                let at = T0 + round * (HOLD + MS) + i;
+                t.decide(&req(&id, want, l), at).unwrap();
+            }
+            let at = T0 + round * (HOLD + MS) + n;
+            let (r, b) = t.committed(at);
+            assert!(r <= 1e15 && b <= 1e15, "{r} {b}");
+        }
+    }
+
+    #[test]
+    fn an_over_committed_table_gives_nothing_more() {
+        // What a limit drop (or a forged effect) leaves: more held than the rate.
+        let h = |id: &[u8], rate: f64| Holder {
+            id: id.into(),
+            want: 10.0,
+            rate,
+            burst: rate,
+            lease_end: T0 + 10_000 * MS,
+            held_rate: 0.0,
+            held_burst: 0.0,
+            held_until: T0,
+        };
+        let mut t =
+            ShareTable::validate(10.0, 10.0, 0, vec![h(b"a", 50.0), h(b"b", 50.0)]).unwrap();
+        let l = limit(10.0, 10.0);
+        let d = t.decide(&req("c", 10.0, l), T0 + MS).unwrap();
+        assert_eq!((d.reply.rate, d.reply.burst), (0.0, 0.0));
+        // a refreshes: it can only shrink (its old 50 is held a while).
+        let d = t.decide(&req("a", 10.0, l), T0 + 2 * MS).unwrap();
+        assert_eq!(d.reply.rate, 0.0);
+        assert_eq!(t.committed(T0 + 2 * MS).0, 100.0, "nothing added");
+        assert_eq!(t.committed(T0 + 2 * MS + HOLD).0, 50.0);
     }
 
     #[test]

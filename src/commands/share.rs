@@ -53,7 +53,7 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
     )
     .map_err(invalid)?;
 
-    let name = args.raw(0)?;
+    let (name, holder_arg) = (args.raw(0)?, args.raw(3)?);
     let ns = ops::enter(name.bytes());
     let now = clock::now();
     let key = ShareKey::open(ctx, name);
@@ -72,7 +72,7 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
     if d.written {
         super::count_applied(d.applied);
         // Queued now, sent after the command: the table is still at hand here.
-        share::propagate(ctx, name, args.raw(3)?, table, d.index, now);
+        share::propagate(ctx, name, holder_arg, table, d.index, now);
         if is_new {
             key.create(
                 std::mem::replace(table, ShareTable::new(req.limit, 0)),
