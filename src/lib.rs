@@ -13,6 +13,7 @@ mod datatype;
 mod error;
 mod ffi;
 mod key;
+mod number;
 mod ops;
 mod permits;
 mod propagate;

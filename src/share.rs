@@ -6,13 +6,14 @@
 //! rate burst lease_end held_rate held_burst held_until` (doubles, unsigneds, the id a
 //! string). The key's expiry is its last entry's end ([`ShareTable::last_end`]).
 //!
-//! Effects: `RL.SETSHARES key rate cap version [PRUNE t] SET holder want rate burst
-//! lease_end held_rate held_burst held_until`: the limit, the entries ended at `t` dropped,
-//! one entry set. Checked by [`ShareTable::apply`], which runs the checks RDB load runs
+//! Effects: `RL.SETSHARES key rate cap version [PRUNE t] SET holder
+//! want,rate,burst,lease_end,held_rate,held_burst,held_until`: the limit, the entries ended
+//! at `t` dropped, one entry set (its numbers in one argument: see [`EntryText`]). Checked by [`ShareTable::apply`], which runs the checks RDB load runs
 //! ([`ShareTable::validate`]) before anything changes.
 
 use crate::error::{Error, Result};
 use crate::ffi::{Access, Aof, Ctx, Digest, EffectArg, Io, OpenKey, Str, Value};
+use crate::number::Num;
 use crate::stats;
 use rl_core::share::{Holder, MAX_HOLDER_LEN};
 use rl_core::{Nanos, ShareTable, MAX_HOLDERS};
@@ -74,32 +75,70 @@ pub fn load(io: &Io, encver: i32) -> Option<ShareTable> {
     Some(t)
 }
 
-/// A number as the shortest text that parses back to exactly it, on the stack.
-pub struct Num {
-    buf: [u8; 40],
+/// An entry's numbers as one argument, `want,rate,burst,lease_end,held_rate,held_burst,
+/// held_until`: plain decimal text a reader can follow, in one string (each argument of an
+/// effect costs the server an object to make and free).
+pub struct EntryText {
+    buf: [u8; 7 * 41],
     len: usize,
 }
 
-impl Num {
-    pub fn new(x: f64) -> Num {
-        use std::io::Write;
-        let mut n = Num {
-            buf: [0; 40],
+impl EntryText {
+    pub fn new(h: &Holder) -> EntryText {
+        let mut t = EntryText {
+            buf: [0; 7 * 41],
             len: 0,
         };
-        let mut out = &mut n.buf[..];
-        // Plain decimal when it is short; the exponent form (`1e-300`) otherwise.
-        if write!(out, "{x}").is_err() {
-            out = &mut n.buf[..];
-            let _ = write!(out, "{x:e}");
+        let parts = [
+            Num::new(h.want),
+            Num::new(h.rate),
+            Num::new(h.burst),
+            Num::int(h.lease_end),
+            Num::new(h.held_rate),
+            Num::new(h.held_burst),
+            Num::int(h.held_until),
+        ];
+        for (i, p) in parts.iter().enumerate() {
+            if i > 0 {
+                t.buf[t.len] = b',';
+                t.len += 1;
+            }
+            let b = p.bytes();
+            t.buf[t.len..t.len + b.len()].copy_from_slice(b);
+            t.len += b.len();
         }
-        n.len = 40 - out.len();
-        n
+        t
     }
 
     pub fn bytes(&self) -> &[u8] {
         &self.buf[..self.len]
     }
+}
+
+/// Reads an entry's numbers (see [`EntryText`]) for holder `id`; `None` unless exactly
+/// seven fields, numbers where numbers go and integers where times go.
+pub fn parse_entry(id: &[u8], text: &[u8]) -> Option<Holder> {
+    use crate::args::{parse_integer, parse_number};
+    let mut fields = text.split(|&c| c == b',');
+    let mut num = || parse_number(fields.next()?);
+    let (want, rate, burst) = (num()?, num()?, num()?);
+    let lease_end = parse_integer(fields.next()?)?;
+    let mut num = || parse_number(fields.next()?);
+    let (held_rate, held_burst) = (num()?, num()?);
+    let held_until = parse_integer(fields.next()?)?;
+    if fields.next().is_some() {
+        return None;
+    }
+    Some(Holder {
+        id: id.into(),
+        want,
+        rate,
+        burst,
+        lease_end,
+        held_rate,
+        held_burst,
+        held_until,
+    })
 }
 
 /// The effect that sets `table`'s limit and entry `h`, dropping entries ended at `prune`
@@ -116,8 +155,9 @@ fn with_effect(
         Num::new(table.limit().rate()),
         Num::new(table.limit().cap()),
     );
-    let nums = [h.want, h.rate, h.burst, h.held_rate, h.held_burst].map(Num::new);
-    let mut args = [EffectArg::Int(0); 16];
+    let (version, at) = (Num::int(table.version()), prune.map(Num::int));
+    let entry = EntryText::new(h);
+    let mut args = [EffectArg::Int(0); 9];
     let mut len = 0;
     let mut push = |a| {
         args[len] = a;
@@ -126,20 +166,14 @@ fn with_effect(
     push(EffectArg::Str(key));
     push(EffectArg::Bytes(rate.bytes()));
     push(EffectArg::Bytes(cap.bytes()));
-    push(EffectArg::Int(table.version() as i64));
-    if let Some(t) = prune {
+    push(EffectArg::Bytes(version.bytes()));
+    if let Some(t) = &at {
         push(EffectArg::Text(c"PRUNE"));
-        push(EffectArg::Int(t as i64));
+        push(EffectArg::Bytes(t.bytes()));
     }
     push(EffectArg::Text(c"SET"));
     push(holder.map_or(EffectArg::Bytes(&h.id), EffectArg::Str));
-    push(EffectArg::Bytes(nums[0].bytes()));
-    push(EffectArg::Bytes(nums[1].bytes()));
-    push(EffectArg::Bytes(nums[2].bytes()));
-    push(EffectArg::Int(h.lease_end as i64));
-    push(EffectArg::Bytes(nums[3].bytes()));
-    push(EffectArg::Bytes(nums[4].bytes()));
-    push(EffectArg::Int(h.held_until as i64));
+    push(EffectArg::Bytes(entry.bytes()));
     send(&args[..len]);
 }
 
@@ -266,31 +300,4 @@ pub fn moved(gone: usize, came: usize) {
     stats::SHARE_HOLDERS_DROPPED.add_shared(gone as u64);
     stats::SHARE_HOLDERS.sub_shared(gone as u64);
     stats::SHARE_HOLDERS.add_shared(came as u64);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Num;
-
-    #[test]
-    fn numbers_read_back_exactly() {
-        for x in [
-            0.0,
-            1.0,
-            0.1,
-            1e15,
-            1e-9,
-            1.0 / 3.0,
-            123456.789,
-            5e-324,
-            1e-300,
-            f64::MAX,
-            999999999999999.9,
-        ] {
-            let n = Num::new(x);
-            let text = std::str::from_utf8(n.bytes()).unwrap();
-            assert_eq!(crate::args::parse_number(n.bytes()), Some(x), "{text}");
-        }
-        assert_eq!(Num::new(2.5).bytes(), b"2.5");
-    }
 }

@@ -480,47 +480,74 @@ fn forged_effects_and_payloads_are_refused() {
     assert_eq!(take(&mut c, "bucket", 1.0, 10.0, 1), 1);
     let before = dataset_digest(&mut c);
     let t = "1800000000000000000";
-    let good = [
-        "k", "10", "10", "0", "SET", "b", "1", "1", "1", t, "0", "0", t,
-    ];
-    let mut forged: Vec<Vec<String>> = Vec::new();
-    let with = |i: usize, v: &str| {
-        let mut a: Vec<String> = good.iter().map(|s| s.to_string()).collect();
-        a[i] = v.to_string();
-        a
+    // The entry's fields: want, rate, burst, lease_end, held_rate, held_burst, held_until.
+    let fields = ["1", "1", "1", t, "0", "0", t];
+    let entry = |i: usize, v: &str| {
+        let mut f: Vec<&str> = fields.to_vec();
+        f[i] = v;
+        f.join(",")
     };
+    let args = |key: &str, rate: &str, cap: &str, version: &str, holder: &str, entry: String| {
+        [key, rate, cap, version, "SET", holder]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([entry])
+            .collect::<Vec<String>>()
+    };
+    let good = args("k", "10", "10", "0", "b", fields.join(","));
+    // The good one is accepted on a copy of the key (so the dataset is not changed here).
+    let _: () = redis::cmd("COPY")
+        .arg("k")
+        .arg("k-copy")
+        .query(&mut c)
+        .unwrap();
+    let mut on_copy = good.clone();
+    on_copy[0] = "k-copy".into();
+    let _: () = redis::cmd("RL.SETSHARES")
+        .arg(&on_copy)
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("DEL").arg("k-copy").query(&mut c).unwrap();
+    let mut forged: Vec<Vec<String>> = vec![
+        args("k", "0", "10", "0", "b", fields.join(",")),
+        args("k", "10", "nan", "0", "b", fields.join(",")),
+        args("k", "10", "10", "9007199254740992", "b", fields.join(",")),
+        args("k", "10", "10", "0", "", fields.join(",")),
+        args("k", "10", "10", "0", &"x".repeat(65), fields.join(",")),
+        args("k", "10", "10", "0", "b", fields[..6].join(",")),
+        args("k", "10", "10", "0", "b", fields.join(",") + ",1"),
+        args("k", "10", "10", "0", "b", fields.join(";")),
+        args("k", "10", "10", "0", "b", String::new()),
+    ];
     for (i, v) in [
-        (1, "0"),
-        (2, "nan"),
-        (3, "9007199254740992"),
-        (5, ""),
-        (5, &"x".repeat(65)),
-        (6, "nan"),
-        (6, "-1"),
-        (6, "1e16"),
-        (7, "inf"),
-        (7, "-0"),
-        (8, "-1e-300"),
-        (9, "9223372036854775808"),
-        (9, "-1"),
-        (10, "nan"),
-        (11, "1e300"),
-        (12, "x"),
+        (0, "nan"),
+        (0, "-1"),
+        (0, "1e16"),
+        (1, "inf"),
+        (1, "-0"),
+        (2, "-1e-300"),
+        (3, "9223372036854775808"),
+        (3, "-1"),
+        (3, "1.5"),
+        (4, "nan"),
+        (5, "1e300"),
+        (6, "x"),
+        (6, ""),
     ] {
-        forged.push(with(i, v));
+        forged.push(args("k", "10", "10", "0", "b", entry(i, v)));
     }
-    let mut no_set: Vec<String> = good[..4].iter().map(|s| s.to_string()).collect();
+    let mut no_set: Vec<String> = good[..4].to_vec();
     no_set.extend(["PRUNE".into(), "1".into()]);
     forged.push(no_set);
-    let mut twice: Vec<String> = good.iter().map(|s| s.to_string()).collect();
-    twice.extend(good[4..].iter().map(|s| s.to_string()));
+    let mut twice = good.clone();
+    twice.extend(good[4..].iter().cloned());
     forged.push(twice);
     for args in &forged {
         let r = redis::cmd("RL.SETSHARES").arg(args).query::<Value>(&mut c);
         assert!(r.is_err(), "{args:?} accepted");
     }
     // On another type: WRONGTYPE.
-    let mut on_bucket: Vec<String> = good.iter().map(|s| s.to_string()).collect();
+    let mut on_bucket = good.clone();
     on_bucket[0] = "bucket".into();
     let e = redis::cmd("RL.SETSHARES")
         .arg(&on_bucket)

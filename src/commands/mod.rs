@@ -364,13 +364,7 @@ const SHARE_ARGS: &[ArgDoc] = &[
 ];
 const SHARE_ENTRY: &[ArgDoc] = &[
     ArgDoc::string(c"holder"),
-    ArgDoc::double(c"want"),
-    ArgDoc::double(c"rate"),
-    ArgDoc::double(c"burst"),
-    ArgDoc::integer(c"lease_end"),
-    ArgDoc::double(c"held_rate"),
-    ArgDoc::double(c"held_burst"),
-    ArgDoc::integer(c"held_until"),
+    ArgDoc::string(c"want,rate,burst,lease_end,held_rate,held_burst,held_until"),
 ];
 const SETSHARES_ARGS: &[ArgDoc] = &[
     KEY,
@@ -552,7 +546,7 @@ pub static COMMANDS: &[Spec] = &[
         counting: Counting::Elsewhere,
         flags: c"write deny-oom",
         keys: Keys::OneWritten,
-        arity: -14,
+        arity: -8,
         summary: c"Internal: sets a share key's limit and one holder (what replicas and the AOF receive)",
         complexity: c"O(H) where H is the number of holders on the key (at most 4096)",
         acl: c"write admin dangerous",

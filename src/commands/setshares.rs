@@ -1,5 +1,5 @@
-//! `RL.SETSHARES key rate cap version [PRUNE t] SET holder want rate burst lease_end
-//! held_rate held_burst held_until`: the effect of `RL.SHARE`, applied by replicas and the
+//! `RL.SETSHARES key rate cap version [PRUNE t] SET holder
+//! want,rate,burst,lease_end,held_rate,held_burst,held_until`: the effect of `RL.SHARE`, applied by replicas and the
 //! AOF. Not for clients. Reads no clock; [`rl_core::ShareTable::apply`] checks the limit,
 //! the entry and the table's size (the checks RDB load makes) before anything changes.
 
@@ -8,10 +8,10 @@ use crate::error::{Error, Result};
 use crate::ffi::{self, Ctx};
 use crate::reply::Reply;
 use crate::share::{self, ShareKey};
-use rl_core::share::Holder;
 use rl_core::ShareTable;
 
-const FIELDS: &str = "share fields must be numbers, times non-negative integers";
+const FIELDS: &str =
+    "a share entry is want,rate,burst,lease_end,held_rate,held_burst,held_until (times as integers)";
 
 pub fn setshares(ctx: Ctx, args: Args) -> Result<Reply> {
     if args.len() < 4 {
@@ -35,19 +35,9 @@ pub fn setshares(ctx: Ctx, args: Args) -> Result<Reply> {
             i += 2;
         } else if args.is(i, "SET") {
             seen(entry.is_some())?;
-            let num = |j: usize| args.number(i + j, FIELDS);
-            let int = |j: usize| args.integer(i + j, FIELDS);
-            entry = Some(Holder {
-                id: args.bytes(i + 1)?.into(),
-                want: num(2)?,
-                rate: num(3)?,
-                burst: num(4)?,
-                lease_end: int(5)?,
-                held_rate: num(6)?,
-                held_burst: num(7)?,
-                held_until: int(8)?,
-            });
-            i += 9;
+            let (id, text) = (args.bytes(i + 1)?, args.bytes(i + 2)?);
+            entry = Some(share::parse_entry(id, text).ok_or(Error::Invalid(FIELDS))?);
+            i += 3;
         } else {
             return Err(args.unknown(i));
         }
