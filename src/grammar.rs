@@ -23,15 +23,18 @@ pub enum Opt {
     Min,
     /// `RETURN lease_id unused`: give back a lease's unused tokens in the same call.
     Return,
+    /// `RELEASE`: a share's holder gives it up (`RL.SHARE`).
+    Release,
 }
 
-const ALL: [Opt; 6] = [
+const ALL: [Opt; 7] = [
     Opt::WithState,
     Opt::Init,
     Opt::Shadow,
     Opt::Version,
     Opt::Min,
     Opt::Return,
+    Opt::Release,
 ];
 
 /// The error for a bad `VERSION v` (the same text as [`rl_core::StateError::Version`]).
@@ -47,6 +50,7 @@ impl Opt {
             Opt::Version => "VERSION",
             Opt::Min => "MIN",
             Opt::Return => "RETURN",
+            Opt::Release => "RELEASE",
         }
     }
 
@@ -60,18 +64,19 @@ impl Opt {
             Opt::Version => ArgDoc::integer(c"v").after(c"VERSION"),
             Opt::Min => ArgDoc::integer(c"m").after(c"MIN"),
             Opt::Return => ArgDoc::block(c"return", RETURN_BLOCK).after(c"RETURN"),
+            Opt::Release => ArgDoc::flag(c"RELEASE"),
         }
     }
 
     /// The option `arg` names (any case), if any.
     fn of(arg: &[u8]) -> Option<Opt> {
         // One comparison per call in the common case: options differ in length but for
-        // SHADOW and RETURN.
+        // SHADOW and RETURN, VERSION and RELEASE.
         let candidates: &[Opt] = match arg.len() {
             3 => &[Opt::Min],
             4 => &[Opt::Init],
             6 => &[Opt::Shadow, Opt::Return],
-            7 => &[Opt::Version],
+            7 => &[Opt::Version, Opt::Release],
             9 => &[Opt::WithState],
             _ => &[],
         };
@@ -95,6 +100,7 @@ pub struct Options {
     pub version: Option<u64>,
     pub min: Option<u64>,
     pub returning: Option<(u64, u64)>,
+    pub release: bool,
 }
 
 /// Reads the options from argument `from` to the end, for a command that takes `accepts`
@@ -122,6 +128,7 @@ fn given(args: &Args, from: usize, accepts: &[Opt], limit: &Limit) -> Result<Opt
         match opt {
             Opt::WithState => out.with_state = true,
             Opt::Shadow => out.shadow = true,
+            Opt::Release => out.release = true,
             Opt::Init => out.init = Some(init_tokens(args, i + 1, limit)?),
             Opt::Version => out.version = Some(version(args, i + 1)?),
             Opt::Min => out.min = Some(args.positive(i + 1, "MIN must be a positive integer")?),
@@ -139,7 +146,7 @@ fn given(args: &Args, from: usize, accepts: &[Opt], limit: &Limit) -> Result<Opt
 /// How many values follow the keyword.
 fn values(opt: Opt) -> usize {
     match opt {
-        Opt::WithState | Opt::Shadow => 0,
+        Opt::WithState | Opt::Shadow | Opt::Release => 0,
         Opt::Init | Opt::Version | Opt::Min => 1,
         Opt::Return => 2,
     }

@@ -15,15 +15,17 @@ mod error;
 mod ffi;
 mod grammar;
 mod key;
+mod number;
 mod ops;
 mod permits;
 mod propagate;
 mod reply;
 mod resetstat;
+mod share;
 mod stats;
 mod stored;
 
-use ffi::{Ctx, BUCKET_TYPE, PERMIT_TYPE};
+use ffi::{Ctx, BUCKET_TYPE, PERMIT_TYPE, SHARE_TYPE};
 
 /// Inside Redis every allocation goes through Redis's allocator, so `used_memory` and
 /// `MEMORY USAGE` see it. Unit tests run without Redis, on the system allocator.
@@ -37,7 +39,7 @@ fn load(ctx: Ctx, args: &[&[u8]]) -> Result<(), String> {
     if let Err(missing) = ffi::check() {
         return Err(format!("this server lacks {missing}"));
     }
-    if !ffi::create_types(ctx, &[&BUCKET_TYPE, &PERMIT_TYPE]) {
+    if !ffi::create_types(ctx, &[&BUCKET_TYPE, &PERMIT_TYPE, &SHARE_TYPE]) {
         return Err("could not create the data types".into());
     }
     ffi::register_configs(ctx, config::CONFIGS).map_err(|name| {

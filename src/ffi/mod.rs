@@ -55,7 +55,7 @@ pub use info::{register_info, Info};
 pub use key::{Access, KeyKind, OpenKey, Value};
 pub use load::{create_types, log_notice};
 pub use reply::{reply, reply_error, reply_int, reply_wrong_arity};
-pub use types::{Digest, Io, BUCKET_TYPE, PERMIT_TYPE};
+pub use types::{Digest, Io, BUCKET_TYPE, PERMIT_TYPE, SHARE_TYPE};
 
 use redis_module::raw;
 use std::cell::UnsafeCell;
@@ -186,7 +186,10 @@ pub fn check() -> Result<(), &'static str> {
         RedisModule_RegisterBoolConfig,
         RedisModule_RegisterStringConfig,
         RedisModule_RegisterEnumConfig,
-        RedisModule_LoadConfigs
+        RedisModule_LoadConfigs,
+        RedisModule_SaveStringBuffer,
+        RedisModule_LoadStringBuffer,
+        RedisModule_Free
     );
     Ok(())
 }
