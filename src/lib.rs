@@ -19,6 +19,8 @@ mod number;
 mod ops;
 mod permits;
 mod propagate;
+#[cfg(test)]
+mod protocol;
 mod reply;
 mod resetstat;
 mod share;
