@@ -2,14 +2,14 @@
 -- redis-rl as a Redis Functions library: the module's protocol for servers where
 -- `loadmodule` is not allowed. Load with `scripts/load-functions` (FUNCTION LOAD REPLACE).
 --
---   FCALL rl_take    1 key rate cap [n] [WITHSTATE] [INIT tokens] [VERSION v]
+--   FCALL rl_take    1 key rate cap [n] [WITHSTATE] [INIT tokens] [SHADOW] [VERSION v]
 --   FCALL rl_lease   1 key rate cap n ttl_ms [MIN m] [RETURN lease_id unused] [INIT tokens]
---                    [VERSION v]
+--                    [SHADOW] [VERSION v]
 --   FCALL rl_return  1 key lease_id unused
 --   FCALL rl_mtake   N key1..keyN n rate1 cap1 .. rateN capN [WITHSTATE] [INIT tokens]
---                    [VERSION v]
+--                    [SHADOW] [VERSION v]
 --   FCALL rl_peek    1 key                        (no-writes: FCALL_RO, replicas)
---   FCALL rl_reserve 1 key rate cap n max_wait_ms [INIT tokens] [VERSION v]   (no SHADOW)
+--   FCALL rl_reserve 1 key rate cap n max_wait_ms [INIT tokens] [SHADOW] [VERSION v]
 --   FCALL rl_refund  1 key n
 --
 -- Same arguments, replies, error texts and arithmetic as the module (core/src/*.rs); see
@@ -34,6 +34,9 @@
 --      idle for the span: a caller still on an old limit finds these tokens, not an absent
 --      key (a full bucket). The stored span is live while h is after the level's instant;
 --      once h has passed, the next write drops both (HDEL h s).
+-- Only an absent key is a full bucket: a hash without `f` (a user's record, the seed
+-- script's `tokens`/`ts`), or whose fields are not what this library writes, is refused
+-- with WRONGTYPE by every function and left as it is (`checked`).
 -- The key expires (PEXPIREAT) at ceil_ms(max(full_at, h, x)), set on every write (also
 -- after PERSIST): when the bucket is full again, past its hold and no lease is live,
 -- exactly as the module's key. RETURN and REFUND delete a key left full with no lease
@@ -507,6 +510,15 @@ local function stored_texts(rt, ct)
     return remember(make_limit(rate, cap, rt, ct))
 end
 
+-- A stored version's text (nil: none, 0) as a number; anything but 0..2^53-1 in digits is
+-- no version this library wrote.
+local function stored_version(vt)
+    if not vt then return 0 end
+    local x = parse_integer(vt)
+    if not x or x > MAX_VERSION then not_a_bucket('its field v is not a version') end
+    return x
+end
+
 local function nanos_for(L, t) return split(refill_ceil(t, L.r)) end
 
 -- nanos_for(L, n) of a whole n (a debit), remembered per limit (at most 64 of them).
@@ -638,7 +650,7 @@ end
 -- - v < stored (a stale caller): B decides, as if the call had passed it;
 -- - v = stored: L decides, as without versions.
 local function stored_limit(rt, ct, L, vt, v)
-    local sv = vt and tonumber(vt) or 0
+    local sv = stored_version(vt)
     v = v or 0
     if v < sv then
         if rt == L.rt and ct == L.ct then return L, L, nil end
@@ -799,12 +811,54 @@ local function hmget_versioned(key)
     return h
 end
 
+-- Whether t is 1 to 19 digits (an instant, duration, id or expiry this library wrote:
+-- below 1e19, so every value fits a u64 and its expiry fits PEXPIREAT).
+local function digits(t) return t ~= '' and #t <= 19 and not sfind(t, '%D') end
+
+-- A key whose hash has no `f`: absent (a full bucket), or a hash this library did not
+-- write, which no call may read as absent (it would write f r c into it and set an expiry:
+-- a user's record gone with the bucket). The seed script's bucket (scripts/token_bucket.lua,
+-- exactly `tokens` and `ts`) is named: the module can adopt it, the library does not.
+local function absent(key)
+    if call('EXISTS', key) == 0 then return end
+    local t = call('HMGET', key, 'tokens', 'ts')
+    if t[1] and t[2] and call('HLEN', key) == 2 then
+        not_a_bucket('it is the seed script\'s bucket (fields tokens, ts), which the library '
+            .. 'does not adopt: DEL the key to start from a full bucket, or adopt it with '
+            .. 'the module (rl.adopt-script-keys yes)')
+    end
+    not_a_bucket('it has no field f')
+end
+
+-- The fields read (h) of the hash at `key`, checked before any of them is used: a field
+-- the library writes only as decimal digits holding anything else is a hash this library
+-- did not write (refused, nothing written), not a value to guess from. `r`, `c` are
+-- checked where a limit is read from them (`stored_texts`), `v` where it is compared
+-- (`stored_version`). Returns h.
+local function checked(h, key)
+    local ft = h[F]
+    if not ft then
+        absent(key)
+        return h
+    end
+    if not digits(ft) then not_a_bucket('its field f is not an instant') end
+    local t = h[H]
+    if t and not digits(t) then not_a_bucket('its field h is not an instant') end
+    t = h[S]
+    if t and not digits(t) then not_a_bucket('its field s is not a duration') end
+    t = h[X]
+    if t and not digits(t) then not_a_bucket('its field x is not an instant') end
+    t = h[I]
+    if t and not digits(t) then not_a_bucket('its field i is not a lease id') end
+    return h
+end
+
 -- `with_v`: read v too.
 local function read(key, with_v)
     local h
     if with_v then h = hmget_versioned(key) else h = hmget_bucket(key) end
     if h.err then error({ reply = h }, 0) end
-    return h
+    return checked(h, key)
 end
 
 local function read_leases(key, with_v)
@@ -815,7 +869,7 @@ local function read_leases(key, with_v)
         h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l')
     end
     if h.err then error({ reply = h }, 0) end
-    return h
+    return checked(h, key)
 end
 
 -- level_of's general case: a stored bucket (full_at text ft) for a call whose limit's
@@ -845,8 +899,6 @@ end
 local function level_of(h, L, init, ns, nn, into, v, key)
     local ft = h[F]
     if ft then
-        -- Digits only (what `write` stores): anything else is no instant to read.
-        if ft == '' or sfind(ft, '%D') then not_a_bucket('its field f is not an instant') end
         if h[R] ~= L.rt or h[C] ~= L.ct or v then
             return level_versioned(h, ft, L, ns, nn, into, v, key)
         end
@@ -1070,10 +1122,10 @@ end
 -- ---------------------------------------------------------------------------------------
 -- Commands.
 
--- RL.TAKE's options after rate and cap: [n] [WITHSTATE] [INIT tokens] [VERSION v].
--- Returns n, with_state, init, version (nil for none or 0).
+-- RL.TAKE's options after rate and cap: [n] [WITHSTATE] [INIT tokens] [SHADOW] [VERSION v].
+-- Returns n, with_state, init, version (nil for none or 0), shadow.
 local function take_options(a, na, L, N)
-    local n, with_state, init, v, v_given = 1, false, nil, nil, false
+    local n, with_state, init, v, v_given, shadow = 1, false, nil, nil, false, false
     local i = 3
     while i <= na do
         local o = a[i]
@@ -1085,6 +1137,9 @@ local function take_options(a, na, L, N)
         elseif is(o, 'WITHSTATE') then
             once(with_state, o)
             with_state = true
+        elseif is(o, 'SHADOW') then
+            once(shadow, o)
+            shadow = true
         elseif is(o, 'INIT') then
             once(init ~= nil, o)
             init = init_tokens(a, i + 1, L, N)
@@ -1097,26 +1152,34 @@ local function take_options(a, na, L, N)
         i = i + 1
     end
     fits(n, L, 'n must not exceed cap')
-    return n, with_state, init, v
+    return n, with_state, init, v, shadow
 end
 
 -- RL.TAKE on `key` once its arguments are parsed and valid. WRONGTYPE, and n above a
 -- stored newer limit's cap, are returned as the reply; a hash that is not a bucket raises
 -- (`stored_texts`).
-local function take(key, L, n, with_state, init, v)
+local function take(key, L, n, with_state, init, v, shadow)
     local ns, nn = now()
     local h
     if v then h = hmget_versioned(key) else h = hmget_bucket(key) end
     if h.err then return h end
+    -- `checked`'s common case inline (this runs on every take): an `f` of digits, no other
+    -- field to check.
+    local ft = h[F]
+    if not ft or h[H] or h[S] or h[X] or ft == '' or #ft > 19 or sfind(ft, '%D') then
+        checked(h, key)
+    end
     local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
     if lv.L ~= L and n > lv.L.c then return error_reply('ERR n must not exceed cap') end
     local created = (wv or not h[F]) and must_write(h, lv, wv)
     local granted = try_take(lv, n)
     if granted or created then store(key, h, lv, wv) end
-    local reply = granted and n or 0
+    -- SHADOW: decided and written as when enforcing, a denial answered as a grant.
+    local answered = granted or shadow
+    local reply = answered and n or 0
     if not with_state then return reply end
     local retry = 0
-    if not granted then retry = wait_ms(wait_for(lv, n)) end
+    if not answered then retry = wait_ms(wait_for(lv, n)) end
     return { reply, { double = signed_tokens(lv) }, retry, ceil_ms(reset_after(lv)) }
 end
 
@@ -1125,8 +1188,8 @@ local function rl_take(keys, a)
     local na = #a
     if #keys ~= 1 or na < 2 or na > 9 then arity(N) end
     local L = limit_at(a, 1, N)
-    local n, with_state, init, v = take_options(a, na, L, N)
-    return take(keys[1], L, n, with_state, init, v)
+    local n, with_state, init, v, shadow = take_options(a, na, L, N)
+    return take(keys[1], L, n, with_state, init, v, shadow)
 end
 
 -- The plain call `FCALL rl_take 1 key rate cap n` whose limit and n were parsed and
@@ -1164,7 +1227,7 @@ local function drop_expired_prefix(text, now_us)
 end
 
 -- RL.LEASE on `key` once its arguments are parsed and valid.
-local function lease(key, L, n, ttl, min, ret_id, ret_unused, init, v)
+local function lease(key, L, n, ttl, min, ret_id, ret_unused, init, v, shadow)
     local ns, nn, now_us = now()
     local h = read_leases(key, v)
     local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
@@ -1214,6 +1277,8 @@ local function lease(key, L, n, ttl, min, ret_id, ret_unused, init, v)
         store_leases(key, h, lv, text, x, last, wv)
         if got > 0 then return { got, id, ttl, 0 } end
     end
+    -- SHADOW: a denial answers n under no lease (id 0): nothing recorded, nothing to return.
+    if shadow then return { n, 0, ttl, 0 } end
     return { 0, 0, 0, wait_ms(wait_for(lv, min)) }
 end
 
@@ -1236,7 +1301,7 @@ local function rl_lease(keys, a)
     local ttl = positive(a, 4, N, 'ttl_ms must be a positive integer')
     if ttl > MAX_TTL_MS then fail('ttl_ms must be at most 86400000 (a day)') end
     local min, min_text, ret_id, ret_unused, init = 1, '1', nil, nil, nil
-    local min_given, v, v_given = false, nil, false
+    local min_given, v, v_given, shadow = false, nil, false, false
     local i = 5
     while i <= na do
         local o = a[i]
@@ -1256,6 +1321,10 @@ local function rl_lease(keys, a)
             ret_id = integer(a, i + 1, N, 'lease_id must be a non-negative integer')
             ret_unused = integer(a, i + 2, N, 'unused must be a non-negative integer')
             i = i + 3
+        elseif is(o, 'SHADOW') then
+            once(shadow, o)
+            shadow = true
+            i = i + 1
         elseif is(o, 'INIT') then
             once(init ~= nil, o)
             init = init_tokens(a, i + 1, L, N)
@@ -1266,7 +1335,7 @@ local function rl_lease(keys, a)
     end
     if int_gt(min_text, a[3]) then fail('MIN must not exceed n') end
     fits(min, L, 'MIN must not exceed cap')
-    return lease(keys[1], L, n, ttl, min, ret_id, ret_unused, init, v)
+    return lease(keys[1], L, n, ttl, min, ret_id, ret_unused, init, v, shadow)
 end
 
 local function rl_return(keys, a)
@@ -1277,7 +1346,9 @@ local function rl_return(keys, a)
     local key = keys[1]
     local ns, nn, now_us = now()
     local h = read_leases(key)
-    if not h[F] or not h[LS] then return 0 end
+    if not h[F] then return 0 end
+    stored_texts(h[R], h[C]) -- a hash with no valid limit is no bucket
+    if not h[LS] then return 0 end
     local t = parse_table(h[I], h[LS])
     local _, e = find_live(t, id, now_us)
     if not e then return 0 end
@@ -1304,11 +1375,14 @@ end
 local function rl_mtake(keys, a)
     local N = 'RL.MTAKE'
     local nk, na = #keys, #a
-    local e, ws, init_at, v_at = na, false, nil, nil
+    local e, ws, init_at, v_at, shadow = na, false, nil, nil, false
     while true do
         if e > 1 and is(a[e], 'WITHSTATE') then
             once(ws, a[e])
             ws = true; e = e - 1
+        elseif e > 1 and is(a[e], 'SHADOW') then
+            once(shadow, a[e])
+            shadow = true; e = e - 1
         elseif e > 2 and is(a[e - 1], 'INIT') then
             once(init_at ~= nil, a[e - 1])
             init_at = e; e = e - 2
@@ -1360,7 +1434,7 @@ local function rl_mtake(keys, a)
         if debited or created[j] then store(keys[j], hs[j], levels[j], wvs[j]) end
     end
     local reply
-    if granted then
+    if granted or shadow then -- SHADOW: a denial answered as a grant
         reply = { n, false, 0 }
     else
         reply = { 0, keys[worst], ceil_ms(ls, ln) }
@@ -1389,7 +1463,7 @@ local function rl_peek(keys, a)
         reset_after_ms = ceil_ms(reset_after(lv)),
         leases = leases,
         leased_tokens = held,
-        version = tonumber(h[V]) or 0,
+        version = stored_version(h[V]),
     } }
 end
 
@@ -1397,7 +1471,7 @@ end
 -- them if they will be there within max_wait_ms (debited now: the bucket goes into debt,
 -- which the level carries as `behind`, and later callers queue behind it).
 -- Reply [granted, wait_ms, remaining, reset_after_ms]; remaining is negative in debt.
--- The module's per-call SHADOW flag is not supported (an unknown option here).
+-- SHADOW: decided and written as when enforcing; a denial answered [n, 0, ...].
 local function rl_reserve(keys, a)
     local N = 'RL.RESERVE'
     local na = #a
@@ -1406,10 +1480,14 @@ local function rl_reserve(keys, a)
     local n = positive(a, 3, N, 'n must be a positive integer')
     local max_wait = integer(a, 4, N, 'max_wait_ms must be a non-negative integer')
     if max_wait > MAX_TTL_MS then fail('max_wait_ms must be at most 86400000 (a day)') end
-    local init, v, v_given
+    local init, v, v_given, shadow
     local i = 5
     while i <= na do
-        if is(a[i], 'VERSION') then
+        if is(a[i], 'SHADOW') then
+            once(shadow, a[i])
+            shadow = true
+            i = i + 1
+        elseif is(a[i], 'VERSION') then
             once(v_given, a[i])
             v_given = true
             v = version_at(a, i + 1, N)
@@ -1438,8 +1516,9 @@ local function rl_reserve(keys, a)
         lv.ds, lv.dn = add(lv.ds, lv.dn, ts, tn)
     end
     if granted or created then store(key, h, lv, wv) end
-    return { granted and n or 0, ceil_ms(ws, wn), { double = signed_tokens(lv) },
-        ceil_ms(reset_after(lv)) }
+    local got, wait = 0, ceil_ms(ws, wn)
+    if granted then got = n elseif shadow then got, wait = n, 0 end
+    return { got, wait, { double = signed_tokens(lv) }, ceil_ms(reset_after(lv)) }
 end
 
 -- RL.REFUND key n: gives back up to n tokens under the stored limit, as many as the

@@ -71,6 +71,13 @@ BAD_VERSIONS = ["-1", "x", "1.5", "9007199254740992", "18446744073709551615", ""
                 " 1", "+1", "1e3", "9223372036854775808"]
 
 
+def shadow_opt():
+    """`SHADOW` (any case) for about one call in eight of those that take it."""
+    if random.random() < 0.12:
+        return [random.choice(["SHADOW", "shadow", "Shadow"])]
+    return []
+
+
 def spell(x):
     opts = SPELLINGS.get(x)
     if opts and random.random() < 0.3:
@@ -112,7 +119,8 @@ class Pair:
         # earlier calls, a debt's offset kept as time, a conversion to a slower rate).
         self.off_us = 0.0
         self.stored_rate = None  # the stored limit's rate (None: no key, a full bucket)
-        self.last_peek = None  # (module tokens, library tokens, TIME after them, peek window)
+        # (module tokens, library tokens, TIME after them, peek window, stored cap)
+        self.last_peek = None
         self.max_window_us = 0.0  # the largest call tolerance on this pair so far
         # The library's hold was within reach of a write's instant (see `step`): one side's
         # span may have lapsed and not the other's, which only the expiry shows.
@@ -210,6 +218,13 @@ def gen_take(p):
         rest.append(random.choice(["WITHSTATE", "withstate"]))
     if random.random() < 0.15:
         rest += ["INIT", spell(random.choice([0, p.cap / 2, p.cap, 1]) if p.cap >= 1 else 0)]
+    sh = shadow_opt()
+    if sh:
+        first = 1 if rest and rest[0] == str(n) else 0
+        at = random.randint(first, len(rest))
+        if at < len(rest) and rest[at - 1:at] == ["INIT"]:
+            at += 1  # not between INIT and its value
+        rest[at:at] = sh
     if vo:
         # After n (only the first option place takes it), before or after the options.
         first = 1 if rest and rest[0] == str(n) else 0
@@ -218,7 +233,8 @@ def gen_take(p):
     r, c = spell(p.rate), spell(p.cap)
     return Call("take", ["RL.TAKE", p.m, r, c, *rest],
                 ["FCALL", "rl_take", 1, p.f, r, c, *rest], [p], p.rate, n=n,
-                with_state="WITHSTATE" in [x.upper() for x in rest])
+                with_state="WITHSTATE" in [x.upper() for x in rest], shadow=bool(sh),
+                boundary=[n])
 
 
 def gen_lease(p, now_s):
@@ -243,14 +259,20 @@ def gen_lease(p, now_s):
         init = ["INIT", spell(random.choice([0, 1, p.cap]) if p.cap >= 1 else 0)]
         opts_m += init
         opts_f += init
+    sh = shadow_opt()
+    if sh:
+        front = random.random() < 0.5
+        opts_m = sh + opts_m if front else opts_m + sh
+        opts_f = sh + opts_f if front else opts_f + sh
     if vo:
         front = random.random() < 0.5
         opts_m = vo + opts_m if front else opts_m + vo
         opts_f = vo + opts_f if front else opts_f + vo
     r, c = spell(p.rate), spell(p.cap)
+    min_n = int(opts_m[opts_m.index("MIN") + 1]) if "MIN" in opts_m else 1
     return Call("lease", ["RL.LEASE", p.m, r, c, str(n), str(ttl), *opts_m],
                 ["FCALL", "rl_lease", 1, p.f, r, c, str(n), str(ttl), *opts_f], [p], p.rate,
-                ttl=ttl, settle=settle, now_s=now_s)
+                ttl=ttl, settle=settle, now_s=now_s, shadow=bool(sh), boundary=[min_n])
 
 
 def gen_return(p):
@@ -291,6 +313,9 @@ def gen_mtake(pairs):
         opts.append("WITHSTATE")
     if random.random() < 0.1:
         opts += ["INIT", "0"]
+    sh = shadow_opt()
+    if sh:
+        opts = sh + opts if random.random() < 0.5 else opts + sh
     if vo:
         opts = vo + opts if random.random() < 0.5 else opts + vo
     mod = ["RL.MTAKE", str(n)]
@@ -299,7 +324,8 @@ def gen_mtake(pairs):
         r, c = spell(q.rate), spell(q.cap)
         mod += [q.m, r, c]
         fn += [r, c]
-    return Call("mtake", mod + opts, fn + opts, group, max(q.rate for q in group), n=n)
+    return Call("mtake", mod + opts, fn + opts, group, max(q.rate for q in group), n=n,
+                shadow=bool(sh), boundary=[n] * len(group))
 
 
 def gen_reserve(p):
@@ -309,12 +335,17 @@ def gen_reserve(p):
     rest = []
     if random.random() < 0.1:
         rest += ["INIT", "0"]
+    sh = shadow_opt()
+    if sh:
+        rest = sh + rest if random.random() < 0.5 else rest + sh
     if vo:
         rest = vo + rest if random.random() < 0.5 else rest + vo
     r, c = spell(p.rate), spell(p.cap)
+    # The boundary: granted when the wait is at most max_wait, i.e. n - rate * max_wait
+    # tokens are there (the level may be negative: debt).
     return Call("reserve", ["RL.RESERVE", p.m, r, c, str(n), str(wait), *rest],
                 ["FCALL", "rl_reserve", 1, p.f, r, c, str(n), str(wait), *rest], [p], p.rate,
-                n=n, max_wait=wait)
+                n=n, max_wait=wait, shadow=bool(sh), boundary=[n - p.rate * wait / 1000])
 
 
 def gen_refund(p):
@@ -326,7 +357,27 @@ def gen_refund(p):
 def gen_bad(p):
     """A call the module refuses; the library must refuse it with the same text."""
     r, c = spell(p.rate), spell(p.cap)
-    choice = random.randrange(17)
+    choice = random.randrange(18)
+    if choice == 17:  # SHADOW twice on the four commands that take it; none on the others
+        twice = random.choice([["SHADOW", "SHADOW"], ["shadow", "INIT", "0", "Shadow"]])
+        cmd = random.randrange(6)
+        if cmd == 0:
+            return Call("bad", ["RL.TAKE", p.m, r, c, "1", *twice],
+                        ["FCALL", "rl_take", 1, p.f, r, c, "1", *twice], [p], p.rate)
+        if cmd == 1:
+            return Call("bad", ["RL.LEASE", p.m, r, c, "1", "100", *twice],
+                        ["FCALL", "rl_lease", 1, p.f, r, c, "1", "100", *twice], [p], p.rate)
+        if cmd == 2:
+            return Call("bad", ["RL.RESERVE", p.m, r, c, "1", "10", *twice],
+                        ["FCALL", "rl_reserve", 1, p.f, r, c, "1", "10", *twice], [p], p.rate)
+        if cmd == 3:
+            return Call("bad", ["RL.MTAKE", "1", p.m, r, c, *twice],
+                        ["FCALL", "rl_mtake", 1, p.f, "1", r, c, *twice], [p], p.rate)
+        if cmd == 4:
+            return Call("bad", ["RL.RETURN", p.m, "1", "1", "SHADOW"],
+                        ["FCALL", "rl_return", 1, p.f, "1", "1", "SHADOW"], [p], p.rate)
+        return Call("bad", ["RL.REFUND", p.m, "1", "SHADOW"],
+                    ["FCALL", "rl_refund", 1, p.f, "1", "SHADOW"], [p], p.rate)
     if choice == 15:  # VERSION errors, on every command that takes it
         bad = random.choice([["VERSION", random.choice(BAD_VERSIONS)], ["VERSION"],
                              ["VERSION", "1", "VERSION", "1"], ["version", "2", "VERSION", "x"],
@@ -432,6 +483,7 @@ class Stats:
         self.in_debt = 0  # calls on a pair whose module bucket was in debt before the call
         self.debt_changes = 0  # limit changes on a pair in debt
         self.versioned = 0  # calls passing VERSION (bad ones included)
+        self.shadow = 0  # calls passing SHADOW (bad ones included)
 
     def summary(self):
         rate = len(self.straddles) / max(1, self.calls)
@@ -439,7 +491,7 @@ class Stats:
                 f"{self.errors} error replies compared; limit flaps {self.flaps}, "
                 f"PERSIST/RESTORE-0 steps {self.persists}; calls on a bucket in debt "
                 f"{self.in_debt} (limit changes in debt {self.debt_changes}); with VERSION "
-                f"{self.versioned}; straddles {len(self.straddles)} "
+                f"{self.versioned}; with SHADOW {self.shadow}; straddles {len(self.straddles)} "
                 f"({100 * rate:.3f}%); ms fields {self.ms_fields}, one apart (a tick in the "
                 f"window) {self.ticks}; doubles {self.doubles}, value-identical "
                 f"{self.doubles_equal}, text-identical {self.texts_equal}"
@@ -621,6 +673,7 @@ class Runner:
         self.stats.calls += 1
         self.stats.kinds[call.kind] = self.stats.kinds.get(call.kind, 0) + 1
         self.stats.versioned += any(str(x).upper() == "VERSION" for x in call.mod)
+        self.stats.shadow += any(str(x).upper() == "SHADOW" for x in call.mod)
         try:
             try:
                 self.raw_us = raw_us
@@ -655,12 +708,17 @@ class Runner:
                         tm_, tf_ = as_float(pm[b"tokens"]), as_float(pf[b"tokens"])
                         q.off_us = abs(tm_ - tf_) / rate * 1e6 + peek_raw_us
                         q.stored_rate = rate
-                        q.last_peek = (tm_, tf_, t2[0] * 1e6 + t2[1], peek_raw_us)
+                        q.last_peek = (tm_, tf_, t2[0] * 1e6 + t2[1], peek_raw_us,
+                                       as_float(pm[b"cap"]))
                     else:  # no key on either side: full buckets, equal
                         q.off_us, q.stored_rate, q.last_peek = 0.0, None, None
                     q.in_debt = pm is not None and as_float(pm[b"tokens"]) < 0
                     q.debt_seen = q.debt_seen or q.in_debt
             except Mismatch as e:
+                if call.meta.get("shadow") and self.near_boundary(call):
+                    raise Straddle(f"{e}: SHADOW answers a denial as a grant, and the level "
+                                   f"was within the window of the call's boundary (granted "
+                                   f"on one side, shadow-denied on the other)") from None
                 if expiring:
                     raise Straddle(f"{e}: a key expired (or was about to) on one side only "
                                    f"(INIT, a limit change)") from None
@@ -790,6 +848,28 @@ class Runner:
                                f"the window")
             self.double(rm, rf, stored, tol_s, "refunded")
 
+    def near_boundary(self, call):
+        """Whether a SHADOW call may have been granted on one side and denied on the other
+        (both answer a grant, so only the state after shows it): some key's level,
+        extrapolated from its last peeks to this call, within the call's tolerance of the
+        call's boundary (`boundary`: n for TAKE and MTAKE, MIN for LEASE, n - rate * max_wait
+        for RESERVE). A call under another limit than the stored one (its tokens converted),
+        or settling a lease (credited first), is not extrapolated: taken as near."""
+        if call.meta.get("settle") is not None:
+            return True
+        for q, target, tol in zip(call.keys, call.meta["boundary"], call.tols):
+            if q.last_peek is None or not q.stored_rate:
+                continue  # no key on either side: full buckets, the same decision
+            tm, tf, t_peek, peek_us, cap = q.last_peek
+            if (q.stored_rate, cap) != (q.rate, q.cap):
+                return True
+            r = q.stored_rate
+            elapsed = (self.call_t0_us - t_peek) / 1e6
+            reach = r * (tol + peek_us + self.raw_us) / 1e6 + 1e-9 * max(1.0, abs(target))
+            if any(abs(min(cap, t + r * elapsed) - target) <= reach for t in (tm, tf)):
+                return True
+        return False
+
     def near_debt(self, q):
         """Whether the pair's level, extrapolated from its last peeks to this call, was
         within the call's tolerance of 0 on either side: a bucket in debt credits nothing
@@ -797,7 +877,7 @@ class Runner:
         straddle that boundary."""
         if q.last_peek is None or not q.stored_rate:
             return False
-        tm, tf, t_peek, peek_us = q.last_peek
+        tm, tf, t_peek, peek_us, _ = q.last_peek
         r = q.stored_rate
         elapsed = (self.call_t0_us - t_peek) / 1e6
         reach = r * (q.off_us + self.raw_us + peek_us) / 1e6
