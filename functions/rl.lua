@@ -821,7 +821,10 @@ local function digits(t) return t ~= '' and #t <= 19 and not sfind(t, '%D') end
 -- exactly `tokens` and `ts`) is named: the module can adopt it, the library does not.
 local function absent(key)
     if call('EXISTS', key) == 0 then return end
-    local t = call('HMGET', key, 'tokens', 'ts')
+    local t = call('HMGET', key, 'tokens', 'ts', 'R', 'C')
+    if t[3] and t[4] then
+        not_a_bucket('it is a rate share of this library (rl_share)')
+    end
     if t[1] and t[2] and call('HLEN', key) == 2 then
         not_a_bucket('it is the seed script\'s bucket (fields tokens, ts), which the library '
             .. 'does not adopt: DEL the key to start from a full bucket, or adopt it with '
@@ -1544,6 +1547,355 @@ local function rl_refund(keys, a)
 end
 
 -- ---------------------------------------------------------------------------------------
+-- Rate shares (RL.SHARE, core/src/share.rs): a key divides its rate (and its cap, as
+-- bursts) among holders that limit locally and call again every period.
+--
+-- A share is a hash (never a bucket, never the module's type: WRONGTYPE every way):
+--   R, C  the limit's rate and cap texts (as the call that set it wrote them)
+--   V     its version, decimal text (absent for 0)
+--   <hex of the holder id>  one field per entry: "want rate burst lease_end held_rate
+--         held_burst held_until", the four doubles as %.17g (read back exactly), the
+--         instants as integer microseconds since the epoch (TIME's resolution: every
+--         instant here is a whole µs, so µs compare as the module's ns do). The field
+--         names are the ids in hex: their order as Lua compares strings is the ids' byte
+--         order, the module's order (sums are taken in it, rounded as the module does).
+-- The key expires (PEXPIREAT) at ceil_ms of the latest entry end (max(lease_end,
+-- held_until)), set on every write: when the last lease or hold ends.
+
+local SHARE_HOLD_US = 250000
+local SHARE_LEASE_PERIODS = 3
+local MAX_HOLDERS = 4096
+local SHORT = 1e-9
+local SHARE_ERR = {
+    holder = 'holder must be 1 to 64 bytes',
+    want = 'want must be a finite number from 0 to 1e15',
+    period = 'period_ms must be an integer from 10 to 3600000',
+    many = 'too many holders on this key (at most 4096)',
+}
+
+local function not_a_share(why)
+    error({ reply = error_reply('WRONGTYPE the hash at this key is not a rate share of this '
+        .. 'library (' .. why .. ')') }, 0)
+end
+
+local HEX -- byte -> two hex digits (built at the first call: no `string` at load)
+local function hex(id)
+    if not HEX then
+        HEX = {}
+        for b = 0, 255 do HEX[b] = fmt('%02x', b) end
+    end
+    local out = {}
+    for k = 1, #id do out[k] = HEX[byte(id, k)] end
+    return table.concat(out)
+end
+
+local function add_up(a, b) return sub_up(a, -b) end
+
+local function non_negative(x)
+    if x > 0 then return x end
+    return 0.0
+end
+
+-- Holder:commitment at instant t (µs): its share while t < lease_end, its old one while
+-- t < held_until, the larger. `incl`: at t - 1 ns instead (t <= end, every end a whole µs).
+local function rate_at(e, t, incl)
+    local a, b = 0.0, 0.0
+    if t < e.le or (incl and t == e.le) then a = e.r end
+    if t < e.hu or (incl and t == e.hu) then b = e.hr end
+    if b > a then return b end
+    return a
+end
+
+local function burst_at(e, t, incl)
+    local a, b = 0.0, 0.0
+    if t < e.le or (incl and t == e.le) then a = e.b end
+    if t < e.hu or (incl and t == e.hu) then b = e.hb end
+    if b > a then return b end
+    return a
+end
+
+local function entry_end(e)
+    if e.hu > e.le then return e.hu end
+    return e.le
+end
+
+-- water_level (share.rs) bit for bit: the same quickselect with the same pseudo-random
+-- pivots (xorshift64, kept as two 32-bit halves: Lua has no 64-bit integers), the same
+-- partial sums in the same order. `w` is reordered.
+local TWO32 = 4294967296
+local function u32(x) return x % TWO32 end
+local function water_level(w, rate)
+    local band, bor, bxor, lsh, rsh = bit.band, bit.bor, bit.bxor, bit.lshift, bit.rshift
+    local lo, hi = 1, #w + 1 -- the part is w[lo .. hi - 1]
+    local below, above = 0.0, 0
+    local sh, sl = 0x9E3779B9, u32(bxor(0x7F4A7C15, #w))
+    while lo < hi do
+        -- seed ^= seed << 13; seed ^= seed >> 7; seed ^= seed << 17
+        local nh = u32(bor(lsh(sh, 13), rsh(sl, 19)))
+        local nl = u32(lsh(sl, 13))
+        sh, sl = u32(bxor(sh, nh)), u32(bxor(sl, nl))
+        nl = u32(bor(rsh(sl, 7), lsh(sh, 25)))
+        nh = u32(rsh(sh, 7))
+        sh, sl = u32(bxor(sh, nh)), u32(bxor(sl, nl))
+        nh = u32(bor(lsh(sh, 17), rsh(sl, 15)))
+        nl = u32(lsh(sl, 17))
+        sh, sl = u32(bxor(sh, nh)), u32(bxor(sl, nl))
+        local len = hi - lo
+        local m = ((sh % len) * (TWO32 % len) + sl) % len
+        local p = w[lo + m]
+        -- partition3: [< p][== p][> p]
+        local lt, i, gt = lo, lo, hi
+        while i < gt do
+            local x = w[i]
+            if x < p then
+                w[i], w[lt] = w[lt], x
+                lt = lt + 1
+                i = i + 1
+            elseif x > p then
+                gt = gt - 1
+                w[i], w[gt] = w[gt], x
+            else
+                i = i + 1
+            end
+        end
+        local s_lt = 0.0
+        for k = lo, lt - 1 do s_lt = s_lt + w[k] end
+        local c_ge = hi - lt
+        if below + s_lt + p * (above + c_ge) >= rate then
+            above = above + c_ge
+            hi = lt
+        else
+            below = below + (s_lt + p * (gt - lt))
+            lo = gt
+        end
+    end
+    if above == 0 then return 1 / 0 end
+    return non_negative((rate - below) / above)
+end
+
+-- The entries of a share hash (HGETALL's flat list), checked: anything this library does
+-- not write is refused before anything is written. Returns the limit texts, version text,
+-- and the entries sorted by field name (the ids' byte order), each {k, w, r, b, le, hr, hb,
+-- hu} (k the field name, instants µs).
+local function share_entries(all, key)
+    local rt, ct, vt, list, bad = nil, nil, nil, {}, nil
+    for j = 1, #all, 2 do
+        local k, val = all[j], all[j + 1]
+        if k == 'R' then rt = val
+        elseif k == 'C' then ct = val
+        elseif k == 'V' then vt = val
+        elseif k == 'f' then
+            error({ reply = error_reply('WRONGTYPE the hash at this key is a bucket of this '
+                .. 'library, not a rate share') }, 0)
+        elseif #k < 2 or #k > 128 or #k % 2 ~= 0 or sfind(k, '[^0-9a-f]') then
+            bad = 'a field that is neither R, C, V nor a holder'
+        else
+            local w, r, b, le, hr, hb, hu = val:match(
+                '^(%S+) (%S+) (%S+) (%d+) (%S+) (%S+) (%d+)$')
+            w, r, b, hr, hb = parse_number(w), parse_number(r), parse_number(b),
+                parse_number(hr), parse_number(hb)
+            le, hu = le and #le <= 16 and tonumber(le), hu and #hu <= 16 and tonumber(hu)
+            local ok = w and r and b and hr and hb and le and hu
+            if ok then
+                for _, x in ipairs({ w, r, b, hr, hb }) do
+                    if not (x >= 0 and x <= MAX_VALUE) then ok = false end
+                end
+            end
+            if not ok then not_a_share('a holder entry that is not one') end
+            list[#list + 1] = { k = k, w = w, r = r, b = b, le = le, hr = hr, hb = hb, hu = hu }
+        end
+    end
+    if bad then not_a_share(bad) end
+    if not (rt and ct) then not_a_share('no fields R, C') end
+    if #list == 0 then not_a_share('no holder') end
+    local B = known_limit(rt, ct)
+    if not B then
+        local rate, cap = parse_number(rt), parse_number(ct)
+        if not (rate and cap and in_range(rate) and in_range(cap) and cap / rate <= MAX_FILL_SECS) then
+            not_a_share('its fields R, C are not a valid limit')
+        end
+        B = remember(make_limit(rate, cap, rt, ct))
+    end
+    if vt then
+        local x = parse_integer(vt)
+        if not x or x > MAX_VERSION then not_a_share('its field V is not a version') end
+    end
+    table.sort(list, function(x, y) return x.k < y.k end)
+    return B, vt, list
+end
+
+local function fmt_double(x) return fmt('%.17g', x) end
+
+-- RL.SHARE key rate cap holder want period_ms [RELEASE] [VERSION v]
+-- Reply [rate, burst, lease_ms, refresh_ms, holders].
+local function rl_share(keys, a)
+    local N = 'RL.SHARE'
+    local na = #a
+    if #keys ~= 1 or na < 5 then arity(N) end
+    local L = limit_at(a, 1, N)
+    local holder = a[3]
+    if #holder < 1 or #holder > 64 then fail(SHARE_ERR.holder) end
+    local want = number(a, 4, N, SHARE_ERR.want)
+    local period = integer(a, 5, N, SHARE_ERR.period)
+    local release, v, v_given = false, nil, false
+    local i = 6
+    while i <= na do
+        local o = a[i]
+        if is(o, 'VERSION') then
+            once(v_given, o)
+            v_given = true
+            v = version_at(a, i + 1, N)
+            i = i + 2
+        elseif is(o, 'RELEASE') then
+            once(release, o)
+            release = true
+            i = i + 1
+        else
+            unknown(o)
+        end
+    end
+    if want == 0 then want = 0.0 end -- -0 is 0 (the stored form has no sign)
+    if not (want >= 0 and want <= MAX_VALUE) then fail(SHARE_ERR.want) end
+    if period < 10 or period > 3600000 then fail(SHARE_ERR.period) end
+    v = v or 0
+
+    local key = keys[1]
+    local _, _, now_us = now()
+    local all = pcall_r('HGETALL', key)
+    if all.err then return all end
+    local B, vt, list = nil, nil, {}
+    local exists = #all > 0
+    if exists then B, vt, list = share_entries(all, key) end
+    -- version.rs resolve: which limit decides, at which version.
+    local D, dv = L, v
+    if exists then
+        local sv = vt and tonumber(vt) or 0
+        if v < sv then D, dv = B, sv
+        elseif v == sv then
+            dv = sv
+            if B.r == L.r and B.c == L.c then D = B end
+        end
+    end
+    local rate, cap = D.r, D.c
+    local id = hex(holder)
+    local own
+    -- One pass over the others, in id order.
+    local s_rate, s_burst, live, wants, dead, last_end = 0.0, 0.0, 0, 0.0, 0, 0
+    for k = 1, #list do
+        local e = list[k]
+        if e.k == id then
+            own = e
+        elseif now_us >= entry_end(e) then
+            dead = dead + 1
+        else
+            local en = entry_end(e)
+            if en > last_end then last_end = en end
+            s_rate = add_up(s_rate, rate_at(e, now_us))
+            s_burst = add_up(s_burst, burst_at(e, now_us))
+            if now_us < e.le then
+                live = live + 1
+                wants = wants + e.w
+            end
+        end
+    end
+    local others = #list - dead - (own and 1 or 0)
+    local own_alive = own and now_us < entry_end(own) and own or nil
+    if release and not (own and now_us < own.le) then
+        return { { double = 0.0 }, { double = 0.0 }, 0, period, live }
+    end
+    if not own_alive and others >= MAX_HOLDERS then fail(SHARE_ERR.many) end
+
+    local srate, sburst, short = 0.0, 0.0, false
+    if not release then
+        -- target (share.rs): in proportion to the wants when they fit, else max-min fair.
+        local n = live + 1
+        local sum = wants + want
+        local target
+        if sum <= rate then
+            if sum == 0 then target = rate / n else target = rate * (want / sum) end
+        elseif want <= rate / n then
+            target = want
+        else
+            local w = {}
+            for k = 1, #list do
+                local e = list[k]
+                if e ~= own and now_us < e.le then w[#w + 1] = e.w end
+            end
+            w[#w + 1] = want
+            local level = water_level(w, rate)
+            target = want
+            if level < target then target = level end
+        end
+        local target_burst = target * cap / rate
+        local free = sub_down(rate, s_rate)
+        local free_burst = sub_down(cap, s_burst)
+        srate = non_negative(math.min(target, free))
+        sburst = non_negative(math.min(target_burst, free_burst))
+        short = srate < target * (1.0 - SHORT) or sburst < target_burst * (1.0 - SHORT)
+    end
+    local lease_us = period * SHARE_LEASE_PERIODS * 1000
+    local entry = {
+        k = id, w = want, r = srate, b = sburst,
+        le = release and now_us or now_us + lease_us,
+        hr = own_alive and rate_at(own_alive, now_us) or 0.0,
+        hb = own_alive and burst_at(own_alive, now_us) or 0.0,
+        hu = now_us + SHARE_HOLD_US,
+    }
+    local refresh = period
+    if short then
+        -- next_release: the earliest instant after now at which another entry frees
+        -- something (its commitment drops).
+        local nx
+        for k = 1, #list do
+            local e = list[k]
+            if e ~= own then
+                for _, t in ipairs({ e.le, e.hu }) do
+                    if t > now_us and (rate_at(e, t, true) > rate_at(e, t)
+                            or burst_at(e, t, true) > burst_at(e, t)) then
+                        if not nx or t < nx then nx = t end
+                    end
+                end
+            end
+        end
+        if nx then
+            refresh = ceil((nx - now_us) / 1000)
+            if refresh < 10 then refresh = 10 elseif refresh > period then refresh = period end
+        else
+            refresh = math.max(floor(period / 4), 10)
+        end
+    end
+    local expires = last_end
+    if entry_end(entry) > expires then expires = entry_end(entry) end
+
+    -- Write: the entry, the limit and version if they changed, the dead entries dropped,
+    -- the expiry.
+    local args = { key, id, fmt('%s %s %s %d %s %s %d', fmt_double(entry.w), fmt_double(entry.r),
+        fmt_double(entry.b), entry.le, fmt_double(entry.hr), fmt_double(entry.hb), entry.hu) }
+    if not exists or D ~= B then
+        args[#args + 1] = 'R'; args[#args + 1] = D.rt
+        args[#args + 1] = 'C'; args[#args + 1] = D.ct
+    end
+    if dv ~= 0 and (not vt or tonumber(vt) ~= dv) then
+        args[#args + 1] = 'V'; args[#args + 1] = fmt('%d', dv)
+    end
+    call('HSET', unpack(args))
+    if dead > 0 then
+        local drop = { key }
+        for k = 1, #list do
+            local e = list[k]
+            if e ~= own and now_us >= entry_end(e) then drop[#drop + 1] = e.k end
+        end
+        call('HDEL', unpack(drop))
+    end
+    call('PEXPIREAT', key, ms_arg(ceil(expires / 1000)))
+    local lease_ms = 0
+    if not release then lease_ms = period * SHARE_LEASE_PERIODS end
+    local holders = live
+    if not release then holders = holders + 1 end
+    return { { double = srate }, { double = sburst }, lease_ms, refresh, holders }
+end
+
+-- ---------------------------------------------------------------------------------------
 -- The boundary: argument and state errors become the module's error replies.
 
 -- `quick` (optional): the command's common case, which raises nothing; nil when the call
@@ -1572,6 +1924,7 @@ redis.register_function('rl_return', boundary(rl_return))
 redis.register_function('rl_mtake', boundary(rl_mtake))
 redis.register_function('rl_reserve', boundary(rl_reserve))
 redis.register_function('rl_refund', boundary(rl_refund))
+redis.register_function('rl_share', boundary(rl_share))
 redis.register_function {
     function_name = 'rl_peek',
     callback = boundary(rl_peek),
