@@ -980,3 +980,197 @@ def run(server, protocol, with_reserve, ops, seed):
         print(f"    straddle: {s}")
     assert rate < MAX_STRADDLE_RATE, f"straddles {rate:.4%} >= 0.5%"
     return stats
+
+
+# ---------------------------------------------------------------------------------------
+# Rate shares: RL.SHARE and rl_share side by side.
+
+MAX_SHARE_STRADDLE_RATE = 0.02
+SHARE_LIMITS = [(100, 50), (10, 10), (1000, 1), (7.7, 13.5), (0.3333, 2), (1e6, 1e3),
+                (1e-3, 1e-3), (5, 1e6)]
+SHARE_HOLDERS = ["a", "b", "c", "d", "e", "svc-1", "svc-2", "\x00", "\xff\x01", "é",
+                 "x" * 64, "0", "zz"]
+SHARE_WANTS = [0, 0, 1, 2.5, 5, 10, 33, 50, 100, 1000, 1e15, 0.1, 7.7]
+SHARE_PERIODS = [10, 20, 50, 100, 250, 1000, 60000]
+BAD_SHARES = [["x", "1", "h", "1", "100"], ["1", "1", "", "1", "100"],
+              ["1", "1", "h" * 65, "1", "100"], ["1", "1", "h", "-1", "100"],
+              ["1", "1", "h", "nan", "100"], ["1", "1", "h", "1e16", "100"],
+              ["1", "1", "h", "1", "9"], ["1", "1", "h", "1", "3600001"],
+              ["1", "1", "h", "1", "x"], ["1", "1", "h", "1", "100", "RELEASE", "release"],
+              ["1", "1", "h", "1", "100", "FOO"], ["1", "1", "h", "1", "100", "VERSION"],
+              ["1", "1", "h", "1", "100", "VERSION", "-1"], ["1", "1", "h", "1"],
+              ["1", "1", "h", "inf", "100", "BAR"], ["1e-9", "1e6", "h", "1", "100"]]
+
+
+class SharePair:
+    counter = 0
+
+    def __init__(self):
+        SharePair.counter += 1
+        self.name = f"s{SharePair.counter}"
+        self.limit = random.choice(SHARE_LIMITS)
+        self.holders = random.sample(SHARE_HOLDERS, random.randint(1, 6))
+        self.versions = random.random() < 0.3
+        self.version = 0
+        self.max_window_us = 0.0  # each entry's instants carry the window of its call
+
+    @property
+    def m(self):
+        return f"m:{self.name}"
+
+    @property
+    def f(self):
+        return f"f:{self.name}"
+
+
+class ShareRunner:
+    """Same random RL.SHARE / rl_share calls on a pair of keys, each pair back to back in
+    one MULTI/EXEC bracketed by TIME. Replies must be equal (rate and burst as exact
+    doubles), except where an entry's lease or hold ends within the call's tolerance of
+    its instant (a straddle: counted, the pair retired); refresh_ms, when computed from
+    such an end, within the tolerance; the keys' expiries within it too."""
+
+    def __init__(self, server, protocol, seed, ops):
+        self.r = server.client(protocol=protocol)
+        self.protocol = protocol
+        self.rng = random.Random(seed)
+        self.ops = ops
+        self.pairs = [SharePair() for _ in range(4)]
+        self.calls = self.errors = self.shorts = self.releases = self.equal = 0
+        self.straddles = []
+
+    def gen(self, p):
+        if random.random() < 0.08:
+            bad = random.choice(BAD_SHARES)
+            return bad, True
+        if random.random() < 0.04:
+            p.limit = random.choice(SHARE_LIMITS)
+        rate, cap = p.limit
+        args = [spell(rate), spell(cap), random.choice(p.holders),
+                spell(random.choice(SHARE_WANTS)), str(random.choice(SHARE_PERIODS))]
+        opts = []
+        if random.random() < 0.12:
+            opts.append(random.choice(["RELEASE", "release"]))
+        if p.versions:
+            if random.random() < 0.1:
+                p.version += 1
+            v = random.choice([p.version, p.version, max(0, p.version - 1), 0])
+            opts += ["VERSION", str(v)]
+        random.shuffle(opts) if "VERSION" not in opts else None
+        return args + opts, False
+
+    def step(self):
+        if random.random() < 0.06:
+            time.sleep(random.choice([0.01, 0.05, 0.26]))  # holds (250 ms) and leases lapse
+        p = random.choice(self.pairs)
+        args, bad = self.gen(p)
+        first_module = random.random() < 0.5
+        pipe = self.r.pipeline(transaction=not bad)
+        pipe.execute_command("TIME")
+        pipe.execute_command("HGETALL", p.f)
+        calls = [["RL.SHARE", p.m, *args], ["FCALL", "rl_share", 1, p.f, *args]]
+        for c in (calls if first_module else calls[::-1]):
+            pipe.execute_command(*c)
+        pipe.execute_command("TIME")
+        pipe.execute_command("PEXPIRETIME", p.m)
+        pipe.execute_command("PEXPIRETIME", p.f)
+        out = pipe.execute(raise_on_error=False)
+        t0, before, a, b, t1, em, ef = out
+        rm, rf = (a, b) if first_module else (b, a)
+        if t0 == t1:  # TIME frozen in MULTI (Redis >= 7.2, Valkey): close with a later one
+            t1 = self.r.time()
+        window = (t1[0] - t0[0]) * 1e6 + (t1[1] - t0[1]) + 2
+        tol = window + p.max_window_us
+        self.calls += 1
+        em_, ef_ = isinstance(rm, Exception), isinstance(rf, Exception)
+        if em_ or ef_:
+            if not (em_ and ef_) or str(rm) != str(rf):
+                raise Mismatch(f"{args}: errors differ: {rm!r} vs {rf!r}")
+            self.errors += 1
+            return
+        if bad:
+            raise Mismatch(f"{args}: expected an error, got {rm!r} / {rf!r}")
+        # Instants of the library's entries before the call (µs): a lease or hold ending
+        # within the tolerance of the call may have ended on one side only.
+        ends = []
+        if isinstance(before, dict):
+            before = [x for kv in before.items() for x in kv]
+        for k, v in zip(before[::2], before[1::2]):
+            if k not in (b"R", b"C", b"V"):
+                parts = v.split()
+                ends += [int(parts[3]), int(parts[6])]
+        call_us = t0[0] * 1e6 + t0[1]
+        near = any(call_us - tol <= e <= call_us + tol for e in ends)
+        try:
+            self.compare(rm, rf, tol, near)
+            if em != ef and abs(em - ef) > 1 + tol / 1000:
+                raise Mismatch(f"expiry {em} vs {ef}")
+        except Mismatch as e:
+            if near:
+                self.straddles.append(f"{args}: {e}")
+                idx = self.pairs.index(p)
+                self.pairs[idx] = SharePair()
+                return
+            raise Mismatch(f"{args} (protocol {self.protocol}, window {window:.0f} us, "
+                           f"tolerance {tol:.0f} us): {e}\n  module:  {rm!r}\n  library: "
+                           f"{rf!r}\n  library state before: {before!r}") from None
+        p.max_window_us = max(p.max_window_us, window)
+        self.equal += 1
+        self.shorts += rm[3] < int(args[4])
+        self.releases += any(str(x).upper() == "RELEASE" for x in args)
+
+    def compare(self, rm, rf, tol, near):
+        for i, what in ((0, "rate"), (1, "burst")):
+            if as_float(rm[i]) != as_float(rf[i]):
+                raise Mismatch(f"{what} {rm[i]!r} vs {rf[i]!r}")
+            if self.protocol == 3 and not isinstance(rf[i], float):
+                raise Mismatch(f"{what}: not a double under RESP3: {rf[i]!r}")
+        if rm[2] != rf[2] or rm[4] != rf[4]:
+            raise Mismatch(f"lease_ms / holders {rm[2]}, {rm[4]} vs {rf[2]}, {rf[4]}")
+        if rm[3] != rf[3] and abs(rm[3] - rf[3]) > 1 + tol / 1000:
+            raise Mismatch(f"refresh_ms {rm[3]} vs {rf[3]}")
+
+    def run(self):
+        random.seed(self.rng.random())
+        for _ in range(self.ops):
+            self.step()
+        rate = len(self.straddles) / max(1, self.calls)
+        for s in self.straddles[:12]:
+            print(f"    straddle: {s}")
+        # Each straddle is explained (an end within the tolerance); the bound is wider than
+        # the buckets' because a share key's boundaries are dense: with a 10 ms period a
+        # lease ends every 30 ms, and every call starts a 250 ms hold.
+        assert rate < MAX_SHARE_STRADDLE_RATE, f"straddles {rate:.4%} >= 2%"
+        return (f"{self.calls} pairs; {self.errors} error replies compared; "
+                f"{self.equal} replies equal, {self.shorts} short, {self.releases} "
+                f"releases; straddles {len(self.straddles)} ({100 * rate:.3f}%)")
+
+
+def share_cross_type_checks(server):
+    """Shares are not interchangeable with buckets, or between module and library."""
+    r = server.client()
+    r.execute_command("RL.SHARE", "xs:module", 10, 10, "h", 1, 1000)
+    r.execute_command("FCALL", "rl_share", 1, "xs:library", 10, 10, "h", 1, 1000)
+    r.execute_command("RL.TAKE", "xs:mbucket", 1, 1)
+    r.execute_command("FCALL", "rl_take", 1, "xs:lbucket", 1, 1)
+    wrong = "WRONGTYPE Operation against a key holding the wrong kind of value"
+    for c, want in [
+            (["RL.SHARE", "xs:library", 10, 10, "h", 1, 1000], wrong),
+            (["RL.TAKE", "xs:module", 1, 1], wrong),
+            (["FCALL", "rl_share", 1, "xs:module", 10, 10, "h", 1, 1000], wrong),
+            (["FCALL", "rl_share", 1, "xs:mbucket", 10, 10, "h", 1, 1000], wrong),
+            (["FCALL", "rl_share", 1, "xs:lbucket", 10, 10, "h", 1, 1000],
+             "WRONGTYPE the hash at this key is a bucket of this library, not a rate share"),
+            (["FCALL", "rl_take", 1, "xs:library", 1, 1],
+             "WRONGTYPE the hash at this key is not a bucket of this library (it is a rate "
+             "share of this library (rl_share))")]:
+        try:
+            r.execute_command(*c)
+        except redis.ResponseError as e:
+            assert str(e) == want, (c, str(e))
+            continue
+        raise AssertionError(f"{c} did not fail with WRONGTYPE")
+
+
+def run_shares(server, protocol, ops, seed):
+    return ShareRunner(server, protocol, seed, ops).run()

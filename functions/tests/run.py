@@ -509,6 +509,116 @@ def shadow():
         assert not r2.exists("k")
 
 
+def share(r, key, *args):
+    return r.execute_command("FCALL", "rl_share", 1, key, *args)
+
+
+@section("shares: rl_share alone (replies, key, expiry, errors, types, the holder bound)")
+def shares():
+    """RL.SHARE's library twin on a server without the module. The division itself is
+    compared with the module by the differential test; here: the reply shapes, what the key
+    holds, its expiry at the last lease or hold end, bad input writing nothing, WRONGTYPE
+    every way, and the 4096-holder bound."""
+    with Server() as s:
+        s.load_library()
+        r2, r3 = s.client(), s.client(protocol=3)
+        # A lone holder gets all of the rate and cap; the key expires at its lease end
+        # (3 periods after the call, by the server's clock).
+        got = expires_after(r2, "k", lambda: share(r2, "k", 100, 50, "a", 10, 60000), 180_000)
+        assert got == [b"100", b"50", 180000, 60000, 1], got
+        assert share(r3, "k3", 100, 50, "a", 10, 60000) == [100.0, 50.0, 180000, 60000, 1]
+        fields = r2.hgetall("k")
+        assert set(fields) == {b"R", b"C", b"61"} and (fields[b"R"], fields[b"C"]) == (b"100", b"50")
+        want, rate, burst, lease_end, held_rate, held_burst, held_until = fields[b"61"].split()
+        assert (float(want), float(rate), float(burst)) == (10, 100, 50)
+        assert (float(held_rate), float(held_burst)) == (0, 0)
+        assert int(lease_end) - int(held_until) == 180_000_000 - 250_000  # µs
+        # A newcomer gets what is free (nothing) and is told to come back; after a refresh
+        # halves a's share, a's old share is held 250 ms, then b gets its half.
+        assert share(r2, "k", 100, 50, "b\x00", 10, 60000) == [b"0", b"0", 180000, 60000, 2]
+        assert share(r2, "k", 100, 50, "a", 10, 60000)[:2] == [b"50", b"25"]
+        hold = int(r2.hget("k", "61").split()[6])
+        g = share(r2, "k", 100, 50, "b\x00", 10, 60000)
+        if server_ms(r2) * 1000 < hold:  # (a slow machine may be past the hold already)
+            assert g[:2] == [b"0", b"0"] and 10 <= g[3] <= 250, g
+        wait_for("a's hold ended", lambda: server_ms(r2) * 1000 > hold)
+        assert share(r2, "k", 100, 50, "b\x00", 10, 60000) == [b"50", b"25", 180000, 60000, 2]
+        assert r2.hexists("k", "6200")  # the id's bytes in hex
+        # RELEASE: gives the share up now (held 250 ms); of a holder without a lease it
+        # answers [0, 0, 0, period, holders] and writes nothing.
+        before = r2.hgetall("k"), r2.pexpiretime("k")
+        assert share(r2, "k", 100, 50, "nobody", 0, 60000, "RELEASE") == [b"0", b"0", 0, 60000, 2]
+        assert (r2.hgetall("k"), r2.pexpiretime("k")) == before
+        assert share(r2, "k", 100, 50, "a", 0, 60000, "RELEASE") == [b"0", b"0", 0, 60000, 1]
+        assert not r2.exists("gone")
+        assert share(r2, "gone", 100, 50, "a", 0, 60000, "release") == [b"0", b"0", 0, 60000, 0]
+        assert not r2.exists("gone")
+        # The last lease released: the key expires when the hold ends (250 ms), then it
+        # goes (a key that expired is a new share).
+        share(r2, "one", 10, 10, "a", 1, 100)
+        expires_after(r2, "one", lambda: share(r2, "one", 10, 10, "a", 1, 100, "RELEASE"), 250)
+        wait_for("the released share's key expired", lambda: not r2.exists("one"))
+        # VERSION: the newest limit governs.
+        assert share(r2, "v", 10, 10, "a", 1, 1000, "VERSION", 2)[:2] == [b"10", b"10"]
+        assert share(r2, "v", 99, 99, "a", 1, 1000, "VERSION", 1)[:2] == [b"10", b"10"]
+        assert r2.hget("v", "V") == b"2" and r2.hget("v", "R") == b"10"
+        assert share(r2, "v", 20, 20, "a", 1, 1000, "VERSION", 3)[:2] == [b"20", b"20"]
+        assert r2.hget("v", "V") == b"3" and r2.hget("v", "R") == b"20"
+        # Bad input: the module's errors, nothing written.
+        for args, want in [
+                (["x", 1, "h", 1, 100], "rate is not a number"),
+                ([0, 1, "h", 1, 100], "rate must be a finite number between 1e-9 and 1e15"),
+                ([1, 1, "", 1, 100], "holder must be 1 to 64 bytes"),
+                ([1, 1, "h" * 65, 1, 100], "holder must be 1 to 64 bytes"),
+                ([1, 1, "h", -1, 100], "want must be a finite number from 0 to 1e15"),
+                ([1, 1, "h", "x", 100], "want must be a finite number from 0 to 1e15"),
+                ([1, 1, "h", "inf", 100], "want must be a finite number from 0 to 1e15"),
+                ([1, 1, "h", 1, 9], "period_ms must be an integer from 10 to 3600000"),
+                ([1, 1, "h", 1, "1.5"], "period_ms must be an integer from 10 to 3600000"),
+                ([1, 1, "h", 1, 100, "RELEASE", "RELEASE"], "option 'RELEASE' given twice"),
+                ([1, 1, "h", 1, 100, "VERSION", "x"],
+                 "VERSION must be an integer from 0 to 9007199254740991"),
+                ([1, 1, "h", 1, 100, "SHADOW"], "unknown option 'SHADOW'"),
+                ([1, 1, "h", 1], "wrong number of arguments for 'RL.SHARE' command")]:
+            assert err(r2, "FCALL", "rl_share", 1, "bad", *args) == want, (args, want)
+        assert not r2.exists("bad")
+        # Types: a bucket, a user's hash, a string, a forged share are refused and
+        # untouched; bucket functions refuse a share.
+        fcall(r2, "rl_take", ["bucket"], 1, 10)
+        r2.hset("user", "name", "alice")
+        r2.set("str", "1")
+        for key, why in [("bucket", "is a bucket of this library, not a rate share"),
+                         ("user", "not a rate share of this library (a field that is neither"),
+                         ("str", "Operation against a key holding the wrong kind of value")]:
+            dump = r2.dump(key)
+            got = err(r2, "FCALL", "rl_share", 1, key, 1, 1, "h", 1, 100)
+            assert got.startswith("WRONGTYPE") and why in got, (key, got)
+            assert r2.dump(key) == dump
+        for field, value in [("61", "1 2 3"), ("61", "1 2 3 4 5 6 x"), ("61", "-1 0 0 1 0 0 1"),
+                             ("zz", "1"), ("R", "0"), ("V", "x")]:
+            r2.delete("forged")
+            share(r2, "forged", 10, 10, "a", 1, 60000)
+            r2.hset("forged", field, value)
+            dump = r2.dump("forged")
+            got = err(r2, "FCALL", "rl_share", 1, "forged", 10, 10, "a", 1, 60000)
+            assert got.startswith("WRONGTYPE") and "not a rate share" in got, (field, got)
+            assert r2.dump("forged") == dump
+        for cmd in EVERY_FUNCTION:
+            got = err(r2, "FCALL", cmd[0], 1, "k", *cmd[1:])
+            assert "it is a rate share of this library" in got, (cmd, got)
+        # At most 4096 entries: a new holder beyond them is refused, a known one refreshes.
+        # The table is written as rl_share writes it (4096 calls would take minutes: each
+        # reads the whole table), holders with a share of 1 and an hour's lease.
+        now_us = int(server_ms(r2) * 1000)
+        share(r2, "many", 1e6, 1e6, "h0", 1, 3600000)
+        entry = f"1 1 1 {now_us + 3_600_000_000} 0 0 {now_us + 250_000}"
+        r2.hset("many", mapping={f"h{i}".encode().hex(): entry for i in range(1, 4096)})
+        assert err(r2, "FCALL", "rl_share", 1, "many", 1e6, 1e6, "new", 1, 3600000) == \
+            "too many holders on this key (at most 4096)"
+        assert share(r2, "many", 1e6, 1e6, "h7", 1, 3600000)[4] == 4096
+        assert r2.hlen("many") == 4096 + 2
+
+
 @section("differential: module and library, same calls")
 def differential_all(protocol_list, ops, seed):
     with Server(module=True) as s:
@@ -522,6 +632,13 @@ def differential_all(protocol_list, ops, seed):
         for proto in protocol_list:
             stats = differential.run(s, proto, with_reserve, ops, seed + proto)
             print(f"   RESP{proto}: {stats.summary()}", flush=True)
+        if has_command(r, "RL.SHARE"):
+            differential.share_cross_type_checks(s)
+            for proto in protocol_list:
+                summary = differential.run_shares(s, proto, max(200, ops // 5), seed + 10 + proto)
+                print(f"   shares, RESP{proto}: {summary}", flush=True)
+        else:
+            print("   SKIPPED: rl_share not compared: the module under test has no RL.SHARE")
         # The module's own count of how VERSION decided (the library has no counters).
         info = r.info("everything")
         print("   module, versions: " + ", ".join(
@@ -559,6 +676,17 @@ def replication():
                 fcall(m, "rl_mtake", [k], 1, 10, 100)
             else:
                 fcall(m, "rl_reserve", [k], 10, 100, 5, 1000)
+        # Shares: their effects (HSET of the entry, R C V, HDEL of dead entries, PEXPIREAT).
+        skeys = [f"s{i}" for i in range(4)]
+        for i in range(300):
+            k = rnd.choice(skeys)
+            opts = ["RELEASE"] if rnd.random() < 0.1 else []
+            if rnd.random() < 0.2:
+                opts += ["VERSION", str(rnd.randint(0, 3))]
+            fcall(m, "rl_share", [k], rnd.choice([10, 100]), rnd.choice([5, 50]),
+                  rnd.choice("abcdef"), rnd.choice([0, 1, 10, 1000]), rnd.choice([10, 100, 5000]),
+                  *opts)
+        keys += skeys
         wait_for("the replica acknowledged", lambda: m.wait(1, 1000) == 1, 60)
         # Effects carry absolute expiries (PEXPIREAT): equal, not close. A key read on one
         # side only must have expired by the server's clock in between.
@@ -639,6 +767,8 @@ def main():
         foreign_hashes()
     if not only or "shadow" in only:
         shadow()
+    if not only or "shares" in only:
+        shares()
     if not only or "differential" in only:
         if os.path.exists(MODULE):
             differential_all([2, 3], ops, seed)
