@@ -11,6 +11,7 @@
 --   FCALL rl_peek    1 key                        (no-writes: FCALL_RO, replicas)
 --   FCALL rl_reserve 1 key rate cap n max_wait_ms [INIT tokens] [SHADOW] [VERSION v]
 --   FCALL rl_refund  1 key n
+--   FCALL rl_share   1 key rate cap holder want period_ms [RELEASE] [VERSION v]
 --
 -- Same arguments, replies, error texts and arithmetic as the module (core/src/*.rs); see
 -- docs/functions.md for where they differ (reply formatting only).
