@@ -1,10 +1,18 @@
 """Tests of the redis-rl Functions library (functions/rl.lua). Run by scripts/test-functions.
 
 Sections:
-  alone        the library on a server without the module: every function, every reply shape
-  differential module and library side by side, same random calls, RESP2 and RESP3
-  replication  effects reach a real replica equal (HGETALL, PTTL); rl_peek on the replica
-  cluster      three masters; single keys anywhere, rl_mtake with hash tags, CROSSSLOT
+  alone          the library on a server without the module: every function, every reply shape
+  lease_tables   the lease table appended to, pruned lazily, the 1024 bound exact
+  forged_hashes  stored texts validate no call; a table without x
+  foreign_hashes a hash that is not a bucket (a user's, the seed script's) is WRONGTYPE, untouched
+  shadow         SHADOW: decided and written as when enforcing, answered as granted
+  shares         rl_share alone: replies, key, expiry, errors, types, the 4096 bound
+  differential   module and library side by side, same random calls, RESP2 and RESP3
+                 (rl_share against RL.SHARE too when the module has it)
+  replication    effects reach a real replica equal (HGETALL, PEXPIRETIME); rl_peek there
+  cluster        three masters; single keys anywhere, rl_mtake with hash tags, CROSSSLOT
+
+No outcome depends on how fast the machine is (docs/functions.md, "Proven equal").
 
 RL_SERVER: the server binary (default redis-server); RL_MODULE: the module (default
 target/debug/libredis_rl.so); RL_FN_OPS: random calls per protocol (default 2500);
