@@ -86,7 +86,21 @@ local MAX_VERSION = 9007199254740991 -- 2^53 - 1: every version is an exact Lua 
 
 -- Errors: raised as a table, turned into the reply at the function's boundary.
 local function fail(msg) error({ rl = msg }, 0) end
-local function arity(name) fail('wrong number of arguments for \'' .. name .. '\' command') end
+-- Each command's usage, for arity errors: the same text as the module's, which makes it
+-- from its command table (protocol/commands.json; the tests check they agree).
+local USAGE = {
+    ['RL.TAKE'] = 'RL.TAKE key rate cap [n] [WITHSTATE] [INIT tokens] [SHADOW] [VERSION v]',
+    ['RL.LEASE'] = 'RL.LEASE key rate cap n ttl_ms [MIN m] [RETURN lease_id unused] [INIT tokens] [SHADOW] [VERSION v]',
+    ['RL.RETURN'] = 'RL.RETURN key lease_id unused',
+    ['RL.MTAKE'] = 'RL.MTAKE n key rate cap [key rate cap ...] [WITHSTATE] [INIT tokens] [SHADOW] [VERSION v]',
+    ['RL.PEEK'] = 'RL.PEEK key',
+    ['RL.RESERVE'] = 'RL.RESERVE key rate cap n max_wait_ms [INIT tokens] [SHADOW] [VERSION v]',
+    ['RL.REFUND'] = 'RL.REFUND key n',
+    ['RL.SHARE'] = 'RL.SHARE key rate cap holder want period_ms [RELEASE] [VERSION v]',
+}
+local function arity(name)
+    fail('wrong number of arguments for \'' .. name .. '\' command; usage: ' .. USAGE[name])
+end
 
 -- ---------------------------------------------------------------------------------------
 -- Exact nanosecond pairs (s, n).
@@ -1126,6 +1140,46 @@ end
 -- ---------------------------------------------------------------------------------------
 -- Commands.
 
+-- A number as Rust's Display writes an f64: the shortest digits that read back as it, never
+-- an exponent.
+local function plain(x)
+    local s
+    for p = 1, 17 do
+        s = string.format('%.' .. p .. 'g', x)
+        if tonumber(s) == x then break end
+    end
+    local mant, e = s:match('^(-?[%d.]+)e([-+]%d+)$')
+    if not mant then return s end
+    local neg = mant:sub(1, 1) == '-'
+    if neg then mant = mant:sub(2) end
+    local int, frac = mant:match('^(%d+)%.?(%d*)$')
+    local digits = int .. frac
+    local point = #int + tonumber(e)
+    local out
+    if point <= 0 then
+        out = '0.' .. string.rep('0', -point) .. digits
+    elseif point >= #digits then
+        out = digits .. string.rep('0', point - #digits)
+    else
+        out = digits:sub(1, point) .. '.' .. digits:sub(point + 1)
+    end
+    return (neg and '-' or '') .. out
+end
+
+-- `RL.TAKE key 15 30 60` is redis-cell's habit (`CL.THROTTLE key max_burst count period`):
+-- the n-over-cap error then says what the same limit is here (src/commands/take.rs).
+local function redis_cell_hint(a, na)
+    if na ~= 3 then return nil end
+    local burst, count, period = parse_integer(a[1]), parse_number(a[2]), parse_integer(a[3])
+    if not burst or not count or not period or period == 0 or count ~= count or count <= 0
+        or burst >= 2 ^ 53 then
+        return nil
+    end
+    return 'n must not exceed cap (if these are redis-cell\'s max_burst count period, the same '
+        .. 'limit here is RL.TAKE key ' .. plain(count / period) .. ' '
+        .. string.format('%d', burst + 1) .. ': rate in tokens per second, cap = max_burst + 1)'
+end
+
 -- RL.TAKE's options after rate and cap: [n] [WITHSTATE] [INIT tokens] [SHADOW] [VERSION v].
 -- Returns n, with_state, init, version (nil for none or 0), shadow.
 local function take_options(a, na, L, N)
@@ -1155,7 +1209,7 @@ local function take_options(a, na, L, N)
         end
         i = i + 1
     end
-    fits(n, L, 'n must not exceed cap')
+    if n > L.c then fail(redis_cell_hint(a, na) or 'n must not exceed cap') end
     return n, with_state, init, v, shadow
 end
 

@@ -19,11 +19,14 @@ target/debug/libredis_rl.so); RL_FN_OPS: random calls per protocol (default 2500
 RL_FN_SEED: the random seed (default: time-based, printed).
 """
 
+import json
 import os
+import re
 import random
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import redis
 
@@ -99,6 +102,20 @@ def err(r, *cmd):
     raise AssertionError(f"{cmd} did not fail")
 
 
+# Each command's usage, as the module's command table declares it.
+USAGE = {c["name"]: c["usage"] for c in json.loads(
+    (Path(__file__).resolve().parents[2] / "protocol" / "commands.json").read_text())["commands"]}
+
+
+@section("usage texts agree with protocol/commands.json")
+def usage_texts():
+    lua = (Path(__file__).resolve().parents[1] / "rl.lua").read_text()
+    table = dict(re.findall(r"\['(RL\.[A-Z]+)'\] = '([^']*)'", lua))
+    assert table, "no USAGE table in rl.lua"
+    for name, usage in table.items():
+        assert USAGE.get(name) == usage, (name, usage, USAGE.get(name))
+
+
 @section("library alone (no module)")
 def alone():
     with Server() as s:
@@ -143,7 +160,7 @@ def alone():
         # Errors.
         assert err(r2, "FCALL", "rl_take", 1, "e", "x", 1) == "rate is not a number"
         assert err(r2, "FCALL", "rl_take", 1, "e", 1) == \
-            "wrong number of arguments for 'RL.TAKE' command"
+            "wrong number of arguments for 'RL.TAKE' command; usage: " + USAGE["RL.TAKE"]
         assert err(r2, "FCALL", "rl_take", 1, "e", 1, 1, 1, "FOO") == "unknown option 'FOO'"
         # 1024 live leases, then the error.
         pipe = r2.pipeline(transaction=False)
@@ -513,7 +530,7 @@ def shadow():
                     ["rl_mtake", 1, "k", 1, 1, 1, "SHADOW", "SHADOW"]):
             assert err(r2, "FCALL", *cmd) == "option 'SHADOW' given twice", cmd
         assert err(r2, "FCALL", "rl_return", 1, "k", 1, 1, "SHADOW") == \
-            "wrong number of arguments for 'RL.RETURN' command"
+            "wrong number of arguments for 'RL.RETURN' command; usage: " + USAGE["RL.RETURN"]
         assert not r2.exists("k")
 
 
@@ -587,7 +604,8 @@ def shares():
                 ([1, 1, "h", 1, 100, "VERSION", "x"],
                  "VERSION must be an integer from 0 to 9007199254740991"),
                 ([1, 1, "h", 1, 100, "SHADOW"], "unknown option 'SHADOW'"),
-                ([1, 1, "h", 1], "wrong number of arguments for 'RL.SHARE' command")]:
+                ([1, 1, "h", 1], "wrong number of arguments for 'RL.SHARE' command; usage: "
+                 + USAGE["RL.SHARE"])]:
             assert err(r2, "FCALL", "rl_share", 1, "bad", *args) == want, (args, want)
         assert not r2.exists("bad")
         # Types: a bucket, a user's hash, a string, a forged share are refused and
@@ -765,6 +783,8 @@ def main():
     print(f"server {SERVER}; module {MODULE}; seed {seed}; {ops} calls per protocol")
     only = sys.argv[1:]
     started = time.time()
+    if not only or "usage" in only:
+        usage_texts()
     if not only or "alone" in only:
         alone()
     if not only or "lease_tables" in only:

@@ -84,7 +84,8 @@ fn redis_cell_hint(args: &Args) -> Option<Error> {
     let burst = args.integer(1, "").ok()?;
     let count = args.number(2, "").ok()?;
     let period = args.integer(3, "").ok()?;
-    if period == 0 || count.is_nan() || count <= 0.0 {
+    // Below 2^53, so the Functions library (Lua numbers) writes the same text.
+    if period == 0 || count.is_nan() || count <= 0.0 || burst >= 1 << 53 {
         return None;
     }
     let rate = count / period as f64;
