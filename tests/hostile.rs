@@ -294,7 +294,14 @@ fn corrupt_restore_payloads_are_errors_not_aborts() {
         .unwrap();
     // Encoding 3 carries the limit's version.
     let _: i64 = redis::cmd("RL.TAKE")
-        .arg(&["versioned", "0.01", "100", "7", "VERSION", "9007199254740991"])
+        .arg(&[
+            "versioned",
+            "0.01",
+            "100",
+            "7",
+            "VERSION",
+            "9007199254740991",
+        ])
         .query(&mut c)
         .unwrap();
     let _: Vec<i64> = redis::cmd("RL.LEASE")

@@ -391,20 +391,21 @@ fn equal_versions_with_other_limits_are_conflicts_and_resetstat_clears_the_count
     let _: () = query(&mut c, &["CONFIG", "RESETSTAT"]);
     assert_eq!(counters(&mut c), (0, 0, 0));
 
-    // Without VERSION on a bucket never versioned: as before, and version 0.
-    assert_eq!(take(&mut c, "plain", 1.0, 10.0, 3), 3);
-    assert_eq!(stored(&mut c, "plain"), (1.0, 10.0, 0));
+    // Without VERSION on a bucket never versioned: as before, and version 0. (Slow limits
+    // from here on: at 1/s "v" was full, and gone, a second later.)
+    assert_eq!(take(&mut c, "plain", 0.01, 10.0, 3), 3);
+    assert_eq!(stored(&mut c, "plain"), (0.01, 10.0, 0));
     // An unversioned call on a versioned bucket is an older version: stale.
-    take_v(&mut c, "v", (1.0, 10.0), 1, 1);
+    take_v(&mut c, "v", (0.01, 10.0), 1, 1);
     assert_eq!(take(&mut c, "v", 5.0, 50.0, 1), 1);
-    assert_eq!(stored(&mut c, "v"), (1.0, 10.0, 1));
+    assert_eq!(stored(&mut c, "v"), (0.01, 10.0, 1));
     assert_eq!(counters(&mut c), (0, 1, 0));
     // RL.REFUND and RL.RETURN keep the version.
     let _: f64 = query(&mut c, &["RL.REFUND", "v", "1"]);
     assert_eq!(peek_version(&mut c, "v"), 1);
     let l: Vec<i64> = query(
         &mut c,
-        &["RL.LEASE", "v", "1", "10", "3", "60000", "VERSION", "1"],
+        &["RL.LEASE", "v", "0.01", "10", "3", "60000", "VERSION", "1"],
     );
     let _: i64 = query(&mut c, &["RL.RETURN", "v", &l[1].to_string(), "1"]);
     assert_eq!(peek_version(&mut c, "v"), 1);
