@@ -313,7 +313,8 @@ fn stale_calls_are_decided_under_the_stored_limit() {
     assert!(after - now_ms > 100_000, "{expiry} -> {after} at {now_ms}");
 
     // A stored cap smaller than the stale call's n: the stored limit's error.
-    assert_eq!(take_v(&mut c, "small", (1.0, 5.0), 1, 3).0, 1);
+    // Slow limits: the buckets must not refill (or expire) while the calls below run.
+    assert_eq!(take_v(&mut c, "small", (0.001, 5.0), 1, 3).0, 1);
     let before = digest(&mut c, "small");
     let counted = counters(&mut c);
     for args in [
@@ -355,11 +356,11 @@ fn stale_calls_are_decided_under_the_stored_limit() {
         ],
     );
     assert_eq!(v[0], 4);
-    assert_eq!(stored(&mut c, "small"), (1.0, 5.0, 3));
+    assert_eq!(stored(&mut c, "small"), (0.001, 5.0, 3));
 
     // One VERSION for every bucket of RL.MTAKE, each compared with its own.
-    assert_eq!(take_v(&mut c, "old", (1.0, 10.0), 1, 1).0, 1);
-    assert_eq!(take_v(&mut c, "new", (1.0, 10.0), 1, 3).0, 1);
+    assert_eq!(take_v(&mut c, "old", (0.01, 10.0), 1, 1).0, 1);
+    assert_eq!(take_v(&mut c, "new", (0.01, 10.0), 1, 3).0, 1);
     let before = counters(&mut c);
     let v: Vec<Value> = query(
         &mut c,
@@ -369,7 +370,7 @@ fn stale_calls_are_decided_under_the_stored_limit() {
     );
     assert_eq!(v[0], Value::Int(1));
     assert_eq!(stored(&mut c, "old"), (2.0, 20.0, 2));
-    assert_eq!(stored(&mut c, "new"), (1.0, 10.0, 3));
+    assert_eq!(stored(&mut c, "new"), (0.01, 10.0, 3));
     let after = counters(&mut c);
     assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1));
 }
