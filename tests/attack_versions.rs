@@ -105,7 +105,8 @@ fn absent_then_call(
 /// version-2 call restores.
 fn stale_caller_after_the_key_went(c: &mut Connection, key: &str, v2: (&str, &str)) -> f64 {
     // A version-1 caller asks for its own (old, 100x larger) cap at once: a fresh bucket.
-    let got: i64 = query(c, &["RL.TAKE", key, "1", "1000", "1000", "VERSION", "1"]);
+    // (At 0.01/s: not a token refills before the next call, however slow the machine.)
+    let got: i64 = query(c, &["RL.TAKE", key, "0.01", "1000", "1000", "VERSION", "1"]);
     assert_eq!(
         got, 1000,
         "the documented case: a fresh bucket under version 1"
@@ -122,7 +123,7 @@ fn stale_caller_after_the_key_went(c: &mut Connection, key: &str, v2: (&str, &st
         Some((v2.0.parse().unwrap(), v2.1.parse().unwrap(), 2))
     );
     // And version 1 is stale again: its n above the stored cap is refused.
-    let r = call(c, &["RL.TAKE", key, "1", "1000", "1000", "VERSION", "1"]);
+    let r = call(c, &["RL.TAKE", key, "0.01", "1000", "1000", "VERSION", "1"]);
     assert!(r.is_err(), "a stale call got {r:?}");
     got as f64
 }
