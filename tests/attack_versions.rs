@@ -63,15 +63,16 @@ fn call<T: AsRef<str>>(c: &mut Connection, args: &[T]) -> redis::RedisResult<Val
     cmd.query(c)
 }
 
-/// Which of `keys` are missing as `args` finds them, and its reply: `EXISTS` and the call
-/// in one `MULTI`/`EXEC`, where the server's time stands still, so no key can expire in
-/// between (as it could between two round trips on a busy machine). A call that fails
-/// changes nothing: then the keys are looked at afterwards.
-fn absent_then_call(
+/// Which of `keys` exist just before and just after `args`, and its reply: `EXISTS`, the
+/// call and `EXISTS` again in one `MULTI`/`EXEC`, where the server's time stands still, so
+/// no key can expire in between (as it could between two round trips on a busy machine: a
+/// bucket at 330000/s is full, and its key gone, a millisecond after a grant). A call that
+/// fails changes nothing: then the keys are looked at afterwards.
+fn exists_around_call(
     c: &mut Connection,
     keys: &[&str],
     args: &[String],
-) -> (Vec<bool>, redis::RedisResult<Value>) {
+) -> (Vec<bool>, Vec<bool>, redis::RedisResult<Value>) {
     let mut pipe = redis::pipe();
     pipe.atomic();
     for key in keys {
@@ -80,16 +81,24 @@ fn absent_then_call(
     let mut cmd = redis::cmd(&args[0]);
     cmd.arg(&args[1..]);
     pipe.add_command(cmd);
+    for key in keys {
+        pipe.cmd("EXISTS").arg(*key);
+    }
+    let found = |v: &[Value]| -> Vec<bool> {
+        v.iter()
+            .map(|v| redis::from_redis_value::<i64>(v).unwrap() == 1)
+            .collect()
+    };
     match pipe.query::<Vec<Value>>(c) {
-        Ok(mut replies) => {
-            let reply = replies.pop().expect("EXEC replies");
-            let absent = replies
-                .iter()
-                .map(|v| redis::from_redis_value::<i64>(v).unwrap() == 0)
-                .collect();
-            (absent, Ok(reply))
+        Ok(replies) => {
+            let n = keys.len();
+            let (before, after) = (found(&replies[..n]), found(&replies[n + 1..]));
+            (before, after, Ok(replies[n].clone()))
         }
-        Err(e) => (keys.iter().map(|key| !exists(c, key)).collect(), Err(e)),
+        Err(e) => {
+            let now: Vec<bool> = keys.iter().map(|key| exists(c, key)).collect();
+            (now.clone(), now, Err(e))
+        }
     }
 }
 
@@ -349,7 +358,8 @@ fn version_and_limit_flapping_never_mints() {
         // Which keys exist before: a missing one starts a new lifetime (a full bucket
         // under the limit that creates it, or INIT).
         let before = std::time::Instant::now();
-        let (absent, reply) = absent_then_call(&mut c, &keys, &args);
+        let (existed, exist_after, reply) = exists_around_call(&mut c, &keys, &args);
+        let absent: Vec<bool> = existed.iter().map(|e| !e).collect();
         let after = std::time::Instant::now();
         if std::env::var("TRACE").is_ok() {
             eprintln!("{step}: {args:?} absent {absent:?} -> {reply:?}");
@@ -389,7 +399,7 @@ fn version_and_limit_flapping_never_mints() {
             grants += 1;
         }
         for &(j, _) in &touched {
-            if absent[j] && exists(&mut c, keys[j]) {
+            if absent[j] && exist_after[j] {
                 let start = touched.iter().find(|x| x.0 == j).unwrap().1;
                 ledgers[j] = Some(Ledger {
                     start,
