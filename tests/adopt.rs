@@ -26,19 +26,23 @@ fn thousand_keys_carry_their_level_over() {
     let s = Server::start(&["--rl.adopt-script-keys", "yes"]);
     let mut c = s.conn();
     let (rate, cap) = (0.01, 100.0);
+    // Each key's level and the server time the script stored it at (seconds, as Lua
+    // prints a number: 14 significant digits, so 1e-4 s).
     let mut levels = Vec::new();
     for i in 0..1000u64 {
         let key = format!("api:{i}");
         script(&mut c, &key, "0.01", "100", i % 100);
         let t: f64 = query(&mut c, &["HGET", &key, "tokens"]);
-        levels.push(t);
+        let ts: f64 = query(&mut c, &["HGET", &key, "ts"]);
+        levels.push((t, ts));
     }
-    let start = std::time::Instant::now();
     let mut full = 0;
-    for (i, level) in levels.iter().enumerate() {
+    for (i, (level, ts)) in levels.iter().enumerate() {
         let key = format!("api:{i}");
         let (granted, remaining, _, _) = take_state(&mut c, &key, rate, cap, 1);
-        let refill = start.elapsed().as_secs_f64() * rate + 0.01;
+        // At most the refill of the server time from the script's write to now.
+        let now = (server_ms(&mut c) + 1) as f64 / 1000.0;
+        let refill = (now - ts + 1e-4) * rate + 1e-9;
         let expect = level - 1.0;
         assert_eq!(granted, 1, "{key} at {level}");
         assert!(remaining >= expect - 1e-9, "{key}: {remaining} < {expect}");

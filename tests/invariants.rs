@@ -422,14 +422,21 @@ fn guard_expiry_is_time_to_full_after_every_kind_of_write() {
     let mut c = master.conn();
     let pexpiretime =
         |c: &mut Connection, k: &str| -> i64 { redis::cmd("PEXPIRETIME").arg(k).query(c).unwrap() };
-    // A slow bucket: full_at far from now, so a few ms of test time do not matter.
-    let peek_reset = |c: &mut Connection, k: &str| -> i64 {
-        let v: Vec<Value> = redis::cmd("RL.PEEK").arg(k).query(c).unwrap();
-        match &v[7] {
-            Value::Int(n) => *n,
-            other => panic!("{other:?}"),
-        }
-    };
+    // The key's expiry, and the moment PEEK says the bucket is full: its reset_after_ms
+    // from the server time PEEK ran at (bracketed by two TIME readings; 1 ms each side for
+    // rounding).
+    let expiry_and_full_at =
+        |c: &mut Connection, k: &str| -> (i64, std::ops::RangeInclusive<i64>) {
+            let at = pexpiretime(c, k);
+            let before = server_ms(c);
+            let v: Vec<Value> = redis::cmd("RL.PEEK").arg(k).query(c).unwrap();
+            let after = server_ms(c);
+            let reset = match &v[7] {
+                Value::Int(n) => *n,
+                other => panic!("{other:?}"),
+            };
+            (at, before + reset - 1..=after + reset + 1)
+        };
     assert_eq!(int(&mut c, &["RL.TAKE", "k", "0.01", "100", "10"]), 10);
     for tamper in [
         vec!["PERSIST", "k"],
@@ -442,13 +449,10 @@ fn guard_expiry_is_time_to_full_after_every_kind_of_write() {
             vec!["RL.MTAKE", "1", "k", "0.01", "100"],
         ] {
             let _: Value = cmd(&mut c, &write).unwrap();
-            let now_ms = (now_ns() / 1_000_000) as i64;
-            let at = pexpiretime(&mut c, "k");
-            let reset = peek_reset(&mut c, "k");
+            let (at, full_at) = expiry_and_full_at(&mut c, "k");
             assert!(
-                (at - (now_ms + reset)).abs() <= 50,
-                "{tamper:?} then {write:?}: PEXPIRETIME {at}, time-to-full {}",
-                now_ms + reset
+                full_at.contains(&at),
+                "{tamper:?} then {write:?}: PEXPIRETIME {at}, full at {full_at:?}"
             );
             let _: Value = cmd(&mut c, &tamper).unwrap();
         }
@@ -460,13 +464,10 @@ fn guard_expiry_is_time_to_full_after_every_kind_of_write() {
         .unwrap();
     let _: i64 = redis::cmd("PERSIST").arg("k").query(&mut c).unwrap();
     let _ = int(&mut c, &["RL.RETURN", "k", &v[1].to_string(), "0"]);
-    let now_ms = (now_ns() / 1_000_000) as i64;
-    let at = pexpiretime(&mut c, "k");
-    let reset = peek_reset(&mut c, "k");
+    let (at, full_at) = expiry_and_full_at(&mut c, "k");
     assert!(
-        (at - (now_ms + reset)).abs() <= 50,
-        "after RETURN: {at} vs {}",
-        now_ms + reset
+        full_at.contains(&at),
+        "after RETURN: PEXPIRETIME {at}, full at {full_at:?}"
     );
     // RESTORE ... 0 then a write.
     let payload = dump(&mut c, "k");

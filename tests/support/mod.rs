@@ -557,3 +557,32 @@ pub fn peek_tokens(c: &mut Connection, key: &str) -> Option<f64> {
         .position(|x| redis::from_redis_value::<String>(x).is_ok_and(|s| s == "tokens"))?;
     redis::from_redis_value(&items[at + 1]).ok()
 }
+
+/// The server's clock (`TIME`) in whole milliseconds since the epoch. Tests bracket a
+/// command with two readings (`before <= when it ran <= after`) and compare expiries,
+/// waits and refill against them, so that time passing on a slow or busy machine widens
+/// the bracket instead of failing the test.
+pub fn server_ms(c: &mut Connection) -> i64 {
+    let (s, us): (String, String) = redis::cmd("TIME").query(c).unwrap();
+    s.parse::<i64>().unwrap() * 1000 + us.parse::<i64>().unwrap() / 1000
+}
+
+/// Asserts that `key` expires `ttl` ms (a range, as the command computed it) after the
+/// write that set it, which ran between the server times `during.0` and `during.1`
+/// ([`server_ms`]); one ms of slack each side for rounding to whole ms.
+pub fn assert_expires_in(
+    c: &mut Connection,
+    key: &str,
+    during: (i64, i64),
+    ttl: std::ops::RangeInclusive<i64>,
+) {
+    let at: i64 = redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap();
+    let (lo, hi) = (during.0 + ttl.start() - 1, during.1 + ttl.end() + 1);
+    assert!(
+        (lo..=hi).contains(&at),
+        "{key}: PEXPIRETIME {at}, expected {ttl:?} ms after the write (server time {}..={}): \
+         {lo}..={hi}",
+        during.0,
+        during.1
+    );
+}
