@@ -163,3 +163,34 @@ fn replicas_and_aof_hold_the_same_bucket() {
     let _: String = query(&mut m, &["DEBUG", "LOADAOF"]);
     assert_eq!(dataset_digest(&mut m), before, "AOF replay");
 }
+
+/// RL.RESERVE adopts the script's hash too, at its level (docs/migrating.md lists it with
+/// RL.TAKE, RL.LEASE and RL.MTAKE); RL.PEEK, RL.RETURN and RL.REFUND do not.
+#[test]
+fn reserve_adopts_at_the_scripts_level_and_readers_do_not() {
+    let s = Server::start(&["--rl.adopt-script-keys", "yes"]);
+    let mut c = s.conn();
+    // Left with 2 of 100 tokens, refilling one every 100 s.
+    script(&mut c, "r", "0.01", "100", 98);
+    for args in [
+        &["RL.PEEK", "r"][..],
+        &["RL.RETURN", "r", "1", "1"],
+        &["RL.REFUND", "r", "1"],
+    ] {
+        let mut cmd = redis::cmd(args[0]);
+        cmd.arg(&args[1..]);
+        let e = cmd.query::<redis::Value>(&mut c).unwrap_err();
+        assert!(e.to_string().contains("WRONGTYPE"), "{args:?}: {e}");
+        assert_eq!(kind(&mut c, "r"), "hash", "{args:?} adopted it");
+    }
+    // Three tokens: two are there, the third comes in (up to) 100 s, within max_wait.
+    let v: Vec<redis::Value> = query(&mut c, &["RL.RESERVE", "r", "0.01", "100", "3", "200000"]);
+    assert_eq!(v[0], redis::Value::Int(3), "{v:?}");
+    let wait: i64 = redis::from_redis_value(&v[1]).unwrap();
+    assert!(
+        (1..=100_000).contains(&wait),
+        "waited {wait} ms: not the script's level"
+    );
+    assert_eq!(kind(&mut c, "r"), "rl-bucket");
+    assert_eq!(info_field(&mut c, "rl", "rl_adopted"), 1);
+}

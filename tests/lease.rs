@@ -677,8 +677,9 @@ fn bad_input_is_an_error_and_changes_nothing() {
         info_field(&mut c, "persistence", "rdb_changes_since_last_save"),
         changes
     );
-    // Redis itself answers calls with a wrong number of arguments (the declared arity:
-    // RL.RETURN exactly 4, RL.LEASE at least 6, the name included).
+    // Calls with a wrong number of arguments are refused before the command runs, and not
+    // counted (the declared arity: RL.RETURN exactly 4, RL.LEASE at least 6, the name
+    // included).
     let arity = |a: &Vec<&str>| {
         if a[0] == "RL.RETURN" {
             a.len() == 4
