@@ -1,5 +1,5 @@
 //! `rl.adopt-script-keys yes`: a command that carries a limit (`RL.TAKE`, `RL.LEASE`,
-//! `RL.MTAKE`) on a key holding the seed Lua script's hash (exactly the fields `tokens` and
+//! `RL.RESERVE`, `RL.MTAKE`) on a key holding the seed Lua script's hash (exactly the fields `tokens` and
 //! `ts`, as `scripts/token_bucket.lua` writes them) reads it as a bucket at the same level,
 //! refilled to now under the call's limit (never above cap, rounded toward fewer tokens).
 //! The hash is replaced by the bucket when the call writes (a grant); a denial leaves it as
