@@ -1,8 +1,8 @@
 //! `rl.adopt-script-keys yes`: a command that carries a limit (`RL.TAKE`, `RL.LEASE`,
-//! `RL.RESERVE`, `RL.MTAKE`) on a key holding the seed Lua script's hash (exactly the fields `tokens` and
-//! `ts`, as `scripts/token_bucket.lua` writes them) reads it as a bucket at the same level,
-//! refilled to now under the call's limit (never above cap, rounded toward fewer tokens).
-//! The hash is replaced by the bucket when the call writes (a grant); a denial leaves it as
+//! `RL.RESERVE`, `RL.MTAKE`) on a key holding the seed Lua script's hash (exactly the fields
+//! `tokens` and `ts`, as `scripts/token_bucket.lua` writes them) reads it as a bucket at the
+//! same level, refilled to now under the call's limit (never above cap, rounded toward fewer
+//! tokens). The hash is replaced by the bucket when the call writes (a grant); a denial leaves it as
 //! it is (it holds the same level, and denials write nothing). The replacement replicates
 //! as `DEL key` then the bucket's `RL.SETSTATE`, in one transaction, so replicas and the
 //! AOF hold the same bucket. Any other hash, or adoption off: `WRONGTYPE`.
