@@ -253,6 +253,7 @@ fn source_code(s: Source) -> u8 {
         Source::Server => b'S',
         Source::Lease => b'L',
         Source::Fallback => b'F',
+        Source::Share => b'H',
     }
 }
 
