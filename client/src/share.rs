@@ -142,6 +142,8 @@ struct Inner<C: RedisConnection> {
     backend: Selector,
     state: Mutex<Holder>,
     closed: AtomicBool,
+    /// [`ShareLimiter::abandon`]: no refresh, no release.
+    abandoned: AtomicBool,
     refresher: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
@@ -287,6 +289,7 @@ impl<C: RedisConnection> ShareLimiter<C> {
                 failure: None,
             }),
             closed: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
             refresher: Mutex::new(None),
         });
         Inner::start(&inner, &runtime);
@@ -385,6 +388,17 @@ impl<C: RedisConnection> ShareLimiter<C> {
         ))
     }
 
+    /// Stops refreshing and never releases, as a holder whose process died: the share
+    /// ends with its lease on the server, and takes go on from what is left of it. For
+    /// failure drills (the incident replay kills an instance with it) and tests.
+    pub fn abandon(&self) {
+        let inner = &self.inner;
+        inner.abandoned.store(true, Ordering::Release);
+        if let Some(task) = lock(&inner.refresher).take() {
+            task.abort();
+        }
+    }
+
     /// Gives the share back (`RL.SHARE ... RELEASE`: the server hands it to the others once
     /// its hold ends) and stops refreshing; later takes answer [`Error::Closed`]. Waits for
     /// the answer up to the limiter's timeout. The release runs on a task of its own: a
@@ -429,7 +443,7 @@ impl<C: RedisConnection> Inner<C> {
         holder.failure = None;
         drop(holder);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            if !self.closed.load(Ordering::Acquire) {
+            if !self.closed.load(Ordering::Acquire) && !self.abandoned.load(Ordering::Acquire) {
                 Inner::start(self, &runtime);
             }
         }
@@ -553,7 +567,7 @@ impl<C: RedisConnection> Drop for Inner<C> {
     /// multi-threaded runtime the release is sent before the drop ends; in a task it is
     /// spawned; without a runtime the share ends with its lease on the server.
     fn drop(&mut self) {
-        if self.closed.load(Ordering::Acquire) {
+        if self.closed.load(Ordering::Acquire) || self.abandoned.load(Ordering::Acquire) {
             return;
         }
         if let Some(task) = lock(&self.refresher).take() {

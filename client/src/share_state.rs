@@ -255,6 +255,11 @@ impl ShareState {
         let lease_end = sent
             .saturating_add(grant.lease)
             .saturating_sub(drift_margin(grant.lease));
+        if self.fallback.is_some() {
+            // What the policy let the bucket earn is not the server's: a share after an
+            // outage starts empty, as a new holder's.
+            self.bucket = LocalBucket::empty(now);
+        }
         self.hold_end = None;
         self.fallback = None;
         self.allow_spent = false;
