@@ -106,6 +106,12 @@ impl ArgDoc {
             raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
         )
     }
+    pub const fn string(name: &'static CStr) -> ArgDoc {
+        ArgDoc::new(
+            name,
+            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
+        )
+    }
     pub const fn integer(name: &'static CStr) -> ArgDoc {
         ArgDoc::new(
             name,

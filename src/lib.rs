@@ -18,10 +18,11 @@ mod permits;
 mod propagate;
 mod reply;
 mod resetstat;
+mod share;
 mod stats;
 mod stored;
 
-use ffi::{BUCKET_TYPE, PERMIT_TYPE};
+use ffi::{BUCKET_TYPE, PERMIT_TYPE, SHARE_TYPE};
 use redis_module::configuration::ConfigurationFlags;
 use redis_module::{redis_module, Context, RedisString, Status};
 
@@ -78,7 +79,7 @@ redis_module! {
     name: "rl",
     version: 1,
     allocator: (Allocator, ALLOCATOR),
-    data_types: [BUCKET_TYPE, PERMIT_TYPE],
+    data_types: [BUCKET_TYPE, PERMIT_TYPE, SHARE_TYPE],
     init: init,
     commands: [],
     // The macro wants every kind listed when module args are configs.

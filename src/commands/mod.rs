@@ -10,7 +10,9 @@ pub mod refund;
 pub mod reserve;
 pub mod return_lease;
 pub mod setpermits;
+pub mod setshares;
 pub mod setstate;
+pub mod share;
 pub mod stats;
 pub mod take;
 pub mod top;
@@ -350,6 +352,38 @@ const SETSTATE_ARGS: &[ArgDoc] = &[
     },
 ];
 
+const SHARE_ARGS: &[ArgDoc] = &[
+    KEY,
+    RATE,
+    CAP,
+    ArgDoc::string(c"holder"),
+    ArgDoc::double(c"want"),
+    ArgDoc::integer(c"period_ms"),
+    ArgDoc::flag(c"RELEASE"),
+    VERSION,
+];
+const SHARE_ENTRY: &[ArgDoc] = &[
+    ArgDoc::string(c"holder"),
+    ArgDoc::double(c"want"),
+    ArgDoc::double(c"rate"),
+    ArgDoc::double(c"burst"),
+    ArgDoc::integer(c"lease_end"),
+    ArgDoc::double(c"held_rate"),
+    ArgDoc::double(c"held_burst"),
+    ArgDoc::integer(c"held_until"),
+];
+const SETSHARES_ARGS: &[ArgDoc] = &[
+    KEY,
+    RATE,
+    CAP,
+    ArgDoc::integer(c"version"),
+    ArgDoc::integer(c"t").after(c"PRUNE"),
+    ArgDoc {
+        token: Some(c"SET"),
+        ..ArgDoc::block(c"entry", SHARE_ENTRY)
+    },
+];
+
 /// Every command, as Redis is told about it (registered in this order at load).
 pub static COMMANDS: &[Spec] = &[
     Spec {
@@ -497,6 +531,33 @@ pub static COMMANDS: &[Spec] = &[
         acl: c"write admin dangerous",
         internal: true,
         args: SETPERMITS_ARGS,
+    },
+    Spec {
+        name: c"RL.SHARE",
+        func: share::share,
+        counting: Counting::Here,
+        flags: c"write deny-oom",
+        keys: Keys::OneWritten,
+        arity: -7,
+        summary: c"Leases a holder its share of a rate (and of the cap, as a burst), divided max-min fair among the live holders",
+        complexity: c"O(H) where H is the number of holders on the key (at most 4096)",
+        acl: c"write",
+        internal: false,
+        args: SHARE_ARGS,
+    },
+    // Not for clients: the effect of RL.SHARE.
+    Spec {
+        name: c"RL.SETSHARES",
+        func: setshares::setshares,
+        counting: Counting::Elsewhere,
+        flags: c"write deny-oom",
+        keys: Keys::OneWritten,
+        arity: -14,
+        summary: c"Internal: sets a share key's limit and one holder (what replicas and the AOF receive)",
+        complexity: c"O(H) where H is the number of holders on the key (at most 4096)",
+        acl: c"write admin dangerous",
+        internal: true,
+        args: SETSHARES_ARGS,
     },
     // Observers: not counted in `calls`.
     Spec {

@@ -25,7 +25,7 @@ extern "C" fn entry<const I: usize>(
 }
 
 /// One entry point per slot of [`COMMANDS`] (a test checks there are enough).
-const ENTRIES: [raw::RedisModuleCmdFunc; 16] = [
+const ENTRIES: [raw::RedisModuleCmdFunc; 20] = [
     Some(entry::<0>),
     Some(entry::<1>),
     Some(entry::<2>),
@@ -42,6 +42,10 @@ const ENTRIES: [raw::RedisModuleCmdFunc; 16] = [
     Some(entry::<13>),
     Some(entry::<14>),
     Some(entry::<15>),
+    Some(entry::<16>),
+    Some(entry::<17>),
+    Some(entry::<18>),
+    Some(entry::<19>),
 ];
 
 /// Registers every command of [`COMMANDS`] (and the `ratelimit` ACL category first, where

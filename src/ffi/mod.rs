@@ -51,7 +51,7 @@ pub use effects::{emit_aof, replicate, Aof, EffectArg};
 pub use info::{register_info, Info};
 pub use key::{Access, KeyKind, OpenKey, Value};
 pub use reply::{reply, reply_error, reply_wrong_arity};
-pub use types::{Digest, Io, BUCKET_TYPE, PERMIT_TYPE};
+pub use types::{Digest, Io, BUCKET_TYPE, PERMIT_TYPE, SHARE_TYPE};
 
 use redis_module::raw;
 use std::cell::UnsafeCell;
@@ -182,7 +182,10 @@ pub fn check() -> Result<(), &'static str> {
         RedisModule_HashGet,
         RedisModule_ValueLength,
         RedisModule_InfoBeginDictField,
-        RedisModule_InfoEndDictField
+        RedisModule_InfoEndDictField,
+        RedisModule_SaveStringBuffer,
+        RedisModule_LoadStringBuffer,
+        RedisModule_Free
     );
     Ok(())
 }
