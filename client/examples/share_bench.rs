@@ -184,7 +184,11 @@ fn share_calls(conn: &mut redis::Connection) -> Res<u64> {
     let info: String = redis::cmd("INFO").arg("commandstats").query(conn)?;
     Ok(info
         .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_rl.share:"))
+        .find_map(|l| {
+            // Module commands show in upper case.
+            let (name, v) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("cmdstat_rl.share").then_some(v)
+        })
         .and_then(|v| v.split(',').find_map(|p| p.strip_prefix("calls=")))
         .and_then(|n| n.parse().ok())
         .unwrap_or(0))

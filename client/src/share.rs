@@ -24,7 +24,8 @@ pub struct ShareConfig {
     /// sooner). A share is leased for three periods. Between 10 ms and an hour; default 1 s.
     pub period: Duration,
     /// How much more than its measured demand a holder asks for (`want = demand * (1 +
-    /// headroom)`), so that a holder that could use more asks for more. Default 0.5.
+    /// headroom)`), so that a holder that could use more asks for more. Default 0.25: a
+    /// holder below its share leaves the rest to the others but a fifth of its demand.
     pub headroom: f64,
     /// How long the `Allow` policy lets out `rate / holders` (the last known holders) in
     /// one outage once no share may be used; after it, nothing until Redis answers.
@@ -40,7 +41,7 @@ impl Default for ShareConfig {
     fn default() -> Self {
         ShareConfig {
             period: Duration::from_secs(1),
-            headroom: 0.5,
+            headroom: 0.25,
             allow_for: Duration::from_secs(30),
             limiter: LimiterConfig::default(),
         }
@@ -340,9 +341,13 @@ impl<C: RedisConnection> ShareLimiter<C> {
             answer.errored(&Error::Closed);
             return Err(Error::Closed);
         }
-        inner.adopt_fork();
         let local = {
             let mut holder = lock(&inner.state);
+            if holder.generation != forks() {
+                drop(holder);
+                inner.adopt_fork();
+                holder = lock(&inner.state);
+            }
             if let Some(failure) = &holder.failure {
                 let e = failure.error();
                 drop(holder);
