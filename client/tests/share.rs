@@ -180,9 +180,11 @@ async fn a_fleet_of_threads_stays_within_the_bound_in_every_window() {
         .iter()
         .map(|l| l.metrics().snapshot().redis_calls)
         .sum();
-    assert_eq!(
-        counted, calls,
-        "every call the server saw is counted by the clients"
+    // The clients count every call that ended; a refresh in the air when `close` stopped
+    // its task may have reached the server uncounted: at most one per holder.
+    assert!(
+        counted <= calls && calls - counted <= instances as u64,
+        "clients counted {counted}, the server {calls}"
     );
 }
 
