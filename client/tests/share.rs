@@ -518,3 +518,40 @@ fn a_forked_child_is_a_new_holder() {
     assert_eq!(l.holder_id(), parent_id);
     runtime.block_on(l.close()).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_promoted_after_failover_counts_the_shares_held() {
+    let mut master = Server::start();
+    let replica = Server::start();
+    replica.replicate(&master);
+    let limit = Limit::new(100.0, 20.0).unwrap();
+    let a = holder(&master, limit, FailurePolicy::Deny);
+    eventually(60, "a share on the master", || a.share().rate > 0.0).await;
+    replica.synced_with(&master);
+    // The master dies; the replica is promoted; a second holder comes to it.
+    master.stop();
+    let failed = Instant::now();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut replica.conn())
+        .unwrap();
+    // The promoted replica has the master's holder table: A's share is counted until its
+    // lease ends (at least two periods after the failover), so nothing is minted.
+    let counted = holders(&replica, KEY, limit);
+    assert!(
+        counted == 1 || failed.elapsed() >= Duration::from_millis(500),
+        "the replica did not count the master's holder: {counted}"
+    );
+    let b = holder(&replica, limit, FailurePolicy::Deny);
+    eventually(60, "the whole rate for the holder left", || {
+        b.share().rate >= 99.0
+    })
+    .await;
+    // A cannot refresh (its Redis is gone): once its lease ends, its policy (Deny) decides.
+    eventually(60, "A's policy", || {
+        a.try_take(1).unwrap().source == Source::Fallback
+    })
+    .await;
+    b.close().await.unwrap();
+}

@@ -91,6 +91,17 @@ impl Server {
         )
     }
 
+    /// Makes this server a replica of `master`, in sync.
+    pub fn replicate(&self, master: &Server) {
+        kit::replicate(&self.inner, &master.inner);
+        kit::wait_synced(&master.inner, &self.inner);
+    }
+
+    /// Waits until this replica has everything `master` sent so far.
+    pub fn synced_with(&self, master: &Server) {
+        kit::wait_synced(&master.inner, &self.inner);
+    }
+
     /// `RL.PEEK`'s tokens of `key` (`None`: no key, a full bucket).
     pub fn tokens(&self, key: &str) -> Option<f64> {
         kit::peek_tokens(&mut self.conn(), key)
