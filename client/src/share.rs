@@ -14,7 +14,7 @@ use crate::fallback::lock;
 use crate::lazy::LazyConnection;
 use crate::limiter::check_request;
 use crate::protocol::{share_cmd, share_reply};
-use crate::share_state::{By, Grant, Policy, ShareState, MS};
+use crate::share_state::{By, Demand, Grant, Policy, ShareState, MS};
 use crate::{Decision, Error, LimiterConfig, Metrics, Source};
 
 /// Settings of a [`ShareLimiter`].
@@ -141,7 +141,19 @@ struct Inner<C: RedisConnection> {
     policy: Policy,
     metrics: Arc<Metrics>,
     backend: Selector,
+    /// The takers' state. The refresh task never waits for this lock (a thread taking in a
+    /// tight loop would starve it): it posts what happened to `mail`, which the next take
+    /// (or `share()`) applies, in order, before deciding.
     state: Mutex<Holder>,
+    mail: Mutex<Vec<Event>>,
+    has_mail: AtomicBool,
+    /// The holder id and the process generation it was made in (a copy of the holder's,
+    /// for the refresh task).
+    id: Mutex<(Vec<u8>, u64)>,
+    /// Tokens asked for so far (granted or denied): the demand the refresh measures.
+    attempted: AtomicU64,
+    /// The refresh task's own: the measured demand, and the attempts already counted in it.
+    demand: Mutex<(Demand, u64)>,
     closed: AtomicBool,
     /// [`ShareLimiter::abandon`]: no refresh, no release.
     abandoned: AtomicBool,
@@ -172,6 +184,28 @@ impl Failure {
             Failure::Config(t) => Error::Config(t),
         }
     }
+}
+
+/// What the refresh task saw, for the takers to apply (times: monotonic ns).
+#[derive(Debug, Clone)]
+enum Event {
+    /// A call was sent (the old share ends at `sent + HOLD` unless answered).
+    Sending { sent: u64, generation: u64 },
+    /// Its answer arrived at `at`.
+    Answered {
+        sent: u64,
+        grant: Grant,
+        at: u64,
+        generation: u64,
+    },
+    /// It was an outage; `refused`: it never left this process.
+    Outage {
+        refused: bool,
+        at: u64,
+        generation: u64,
+    },
+    /// It was answered with an error reply.
+    Failed { failure: Failure, generation: u64 },
 }
 
 #[derive(Debug)]
@@ -267,6 +301,7 @@ impl<C: RedisConnection> ShareLimiter<C> {
         })?;
         watch_forks();
         let now = mono_ns();
+        let id = new_holder_id();
         let policy = Policy {
             policy: config.limiter.policy,
             rate: limit.rate(),
@@ -283,12 +318,17 @@ impl<C: RedisConnection> ShareLimiter<C> {
             config,
             metrics,
             state: Mutex::new(Holder {
-                id: new_holder_id(),
+                id: id.clone(),
                 generation: forks(),
                 state: ShareState::new(now),
                 down: false,
                 failure: None,
             }),
+            mail: Mutex::new(Vec::new()),
+            has_mail: AtomicBool::new(false),
+            id: Mutex::new((id, forks())),
+            attempted: AtomicU64::new(0),
+            demand: Mutex::new((Demand::new(now), 0)),
             closed: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),
             refresher: Mutex::new(None),
@@ -312,6 +352,7 @@ impl<C: RedisConnection> ShareLimiter<C> {
     pub fn share(&self) -> ShareInfo {
         self.inner.adopt_fork();
         let mut holder = lock(&self.inner.state);
+        self.inner.read_mail(&mut holder);
         let now = mono_ns();
         // Settles what ended by now, without counting a take.
         let view = holder.state.peek(now);
@@ -341,6 +382,7 @@ impl<C: RedisConnection> ShareLimiter<C> {
             answer.errored(&Error::Closed);
             return Err(Error::Closed);
         }
+        inner.attempted.fetch_add(n, Ordering::Relaxed);
         let local = {
             let mut holder = lock(&inner.state);
             if holder.generation != forks() {
@@ -348,6 +390,7 @@ impl<C: RedisConnection> ShareLimiter<C> {
                 inner.adopt_fork();
                 holder = lock(&inner.state);
             }
+            inner.read_mail(&mut holder);
             if let Some(failure) = &holder.failure {
                 let e = failure.error();
                 drop(holder);
@@ -441,11 +484,15 @@ impl<C: RedisConnection> Inner<C> {
         if holder.generation == generation {
             return;
         }
+        let now = mono_ns();
         holder.id = new_holder_id();
         holder.generation = generation;
-        holder.state = ShareState::new(mono_ns());
+        holder.state = ShareState::new(now);
         holder.down = false;
         holder.failure = None;
+        lock(&self.mail).clear();
+        *lock(&self.id) = (holder.id.clone(), generation);
+        *lock(&self.demand) = (Demand::new(now), self.attempted.load(Ordering::Relaxed));
         drop(holder);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             if !self.closed.load(Ordering::Acquire) && !self.abandoned.load(Ordering::Acquire) {
@@ -454,19 +501,75 @@ impl<C: RedisConnection> Inner<C> {
         }
     }
 
+    /// Applies what the refresh task posted, in order (events of an older process
+    /// generation are dropped: the child is a new holder).
+    fn read_mail(&self, holder: &mut Holder) {
+        if !self.has_mail.load(Ordering::Acquire) {
+            return;
+        }
+        let events = {
+            let mut mail = lock(&self.mail);
+            self.has_mail.store(false, Ordering::Release);
+            std::mem::take(&mut *mail)
+        };
+        for event in events {
+            match event {
+                Event::Sending { sent, generation } if generation == holder.generation => {
+                    holder.state.sending(sent);
+                }
+                Event::Answered {
+                    sent,
+                    grant,
+                    at,
+                    generation,
+                } if generation == holder.generation => {
+                    holder.state.answered(sent, grant, at);
+                    holder.down = false;
+                    holder.failure = None;
+                }
+                Event::Outage {
+                    refused,
+                    at,
+                    generation,
+                } if generation == holder.generation => {
+                    if refused {
+                        holder.state.not_sent(at);
+                    }
+                    holder.down = true;
+                }
+                Event::Failed {
+                    failure,
+                    generation,
+                } if generation == holder.generation => {
+                    holder.failure = Some(failure);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn post(&self, event: Event) {
+        let mut mail = lock(&self.mail);
+        mail.push(event);
+        self.has_mail.store(true, Ordering::Release);
+    }
+
     /// One `RL.SHARE` call with the measured demand; answers when to call next.
     async fn refresh(&self) -> Duration {
         let period = self.config.period;
-        let (id, generation, want, sent) = {
-            let mut holder = lock(&self.state);
-            let now = mono_ns();
-            let tau = self.config.period.as_nanos() as u64;
-            let want = holder
-                .state
-                .want(now, tau, self.config.headroom, self.limit.rate());
-            holder.state.sending(now);
-            (holder.id.clone(), holder.generation, want, now)
+        let sent = mono_ns();
+        let want = {
+            let mut demand = lock(&self.demand);
+            let total = self.attempted.load(Ordering::Relaxed);
+            let (d, counted) = &mut *demand;
+            d.attempt(total.saturating_sub(*counted) as f64);
+            *counted = total;
+            let tau = period.as_nanos() as u64;
+            d.want(sent, tau, self.config.headroom, self.limit.rate())
         };
+        // Not from `state`, which a taking thread may hold all the time.
+        let (id, generation) = lock(&self.id).clone();
+        self.post(Event::Sending { sent, generation });
         let timeout = self.config.limiter.timeout;
         let outcome = async {
             let backend = self.backend.get(&self.conn, timeout).await?;
@@ -485,9 +588,8 @@ impl<C: RedisConnection> Inner<C> {
                 .and_then(share_reply)
         }
         .await;
-        let now = mono_ns();
-        let mut holder = lock(&self.state);
-        if holder.generation != generation || self.closed.load(Ordering::Acquire) {
+        let at = mono_ns();
+        if self.closed.load(Ordering::Acquire) {
             return period;
         }
         match outcome {
@@ -499,22 +601,29 @@ impl<C: RedisConnection> Inner<C> {
                     refresh: r.refresh_ms.saturating_mul(MS),
                     holders: r.holders,
                 };
-                holder.state.answered(sent, grant, now);
-                holder.down = false;
-                holder.failure = None;
+                self.post(Event::Answered {
+                    sent,
+                    grant,
+                    at,
+                    generation,
+                });
                 // A little early rather than late: the server counts on a call per period.
                 let next = Duration::from_millis(r.refresh_ms.clamp(10, self.config.period_ms()));
                 next.mul_f64(1.0 - 0.1 * crate::jitter::unit())
             }
             Err(e) if e.is_outage() => {
-                if refused(&e) {
-                    holder.state.not_sent(now);
-                }
-                holder.down = true;
+                self.post(Event::Outage {
+                    refused: refused(&e),
+                    at,
+                    generation,
+                });
                 self.config.limiter.probe_interval.min(period)
             }
             Err(e) => {
-                holder.failure = Some(Failure::of(&e));
+                self.post(Event::Failed {
+                    failure: Failure::of(&e),
+                    generation,
+                });
                 period
             }
         }

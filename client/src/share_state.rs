@@ -167,7 +167,6 @@ pub(crate) struct ShareState {
     fallback: Option<Fallback>,
     /// Allow's bounded time was used up in this outage: nothing more until Redis answers.
     allow_spent: bool,
-    demand: Demand,
 }
 
 impl ShareState {
@@ -181,7 +180,6 @@ impl ShareState {
             last: None,
             fallback: None,
             allow_spent: false,
-            demand: Demand::new(now),
         }
     }
 
@@ -285,7 +283,6 @@ impl ShareState {
     /// Decides on `n` tokens at `now`. `down`: Redis is believed down (the last call was an
     /// outage), so once no share may be used, the failure policy decides.
     pub(crate) fn decide(&mut self, n: f64, now: u64, down: bool, policy: &Policy) -> Local {
-        self.demand.attempt(n);
         self.settle(now);
         if self.share.is_none() && down {
             self.fall_back(now, policy);
@@ -332,11 +329,6 @@ impl ShareState {
         };
         self.bucket.set(rate, burst, now);
         self.fallback = Some(Fallback { until });
-    }
-
-    /// The `want` for a call at `now` (see [`Demand`]).
-    pub(crate) fn want(&mut self, now: u64, tau: u64, headroom: f64, initial: f64) -> f64 {
-        self.demand.want(now, tau, headroom, initial)
     }
 }
 
