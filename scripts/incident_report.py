@@ -367,9 +367,12 @@ there are, so there is no denominator to get wrong.
   **{f1(sh['central_calls_per_s'])} Redis calls/s** (one per instance per period, plus a few
   short refreshes after the scale-out), against {f0(pf['central_calls_per_s'] if pf else None)}/s for (d).
   No request waits for Redis: added latency {ms(sh['latency_p50_us'])} / {ms(sh['latency_p99_us'])} p50 / p99.
-  Every prefix of the sends stayed within `cap + rate × t + holders` (largest margin
-  {f1(sh['bound_excess'])}). With 8 instances the hot ones got the larger shares (the cold
-  ones ask for their demand plus headroom, and the rest goes to the hot); after the
+  Every prefix of the sends stayed within `cap + rate × t + holders` (worst of sent −
+  (cap + rate × t): {f1(sh['bound_excess'])}; every local bucket starts empty, so the fleet
+  stays about a cap under). With 8 instances the hot ones got the larger shares: the cold
+  ones ask for their demand plus 25 % headroom and the rest goes to the hot, so the
+  headroom the cold ones do not use is what keeps the 8-instance phase at
+  {f0(sh['partner_mean_8'])}/s; after the
   scale-out every instance wants more than 1000/16, so all converge on 62.5/s: within 10 %
   of it **{f1(shd['fair_after_scale_s'])} s** after the scale-out (a newcomer gets what is free at
   once, and the rest as the others refresh and their old shares' 250 ms hold ends).
