@@ -28,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RATE, CAP = 1000.0, 1000.0  # the partner quota: 1000 calls/s, burst 1000
 BATCH, TTL_MS = 20, 2000  # PrefetchLimiter
 MAX_WAIT_MS = 100  # RL.RESERVE pacing budget
+PERIOD_MS = 1000  # ShareLimiter refresh period
 SEED = 20240611
 
 # The scenario. Times in seconds. Before `scale_at` 8 instances run; 3 of them carry 84 %
@@ -41,7 +42,7 @@ DEMAND_BEFORE = {i: (700.0 if i in HOT else 80.0) for i in range(BASE)}  # 2500/
 DEMAND_AFTER = {i: (400.0 if i in HOT else 100.0) for i in range(BASE + EXTRA)}  # 2500/s
 
 # Commands that are central limiter calls (INFO commandstats names).
-CENTRAL = ("evalsha", "rl.take", "rl.lease", "rl.return", "rl.reserve")
+CENTRAL = ("evalsha", "rl.take", "rl.lease", "rl.return", "rl.reserve", "rl.share")
 
 
 def make_trace(sc, path):
@@ -129,12 +130,18 @@ def runs_for(smoke):
         ("take", "(c) RL.TAKE per call (Limiter)", ["--approach", "take"], "central"),
         ("prefetch", f"(d) RL.LEASE batch {BATCH} (PrefetchLimiter)", ["--approach", "prefetch"], "lease"),
         ("reserve", f"(e) RL.RESERVE pacing, max wait {MAX_WAIT_MS} ms", ["--approach", "reserve"], "central"),
+        ("share", f"(g) RL.SHARE rate shares, period {PERIOD_MS / 1000:g} s (ShareLimiter)",
+         ["--approach", "share", "--period-ms", str(PERIOD_MS)], "share"),
     ]
     if not smoke:
         for pol, label in (("allow", "Allow (instances=8)"), ("lastknown", "LastKnown"), ("deny", "Deny")):
             runs.append((f"fail_{pol}", f"(f) lease death + Redis stopped 2 s, {label}",
                          ["--approach", "prefetch", "--policy", pol, "--share", "0.125",
                           "--kill-instance", "max"], "failure"))
+        for pol, label in (("allow", "Allow"), ("lastknown", "LastKnown"), ("deny", "Deny")):
+            runs.append((f"fail_share_{pol}", f"(f) ShareLimiter: holder death + Redis stopped 2 s, {label}",
+                         ["--approach", "share", "--period-ms", str(PERIOD_MS), "--policy", pol,
+                          "--share", "0.125", "--kill-instance", "max"], "share_failure"))
     return runs
 
 
@@ -151,6 +158,8 @@ def load_run(prefix):
     samples = [json.loads(l) for l in open(prefix + ".samples.jsonl") if l.strip()]
     for s in samples:  # module commands show in upper case
         s["cmds"] = {k.lower(): v for k, v in s["cmds"].items()}
+    if os.path.exists(prefix + ".shares.jsonl"):
+        meta["shares"] = [json.loads(l) for l in open(prefix + ".shares.jsonl") if l.strip()]
     return meta, events, samples
 
 
@@ -240,9 +249,60 @@ def analyse(name, label, kind, meta, events, samples, sc):
         d = sum(b["cmds"].get(c, [0, 0])[0] - a["cmds"].get(c, [0, 0])[0] for c in CENTRAL)
         cs.append([round(b["t"] / 1e6, 3), round(d / dt, 1)])
     res["series_central_calls"] = cs
-    if kind == "failure":
+    if kind in ("failure", "share_failure"):
         res["failure"] = failure_details(meta, events, samples, sends, sc)
+    if kind in ("share", "share_failure"):
+        res["shares"] = share_details(meta, sc, res.get("failure"))
     return res
+
+
+def fair_shares(demand, rate):
+    """Max-min fair division of `rate` by demand (water-filling)."""
+    left, fair = rate, {}
+    todo = sorted(demand.items(), key=lambda kv: kv[1])
+    while todo:
+        level = left / len(todo)
+        i, d = todo[0]
+        if d <= level:
+            fair[i] = d
+            left -= d
+            todo.pop(0)
+        else:
+            for i, _ in todo:
+                fair[i] = level
+            break
+    return fair
+
+
+def share_details(meta, sc, failure):
+    """Each instance's share over time; when the shares were fair after the scale-out."""
+    rows = meta.get("shares", [])
+    out = {"series": [[round(r["t"] / 1e6, 2), r["rates"]] for r in rows]}
+    fair = fair_shares(DEMAND_AFTER, RATE)
+    reached = None
+    for r in rows:
+        t = r["t"] / 1e6
+        if t < sc["scale_at"]:
+            continue
+        rates = r["rates"]
+        if all(rates[i] is not None and abs(rates[i] - f) <= 0.1 * f for i, f in fair.items()
+               if i < len(rates)):
+            reached = t - sc["scale_at"]
+            break
+    out["fair_after_scale_s"] = reached
+    out["fair_share_16"] = fair
+    if failure and failure.get("killed"):
+        k = failure["killed"][0]
+        dead, at = k["instance"], k["at_us"] / 1e6
+        back = None
+        for r in rows:
+            t = r["t"] / 1e6
+            live = sum(x for i, x in enumerate(r["rates"]) if i != dead and x is not None)
+            if t > at and live >= 0.95 * RATE:
+                back = t - at
+                break
+        out["dead_share_back_after_s"] = back
+    return out
 
 
 def failure_details(meta, events, samples, sends, sc):
@@ -328,7 +388,7 @@ def main():
         "machine": machine(), "module": a.module, "scenario": sc, "seed": SEED,
         "trace_sha256": digest, "arrivals": arrivals,
         "quota": {"rate": RATE, "cap": CAP}, "batch": BATCH, "ttl_ms": TTL_MS,
-        "max_wait_ms": MAX_WAIT_MS, "instances": {"before": BASE, "after": BASE + EXTRA, "hot": HOT},
+        "max_wait_ms": MAX_WAIT_MS, "period_ms": PERIOD_MS, "instances": {"before": BASE, "after": BASE + EXTRA, "hot": HOT},
         "demand_per_s": {"before": DEMAND_BEFORE, "after": DEMAND_AFTER}, "runs": [],
     }
     only = set(a.only.split(",")) if a.only else None
@@ -344,7 +404,7 @@ def main():
                    "--scale-at", str(sc["scale_at"]), "--base-instances", str(BASE),
                    "--lua", os.path.join(ROOT, "scripts", "token_bucket.lua"),
                    "--duration", str(sc["duration"] + 0.5)] + extra
-            if kind == "failure":
+            if kind in ("failure", "share_failure"):
                 cmd += ["--kill-at", str(sc["kill_at"]), "--stop-at", str(sc["stop_at"]),
                         "--stop-for", str(sc["stop_for"])]
             t = time.time()
@@ -392,7 +452,12 @@ def check(results, smoke):
             # Each instance holds at most two live leases (the one being spent and the next).
             if r["bound_excess"] > 2 * BATCH * inst:
                 bad.append(f"{r['name']}: let out {r['bound_excess']:.1f} over cap + rate*t + 2*batch*instances")
-        if r["kind"] in ("central", "lease") and r["sent_total"] == 0:
+        elif r["kind"] == "share":
+            # Each holder's bucket holds at most its burst (bursts sum to <= cap): cap +
+            # rate*t, plus a token of rounding per holder.
+            if r["bound_excess"] > inst + 1:
+                bad.append(f"{r['name']}: let out {r['bound_excess']:.1f} over cap + rate*t + holders")
+        if r["kind"] in ("central", "lease", "share") and r["sent_total"] == 0:
             bad.append(f"{r['name']}: nothing sent")
     return bad
 

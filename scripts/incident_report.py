@@ -81,9 +81,49 @@ def plot_central(results, runs, path):
     ax.set_ylabel("central Redis calls/s (100 ms samples)")
     ax.set_title("Calls the limiter makes to Redis (INFO commandstats), same trace; the local split makes none",
                  fontsize=10)
-    ax.set_ylim(10, 10000)
+    ax.set_ylim(1, 10000)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_shares(results, r, path):
+    """Each instance's share (tokens/s) over time: hot instances red, the other first 8 blue,
+    the 8 added at the scale-out green."""
+    sc = results["scenario"]
+    hot = set(results["instances"]["hot"])
+    base = results["instances"]["before"]
+    series = r["shares"]["series"]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    n = max((len(rates) for _, rates in series), default=0)
+    for i in range(n):
+        pts = [(t, rates[i]) for t, rates in series if rates[i] is not None]
+        if not pts:
+            continue
+        color = "C3" if i in hot else ("C0" if i < base else "C2")
+        label = None
+        if i == min(hot):
+            label = "hot instances (700/s, then 400/s demand)"
+        elif i == min(set(range(base)) - hot):
+            label = "cold instances (80/s, then 100/s)"
+        elif i == base:
+            label = "added at the scale-out (100/s)"
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, lw=1, alpha=0.8, label=label)
+    fair = r["shares"]["fair_share_16"]
+    ax.axhline(min(fair.values()), color="0.4", ls="--", lw=0.8, label=f"fair share with 16: {min(fair.values()):.1f}/s")
+    ax.axvline(sc["scale_at"], color="0.3", ls=":", lw=1)
+    if "failure" in r:
+        f = r["failure"]
+        ax.axvspan(f["sigstop_s"], f["sigcont_s"], color="orange", alpha=0.2, label="Redis SIGSTOPped")
+    ax.set_xlabel("seconds (dotted: 8 → 16 instances)")
+    ax.set_ylabel("share, tokens/s")
+    reached = r["shares"]["fair_after_scale_s"]
+    ax.set_title(f"{r['label']}: each instance's share (fair within 10 % "
+                 f"{'%.1f s' % reached if reached is not None else 'never'} after the scale-out)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -107,8 +147,16 @@ def write_all(results, root):
     with open(os.path.join(d, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     runs = [r for r in results["runs"] if r["available"]]
-    main = [r for r in runs if r["kind"] != "failure"]
+    main = [r for r in runs if r["kind"] not in ("failure", "share_failure")]
     fail = [r for r in runs if r["kind"] == "failure"]
+    share_fail = [r for r in runs if r["kind"] == "share_failure"]
+    share = by_name(results).get("share")
+    if share and share["available"]:
+        plot_shares(results, share, os.path.join(d, "shares.png"))
+    if share_fail:
+        plot_partner(results, share_fail, os.path.join(d, "share_failures.png"),
+                     f"ShareLimiter: the largest holder dies ({results['scenario']['kill_at']:g} s), Redis stopped 8–10 s",
+                     failure=True)
     plot_partner(results, main, os.path.join(d, "partner_rate.png"),
                  "Calls reaching the partner, same 2500/s skewed trace, quota 1000/s")
     plot_central(results, main, os.path.join(d, "central_calls.png"))
@@ -131,10 +179,10 @@ def main_table(results):
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results["runs"]:
-        if r["kind"] == "failure":
+        if r["kind"] in ("failure", "share_failure"):
             continue
         if not r["available"]:
-            rows.append(f"| {r['label']} | not available in this build (the server does not know RL.RESERVE) "
+            rows.append(f"| {r['label']} | not available in this build (the server does not know the command) "
                         "| | | | | | | | | | | |")
             continue
         over = r["over_issue_max_1s"]
@@ -166,6 +214,26 @@ def failure_table(results):
             f"{'+' + f0(over) if over > 0 else f0(over)} | {f0(f['max_1s_around_outage'])} | "
             f"{f1(f['fallback_ends_after_sigcont_s'] * 1000 if f['fallback_ends_after_sigcont_s'] is not None else None)} ms after SIGCONT | "
             f"{ms(f['latency_p99_during_outage_us'])} | {f0(f['denied_during_outage'])} |")
+    return "\n".join(rows)
+
+
+def share_failure_table(results):
+    rows = [
+        "| policy | dead holder: its share | its share back to the others after | partner during the outage: 1st s / 2nd s "
+        "| over quota during the 2 s | max in any 1 s around the outage | fallback decisions (granted) | denied during the outage |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results["runs"]:
+        if r["kind"] != "share_failure" or not r["available"]:
+            continue
+        f = r["failure"]
+        k = f["killed"][0] if f["killed"] else {"held_tokens": None, "instance": None}
+        over = f["excess_over_quota_during_outage"]
+        rows.append(
+            f"| {r['label'].split(', ')[-1]} | {f0(k['held_tokens'])}/s (instance {k['instance']}) | "
+            f"{f1(r['shares'].get('dead_share_back_after_s'))} s | {f0(f['outage_rate_first_1s'])} / {f0(f['outage_rate_second_1s'])} | "
+            f"{'+' + f0(over) if over > 0 else f0(over)} | {f0(f['max_1s_around_outage'])} | "
+            f"{f0(f['fallback_decisions'])} ({f0(f['fallback_granted'])}) | {f0(f['denied_during_outage'])} |")
     return "\n".join(rows)
 
 
@@ -289,6 +357,28 @@ there are, so there is no denominator to get wrong.
   as many calls.
 - **(e)** {reserve_note}
 """
+    sh = R.get("share")
+    if sh and sh["available"]:
+        shd = sh["shares"]
+        out += f"""- **(g) ShareLimiter** (`RL.SHARE`, period {results.get('period_ms', 1000) / 1000:g} s): each instance
+  holds a share of the rate and decides every request from a local bucket at that share;
+  once a period it tells the server its measured demand (`want`) and gets its share back,
+  max-min fair by want. The partner got **{f0(sh['partner_mean'])}/s** with
+  **{f1(sh['central_calls_per_s'])} Redis calls/s** (one per instance per period, plus a few
+  short refreshes after the scale-out), against {f0(pf['central_calls_per_s'] if pf else None)}/s for (d).
+  No request waits for Redis: added latency {ms(sh['latency_p50_us'])} / {ms(sh['latency_p99_us'])} p50 / p99.
+  Every prefix of the sends stayed within `cap + rate × t + holders` (worst of sent −
+  (cap + rate × t): {f1(sh['bound_excess'])}; every local bucket starts empty, so the fleet
+  stays about a cap under). With 8 instances the hot ones got the larger shares: the cold
+  ones ask for their demand plus 25 % headroom and the rest goes to the hot, so the
+  headroom the cold ones do not use is what keeps the 8-instance phase at
+  {f0(sh['partner_mean_8'])}/s; after the
+  scale-out every instance wants more than 1000/16, so all converge on 62.5/s: within 10 %
+  of it **{f1(shd['fair_after_scale_s'])} s** after the scale-out (a newcomer gets what is free at
+  once, and the rest as the others refresh and their old shares' 250 ms hold ends).
+
+![shares](incident/shares.png)
+"""
     if any(r["kind"] == "failure" for r in results["runs"]):
         out += f"""
 ## (f) An instance dies holding a lease; Redis stops for 2 s
@@ -325,6 +415,23 @@ instance (`instances: 8`), the value one would configure for 8 instances.
     running), so the fleet may spend a burst of up to `cap` again: that is within
     `cap + rate × t`, and it is why the second after the outage can exceed 1000.
 """
+    if any(r["kind"] == "share_failure" for r in results["runs"]):
+        out += f"""
+## (f) for ShareLimiter: a holder dies; Redis stops for 2 s
+
+The same failures for (g), one run per failure policy. At {sc['kill_at']:g} s the holder of
+the largest share stops dead: it neither refreshes nor releases, so the server counts its
+share until its lease ends (3 periods) and then divides the rate among the others. While
+redis-server is SIGSTOPped each instance keeps its share until `s + 250 ms` after a refresh
+it sent got no answer (the server may have taken that call), then the failure policy decides:
+`Allow` lets out `rate / holders` (the last holder count seen) for at most `allow_for`,
+`LastKnown` the last share, `Deny` nothing. After SIGCONT the first answer brings a share,
+starting from an empty bucket.
+
+![share failures](incident/share_failures.png)
+
+{share_failure_table(results)}
+"""
     out += f"""
 ## Reproduce
 
@@ -333,7 +440,8 @@ instance (`instances: 8`), the value one would configure for 8 instances.
 
 The smoke run checks: (a) the local split's over-issue is visible after the scale-out
 (> 1.1 × quota); (b)(c)(e) the sends never exceed `cap + rate × t` (+1 for rounding); (d)
-never more than `cap + rate × t + 2 × batch × instances`; every arrival replayed. It exits
+never more than `cap + rate × t + 2 × batch × instances`; (g) never more than
+`cap + rate × t + holders`; every arrival replayed. It exits
 non-zero on a violation. Plots use matplotlib from PyPI in `target/incident-venv`, pinned
 in `scripts/incident-requirements.txt`.
 """
@@ -354,7 +462,7 @@ def readme_section(results):
                  "`Allow` (each instance falling back to 1/8 of the limit: `instances: 8`) let "
                  f"**{f0(f['outage_rate_first_1s'])}** then **{f0(f['outage_rate_second_1s'])}** calls "
                  f"through in those two seconds, {f0(f['excess_over_quota_during_outage'])} over the quota.")
-    return f"""## Why
+    out = f"""## Why
 
 A partner gave us 1000 calls/s. We ran 8 instances and gave each a local token bucket of
 1000/8 = 125/s. [The replay](docs/incident.md) (one 2500/s skewed trace, replayed for
@@ -379,3 +487,13 @@ cuts central calls by up to the batch size while the bucket has tokens to spare.
 
 ![partner calls per second, local split vs shared bucket](docs/incident/partner_rate.png)
 """
+    sh = R.get("share")
+    if sh and sh.get("available"):
+        out = out.rstrip("\n")
+        out += f"""
+
+For one hot key, `ShareLimiter` (`RL.SHARE`: each instance holds a rate share, refreshed once
+a second, and decides every request locally) held the partner at **{f0(sh['partner_mean'])}/s** with
+**{f1(sh['central_calls_per_s'])} Redis calls/s** in all, and no request waiting for Redis.
+"""
+    return out

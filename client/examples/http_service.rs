@@ -76,11 +76,21 @@ pub fn build_limiter(
     cap: f64,
     instances: u32,
 ) -> Result<AppLimiter, Box<dyn std::error::Error>> {
-    let client = rl_client::redis::Client::open(redis_url)?;
     let config = LimiterConfig {
         instances,
         ..LimiterConfig::default()
     };
+    build_limiter_with(redis_url, rate, cap, config)
+}
+
+/// [`build_limiter`] with every setting of the limiter given.
+pub fn build_limiter_with(
+    redis_url: &str,
+    rate: f64,
+    cap: f64,
+    config: LimiterConfig,
+) -> Result<AppLimiter, Box<dyn std::error::Error>> {
+    let client = rl_client::redis::Client::open(redis_url)?;
     Ok(Limiter::from_client(client, limit(rate, cap)?, config)?)
 }
 

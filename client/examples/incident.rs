@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! incident --trace FILE --approach A --redis URL --out PREFIX [options]
-//!   A: local | lua | take | prefetch | reserve
+//!   A: local | lua | take | prefetch | reserve | share
 //!   --local-limit static|recompute  local: every instance at quota/8, or quota/N at its start
 //!   --scale-at S                   when the fleet grew (for `recompute`)
 //!   --policy allow|lastknown|deny  failure policy of take/prefetch (allow uses --share)
@@ -16,7 +16,8 @@
 //! ```
 //!
 //! Writes PREFIX.events.csv (one line per arrival), PREFIX.samples.jsonl (server counters
-//! every 100 ms) and PREFIX.meta.json.
+//! every 100 ms), PREFIX.meta.json, and for `share` PREFIX.shares.jsonl (each instance's
+//! share rate every 100 ms; an instance joins the fleet at its first arrival).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -26,7 +27,8 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use rl_client::{
-    limit, FailurePolicy, Limiter, LimiterConfig, PrefetchConfig, PrefetchLimiter, Source,
+    limit, FailurePolicy, Limiter, LimiterConfig, PrefetchConfig, PrefetchLimiter, ShareConfig,
+    ShareLimiter, Source,
 };
 use rl_core::{Bucket, Level, Limit};
 
@@ -58,6 +60,7 @@ struct Args {
     stop_for: f64,
     lua: String,
     duration: f64,
+    period_ms: u64,
 }
 
 fn parse_args() -> Res<Args> {
@@ -82,6 +85,7 @@ fn parse_args() -> Res<Args> {
         stop_for: 2.0,
         lua: "scripts/token_bucket.lua".into(),
         duration: 0.0,
+        period_ms: 1000,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -108,6 +112,7 @@ fn parse_args() -> Res<Args> {
             "--stop-for" => a.stop_for = v.parse()?,
             "--lua" => a.lua = v,
             "--duration" => a.duration = v.parse()?,
+            "--period-ms" => a.period_ms = v.parse()?,
             other => return Err(format!("unknown argument {other}").into()),
         }
         i += 2;
@@ -163,6 +168,12 @@ enum Gate {
     Take(Limiter<MultiplexedConnection>),
     Prefetch(PrefetchLimiter<MultiplexedConnection>),
     Reserve(MultiplexedConnection),
+    /// Made at the instance's first arrival: a holder joins the fleet when it starts.
+    Share {
+        conn: MultiplexedConnection,
+        config: ShareConfig,
+        limiter: std::sync::OnceLock<ShareLimiter<MultiplexedConnection>>,
+    },
 }
 
 struct Decided {
@@ -217,6 +228,10 @@ impl Gate {
                 Ok(d) => ok(d.allowed, source_code(d.source)),
                 Err(_) => err(),
             },
+            Gate::Share { limiter, .. } => match limiter.get().map(|l| l.try_take(1)) {
+                Some(Ok(d)) => ok(d.allowed, source_code(d.source)),
+                _ => err(),
+            },
             Gate::Reserve(conn) => {
                 let mut conn = conn.clone();
                 let mut cmd = redis::cmd("RL.RESERVE");
@@ -253,6 +268,7 @@ fn source_code(s: Source) -> u8 {
         Source::Server => b'S',
         Source::Lease => b'L',
         Source::Fallback => b'F',
+        Source::Share => b'H',
     }
 }
 
@@ -400,19 +416,27 @@ async fn run(args: Args) -> Res<()> {
         .get("process_id")
         .cloned()
         .ok_or("no process_id in INFO")?;
-    if args.approach == "reserve" {
+    let needs = match args.approach.as_str() {
+        "reserve" => Some("RL.RESERVE"),
+        "share" => Some("RL.SHARE"),
+        _ => None,
+    };
+    if let Some(command) = needs {
         let v: Vec<Value> = redis::cmd("COMMAND")
             .arg("INFO")
-            .arg("RL.RESERVE")
+            .arg(command)
             .query_async(&mut admin)
             .await?;
         let known = v.first().is_some_and(|x| !matches!(x, Value::Nil));
         if !known {
             std::fs::write(
                 format!("{}.meta.json", args.out),
-                "{\"approach\":\"reserve\",\"available\":false}\n",
+                format!(
+                    "{{\"approach\":\"{}\",\"available\":false}}\n",
+                    args.approach
+                ),
             )?;
-            println!("RL.RESERVE: not available in this build");
+            println!("{command}: not available in this build");
             return Ok(());
         }
     }
@@ -469,6 +493,15 @@ async fn run(args: Args) -> Res<()> {
                 },
             )?),
             "reserve" => Gate::Reserve(conn),
+            "share" => Gate::Share {
+                conn,
+                config: ShareConfig {
+                    period: Duration::from_millis(args.period_ms),
+                    limiter: cfg,
+                    ..Default::default()
+                },
+                limiter: std::sync::OnceLock::new(),
+            },
             other => return Err(format!("unknown approach {other}").into()),
         };
         gates.push(Arc::new(gate));
@@ -512,6 +545,8 @@ async fn run(args: Args) -> Res<()> {
             tokio::time::sleep_until((t0 + Duration::from_secs_f64(at)).into()).await;
             let held = |g: &Gate| match g {
                 Gate::Prefetch(l) => l.held(),
+                // The holder of the largest share (its rate, in tokens per second).
+                Gate::Share { limiter, .. } => limiter.get().map_or(0, |l| l.share().rate as u64),
                 _ => 0,
             };
             let i = match which.parse::<usize>() {
@@ -529,7 +564,39 @@ async fn run(args: Args) -> Res<()> {
             if let Gate::Prefetch(l) = &*gates[i] {
                 std::mem::forget(l.clone());
             }
+            // A dead holder neither refreshes nor releases: its share ends with its lease.
+            if let Gate::Share { limiter, .. } = &*gates[i] {
+                if let Some(l) = limiter.get() {
+                    l.abandon();
+                }
+            }
             (i, h, us(Instant::now()))
+        })
+    });
+
+    // Each instance's share rate every 100 ms (null before it started).
+    let shares_task = (args.approach == "share").then(|| {
+        let gates = gates.clone();
+        let done = Arc::clone(&done);
+        tokio::spawn(async move {
+            let mut lines = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                tick.tick().await;
+                let t = us(Instant::now());
+                let rates: Vec<String> = gates
+                    .iter()
+                    .map(|g| match &**g {
+                        Gate::Share { limiter, .. } => limiter
+                            .get()
+                            .map_or("null".to_string(), |l| format!("{:.2}", l.share().rate)),
+                        _ => "null".to_string(),
+                    })
+                    .collect();
+                lines.push(format!("{{\"t\":{t},\"rates\":[{}]}}", rates.join(",")));
+            }
+            lines
         })
     });
 
@@ -540,6 +607,20 @@ async fn run(args: Args) -> Res<()> {
         let args = Arc::clone(&args);
         let dead = Arc::clone(&dead);
         dispatchers.push(tokio::spawn(async move {
+            if let (
+                Gate::Share {
+                    conn,
+                    config,
+                    limiter,
+                },
+                Some(first),
+            ) = (&*gate, arrivals.first())
+            {
+                tokio::time::sleep_until((t0 + Duration::from_micros(*first)).into()).await;
+                let l = ShareLimiter::new(conn.clone(), KEY, quota, config.clone())
+                    .expect("share limiter");
+                let _ = limiter.set(l);
+            }
             let events = Arc::new(Mutex::new(Vec::with_capacity(arrivals.len())));
             let mut handles = Vec::with_capacity(arrivals.len());
             for t in arrivals {
@@ -622,6 +703,13 @@ async fn run(args: Args) -> Res<()> {
     }
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     let samples = sampler_task.await??;
+    if let Some(t) = shares_task {
+        let lines = t.await?;
+        std::fs::write(
+            format!("{}.shares.jsonl", args.out),
+            lines.join("\n") + "\n",
+        )?;
+    }
 
     // Client-side counters summed over instances.
     let mut client: BTreeMap<&str, u64> = BTreeMap::new();
@@ -629,6 +717,7 @@ async fn run(args: Args) -> Res<()> {
         let s = match &**g {
             Gate::Take(l) => Some(l.metrics().snapshot()),
             Gate::Prefetch(l) => Some(l.metrics().snapshot()),
+            Gate::Share { limiter, .. } => limiter.get().map(|l| l.metrics().snapshot()),
             _ => None,
         };
         if let Some(s) = s {

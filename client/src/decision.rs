@@ -11,6 +11,9 @@ pub enum Source {
     Lease,
     /// Decided locally by the failure policy because Redis was unavailable.
     Fallback,
+    /// Decided by the local bucket of this instance's rate share (`RL.SHARE`); no Redis
+    /// call.
+    Share,
 }
 
 /// A rate-limit decision.

@@ -25,11 +25,15 @@ impl Health {
     /// Whether this caller should ask Redis now. While down, only the first caller past
     /// the probe instant gets `true` (it moves the instant on for the others).
     pub(crate) fn may_call(&self) -> bool {
+        self.may_call_at(mono_ns())
+    }
+
+    /// [`may_call`](Self::may_call) at monotonic instant `now`.
+    fn may_call_at(&self, now: u64) -> bool {
         let until = self.down_until.load(Ordering::Acquire);
         if until == 0 {
             return true;
         }
-        let now = mono_ns();
         now >= until
             && self
                 .down_until
@@ -49,7 +53,12 @@ impl Health {
 
     /// A call failed: decide locally until the next probe.
     pub(crate) fn failed(&self) {
-        let next = mono_ns().saturating_add(self.probe_interval);
+        self.failed_at(mono_ns());
+    }
+
+    /// [`failed`](Self::failed) at monotonic instant `now`.
+    fn failed_at(&self, now: u64) {
+        let next = now.saturating_add(self.probe_interval);
         self.down_until.store(next, Ordering::Release);
     }
 
@@ -65,16 +74,22 @@ mod tests {
 
     #[test]
     fn one_probe_per_interval() {
+        const MS: u64 = 1_000_000;
+        let t0 = 1_000 * MS;
         let h = Health::new(Duration::from_millis(20));
-        assert!(h.may_call());
-        h.failed();
+        assert!(h.may_call_at(t0));
+        h.failed_at(t0);
         assert!(h.is_down());
-        assert!(!h.may_call());
-        std::thread::sleep(Duration::from_millis(30));
-        assert!(h.may_call(), "first caller after the interval probes");
-        assert!(!h.may_call(), "the others stay local");
+        assert!(!h.may_call_at(t0 + 19 * MS));
+        assert!(
+            h.may_call_at(t0 + 20 * MS),
+            "first caller after the interval probes"
+        );
+        assert!(!h.may_call_at(t0 + 20 * MS), "the others stay local");
+        assert!(!h.may_call_at(t0 + 39 * MS));
+        assert!(h.may_call_at(t0 + 40 * MS), "one probe per interval");
         assert!(h.succeeded());
-        assert!(h.may_call());
+        assert!(h.may_call_at(t0 + 40 * MS));
         assert!(!h.succeeded());
     }
 }

@@ -11,7 +11,7 @@ fn seed() -> u64 {
     // same instant still draw different thresholds.
     let local = 0u8;
     let addr = &local as *const u8 as u64;
-    let s = crate::clock::now_ns() ^ addr.rotate_left(32) ^ 0x9E37_79B9_7F4A_7C15;
+    let s = crate::clock::wall_ns() ^ addr.rotate_left(32) ^ 0x9E37_79B9_7F4A_7C15;
     if s == 0 {
         0x2545_F491_4F6C_DD1D
     } else {

@@ -9,6 +9,8 @@
 //!   jitter, honouring lease expiry and returning leftovers.
 //! - [`Semaphore`]: at most `limit` calls in flight per key, fleet-wide; its [`Permit`]
 //!   guard releases on drop and renews while held, and expires if its holder dies.
+//! - [`ShareLimiter`]: one hot key shared by a fleet: each instance holds a rate share
+//!   (`RL.SHARE`) and decides every take locally, never waiting for Redis.
 //! - [`KeyedPrefetcher`]: one prefetching limiter per key, made on first use, for many keys
 //!   under one limit.
 //! - All take a [`FailurePolicy`] for outages (Redis unreachable, or slower than the
@@ -41,6 +43,8 @@ mod metrics;
 mod permit;
 mod prefetch;
 mod protocol;
+mod share;
+mod share_state;
 
 pub use backend::Backend;
 pub use config::{limit, FailurePolicy, LimiterConfig, PrefetchConfig, DEFAULT_INSTANCES};
@@ -54,6 +58,7 @@ pub use metrics::{Metrics, MetricsSnapshot, LATENCY_BUCKETS_US};
 pub use permit::{Busy, Permit, Semaphore};
 pub use prefetch::PrefetchLimiter;
 pub use rl_core::{Limit, LimitError};
+pub use share::{ShareConfig, ShareInfo, ShareLimiter};
 
 /// The redis crate this client is built on, for building connections of the same version.
 pub use redis;

@@ -10,7 +10,7 @@ use redis::{Cmd, Value};
 use rl_core::Limit;
 
 use crate::backend::Selector;
-use crate::clock::now_ns;
+use crate::clock::mono_ns;
 use crate::conn::{call, RedisConnection};
 use crate::fallback::Fallback;
 use crate::health::Health;
@@ -167,7 +167,7 @@ impl<C: RedisConnection> Limiter<C> {
                         key,
                         decision.granted,
                         Some(decision.remaining),
-                        now_ns(),
+                        mono_ns(),
                     );
                     answer.decided(decision.allowed, decision.granted, false);
                     return Ok(decision);
@@ -180,9 +180,9 @@ impl<C: RedisConnection> Limiter<C> {
             }
         }
         let decision = if limit == inner.limit {
-            inner.fallback.decide(key, n, now_ns())
+            inner.fallback.decide(key, n, mono_ns())
         } else {
-            inner.fallback.decide_with(key, n, limit, now_ns())
+            inner.fallback.decide_with(key, n, limit, mono_ns())
         };
         answer.decided(decision.allowed, decision.granted, true);
         Ok(decision)
@@ -300,7 +300,7 @@ impl<C: RedisConnection> Limiter<C> {
                     let d = &reservation.decision;
                     inner
                         .fallback
-                        .observe(key, d.granted, Some(d.remaining.max(0.0)), now_ns());
+                        .observe(key, d.granted, Some(d.remaining.max(0.0)), mono_ns());
                     answer.decided(d.allowed, d.granted, false);
                     return Ok(reservation);
                 }
@@ -311,7 +311,7 @@ impl<C: RedisConnection> Limiter<C> {
                 }
             }
         }
-        let (decision, wait) = inner.fallback.reserve(key, n, max_wait, now_ns());
+        let (decision, wait) = inner.fallback.reserve(key, n, max_wait, mono_ns());
         answer.decided(decision.allowed, decision.granted, true);
         Ok(Reservation { decision, wait })
     }
@@ -459,4 +459,79 @@ fn check_wait(max_wait: Duration) -> Result<(), Error> {
         return Err(Error::Request("max_wait must be at most a day"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::test_step;
+    use crate::{FailurePolicy, Source};
+
+    const HOUR_NS: i64 = 3_600_000_000_000;
+
+    /// A limiter whose Redis is a loopback port nobody listens on: after the first refused
+    /// connection every decision is the `Allow` fallback's (no probe for an hour).
+    fn unreachable(limit: Limit) -> Limiter<LazyConnection> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+        let config = LimiterConfig {
+            timeout: Duration::from_secs(30),
+            probe_interval: Duration::from_secs(3600),
+            policy: FailurePolicy::Allow,
+            instances: 1,
+            ..LimiterConfig::default()
+        };
+        Limiter::from_client(client, limit, config).unwrap()
+    }
+
+    async fn allowed(limiter: &Limiter<LazyConnection>, key: &str) -> bool {
+        let d = limiter.take(key, 1).await.unwrap();
+        assert_eq!(d.source, Source::Fallback, "{d:?}");
+        d.allowed
+    }
+
+    /// The local fallback bucket is timed by the monotonic clock: the wall clock stepping
+    /// an hour forward refills nothing, an hour back locks nothing out.
+    #[tokio::test]
+    async fn a_wall_clock_step_neither_refills_nor_freezes_the_fallback_bucket() {
+        // 5 tokens, one more every 1000 s: an hour of wall time would bring 3.6.
+        let slow = unreachable(Limit::new(0.001, 5.0).unwrap());
+        for _ in 0..5 {
+            assert!(allowed(&slow, "k").await);
+        }
+        assert!(!allowed(&slow, "k").await);
+        test_step::step(HOUR_NS);
+        let refilled = allowed(&slow, "k").await;
+        test_step::step(-HOUR_NS);
+        assert!(
+            !refilled,
+            "a wall clock step of +1 h refilled the local bucket"
+        );
+
+        // 1000 tokens a second: emptied, it has a token again within a millisecond of real
+        // time, whatever the wall clock did meanwhile.
+        let fast = unreachable(Limit::new(1000.0, 5.0).unwrap());
+        for _ in 0..5 {
+            assert!(allowed(&fast, "k").await);
+        }
+        test_step::step(-HOUR_NS);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut locked = true;
+        while Instant::now() < deadline {
+            if allowed(&fast, "k").await {
+                locked = false;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        test_step::step(HOUR_NS);
+        assert!(
+            !locked,
+            "a wall clock step of -1 h locked the local bucket out"
+        );
+    }
 }

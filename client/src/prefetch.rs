@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use rl_core::Limit;
 
 use crate::backend::Selector;
-use crate::clock::now_ns;
+use crate::clock::mono_ns;
 use crate::conn::{call, RedisConnection};
 use crate::fallback::{lock, Fallback};
 use crate::health::Health;
@@ -478,7 +478,7 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
 
     fn fallback(&self, n: u64, answer: crate::metrics::Answer<'_>) -> Decision {
         let inner = &self.inner;
-        let decision = inner.fallback.decide(&inner.key, n, now_ns());
+        let decision = inner.fallback.decide(&inner.key, n, mono_ns());
         answer.decided(decision.allowed, decision.granted, true);
         decision
     }
@@ -592,7 +592,7 @@ impl<C: RedisConnection> Inner<C> {
         }
         self.metrics.lease(granted.tokens);
         self.fallback
-            .observe(&self.key, granted.tokens, None, now_ns());
+            .observe(&self.key, granted.tokens, None, mono_ns());
 
         let now = Instant::now();
         if granted.tokens == 0 {

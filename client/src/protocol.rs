@@ -298,6 +298,65 @@ pub(crate) fn acquire_reply(v: Value) -> Result<AcquireReply, Error> {
     })
 }
 
+/// `RL.SHARE key rate cap holder want period_ms [RELEASE] [VERSION v]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn share_cmd(
+    backend: Backend,
+    key: &str,
+    limit: &Limit,
+    holder: &[u8],
+    want: f64,
+    period_ms: u64,
+    release: bool,
+    version: Option<u64>,
+) -> Cmd {
+    let mut cmd = head(backend, "RL.SHARE");
+    cmd.arg(key)
+        .arg(limit.rate())
+        .arg(limit.cap())
+        .arg(holder)
+        .arg(want)
+        .arg(period_ms);
+    if release {
+        cmd.arg("RELEASE");
+    }
+    if let Some(v) = version {
+        cmd.arg("VERSION").arg(v);
+    }
+    cmd
+}
+
+/// `RL.SHARE`'s `[rate, burst, lease_ms, refresh_ms, holders]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct ShareReply {
+    pub(crate) rate: f64,
+    pub(crate) burst: f64,
+    pub(crate) lease_ms: u64,
+    pub(crate) refresh_ms: u64,
+    pub(crate) holders: u64,
+}
+
+pub(crate) fn share_reply(v: Value) -> Result<ShareReply, Error> {
+    let items = array(v, 5)?;
+    let reply = ShareReply {
+        rate: number(&items[0])?,
+        burst: number(&items[1])?,
+        lease_ms: count(&items[2])?,
+        refresh_ms: count(&items[3])?,
+        holders: count(&items[4])?,
+    };
+    if !(reply.rate >= 0.0
+        && reply.burst >= 0.0
+        && reply.rate.is_finite()
+        && reply.burst.is_finite())
+    {
+        return Err(Error::Reply(format!(
+            "RL.SHARE: a share must be finite and >= 0: {reply:?}"
+        )));
+    }
+    Ok(reply)
+}
+
 /// `RL.REFUND`'s tokens credited.
 pub(crate) fn credited(v: Value) -> Result<f64, Error> {
     number(&v)

@@ -65,7 +65,14 @@ async fn service_starts_and_serves_without_redis_then_recovers() {
     // Nothing listens on the port yet.
     let mut server = Server::stopped();
     // As the example's main builds it: 3 requests per key, refilling very slowly.
-    let limiter = http_service::build_limiter(&server.url(), 0.01, 3.0, 1).unwrap();
+    // With a timeout far above any call's time on a loaded machine: once Redis is up,
+    // every decision is its own (an outage here is a refused connection, answered at once).
+    let config = rl_client::LimiterConfig {
+        instances: 1,
+        timeout: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let limiter = http_service::build_limiter_with(&server.url(), 0.01, 3.0, config).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let service = tokio::spawn(async move {

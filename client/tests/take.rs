@@ -7,6 +7,15 @@ use std::time::Duration;
 use rl_client::{Error, Limit, Limiter, LimiterConfig, Source};
 use support::Server;
 
+/// Far above any call's time on a loaded machine: every decision here is the server's,
+/// never a fallback for a slow call.
+fn patient() -> LimiterConfig {
+    LimiterConfig {
+        timeout: Duration::from_secs(10),
+        ..LimiterConfig::default()
+    }
+}
+
 /// So slow that nothing refills during a test: every level is exact.
 fn frozen() -> Limit {
     Limit::new(0.001, 5.0).unwrap()
@@ -15,7 +24,7 @@ fn frozen() -> Limit {
 #[tokio::test]
 async fn decisions_match_the_server() {
     let server = Server::start();
-    let limiter = Limiter::new(server.manager().await, frozen(), LimiterConfig::default()).unwrap();
+    let limiter = Limiter::new(server.manager().await, frozen(), patient()).unwrap();
 
     for left in (0..5).rev() {
         let d = limiter.take("user:1", 1).await.unwrap();
@@ -66,7 +75,7 @@ async fn decisions_match_the_server() {
 #[tokio::test]
 async fn impossible_requests_are_errors_not_calls() {
     let server = Server::start();
-    let limiter = Limiter::new(server.manager().await, frozen(), LimiterConfig::default()).unwrap();
+    let limiter = Limiter::new(server.manager().await, frozen(), patient()).unwrap();
     assert!(matches!(limiter.take("k", 6).await, Err(Error::Request(_))));
     assert!(matches!(limiter.take("k", 0).await, Err(Error::Request(_))));
     assert_eq!(limiter.metrics().snapshot().redis_calls, 0);
@@ -90,7 +99,7 @@ async fn works_over_a_cluster_connection() {
 
     let client = redis::cluster::ClusterClient::new(vec![server.url()]).unwrap();
     let conn = client.get_async_connection().await.unwrap();
-    let limiter = Limiter::new(conn, frozen(), LimiterConfig::default()).unwrap();
+    let limiter = Limiter::new(conn, frozen(), patient()).unwrap();
     for key in ["a", "b", "{tenant}:c"] {
         let d = limiter.take(key, 5).await.unwrap();
         assert!(d.allowed && d.source == Source::Server, "{d:?}");
@@ -127,7 +136,7 @@ async fn a_newer_limit_version_wins_over_older_instances() {
     let server = Server::start();
     let config = |version| LimiterConfig {
         version,
-        ..LimiterConfig::default()
+        ..patient()
     };
     let old = Limiter::new(server.manager().await, frozen(), config(Some(1))).unwrap();
     let new_limit = Limit::new(0.001, 3.0).unwrap();
@@ -145,14 +154,14 @@ async fn a_newer_limit_version_wins_over_older_instances() {
     assert_eq!(stored_limit(&server, "rollout"), (0.001, 3.0, 2));
 
     // Without a version nothing is sent: an unversioned instance is the oldest (version 0).
-    let plain = Limiter::new(server.manager().await, frozen(), LimiterConfig::default()).unwrap();
+    let plain = Limiter::new(server.manager().await, frozen(), patient()).unwrap();
     assert!(plain.take("rollout", 1).await.unwrap().allowed);
     assert!(!plain.take("rollout", 1).await.unwrap().allowed);
     assert_eq!(stored_limit(&server, "rollout"), (0.001, 3.0, 2));
 
     let too_new = LimiterConfig {
         version: Some(1 << 53),
-        ..LimiterConfig::default()
+        ..patient()
     };
     assert!(matches!(
         Limiter::new(server.manager().await, frozen(), too_new),
@@ -165,7 +174,7 @@ async fn init_starts_a_new_bucket_below_full() {
     let server = Server::start();
     let config = LimiterConfig {
         init: Some(2.0),
-        ..LimiterConfig::default()
+        ..patient()
     };
     let limiter = Limiter::new(server.manager().await, frozen(), config).unwrap();
     // A new bucket holds 2 of its 5: two takes, then a denial.
@@ -174,7 +183,7 @@ async fn init_starts_a_new_bucket_below_full() {
     assert!(d.allowed && d.remaining.abs() < 0.01, "{d:?}");
     assert!(!limiter.take("warm", 1).await.unwrap().allowed);
     // INIT applies to new buckets only: an existing full one is left as it is.
-    let plain = Limiter::new(server.manager().await, frozen(), LimiterConfig::default()).unwrap();
+    let plain = Limiter::new(server.manager().await, frozen(), patient()).unwrap();
     assert!(plain.take("full", 1).await.unwrap().allowed);
     let d = limiter.take("full", 1).await.unwrap();
     assert!(d.allowed && (d.remaining - 3.0).abs() < 0.01, "{d:?}");

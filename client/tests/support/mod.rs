@@ -78,6 +78,30 @@ impl Server {
         redis::Client::open(self.url()).unwrap()
     }
 
+    /// A lazy connection whose calls are given up only after 30 s: a reply that comes after
+    /// a long `DEBUG SLEEP` arrives, however slow the machine (the default response
+    /// timeout of 2 s would cut it).
+    pub fn patient_lazy(&self) -> rl_client::LazyConnection {
+        rl_client::LazyConnection::with_config(
+            self.client(),
+            rl_client::LazyConfig {
+                response_timeout: Duration::from_secs(30),
+                ..rl_client::LazyConfig::default()
+            },
+        )
+    }
+
+    /// Makes this server a replica of `master`, in sync.
+    pub fn replicate(&self, master: &Server) {
+        kit::replicate(&self.inner, &master.inner);
+        kit::wait_synced(&master.inner, &self.inner);
+    }
+
+    /// Waits until this replica has everything `master` sent so far.
+    pub fn synced_with(&self, master: &Server) {
+        kit::wait_synced(&master.inner, &self.inner);
+    }
+
     /// `RL.PEEK`'s tokens of `key` (`None`: no key, a full bucket).
     pub fn tokens(&self, key: &str) -> Option<f64> {
         kit::peek_tokens(&mut self.conn(), key)
