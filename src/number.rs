@@ -45,8 +45,9 @@ impl Num {
             if scaled >= TWO_52 {
                 return false;
             }
-            // The product may be off by a rounding: its nearest integer is the candidate.
-            let digits = scaled.round() as u64;
+            // The product may be off by a rounding: its nearest integer is the candidate
+            // (`as` truncates; no call into libm).
+            let digits = (scaled + 0.5) as u64;
             if digits as f64 / p == x {
                 self.write_fixed(digits, k);
                 return true;

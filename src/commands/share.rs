@@ -9,10 +9,10 @@ use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::ffi::Ctx;
 use crate::reply::{Reply, Scalar};
-use crate::share::{self, ShareKey};
+use crate::share::{self, LimitText, ShareKey};
 use crate::{clock, ops, stats};
 use rl_core::namespace::Outcome;
-use rl_core::{ShareError, ShareRequest, ShareTable};
+use rl_core::{Applied, ShareError, ShareRequest, ShareTable};
 
 fn invalid(e: ShareError) -> Error {
     Error::Invalid(e.message())
@@ -54,6 +54,7 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
     .map_err(invalid)?;
 
     let (name, holder_arg) = (args.raw(0)?, args.raw(3)?);
+    let (rate_arg, cap_arg) = (args.raw(1)?, args.raw(2)?);
     let ns = ops::enter(name.bytes());
     let now = clock::now();
     let key = ShareKey::open(ctx, name);
@@ -72,7 +73,15 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
     if d.written {
         super::count_applied(d.applied);
         // Queued now, sent after the command: the table is still at hand here.
-        share::propagate(ctx, name, holder_arg, table, d.index, now);
+        let limit = match d.applied {
+            // Decided under the stored limit: the effect carries it, not the caller's.
+            Applied::Stale => LimitText::Stored,
+            _ => LimitText::Args {
+                rate: rate_arg,
+                cap: cap_arg,
+            },
+        };
+        share::propagate(ctx, name, limit, holder_arg, table, d.index, now);
         if is_new {
             key.create(
                 std::mem::replace(table, ShareTable::new(req.limit, 0)),
