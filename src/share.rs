@@ -6,9 +6,11 @@
 //! rate burst lease_end held_rate held_burst held_until` (doubles, unsigneds, the id a
 //! string). The key's expiry is its last entry's end ([`ShareTable::last_end`]).
 //!
-//! Effects: `RL.SETSHARES key rate cap version [PRUNE t] SET holder
+//! Effects: `RL.SETSHARES key rate cap version prune_at holder
 //! want,rate,burst,lease_end,held_rate,held_burst,held_until`: the limit, the entries ended
-//! at `t` dropped, one entry set (its numbers in one argument: see [`EntryText`]). Checked by [`ShareTable::apply`], which runs the checks RDB load runs
+//! at `prune_at` dropped (0 on AOF rewrite: no entry ends at 0), one entry set (its numbers
+//! in one argument: see [`EntryText`]). Positional, so that each call's effect makes as
+//! few objects in the server as it can. Checked by [`ShareTable::apply`], which runs the checks RDB load runs
 //! ([`ShareTable::validate`]) before anything changes.
 
 use crate::error::{Error, Result};
@@ -166,9 +168,9 @@ fn with_effect(
             Num::new(table.limit().cap()),
         )),
     };
-    let (version, at) = (Num::int(table.version()), prune.map(Num::int));
+    let (version, at) = (Num::int(table.version()), Num::int(prune.unwrap_or(0)));
     let entry = EntryText::new(h);
-    let mut args = [EffectArg::Int(0); 9];
+    let mut args = [EffectArg::Int(0); 7];
     let mut len = 0;
     let mut push = |a| {
         args[len] = a;
@@ -186,11 +188,7 @@ fn with_effect(
         }
     }
     push(EffectArg::Bytes(version.bytes()));
-    if let Some(t) = &at {
-        push(EffectArg::Text(c"PRUNE"));
-        push(EffectArg::Bytes(t.bytes()));
-    }
-    push(EffectArg::Text(c"SET"));
+    push(EffectArg::Bytes(at.bytes()));
     push(holder.map_or(EffectArg::Bytes(&h.id), EffectArg::Str));
     push(EffectArg::Bytes(entry.bytes()));
     send(&args[..len]);

@@ -488,7 +488,7 @@ fn forged_effects_and_payloads_are_refused() {
         f.join(",")
     };
     let args = |key: &str, rate: &str, cap: &str, version: &str, holder: &str, entry: String| {
-        [key, rate, cap, version, "SET", holder]
+        [key, rate, cap, version, "0", holder]
             .iter()
             .map(|s| s.to_string())
             .chain([entry])
@@ -536,12 +536,13 @@ fn forged_effects_and_payloads_are_refused() {
     ] {
         forged.push(args("k", "10", "10", "0", "b", entry(i, v)));
     }
-    let mut no_set: Vec<String> = good[..4].to_vec();
-    no_set.extend(["PRUNE".into(), "1".into()]);
-    forged.push(no_set);
-    let mut twice = good.clone();
-    twice.extend(good[4..].iter().cloned());
-    forged.push(twice);
+    forged.push(good[..6].to_vec());
+    let mut more = good.clone();
+    more.push("x".into());
+    forged.push(more);
+    let mut prune = good.clone();
+    prune[4] = "-1".into();
+    forged.push(prune);
     for args in &forged {
         let r = redis::cmd("RL.SETSHARES").arg(args).query::<Value>(&mut c);
         assert!(r.is_err(), "{args:?} accepted");

@@ -112,7 +112,8 @@ impl Holder {
                 return Err(ShareError::Field);
             }
         }
-        if self.lease_end > MAX_FIELD || self.held_until > MAX_FIELD {
+        // Every call sets a hold (`T + HOLD`), so no entry ends at 0.
+        if self.lease_end > MAX_FIELD || !(1..=MAX_FIELD).contains(&self.held_until) {
             return Err(ShareError::Time);
         }
         Ok(())
@@ -149,7 +150,9 @@ impl ShareError {
             ShareError::Empty => "a share key holds at least one holder",
             ShareError::Order => "holders must be unique, in ascending order",
             ShareError::Field => "share rates and bursts must be finite numbers from 0 to 1e15",
-            ShareError::Time => "share times must be at most 9223372036854775807",
+            ShareError::Time => {
+                "share times must be at most 9223372036854775807 (and a hold's end above 0)"
+            }
             ShareError::Version => "VERSION must be an integer from 0 to 9007199254740991",
         }
     }
@@ -418,8 +421,9 @@ impl ShareTable {
             (rate, burst, short)
         };
         let lease = req.period_ms * LEASE_PERIODS * MS;
+        // The id is allocated only for a new entry (below).
         let entry = Holder {
-            id: Box::from(req.holder),
+            id: Box::default(),
             want: req.want,
             rate,
             burst,
@@ -469,7 +473,8 @@ impl ShareTable {
                 (i, false)
             }
             Err(i) => {
-                self.holders.insert(i, entry);
+                let id = Box::from(req.holder);
+                self.holders.insert(i, Holder { id, ..entry });
                 (i, true)
             }
         };
@@ -540,7 +545,7 @@ impl ShareTable {
     }
 
     /// Applies one effect (`RL.SETSHARES`): the limit, the entries dead at `prune`
-    /// dropped, `entry` set. Every check runs first (the entry's own, the table's size),
+    /// dropped (none end at 0: `Some(0)` drops nothing), `entry` set. Every check runs first (the entry's own, the table's size),
     /// so an error changes nothing; the result is a table [`ShareTable::validate`]
     /// accepts. Returns (entries pruned, whether the entry is new).
     pub fn apply(
@@ -1043,6 +1048,9 @@ mod tests {
         let mut late = h(b"a");
         late.held_until = u64::MAX;
         assert_eq!(bad(vec![late]), LoadError::Share(ShareError::Time));
+        let mut zero = h(b"a");
+        zero.held_until = 0;
+        assert_eq!(bad(vec![zero]), LoadError::Share(ShareError::Time));
         assert!(matches!(
             ShareTable::validate(0.0, 1.0, 0, vec![h(b"a")]),
             Err(LoadError::Limit(_))
