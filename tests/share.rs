@@ -44,10 +44,17 @@ fn pexpiretime(c: &mut Connection, key: &str) -> i64 {
     redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap()
 }
 
-/// How much the AOF has been sent so far (the server runs with `appendonly yes`): what a
-/// write propagates goes there before its reply.
+/// How much the master has propagated so far (it has a replica: see [`with_replica`]).
 fn offset(c: &mut Connection) -> u64 {
-    info_field(c, "persistence", "aof_current_size")
+    info_field(c, "replication", "master_repl_offset")
+}
+
+/// A master with a replica attached, so that `master_repl_offset` counts what it sends.
+fn with_replica() -> (Server, Server) {
+    let s = Server::start(&[]);
+    let replica = Server::start(&[]);
+    replicate(&replica, &s);
+    (s, replica)
 }
 
 #[test]
@@ -134,7 +141,7 @@ fn replies_are_doubles_under_resp3_and_strings_under_resp2() {
 
 #[test]
 fn bad_input_is_a_clear_error_that_changes_nothing() {
-    let s = Server::start(&["--appendonly", "yes"]);
+    let (s, _replica) = with_replica();
     let mut c = s.conn();
     share(&mut c, &["k", "10", "10", "a", "1", LONG]);
     let long = "x".repeat(65);
@@ -281,7 +288,7 @@ fn share_keys_and_other_keys_are_different_types() {
 
 #[test]
 fn release_gives_the_share_up_and_an_unknown_release_writes_nothing() {
-    let s = Server::start(&["--appendonly", "yes"]);
+    let (s, _replica) = with_replica();
     let mut c = s.conn();
     share(&mut c, &["k", "10", "10", "a", "1", LONG]);
     share(&mut c, &["k", "10", "10", "b", "1", LONG]);
