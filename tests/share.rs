@@ -746,3 +746,40 @@ fn counted_documented_and_in_the_write_category() {
         assert!(set == "array([nil])" || set.contains("@dangerous"), "{set}");
     }
 }
+
+/// Two rollouts fighting over a key (limits flapping at one version, then a newer version
+/// with a smaller limit): no call gets more than the limit it was decided under, the
+/// shares given never sum above the largest limit in force, and a replica follows exactly.
+#[test]
+fn flapping_limits_and_a_drop_never_give_more_than_the_limit() {
+    let (s, replica) = with_replica();
+    let mut c = s.conn();
+    let limits = [("100", 100.0), ("10", 10.0)];
+    let mut given: Vec<(String, f64)> = Vec::new();
+    for round in 0..6 {
+        for h in 0..8 {
+            let (text, rate) = limits[(round + h) % 2];
+            let id = format!("h{h}");
+            let r = share(&mut c, &["flap", text, text, &id, "30", LONG]);
+            assert!(r.0 <= rate && r.1 <= rate, "{r:?} under {rate}");
+            given.retain(|(who, _)| *who != id);
+            given.push((id, r.0));
+            let sum: f64 = given.iter().map(|(_, r)| r).sum();
+            assert!(sum <= 100.0 * (1.0 + 1e-12), "{sum}");
+        }
+    }
+    // A newer version drops the limit: every call from now on gets at most its share of
+    // 5, and nothing while the old shares still exceed it.
+    for h in 0..8 {
+        let id = format!("h{h}");
+        let r = share(&mut c, &["flap", "5", "5", &id, "30", LONG, "VERSION", "1"]);
+        assert!(r.0 <= 5.0 && r.1 <= 5.0, "{r:?}");
+        // An old caller is held to the new limit too.
+        let r = share(&mut c, &["flap", "100", "100", &id, "30", LONG]);
+        assert!(r.0 <= 5.0 && r.1 <= 5.0, "stale {r:?}");
+    }
+    assert!(info_field(&mut c, "rl", "rl_limit_conflicts") > 0);
+    assert!(info_field(&mut c, "rl", "rl_limit_stale") >= 8);
+    wait_synced(&s, &replica);
+    assert_eq!(digest(&mut replica.conn(), "flap"), digest(&mut c, "flap"));
+}
