@@ -45,8 +45,9 @@ impl Num {
             if scaled >= TWO_52 {
                 return false;
             }
-            // The product may be off by a rounding: its nearest integer is the candidate.
-            let digits = scaled.round() as u64;
+            // The product may be off by a rounding: its nearest integer is the candidate
+            // (`as` truncates; no call into libm).
+            let digits = (scaled + 0.5) as u64;
             if digits as f64 / p == x {
                 self.write_fixed(digits, k);
                 return true;
@@ -88,13 +89,35 @@ impl Num {
         self.len = CAP - out.len();
     }
 
-    /// An integer's text.
-    pub fn int(n: u64) -> Num {
+    /// An integer's text (two digits a step: times have 19).
+    pub fn int(mut n: u64) -> Num {
+        const PAIRS: &[u8; 200] = b"\
+0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+        let mut tmp = [0u8; 20];
+        let mut i = tmp.len();
+        while n >= 100 {
+            let p = (n % 100) as usize * 2;
+            n /= 100;
+            i -= 2;
+            tmp[i..i + 2].copy_from_slice(&PAIRS[p..p + 2]);
+        }
+        if n >= 10 {
+            let p = n as usize * 2;
+            i -= 2;
+            tmp[i..i + 2].copy_from_slice(&PAIRS[p..p + 2]);
+        } else {
+            i -= 1;
+            tmp[i] = b'0' + n as u8;
+        }
         let mut num = Num {
             buf: [0; CAP],
-            len: 0,
+            len: tmp.len() - i,
         };
-        num.write_fixed(n, 0);
+        num.buf[..num.len].copy_from_slice(&tmp[i..]);
         num
     }
 
@@ -162,7 +185,7 @@ mod tests {
         assert_eq!(text(100.0), "100");
         assert_eq!(text(0.05), "0.05");
         assert_eq!(text(1e15), "1000000000000000");
-        for n in [0, 7, 10, 1_796_156_813_907_882_057, u64::MAX] {
+        for n in [0, 7, 10, 99, 100, 101, 1_796_156_813_907_882_057, u64::MAX] {
             assert_eq!(Num::int(n).bytes(), n.to_string().as_bytes());
         }
     }

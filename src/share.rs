@@ -6,9 +6,11 @@
 //! rate burst lease_end held_rate held_burst held_until` (doubles, unsigneds, the id a
 //! string). The key's expiry is its last entry's end ([`ShareTable::last_end`]).
 //!
-//! Effects: `RL.SETSHARES key rate cap version [PRUNE t] SET holder
+//! Effects: `RL.SETSHARES key rate cap version prune_at holder
 //! want,rate,burst,lease_end,held_rate,held_burst,held_until`: the limit, the entries ended
-//! at `t` dropped, one entry set (its numbers in one argument: see [`EntryText`]). Checked by [`ShareTable::apply`], which runs the checks RDB load runs
+//! at `prune_at` dropped (0 on AOF rewrite: no entry ends at 0), one entry set (its numbers
+//! in one argument: see [`EntryText`]). Positional, so that each call's effect makes as
+//! few objects in the server as it can. Checked by [`ShareTable::apply`], which runs the checks RDB load runs
 //! ([`ShareTable::validate`]) before anything changes.
 
 use crate::error::{Error, Result};
@@ -141,47 +143,71 @@ pub fn parse_entry(id: &[u8], text: &[u8]) -> Option<Holder> {
     })
 }
 
+/// The texts of a limit in an effect: the caller's own arguments where its limit decided
+/// the call (nothing to format), else the stored limit's shortest texts.
+pub enum LimitText {
+    Args { rate: Str, cap: Str },
+    Stored,
+}
+
 /// The effect that sets `table`'s limit and entry `h`, dropping entries ended at `prune`
 /// first: `holder` is the id as a Redis string where the caller has one.
 fn with_effect(
     table: &ShareTable,
     key: Str,
+    limit: LimitText,
     holder: Option<Str>,
     h: &Holder,
     prune: Option<Nanos>,
     send: impl FnOnce(&[EffectArg]),
 ) {
-    let (rate, cap) = (
-        Num::new(table.limit().rate()),
-        Num::new(table.limit().cap()),
-    );
-    let (version, at) = (Num::int(table.version()), prune.map(Num::int));
+    let limit = match limit {
+        LimitText::Args { rate, cap } => Err((rate, cap)),
+        LimitText::Stored => Ok((
+            Num::new(table.limit().rate()),
+            Num::new(table.limit().cap()),
+        )),
+    };
+    let (version, at) = (Num::int(table.version()), Num::int(prune.unwrap_or(0)));
     let entry = EntryText::new(h);
-    let mut args = [EffectArg::Int(0); 9];
+    let mut args = [EffectArg::Int(0); 7];
     let mut len = 0;
     let mut push = |a| {
         args[len] = a;
         len += 1;
     };
     push(EffectArg::Str(key));
-    push(EffectArg::Bytes(rate.bytes()));
-    push(EffectArg::Bytes(cap.bytes()));
-    push(EffectArg::Bytes(version.bytes()));
-    if let Some(t) = &at {
-        push(EffectArg::Text(c"PRUNE"));
-        push(EffectArg::Bytes(t.bytes()));
+    match &limit {
+        Err((rate, cap)) => {
+            push(EffectArg::Str(*rate));
+            push(EffectArg::Str(*cap));
+        }
+        Ok((rate, cap)) => {
+            push(EffectArg::Bytes(rate.bytes()));
+            push(EffectArg::Bytes(cap.bytes()));
+        }
     }
-    push(EffectArg::Text(c"SET"));
+    push(EffectArg::Bytes(version.bytes()));
+    push(EffectArg::Bytes(at.bytes()));
     push(holder.map_or(EffectArg::Bytes(&h.id), EffectArg::Str));
     push(EffectArg::Bytes(entry.bytes()));
     send(&args[..len]);
 }
 
 /// Replicates what a call did: the limit, entries ended at `now` dropped, entry `index`.
-pub fn propagate(ctx: Ctx, key: Str, holder: Str, table: &ShareTable, index: usize, now: Nanos) {
+pub fn propagate(
+    ctx: Ctx,
+    key: Str,
+    limit: LimitText,
+    holder: Str,
+    table: &ShareTable,
+    index: usize,
+    now: Nanos,
+) {
     with_effect(
         table,
         key,
+        limit,
         Some(holder),
         &table.holders()[index],
         Some(now),
@@ -191,7 +217,7 @@ pub fn propagate(ctx: Ctx, key: Str, holder: Str, table: &ShareTable, index: usi
 
 pub fn rewrite(aof: &Aof, key: Str, t: &ShareTable) {
     for h in t.holders() {
-        with_effect(t, key, None, h, None, |args| {
+        with_effect(t, key, LimitText::Stored, None, h, None, |args| {
             crate::ffi::emit_aof(aof, c"RL.SETSHARES", args)
         });
     }
@@ -276,13 +302,11 @@ impl ShareKey {
         self.expire_at(expires_at);
     }
 
-    /// After the table was changed in place: the key expires when its last entry ends.
+    /// After the table was changed in place: the key expires when its last entry ends
+    /// (set without reading the old expiry: every write moves it, almost always).
     pub fn expire_at(&self, at: Nanos) {
         self.modified.set(true);
-        let ms = rl_core::ceil_millis(at) as i64;
-        if self.key.expire_ms() != ms {
-            self.key.set_expire_ms(ms);
-        }
+        self.key.set_expire_ms(rl_core::ceil_millis(at) as i64);
     }
 }
 

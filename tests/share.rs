@@ -44,10 +44,17 @@ fn pexpiretime(c: &mut Connection, key: &str) -> i64 {
     redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap()
 }
 
-/// How much the AOF has been sent so far (the server runs with `appendonly yes`): what a
-/// write propagates goes there before its reply.
+/// How much the master has propagated so far (it has a replica: see [`with_replica`]).
 fn offset(c: &mut Connection) -> u64 {
-    info_field(c, "persistence", "aof_current_size")
+    info_field(c, "replication", "master_repl_offset")
+}
+
+/// A master with a replica attached, so that `master_repl_offset` counts what it sends.
+fn with_replica() -> (Server, Server) {
+    let s = Server::start(&[]);
+    let replica = Server::start(&[]);
+    replicate(&replica, &s);
+    (s, replica)
 }
 
 #[test]
@@ -134,7 +141,7 @@ fn replies_are_doubles_under_resp3_and_strings_under_resp2() {
 
 #[test]
 fn bad_input_is_a_clear_error_that_changes_nothing() {
-    let s = Server::start(&["--appendonly", "yes"]);
+    let (s, _replica) = with_replica();
     let mut c = s.conn();
     share(&mut c, &["k", "10", "10", "a", "1", LONG]);
     let long = "x".repeat(65);
@@ -281,7 +288,7 @@ fn share_keys_and_other_keys_are_different_types() {
 
 #[test]
 fn release_gives_the_share_up_and_an_unknown_release_writes_nothing() {
-    let s = Server::start(&["--appendonly", "yes"]);
+    let (s, _replica) = with_replica();
     let mut c = s.conn();
     share(&mut c, &["k", "10", "10", "a", "1", LONG]);
     share(&mut c, &["k", "10", "10", "b", "1", LONG]);
@@ -488,7 +495,7 @@ fn forged_effects_and_payloads_are_refused() {
         f.join(",")
     };
     let args = |key: &str, rate: &str, cap: &str, version: &str, holder: &str, entry: String| {
-        [key, rate, cap, version, "SET", holder]
+        [key, rate, cap, version, "0", holder]
             .iter()
             .map(|s| s.to_string())
             .chain([entry])
@@ -536,12 +543,13 @@ fn forged_effects_and_payloads_are_refused() {
     ] {
         forged.push(args("k", "10", "10", "0", "b", entry(i, v)));
     }
-    let mut no_set: Vec<String> = good[..4].to_vec();
-    no_set.extend(["PRUNE".into(), "1".into()]);
-    forged.push(no_set);
-    let mut twice = good.clone();
-    twice.extend(good[4..].iter().cloned());
-    forged.push(twice);
+    forged.push(good[..6].to_vec());
+    let mut more = good.clone();
+    more.push("x".into());
+    forged.push(more);
+    let mut prune = good.clone();
+    prune[4] = "-1".into();
+    forged.push(prune);
     for args in &forged {
         let r = redis::cmd("RL.SETSHARES").arg(args).query::<Value>(&mut c);
         assert!(r.is_err(), "{args:?} accepted");
@@ -737,4 +745,41 @@ fn counted_documented_and_in_the_write_category() {
     if info.contains("@write") {
         assert!(set == "array([nil])" || set.contains("@dangerous"), "{set}");
     }
+}
+
+/// Two rollouts fighting over a key (limits flapping at one version, then a newer version
+/// with a smaller limit): no call gets more than the limit it was decided under, the
+/// shares given never sum above the largest limit in force, and a replica follows exactly.
+#[test]
+fn flapping_limits_and_a_drop_never_give_more_than_the_limit() {
+    let (s, replica) = with_replica();
+    let mut c = s.conn();
+    let limits = [("100", 100.0), ("10", 10.0)];
+    let mut given: Vec<(String, f64)> = Vec::new();
+    for round in 0..6 {
+        for h in 0..8 {
+            let (text, rate) = limits[(round + h) % 2];
+            let id = format!("h{h}");
+            let r = share(&mut c, &["flap", text, text, &id, "30", LONG]);
+            assert!(r.0 <= rate && r.1 <= rate, "{r:?} under {rate}");
+            given.retain(|(who, _)| *who != id);
+            given.push((id, r.0));
+            let sum: f64 = given.iter().map(|(_, r)| r).sum();
+            assert!(sum <= 100.0 * (1.0 + 1e-12), "{sum}");
+        }
+    }
+    // A newer version drops the limit: every call from now on gets at most its share of
+    // 5, and nothing while the old shares still exceed it.
+    for h in 0..8 {
+        let id = format!("h{h}");
+        let r = share(&mut c, &["flap", "5", "5", &id, "30", LONG, "VERSION", "1"]);
+        assert!(r.0 <= 5.0 && r.1 <= 5.0, "{r:?}");
+        // An old caller is held to the new limit too.
+        let r = share(&mut c, &["flap", "100", "100", &id, "30", LONG]);
+        assert!(r.0 <= 5.0 && r.1 <= 5.0, "stale {r:?}");
+    }
+    assert!(info_field(&mut c, "rl", "rl_limit_conflicts") > 0);
+    assert!(info_field(&mut c, "rl", "rl_limit_stale") >= 8);
+    wait_synced(&s, &replica);
+    assert_eq!(digest(&mut replica.conn(), "flap"), digest(&mut c, "flap"));
 }

@@ -112,7 +112,8 @@ impl Holder {
                 return Err(ShareError::Field);
             }
         }
-        if self.lease_end > MAX_FIELD || self.held_until > MAX_FIELD {
+        // Every call sets a hold (`T + HOLD`), so no entry ends at 0.
+        if self.lease_end > MAX_FIELD || !(1..=MAX_FIELD).contains(&self.held_until) {
             return Err(ShareError::Time);
         }
         Ok(())
@@ -149,7 +150,9 @@ impl ShareError {
             ShareError::Empty => "a share key holds at least one holder",
             ShareError::Order => "holders must be unique, in ascending order",
             ShareError::Field => "share rates and bursts must be finite numbers from 0 to 1e15",
-            ShareError::Time => "share times must be at most 9223372036854775807",
+            ShareError::Time => {
+                "share times must be at most 9223372036854775807 (and a hold's end above 0)"
+            }
             ShareError::Version => "VERSION must be an integer from 0 to 9007199254740991",
         }
     }
@@ -364,23 +367,7 @@ impl ShareTable {
 
         // One pass over the others: what they may still use, who is live, when the
         // first of their commitments ends, how many are dead.
-        let mut s = Scan::default();
-        for (i, h) in self.holders.iter().enumerate() {
-            if found == Ok(i) {
-                continue;
-            }
-            if h.is_dead(now) {
-                s.dead += 1;
-                continue;
-            }
-            s.last_end = s.last_end.max(h.end());
-            s.rate = add_up(s.rate, h.rate_at(now));
-            s.burst = add_up(s.burst, h.burst_at(now));
-            if h.is_live(now) {
-                s.live += 1;
-                s.wants += h.want;
-            }
-        }
+        let s = self.scan(found.ok(), now);
         let others = self.holders.len() - s.dead - usize::from(found.is_ok());
 
         if req.release && !own.is_some_and(|h| h.is_live(now)) {
@@ -408,7 +395,7 @@ impl ShareTable {
         let (rate, burst, short) = if req.release {
             (0.0, 0.0, false)
         } else {
-            let target = self.target(&limit, req, &s, found.ok(), now);
+            let target = Self::target(&limit, req, &s);
             let target_burst = target * limit.cap() / limit.rate();
             let free = sub_down(limit.rate(), s.rate);
             let free_burst = sub_down(limit.cap(), s.burst);
@@ -418,8 +405,9 @@ impl ShareTable {
             (rate, burst, short)
         };
         let lease = req.period_ms * LEASE_PERIODS * MS;
+        // The id is allocated only for a new entry (below).
         let entry = Holder {
-            id: Box::from(req.holder),
+            id: Box::default(),
             want: req.want,
             rate,
             burst,
@@ -469,7 +457,8 @@ impl ShareTable {
                 (i, false)
             }
             Err(i) => {
-                self.holders.insert(i, entry);
+                let id = Box::from(req.holder);
+                self.holders.insert(i, Holder { id, ..entry });
                 (i, true)
             }
         };
@@ -504,16 +493,49 @@ impl ShareTable {
         next
     }
 
+    /// One pass over the entries but `own`: what they may still use at `now` (an upper
+    /// bound of the exact sums: see [`Sum`]), the live ones' wants (kept in
+    /// [`WANTS`] for the water level), when the last ends, how many are dead.
+    fn scan(&self, own: Option<usize>, now: Nanos) -> Scan {
+        let own = own.unwrap_or(usize::MAX);
+        let mut s = Scan::default();
+        let (mut rate, mut burst, mut counted) = (Sum::default(), Sum::default(), 0usize);
+        WANTS.with(|w| {
+            let mut w = w.borrow_mut();
+            w.clear();
+            for (i, h) in self.holders.iter().enumerate() {
+                let end = h.end();
+                if i == own || now >= end {
+                    s.dead += usize::from(i != own);
+                    continue;
+                }
+                s.last_end = s.last_end.max(end);
+                let live = now < h.lease_end;
+                let held = now < h.held_until;
+                let (r, b) = if live { (h.rate, h.burst) } else { (0.0, 0.0) };
+                let (hr, hb) = if held {
+                    (h.held_rate, h.held_burst)
+                } else {
+                    (0.0, 0.0)
+                };
+                rate.add(r.max(hr));
+                burst.add(b.max(hb));
+                counted += 1;
+                if live {
+                    s.live += 1;
+                    s.wants += h.want;
+                    w.push(h.want);
+                }
+            }
+        });
+        s.rate = rate.up(counted);
+        s.burst = burst.up(counted);
+        s
+    }
+
     /// The holder's fair share among the live holders (itself included, with its new
     /// want): in proportion to the wants when they fit the rate, else max-min fair.
-    fn target(
-        &self,
-        limit: &Limit,
-        req: &ShareRequest,
-        s: &Scan,
-        own: Option<usize>,
-        now: Nanos,
-    ) -> f64 {
+    fn target(limit: &Limit, req: &ShareRequest, s: &Scan) -> f64 {
         let rate = limit.rate();
         let n = s.live + 1;
         let sum = s.wants + req.want;
@@ -528,19 +550,16 @@ impl ShareTable {
         if req.want <= rate / n as f64 {
             return req.want;
         }
-        let wants = self
-            .holders
-            .iter()
-            .enumerate()
-            .filter(|&(i, h)| Some(i) != own && h.is_live(now))
-            .map(|(_, h)| h.want)
-            .chain(std::iter::once(req.want));
-        let level = with_scratch(n, wants, |v| water_level(v, rate));
+        let level = WANTS.with(|w| {
+            let mut w = w.borrow_mut();
+            w.push(req.want);
+            water_level(&mut w, rate)
+        });
         req.want.min(level)
     }
 
     /// Applies one effect (`RL.SETSHARES`): the limit, the entries dead at `prune`
-    /// dropped, `entry` set. Every check runs first (the entry's own, the table's size),
+    /// dropped (none end at 0: `Some(0)` drops nothing), `entry` set. Every check runs first (the entry's own, the table's size),
     /// so an error changes nothing; the result is a table [`ShareTable::validate`]
     /// accepts. Returns (entries pruned, whether the entry is new).
     pub fn apply(
@@ -632,25 +651,39 @@ fn non_negative(x: f64) -> f64 {
     }
 }
 
-/// Runs `f` on the values of `items` (at most `n`) in a scratch buffer: on the stack for
-/// small tables, else on the heap.
-fn with_scratch<R>(
-    n: usize,
-    items: impl Iterator<Item = f64>,
-    f: impl FnOnce(&mut [f64]) -> R,
-) -> R {
-    const STACK: usize = 64;
-    if n <= STACK {
-        let mut buf = [0.0f64; STACK];
-        let mut len = 0;
-        for x in items.take(STACK) {
-            buf[len] = x;
-            len += 1;
+thread_local! {
+    /// The live holders' wants seen by the last scan (Redis runs commands on one thread;
+    /// the buffer is kept so that no call allocates for it).
+    static WANTS: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A sum of non-negative terms, and whether any addition rounded.
+#[derive(Default)]
+struct Sum {
+    sum: f64,
+    /// The rounding errors' sizes, summed (0: the sum is exact).
+    lost: f64,
+}
+
+impl Sum {
+    fn add(&mut self, x: f64) {
+        // Knuth's two-sum: the exact error of one addition, with no branch.
+        let s = self.sum + x;
+        let b = s - self.sum;
+        let e = (self.sum - (s - b)) + (x - b);
+        self.sum = s;
+        self.lost += e.abs();
+    }
+
+    /// At least the exact sum of the `n` terms added: the sum itself if no addition
+    /// rounded (the common case: shares like 62.5), else the sum raised by more than its
+    /// worst rounding (a plain sum of `n` non-negative terms is below the exact one by
+    /// less than `n * 2^-53` of it): off by far less than a part in a billion.
+    fn up(&self, n: usize) -> f64 {
+        if self.lost == 0.0 {
+            return self.sum;
         }
-        f(&mut buf[..len])
-    } else {
-        let mut v: Vec<f64> = items.collect();
-        f(&mut v)
+        crate::round::mul_up(self.sum, 1.0 + n as f64 * f64::EPSILON)
     }
 }
 
@@ -1043,6 +1076,9 @@ mod tests {
         let mut late = h(b"a");
         late.held_until = u64::MAX;
         assert_eq!(bad(vec![late]), LoadError::Share(ShareError::Time));
+        let mut zero = h(b"a");
+        zero.held_until = 0;
+        assert_eq!(bad(vec![zero]), LoadError::Share(ShareError::Time));
         assert!(matches!(
             ShareTable::validate(0.0, 1.0, 0, vec![h(b"a")]),
             Err(LoadError::Limit(_))

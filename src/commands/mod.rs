@@ -372,20 +372,14 @@ const SHARE_ARGS: &[ArgDoc] = &[
     Opt::Release.doc(),
     VERSION,
 ];
-const SHARE_ENTRY: &[ArgDoc] = &[
-    ArgDoc::string(c"holder"),
-    ArgDoc::string(c"want,rate,burst,lease_end,held_rate,held_burst,held_until"),
-];
 const SETSHARES_ARGS: &[ArgDoc] = &[
     KEY,
     RATE,
     CAP,
     ArgDoc::integer(c"version"),
-    ArgDoc::integer(c"t").after(c"PRUNE"),
-    ArgDoc {
-        token: Some(c"SET"),
-        ..ArgDoc::block(c"entry", SHARE_ENTRY)
-    },
+    ArgDoc::integer(c"prune_at"),
+    ArgDoc::string(c"holder"),
+    ArgDoc::string(c"want,rate,burst,lease_end,held_rate,held_burst,held_until"),
 ];
 
 /// Every command, as Redis is told about it (registered in this order at load).
@@ -556,7 +550,7 @@ pub static COMMANDS: &[Spec] = &[
         counting: Counting::Elsewhere,
         flags: c"write deny-oom",
         keys: Keys::OneWritten,
-        arity: -8,
+        arity: 8,
         summary: c"Internal: sets a share key's limit and one holder (what replicas and the AOF receive)",
         complexity: c"O(H) where H is the number of holders on the key (at most 4096)",
         acl: c"write admin dangerous",

@@ -10,10 +10,10 @@ use crate::error::{Error, Result};
 use crate::ffi::Ctx;
 use crate::grammar::{self, Opt};
 use crate::reply::{Reply, Scalar};
-use crate::share::{self, ShareKey};
+use crate::share::{self, LimitText, ShareKey};
 use crate::{clock, ops, stats};
 use rl_core::namespace::Outcome;
-use rl_core::{ShareError, ShareRequest, ShareTable};
+use rl_core::{Applied, ShareError, ShareRequest, ShareTable};
 
 /// The options `RL.SHARE` takes (its `COMMAND DOCS` table lists the same).
 pub const OPTIONS: &[Opt] = &[Opt::Release, Opt::Version];
@@ -44,6 +44,7 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
     .map_err(invalid)?;
 
     let (name, holder_arg) = (args.raw(0)?, args.raw(3)?);
+    let (rate_arg, cap_arg) = (args.raw(1)?, args.raw(2)?);
     let ns = ops::enter(name.bytes());
     let now = clock::now();
     let key = ShareKey::open(ctx, name);
@@ -62,7 +63,15 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
     if d.written {
         super::count_applied(d.applied);
         // Queued now, sent after the command: the table is still at hand here.
-        share::propagate(ctx, name, holder_arg, table, d.index, now);
+        let limit = match d.applied {
+            // Decided under the stored limit: the effect carries it, not the caller's.
+            Applied::Stale => LimitText::Stored,
+            _ => LimitText::Args {
+                rate: rate_arg,
+                cap: cap_arg,
+            },
+        };
+        share::propagate(ctx, name, limit, holder_arg, table, d.index, now);
         if is_new {
             key.create(
                 std::mem::replace(table, ShareTable::new(req.limit, 0)),

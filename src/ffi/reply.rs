@@ -10,7 +10,7 @@ use std::os::raw::{c_int, c_long};
 pub fn reply(ctx: Ctx, r: &Reply) {
     match r {
         Reply::Int(v) => reply_integer(ctx, *v),
-        Reply::Double(v) => reply_double(ctx, *v),
+        Reply::Double(v) => reply_double(ctx, *v, is_resp3(ctx)),
         Reply::Null => reply_null(ctx),
         Reply::Ok => reply_ok(ctx),
         Reply::Text(s) => reply_text(ctx, s),
@@ -24,10 +24,14 @@ pub fn reply(ctx: Ctx, r: &Reply) {
         }
         Reply::Row(row) => {
             reply_array(ctx, row.items().len());
+            let mut resp3 = None;
             for item in row.items() {
                 match *item {
                     Scalar::Int(v) => reply_integer(ctx, v),
-                    Scalar::Double(v) => reply_double(ctx, v),
+                    Scalar::Double(v) => {
+                        let resp3 = *resp3.get_or_insert_with(|| is_resp3(ctx));
+                        reply_double(ctx, v, resp3)
+                    }
                     Scalar::Null => reply_null(ctx),
                 }
             }
@@ -52,14 +56,18 @@ fn reply_integer(ctx: Ctx, v: i64) {
     rm!(RedisModule_ReplyWithLongLong(ctx.0, v));
 }
 
+/// Whether the caller speaks RESP3 (asked once per reply, not per number).
+fn is_resp3(ctx: Ctx) -> bool {
+    rm!(RedisModule_GetContextFlags(ctx.0)) as u32 & raw::REDISMODULE_CTX_FLAGS_RESP3 != 0
+}
+
 /// A double: RESP3's double type, or under RESP2 a bulk string in the shortest form that
 /// reads back as the same number (`0.1`, not Redis's `%.17g` `0.10000000000000001`, which
 /// also costs some 4,000 instructions to format). Not inlined: the benchmark profile
 /// reports its cost by name.
 #[inline(never)]
-fn reply_double(ctx: Ctx, v: f64) {
-    let resp3 = rm!(RedisModule_GetContextFlags(ctx.0)) as u32 & raw::REDISMODULE_CTX_FLAGS_RESP3;
-    if resp3 != 0 {
+fn reply_double(ctx: Ctx, v: f64, resp3: bool) {
+    if resp3 {
         rm!(RedisModule_ReplyWithDouble(ctx.0, v));
         return;
     }
