@@ -251,11 +251,20 @@ class _Core:
         self.metrics.decided(d.granted, d.tokens, True)
         return d
 
-    def crowded_out(self, n: int) -> Decision:
-        """Two lease calls of other takes landed (Redis answered) and left nothing for this
-        one: a denial, never a policy decision (Redis is up)."""
-        self.metrics.decided(False, 0, False)
-        return Decision(False, 0.0, 0, 0, 0, self.cap, Source.SERVER)
+    def after(self, busy: _Flight, n: int) -> Optional[Decision]:
+        """A take that waited for another's lease call ``busy``, once it ended: a grant from
+        what it brought, the denial Redis gave (cached per size), the error reply it got
+        (raised to every caller that waited for it), or the failure policy if it found an
+        outage. ``None``: it left nothing for this take, which asks Redis itself."""
+        d, _ = self.decide_locally(n)
+        if d is not None:
+            return d
+        e = busy.error
+        if isinstance(e, ServerError):
+            raise _copy(e)
+        if self.health.down:
+            return self.fallback_decision(n)
+        return None
 
     def answered(self) -> None:
         if self.health.succeeded():
@@ -446,6 +455,26 @@ def _failed(core: _Core, flight: _Flight, e: BaseException) -> List[_Lease]:
     return core.fail(flight, e)
 
 
+async def _landed(flight: _Flight, deadline: Optional[float]) -> bool:
+    """Waits until ``flight`` ended or ``deadline``; whether it ended."""
+    task = flight.task
+    if task is not None and task.get_loop() is asyncio.get_running_loop():
+        left = None if deadline is None else max(0.0, deadline - now())
+        await asyncio.wait({task}, timeout=left)
+    else:  # sent from another event loop (another thread): not awaitable here
+        while not flight.event.is_set() and (deadline is None or now() < deadline):
+            await asyncio.sleep(0.001)
+    return flight.event.is_set() or flight.done
+
+
+def _copy(e: ServerError) -> ServerError:
+    """The error of a lease call for one more caller (an exception raised in several
+    threads at once would share one traceback)."""
+    copy = type(e)(*e.args)
+    copy.__cause__ = e.__cause__
+    return copy
+
+
 def _as_server_error(e: BaseException) -> BaseException:
     if isinstance(e, ProtocolError):
         return e
@@ -575,21 +604,19 @@ class PrefetchLimiter(_Base):
     def _lease(self, n: int, deadline: Optional[float]) -> Decision:
         core = self._core
         self._resolve(deadline)
-        for _ in range(2):
+        while True:
             flight, busy = core.begin(n)
             if flight is not None:
                 return self._await(flight, deadline)
-            # Another lease call is in the air: wait for it, then look again.
+            # Another lease call is in the air: wait for it (within this take's timeout),
+            # then look again: its batch, its denial, its error or the outage it found.
             assert busy is not None
             if not busy.event.wait(self._call.remaining(deadline)):
                 core.stalled(busy)
                 raise concurrent.futures.TimeoutError()
-            d, _ = core.decide_locally(n)
+            d = core.after(busy, n)
             if d is not None:
                 return d
-            if core.health.down:
-                return core.fallback_decision(n)
-        return core.crowded_out(n)
 
     def _send(self, flight: _Flight) -> None:
         core = self._core
@@ -828,23 +855,18 @@ class AsyncPrefetchLimiter(_Base):
     async def _lease(self, n: int, deadline: Optional[float]) -> Decision:
         core = self._core
         await self._resolve(deadline)
-        for _ in range(2):
+        while True:
             flight, busy = core.begin(n)
             if flight is not None:
                 return await self._await(flight, deadline)
-            # Another lease call is in the air: wait for it, then look again.
+            # Another lease call is in the air: wait for it (as the sync twin does).
             assert busy is not None
-            if busy.task is not None and not busy.done:
-                done, _ = await asyncio.wait({busy.task}, timeout=self._remaining(deadline))
-                if not done:
-                    core.stalled(busy)
-                    raise asyncio.TimeoutError()
-            d, _ = core.decide_locally(n)
+            if not await _landed(busy, deadline):
+                core.stalled(busy)
+                raise asyncio.TimeoutError()
+            d = core.after(busy, n)
             if d is not None:
                 return d
-            if core.health.down:
-                return core.fallback_decision(n)
-        return core.crowded_out(n)
 
     def _send(self, flight: _Flight) -> asyncio.Task[None]:
         core = self._core
