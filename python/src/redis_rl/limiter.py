@@ -18,7 +18,9 @@ from ._call import (
     AsyncCaller,
     BackendTask,
     SyncCaller,
+    aexecute,
     aresolve_backend,
+    execute,
     resolve_backend,
     server_error,
 )
@@ -193,10 +195,13 @@ class Limiter(_Base):
         core = self._core
 
         def late(reply: Any) -> None:
-            with contextlib.suppress(Exception):  # the grant then stays spent
-                if parse(reply).granted > 0 and core.protocol is not None:
-                    self.client.execute_command(*core.protocol.refund(key, n))
-                    core.metrics.add("tokens_returned", n)
+            in_debt = _late_grant(reply, parse)
+            if in_debt is None or core.protocol is None:
+                return
+            credited: Optional[float] = None
+            with contextlib.suppress(Exception):  # the grant then stays spent: lost
+                credited = p.to_float(execute(self.client, *core.protocol.refund(key, n)))
+            _count_refund(core.metrics, in_debt, credited)
 
         return late
 
@@ -272,16 +277,39 @@ class Limiter(_Base):
             time.sleep(r.wait_ms / 1000)
         return d
 
-    def refund(self, n: int, *, key: Optional[str] = None) -> int:
+    def refund(self, n: int, *, key: Optional[str] = None) -> float:
         """``RL.REFUND``: gives back ``n`` tokens (say the reserved call was never made);
-        returns the tokens credited. Raises on Redis errors."""
+        returns the tokens credited (fewer if the bucket refilled meanwhile, 0 in debt).
+        Raises on Redis errors."""
         key = self._core.key if key is None else key
-        return p.to_int(self._call(self._protocol().refund(key, n)))
+        return p.to_float(self._call(self._protocol().refund(key, n)))
 
     def peek(self, *, key: Optional[str] = None) -> Optional[p.PeekReply]:
         """``RL.PEEK``: the bucket's state, consuming nothing (``None``: no key, full)."""
         key = self._core.key if key is None else key
         return p.parse_peek(self._call(self._protocol().peek(key)))
+
+
+def _late_grant(reply: Any, parse: Callable[[Any], Any]) -> Optional[bool]:
+    """A reply nobody waited for: ``None`` if it granted nothing (nothing to refund), else
+    whether it left the bucket in debt (a reserve: the refund will credit nothing)."""
+    try:
+        r = parse(reply)
+    except Exception:
+        return None
+    if r.granted <= 0:
+        return None
+    return bool(r.remaining < 0)
+
+
+def _count_refund(metrics: Metrics, in_debt: bool, credited: Optional[float]) -> None:
+    """A late grant refunded: what the bucket took back counts as returned (less than asked
+    if it refilled meanwhile); a refund that failed (``None``), or that a bucket in debt
+    took nothing of, leaves the take lost."""
+    if credited is not None:
+        metrics.add("tokens_returned", round(credited))
+    if credited is None or (in_debt and credited <= 0):
+        metrics.add("takes_lost")
 
 
 def _reserve_decision(core: _LimiterCore, key: str, n: int, r: p.ReserveReply) -> Decision:
@@ -352,10 +380,14 @@ class AsyncLimiter(_Base):
         core = self._core
 
         async def late(reply: Any) -> None:
-            with contextlib.suppress(Exception):  # the grant then stays spent
-                if parse(reply).granted > 0 and core.protocol is not None:
-                    await self.client.execute_command(*core.protocol.refund(key, n))
-                    core.metrics.add("tokens_returned", n)
+            in_debt = _late_grant(reply, parse)
+            if in_debt is None or core.protocol is None:
+                return
+            credited: Optional[float] = None
+            with contextlib.suppress(Exception):  # the grant then stays spent: lost
+                args = core.protocol.refund(key, n)
+                credited = p.to_float(await aexecute(self.client, *args))
+            _count_refund(core.metrics, in_debt, credited)
 
         return late
 
@@ -423,10 +455,10 @@ class AsyncLimiter(_Base):
             await asyncio.sleep(r.wait_ms / 1000)
         return d
 
-    async def refund(self, n: int, *, key: Optional[str] = None) -> int:
+    async def refund(self, n: int, *, key: Optional[str] = None) -> float:
         key = self._core.key if key is None else key
         proto = await self._protocol()
-        return p.to_int(await self._call(proto.refund(key, n)))
+        return p.to_float(await self._call(proto.refund(key, n)))
 
     async def peek(self, *, key: Optional[str] = None) -> Optional[p.PeekReply]:
         key = self._core.key if key is None else key
