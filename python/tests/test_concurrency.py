@@ -7,13 +7,25 @@ Timeouts here are long (10 s): the tests are about who waits for whom, not about
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
-from typing import List
+import time
+from typing import List, Union
 
+import pytest
 import redis.asyncio as aredis
 from conftest import Server
 
-from redis_rl import DENY, AsyncPrefetchLimiter, PrefetchLimiter, ServerError
+from redis_rl import (
+    DENY,
+    AsyncLimiter,
+    AsyncPrefetchLimiter,
+    Limiter,
+    PrefetchLimiter,
+    ServerError,
+    Source,
+)
 
 THREADS = 16
 TAKES = 200  # per caller: 3,200 in all, 3.2 % of the bucket
@@ -114,3 +126,50 @@ def test_every_async_caller_gets_the_error(server: Server, key: str) -> None:
         assert m["errors"] == 40 and m["denied"] == 0, m.snapshot()
 
     asyncio.run(run())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_forked_child_decides_though_a_parent_thread_held_the_locks(
+    server: Server, key: str, kind: str
+) -> None:
+    """A fork while another thread holds the limiter's locks (health, fallback, counters):
+    the child's take still decides (the locks are fresh in the child), it does not hang."""
+    lim: Union[Limiter, AsyncLimiter]
+    if kind == "sync":
+        lim = Limiter(server.client(), key, 10, 100, probe_interval=3600, backend="module")
+    else:
+        lim = AsyncLimiter(aredis.Redis(port=server.port), key, 10, 100, probe_interval=3600)
+    lim._core.health.failed()  # an outage: takes ask the policy (both locks, no Redis)
+    core = lim._core
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with core.health._lock, core.fallback._lock, core.metrics._lock:
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 if the take decided from the policy
+        code = 2
+        try:
+            d = lim.take() if isinstance(lim, Limiter) else asyncio.run(lim.take())
+            code = 0 if d.source is Source.FALLBACK and d.granted else 1
+        finally:
+            os._exit(code)
+    release.set()
+    holder.join()
+    deadline = time.monotonic() + 30  # generous: a hang never ends
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child hung on a lock held at the fork")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status

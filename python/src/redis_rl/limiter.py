@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
+import threading
 import time
+import weakref
 from typing import Any, Awaitable, Callable, List, Optional, Sequence, Tuple
 
 import redis.exceptions
@@ -40,6 +43,24 @@ def check_n(n: int, cap: float) -> None:
         raise ValueError("n must be a positive integer")
     if n > cap:
         raise ValueError("n must not exceed cap (it could never be granted)")
+
+
+#: Every limiter's state, to reset in a forked child.
+_cores: weakref.WeakSet[_LimiterCore] = weakref.WeakSet()
+
+
+def _reset_cores_in_child() -> None:
+    """A forked child (``multiprocessing``, a gunicorn worker) inherits the locks as they
+    were at the fork: one another thread of the parent held then stays held forever in
+    the child, and its first take would hang. The child starts with fresh ones."""
+    for core in list(_cores):
+        core.health._lock = threading.Lock()
+        core.fallback._lock = threading.Lock()
+        core.metrics._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_cores_in_child)
 
 
 class _LimiterCore:
@@ -78,6 +99,7 @@ class _LimiterCore:
         self.fallback = Fallback(
             policy, self.rate, self.cap, deny_retry_after_ms, instances=instances
         )
+        _cores.add(self)
 
     def answered(self) -> None:
         """Redis answered (a reply or an error reply): an outage ends."""
