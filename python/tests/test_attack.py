@@ -225,7 +225,7 @@ def test_cancelled_apermit_frees_its_slot(debug_server: Server, key: str) -> Non
         await ar.ping()  # connected: the RL.ACQUIRE below is sent at once
 
         async def hold() -> None:
-            async with apermit(ar, key, 1, 60_000, backend="module"):
+            async with apermit(ar, key, 1, ttl=60, timeout=10, backend="module"):
                 await asyncio.sleep(30)
 
         sleeper = await asyncio.to_thread(sleep_server, debug_server, 1)

@@ -366,11 +366,12 @@ class SyncCaller:
         args: p.Args,
         deadline: Optional[float] = None,
         late: Optional[Callable[[Any], None]] = None,
+        reply_errors: bool = False,
         **options: Any,
     ) -> Any:
         """The reply, within the timeout. ``late``: what to do with a reply that comes after
         the caller stopped waiting (say, refund a grant nobody will use); it runs on the
-        pool."""
+        pool. ``reply_errors``: an error reply is returned (the exception), not raised."""
         self.metrics.add("redis_calls")
         passed = self.checks_passed
         try:
@@ -396,6 +397,8 @@ class SyncCaller:
             self.failed(passed)
             raise
         except redis.exceptions.RedisError as e:
+            if reply_errors and isinstance(e, redis.exceptions.ResponseError):
+                return e
             self.metrics.add("server_errors")
             raise server_error(e) from e
 
@@ -467,6 +470,7 @@ class AsyncCaller:
         args: p.Args,
         deadline: Optional[float] = None,
         late: Optional[Callable[[Any], Awaitable[None]]] = None,
+        reply_errors: bool = False,
         **options: Any,
     ) -> Any:
         """The reply, within the timeout. With ``late``, the call runs as a task of its own
@@ -517,6 +521,8 @@ class AsyncCaller:
             self.failed(passed)
             raise
         except redis.exceptions.RedisError as e:
+            if reply_errors and isinstance(e, redis.exceptions.ResponseError):
+                return e
             self.metrics.add("server_errors")
             raise server_error(e) from e
 
@@ -529,6 +535,35 @@ def probe_options(client: Any) -> dict[str, Any]:
     return {}
 
 
+def plain_call(client: Any) -> Callable[..., Any]:
+    """A caller without timeout or counters (``mtake``, ``permit``): the client's call,
+    with the callers' ``reply_errors`` option."""
+
+    def call(args: p.Args, reply_errors: bool = False, **options: Any) -> Any:
+        try:
+            return execute(client, *args, **options)
+        except redis.exceptions.ResponseError as e:
+            if reply_errors:
+                return e
+            raise
+
+    return call
+
+
+def aplain_call(client: Any) -> Callable[..., Awaitable[Any]]:
+    """:func:`plain_call` for an asyncio client."""
+
+    async def call(args: p.Args, reply_errors: bool = False, **options: Any) -> Any:
+        try:
+            return await aexecute(client, *args, **options)
+        except redis.exceptions.ResponseError as e:
+            if reply_errors:
+                return e
+            raise
+
+    return call
+
+
 def resolve_backend(
     client: Any, call: Callable[..., Any], backend: str, deadline: Optional[float] = None
 ) -> p.Protocol:
@@ -539,9 +574,9 @@ def resolve_backend(
     options = probe_options(client)
     if deadline is not None:
         options["deadline"] = deadline
-    if p.module_present(call(p.PROBE_MODULE, **options)):
+    if p.module_present(call(p.PROBE_MODULE, reply_errors=True, **options)):
         return p.Protocol(p.MODULE)
-    has_functions = p.functions_present(call(p.PROBE_FUNCTIONS, **options))
+    has_functions = p.functions_present(call(p.PROBE_FUNCTIONS, reply_errors=True, **options))
     if not has_functions:
         metrics = getattr(call, "metrics", None)
         if isinstance(metrics, Metrics):
@@ -564,9 +599,9 @@ async def aresolve_backend(
     options = probe_options(client)
     if deadline is not None:
         options["deadline"] = deadline
-    if p.module_present(await call(p.PROBE_MODULE, **options)):
+    if p.module_present(await call(p.PROBE_MODULE, reply_errors=True, **options)):
         return p.Protocol(p.MODULE)
-    has_functions = p.functions_present(await call(p.PROBE_FUNCTIONS, **options))
+    has_functions = p.functions_present(await call(p.PROBE_FUNCTIONS, reply_errors=True, **options))
     if not has_functions:
         metrics = getattr(call, "metrics", None)
         if isinstance(metrics, Metrics):

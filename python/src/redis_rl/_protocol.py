@@ -26,8 +26,11 @@ BACKENDS = (MODULE, FUNCTIONS, AUTO)
 Arg = Union[str, int, float, bytes]
 Args = Tuple[Arg, ...]
 
-#: Probes ``auto`` sends, in order.
-PROBE_MODULE: Args = ("COMMAND INFO", "RL.TAKE")
+#: Probes ``auto`` sends, in order. The module's probe is ``RL.TAKE`` without arguments:
+#: the server answers "wrong number of arguments" if it knows the command and "unknown
+#: command" if not, both before any ACL check, so it needs no permission (``COMMAND
+#: INFO`` would: a user allowed only the ``RL.*`` commands is refused it) and runs nothing.
+PROBE_MODULE: Args = ("RL.TAKE",)
 PROBE_FUNCTIONS: Args = ("FUNCTION", "LIST", "LIBRARYNAME", "rl")
 
 NO_BACKEND = (
@@ -204,8 +207,15 @@ def parse_peek(reply: Any) -> Optional[PeekReply]:
         raise ProtocolError(f"RL.PEEK reply lacks {e}: {reply!r}") from None
 
 
+def _unknown_command(reply: BaseException) -> bool:
+    return "unknown command" in str(reply).lower()
+
+
 def module_present(reply: Any) -> bool:
-    """Whether a ``COMMAND INFO RL.TAKE`` reply names a known command."""
+    """Whether the module's probe (:data:`PROBE_MODULE`, an error reply passed as the
+    exception) found the command; ``COMMAND INFO RL.TAKE`` replies are read too."""
+    if isinstance(reply, BaseException):
+        return not _unknown_command(reply)
     if isinstance(reply, dict):
         return any(v for v in reply.values())
     if isinstance(reply, (list, tuple)):
@@ -214,7 +224,11 @@ def module_present(reply: Any) -> bool:
 
 
 def functions_present(reply: Any) -> bool:
-    """Whether a ``FUNCTION LIST LIBRARYNAME rl`` reply lists the library ``rl``."""
+    """Whether a ``FUNCTION LIST LIBRARYNAME rl`` reply lists the library ``rl``. A user
+    refused ``FUNCTION LIST`` (``NOPERM``) may still call the library: it is assumed, and a
+    missing one is found by the first call (``Function not found``: ``BackendNotFound``)."""
+    if isinstance(reply, BaseException):
+        return not _unknown_command(reply)
     if not isinstance(reply, (list, tuple)):
         return False
     for lib in reply:

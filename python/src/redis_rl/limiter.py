@@ -22,8 +22,10 @@ from ._call import (
     BackendTask,
     SyncCaller,
     aexecute,
+    aplain_call,
     aresolve_backend,
     execute,
+    plain_call,
     resolve_backend,
     server_error,
 )
@@ -501,7 +503,7 @@ def mtake(
     """``RL.MTAKE``: ``n`` tokens from every ``(key, rate, cap)`` bucket, or from none. In a
     cluster the keys must share a hash tag. Raises on Redis errors (no failure policy)."""
     try:
-        proto = resolve_backend(client, lambda a, **o: client.execute_command(*a, **o), backend)
+        proto = resolve_backend(client, plain_call(client), backend)
         return p.parse_mtake(
             client.execute_command(*proto.mtake(buckets, n, withstate, init, version))
         )
@@ -525,9 +527,7 @@ async def amtake(
 ) -> p.MTakeReply:
     """The asyncio twin of :func:`mtake`."""
     try:
-        proto = await aresolve_backend(
-            client, lambda a, **o: client.execute_command(*a, **o), backend
-        )
+        proto = await aresolve_backend(client, aplain_call(client), backend)
         args = proto.mtake(buckets, n, withstate, init, version)
         return p.parse_mtake(await client.execute_command(*args))
     except NOT_OUTAGES as e:
