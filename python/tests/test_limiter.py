@@ -201,3 +201,19 @@ def test_client_without_socket_timeout_still_times_out(server: Server, key: str)
     lim = Limiter(redis.Redis(port=server.port), key, RATE, CAP, timeout=0.5)
     assert not lim._call.direct
     assert lim.take().source is Source.SERVER
+
+
+def test_limit_the_server_refuses_is_refused_at_construction(server: Server, key: str) -> None:
+    """cap / rate over 100 years: every call would be refused, so the limiter is."""
+    r = server.client()
+    with pytest.raises(redis.exceptions.ResponseError):  # the server refuses it
+        r.execute_command("RL.TAKE", key, 1e-9, 10, 1)
+    for make in (
+        lambda: Limiter(r, key, 1e-9, 10),
+        lambda: redis_rl.PrefetchLimiter(r, key, 1e-9, 10, batch=1),
+        lambda: AsyncLimiter(aredis.Redis(port=server.port), key, 1e-9, 10),
+        lambda: redis_rl.mtake(r, [(key, 1e-9, 10)]),
+    ):
+        with pytest.raises(ValueError, match="100 years"):
+            make()
+    assert Limiter(r, key, 1e-9, 3.15) is not None  # just under 100 years: accepted

@@ -34,10 +34,20 @@ from .errors import ProtocolError, ServerError
 from .metrics import Metrics
 from .policy import ALLOW, FailurePolicy, Fallback, Health
 
+#: Longest time an empty bucket may take to fill (``cap / rate``): 100 years, as the
+#: module and the Rust client's ``limit()`` accept.
+MAX_FILL_SECS = 100.0 * 365.25 * 86_400.0
+
 
 def check_limit(rate: float, cap: float) -> None:
+    """Refuses a limit the server would refuse on every call."""
     if not (1e-9 <= rate <= 1e15) or not (1e-9 <= cap <= 1e15):
         raise ValueError("rate and cap must be numbers between 1e-9 and 1e15")
+    if cap / rate > MAX_FILL_SECS:
+        raise ValueError(
+            f"cap / rate must be at most 100 years ({MAX_FILL_SECS:.0f} s): "
+            f"{cap} / {rate} takes {cap / rate:.3g} s to fill"
+        )
 
 
 def check_n(n: int, cap: float) -> None:
@@ -502,6 +512,8 @@ def mtake(
 ) -> p.MTakeReply:
     """``RL.MTAKE``: ``n`` tokens from every ``(key, rate, cap)`` bucket, or from none. In a
     cluster the keys must share a hash tag. Raises on Redis errors (no failure policy)."""
+    for _, rate, cap in buckets:
+        check_limit(rate, cap)
     try:
         proto = resolve_backend(client, plain_call(client), backend)
         return p.parse_mtake(
@@ -526,6 +538,8 @@ async def amtake(
     version: Optional[int] = None,
 ) -> p.MTakeReply:
     """The asyncio twin of :func:`mtake`."""
+    for _, rate, cap in buckets:
+        check_limit(rate, cap)
     try:
         proto = await aresolve_backend(client, aplain_call(client), backend)
         args = proto.mtake(buckets, n, withstate, init, version)
