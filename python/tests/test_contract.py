@@ -179,7 +179,7 @@ def test_lease_landing_after_its_ttl_is_returned(server: Server, key: str, kind:
     pause(server, 1000)
     if kind == "sync":
         lim: Any = PrefetchLimiter(
-            server.client(socket_timeout=10), key, TINY, 100, batch=10, ttl_ms=300,
+            server.client(socket_timeout=10), key, TINY, 100, batch=10, ttl=0.3,
             timeout=0.2, backend="module",
         )  # fmt: skip
         lim.decide()
@@ -188,7 +188,7 @@ def test_lease_landing_after_its_ttl_is_returned(server: Server, key: str, kind:
         async def run() -> Any:
             r = aredis.Redis(port=server.port, socket_timeout=10)
             alim = AsyncPrefetchLimiter(
-                r, key, TINY, 100, batch=10, ttl_ms=300, timeout=0.2, backend="module"
+                r, key, TINY, 100, batch=10, ttl=0.3, timeout=0.2, backend="module"
             )
             await alim.decide()
             await await_for(lambda: alim.metrics["returns"] == 1, "the lease returned")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -148,11 +149,14 @@ def needs(server: Server, command: str) -> None:
 def test_reserve_sleeps_its_wait_and_refund(server: Server, key: str) -> None:
     needs(server, "RL.RESERVE")
     r = server.client()
-    lim = Limiter(r, key, 10, 2, timeout=5)
+    lim = Limiter(r, key, 1, 2, timeout=5)
     assert lim.reserve(2, max_wait=0).granted  # full bucket: no wait
-    # Empty now: 1 token needs ~100 ms; allowed with max_wait 1 s, into debt.
-    d = lim.reserve(1, max_wait=1.0)
+    # Empty now: 2 tokens need 2 s; allowed with max_wait 5 s, into debt (unless 2 s
+    # passed between the calls: the wait is long so that a slow machine keeps the debt).
+    start = time.monotonic()
+    d = lim.reserve(2, max_wait=5.0)
     assert d.granted and d.remaining < 0
+    assert time.monotonic() - start >= -d.remaining - 0.05  # it slept its wait (rate 1)
     # Denied when the wait would exceed max_wait; the reply says the wait needed.
     d = lim.reserve(2, max_wait=0.01)
     assert not d.granted and d.retry_after_ms > 10
@@ -168,8 +172,6 @@ def test_permit_limits_concurrency(server: Server, key: str) -> None:
             with pytest.raises(redis_rl.PermitDenied), redis_rl.permit(r, key, 2, ttl=30):
                 pass
         # Renewed past its TTL (every 0.1 s; a stall of 2 s would lose it): still held.
-        import time
-
         time.sleep(3)
         assert p1.renewals > 0 and not p1.lost
         with pytest.raises(redis_rl.PermitDenied), redis_rl.permit(r, key, 1, ttl=30):

@@ -12,16 +12,37 @@ str depending on ``decode_responses``.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .errors import BackendNotFound, ProtocolError
 
-MODULE = "module"
-FUNCTIONS = "functions"
-AUTO = "auto"
-BACKENDS = (MODULE, FUNCTIONS, AUTO)
+
+class Backend(str, enum.Enum):
+    """Which server side a limiter speaks to (a ``str``: ``"module"`` still works)."""
+
+    #: The module's commands (``RL.TAKE ...``). Needs the module loaded; an ACL user needs
+    #: the ``RL.*`` commands it sends (nothing else).
+    MODULE = "module"
+    #: The Functions library ``rl`` (``FCALL rl_take ...``). An ACL user needs ``FCALL``
+    #: and the commands the library runs (read and write on the keys).
+    FUNCTIONS = "functions"
+    #: The module if the server has it, else the library: one probe, ``RL.TAKE`` without
+    #: arguments (answered "wrong number of arguments" or "unknown command" before any ACL
+    #: check, so it needs no permission), then ``FUNCTION LIST LIBRARYNAME rl`` (a user
+    #: refused it is assumed to have the library).
+    AUTO = "auto"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+MODULE = Backend.MODULE
+FUNCTIONS = Backend.FUNCTIONS
+AUTO = Backend.AUTO
+BACKENDS = tuple(b.value for b in Backend)
 
 Arg = Union[str, int, float, bytes]
 Args = Tuple[Arg, ...]
@@ -257,7 +278,7 @@ class Protocol:
     def __init__(self, backend: str) -> None:
         if backend not in (MODULE, FUNCTIONS):
             raise ValueError(f"backend must be 'module' or 'functions', not {backend!r}")
-        self.backend = backend
+        self.backend = Backend(backend)
 
     def _cmd(self, name: str, keys: Sequence[str], rest: Sequence[Arg]) -> Args:
         if self.backend == MODULE:

@@ -29,10 +29,12 @@ from ._call import (
     resolve_backend,
     server_error,
 )
+from .config import LimiterConfig, configure
 from .decision import Decision, Source
 from .errors import ProtocolError, ServerError
 from .metrics import Metrics
-from .policy import ALLOW, FailurePolicy, Fallback, Health
+from .policy import Fallback, Health
+from .types import AsyncClient, SyncClient
 
 #: Longest time an empty bucket may take to fill (``cap / rate``): 100 years, as the
 #: module and the Rust client's ``limit()`` accept.
@@ -78,39 +80,31 @@ if hasattr(os, "register_at_fork"):
 class _LimiterCore:
     """State shared by the sync and asyncio limiters: limit, policy, health, counters."""
 
-    def __init__(
-        self,
-        key: str,
-        rate: float,
-        cap: float,
-        policy: FailurePolicy,
-        timeout: Optional[float],
-        probe_interval: float,
-        backend: str,
-        init: Optional[float],
-        metrics: Optional[Metrics],
-        deny_retry_after_ms: int,
-        instances: Optional[int],
-        version: Optional[int],
-    ) -> None:
+    def __init__(self, key: str, rate: float, cap: float, config: LimiterConfig) -> None:
         check_limit(rate, cap)
-        p.check_version(version)
-        if backend not in p.BACKENDS:
-            raise ValueError(f"backend must be one of {p.BACKENDS}, not {backend!r}")
+        p.check_version(config.version)
+        self.config = config
         self.key = key
         self.rate = float(rate)
         self.cap = float(cap)
-        self.policy = policy
-        self.timeout = timeout
-        self.init = init
-        self.version = version
-        self.backend = backend
-        self.protocol: Optional[p.Protocol] = None if backend == p.AUTO else p.Protocol(backend)
-        self.metrics = metrics if metrics is not None else Metrics()
-        self.health = Health(probe_interval)
-        self.fallback = Fallback(
-            policy, self.rate, self.cap, deny_retry_after_ms, instances=instances
+        self.policy = config.policy
+        self.timeout = config.timeout
+        self.init = config.init
+        self.version = config.version
+        self.backend = config.backend
+        self.protocol: Optional[p.Protocol] = (
+            None if config.backend == p.AUTO else p.Protocol(config.backend)
         )
+        self.metrics = config.metrics if config.metrics is not None else Metrics()
+        self.health = Health(config.probe_interval)
+        self.fallback = Fallback(
+            config.policy,
+            self.rate,
+            self.cap,
+            config.deny_retry_after_ms,
+            instances=config.instances,
+        )
+        self._args: dict[Tuple[str, int], p.Args] = {}
         _cores.add(self)
 
     def answered(self) -> None:
@@ -118,13 +112,50 @@ class _LimiterCore:
         if self.health.succeeded():
             self.fallback.end_outage()
 
-    def raised(self, e: BaseException) -> None:
+    def raised(self, e: BaseException, calls: int = 0) -> None:
         """A call ends in an exception, not a decision (counted in ``errors``)."""
         self.metrics.add("errors")
+        if calls:
+            self.metrics.add("calls", calls)
         if isinstance(e, ServerError):
             if isinstance(e, ProtocolError):
                 self.metrics.add("server_errors")  # the caller counts error replies
             self.answered()
+
+    def take_args(self, proto: p.Protocol, key: str, n: int) -> p.Args:
+        """The take command for ``key`` and ``n``, encoded once and kept (a few keys)."""
+        args = self._args.get((key, n))
+        if args is None:
+            if len(self._args) >= 256:
+                self._args.clear()
+            args = proto.take(key, self.rate, self.cap, n, True, self.init, self.version)
+            self._args[(key, n)] = args
+        return args
+
+    def take_decision(self, key: str, n: int, reply: Any) -> Decision:
+        """The decision of a take's ``RL.TAKE ... WITHSTATE`` reply (counted with its call)."""
+        try:
+            if reply.__class__ is not list:
+                raise TypeError
+            got = int(reply[0])
+            remaining = float(reply[1])
+            retry = int(reply[2])
+            reset = int(reply[3])
+        except (TypeError, ValueError, IndexError):
+            r = p.parse_take(reply)  # a reply of another shape: parsed, or ProtocolError
+            got, remaining, retry, reset = (
+                r.granted,
+                r.remaining,
+                r.retry_after_ms,
+                r.reset_after_ms,
+            )
+        if self.health.down_until:
+            self.answered()
+        self.fallback.observe(key, got, remaining)
+        granted = got > 0
+        tokens = n if granted else 0
+        self.metrics.decided(granted, tokens, False, 1, 1)
+        return Decision(granted, remaining, retry, reset, tokens, self.cap, Source.SERVER)
 
     def server_decision(self, key: str, n: int, reply: p.TakeReply) -> Decision:
         self.answered()
@@ -141,9 +172,9 @@ class _LimiterCore:
             Source.SERVER,
         )
 
-    def fallback_decision(self, key: str, n: int) -> Decision:
+    def fallback_decision(self, key: str, n: int, calls: int = 0, redis_calls: int = 0) -> Decision:
         d = self.fallback.decide(key, n)
-        self.metrics.decided(d.granted, d.tokens, True)
+        self.metrics.decided(d.granted, d.tokens, True, calls, redis_calls)
         return d
 
 
@@ -153,6 +184,11 @@ class _Base:
     @property
     def key(self) -> str:
         return self._core.key
+
+    @property
+    def config(self) -> LimiterConfig:
+        """The settings this limiter was built with."""
+        return self._core.config
 
     @property
     def rate(self) -> float:
@@ -184,37 +220,17 @@ class Limiter(_Base):
 
     def __init__(
         self,
-        client: Any,
+        client: SyncClient,
         key: str,
         rate: float,
         cap: float,
         *,
-        policy: FailurePolicy = ALLOW,
-        timeout: Optional[float] = 0.2,
-        probe_interval: float = 0.5,
-        backend: str = p.AUTO,
-        init: Optional[float] = None,
-        metrics: Optional[Metrics] = None,
-        deny_retry_after_ms: int = 1000,
-        instances: Optional[int] = None,
-        version: Optional[int] = None,
+        config: Optional[LimiterConfig] = None,
+        **options: Any,
     ) -> None:
-        self._core = _LimiterCore(
-            key,
-            rate,
-            cap,
-            policy,
-            timeout,
-            probe_interval,
-            backend,
-            init,
-            metrics,
-            deny_retry_after_ms,
-            instances,
-            version,
-        )
+        self._core = _LimiterCore(key, rate, cap, configure(config, options, "Limiter"))
         self.client = client
-        self._call = SyncCaller(client, timeout, self._core.metrics)
+        self._call = SyncCaller(client, self._core.timeout, self._core.metrics)
         self._last: Optional[Decision] = None
 
     def _protocol(self, deadline: Optional[float] = None) -> p.Protocol:
@@ -245,24 +261,36 @@ class Limiter(_Base):
         reply raises :class:`ServerError` (a missing module :class:`BackendNotFound`); an
         ``n`` that can never be granted raises ``ValueError``."""
         core = self._core
-        check_n(n, core.cap)
-        key = core.key if key is None else key
-        core.metrics.add("calls")
+        if n.__class__ is not int or n < 1 or n > core.cap:
+            check_n(n, core.cap)
+        if key is None:
+            key = core.key
+        call = self._call
         try:
-            if not core.health.may_call():
-                d = core.fallback_decision(key, n)
+            if core.health.down_until and not core.health.may_call():
+                d = core.fallback_decision(key, n, 1)
             else:
-                deadline = self._call.deadline()
+                deadline = None
                 try:
-                    proto = self._protocol(deadline)
-                    args = proto.take(key, core.rate, core.cap, n, True, core.init, core.version)
-                    late = self._refund_late(key, n, p.parse_take)
-                    d = core.server_decision(key, n, p.parse_take(self._call(args, deadline, late)))
+                    proto = core.protocol
+                    if proto is None:
+                        deadline = call.deadline()
+                        proto = self._protocol(deadline)
+                    args = core.take_args(proto, key, n)
+                    if call.direct:
+                        reply = call.run(args)
+                    else:
+                        if deadline is None:
+                            deadline = call.deadline()
+                        late = self._refund_late(key, n, p.parse_take)
+                        reply = call(args, deadline, late, count=False)
                 except OUTAGES:
                     core.health.failed()
-                    d = core.fallback_decision(key, n)
+                    d = core.fallback_decision(key, n, 1, 1)
+                else:
+                    d = core.take_decision(key, n, reply)
         except BaseException as e:
-            core.raised(e)
+            core.raised(e, 1)
             raise
         self._last = d
         return d
@@ -366,37 +394,17 @@ class AsyncLimiter(_Base):
 
     def __init__(
         self,
-        client: Any,
+        client: AsyncClient,
         key: str,
         rate: float,
         cap: float,
         *,
-        policy: FailurePolicy = ALLOW,
-        timeout: Optional[float] = 0.2,
-        probe_interval: float = 0.5,
-        backend: str = p.AUTO,
-        init: Optional[float] = None,
-        metrics: Optional[Metrics] = None,
-        deny_retry_after_ms: int = 1000,
-        instances: Optional[int] = None,
-        version: Optional[int] = None,
+        config: Optional[LimiterConfig] = None,
+        **options: Any,
     ) -> None:
-        self._core = _LimiterCore(
-            key,
-            rate,
-            cap,
-            policy,
-            timeout,
-            probe_interval,
-            backend,
-            init,
-            metrics,
-            deny_retry_after_ms,
-            instances,
-            version,
-        )
+        self._core = _LimiterCore(key, rate, cap, configure(config, options, "AsyncLimiter"))
         self.client = client
-        self._call = AsyncCaller(client, timeout, self._core.metrics)
+        self._call = AsyncCaller(client, self._core.timeout, self._core.metrics)
         self._backend = BackendTask()
         self._last: Optional[Decision] = None
 
@@ -426,26 +434,33 @@ class AsyncLimiter(_Base):
         return late
 
     async def take(self, n: int = 1, *, key: Optional[str] = None) -> Decision:
+        """As :meth:`Limiter.take`. A take cancelled or timed out while its call is in the
+        air loses nothing: the call completes on its own task and a grant is refunded."""
         core = self._core
-        check_n(n, core.cap)
-        key = core.key if key is None else key
-        core.metrics.add("calls")
+        if n.__class__ is not int or n < 1 or n > core.cap:
+            check_n(n, core.cap)
+        if key is None:
+            key = core.key
+        call = self._call
         try:
-            if not core.health.may_call():
-                d = core.fallback_decision(key, n)
+            if core.health.down_until and not core.health.may_call():
+                d = core.fallback_decision(key, n, 1)
             else:
-                deadline = self._call.deadline()
+                deadline = call.deadline()
                 try:
-                    proto = await self._protocol(deadline)
-                    args = proto.take(key, core.rate, core.cap, n, True, core.init, core.version)
+                    proto = core.protocol
+                    if proto is None:
+                        proto = await self._protocol(deadline)
+                    args = core.take_args(proto, key, n)
                     late = self._refund_late(key, n, p.parse_take)
-                    reply = await self._call(args, deadline, late)
-                    d = core.server_decision(key, n, p.parse_take(reply))
+                    reply = await call(args, deadline, late, count=False)
                 except OUTAGES:
                     core.health.failed()
-                    d = core.fallback_decision(key, n)
+                    d = core.fallback_decision(key, n, 1, 1)
+                else:
+                    d = core.take_decision(key, n, reply)
         except BaseException as e:  # an error reply, or cancelled
-            core.raised(e)
+            core.raised(e, 1)
             raise
         self._last = d
         return d

@@ -64,9 +64,16 @@ class Metrics:
         with self._lock:
             self._values[field] += value
 
-    def decided(self, granted: bool, tokens: int, fallback: bool) -> None:
+    def decided(
+        self, granted: bool, tokens: int, fallback: bool, calls: int = 0, redis_calls: int = 0
+    ) -> None:
+        """One decision; ``calls`` and ``redis_calls`` are counted with it (one lock)."""
         with self._lock:
             v = self._values
+            if calls:
+                v["calls"] += calls
+            if redis_calls:
+                v["redis_calls"] += redis_calls
             if granted:
                 v["granted"] += 1
                 v["tokens_granted"] += tokens
