@@ -59,6 +59,10 @@ def check_n(n: int, cap: float) -> None:
         raise ValueError("n must not exceed cap (it could never be granted)")
 
 
+#: ``Decision(...)`` without the keyword handling (a named tuple's fields, all given).
+_new_decision = tuple.__new__
+_SERVER = Source.SERVER
+
 #: Every limiter's state, to reset in a forked child.
 _cores: weakref.WeakSet[_LimiterCore] = weakref.WeakSet()
 
@@ -152,10 +156,11 @@ class _LimiterCore:
         if self.health.down_until:
             self.answered()
         self.fallback.observe(key, got, remaining)
-        granted = got > 0
-        tokens = n if granted else 0
-        self.metrics.decided(granted, tokens, False, 1, 1)
-        return Decision(granted, remaining, retry, reset, tokens, self.cap, Source.SERVER)
+        if got > 0:
+            self.metrics.decided(True, n, False, 1, 1)
+            return _new_decision(Decision, (True, remaining, retry, reset, n, self.cap, _SERVER))
+        self.metrics.decided(False, 0, False, 1, 1)
+        return _new_decision(Decision, (False, remaining, retry, reset, 0, self.cap, _SERVER))
 
     def server_decision(self, key: str, n: int, reply: p.TakeReply) -> Decision:
         self.answered()

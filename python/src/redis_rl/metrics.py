@@ -68,8 +68,8 @@ class Metrics:
         self, granted: bool, tokens: int, fallback: bool, calls: int = 0, redis_calls: int = 0
     ) -> None:
         """One decision; ``calls`` and ``redis_calls`` are counted with it (one lock)."""
+        v = self._values
         with self._lock:
-            v = self._values
             if calls:
                 v["calls"] += calls
             if redis_calls:

@@ -244,13 +244,20 @@ class Fallback:
         """What Redis granted for ``key`` (and the level it reported)."""
         if self.deny:
             return
-        t = now()
+        t = time.monotonic()
         with self._lock:
             entry = self.keys.get(key)
             if entry is None:
                 entry = self._entry(key)
             if self.observing:
-                entry.meter.add(granted, t)
+                meter = entry.meter
+                events = meter.events
+                if events and t - events[-1][0] < Meter.SLOT:  # the common case, inline
+                    events[-1][1] += granted
+                    meter.total += granted
+                    meter.last_add = t
+                else:
+                    meter.add(granted, t)
                 if level is not None:
                     entry.last_tokens = level
             if granted > 0 and (self.allows or level is None):

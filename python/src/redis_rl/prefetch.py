@@ -34,6 +34,7 @@ import contextlib
 import os
 import random
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, List, Optional, Set, Tuple
@@ -63,6 +64,11 @@ from .limiter import check_limit, check_n
 from .metrics import Metrics
 from .policy import Fallback, Health, now
 from .types import AsyncClient, SyncClient
+
+#: ``Decision(...)`` without the keyword handling (a named tuple's fields, all given).
+_new_decision = tuple.__new__
+_LEASE = Source.LEASE
+_monotonic = time.monotonic
 
 #: Every lease state machine alive, to reset in a forked child.
 _cores: weakref.WeakSet[_Core] = weakref.WeakSet()
@@ -212,7 +218,7 @@ class _Core:
         """A grant from the held batch, or a recent denial of ``n`` or fewer tokens; ``None``
         if Redis must be asked. The flag says the caller should start a renewal. A decision
         is counted with ``calls`` (one lock for the counters)."""
-        t = now()
+        t = _monotonic()
         with self.lock:
             older, newer = self.older, self.newer
             if (older is not None and older.expires <= t) or (
@@ -241,7 +247,8 @@ class _Core:
                     and not self.closed
                 )
                 self.metrics.decided(True, n, False, calls)
-                return Decision(True, float(left), 0, 0, n, self.cap, Source.LEASE), renew
+                d = _new_decision(Decision, (True, float(left), 0, 0, n, self.cap, _LEASE))
+                return d, renew
             if self.denied(n, t):
                 self.metrics.decided(False, 0, False, calls)
                 wait = max(1, round((self.denied_until - t) * 1000))
