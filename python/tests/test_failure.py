@@ -136,7 +136,7 @@ def test_async_slow_server_times_out(own_server: Server, key: str) -> None:
     async def run() -> None:
         r = aredis.Redis(port=own_server.port)
         lim = AsyncPrefetchLimiter(
-            r, key, RATE, CAP, batch=2, renew_at=0.0, policy=DENY, timeout=0.2, probe_interval=0.1
+            r, key, RATE, CAP, batch=2, renew_at=0.0, policy=DENY, timeout=1, probe_interval=0.1
         )
         assert await lim.take() and await lim.take()
         own_server.pause()

@@ -108,7 +108,7 @@ def test_init_starts_a_bucket_below_full(server: Server, key: str) -> None:
 def test_auto_backend_names_both_options_when_neither_exists(tmp_path: Path, key: str) -> None:
     plain = Server(tmp_path / "plain", module=False)
     try:
-        lim = Limiter(plain.client(), key, 1, 2)
+        lim = Limiter(plain.client(), key, 1, 2, timeout=5)
         with pytest.raises(BackendNotFound, match=r"module.*functions"):
             lim.take()
     finally:
@@ -124,7 +124,7 @@ def test_mtake_all_or_nothing(server: Server, protocol: int, key: str) -> None:
     got = redis_rl.mtake(r, [(a, RATE, 5), (b, RATE, 2)], 1)
     assert got.granted == 0 and got.denied_by == b and got.retry_after_ms > 0
     # Nothing was debited from a on the denial.
-    peek = Limiter(r, a, RATE, 5).peek()
+    peek = Limiter(r, a, RATE, 5, timeout=5).peek()
     assert peek is not None and math.floor(peek.tokens) == 3
 
 

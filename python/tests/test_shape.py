@@ -27,21 +27,21 @@ from redis_rl import (
 
 def test_every_take_is_a_decision(server: Server, key: str) -> None:
     r = server.client()
-    with PrefetchLimiter(r, key + ":p", 1e-6, 10, batch=2, backend="module") as pre:
+    with PrefetchLimiter(r, key + ":p", 1e-6, 10, batch=2, timeout=5, backend="module") as pre:
         d = pre.take()
         assert isinstance(d, Decision) and d and d.source is Source.SERVER
         d = pre.take()
         assert isinstance(d, Decision) and d and d.source is Source.LEASE
-    d = Limiter(r, key, 1e-6, 1, backend="module").take()
+    d = Limiter(r, key, 1e-6, 1, timeout=5, backend="module").take()
     assert isinstance(d, Decision) and d
-    d = Limiter(r, key, 1e-6, 1, backend="module").take()
+    d = Limiter(r, key, 1e-6, 1, timeout=5, backend="module").take()
     assert isinstance(d, Decision) and not d and d.retry_after > 0
 
     async def run() -> None:
         ar = aredis.Redis(port=server.port)
-        async with AsyncPrefetchLimiter(ar, key + ":ap", 1e-6, 10, batch=2) as pre:
+        async with AsyncPrefetchLimiter(ar, key + ":ap", 1e-6, 10, batch=2, timeout=5) as pre:
             assert isinstance(await pre.take(), Decision)
-        assert isinstance(await AsyncLimiter(ar, key + ":a", 1, 2).take(), Decision)
+        assert isinstance(await AsyncLimiter(ar, key + ":a", 1, 2, timeout=5).take(), Decision)
         await ar.aclose()
 
     asyncio.run(run())
