@@ -104,11 +104,13 @@ def test_authentication_failure_is_an_error_not_an_outage(
     client raises ``Error::Server``). With redis-py's default retries (8.x: the refusal is
     retried with backoff for seconds) the call outlived the limiter's 0.2 s timeout, an
     outage again, until the clients checked credentials once without retries."""
+    # Timeouts long for a busy machine: the refusal is the point, not speed. redis-py's
+    # default retries of the refusal (with backoff) still outlive 1 s by far.
     if retries == "no-retries":
-        kw: dict[str, Any] = {"password": password, "socket_timeout": 0.5, "retry": NO_RETRY}
-        timeout = 1.0
+        kw: dict[str, Any] = {"password": password, "socket_timeout": 5, "retry": NO_RETRY}
+        timeout = 10.0
     else:
-        kw, timeout = {"password": password, "socket_timeout": 2}, 0.2
+        kw, timeout = {"password": password, "socket_timeout": 5}, 1.0
     m = _takes_raise(kind, auth_server.port, kw, key, timeout)
     assert m["server_errors"] >= 3 and m["errors"] == 3, m.snapshot()
     assert m["granted"] == 0 and m["fallback_decisions"] == 0, m.snapshot()
