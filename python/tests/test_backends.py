@@ -83,14 +83,14 @@ def test_auto_needs_only_fcall(fserver: Server, key: str, kind: str) -> None:
 def test_permit_without_the_module_names_the_fix(fserver: Server, key: str, backend: str) -> None:
     with (
         pytest.raises(BackendNotFound, match="permits need the module"),
-        permit(fserver.client(), key, 2, ttl=30, backend=backend),
+        permit(fserver.client(), key, 2, ttl=30, timeout=5, backend=backend),
     ):
         pass
 
     async def run() -> None:
         r = aredis.Redis(port=fserver.port)
         with pytest.raises(BackendNotFound, match="permits need the module"):
-            async with apermit(r, key, 2, ttl=30, backend=backend):
+            async with apermit(r, key, 2, ttl=30, timeout=5, backend=backend):
                 pass
         await r.aclose()
 
@@ -101,7 +101,7 @@ def test_permit_on_module_backend_forced_without_module(fserver: Server, key: st
     """backend="module" on a server without it: the acquire's unknown command, as the fix."""
     with (
         pytest.raises(BackendNotFound, match="permits need the module"),
-        permit(fserver.client(), key, 2, backend="module"),
+        permit(fserver.client(), key, 2, timeout=5, backend="module"),
     ):
         pass
 
@@ -109,6 +109,6 @@ def test_permit_on_module_backend_forced_without_module(fserver: Server, key: st
 def test_permit_ttl_ms_still_accepted_with_a_warning(server: Server, key: str) -> None:
     with (
         pytest.warns(DeprecationWarning, match="ttl"),
-        permit(server.client(), key, 1, 30_000) as p,
+        permit(server.client(), key, 1, 30_000, timeout=5) as p,
     ):
         assert p.ttl == 30.0 and p.ttl_ms == 30_000

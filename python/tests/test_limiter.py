@@ -166,18 +166,21 @@ def test_reserve_sleeps_its_wait_and_refund(server: Server, key: str) -> None:
 def test_permit_limits_concurrency(server: Server, key: str) -> None:
     needs(server, "RL.ACQUIRE")
     r = server.client()
-    with redis_rl.permit(r, key, 2, ttl=2, renew_every=0.1) as p1:
-        with redis_rl.permit(r, key, 2, ttl=30) as p2:
+    with redis_rl.permit(r, key, 2, ttl=2, renew_every=0.1, timeout=5) as p1:
+        with redis_rl.permit(r, key, 2, ttl=30, timeout=5) as p2:
             assert p1.id != p2.id
-            with pytest.raises(redis_rl.PermitDenied), redis_rl.permit(r, key, 2, ttl=30):
+            with (
+                pytest.raises(redis_rl.PermitDenied),
+                redis_rl.permit(r, key, 2, ttl=30, timeout=5),
+            ):
                 pass
         # Renewed past its TTL (every 0.1 s; a stall of 2 s would lose it): still held.
         time.sleep(3)
         assert p1.renewals > 0 and not p1.lost
-        with pytest.raises(redis_rl.PermitDenied), redis_rl.permit(r, key, 1, ttl=30):
+        with pytest.raises(redis_rl.PermitDenied), redis_rl.permit(r, key, 1, ttl=30, timeout=5):
             pass
     # Released on exit: two slots free again.
-    with redis_rl.permit(r, key, 2), redis_rl.permit(r, key, 2):
+    with redis_rl.permit(r, key, 2, timeout=5), redis_rl.permit(r, key, 2, timeout=5):
         pass
 
 
@@ -186,12 +189,12 @@ def test_apermit(server: Server, key: str) -> None:
 
     async def run() -> None:
         r = aredis.Redis(port=server.port)
-        async with redis_rl.apermit(r, key, 1, ttl=30) as p:
+        async with redis_rl.apermit(r, key, 1, ttl=30, timeout=5) as p:
             assert p.id != 0
             with pytest.raises(redis_rl.PermitDenied):
-                async with redis_rl.apermit(r, key, 1):
+                async with redis_rl.apermit(r, key, 1, timeout=5):
                     pass
-        async with redis_rl.apermit(r, key, 1):
+        async with redis_rl.apermit(r, key, 1, timeout=5):
             pass
         await r.aclose()
 
