@@ -25,6 +25,7 @@ from .decision import Decision
 from .limiter import AsyncLimiter
 from .metrics import Metrics
 from .policy import ALLOW, DENY, FailurePolicy
+from .types import AsyncClient
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -84,7 +85,7 @@ class RateLimitMiddleware:
     def __init__(
         self,
         app: ASGIApp,
-        client: Any = None,
+        client: Optional[AsyncClient] = None,
         rate: float = 10.0,
         cap: float = 20.0,
         key: KeyFunc = by_client_ip,
@@ -158,7 +159,7 @@ class RateLimitMiddleware:
 
 
 def limit(
-    client: Any,
+    client: AsyncClient,
     rule: Union[str, Tuple[float, float]],
     *,
     key: KeyFunc = by_client_ip,

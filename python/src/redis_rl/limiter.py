@@ -10,7 +10,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Awaitable, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Awaitable, Callable, List, Optional, Sequence, Tuple, cast
 
 import redis.exceptions
 
@@ -521,7 +521,7 @@ class AsyncLimiter(_Base):
 
 
 def mtake(
-    client: Any,
+    client: SyncClient,
     buckets: Sequence[Tuple[str, float, float]],
     n: int = 1,
     *,
@@ -536,9 +536,8 @@ def mtake(
         check_limit(rate, cap)
     try:
         proto = resolve_backend(client, plain_call(client), backend)
-        return p.parse_mtake(
-            client.execute_command(*proto.mtake(buckets, n, withstate, init, version))
-        )
+        args = proto.mtake(buckets, n, withstate, init, version)
+        return p.parse_mtake(cast(Any, client).execute_command(*args))
     except NOT_OUTAGES as e:
         raise server_error(e) from e
     except OUTAGES:
@@ -548,7 +547,7 @@ def mtake(
 
 
 async def amtake(
-    client: Any,
+    client: AsyncClient,
     buckets: Sequence[Tuple[str, float, float]],
     n: int = 1,
     *,
@@ -563,7 +562,7 @@ async def amtake(
     try:
         proto = await aresolve_backend(client, aplain_call(client), backend)
         args = proto.mtake(buckets, n, withstate, init, version)
-        return p.parse_mtake(await client.execute_command(*args))
+        return p.parse_mtake(await cast(Any, client).execute_command(*args))
     except NOT_OUTAGES as e:
         raise server_error(e) from e
     except OUTAGES:

@@ -18,9 +18,10 @@ import warnings
 from typing import Any, AsyncIterator, Iterator, Optional
 
 from . import _protocol as p
-from ._call import AsyncCaller, SyncCaller, aresolve_backend, resolve_backend
+from ._call import AsyncCaller, SyncCaller, aexecute, aresolve_backend, execute, resolve_backend
 from .errors import BackendNotFound, PermitDenied
 from .metrics import Metrics
+from .types import AsyncClient, SyncClient
 
 #: Permits need the module's commands: the Functions library has none.
 NO_PERMITS = (
@@ -84,7 +85,7 @@ def _not_found(e: BackendNotFound) -> BackendNotFound:
 
 @contextlib.contextmanager
 def permit(
-    client: Any,
+    client: SyncClient,
     key: str,
     limit: int,
     ttl_ms: Optional[int] = None,
@@ -118,7 +119,7 @@ def permit(
         r = p.parse_acquire(reply)
         if r.granted:
             with contextlib.suppress(Exception):
-                client.execute_command(*proto.release(key, r.permit_id))
+                execute(client, *proto.release(key, r.permit_id))
 
     deadline = time.monotonic() + max_wait
     while True:
@@ -159,7 +160,7 @@ def permit(
 
 @contextlib.asynccontextmanager
 async def apermit(
-    client: Any,
+    client: AsyncClient,
     key: str,
     limit: int,
     ttl_ms: Optional[int] = None,
@@ -186,7 +187,7 @@ async def apermit(
         r = p.parse_acquire(reply)
         if r.granted:
             with contextlib.suppress(Exception):
-                await client.execute_command(*proto.release(key, r.permit_id))
+                await aexecute(client, *proto.release(key, r.permit_id))
 
     deadline = time.monotonic() + max_wait
     while True:
