@@ -110,12 +110,12 @@ def test_async_outage_and_recovery(own_server: Server, key: str) -> None:
     asyncio.run(run())
 
 
-@pytest.mark.parametrize("socket_timeout", [None, 0.2], ids=["limiter-timeout", "socket-timeout"])
+@pytest.mark.parametrize("socket_timeout", [None, 1.0], ids=["limiter-timeout", "socket-timeout"])
 def test_slow_server_times_out(own_server: Server, key: str, socket_timeout: float) -> None:
     # SIGSTOP: the server accepts nothing and answers nothing, like a long DEBUG SLEEP.
     r = own_server.client(socket_timeout=socket_timeout)
-    lim = Limiter(
-        r, key, RATE, CAP, policy=DENY, timeout=0.2, probe_interval=3600, backend="module"
+    lim = Limiter(  # 1 s: long for a busy machine, short beside a SIGSTOP
+        r, key, RATE, CAP, policy=DENY, timeout=1, probe_interval=3600, backend="module"
     )
     assert lim.take().source is Source.SERVER
     own_server.pause()
@@ -136,7 +136,7 @@ def test_async_slow_server_times_out(own_server: Server, key: str) -> None:
     async def run() -> None:
         r = aredis.Redis(port=own_server.port)
         lim = AsyncPrefetchLimiter(
-            r, key, RATE, CAP, batch=2, renew_at=0.0, policy=DENY, timeout=0.2, probe_interval=0.1
+            r, key, RATE, CAP, batch=2, renew_at=0.0, policy=DENY, timeout=1, probe_interval=0.1
         )
         assert await lim.take() and await lim.take()
         own_server.pause()

@@ -41,8 +41,8 @@ def test_auto_picks_functions_and_decisions_match(fserver: Server, protocol: int
 def test_prefetch_over_functions(fserver: Server, key: str) -> None:
     r = fserver.client()
     with PrefetchLimiter(r, key, 1e-6, 100, batch=10, backend="functions", timeout=5) as lim:
-        assert sum(lim.take() for _ in range(3)) == 3
-    peek = Limiter(r, key, 1e-6, 100, backend="functions").peek()
+        assert sum(lim.take().granted for _ in range(3)) == 3
+    peek = Limiter(r, key, 1e-6, 100, timeout=5, backend="functions").peek()
     assert peek is not None and math.floor(peek.tokens) == 97 and peek.leases == 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -107,7 +108,7 @@ def test_init_starts_a_bucket_below_full(server: Server, key: str) -> None:
 def test_auto_backend_names_both_options_when_neither_exists(tmp_path: Path, key: str) -> None:
     plain = Server(tmp_path / "plain", module=False)
     try:
-        lim = Limiter(plain.client(), key, 1, 2)
+        lim = Limiter(plain.client(), key, 1, 2, timeout=5)
         with pytest.raises(BackendNotFound, match=r"module.*functions"):
             lim.take()
     finally:
@@ -123,7 +124,7 @@ def test_mtake_all_or_nothing(server: Server, protocol: int, key: str) -> None:
     got = redis_rl.mtake(r, [(a, RATE, 5), (b, RATE, 2)], 1)
     assert got.granted == 0 and got.denied_by == b and got.retry_after_ms > 0
     # Nothing was debited from a on the denial.
-    peek = Limiter(r, a, RATE, 5).peek()
+    peek = Limiter(r, a, RATE, 5, timeout=5).peek()
     assert peek is not None and math.floor(peek.tokens) == 3
 
 
@@ -148,11 +149,14 @@ def needs(server: Server, command: str) -> None:
 def test_reserve_sleeps_its_wait_and_refund(server: Server, key: str) -> None:
     needs(server, "RL.RESERVE")
     r = server.client()
-    lim = Limiter(r, key, 10, 2, timeout=5)
+    lim = Limiter(r, key, 1, 2, timeout=5)
     assert lim.reserve(2, max_wait=0).granted  # full bucket: no wait
-    # Empty now: 1 token needs ~100 ms; allowed with max_wait 1 s, into debt.
-    d = lim.reserve(1, max_wait=1.0)
+    # Empty now: 2 tokens need 2 s; allowed with max_wait 5 s, into debt (unless 2 s
+    # passed between the calls: the wait is long so that a slow machine keeps the debt).
+    start = time.monotonic()
+    d = lim.reserve(2, max_wait=5.0)
     assert d.granted and d.remaining < 0
+    assert time.monotonic() - start >= -d.remaining - 0.05  # it slept its wait (rate 1)
     # Denied when the wait would exceed max_wait; the reply says the wait needed.
     d = lim.reserve(2, max_wait=0.01)
     assert not d.granted and d.retry_after_ms > 10
@@ -162,18 +166,21 @@ def test_reserve_sleeps_its_wait_and_refund(server: Server, key: str) -> None:
 def test_permit_limits_concurrency(server: Server, key: str) -> None:
     needs(server, "RL.ACQUIRE")
     r = server.client()
-    with redis_rl.permit(r, key, 2, ttl_ms=300, renew_every=0.05) as p1:
-        with redis_rl.permit(r, key, 2, ttl_ms=300) as p2:
+    with redis_rl.permit(r, key, 2, ttl=2, renew_every=0.1, timeout=5) as p1:
+        with redis_rl.permit(r, key, 2, ttl=30, timeout=5) as p2:
             assert p1.id != p2.id
-            with pytest.raises(redis_rl.PermitDenied), redis_rl.permit(r, key, 2, ttl_ms=300):
+            with (
+                pytest.raises(redis_rl.PermitDenied),
+                redis_rl.permit(r, key, 2, ttl=30, timeout=5),
+            ):
                 pass
-        # Renewed past its TTL: still held.
-        import time
-
-        time.sleep(0.5)
+        # Renewed past its TTL (every 0.1 s; a stall of 2 s would lose it): still held.
+        time.sleep(3)
         assert p1.renewals > 0 and not p1.lost
+        with pytest.raises(redis_rl.PermitDenied), redis_rl.permit(r, key, 1, ttl=30, timeout=5):
+            pass
     # Released on exit: two slots free again.
-    with redis_rl.permit(r, key, 2), redis_rl.permit(r, key, 2):
+    with redis_rl.permit(r, key, 2, timeout=5), redis_rl.permit(r, key, 2, timeout=5):
         pass
 
 
@@ -182,12 +189,12 @@ def test_apermit(server: Server, key: str) -> None:
 
     async def run() -> None:
         r = aredis.Redis(port=server.port)
-        async with redis_rl.apermit(r, key, 1, ttl_ms=1000) as p:
+        async with redis_rl.apermit(r, key, 1, ttl=30, timeout=5) as p:
             assert p.id != 0
             with pytest.raises(redis_rl.PermitDenied):
-                async with redis_rl.apermit(r, key, 1):
+                async with redis_rl.apermit(r, key, 1, timeout=5):
                     pass
-        async with redis_rl.apermit(r, key, 1):
+        async with redis_rl.apermit(r, key, 1, timeout=5):
             pass
         await r.aclose()
 
@@ -199,3 +206,19 @@ def test_client_without_socket_timeout_still_times_out(server: Server, key: str)
     lim = Limiter(redis.Redis(port=server.port), key, RATE, CAP, timeout=0.5)
     assert not lim._call.direct
     assert lim.take().source is Source.SERVER
+
+
+def test_limit_the_server_refuses_is_refused_at_construction(server: Server, key: str) -> None:
+    """cap / rate over 100 years: every call would be refused, so the limiter is."""
+    r = server.client()
+    with pytest.raises(redis.exceptions.ResponseError):  # the server refuses it
+        r.execute_command("RL.TAKE", key, 1e-9, 10, 1)
+    for make in (
+        lambda: Limiter(r, key, 1e-9, 10),
+        lambda: redis_rl.PrefetchLimiter(r, key, 1e-9, 10, batch=1),
+        lambda: AsyncLimiter(aredis.Redis(port=server.port), key, 1e-9, 10),
+        lambda: redis_rl.mtake(r, [(key, 1e-9, 10)]),
+    ):
+        with pytest.raises(ValueError, match="100 years"):
+            make()
+    assert Limiter(r, key, 1e-9, 3.15) is not None  # just under 100 years: accepted

@@ -33,6 +33,7 @@ def fastapi_app(port: int, fail_open: bool = True) -> Any:
         cap=CAP,
         key=by_header("x-client-key", "anonymous"),
         fail_open=fail_open,
+        timeout=5,  # a busy machine's call is no outage here
     )
 
     @app.get("/")
@@ -117,7 +118,7 @@ def test_flask_decorator_under_wsgiref(server: Server, key: str) -> None:
     r = server.client()
 
     @app.get("/limited")
-    @rate_limit(r, RATE, CAP, key=lambda: flask.request.headers.get("X-Client-Key"))
+    @rate_limit(r, RATE, CAP, key=lambda: flask.request.headers.get("X-Client-Key"), timeout=5)
     def limited() -> str:
         return "ok"
 
@@ -133,7 +134,7 @@ def test_wsgi_middleware_under_wsgiref(server: Server, key: str) -> None:
     from redis_rl.wsgi import by_header as wsgi_header
 
     app = RateLimitWSGIMiddleware(
-        hello, server.client(), RATE, CAP, key=wsgi_header("X-Client-Key", "anonymous")
+        hello, server.client(), RATE, CAP, key=wsgi_header("X-Client-Key", "anonymous"), timeout=5
     )
     for base in serve_wsgi(app):
         check_sequence(base, key)

@@ -44,7 +44,7 @@ def test_two_versions_share_a_key_and_the_newer_limit_wins(vserver: Server, key:
     assert d.granted and math.floor(d.remaining) == 3
     # Version 1's callers are now decided under version 2's cap of 4: 3 left in all.
     granted = sum(old.take().granted for _ in range(5))
-    granted += sum(old_prefetch.take() for _ in range(5))
+    granted += sum(old_prefetch.take().granted for _ in range(5))
     assert granted == 3
     state = new.peek()
     assert state is not None and state.version == 2 and state.cap == 4

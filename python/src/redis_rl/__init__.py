@@ -16,6 +16,7 @@ from ._protocol import (
     AUTO,
     FUNCTIONS,
     MODULE,
+    Backend,
     LeaseReply,
     MTakeReply,
     PeekReply,
@@ -23,6 +24,7 @@ from ._protocol import (
     ReserveReply,
     TakeReply,
 )
+from .config import LimiterConfig, parse_limit
 from .decision import Decision, Source
 from .errors import (
     BackendNotFound,
@@ -49,11 +51,13 @@ __all__ = [
     "MODULE",
     "AsyncLimiter",
     "AsyncPrefetchLimiter",
+    "Backend",
     "BackendNotFound",
     "Decision",
     "FailurePolicy",
     "LeaseReply",
     "Limiter",
+    "LimiterConfig",
     "MTakeReply",
     "Metrics",
     "PeekReply",
@@ -71,5 +75,6 @@ __all__ = [
     "amtake",
     "apermit",
     "mtake",
+    "parse_limit",
     "permit",
 ]

@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Awaitable, Callable, Optional, Tuple
+from typing import Any, Awaitable, Callable, NoReturn, Optional, Tuple
 
 import redis.exceptions
 from redis.asyncio.retry import Retry as AsyncRetry
@@ -366,12 +366,17 @@ class SyncCaller:
         args: p.Args,
         deadline: Optional[float] = None,
         late: Optional[Callable[[Any], None]] = None,
+        reply_errors: bool = False,
+        count: bool = True,
         **options: Any,
     ) -> Any:
         """The reply, within the timeout. ``late``: what to do with a reply that comes after
         the caller stopped waiting (say, refund a grant nobody will use); it runs on the
-        pool."""
-        self.metrics.add("redis_calls")
+        pool. ``reply_errors``: an error reply is returned (the exception), not raised.
+        ``count``: count the call in ``redis_calls`` (a limiter's take counts it with its
+        decision)."""
+        if count:
+            self.metrics.add("redis_calls")
         passed = self.checks_passed
         try:
             if self.direct:
@@ -383,21 +388,42 @@ class SyncCaller:
                 if not future.cancel() and late is not None:  # sent: it may still land
                     future.add_done_callback(_on_late(late))
                 raise
-        except NOT_OUTAGES as e:
+        except BaseException as e:
+            if reply_errors and isinstance(e, redis.exceptions.ResponseError):
+                return e
+            self.sort(e, passed)
+
+    def run(self, args: p.Args) -> Any:
+        """The call in this thread, for a caller whose client bounds it (``direct``): no
+        pool, no timer. Not counted in ``redis_calls`` (the caller counts it)."""
+        try:
+            return self.client.execute_command(*args)
+        except BaseException as e:
+            self.sort(e, self.checks_passed)
+
+    def sort(self, e: BaseException, passed: int) -> NoReturn:
+        """Counts a call's exception and raises it as what it is: a refusal of the
+        credentials or an error reply as :class:`ServerError`, an outage as itself."""
+        if isinstance(e, redis.exceptions.RedisClusterException):
+            plain = _plain(e)
+            plain.__cause__ = e
+            e = plain
+        if isinstance(e, NOT_OUTAGES):
             self.metrics.add("server_errors")
             raise server_error(e) from e
-        except TIMEOUTS:
+        if isinstance(e, TIMEOUTS):
             self.metrics.add("redis_timeouts")
             self.metrics.add("redis_errors")
             self.failed(passed)
-            raise
-        except OUTAGES:
+            raise e
+        if isinstance(e, OUTAGES):
             self.metrics.add("redis_errors")
             self.failed(passed)
-            raise
-        except redis.exceptions.RedisError as e:
+            raise e
+        if isinstance(e, redis.exceptions.RedisError):
             self.metrics.add("server_errors")
             raise server_error(e) from e
+        raise e
 
 
 def _on_late(late: Callable[[Any], None]) -> Callable[[concurrent.futures.Future[Any]], None]:
@@ -413,6 +439,21 @@ def _on_late(late: Callable[[Any], None]) -> Callable[[concurrent.futures.Future
 LATE_LIMIT = 30.0
 
 
+def _eager(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[Any]:
+    """A task started at once where Python can (3.12+: it sends its command without
+    waiting for a turn of the event loop), else a plain task."""
+    factory = getattr(asyncio, "eager_task_factory", None)
+    if factory is not None:
+        task: asyncio.Task[Any] = factory(loop, coro)
+        return task
+    return loop.create_task(coro)
+
+
+def _expire(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_exception(asyncio.TimeoutError())
+
+
 class AsyncCaller:
     """Sends commands on an asyncio client, each within ``timeout`` seconds."""
 
@@ -425,6 +466,10 @@ class AsyncCaller:
         #: first call and the first after an outage, as for :class:`SyncCaller`.
         self._checks = self._check = True
         self.checks_passed = 0
+        worst = worst_case(client)
+        #: The client cannot take longer than the timeout by itself (socket timeouts, no
+        #: retries): no timer of our own.
+        self.bounded = timeout is None or (worst is not None and worst <= timeout)
 
     async def check(self) -> None:
         """As :meth:`SyncCaller.check`."""
@@ -440,19 +485,47 @@ class AsyncCaller:
 
     async def _send(self, args: p.Args, options: dict[str, Any]) -> Any:
         """The call, credentials first if due (as :meth:`SyncCaller._send`)."""
-        await self.check()
-        return await aexecute(self.client, *args, **options)
+        if self._check:
+            await self.check()
+        try:
+            return await self.client.execute_command(*args, **options)
+        except redis.exceptions.RedisClusterException as e:
+            raise _plain(e) from e
+
+    async def _relay(
+        self, args: p.Args, options: dict[str, Any], waiter: asyncio.Future[Any]
+    ) -> Tuple[bool, Any]:
+        """The call as a task of its own: hands the outcome to ``waiter`` (if the caller
+        still waits) and answers ``(ok, reply)`` for a late handler. An error is the
+        waiter's to raise, never the task's (nobody retrieves a task's error)."""
+        try:
+            reply = await self._send(args, options)
+        except Exception as e:
+            if not waiter.done():
+                waiter.set_exception(e)
+            return False, e
+        except BaseException:  # the task cancelled (its event loop closing)
+            if not waiter.done():
+                waiter.cancel()
+            raise
+        if not waiter.done():
+            waiter.set_result(reply)
+        return True, reply
 
     def _keep(self, task: asyncio.Future[Any]) -> None:
         self._late.add(task)
         task.add_done_callback(self._late.discard)
 
-    def _later(self, task: asyncio.Future[Any], late: Callable[[Any], Awaitable[None]]) -> None:
+    def _later(
+        self, task: asyncio.Task[Tuple[bool, Any]], late: Callable[[Any], Awaitable[None]]
+    ) -> None:
         """When ``task`` lands, hand its reply to ``late`` (in a task of its own)."""
 
-        def done(t: asyncio.Future[Any]) -> None:
+        def done(t: asyncio.Task[Tuple[bool, Any]]) -> None:
             if not t.cancelled() and t.exception() is None:
-                self._keep(asyncio.ensure_future(late(t.result())))
+                ok, reply = t.result()
+                if ok:
+                    self._keep(asyncio.ensure_future(late(reply)))
 
         self._keep(task)
         task.add_done_callback(done)
@@ -467,58 +540,66 @@ class AsyncCaller:
         args: p.Args,
         deadline: Optional[float] = None,
         late: Optional[Callable[[Any], Awaitable[None]]] = None,
+        reply_errors: bool = False,
+        count: bool = True,
         **options: Any,
     ) -> Any:
         """The reply, within the timeout. With ``late``, the call runs as a task of its own
         that a timeout or a cancellation of the caller does not stop; ``late`` gets a reply
-        that comes after the caller stopped waiting (say, to refund a grant)."""
-        self.metrics.add("redis_calls")
+        that comes after the caller stopped waiting (say, to refund a grant). ``count``:
+        count the call in ``redis_calls`` (a limiter's take counts it with its decision)."""
+        if count:
+            self.metrics.add("redis_calls")
         passed = self.checks_passed
         try:
-            call = self._send(args, options)
             timeout = self.timeout if deadline is None else max(0.0, deadline - now())
             if late is None:
+                call = self._send(args, options)
                 if timeout is None:
                     return await call
                 return await asyncio.wait_for(call, timeout)
             loop = asyncio.get_running_loop()
-            task = loop.create_task(call)
             waiter = loop.create_future()
-
-            def wake(_: object) -> None:
-                if not waiter.done():
-                    waiter.set_result(None)
-
-            task.add_done_callback(wake)
-            timer = None if timeout is None else loop.call_later(timeout, wake, None)
+            task = _eager(loop, self._relay(args, options, waiter))
+            timer = None
+            if not waiter.done() and timeout is not None and not self.bounded:
+                timer = loop.call_later(timeout, _expire, waiter)
             try:
-                await waiter  # cancelling this caller cancels the waiter, never the task
-            except asyncio.CancelledError:
-                self._later(task, late)
+                return await waiter  # cancelling this caller cancels the waiter, never the task
+            except (asyncio.CancelledError, asyncio.TimeoutError):
+                if not task.done():
+                    self._later(task, late)
                 raise
             finally:
                 if timer is not None:
                     timer.cancel()
-                task.remove_done_callback(wake)
-            if not task.done():
-                self._later(task, late)
-                raise asyncio.TimeoutError()
-            return task.result()
-        except NOT_OUTAGES as e:
+        except BaseException as e:
+            if reply_errors and isinstance(e, redis.exceptions.ResponseError):
+                return e
+            self.sort(e, passed)
+
+    def sort(self, e: BaseException, passed: int) -> NoReturn:
+        """As :meth:`SyncCaller.sort`."""
+        if isinstance(e, redis.exceptions.RedisClusterException):
+            plain = _plain(e)
+            plain.__cause__ = e
+            e = plain
+        if isinstance(e, NOT_OUTAGES):
             self.metrics.add("server_errors")
             raise server_error(e) from e
-        except TIMEOUTS:
+        if isinstance(e, TIMEOUTS):
             self.metrics.add("redis_timeouts")
             self.metrics.add("redis_errors")
             self.failed(passed)
-            raise
-        except OUTAGES:
+            raise e
+        if isinstance(e, OUTAGES):
             self.metrics.add("redis_errors")
             self.failed(passed)
-            raise
-        except redis.exceptions.RedisError as e:
+            raise e
+        if isinstance(e, redis.exceptions.RedisError):
             self.metrics.add("server_errors")
             raise server_error(e) from e
+        raise e
 
 
 def probe_options(client: Any) -> dict[str, Any]:
@@ -527,6 +608,35 @@ def probe_options(client: Any) -> dict[str, Any]:
     if hasattr(client, "nodes_manager") and hasattr(client, "get_random_node"):
         return {"target_nodes": client.get_random_node()}
     return {}
+
+
+def plain_call(client: Any) -> Callable[..., Any]:
+    """A caller without timeout or counters (``mtake``, ``permit``): the client's call,
+    with the callers' ``reply_errors`` option."""
+
+    def call(args: p.Args, reply_errors: bool = False, **options: Any) -> Any:
+        try:
+            return execute(client, *args, **options)
+        except redis.exceptions.ResponseError as e:
+            if reply_errors:
+                return e
+            raise
+
+    return call
+
+
+def aplain_call(client: Any) -> Callable[..., Awaitable[Any]]:
+    """:func:`plain_call` for an asyncio client."""
+
+    async def call(args: p.Args, reply_errors: bool = False, **options: Any) -> Any:
+        try:
+            return await aexecute(client, *args, **options)
+        except redis.exceptions.ResponseError as e:
+            if reply_errors:
+                return e
+            raise
+
+    return call
 
 
 def resolve_backend(
@@ -539,9 +649,9 @@ def resolve_backend(
     options = probe_options(client)
     if deadline is not None:
         options["deadline"] = deadline
-    if p.module_present(call(p.PROBE_MODULE, **options)):
+    if p.module_present(call(p.PROBE_MODULE, reply_errors=True, **options)):
         return p.Protocol(p.MODULE)
-    has_functions = p.functions_present(call(p.PROBE_FUNCTIONS, **options))
+    has_functions = p.functions_present(call(p.PROBE_FUNCTIONS, reply_errors=True, **options))
     if not has_functions:
         metrics = getattr(call, "metrics", None)
         if isinstance(metrics, Metrics):
@@ -564,9 +674,9 @@ async def aresolve_backend(
     options = probe_options(client)
     if deadline is not None:
         options["deadline"] = deadline
-    if p.module_present(await call(p.PROBE_MODULE, **options)):
+    if p.module_present(await call(p.PROBE_MODULE, reply_errors=True, **options)):
         return p.Protocol(p.MODULE)
-    has_functions = p.functions_present(await call(p.PROBE_FUNCTIONS, **options))
+    has_functions = p.functions_present(await call(p.PROBE_FUNCTIONS, reply_errors=True, **options))
     if not has_functions:
         metrics = getattr(call, "metrics", None)
         if isinstance(metrics, Metrics):

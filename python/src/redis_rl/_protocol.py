@@ -12,22 +12,46 @@ str depending on ``decode_responses``.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .errors import BackendNotFound, ProtocolError
 
-MODULE = "module"
-FUNCTIONS = "functions"
-AUTO = "auto"
-BACKENDS = (MODULE, FUNCTIONS, AUTO)
+
+class Backend(str, enum.Enum):
+    """Which server side a limiter speaks to (a ``str``: ``"module"`` still works)."""
+
+    #: The module's commands (``RL.TAKE ...``). Needs the module loaded; an ACL user needs
+    #: the ``RL.*`` commands it sends (nothing else).
+    MODULE = "module"
+    #: The Functions library ``rl`` (``FCALL rl_take ...``). An ACL user needs ``FCALL``
+    #: and the commands the library runs (read and write on the keys).
+    FUNCTIONS = "functions"
+    #: The module if the server has it, else the library: one probe, ``RL.TAKE`` without
+    #: arguments (answered "wrong number of arguments" or "unknown command" before any ACL
+    #: check, so it needs no permission), then ``FUNCTION LIST LIBRARYNAME rl`` (a user
+    #: refused it is assumed to have the library).
+    AUTO = "auto"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+MODULE = Backend.MODULE
+FUNCTIONS = Backend.FUNCTIONS
+AUTO = Backend.AUTO
+BACKENDS = tuple(b.value for b in Backend)
 
 Arg = Union[str, int, float, bytes]
 Args = Tuple[Arg, ...]
 
-#: Probes ``auto`` sends, in order.
-PROBE_MODULE: Args = ("COMMAND INFO", "RL.TAKE")
+#: Probes ``auto`` sends, in order. The module's probe is ``RL.TAKE`` without arguments:
+#: the server answers "wrong number of arguments" if it knows the command and "unknown
+#: command" if not, both before any ACL check, so it needs no permission (``COMMAND
+#: INFO`` would: a user allowed only the ``RL.*`` commands is refused it) and runs nothing.
+PROBE_MODULE: Args = ("RL.TAKE",)
 PROBE_FUNCTIONS: Args = ("FUNCTION", "LIST", "LIBRARYNAME", "rl")
 
 NO_BACKEND = (
@@ -204,8 +228,15 @@ def parse_peek(reply: Any) -> Optional[PeekReply]:
         raise ProtocolError(f"RL.PEEK reply lacks {e}: {reply!r}") from None
 
 
+def _unknown_command(reply: BaseException) -> bool:
+    return "unknown command" in str(reply).lower()
+
+
 def module_present(reply: Any) -> bool:
-    """Whether a ``COMMAND INFO RL.TAKE`` reply names a known command."""
+    """Whether the module's probe (:data:`PROBE_MODULE`, an error reply passed as the
+    exception) found the command; ``COMMAND INFO RL.TAKE`` replies are read too."""
+    if isinstance(reply, BaseException):
+        return not _unknown_command(reply)
     if isinstance(reply, dict):
         return any(v for v in reply.values())
     if isinstance(reply, (list, tuple)):
@@ -214,7 +245,11 @@ def module_present(reply: Any) -> bool:
 
 
 def functions_present(reply: Any) -> bool:
-    """Whether a ``FUNCTION LIST LIBRARYNAME rl`` reply lists the library ``rl``."""
+    """Whether a ``FUNCTION LIST LIBRARYNAME rl`` reply lists the library ``rl``. A user
+    refused ``FUNCTION LIST`` (``NOPERM``) may still call the library: it is assumed, and a
+    missing one is found by the first call (``Function not found``: ``BackendNotFound``)."""
+    if isinstance(reply, BaseException):
+        return not _unknown_command(reply)
     if not isinstance(reply, (list, tuple)):
         return False
     for lib in reply:
@@ -243,7 +278,7 @@ class Protocol:
     def __init__(self, backend: str) -> None:
         if backend not in (MODULE, FUNCTIONS):
             raise ValueError(f"backend must be 'module' or 'functions', not {backend!r}")
-        self.backend = backend
+        self.backend = Backend(backend)
 
     def _cmd(self, name: str, keys: Sequence[str], rest: Sequence[Arg]) -> Args:
         if self.backend == MODULE:

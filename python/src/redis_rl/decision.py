@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, NamedTuple
 
 
 class Source(enum.Enum):
@@ -29,9 +28,10 @@ def format_limit(cap: float) -> str:
     return repr(float(cap))
 
 
-@dataclass(frozen=True)
-class Decision:
-    """A rate-limit decision. ``bool(decision)`` is ``decision.granted``.
+class Decision(NamedTuple):
+    """A rate-limit decision, truthy when granted: ``if limiter.take():`` works on every
+    limiter. Immutable (a named tuple: cheap to make, which the in-memory path of a
+    prefetching limiter needs).
 
     ``remaining``, ``retry_after_ms`` and ``reset_after_ms`` are the bucket's state as Redis
     reported it for ``Source.SERVER`` decisions of ``Limiter``; for the other sources they
@@ -50,6 +50,16 @@ class Decision:
 
     def __bool__(self) -> bool:
         return self.granted
+
+    @property
+    def retry_after(self) -> float:
+        """Seconds until a retry may be granted (``retry_after_ms / 1000``)."""
+        return self.retry_after_ms / 1000
+
+    @property
+    def reset_after(self) -> float:
+        """Seconds until the bucket is full (``reset_after_ms / 1000``)."""
+        return self.reset_after_ms / 1000
 
     @property
     def retry_after_secs(self) -> int:

@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
+import threading
 import time
-from typing import Any, Awaitable, Callable, List, Optional, Sequence, Tuple
+import weakref
+from typing import Any, Awaitable, Callable, List, Optional, Sequence, Tuple, cast
 
 import redis.exceptions
 
@@ -18,19 +21,35 @@ from ._call import (
     AsyncCaller,
     BackendTask,
     SyncCaller,
+    aexecute,
+    aplain_call,
     aresolve_backend,
+    execute,
+    plain_call,
     resolve_backend,
     server_error,
 )
+from .config import LimiterConfig, configure
 from .decision import Decision, Source
 from .errors import ProtocolError, ServerError
 from .metrics import Metrics
-from .policy import ALLOW, FailurePolicy, Fallback, Health
+from .policy import Fallback, Health
+from .types import AsyncClient, SyncClient
+
+#: Longest time an empty bucket may take to fill (``cap / rate``): 100 years, as the
+#: module and the Rust client's ``limit()`` accept.
+MAX_FILL_SECS = 100.0 * 365.25 * 86_400.0
 
 
 def check_limit(rate: float, cap: float) -> None:
+    """Refuses a limit the server would refuse on every call."""
     if not (1e-9 <= rate <= 1e15) or not (1e-9 <= cap <= 1e15):
         raise ValueError("rate and cap must be numbers between 1e-9 and 1e15")
+    if cap / rate > MAX_FILL_SECS:
+        raise ValueError(
+            f"cap / rate must be at most 100 years ({MAX_FILL_SECS:.0f} s): "
+            f"{cap} / {rate} takes {cap / rate:.3g} s to fill"
+        )
 
 
 def check_n(n: int, cap: float) -> None:
@@ -40,55 +59,108 @@ def check_n(n: int, cap: float) -> None:
         raise ValueError("n must not exceed cap (it could never be granted)")
 
 
+#: ``Decision(...)`` without the keyword handling (a named tuple's fields, all given).
+_new_decision = tuple.__new__
+_SERVER = Source.SERVER
+
+#: Every limiter's state, to reset in a forked child.
+_cores: weakref.WeakSet[_LimiterCore] = weakref.WeakSet()
+
+
+def _reset_cores_in_child() -> None:
+    """A forked child (``multiprocessing``, a gunicorn worker) inherits the locks as they
+    were at the fork: one another thread of the parent held then stays held forever in
+    the child, and its first take would hang. The child starts with fresh ones."""
+    for core in list(_cores):
+        core.health._lock = threading.Lock()
+        core.fallback._lock = threading.Lock()
+        core.metrics._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_cores_in_child)
+
+
 class _LimiterCore:
     """State shared by the sync and asyncio limiters: limit, policy, health, counters."""
 
-    def __init__(
-        self,
-        key: str,
-        rate: float,
-        cap: float,
-        policy: FailurePolicy,
-        timeout: Optional[float],
-        probe_interval: float,
-        backend: str,
-        init: Optional[float],
-        metrics: Optional[Metrics],
-        deny_retry_after_ms: int,
-        instances: Optional[int],
-        version: Optional[int],
-    ) -> None:
+    def __init__(self, key: str, rate: float, cap: float, config: LimiterConfig) -> None:
         check_limit(rate, cap)
-        p.check_version(version)
-        if backend not in p.BACKENDS:
-            raise ValueError(f"backend must be one of {p.BACKENDS}, not {backend!r}")
+        p.check_version(config.version)
+        self.config = config
         self.key = key
         self.rate = float(rate)
         self.cap = float(cap)
-        self.policy = policy
-        self.timeout = timeout
-        self.init = init
-        self.version = version
-        self.backend = backend
-        self.protocol: Optional[p.Protocol] = None if backend == p.AUTO else p.Protocol(backend)
-        self.metrics = metrics if metrics is not None else Metrics()
-        self.health = Health(probe_interval)
-        self.fallback = Fallback(
-            policy, self.rate, self.cap, deny_retry_after_ms, instances=instances
+        self.policy = config.policy
+        self.timeout = config.timeout
+        self.init = config.init
+        self.version = config.version
+        self.backend = config.backend
+        self.protocol: Optional[p.Protocol] = (
+            None if config.backend == p.AUTO else p.Protocol(config.backend)
         )
+        self.metrics = config.metrics if config.metrics is not None else Metrics()
+        self.health = Health(config.probe_interval)
+        self.fallback = Fallback(
+            config.policy,
+            self.rate,
+            self.cap,
+            config.deny_retry_after_ms,
+            instances=config.instances,
+        )
+        self._args: dict[Tuple[str, int], p.Args] = {}
+        _cores.add(self)
 
     def answered(self) -> None:
         """Redis answered (a reply or an error reply): an outage ends."""
         if self.health.succeeded():
             self.fallback.end_outage()
 
-    def raised(self, e: BaseException) -> None:
+    def raised(self, e: BaseException, calls: int = 0) -> None:
         """A call ends in an exception, not a decision (counted in ``errors``)."""
         self.metrics.add("errors")
+        if calls:
+            self.metrics.add("calls", calls)
         if isinstance(e, ServerError):
             if isinstance(e, ProtocolError):
                 self.metrics.add("server_errors")  # the caller counts error replies
             self.answered()
+
+    def take_args(self, proto: p.Protocol, key: str, n: int) -> p.Args:
+        """The take command for ``key`` and ``n``, encoded once and kept (a few keys)."""
+        args = self._args.get((key, n))
+        if args is None:
+            if len(self._args) >= 256:
+                self._args.clear()
+            args = proto.take(key, self.rate, self.cap, n, True, self.init, self.version)
+            self._args[(key, n)] = args
+        return args
+
+    def take_decision(self, key: str, n: int, reply: Any) -> Decision:
+        """The decision of a take's ``RL.TAKE ... WITHSTATE`` reply (counted with its call)."""
+        try:
+            if reply.__class__ is not list:
+                raise TypeError
+            got = int(reply[0])
+            remaining = float(reply[1])
+            retry = int(reply[2])
+            reset = int(reply[3])
+        except (TypeError, ValueError, IndexError):
+            r = p.parse_take(reply)  # a reply of another shape: parsed, or ProtocolError
+            got, remaining, retry, reset = (
+                r.granted,
+                r.remaining,
+                r.retry_after_ms,
+                r.reset_after_ms,
+            )
+        if self.health.down_until:
+            self.answered()
+        self.fallback.observe(key, got, remaining)
+        if got > 0:
+            self.metrics.decided(True, n, False, 1, 1)
+            return _new_decision(Decision, (True, remaining, retry, reset, n, self.cap, _SERVER))
+        self.metrics.decided(False, 0, False, 1, 1)
+        return _new_decision(Decision, (False, remaining, retry, reset, 0, self.cap, _SERVER))
 
     def server_decision(self, key: str, n: int, reply: p.TakeReply) -> Decision:
         self.answered()
@@ -105,9 +177,9 @@ class _LimiterCore:
             Source.SERVER,
         )
 
-    def fallback_decision(self, key: str, n: int) -> Decision:
+    def fallback_decision(self, key: str, n: int, calls: int = 0, redis_calls: int = 0) -> Decision:
         d = self.fallback.decide(key, n)
-        self.metrics.decided(d.granted, d.tokens, True)
+        self.metrics.decided(d.granted, d.tokens, True, calls, redis_calls)
         return d
 
 
@@ -117,6 +189,11 @@ class _Base:
     @property
     def key(self) -> str:
         return self._core.key
+
+    @property
+    def config(self) -> LimiterConfig:
+        """The settings this limiter was built with."""
+        return self._core.config
 
     @property
     def rate(self) -> float:
@@ -148,37 +225,17 @@ class Limiter(_Base):
 
     def __init__(
         self,
-        client: Any,
+        client: SyncClient,
         key: str,
         rate: float,
         cap: float,
         *,
-        policy: FailurePolicy = ALLOW,
-        timeout: Optional[float] = 0.2,
-        probe_interval: float = 0.5,
-        backend: str = p.AUTO,
-        init: Optional[float] = None,
-        metrics: Optional[Metrics] = None,
-        deny_retry_after_ms: int = 1000,
-        instances: Optional[int] = None,
-        version: Optional[int] = None,
+        config: Optional[LimiterConfig] = None,
+        **options: Any,
     ) -> None:
-        self._core = _LimiterCore(
-            key,
-            rate,
-            cap,
-            policy,
-            timeout,
-            probe_interval,
-            backend,
-            init,
-            metrics,
-            deny_retry_after_ms,
-            instances,
-            version,
-        )
+        self._core = _LimiterCore(key, rate, cap, configure(config, options, "Limiter"))
         self.client = client
-        self._call = SyncCaller(client, timeout, self._core.metrics)
+        self._call = SyncCaller(client, self._core.timeout, self._core.metrics)
         self._last: Optional[Decision] = None
 
     def _protocol(self, deadline: Optional[float] = None) -> p.Protocol:
@@ -193,10 +250,13 @@ class Limiter(_Base):
         core = self._core
 
         def late(reply: Any) -> None:
-            with contextlib.suppress(Exception):  # the grant then stays spent
-                if parse(reply).granted > 0 and core.protocol is not None:
-                    self.client.execute_command(*core.protocol.refund(key, n))
-                    core.metrics.add("tokens_returned", n)
+            in_debt = _late_grant(reply, parse)
+            if in_debt is None or core.protocol is None:
+                return
+            credited: Optional[float] = None
+            with contextlib.suppress(Exception):  # the grant then stays spent: lost
+                credited = p.to_float(execute(self.client, *core.protocol.refund(key, n)))
+            _count_refund(core.metrics, in_debt, credited)
 
         return late
 
@@ -206,24 +266,36 @@ class Limiter(_Base):
         reply raises :class:`ServerError` (a missing module :class:`BackendNotFound`); an
         ``n`` that can never be granted raises ``ValueError``."""
         core = self._core
-        check_n(n, core.cap)
-        key = core.key if key is None else key
-        core.metrics.add("calls")
+        if n.__class__ is not int or n < 1 or n > core.cap:
+            check_n(n, core.cap)
+        if key is None:
+            key = core.key
+        call = self._call
         try:
-            if not core.health.may_call():
-                d = core.fallback_decision(key, n)
+            if core.health.down_until and not core.health.may_call():
+                d = core.fallback_decision(key, n, 1)
             else:
-                deadline = self._call.deadline()
+                deadline = None
                 try:
-                    proto = self._protocol(deadline)
-                    args = proto.take(key, core.rate, core.cap, n, True, core.init, core.version)
-                    late = self._refund_late(key, n, p.parse_take)
-                    d = core.server_decision(key, n, p.parse_take(self._call(args, deadline, late)))
+                    proto = core.protocol
+                    if proto is None:
+                        deadline = call.deadline()
+                        proto = self._protocol(deadline)
+                    args = core.take_args(proto, key, n)
+                    if call.direct:
+                        reply = call.run(args)
+                    else:
+                        if deadline is None:
+                            deadline = call.deadline()
+                        late = self._refund_late(key, n, p.parse_take)
+                        reply = call(args, deadline, late, count=False)
                 except OUTAGES:
                     core.health.failed()
-                    d = core.fallback_decision(key, n)
+                    d = core.fallback_decision(key, n, 1, 1)
+                else:
+                    d = core.take_decision(key, n, reply)
         except BaseException as e:
-            core.raised(e)
+            core.raised(e, 1)
             raise
         self._last = d
         return d
@@ -272,16 +344,39 @@ class Limiter(_Base):
             time.sleep(r.wait_ms / 1000)
         return d
 
-    def refund(self, n: int, *, key: Optional[str] = None) -> int:
+    def refund(self, n: int, *, key: Optional[str] = None) -> float:
         """``RL.REFUND``: gives back ``n`` tokens (say the reserved call was never made);
-        returns the tokens credited. Raises on Redis errors."""
+        returns the tokens credited (fewer if the bucket refilled meanwhile, 0 in debt).
+        Raises on Redis errors."""
         key = self._core.key if key is None else key
-        return p.to_int(self._call(self._protocol().refund(key, n)))
+        return p.to_float(self._call(self._protocol().refund(key, n)))
 
     def peek(self, *, key: Optional[str] = None) -> Optional[p.PeekReply]:
         """``RL.PEEK``: the bucket's state, consuming nothing (``None``: no key, full)."""
         key = self._core.key if key is None else key
         return p.parse_peek(self._call(self._protocol().peek(key)))
+
+
+def _late_grant(reply: Any, parse: Callable[[Any], Any]) -> Optional[bool]:
+    """A reply nobody waited for: ``None`` if it granted nothing (nothing to refund), else
+    whether it left the bucket in debt (a reserve: the refund will credit nothing)."""
+    try:
+        r = parse(reply)
+    except Exception:
+        return None
+    if r.granted <= 0:
+        return None
+    return bool(r.remaining < 0)
+
+
+def _count_refund(metrics: Metrics, in_debt: bool, credited: Optional[float]) -> None:
+    """A late grant refunded: what the bucket took back counts as returned (less than asked
+    if it refilled meanwhile); a refund that failed (``None``), or that a bucket in debt
+    took nothing of, leaves the take lost."""
+    if credited is not None:
+        metrics.add("tokens_returned", round(credited))
+    if credited is None or (in_debt and credited <= 0):
+        metrics.add("takes_lost")
 
 
 def _reserve_decision(core: _LimiterCore, key: str, n: int, r: p.ReserveReply) -> Decision:
@@ -304,37 +399,17 @@ class AsyncLimiter(_Base):
 
     def __init__(
         self,
-        client: Any,
+        client: AsyncClient,
         key: str,
         rate: float,
         cap: float,
         *,
-        policy: FailurePolicy = ALLOW,
-        timeout: Optional[float] = 0.2,
-        probe_interval: float = 0.5,
-        backend: str = p.AUTO,
-        init: Optional[float] = None,
-        metrics: Optional[Metrics] = None,
-        deny_retry_after_ms: int = 1000,
-        instances: Optional[int] = None,
-        version: Optional[int] = None,
+        config: Optional[LimiterConfig] = None,
+        **options: Any,
     ) -> None:
-        self._core = _LimiterCore(
-            key,
-            rate,
-            cap,
-            policy,
-            timeout,
-            probe_interval,
-            backend,
-            init,
-            metrics,
-            deny_retry_after_ms,
-            instances,
-            version,
-        )
+        self._core = _LimiterCore(key, rate, cap, configure(config, options, "AsyncLimiter"))
         self.client = client
-        self._call = AsyncCaller(client, timeout, self._core.metrics)
+        self._call = AsyncCaller(client, self._core.timeout, self._core.metrics)
         self._backend = BackendTask()
         self._last: Optional[Decision] = None
 
@@ -352,34 +427,45 @@ class AsyncLimiter(_Base):
         core = self._core
 
         async def late(reply: Any) -> None:
-            with contextlib.suppress(Exception):  # the grant then stays spent
-                if parse(reply).granted > 0 and core.protocol is not None:
-                    await self.client.execute_command(*core.protocol.refund(key, n))
-                    core.metrics.add("tokens_returned", n)
+            in_debt = _late_grant(reply, parse)
+            if in_debt is None or core.protocol is None:
+                return
+            credited: Optional[float] = None
+            with contextlib.suppress(Exception):  # the grant then stays spent: lost
+                args = core.protocol.refund(key, n)
+                credited = p.to_float(await aexecute(self.client, *args))
+            _count_refund(core.metrics, in_debt, credited)
 
         return late
 
     async def take(self, n: int = 1, *, key: Optional[str] = None) -> Decision:
+        """As :meth:`Limiter.take`. A take cancelled or timed out while its call is in the
+        air loses nothing: the call completes on its own task and a grant is refunded."""
         core = self._core
-        check_n(n, core.cap)
-        key = core.key if key is None else key
-        core.metrics.add("calls")
+        if n.__class__ is not int or n < 1 or n > core.cap:
+            check_n(n, core.cap)
+        if key is None:
+            key = core.key
+        call = self._call
         try:
-            if not core.health.may_call():
-                d = core.fallback_decision(key, n)
+            if core.health.down_until and not core.health.may_call():
+                d = core.fallback_decision(key, n, 1)
             else:
-                deadline = self._call.deadline()
+                deadline = call.deadline()
                 try:
-                    proto = await self._protocol(deadline)
-                    args = proto.take(key, core.rate, core.cap, n, True, core.init, core.version)
+                    proto = core.protocol
+                    if proto is None:
+                        proto = await self._protocol(deadline)
+                    args = core.take_args(proto, key, n)
                     late = self._refund_late(key, n, p.parse_take)
-                    reply = await self._call(args, deadline, late)
-                    d = core.server_decision(key, n, p.parse_take(reply))
+                    reply = await call(args, deadline, late, count=False)
                 except OUTAGES:
                     core.health.failed()
-                    d = core.fallback_decision(key, n)
+                    d = core.fallback_decision(key, n, 1, 1)
+                else:
+                    d = core.take_decision(key, n, reply)
         except BaseException as e:  # an error reply, or cancelled
-            core.raised(e)
+            core.raised(e, 1)
             raise
         self._last = d
         return d
@@ -423,10 +509,10 @@ class AsyncLimiter(_Base):
             await asyncio.sleep(r.wait_ms / 1000)
         return d
 
-    async def refund(self, n: int, *, key: Optional[str] = None) -> int:
+    async def refund(self, n: int, *, key: Optional[str] = None) -> float:
         key = self._core.key if key is None else key
         proto = await self._protocol()
-        return p.to_int(await self._call(proto.refund(key, n)))
+        return p.to_float(await self._call(proto.refund(key, n)))
 
     async def peek(self, *, key: Optional[str] = None) -> Optional[p.PeekReply]:
         key = self._core.key if key is None else key
@@ -435,7 +521,7 @@ class AsyncLimiter(_Base):
 
 
 def mtake(
-    client: Any,
+    client: SyncClient,
     buckets: Sequence[Tuple[str, float, float]],
     n: int = 1,
     *,
@@ -446,11 +532,12 @@ def mtake(
 ) -> p.MTakeReply:
     """``RL.MTAKE``: ``n`` tokens from every ``(key, rate, cap)`` bucket, or from none. In a
     cluster the keys must share a hash tag. Raises on Redis errors (no failure policy)."""
+    for _, rate, cap in buckets:
+        check_limit(rate, cap)
     try:
-        proto = resolve_backend(client, lambda a, **o: client.execute_command(*a, **o), backend)
-        return p.parse_mtake(
-            client.execute_command(*proto.mtake(buckets, n, withstate, init, version))
-        )
+        proto = resolve_backend(client, plain_call(client), backend)
+        args = proto.mtake(buckets, n, withstate, init, version)
+        return p.parse_mtake(cast(Any, client).execute_command(*args))
     except NOT_OUTAGES as e:
         raise server_error(e) from e
     except OUTAGES:
@@ -460,7 +547,7 @@ def mtake(
 
 
 async def amtake(
-    client: Any,
+    client: AsyncClient,
     buckets: Sequence[Tuple[str, float, float]],
     n: int = 1,
     *,
@@ -470,12 +557,12 @@ async def amtake(
     version: Optional[int] = None,
 ) -> p.MTakeReply:
     """The asyncio twin of :func:`mtake`."""
+    for _, rate, cap in buckets:
+        check_limit(rate, cap)
     try:
-        proto = await aresolve_backend(
-            client, lambda a, **o: client.execute_command(*a, **o), backend
-        )
+        proto = await aresolve_backend(client, aplain_call(client), backend)
         args = proto.mtake(buckets, n, withstate, init, version)
-        return p.parse_mtake(await client.execute_command(*args))
+        return p.parse_mtake(await cast(Any, client).execute_command(*args))
     except NOT_OUTAGES as e:
         raise server_error(e) from e
     except OUTAGES:

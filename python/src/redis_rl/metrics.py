@@ -24,6 +24,7 @@ FIELDS = (
     "redis_timeouts",
     "server_errors",
     "leases_lost",
+    "takes_lost",
 )
 
 HELP = {
@@ -37,7 +38,7 @@ HELP = {
     "leases_denied": "RL.LEASE calls that granted nothing",
     "leases_expired": "leases dropped locally at their TTL with tokens unspent",
     "returns": "leases settled (RETURN option or RL.RETURN)",
-    "tokens_returned": "unspent tokens sent back",
+    "tokens_returned": "unspent tokens the bucket took back (returns, refunds of late grants)",
     "fallback_decisions": "decisions made by the failure policy (Redis unavailable or slow)",
     "fallback_granted": "fallback decisions that let the request through",
     "redis_calls": "calls to Redis",
@@ -45,6 +46,7 @@ HELP = {
     "redis_timeouts": "calls to Redis that timed out",
     "server_errors": "error replies from Redis (and malformed replies): raised, not outages",
     "leases_lost": "lease calls whose outcome is unknown, or leases neither installed nor returned",
+    "takes_lost": "late grants nobody waited for that were not refunded in full",
 }
 
 
@@ -62,9 +64,16 @@ class Metrics:
         with self._lock:
             self._values[field] += value
 
-    def decided(self, granted: bool, tokens: int, fallback: bool) -> None:
+    def decided(
+        self, granted: bool, tokens: int, fallback: bool, calls: int = 0, redis_calls: int = 0
+    ) -> None:
+        """One decision; ``calls`` and ``redis_calls`` are counted with it (one lock)."""
+        v = self._values
         with self._lock:
-            v = self._values
+            if calls:
+                v["calls"] += calls
+            if redis_calls:
+                v["redis_calls"] += redis_calls
             if granted:
                 v["granted"] += 1
                 v["tokens_granted"] += tokens

@@ -1,5 +1,12 @@
 """``permit()`` / ``apermit()``: a distributed concurrency limit over ``RL.ACQUIRE`` /
-``RL.RELEASE``, renewed with ``RL.RENEW`` while the block runs (for long calls)."""
+``RL.RELEASE``, renewed with ``RL.RENEW`` while the block runs (for long calls).
+
+Every call has a timeout, as a limiter's do. There is no failure policy: an outage (no
+connection, a timeout) raises the redis-py error. A permit guards something that holds
+state (connections, a worker slot), and a local guess cannot know how many holders the
+fleet has: failing open would let any number in, and failing closed is what the raised
+error already lets a caller do (``except redis.RedisError``).
+"""
 
 from __future__ import annotations
 
@@ -7,73 +14,132 @@ import asyncio
 import contextlib
 import threading
 import time
-from typing import Any, AsyncIterator, Iterator, Optional, Set
+import warnings
+from typing import Any, AsyncIterator, Iterator, Optional
 
 from . import _protocol as p
-from ._call import aresolve_backend, resolve_backend
-from .errors import PermitDenied
+from ._call import AsyncCaller, SyncCaller, aexecute, aresolve_backend, execute, resolve_backend
+from .errors import BackendNotFound, PermitDenied
+from .metrics import Metrics
+from .types import AsyncClient, SyncClient
+
+#: Permits need the module's commands: the Functions library has none.
+NO_PERMITS = (
+    "redis-rl: permits need the module (RL.ACQUIRE, RL.RENEW, RL.RELEASE): load it "
+    "(loadmodule /path/to/libredis_rl.so); the Functions library has no permits"
+)
 
 
 class Permit:
     """A slot held under a concurrency limit. ``lost`` turns true if a renewal found the
     permit gone (it outlived its TTL, say while the process was paused)."""
 
-    def __init__(self, key: str, permit_id: int, in_use: int, ttl_ms: int) -> None:
+    def __init__(self, key: str, permit_id: int, in_use: int, ttl: float) -> None:
         self.key = key
         self.id = permit_id
         self.in_use = in_use
-        self.ttl_ms = ttl_ms
+        #: Seconds the server keeps the slot without a renewal.
+        self.ttl = ttl
         self.lost = False
         self.renewals = 0
 
+    @property
+    def ttl_ms(self) -> int:
+        """The TTL in milliseconds (the old name; ``ttl`` is in seconds)."""
+        return round(self.ttl * 1000)
 
-def _check(limit: int, ttl_ms: int, renew_every: Optional[float]) -> float:
-    if limit < 1:
+
+def _ttl(ttl: Optional[float], ttl_ms: Optional[int]) -> float:
+    """The TTL in seconds, from ``ttl`` or the deprecated ``ttl_ms``."""
+    if ttl_ms is not None:
+        warnings.warn("ttl_ms is deprecated: pass ttl in seconds", DeprecationWarning, stacklevel=4)
+        if ttl is not None:
+            raise TypeError("pass ttl (seconds) or ttl_ms, not both")
+        return ttl_ms / 1000
+    return 30.0 if ttl is None else float(ttl)
+
+
+def _check(limit: int, ttl: float, renew_every: Optional[float]) -> tuple[int, float]:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError("limit must be a positive integer")
-    if ttl_ms < 1:
-        raise ValueError("ttl_ms must be a positive integer")
-    every = ttl_ms / 3000 if renew_every is None else renew_every
+    ms = round(ttl * 1000)
+    if ms < 1:
+        raise ValueError("ttl must be at least 0.001 s")
+    every = ttl / 3 if renew_every is None else renew_every
     if every <= 0:
         raise ValueError("renew_every must be positive")
-    return every
+    return ms, every
+
+
+def _backend(backend: str) -> p.Protocol:
+    if backend == p.FUNCTIONS:
+        raise BackendNotFound(NO_PERMITS)
+    return p.Protocol(p.MODULE)
+
+
+def _not_found(e: BackendNotFound) -> BackendNotFound:
+    err = BackendNotFound(f"{e.args[0].split(' -- ')[0]} -- {NO_PERMITS}")
+    err.__cause__ = e.__cause__
+    return err
 
 
 @contextlib.contextmanager
 def permit(
-    client: Any,
+    client: SyncClient,
     key: str,
     limit: int,
-    ttl_ms: int = 30_000,
+    ttl_ms: Optional[int] = None,
     *,
+    ttl: Optional[float] = None,
     max_wait: float = 0.0,
     renew_every: Optional[float] = None,
+    timeout: Optional[float] = 0.2,
     backend: str = p.AUTO,
 ) -> Iterator[Permit]:
     """Holds one of ``limit`` slots of ``key`` for the ``with`` block, released on exit.
 
-    The server frees a slot whose holder vanished after ``ttl_ms``; while the block runs a
-    thread renews the permit every ``renew_every`` seconds (default ``ttl_ms / 3``). When
-    all slots are taken it retries after the server's ``retry_after_ms`` for up to
-    ``max_wait`` seconds, then raises :class:`PermitDenied`.
+    The server frees a slot whose holder vanished after ``ttl`` seconds (default 30); while
+    the block runs a thread renews the permit every ``renew_every`` seconds (default
+    ``ttl / 3``). When all slots are taken it retries after the server's wait for up to
+    ``max_wait`` seconds, then raises :class:`PermitDenied`. Each call returns within
+    ``timeout``: an acquire that lands later is released at once. An outage raises
+    redis-py's error; an error reply :class:`ServerError` (a server without the module:
+    :class:`BackendNotFound`).
     """
-    every = _check(limit, ttl_ms, renew_every)
-    proto = resolve_backend(client, lambda a, **o: client.execute_command(*a, **o), backend)
+    seconds = _ttl(ttl, ttl_ms)
+    ms, every = _check(limit, seconds, renew_every)
+    call = SyncCaller(client, timeout, Metrics())
+    proto = (
+        _backend(backend)
+        if backend != p.AUTO
+        else _backend(resolve_backend(client, call, backend, call.deadline()).backend)
+    )
+
+    def release_late(reply: Any) -> None:
+        r = p.parse_acquire(reply)
+        if r.granted:
+            with contextlib.suppress(Exception):
+                execute(client, *proto.release(key, r.permit_id))
+
     deadline = time.monotonic() + max_wait
     while True:
-        r = p.parse_acquire(client.execute_command(*proto.acquire(key, limit, ttl_ms)))
+        try:
+            r = p.parse_acquire(call(proto.acquire(key, limit, ms), late=release_late))
+        except BackendNotFound as e:
+            raise _not_found(e) from e.__cause__
         if r.granted:
             break
         wait = max(r.retry_after_ms, 10) / 1000
         if time.monotonic() + wait > deadline:
             raise PermitDenied(key, r.in_use, r.retry_after_ms)
         time.sleep(wait)
-    held = Permit(key, r.permit_id, r.in_use, ttl_ms)
+    held = Permit(key, r.permit_id, r.in_use, seconds)
     stop = threading.Event()
 
     def renew() -> None:
         while not stop.wait(every):
             try:
-                ok = p.to_int(client.execute_command(*proto.renew(key, held.id, ttl_ms)))
+                ok = p.to_int(call(proto.renew(key, held.id, ms)))
             except Exception:
                 continue  # try again next period; the TTL covers a short outage
             held.renewals += 1
@@ -89,64 +155,59 @@ def permit(
         stop.set()
         thread.join()
         with contextlib.suppress(Exception):
-            client.execute_command(*proto.release(key, held.id))
-
-
-#: Acquire calls whose caller was cancelled, kept until they land (and release).
-_orphans: Set[asyncio.Future[Any]] = set()
-
-
-async def _acquire(client: Any, proto: p.Protocol, key: str, limit: int, ttl_ms: int) -> Any:
-    """One ``RL.ACQUIRE`` as a task of its own: if the caller is cancelled while it is in
-    the air, it still lands, and a permit it brings is released at once (nobody holds it)
-    instead of taking a slot until its TTL."""
-    call = asyncio.ensure_future(client.execute_command(*proto.acquire(key, limit, ttl_ms)))
-    try:
-        return p.parse_acquire(await asyncio.shield(call))
-    except asyncio.CancelledError:
-
-        async def release_late() -> None:
-            with contextlib.suppress(BaseException):
-                r = p.parse_acquire(await call)
-                if r.granted:
-                    await client.execute_command(*proto.release(key, r.permit_id))
-
-        orphan = asyncio.ensure_future(release_late())
-        _orphans.add(orphan)
-        orphan.add_done_callback(_orphans.discard)
-        raise
+            call(proto.release(key, held.id))
 
 
 @contextlib.asynccontextmanager
 async def apermit(
-    client: Any,
+    client: AsyncClient,
     key: str,
     limit: int,
-    ttl_ms: int = 30_000,
+    ttl_ms: Optional[int] = None,
     *,
+    ttl: Optional[float] = None,
     max_wait: float = 0.0,
     renew_every: Optional[float] = None,
+    timeout: Optional[float] = 0.2,
     backend: str = p.AUTO,
 ) -> AsyncIterator[Permit]:
-    """The asyncio twin of :func:`permit` (renewals run in a background task)."""
-    every = _check(limit, ttl_ms, renew_every)
-    proto = await aresolve_backend(client, lambda a, **o: client.execute_command(*a, **o), backend)
+    """The asyncio twin of :func:`permit` (renewals run in a background task). An acquire
+    whose caller is cancelled or times out still lands, and a permit it brings is released
+    at once instead of holding a slot nobody has until its TTL."""
+    seconds = _ttl(ttl, ttl_ms)
+    ms, every = _check(limit, seconds, renew_every)
+    call = AsyncCaller(client, timeout, Metrics())
+    if backend == p.AUTO:
+        resolved = await aresolve_backend(client, call, backend, call.deadline())
+        proto = _backend(resolved.backend)
+    else:
+        proto = _backend(backend)
+
+    async def release_late(reply: Any) -> None:
+        r = p.parse_acquire(reply)
+        if r.granted:
+            with contextlib.suppress(Exception):
+                await aexecute(client, *proto.release(key, r.permit_id))
+
     deadline = time.monotonic() + max_wait
     while True:
-        r = await _acquire(client, proto, key, limit, ttl_ms)
+        try:
+            r = p.parse_acquire(await call(proto.acquire(key, limit, ms), late=release_late))
+        except BackendNotFound as e:
+            raise _not_found(e) from e.__cause__
         if r.granted:
             break
         wait = max(r.retry_after_ms, 10) / 1000
         if time.monotonic() + wait > deadline:
             raise PermitDenied(key, r.in_use, r.retry_after_ms)
         await asyncio.sleep(wait)
-    held = Permit(key, r.permit_id, r.in_use, ttl_ms)
+    held = Permit(key, r.permit_id, r.in_use, seconds)
 
     async def renew() -> None:
         while True:
             await asyncio.sleep(every)
             try:
-                reply = await client.execute_command(*proto.renew(key, held.id, ttl_ms))
+                reply = await call(proto.renew(key, held.id, ms))
             except Exception:
                 continue
             held.renewals += 1
@@ -162,4 +223,4 @@ async def apermit(
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
         with contextlib.suppress(Exception):
-            await client.execute_command(*proto.release(key, held.id))
+            await call(proto.release(key, held.id))

@@ -7,7 +7,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, Dict, Optional, Tuple
+from typing import Deque, Dict, List, Optional, Tuple
 
 from .decision import Decision, Source
 
@@ -77,14 +77,19 @@ class LocalBucket:
 
 class Meter:
     """Tokens granted by Redis over the last seconds: the rate this instance gets. Once the
-    window is empty (no call for a while) it keeps answering the last rate it measured."""
+    window is empty (no call for a while) it keeps answering the last rate it measured.
+
+    Grants are summed in slots of ``SLOT`` seconds (a call per grant would cost every
+    Redis decision a deque entry)."""
 
     WINDOW = 2.0
+    SLOT = 0.05
 
     def __init__(self) -> None:
-        self.events: Deque[Tuple[float, int]] = deque()
-        self.total = 0  # of the events in the window
+        self.events: Deque[List[float]] = deque()  # [slot start, tokens]
+        self.total = 0.0  # of the events in the window
         self.first: Optional[float] = None
+        self.last_add = 0.0
         self.last: Optional[float] = None
 
     def _trim(self, t: float) -> None:
@@ -99,14 +104,22 @@ class Meter:
     def add(self, tokens: int, t: float) -> None:
         if self.first is None:
             self.first = t
-        self.events.append((t, tokens))
+        events = self.events
+        if events and t - events[-1][0] < self.SLOT:
+            events[-1][1] += tokens
+        else:
+            self._trim(t)
+            events.append([t, tokens])
         self.total += tokens
-        self._trim(t)
-        self.last = self._measure(t)
+        self.last_add = t
 
     def rate(self, t: float) -> Optional[float]:
         if self.first is None:
             return None
+        if self.events and self.events[-1][0] < t - self.WINDOW:
+            # Every slot leaves the window now: keep the rate as of the last grant.
+            self._trim(self.last_add)
+            self.last = self._measure(self.last_add)
         self._trim(t)
         if not self.events:
             return self.last
@@ -153,7 +166,7 @@ class Health:
 
 
 class _KeyState:
-    __slots__ = ("fresh", "last_tokens", "local", "meter")
+    __slots__ = ("fresh", "last_tokens", "local", "meter", "owed", "owed_since")
 
     def __init__(self) -> None:
         self.meter = Meter()
@@ -161,6 +174,10 @@ class _KeyState:
         self.local: Optional[LocalBucket] = None
         #: An outage ended since the local bucket was last used: size it anew.
         self.fresh = True
+        #: Tokens Redis granted, not yet debited from the local bucket (debited at least
+        #: every ``Fallback.SETTLE`` seconds, and before any local decision).
+        self.owed = 0
+        self.owed_since = 0.0
 
 
 class Fallback:
@@ -207,6 +224,8 @@ class Fallback:
         self.observing = policy.kind == "last_known" or (
             policy.kind == "allow" and self.fixed_share is None
         )
+        self.deny = policy.kind == "deny"
+        self.allows = policy.kind == "allow"
 
     def _entry(self, key: str) -> _KeyState:
         entry = self.keys.get(key)
@@ -216,25 +235,49 @@ class Fallback:
             entry = self.keys[key] = _KeyState()
         return entry
 
+    #: Grants are debited from the local bucket in sums at least this often (a debit per
+    #: grant would size the bucket anew on every Redis decision). Summing is never
+    #: generous: a sum debited at once leaves at most what the single debits would.
+    SETTLE = 0.05
+
     def observe(self, key: str, granted: int, level: Optional[float]) -> None:
         """What Redis granted for ``key`` (and the level it reported)."""
-        if self.policy.kind == "deny":
+        if self.deny:
             return
+        t = time.monotonic()
         with self._lock:
-            entry = self._entry(key)
+            entry = self.keys.get(key)
+            if entry is None:
+                entry = self._entry(key)
             if self.observing:
-                entry.meter.add(granted, now())
+                meter = entry.meter
+                events = meter.events
+                if events and t - events[-1][0] < Meter.SLOT:  # the common case, inline
+                    events[-1][1] += granted
+                    meter.total += granted
+                    meter.last_add = t
+                else:
+                    meter.add(granted, t)
                 if level is not None:
                     entry.last_tokens = level
-            if granted > 0 and (self.policy.kind == "allow" or level is None):
+            if granted > 0 and (self.allows or level is None):
                 # What Redis granted this instance is spent from its share: the local
                 # budget is debited (an outage right after does not hand it out again),
                 # and sized anew at the next outage from this level. (A level Redis
                 # reported already counts the grant: LAST_KNOWN starts from it.)
-                bucket = self._bucket(entry)
-                bucket._refill(now())
-                bucket.tokens = max(0.0, bucket.tokens - granted)
-                entry.fresh = True
+                if not entry.owed:
+                    entry.owed_since = t
+                entry.owed += granted
+                if t - entry.owed_since >= self.SETTLE:
+                    self._settle(entry, t)
+
+    def _settle(self, entry: _KeyState, t: float) -> None:
+        """Debits what Redis granted since the last debit (the caller holds the lock)."""
+        bucket = self._bucket(entry)
+        bucket._refill(t)
+        bucket.tokens = max(0.0, bucket.tokens - entry.owed)
+        entry.owed = 0
+        entry.fresh = True
 
     def end_outage(self) -> None:
         """Redis answered again: the next outage sizes its local buckets anew (they keep
@@ -278,5 +321,8 @@ class Fallback:
         if self.policy.kind == "deny":
             return Decision(False, 0.0, self.deny_retry_after_ms, 0, 0, self.cap, Source.FALLBACK)
         with self._lock:
-            ok, remaining, retry, reset = self._bucket(self._entry(key)).take(n)
+            entry = self._entry(key)
+            if entry.owed:
+                self._settle(entry, now())
+            ok, remaining, retry, reset = self._bucket(entry).take(n)
         return Decision(ok, remaining, retry, reset, n if ok else 0, self.cap, Source.FALLBACK)

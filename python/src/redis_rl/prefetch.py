@@ -34,6 +34,7 @@ import contextlib
 import os
 import random
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, List, Optional, Set, Tuple
@@ -56,11 +57,18 @@ from ._call import (
     resolve_backend,
     server_error,
 )
+from .config import LimiterConfig, configure
 from .decision import Decision, Source
 from .errors import LimiterClosed, ProtocolError, ServerError
 from .limiter import check_limit, check_n
 from .metrics import Metrics
-from .policy import ALLOW, FailurePolicy, Fallback, Health, now
+from .policy import Fallback, Health, now
+from .types import AsyncClient, SyncClient
+
+#: ``Decision(...)`` without the keyword handling (a named tuple's fields, all given).
+_new_decision = tuple.__new__
+_LEASE = Source.LEASE
+_monotonic = time.monotonic
 
 #: Every lease state machine alive, to reset in a forked child.
 _cores: weakref.WeakSet[_Core] = weakref.WeakSet()
@@ -117,51 +125,34 @@ class _Flight:
 class _Core:
     """The lease state machine, shared by the sync and asyncio twins (no I/O here)."""
 
-    def __init__(
-        self,
-        key: str,
-        rate: float,
-        cap: float,
-        batch: int,
-        ttl_ms: int,
-        renew_at: float,
-        jitter: float,
-        policy: FailurePolicy,
-        timeout: Optional[float],
-        probe_interval: float,
-        backend: str,
-        init: Optional[float],
-        metrics: Optional[Metrics],
-        deny_retry_after_ms: int,
-        instances: Optional[int],
-        version: Optional[int],
-    ) -> None:
+    def __init__(self, key: str, rate: float, cap: float, config: LimiterConfig) -> None:
         check_limit(rate, cap)
-        p.check_version(version)
-        if batch < 1 or batch > cap:
+        p.check_version(config.version)
+        if config.batch > cap:
             raise ValueError("batch must be between 1 and cap")
-        if not (1 <= ttl_ms <= 86_400_000):
-            raise ValueError("ttl_ms must be between 1 and 86400000")
-        if not (0.0 <= renew_at < 1.0) or not (0.0 <= jitter <= 1.0):
-            raise ValueError("renew_at must be in [0, 1) and jitter in [0, 1]")
-        if backend not in p.BACKENDS:
-            raise ValueError(f"backend must be one of {p.BACKENDS}, not {backend!r}")
+        self.config = config
         self.key = key
         self.rate = float(rate)
         self.cap = float(cap)
-        self.batch = batch
-        self.ttl_ms = ttl_ms
-        self.renew_at = renew_at
-        self.jitter = jitter
-        self.timeout = timeout
-        self.init = init
-        self.version = version
-        self.backend = backend
-        self.protocol: Optional[p.Protocol] = None if backend == p.AUTO else p.Protocol(backend)
-        self.metrics = metrics if metrics is not None else Metrics()
-        self.health = Health(probe_interval)
+        self.batch = config.batch
+        self.ttl_ms = config.ttl_ms
+        self.renew_at = config.renew_at
+        self.jitter = config.jitter
+        self.timeout = config.timeout
+        self.init = config.init
+        self.version = config.version
+        self.backend = config.backend
+        self.protocol: Optional[p.Protocol] = (
+            None if config.backend == p.AUTO else p.Protocol(config.backend)
+        )
+        self.metrics = config.metrics if config.metrics is not None else Metrics()
+        self.health = Health(config.probe_interval)
         self.fallback = Fallback(
-            policy, self.rate, self.cap, deny_retry_after_ms, instances=instances
+            config.policy,
+            self.rate,
+            self.cap,
+            config.deny_retry_after_ms,
+            instances=config.instances,
         )
         self.lock = threading.Lock()
         self.older: Optional[_Lease] = None
@@ -223,25 +214,43 @@ class _Core:
 
     # -- decisions --
 
-    def decide_locally(self, n: int) -> Tuple[Optional[Decision], bool]:
+    def decide_locally(self, n: int, calls: int = 0) -> Tuple[Optional[Decision], bool]:
         """A grant from the held batch, or a recent denial of ``n`` or fewer tokens; ``None``
-        if Redis must be asked. The flag says the caller should start a renewal."""
-        t = now()
+        if Redis must be asked. The flag says the caller should start a renewal. A decision
+        is counted with ``calls`` (one lock for the counters)."""
+        t = _monotonic()
         with self.lock:
-            self.drop_expired(t)
-            if self.spend(n):
+            older, newer = self.older, self.newer
+            if (older is not None and older.expires <= t) or (
+                newer is not None and newer.expires <= t
+            ):
+                self.drop_expired(t)
+                older, newer = self.older, self.newer
+            left = (older.left if older is not None else 0) + (
+                newer.left if newer is not None else 0
+            )
+            if left >= n:
+                due = n
+                if older is not None:
+                    part = due if due <= older.left else older.left
+                    older.left -= part
+                    due -= part
+                if due:
+                    assert newer is not None
+                    newer.left -= due
+                left -= n
                 renew = (
-                    self.flight is None
-                    and self.left() <= self.threshold
+                    left <= self.threshold
+                    and self.flight is None
                     and self.denied_until <= t
-                    and not self.health.down
+                    and not self.health.down_until
                     and not self.closed
                 )
-                left = self.left()
-                self.metrics.decided(True, n, False)
-                return Decision(True, float(left), 0, 0, n, self.cap, Source.LEASE), renew
+                self.metrics.decided(True, n, False, calls)
+                d = _new_decision(Decision, (True, float(left), 0, 0, n, self.cap, _LEASE))
+                return d, renew
             if self.denied(n, t):
-                self.metrics.decided(False, 0, False)
+                self.metrics.decided(False, 0, False, calls)
                 wait = max(1, round((self.denied_until - t) * 1000))
                 return Decision(False, 0.0, wait, 0, 0, self.cap, Source.LEASE), False
         return None, False
@@ -251,11 +260,20 @@ class _Core:
         self.metrics.decided(d.granted, d.tokens, True)
         return d
 
-    def crowded_out(self, n: int) -> Decision:
-        """Two lease calls of other takes landed (Redis answered) and left nothing for this
-        one: a denial, never a policy decision (Redis is up)."""
-        self.metrics.decided(False, 0, False)
-        return Decision(False, 0.0, 0, 0, 0, self.cap, Source.SERVER)
+    def after(self, busy: _Flight, n: int) -> Optional[Decision]:
+        """A take that waited for another's lease call ``busy``, once it ended: a grant from
+        what it brought, the denial Redis gave (cached per size), the error reply it got
+        (raised to every caller that waited for it), or the failure policy if it found an
+        outage. ``None``: it left nothing for this take, which asks Redis itself."""
+        d, _ = self.decide_locally(n)
+        if d is not None:
+            return d
+        e = busy.error
+        if isinstance(e, ServerError):
+            raise _copy(e)
+        if self.health.down:
+            return self.fallback_decision(n)
+        return None
 
     def answered(self) -> None:
         if self.health.succeeded():
@@ -446,6 +464,26 @@ def _failed(core: _Core, flight: _Flight, e: BaseException) -> List[_Lease]:
     return core.fail(flight, e)
 
 
+async def _landed(flight: _Flight, deadline: Optional[float]) -> bool:
+    """Waits until ``flight`` ended or ``deadline``; whether it ended."""
+    task = flight.task
+    if task is not None and task.get_loop() is asyncio.get_running_loop():
+        left = None if deadline is None else max(0.0, deadline - now())
+        await asyncio.wait({task}, timeout=left)
+    else:  # sent from another event loop (another thread): not awaitable here
+        while not flight.event.is_set() and (deadline is None or now() < deadline):
+            await asyncio.sleep(0.001)
+    return flight.event.is_set() or flight.done
+
+
+def _copy(e: ServerError) -> ServerError:
+    """The error of a lease call for one more caller (an exception raised in several
+    threads at once would share one traceback)."""
+    copy = type(e)(*e.args)
+    copy.__cause__ = e.__cause__
+    return copy
+
+
 def _as_server_error(e: BaseException) -> BaseException:
     if isinstance(e, ProtocolError):
         return e
@@ -460,6 +498,11 @@ class _Base:
     @property
     def key(self) -> str:
         return self._core.key
+
+    @property
+    def config(self) -> LimiterConfig:
+        """The settings this limiter was built with."""
+        return self._core.config
 
     @property
     def metrics(self) -> Metrics:
@@ -477,7 +520,7 @@ class PrefetchLimiter(_Base):
     """Leases ``batch`` tokens at a time from the bucket ``key`` (``rate``/s, bursts of
     ``cap``) and grants from them locally. Thread-safe; create one per key and process.
 
-    ``take()`` answers a bool; ``decide()`` the full :class:`Decision`. Renewal happens
+    ``take()`` answers a :class:`Decision`, truthy when granted. Renewal happens
     inline, ahead of running out; use it as a context manager (or call ``close()``) so
     that leftovers go back to the bucket. Every call returns within ``timeout``; outages go
     to ``policy`` (its local budget: the limit divided by ``instances``); an error reply
@@ -492,60 +535,46 @@ class PrefetchLimiter(_Base):
 
     def __init__(
         self,
-        client: Any,
+        client: SyncClient,
         key: str,
         rate: float,
         cap: float,
-        batch: int = 20,
-        ttl_ms: int = 2000,
+        batch: Optional[int] = None,
+        ttl_ms: Optional[int] = None,
         *,
-        renew_at: float = 0.2,
-        jitter: float = 0.1,
-        policy: FailurePolicy = ALLOW,
-        timeout: Optional[float] = 0.2,
-        probe_interval: float = 0.5,
-        backend: str = p.AUTO,
-        init: Optional[float] = None,
-        metrics: Optional[Metrics] = None,
-        deny_retry_after_ms: int = 1000,
-        instances: Optional[int] = None,
-        version: Optional[int] = None,
+        config: Optional[LimiterConfig] = None,
+        **options: Any,
     ) -> None:
-        self._core = _Core(
-            key,
-            rate,
-            cap,
-            batch,
-            ttl_ms,
-            renew_at,
-            jitter,
-            policy,
-            timeout,
-            probe_interval,
-            backend,
-            init,
-            metrics,
-            deny_retry_after_ms,
-            instances,
-            version,
-        )
+        if batch is not None:
+            options["batch"] = batch
+        if ttl_ms is not None:
+            options["ttl_ms"] = ttl_ms
+        self._core = _Core(key, rate, cap, configure(config, options, "PrefetchLimiter"))
         self.client = client
-        self._call = SyncCaller(client, timeout, self._core.metrics)
+        self._call = SyncCaller(client, self._core.timeout, self._core.metrics)
         at_exit.add(self)  # alive at exit (a module-level limiter): gives back then
 
-    def take(self, n: int = 1) -> bool:
-        """Whether ``n`` tokens may be spent now."""
-        return self.decide(n).granted
-
-    def decide(self, n: int = 1) -> Decision:
+    def take(self, n: int = 1) -> Decision:
+        """Whether ``n`` tokens may be spent now: a :class:`Decision`, truthy when granted
+        (``if limiter.take():``). Mostly from the held batch, without a Redis call."""
         core = self._core
-        check_n(n, core.cap)
+        if n.__class__ is not int or n < 1 or n > core.cap:
+            check_n(n, core.cap)
+        if not core.closed:
+            d, renew = core.decide_locally(n, 1)
+            if d is not None:
+                if renew:
+                    self._renew()
+                return d
         core.metrics.add("calls")
         try:
             return self._decide(n)
         except BaseException as e:
             core.raised(e)
             raise
+
+    #: The old name of :meth:`take` (which answered a bool then).
+    decide = take
 
     def _decide(self, n: int) -> Decision:
         core = self._core
@@ -575,21 +604,19 @@ class PrefetchLimiter(_Base):
     def _lease(self, n: int, deadline: Optional[float]) -> Decision:
         core = self._core
         self._resolve(deadline)
-        for _ in range(2):
+        while True:
             flight, busy = core.begin(n)
             if flight is not None:
                 return self._await(flight, deadline)
-            # Another lease call is in the air: wait for it, then look again.
+            # Another lease call is in the air: wait for it (within this take's timeout),
+            # then look again: its batch, its denial, its error or the outage it found.
             assert busy is not None
             if not busy.event.wait(self._call.remaining(deadline)):
                 core.stalled(busy)
                 raise concurrent.futures.TimeoutError()
-            d, _ = core.decide_locally(n)
+            d = core.after(busy, n)
             if d is not None:
                 return d
-            if core.health.down:
-                return core.fallback_decision(n)
-        return core.crowded_out(n)
 
     def _send(self, flight: _Flight) -> None:
         core = self._core
@@ -649,7 +676,7 @@ class PrefetchLimiter(_Base):
         try:
             assert core.protocol is not None
             core.metrics.add("redis_calls")
-            self.client.execute_command(*core.protocol.return_(core.key, lease.id, lease.left))
+            execute(self.client, *core.protocol.return_(core.key, lease.id, lease.left))
             core.returned(lease)
         except Exception:
             core.metrics.add("leases_lost")
@@ -720,7 +747,7 @@ class PrefetchLimiter(_Base):
                 def give_back() -> None:
                     for lease in leases:
                         try:
-                            client.execute_command(*proto.return_(core.key, lease.id, lease.left))
+                            execute(client, *proto.return_(core.key, lease.id, lease.left))
                             core.returned(lease)
                         except Exception:
                             core.metrics.add("leases_lost")
@@ -742,60 +769,46 @@ class AsyncPrefetchLimiter(_Base):
 
     def __init__(
         self,
-        client: Any,
+        client: AsyncClient,
         key: str,
         rate: float,
         cap: float,
-        batch: int = 20,
-        ttl_ms: int = 2000,
+        batch: Optional[int] = None,
+        ttl_ms: Optional[int] = None,
         *,
-        renew_at: float = 0.2,
-        jitter: float = 0.1,
-        policy: FailurePolicy = ALLOW,
-        timeout: Optional[float] = 0.2,
-        probe_interval: float = 0.5,
-        backend: str = p.AUTO,
-        init: Optional[float] = None,
-        metrics: Optional[Metrics] = None,
-        deny_retry_after_ms: int = 1000,
-        instances: Optional[int] = None,
-        version: Optional[int] = None,
+        config: Optional[LimiterConfig] = None,
+        **options: Any,
     ) -> None:
-        self._core = _Core(
-            key,
-            rate,
-            cap,
-            batch,
-            ttl_ms,
-            renew_at,
-            jitter,
-            policy,
-            timeout,
-            probe_interval,
-            backend,
-            init,
-            metrics,
-            deny_retry_after_ms,
-            instances,
-            version,
-        )
+        if batch is not None:
+            options["batch"] = batch
+        if ttl_ms is not None:
+            options["ttl_ms"] = ttl_ms
+        self._core = _Core(key, rate, cap, configure(config, options, "AsyncPrefetchLimiter"))
         self.client = client
-        self._call = AsyncCaller(client, timeout, self._core.metrics)
+        self._call = AsyncCaller(client, self._core.timeout, self._core.metrics)
         self._backend = BackendTask()
         self._tasks: Set[asyncio.Task[None]] = set()
 
-    async def take(self, n: int = 1) -> bool:
-        return (await self.decide(n)).granted
-
-    async def decide(self, n: int = 1) -> Decision:
+    async def take(self, n: int = 1) -> Decision:
+        """As :meth:`PrefetchLimiter.take`: a :class:`Decision`, truthy when granted."""
         core = self._core
-        check_n(n, core.cap)
+        if n.__class__ is not int or n < 1 or n > core.cap:
+            check_n(n, core.cap)
+        if not core.closed:
+            d, renew = core.decide_locally(n, 1)
+            if d is not None:
+                if renew:
+                    self._renew_in_background()
+                return d
         core.metrics.add("calls")
         try:
             return await self._decide(n)
         except BaseException as e:  # an error reply, or cancelled
             core.raised(e)
             raise
+
+    #: The old name of :meth:`take` (which answered a bool then).
+    decide = take
 
     async def _decide(self, n: int) -> Decision:
         core = self._core
@@ -828,23 +841,18 @@ class AsyncPrefetchLimiter(_Base):
     async def _lease(self, n: int, deadline: Optional[float]) -> Decision:
         core = self._core
         await self._resolve(deadline)
-        for _ in range(2):
+        while True:
             flight, busy = core.begin(n)
             if flight is not None:
                 return await self._await(flight, deadline)
-            # Another lease call is in the air: wait for it, then look again.
+            # Another lease call is in the air: wait for it (as the sync twin does).
             assert busy is not None
-            if busy.task is not None and not busy.done:
-                done, _ = await asyncio.wait({busy.task}, timeout=self._remaining(deadline))
-                if not done:
-                    core.stalled(busy)
-                    raise asyncio.TimeoutError()
-            d, _ = core.decide_locally(n)
+            if not await _landed(busy, deadline):
+                core.stalled(busy)
+                raise asyncio.TimeoutError()
+            d = core.after(busy, n)
             if d is not None:
                 return d
-            if core.health.down:
-                return core.fallback_decision(n)
-        return core.crowded_out(n)
 
     def _send(self, flight: _Flight) -> asyncio.Task[None]:
         core = self._core

@@ -19,6 +19,7 @@ from .decision import Decision
 from .limiter import Limiter
 from .metrics import Metrics
 from .policy import ALLOW, DENY, FailurePolicy
+from .types import SyncClient
 
 Environ = Dict[str, Any]
 StartResponse = Callable[..., Any]
@@ -42,7 +43,7 @@ def by_header(name: str, default: Optional[str] = None) -> Callable[[Environ], O
 
 
 def _limiter(
-    client: Any,
+    client: Optional[SyncClient],
     rate: float,
     cap: float,
     prefix: str,
@@ -77,7 +78,7 @@ class RateLimitWSGIMiddleware:
     def __init__(
         self,
         app: WSGIApp,
-        client: Any = None,
+        client: Optional[SyncClient] = None,
         rate: float = 10.0,
         cap: float = 20.0,
         key: Callable[[Environ], Optional[str]] = by_remote_addr,
@@ -125,7 +126,7 @@ class RateLimitWSGIMiddleware:
 
 
 def rate_limit(
-    client: Any = None,
+    client: Optional[SyncClient] = None,
     rate: float = 10.0,
     cap: float = 20.0,
     key: Optional[Callable[[], Optional[str]]] = None,

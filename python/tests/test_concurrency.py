@@ -1,0 +1,175 @@
+"""Many callers on one limiter at once: a take is denied only when Redis denied it (or the
+failure policy decided during an outage), and an error reply reaches every caller.
+
+Timeouts here are long (10 s): the tests are about who waits for whom, not about speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from typing import List, Union
+
+import pytest
+import redis.asyncio as aredis
+from conftest import Server
+
+from redis_rl import (
+    DENY,
+    AsyncLimiter,
+    AsyncPrefetchLimiter,
+    Limiter,
+    PrefetchLimiter,
+    ServerError,
+    Source,
+)
+
+THREADS = 16
+TAKES = 200  # per caller: 3,200 in all, 3.2 % of the bucket
+
+
+def test_shared_prefetcher_never_denies_a_full_bucket(server: Server, key: str) -> None:
+    """16 threads share one PrefetchLimiter on a bucket far from empty: every take is
+    granted (a take that finds another's lease call in the air waits for it)."""
+    r = server.client(socket_timeout=10)
+    lim = PrefetchLimiter(
+        r, key, 0.001, 100_000, batch=20, policy=DENY, timeout=10, backend="module"
+    )
+    start = threading.Barrier(THREADS)
+    denied: List[int] = []
+
+    def run() -> None:
+        start.wait()
+        no = sum(1 for _ in range(TAKES) if not lim.take())
+        denied.append(no)
+
+    threads = [threading.Thread(target=run) for _ in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lim.close()
+    m = lim.metrics
+    assert sum(denied) == 0 and m["denied"] == 0, m.snapshot()
+    assert m["granted"] == THREADS * TAKES and m["fallback_decisions"] == 0, m.snapshot()
+
+
+def test_shared_async_prefetcher_never_denies_a_full_bucket(server: Server, key: str) -> None:
+    async def run() -> None:
+        r = aredis.Redis(port=server.port, socket_timeout=10)
+        lim = AsyncPrefetchLimiter(
+            r, key, 0.001, 100_000, batch=20, policy=DENY, timeout=10, backend="module"
+        )
+
+        async def caller() -> int:
+            return sum([0 if await lim.take() else 1 for _ in range(TAKES)])
+
+        denied = await asyncio.gather(*(caller() for _ in range(THREADS)))
+        await lim.close()
+        await r.aclose()
+        m = lim.metrics
+        assert sum(denied) == 0 and m["denied"] == 0, m.snapshot()
+        assert m["granted"] == THREADS * TAKES and m["fallback_decisions"] == 0, m.snapshot()
+
+    asyncio.run(run())
+
+
+def test_every_caller_of_a_shared_prefetcher_gets_the_error(server: Server, key: str) -> None:
+    """8 threads take at once on a key that holds a string: each gets WRONGTYPE raised, none
+    a denial (the error of the lease call they waited for is theirs too)."""
+    r = server.client(socket_timeout=10)
+    r.set(key, "not a bucket")
+    lim = PrefetchLimiter(r, key, 10, 100, batch=20, timeout=10, backend="module")
+    start = threading.Barrier(8)
+    outcomes: List[str] = []
+
+    def run() -> None:
+        start.wait()
+        for _ in range(5):
+            try:
+                outcomes.append(f"decision {lim.decide()}")
+            except ServerError as e:
+                outcomes.append("error" if "WRONGTYPE" in str(e) else f"other {e}")
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes == ["error"] * 40, outcomes
+    m = lim.metrics
+    assert m["errors"] == 40 and m["denied"] == 0 and m["fallback_decisions"] == 0, m.snapshot()
+
+
+def test_every_async_caller_gets_the_error(server: Server, key: str) -> None:
+    async def run() -> None:
+        r = aredis.Redis(port=server.port, socket_timeout=10)
+        await r.set(key, "not a bucket")
+        lim = AsyncPrefetchLimiter(r, key, 10, 100, batch=20, timeout=10, backend="module")
+
+        async def caller() -> List[str]:
+            out = []
+            for _ in range(5):
+                try:
+                    out.append(f"decision {await lim.decide()}")
+                except ServerError as e:
+                    out.append("error" if "WRONGTYPE" in str(e) else f"other {e}")
+            return out
+
+        outcomes = [o for part in await asyncio.gather(*(caller() for _ in range(8))) for o in part]
+        await r.aclose()
+        assert outcomes == ["error"] * 40, outcomes
+        m = lim.metrics
+        assert m["errors"] == 40 and m["denied"] == 0, m.snapshot()
+
+    asyncio.run(run())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_forked_child_decides_though_a_parent_thread_held_the_locks(
+    server: Server, key: str, kind: str
+) -> None:
+    """A fork while another thread holds the limiter's locks (health, fallback, counters):
+    the child's take still decides (the locks are fresh in the child), it does not hang."""
+    lim: Union[Limiter, AsyncLimiter]
+    if kind == "sync":
+        lim = Limiter(server.client(), key, 10, 100, probe_interval=3600, backend="module")
+    else:
+        lim = AsyncLimiter(aredis.Redis(port=server.port), key, 10, 100, probe_interval=3600)
+    lim._core.health.failed()  # an outage: takes ask the policy (both locks, no Redis)
+    core = lim._core
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with core.health._lock, core.fallback._lock, core.metrics._lock:
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 if the take decided from the policy
+        code = 2
+        try:
+            d = lim.take() if isinstance(lim, Limiter) else asyncio.run(lim.take())
+            code = 0 if d.source is Source.FALLBACK and d.granted else 1
+        finally:
+            os._exit(code)
+    release.set()
+    holder.join()
+    deadline = time.monotonic() + 30  # generous: a hang never ends
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child hung on a lock held at the fork")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
