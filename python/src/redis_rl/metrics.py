@@ -96,7 +96,7 @@ class Metrics:
         with self._lock:
             return dict(self._values)
 
-    def to_prometheus(self, prefix: str = "redis_rl") -> str:
+    def to_prometheus(self, prefix: str = "redis_rl_client") -> str:
         """The counters in the Prometheus text exposition format."""
         lines = []
         for field, value in self.snapshot().items():

@@ -15,7 +15,7 @@ from .metrics import HELP, Metrics
 class MetricsCollector:
     """A ``prometheus_client`` collector reading a :class:`Metrics` at each scrape."""
 
-    def __init__(self, metrics: Metrics, prefix: str = "redis_rl") -> None:
+    def __init__(self, metrics: Metrics, prefix: str = "redis_rl_client") -> None:
         self.metrics = metrics
         self.prefix = prefix
 
@@ -26,7 +26,7 @@ class MetricsCollector:
             yield CounterMetricFamily(f"{self.prefix}_{field}", HELP[field], value=value)
 
 
-def register(metrics: Metrics, registry: Any = None, prefix: str = "redis_rl") -> MetricsCollector:
+def register(metrics: Metrics, registry: Any = None, prefix: str = "redis_rl_client") -> MetricsCollector:
     """Registers a collector for ``metrics`` (default: the global registry)."""
     if registry is None:
         from prometheus_client import REGISTRY
