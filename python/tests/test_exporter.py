@@ -150,6 +150,20 @@ def traffic(r: redis.Redis) -> None:
     r.execute_command("RL.TAKE", "orders:v", 5, 5, 1, "VERSION", 1)
 
 
+def test_share_holders_are_a_gauge(own_server: Server) -> None:
+    r = own_server.client()
+    for holder in ("a", "b"):
+        r.execute_command("RL.SHARE", "fleet:share", 100, 100, holder, 10, 1000)
+    s, types = collect(r, top=3)
+    assert types["redis_rl_share_holders"] == "gauge"
+    assert s[("redis_rl_share_holders", ())] == 2
+    # The first holder got the whole rate (alone, it may use all of it); the second, nothing
+    # yet: the rate is in use until the first refreshes.
+    assert types["redis_rl_shares_granted"] == "counter"
+    assert s[("redis_rl_shares_granted_total", ())] == 1
+    assert s[("redis_rl_shares_short_total", ())] == 1
+
+
 def test_parse_listen() -> None:
     assert parse_listen("127.0.0.1:9188") == ("127.0.0.1", 9188)
     assert parse_listen("[::1]:9188") == ("::1", 9188)
@@ -180,6 +194,7 @@ def test_counters_gauges_namespaces_top_and_mode(own_server: Server, protocol: i
     assert s[("redis_rl_leases_active", ())] == 1
     assert types["redis_rl_permits_in_use"] == "gauge"
     assert s[("redis_rl_permits_in_use", ())] == 1
+
     assert s[("redis_rl_mode", (("mode", "enforce"),))] == 1
     assert s[("redis_rl_mode", (("mode", "shadow"),))] == 0
     # The namespace is a label; values as RL.STATS gives them.

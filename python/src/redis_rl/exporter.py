@@ -91,7 +91,7 @@ NAMESPACE_HELP = {
 
 def is_gauge(field: str) -> bool:
     """INFO rl fields that are levels rather than counts since the last reset."""
-    return field.endswith("_active") or field.endswith("_in_use")
+    return field.endswith("_active") or field.endswith("_in_use") or field == "share_holders"
 
 
 def parse_info(info: Dict[str, Any]) -> Tuple[Dict[str, int], Optional[str]]:

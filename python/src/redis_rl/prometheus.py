@@ -26,7 +26,9 @@ class MetricsCollector:
             yield CounterMetricFamily(f"{self.prefix}_{field}", HELP[field], value=value)
 
 
-def register(metrics: Metrics, registry: Any = None, prefix: str = "redis_rl_client") -> MetricsCollector:
+def register(
+    metrics: Metrics, registry: Any = None, prefix: str = "redis_rl_client"
+) -> MetricsCollector:
     """Registers a collector for ``metrics`` (default: the global registry)."""
     if registry is None:
         from prometheus_client import REGISTRY
