@@ -84,12 +84,32 @@ fn apply(
     ERR
 }
 
+/// Runs a getter of config `privdata` inside the guard (`fallback` if it panics or the
+/// config is of another kind).
+fn get<T>(privdata: *mut c_void, fallback: T, f: impl FnOnce(&Kind) -> Option<T>) -> T {
+    catch_unwind(AssertUnwindSafe(|| f(&config(privdata).kind)))
+        .ok()
+        .flatten()
+        .unwrap_or(fallback)
+}
+
+/// Runs a setter of config `privdata` inside the guard.
+fn set(
+    privdata: *mut c_void,
+    err: *mut *mut raw::RedisModuleString,
+    f: impl FnOnce(&Kind) -> Option<Result<(), Refusal>>,
+) -> c_int {
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        f(&config(privdata).kind).unwrap_or(Err("a config of another kind"))
+    }));
+    apply(r, err)
+}
+
 unsafe extern "C" fn get_number(_: *const c_char, privdata: *mut c_void) -> c_longlong {
-    catch_unwind(|| match config(privdata).kind {
-        Kind::Number { get, .. } => get(),
-        _ => 0,
+    get(privdata, 0, |k| match k {
+        Kind::Number { get, .. } => Some(get()),
+        _ => None,
     })
-    .unwrap_or(0)
 }
 
 unsafe extern "C" fn set_number(
@@ -98,21 +118,17 @@ unsafe extern "C" fn set_number(
     privdata: *mut c_void,
     err: *mut *mut raw::RedisModuleString,
 ) -> c_int {
-    apply(
-        catch_unwind(|| match config(privdata).kind {
-            Kind::Number { set, .. } => set(val),
-            _ => Err("not a number config"),
-        }),
-        err,
-    )
+    set(privdata, err, |k| match k {
+        Kind::Number { set, .. } => Some(set(val)),
+        _ => None,
+    })
 }
 
 unsafe extern "C" fn get_bool(_: *const c_char, privdata: *mut c_void) -> c_int {
-    catch_unwind(|| match config(privdata).kind {
-        Kind::Bool { get, .. } => get() as c_int,
-        _ => 0,
+    get(privdata, 0, |k| match k {
+        Kind::Bool { get, .. } => Some(get() as c_int),
+        _ => None,
     })
-    .unwrap_or(0)
 }
 
 unsafe extern "C" fn set_bool(
@@ -121,21 +137,17 @@ unsafe extern "C" fn set_bool(
     privdata: *mut c_void,
     err: *mut *mut raw::RedisModuleString,
 ) -> c_int {
-    apply(
-        catch_unwind(|| match config(privdata).kind {
-            Kind::Bool { set, .. } => set(val != 0),
-            _ => Err("not a bool config"),
-        }),
-        err,
-    )
+    set(privdata, err, |k| match k {
+        Kind::Bool { set, .. } => Some(set(val != 0)),
+        _ => None,
+    })
 }
 
 unsafe extern "C" fn get_enum(_: *const c_char, privdata: *mut c_void) -> c_int {
-    catch_unwind(|| match config(privdata).kind {
-        Kind::Enum { get, .. } => get(),
-        _ => 0,
+    get(privdata, 0, |k| match k {
+        Kind::Enum { get, .. } => Some(get()),
+        _ => None,
     })
-    .unwrap_or(0)
 }
 
 unsafe extern "C" fn set_enum(
@@ -144,13 +156,10 @@ unsafe extern "C" fn set_enum(
     privdata: *mut c_void,
     err: *mut *mut raw::RedisModuleString,
 ) -> c_int {
-    apply(
-        catch_unwind(|| match config(privdata).kind {
-            Kind::Enum { set, .. } => set(val),
-            _ => Err("not an enum config"),
-        }),
-        err,
-    )
+    set(privdata, err, |k| match k {
+        Kind::Enum { set, .. } => Some(set(val)),
+        _ => None,
+    })
 }
 
 /// The string each string getter last returned: Redis copies it and leaves it to the
@@ -162,17 +171,11 @@ unsafe extern "C" fn get_bytes(
     _: *const c_char,
     privdata: *mut c_void,
 ) -> *mut raw::RedisModuleString {
-    let bytes = catch_unwind(|| {
-        let mut buf = [0u8; 64];
-        let len = match config(privdata).kind {
-            Kind::Bytes { get, .. } => get(&mut buf),
-            _ => 0,
-        };
-        (buf, len.min(64))
+    let mut buf = [0u8; 64];
+    let len = get(privdata, 0, |k| match k {
+        Kind::Bytes { get, .. } => Some(get(&mut buf).min(64)),
+        _ => None,
     });
-    let Ok((buf, len)) = bytes else {
-        return std::ptr::null_mut();
-    };
     let s = rm!(RedisModule_CreateString(
         std::ptr::null_mut(),
         buf.as_ptr().cast::<c_char>(),
@@ -193,13 +196,10 @@ unsafe extern "C" fn set_bytes(
     privdata: *mut c_void,
     err: *mut *mut raw::RedisModuleString,
 ) -> c_int {
-    apply(
-        catch_unwind(AssertUnwindSafe(|| match config(privdata).kind {
-            Kind::Bytes { set, .. } => set(super::bytes(val)),
-            _ => Err("not a string config"),
-        })),
-        err,
-    )
+    set(privdata, err, |k| match k {
+        Kind::Bytes { set, .. } => Some(set(super::bytes(val))),
+        _ => None,
+    })
 }
 
 /// Registers `configs` and loads their values from redis.conf (or sets the defaults).
