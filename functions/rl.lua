@@ -2,15 +2,16 @@
 -- redis-rl as a Redis Functions library: the module's protocol for servers where
 -- `loadmodule` is not allowed. Load with `scripts/load-functions` (FUNCTION LOAD REPLACE).
 --
---   FCALL rl_take    1 key rate cap [n] [WITHSTATE] [INIT tokens] [VERSION v]
+--   FCALL rl_take    1 key rate cap [n] [WITHSTATE] [INIT tokens] [SHADOW] [VERSION v]
 --   FCALL rl_lease   1 key rate cap n ttl_ms [MIN m] [RETURN lease_id unused] [INIT tokens]
---                    [VERSION v]
+--                    [SHADOW] [VERSION v]
 --   FCALL rl_return  1 key lease_id unused
 --   FCALL rl_mtake   N key1..keyN n rate1 cap1 .. rateN capN [WITHSTATE] [INIT tokens]
---                    [VERSION v]
+--                    [SHADOW] [VERSION v]
 --   FCALL rl_peek    1 key                        (no-writes: FCALL_RO, replicas)
---   FCALL rl_reserve 1 key rate cap n max_wait_ms [INIT tokens] [VERSION v]   (no SHADOW)
+--   FCALL rl_reserve 1 key rate cap n max_wait_ms [INIT tokens] [SHADOW] [VERSION v]
 --   FCALL rl_refund  1 key n
+--   FCALL rl_share   1 key rate cap holder want period_ms [RELEASE] [VERSION v]
 --
 -- Same arguments, replies, error texts and arithmetic as the module (core/src/*.rs); see
 -- docs/functions.md for where they differ (reply formatting only).
@@ -34,6 +35,9 @@
 --      idle for the span: a caller still on an old limit finds these tokens, not an absent
 --      key (a full bucket). The stored span is live while h is after the level's instant;
 --      once h has passed, the next write drops both (HDEL h s).
+-- Only an absent key is a full bucket: a hash without `f` (a user's record, the seed
+-- script's `tokens`/`ts`), or whose fields are not what this library writes, is refused
+-- with WRONGTYPE by every function and left as it is (`checked`).
 -- The key expires (PEXPIREAT) at ceil_ms(max(full_at, h, x)), set on every write (also
 -- after PERSIST): when the bucket is full again, past its hold and no lease is live,
 -- exactly as the module's key. RETURN and REFUND delete a key left full with no lease
@@ -82,7 +86,21 @@ local MAX_VERSION = 9007199254740991 -- 2^53 - 1: every version is an exact Lua 
 
 -- Errors: raised as a table, turned into the reply at the function's boundary.
 local function fail(msg) error({ rl = msg }, 0) end
-local function arity(name) fail('wrong number of arguments for \'' .. name .. '\' command') end
+-- Each command's usage, for arity errors: the same text as the module's, which makes it
+-- from its command table (protocol/commands.json; the tests check they agree).
+local USAGE = {
+    ['RL.TAKE'] = 'RL.TAKE key rate cap [n] [WITHSTATE] [INIT tokens] [SHADOW] [VERSION v]',
+    ['RL.LEASE'] = 'RL.LEASE key rate cap n ttl_ms [MIN m] [RETURN lease_id unused] [INIT tokens] [SHADOW] [VERSION v]',
+    ['RL.RETURN'] = 'RL.RETURN key lease_id unused',
+    ['RL.MTAKE'] = 'RL.MTAKE n key rate cap [key rate cap ...] [WITHSTATE] [INIT tokens] [SHADOW] [VERSION v]',
+    ['RL.PEEK'] = 'RL.PEEK key',
+    ['RL.RESERVE'] = 'RL.RESERVE key rate cap n max_wait_ms [INIT tokens] [SHADOW] [VERSION v]',
+    ['RL.REFUND'] = 'RL.REFUND key n',
+    ['RL.SHARE'] = 'RL.SHARE key rate cap holder want period_ms [RELEASE] [VERSION v]',
+}
+local function arity(name)
+    fail('wrong number of arguments for \'' .. name .. '\' command; usage: ' .. USAGE[name])
+end
 
 -- ---------------------------------------------------------------------------------------
 -- Exact nanosecond pairs (s, n).
@@ -507,6 +525,15 @@ local function stored_texts(rt, ct)
     return remember(make_limit(rate, cap, rt, ct))
 end
 
+-- A stored version's text (nil: none, 0) as a number; anything but 0..2^53-1 in digits is
+-- no version this library wrote.
+local function stored_version(vt)
+    if not vt then return 0 end
+    local x = parse_integer(vt)
+    if not x or x > MAX_VERSION then not_a_bucket('its field v is not a version') end
+    return x
+end
+
 local function nanos_for(L, t) return split(refill_ceil(t, L.r)) end
 
 -- nanos_for(L, n) of a whole n (a debit), remembered per limit (at most 64 of them).
@@ -638,7 +665,7 @@ end
 -- - v < stored (a stale caller): B decides, as if the call had passed it;
 -- - v = stored: L decides, as without versions.
 local function stored_limit(rt, ct, L, vt, v)
-    local sv = vt and tonumber(vt) or 0
+    local sv = stored_version(vt)
     v = v or 0
     if v < sv then
         if rt == L.rt and ct == L.ct then return L, L, nil end
@@ -799,12 +826,57 @@ local function hmget_versioned(key)
     return h
 end
 
+-- Whether t is 1 to 19 digits (an instant, duration, id or expiry this library wrote:
+-- below 1e19, so every value fits a u64 and its expiry fits PEXPIREAT).
+local function digits(t) return t ~= '' and #t <= 19 and not sfind(t, '%D') end
+
+-- A key whose hash has no `f`: absent (a full bucket), or a hash this library did not
+-- write, which no call may read as absent (it would write f r c into it and set an expiry:
+-- a user's record gone with the bucket). The seed script's bucket (scripts/token_bucket.lua,
+-- exactly `tokens` and `ts`) is named: the module can adopt it, the library does not.
+local function absent(key)
+    if call('EXISTS', key) == 0 then return end
+    local t = call('HMGET', key, 'tokens', 'ts', 'R', 'C')
+    if t[3] and t[4] then
+        not_a_bucket('it is a rate share of this library (rl_share)')
+    end
+    if t[1] and t[2] and call('HLEN', key) == 2 then
+        not_a_bucket('it is the seed script\'s bucket (fields tokens, ts), which the library '
+            .. 'does not adopt: DEL the key to start from a full bucket, or adopt it with '
+            .. 'the module (rl.adopt-script-keys yes)')
+    end
+    not_a_bucket('it has no field f')
+end
+
+-- The fields read (h) of the hash at `key`, checked before any of them is used: a field
+-- the library writes only as decimal digits holding anything else is a hash this library
+-- did not write (refused, nothing written), not a value to guess from. `r`, `c` are
+-- checked where a limit is read from them (`stored_texts`), `v` where it is compared
+-- (`stored_version`). Returns h.
+local function checked(h, key)
+    local ft = h[F]
+    if not ft then
+        absent(key)
+        return h
+    end
+    if not digits(ft) then not_a_bucket('its field f is not an instant') end
+    local t = h[H]
+    if t and not digits(t) then not_a_bucket('its field h is not an instant') end
+    t = h[S]
+    if t and not digits(t) then not_a_bucket('its field s is not a duration') end
+    t = h[X]
+    if t and not digits(t) then not_a_bucket('its field x is not an instant') end
+    t = h[I]
+    if t and not digits(t) then not_a_bucket('its field i is not a lease id') end
+    return h
+end
+
 -- `with_v`: read v too.
 local function read(key, with_v)
     local h
     if with_v then h = hmget_versioned(key) else h = hmget_bucket(key) end
     if h.err then error({ reply = h }, 0) end
-    return h
+    return checked(h, key)
 end
 
 local function read_leases(key, with_v)
@@ -815,7 +887,7 @@ local function read_leases(key, with_v)
         h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l')
     end
     if h.err then error({ reply = h }, 0) end
-    return h
+    return checked(h, key)
 end
 
 -- level_of's general case: a stored bucket (full_at text ft) for a call whose limit's
@@ -845,8 +917,6 @@ end
 local function level_of(h, L, init, ns, nn, into, v, key)
     local ft = h[F]
     if ft then
-        -- Digits only (what `write` stores): anything else is no instant to read.
-        if ft == '' or sfind(ft, '%D') then not_a_bucket('its field f is not an instant') end
         if h[R] ~= L.rt or h[C] ~= L.ct or v then
             return level_versioned(h, ft, L, ns, nn, into, v, key)
         end
@@ -1070,10 +1140,50 @@ end
 -- ---------------------------------------------------------------------------------------
 -- Commands.
 
--- RL.TAKE's options after rate and cap: [n] [WITHSTATE] [INIT tokens] [VERSION v].
--- Returns n, with_state, init, version (nil for none or 0).
+-- A number as Rust's Display writes an f64: the shortest digits that read back as it, never
+-- an exponent.
+local function plain(x)
+    local s
+    for p = 1, 17 do
+        s = string.format('%.' .. p .. 'g', x)
+        if tonumber(s) == x then break end
+    end
+    local mant, e = s:match('^(-?[%d.]+)e([-+]%d+)$')
+    if not mant then return s end
+    local neg = mant:sub(1, 1) == '-'
+    if neg then mant = mant:sub(2) end
+    local int, frac = mant:match('^(%d+)%.?(%d*)$')
+    local digits = int .. frac
+    local point = #int + tonumber(e)
+    local out
+    if point <= 0 then
+        out = '0.' .. string.rep('0', -point) .. digits
+    elseif point >= #digits then
+        out = digits .. string.rep('0', point - #digits)
+    else
+        out = digits:sub(1, point) .. '.' .. digits:sub(point + 1)
+    end
+    return (neg and '-' or '') .. out
+end
+
+-- `RL.TAKE key 15 30 60` is redis-cell's habit (`CL.THROTTLE key max_burst count period`):
+-- the n-over-cap error then says what the same limit is here (src/commands/take.rs).
+local function redis_cell_hint(a, na)
+    if na ~= 3 then return nil end
+    local burst, count, period = parse_integer(a[1]), parse_number(a[2]), parse_integer(a[3])
+    if not burst or not count or not period or period == 0 or count ~= count or count <= 0
+        or burst >= 2 ^ 53 then
+        return nil
+    end
+    return 'n must not exceed cap (if these are redis-cell\'s max_burst count period, the same '
+        .. 'limit here is RL.TAKE key ' .. plain(count / period) .. ' '
+        .. string.format('%d', burst + 1) .. ': rate in tokens per second, cap = max_burst + 1)'
+end
+
+-- RL.TAKE's options after rate and cap: [n] [WITHSTATE] [INIT tokens] [SHADOW] [VERSION v].
+-- Returns n, with_state, init, version (nil for none or 0), shadow.
 local function take_options(a, na, L, N)
-    local n, with_state, init, v, v_given = 1, false, nil, nil, false
+    local n, with_state, init, v, v_given, shadow = 1, false, nil, nil, false, false
     local i = 3
     while i <= na do
         local o = a[i]
@@ -1085,6 +1195,9 @@ local function take_options(a, na, L, N)
         elseif is(o, 'WITHSTATE') then
             once(with_state, o)
             with_state = true
+        elseif is(o, 'SHADOW') then
+            once(shadow, o)
+            shadow = true
         elseif is(o, 'INIT') then
             once(init ~= nil, o)
             init = init_tokens(a, i + 1, L, N)
@@ -1096,27 +1209,35 @@ local function take_options(a, na, L, N)
         end
         i = i + 1
     end
-    fits(n, L, 'n must not exceed cap')
-    return n, with_state, init, v
+    if n > L.c then fail(redis_cell_hint(a, na) or 'n must not exceed cap') end
+    return n, with_state, init, v, shadow
 end
 
 -- RL.TAKE on `key` once its arguments are parsed and valid. WRONGTYPE, and n above a
 -- stored newer limit's cap, are returned as the reply; a hash that is not a bucket raises
 -- (`stored_texts`).
-local function take(key, L, n, with_state, init, v)
+local function take(key, L, n, with_state, init, v, shadow)
     local ns, nn = now()
     local h
     if v then h = hmget_versioned(key) else h = hmget_bucket(key) end
     if h.err then return h end
+    -- `checked`'s common case inline (this runs on every take): an `f` of digits, no other
+    -- field to check.
+    local ft = h[F]
+    if not ft or h[H] or h[S] or h[X] or ft == '' or #ft > 19 or sfind(ft, '%D') then
+        checked(h, key)
+    end
     local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
     if lv.L ~= L and n > lv.L.c then return error_reply('ERR n must not exceed cap') end
     local created = (wv or not h[F]) and must_write(h, lv, wv)
     local granted = try_take(lv, n)
     if granted or created then store(key, h, lv, wv) end
-    local reply = granted and n or 0
+    -- SHADOW: decided and written as when enforcing, a denial answered as a grant.
+    local answered = granted or shadow
+    local reply = answered and n or 0
     if not with_state then return reply end
     local retry = 0
-    if not granted then retry = wait_ms(wait_for(lv, n)) end
+    if not answered then retry = wait_ms(wait_for(lv, n)) end
     return { reply, { double = signed_tokens(lv) }, retry, ceil_ms(reset_after(lv)) }
 end
 
@@ -1125,8 +1246,8 @@ local function rl_take(keys, a)
     local na = #a
     if #keys ~= 1 or na < 2 or na > 9 then arity(N) end
     local L = limit_at(a, 1, N)
-    local n, with_state, init, v = take_options(a, na, L, N)
-    return take(keys[1], L, n, with_state, init, v)
+    local n, with_state, init, v, shadow = take_options(a, na, L, N)
+    return take(keys[1], L, n, with_state, init, v, shadow)
 end
 
 -- The plain call `FCALL rl_take 1 key rate cap n` whose limit and n were parsed and
@@ -1164,7 +1285,7 @@ local function drop_expired_prefix(text, now_us)
 end
 
 -- RL.LEASE on `key` once its arguments are parsed and valid.
-local function lease(key, L, n, ttl, min, ret_id, ret_unused, init, v)
+local function lease(key, L, n, ttl, min, ret_id, ret_unused, init, v, shadow)
     local ns, nn, now_us = now()
     local h = read_leases(key, v)
     local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
@@ -1214,6 +1335,8 @@ local function lease(key, L, n, ttl, min, ret_id, ret_unused, init, v)
         store_leases(key, h, lv, text, x, last, wv)
         if got > 0 then return { got, id, ttl, 0 } end
     end
+    -- SHADOW: a denial answers n under no lease (id 0): nothing recorded, nothing to return.
+    if shadow then return { n, 0, ttl, 0 } end
     return { 0, 0, 0, wait_ms(wait_for(lv, min)) }
 end
 
@@ -1236,7 +1359,7 @@ local function rl_lease(keys, a)
     local ttl = positive(a, 4, N, 'ttl_ms must be a positive integer')
     if ttl > MAX_TTL_MS then fail('ttl_ms must be at most 86400000 (a day)') end
     local min, min_text, ret_id, ret_unused, init = 1, '1', nil, nil, nil
-    local min_given, v, v_given = false, nil, false
+    local min_given, v, v_given, shadow = false, nil, false, false
     local i = 5
     while i <= na do
         local o = a[i]
@@ -1256,6 +1379,10 @@ local function rl_lease(keys, a)
             ret_id = integer(a, i + 1, N, 'lease_id must be a non-negative integer')
             ret_unused = integer(a, i + 2, N, 'unused must be a non-negative integer')
             i = i + 3
+        elseif is(o, 'SHADOW') then
+            once(shadow, o)
+            shadow = true
+            i = i + 1
         elseif is(o, 'INIT') then
             once(init ~= nil, o)
             init = init_tokens(a, i + 1, L, N)
@@ -1266,7 +1393,7 @@ local function rl_lease(keys, a)
     end
     if int_gt(min_text, a[3]) then fail('MIN must not exceed n') end
     fits(min, L, 'MIN must not exceed cap')
-    return lease(keys[1], L, n, ttl, min, ret_id, ret_unused, init, v)
+    return lease(keys[1], L, n, ttl, min, ret_id, ret_unused, init, v, shadow)
 end
 
 local function rl_return(keys, a)
@@ -1277,7 +1404,9 @@ local function rl_return(keys, a)
     local key = keys[1]
     local ns, nn, now_us = now()
     local h = read_leases(key)
-    if not h[F] or not h[LS] then return 0 end
+    if not h[F] then return 0 end
+    stored_texts(h[R], h[C]) -- a hash with no valid limit is no bucket
+    if not h[LS] then return 0 end
     local t = parse_table(h[I], h[LS])
     local _, e = find_live(t, id, now_us)
     if not e then return 0 end
@@ -1304,11 +1433,14 @@ end
 local function rl_mtake(keys, a)
     local N = 'RL.MTAKE'
     local nk, na = #keys, #a
-    local e, ws, init_at, v_at = na, false, nil, nil
+    local e, ws, init_at, v_at, shadow = na, false, nil, nil, false
     while true do
         if e > 1 and is(a[e], 'WITHSTATE') then
             once(ws, a[e])
             ws = true; e = e - 1
+        elseif e > 1 and is(a[e], 'SHADOW') then
+            once(shadow, a[e])
+            shadow = true; e = e - 1
         elseif e > 2 and is(a[e - 1], 'INIT') then
             once(init_at ~= nil, a[e - 1])
             init_at = e; e = e - 2
@@ -1360,7 +1492,7 @@ local function rl_mtake(keys, a)
         if debited or created[j] then store(keys[j], hs[j], levels[j], wvs[j]) end
     end
     local reply
-    if granted then
+    if granted or shadow then -- SHADOW: a denial answered as a grant
         reply = { n, false, 0 }
     else
         reply = { 0, keys[worst], ceil_ms(ls, ln) }
@@ -1389,7 +1521,7 @@ local function rl_peek(keys, a)
         reset_after_ms = ceil_ms(reset_after(lv)),
         leases = leases,
         leased_tokens = held,
-        version = tonumber(h[V]) or 0,
+        version = stored_version(h[V]),
     } }
 end
 
@@ -1397,7 +1529,7 @@ end
 -- them if they will be there within max_wait_ms (debited now: the bucket goes into debt,
 -- which the level carries as `behind`, and later callers queue behind it).
 -- Reply [granted, wait_ms, remaining, reset_after_ms]; remaining is negative in debt.
--- The module's per-call SHADOW flag is not supported (an unknown option here).
+-- SHADOW: decided and written as when enforcing; a denial answered [n, 0, ...].
 local function rl_reserve(keys, a)
     local N = 'RL.RESERVE'
     local na = #a
@@ -1406,10 +1538,14 @@ local function rl_reserve(keys, a)
     local n = positive(a, 3, N, 'n must be a positive integer')
     local max_wait = integer(a, 4, N, 'max_wait_ms must be a non-negative integer')
     if max_wait > MAX_TTL_MS then fail('max_wait_ms must be at most 86400000 (a day)') end
-    local init, v, v_given
+    local init, v, v_given, shadow
     local i = 5
     while i <= na do
-        if is(a[i], 'VERSION') then
+        if is(a[i], 'SHADOW') then
+            once(shadow, a[i])
+            shadow = true
+            i = i + 1
+        elseif is(a[i], 'VERSION') then
             once(v_given, a[i])
             v_given = true
             v = version_at(a, i + 1, N)
@@ -1438,8 +1574,9 @@ local function rl_reserve(keys, a)
         lv.ds, lv.dn = add(lv.ds, lv.dn, ts, tn)
     end
     if granted or created then store(key, h, lv, wv) end
-    return { granted and n or 0, ceil_ms(ws, wn), { double = signed_tokens(lv) },
-        ceil_ms(reset_after(lv)) }
+    local got, wait = 0, ceil_ms(ws, wn)
+    if granted then got = n elseif shadow then got, wait = n, 0 end
+    return { got, wait, { double = signed_tokens(lv) }, ceil_ms(reset_after(lv)) }
 end
 
 -- RL.REFUND key n: gives back up to n tokens under the stored limit, as many as the
@@ -1462,6 +1599,362 @@ local function rl_refund(keys, a)
         store(key, h, lv)
     end
     return { double = credited }
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Rate shares (RL.SHARE, core/src/share.rs): a key divides its rate (and its cap, as
+-- bursts) among holders that limit locally and call again every period.
+--
+-- A share is a hash (never a bucket, never the module's type: WRONGTYPE every way):
+--   R, C  the limit's rate and cap texts (as the call that set it wrote them)
+--   V     its version, decimal text (absent for 0)
+--   <hex of the holder id>  one field per entry: "want rate burst lease_end held_rate
+--         held_burst held_until", the four doubles as %.17g (read back exactly), the
+--         instants as integer microseconds since the epoch (TIME's resolution: every
+--         instant here is a whole µs, so µs compare as the module's ns do). The field
+--         names are the ids in hex: their order as Lua compares strings is the ids' byte
+--         order, the module's order (sums are taken in it, rounded as the module does).
+-- The key expires (PEXPIREAT) at ceil_ms of the latest entry end (max(lease_end,
+-- held_until)), set on every write: when the last lease or hold ends.
+
+local SHARE_HOLD_US = 250000
+local SHARE_LEASE_PERIODS = 3
+local MAX_HOLDERS = 4096
+local SHORT = 1e-9
+local SHARE_ERR = {
+    holder = 'holder must be 1 to 64 bytes',
+    want = 'want must be a finite number from 0 to 1e15',
+    period = 'period_ms must be an integer from 10 to 3600000',
+    many = 'too many holders on this key (at most 4096)',
+}
+
+local function not_a_share(why)
+    error({ reply = error_reply('WRONGTYPE the hash at this key is not a rate share of this '
+        .. 'library (' .. why .. ')') }, 0)
+end
+
+local HEX -- byte -> two hex digits (built at the first call: no `string` at load)
+local function hex(id)
+    if not HEX then
+        HEX = {}
+        for b = 0, 255 do HEX[b] = fmt('%02x', b) end
+    end
+    local out = {}
+    for k = 1, #id do out[k] = HEX[byte(id, k)] end
+    return table.concat(out)
+end
+
+local function add_up(a, b) return sub_up(a, -b) end
+
+local function non_negative(x)
+    if x > 0 then return x end
+    return 0.0
+end
+
+-- Holder:commitment at instant t (µs): its share while t < lease_end, its old one while
+-- t < held_until, the larger. `incl`: at t - 1 ns instead (t <= end, every end a whole µs).
+local function rate_at(e, t, incl)
+    local a, b = 0.0, 0.0
+    if t < e.le or (incl and t == e.le) then a = e.r end
+    if t < e.hu or (incl and t == e.hu) then b = e.hr end
+    if b > a then return b end
+    return a
+end
+
+local function burst_at(e, t, incl)
+    local a, b = 0.0, 0.0
+    if t < e.le or (incl and t == e.le) then a = e.b end
+    if t < e.hu or (incl and t == e.hu) then b = e.hb end
+    if b > a then return b end
+    return a
+end
+
+local function entry_end(e)
+    if e.hu > e.le then return e.hu end
+    return e.le
+end
+
+-- water_level (share.rs) bit for bit: the same quickselect with the same pseudo-random
+-- pivots (xorshift64, kept as two 32-bit halves: Lua has no 64-bit integers), the same
+-- partial sums in the same order. `w` is reordered.
+local TWO32 = 4294967296
+local function u32(x) return x % TWO32 end
+local function water_level(w, rate)
+    local band, bor, bxor, lsh, rsh = bit.band, bit.bor, bit.bxor, bit.lshift, bit.rshift
+    local lo, hi = 1, #w + 1 -- the part is w[lo .. hi - 1]
+    local below, above = 0.0, 0
+    local sh, sl = 0x9E3779B9, u32(bxor(0x7F4A7C15, #w))
+    while lo < hi do
+        -- seed ^= seed << 13; seed ^= seed >> 7; seed ^= seed << 17
+        local nh = u32(bor(lsh(sh, 13), rsh(sl, 19)))
+        local nl = u32(lsh(sl, 13))
+        sh, sl = u32(bxor(sh, nh)), u32(bxor(sl, nl))
+        nl = u32(bor(rsh(sl, 7), lsh(sh, 25)))
+        nh = u32(rsh(sh, 7))
+        sh, sl = u32(bxor(sh, nh)), u32(bxor(sl, nl))
+        nh = u32(bor(lsh(sh, 17), rsh(sl, 15)))
+        nl = u32(lsh(sl, 17))
+        sh, sl = u32(bxor(sh, nh)), u32(bxor(sl, nl))
+        local len = hi - lo
+        local m = ((sh % len) * (TWO32 % len) + sl) % len
+        local p = w[lo + m]
+        -- partition3: [< p][== p][> p]
+        local lt, i, gt = lo, lo, hi
+        while i < gt do
+            local x = w[i]
+            if x < p then
+                w[i], w[lt] = w[lt], x
+                lt = lt + 1
+                i = i + 1
+            elseif x > p then
+                gt = gt - 1
+                w[i], w[gt] = w[gt], x
+            else
+                i = i + 1
+            end
+        end
+        local s_lt = 0.0
+        for k = lo, lt - 1 do s_lt = s_lt + w[k] end
+        local c_ge = hi - lt
+        if below + s_lt + p * (above + c_ge) >= rate then
+            above = above + c_ge
+            hi = lt
+        else
+            below = below + (s_lt + p * (gt - lt))
+            lo = gt
+        end
+    end
+    if above == 0 then return 1 / 0 end
+    return non_negative((rate - below) / above)
+end
+
+-- The entries of a share hash (HGETALL's flat list), checked: anything this library does
+-- not write is refused before anything is written. Returns the limit texts, version text,
+-- and the entries sorted by field name (the ids' byte order), each {k, w, r, b, le, hr, hb,
+-- hu} (k the field name, instants µs).
+local function share_entries(all, key)
+    local rt, ct, vt, bad = nil, nil, nil, nil
+    local names, by, n = {}, {}, 0
+    for j = 1, #all, 2 do
+        local k, val = all[j], all[j + 1]
+        if k == 'R' then rt = val
+        elseif k == 'C' then ct = val
+        elseif k == 'V' then vt = val
+        elseif k == 'f' then
+            error({ reply = error_reply('WRONGTYPE the hash at this key is a bucket of this '
+                .. 'library, not a rate share') }, 0)
+        elseif #k < 2 or #k > 128 or #k % 2 ~= 0 or sfind(k, '[^0-9a-f]') then
+            bad = 'a field that is neither R, C, V nor a holder'
+        else
+            local w, r, b, le, hr, hb, hu = val:match(
+                '^(%S+) (%S+) (%S+) (%d+) (%S+) (%S+) (%d+)$')
+            -- (tonumber: these are %.17g texts this library wrote; any other number text
+            -- must still be a finite number in range, NaN fails the range too)
+            w, r, b, hr, hb = tonumber(w), tonumber(r), tonumber(b), tonumber(hr), tonumber(hb)
+            le, hu = le and #le <= 16 and tonumber(le), hu and #hu <= 16 and tonumber(hu)
+            if not (w and r and b and hr and hb and le and hu
+                    and w >= 0 and w <= MAX_VALUE and r >= 0 and r <= MAX_VALUE
+                    and b >= 0 and b <= MAX_VALUE and hr >= 0 and hr <= MAX_VALUE
+                    and hb >= 0 and hb <= MAX_VALUE) then
+                not_a_share('a holder entry that is not one')
+            end
+            n = n + 1
+            names[n] = k
+            by[k] = { k = k, w = w, r = r, b = b, le = le, hr = hr, hb = hb, hu = hu }
+        end
+    end
+    if bad then not_a_share(bad) end
+    if not (rt and ct) then not_a_share('no fields R, C') end
+    if n == 0 then not_a_share('no holder') end
+    local B = known_limit(rt, ct)
+    if not B then
+        local rate, cap = parse_number(rt), parse_number(ct)
+        if not (rate and cap and in_range(rate) and in_range(cap) and cap / rate <= MAX_FILL_SECS) then
+            not_a_share('its fields R, C are not a valid limit')
+        end
+        B = remember(make_limit(rate, cap, rt, ct))
+    end
+    if vt then
+        local x = parse_integer(vt)
+        if not x or x > MAX_VERSION then not_a_share('its field V is not a version') end
+    end
+    -- The names alone, with the built-in comparison (a Lua comparator costs several
+    -- times more per comparison).
+    table.sort(names)
+    local list = {}
+    for j = 1, n do list[j] = by[names[j]] end
+    return B, vt, list
+end
+
+local function fmt_double(x) return fmt('%.17g', x) end
+
+-- RL.SHARE key rate cap holder want period_ms [RELEASE] [VERSION v]
+-- Reply [rate, burst, lease_ms, refresh_ms, holders].
+local function rl_share(keys, a)
+    local N = 'RL.SHARE'
+    local na = #a
+    if #keys ~= 1 or na < 5 then arity(N) end
+    local L = limit_at(a, 1, N)
+    local holder = a[3]
+    if #holder < 1 or #holder > 64 then fail(SHARE_ERR.holder) end
+    local want = number(a, 4, N, SHARE_ERR.want)
+    local period = integer(a, 5, N, SHARE_ERR.period)
+    local release, v, v_given = false, nil, false
+    local i = 6
+    while i <= na do
+        local o = a[i]
+        if is(o, 'VERSION') then
+            once(v_given, o)
+            v_given = true
+            v = version_at(a, i + 1, N)
+            i = i + 2
+        elseif is(o, 'RELEASE') then
+            once(release, o)
+            release = true
+            i = i + 1
+        else
+            unknown(o)
+        end
+    end
+    if want == 0 then want = 0.0 end -- -0 is 0 (the stored form has no sign)
+    if not (want >= 0 and want <= MAX_VALUE) then fail(SHARE_ERR.want) end
+    if period < 10 or period > 3600000 then fail(SHARE_ERR.period) end
+    v = v or 0
+
+    local key = keys[1]
+    local _, _, now_us = now()
+    local all = pcall_r('HGETALL', key)
+    if all.err then return all end
+    local B, vt, list = nil, nil, {}
+    local exists = #all > 0
+    if exists then B, vt, list = share_entries(all, key) end
+    -- version.rs resolve: which limit decides, at which version.
+    local D, dv = L, v
+    if exists then
+        local sv = vt and tonumber(vt) or 0
+        if v < sv then D, dv = B, sv
+        elseif v == sv then
+            dv = sv
+            if B.r == L.r and B.c == L.c then D = B end
+        end
+    end
+    local rate, cap = D.r, D.c
+    local id = hex(holder)
+    local own
+    -- One pass over the others, in id order.
+    local s_rate, s_burst, live, wants, dead, last_end = 0.0, 0.0, 0, 0.0, 0, 0
+    for k = 1, #list do
+        local e = list[k]
+        if e.k == id then
+            own = e
+        elseif now_us >= entry_end(e) then
+            dead = dead + 1
+        else
+            local en = entry_end(e)
+            if en > last_end then last_end = en end
+            s_rate = add_up(s_rate, rate_at(e, now_us))
+            s_burst = add_up(s_burst, burst_at(e, now_us))
+            if now_us < e.le then
+                live = live + 1
+                wants = wants + e.w
+            end
+        end
+    end
+    local others = #list - dead - (own and 1 or 0)
+    local own_alive = own and now_us < entry_end(own) and own or nil
+    if release and not (own and now_us < own.le) then
+        return { { double = 0.0 }, { double = 0.0 }, 0, period, live }
+    end
+    if not own_alive and others >= MAX_HOLDERS then fail(SHARE_ERR.many) end
+
+    local srate, sburst, short = 0.0, 0.0, false
+    if not release then
+        -- target (share.rs): in proportion to the wants when they fit, else max-min fair.
+        local n = live + 1
+        local sum = wants + want
+        local target
+        if sum <= rate then
+            if sum == 0 then target = rate / n else target = rate * (want / sum) end
+        elseif want <= rate / n then
+            target = want
+        else
+            local w = {}
+            for k = 1, #list do
+                local e = list[k]
+                if e ~= own and now_us < e.le then w[#w + 1] = e.w end
+            end
+            w[#w + 1] = want
+            local level = water_level(w, rate)
+            target = want
+            if level < target then target = level end
+        end
+        local target_burst = target * cap / rate
+        local free = sub_down(rate, s_rate)
+        local free_burst = sub_down(cap, s_burst)
+        srate = non_negative(math.min(target, free))
+        sburst = non_negative(math.min(target_burst, free_burst))
+        short = srate < target * (1.0 - SHORT) or sburst < target_burst * (1.0 - SHORT)
+    end
+    local lease_us = period * SHARE_LEASE_PERIODS * 1000
+    local entry = {
+        k = id, w = want, r = srate, b = sburst,
+        le = release and now_us or now_us + lease_us,
+        hr = own_alive and rate_at(own_alive, now_us) or 0.0,
+        hb = own_alive and burst_at(own_alive, now_us) or 0.0,
+        hu = now_us + SHARE_HOLD_US,
+    }
+    local refresh = period
+    if short then
+        -- next_release: the earliest instant after now at which another entry frees
+        -- something (its commitment drops).
+        local nx
+        for k = 1, #list do
+            local e = list[k]
+            if e ~= own then
+                for _, t in ipairs({ e.le, e.hu }) do
+                    if t > now_us and (rate_at(e, t, true) > rate_at(e, t)
+                            or burst_at(e, t, true) > burst_at(e, t)) then
+                        if not nx or t < nx then nx = t end
+                    end
+                end
+            end
+        end
+        if nx then
+            refresh = ceil((nx - now_us) / 1000)
+            if refresh < 10 then refresh = 10 elseif refresh > period then refresh = period end
+        else
+            refresh = math.max(floor(period / 4), 10)
+        end
+    end
+    local expires = last_end
+    if entry_end(entry) > expires then expires = entry_end(entry) end
+
+    -- Write: the entry, the limit and version if they changed, the dead entries dropped,
+    -- the expiry.
+    local args = { key, id, fmt('%s %s %s %d %s %s %d', fmt_double(entry.w), fmt_double(entry.r),
+        fmt_double(entry.b), entry.le, fmt_double(entry.hr), fmt_double(entry.hb), entry.hu) }
+    if not exists or D ~= B then
+        args[#args + 1] = 'R'; args[#args + 1] = D.rt
+        args[#args + 1] = 'C'; args[#args + 1] = D.ct
+    end
+    if dv ~= 0 and (not vt or tonumber(vt) ~= dv) then
+        args[#args + 1] = 'V'; args[#args + 1] = fmt('%d', dv)
+    end
+    call('HSET', unpack(args))
+    if dead > 0 then
+        local drop = { key }
+        for k = 1, #list do
+            local e = list[k]
+            if e ~= own and now_us >= entry_end(e) then drop[#drop + 1] = e.k end
+        end
+        call('HDEL', unpack(drop))
+    end
+    call('PEXPIREAT', key, ms_arg(ceil(expires / 1000)))
+    local lease_ms = 0
+    if not release then lease_ms = period * SHARE_LEASE_PERIODS end
+    local holders = live
+    if not release then holders = holders + 1 end
+    return { { double = srate }, { double = sburst }, lease_ms, refresh, holders }
 end
 
 -- ---------------------------------------------------------------------------------------
@@ -1493,6 +1986,7 @@ redis.register_function('rl_return', boundary(rl_return))
 redis.register_function('rl_mtake', boundary(rl_mtake))
 redis.register_function('rl_reserve', boundary(rl_reserve))
 redis.register_function('rl_refund', boundary(rl_refund))
+redis.register_function('rl_share', boundary(rl_share))
 redis.register_function {
     function_name = 'rl_peek',
     callback = boundary(rl_peek),

@@ -348,8 +348,12 @@ def readme_section(results):
     m = results["machine"]
     extra = ""
     if fa:
+        f = fa["failure"]
+        # The same figures as the failure table of docs/incident.md (one source of numbers).
         extra = ("\n- Failing open brings the split back: with Redis stopped for 2 s, "
-                 f"`Allow` (each instance falling back to 1/8 of the limit: `instances: 8`) let out {f0(fa['failure']['partner_rate_during_outage'])}/s.")
+                 "`Allow` (each instance falling back to 1/8 of the limit: `instances: 8`) let "
+                 f"**{f0(f['outage_rate_first_1s'])}** then **{f0(f['outage_rate_second_1s'])}** calls "
+                 f"through in those two seconds, {f0(f['excess_over_quota_during_outage'])} over the quota.")
     return f"""## Why
 
 A partner gave us 1000 calls/s. We ran 8 instances and gave each a local token bucket of

@@ -25,12 +25,32 @@ pub fn run(ctx: Ctx, args: Args, spec: &Spec) {
     if crate::resetstat::PENDING.load(std::sync::atomic::Ordering::Relaxed) != 0 {
         crate::resetstat::check();
     }
+    // Redis checks only that the key is there (see `Spec::registered_arity`); the rest of
+    // the arity is checked here, so the error can show the usage. Such a call is not
+    // counted, as when Redis refused it. (A key-position request is the handler's.)
+    if !spec.arity_fits(args.len() + 1) && !ffi::is_keys_position_request(ctx) {
+        reply_usage(ctx, spec);
+        return;
+    }
     if spec.counting == Counting::Here {
         stats::CALLS.add(1);
     }
     let outcome = catch_unwind(AssertUnwindSafe(|| (spec.func)(ctx, args)));
     match outcome {
-        Ok(Ok(reply)) => ffi::reply(ctx, &reply),
+        Ok(Ok(reply)) => {
+            if let Reply::Int(v) = reply {
+                // The hot paths' reply, written without the general walk; an integer holds
+                // nothing to free, so its drop glue is skipped.
+                ffi::reply_int(ctx, v);
+                std::mem::forget(reply);
+            } else {
+                ffi::reply(ctx, &reply);
+            }
+        }
+        Ok(Err(crate::error::Error::Arity)) => {
+            stats::ERRORS.add(1);
+            reply_usage(ctx, spec);
+        }
         Ok(Err(e)) => {
             stats::ERRORS.add(1);
             e.reply(ctx);
@@ -43,6 +63,18 @@ pub fn run(ctx: Ctx, args: Args, spec: &Spec) {
             );
         }
     }
+}
+
+/// Redis's wrong-arity error, followed by the command's usage.
+fn reply_usage(ctx: Ctx, spec: &Spec) {
+    let name = spec.name.to_string_lossy();
+    let text = format!(
+        "ERR wrong number of arguments for '{name}' command; usage: {}",
+        spec.usage()
+    );
+    let text =
+        std::ffi::CString::new(text).unwrap_or_else(|_| c"ERR wrong number of arguments".into());
+    ffi::reply_error(ctx, &text);
 }
 
 /// Who counts a call in `rl_calls`.
@@ -106,6 +138,12 @@ impl ArgDoc {
             raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_DOUBLE,
         )
     }
+    pub const fn string(name: &'static CStr) -> ArgDoc {
+        ArgDoc::new(
+            name,
+            raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
+        )
+    }
     pub const fn integer(name: &'static CStr) -> ArgDoc {
         ArgDoc::new(
             name,
@@ -166,4 +204,79 @@ pub struct Spec {
     /// replication link, the AOF and modules may call it, and `COMMAND` does not list it.
     pub internal: bool,
     pub args: &'static [ArgDoc],
+}
+
+impl Spec {
+    /// Whether `argc` arguments (the name included) fit the command's arity.
+    pub fn arity_fits(&self, argc: usize) -> bool {
+        let argc = argc as c_int;
+        if self.arity >= 0 {
+            argc == self.arity
+        } else {
+            argc >= -self.arity
+        }
+    }
+
+    /// The arity Redis checks itself (and `COMMAND INFO` shows): for a command with keys,
+    /// only that the first key is there (what Cluster routing needs); the exact arity is
+    /// checked at the boundary, whose error shows the usage.
+    pub fn registered_arity(&self) -> c_int {
+        match self.keys {
+            Keys::None => self.arity,
+            _ => -2,
+        }
+    }
+
+    /// `RL.TAKE key rate cap [n] [WITHSTATE] ...`, from the argument table.
+    pub fn usage(&self) -> String {
+        let mut out = self.name.to_string_lossy().into_owned();
+        for a in self.args {
+            out.push(' ');
+            a.usage(&mut out);
+        }
+        out
+    }
+}
+
+impl ArgDoc {
+    /// This argument as a usage line shows it.
+    fn usage(&self, out: &mut String) {
+        let name = self.name.to_string_lossy();
+        let body = {
+            let mut b = String::new();
+            if self.kind == raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN {
+                b.push_str(&name);
+            } else {
+                if let Some(t) = self.token {
+                    b.push_str(&t.to_string_lossy());
+                    b.push(' ');
+                }
+                if self.sub.is_empty() {
+                    b.push_str(&name);
+                } else {
+                    let parts: Vec<String> = self
+                        .sub
+                        .iter()
+                        .map(|s| {
+                            let mut p = String::new();
+                            s.usage(&mut p);
+                            p
+                        })
+                        .collect();
+                    b.push_str(&parts.join(" "));
+                }
+            }
+            if self.multiple {
+                b = format!("{b} [{b} ...]");
+            }
+            b
+        };
+        if self.optional {
+            out.push('[');
+            out.push_str(&body);
+            out.push(']');
+        } else {
+            out.push_str(&body);
+        }
+    }
 }

@@ -9,10 +9,8 @@
 //! unnoticed.
 //! Commands read it on every call, so it lives in an atomic, not behind a lock.
 
-use redis_module::configuration::{
-    ConfigurationContext, ConfigurationValue, EnumConfigurationValue,
-};
-use redis_module::RedisError;
+use crate::ffi::{Config, Kind};
+use crate::ops;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
 /// What a denial does.
@@ -23,29 +21,6 @@ pub enum Mode {
     /// Every call answers as granted; buckets evolve exactly as if enforcing and
     /// `rl_shadow_denied` counts what would have been denied. For rolling out.
     Shadow = 1,
-}
-
-impl TryFrom<i32> for Mode {
-    type Error = RedisError;
-    fn try_from(v: i32) -> Result<Mode, RedisError> {
-        match v {
-            0 => Ok(Mode::Enforce),
-            1 => Ok(Mode::Shadow),
-            _ => Err(RedisError::Str("rl.mode must be enforce or shadow")),
-        }
-    }
-}
-
-impl From<Mode> for i32 {
-    fn from(m: Mode) -> i32 {
-        m as i32
-    }
-}
-
-impl EnumConfigurationValue for Mode {
-    fn get_options(&self) -> (Vec<String>, Vec<i32>) {
-        (vec!["enforce".into(), "shadow".into()], vec![0, 1])
-    }
 }
 
 /// The current mode.
@@ -61,18 +36,68 @@ impl ModeSetting {
             Mode::Enforce
         }
     }
-}
 
-impl ConfigurationValue<Mode> for ModeSetting {
-    fn get(&self, _: &ConfigurationContext) -> Mode {
-        ModeSetting::get(self)
-    }
-
-    fn set(&self, _: &ConfigurationContext, val: Mode) -> Result<(), RedisError> {
-        self.0.store(val as u8, Relaxed);
-        Ok(())
+    fn set(&self, m: Mode) {
+        self.0.store(m as u8, Relaxed);
     }
 }
+
+/// Every `rl.*` config, as Redis is told about it.
+pub static CONFIGS: &[Config] = &[
+    Config {
+        name: c"max-namespaces",
+        kind: Kind::Number {
+            default: 64,
+            min: 0,
+            max: 1024,
+            get: ops::max_namespaces,
+            set: ops::set_max_namespaces,
+        },
+    },
+    Config {
+        name: c"top-keys",
+        kind: Kind::Number {
+            default: 128,
+            min: 0,
+            max: 65536,
+            get: ops::top_keys,
+            set: ops::set_top_keys,
+        },
+    },
+    Config {
+        name: c"namespace-separator",
+        kind: Kind::Bytes {
+            default: c":",
+            get: ops::separator_bytes,
+            set: ops::set_separator,
+        },
+    },
+    Config {
+        name: c"adopt-script-keys",
+        kind: Kind::Bool {
+            default: false,
+            get: ops::adopt,
+            set: ops::set_adopt,
+        },
+    },
+    Config {
+        name: c"mode",
+        kind: Kind::Enum {
+            default: Mode::Enforce as i32,
+            names: &[c"enforce", c"shadow"],
+            values: &[Mode::Enforce as i32, Mode::Shadow as i32],
+            get: || MODE.get() as i32,
+            set: |v| {
+                MODE.set(match v {
+                    0 => Mode::Enforce,
+                    1 => Mode::Shadow,
+                    _ => return Err("rl.mode must be enforce or shadow"),
+                });
+                Ok(())
+            },
+        },
+    },
+];
 
 /// Whether calls answer as granted whatever the buckets say.
 pub fn shadow() -> bool {
@@ -112,7 +137,7 @@ pub fn apply_module_args(args: &[&[u8]]) -> Result<(), String> {
         rest = tail;
     }
     if let Some(m) = mode {
-        MODE.0.store(m as u8, Relaxed);
+        MODE.set(m);
     }
     Ok(())
 }

@@ -15,6 +15,8 @@ pub enum Error {
     UnknownOption(String),
     /// `ERR option '<what>' given twice`.
     DuplicateOption(String),
+    /// `ERR <message> (<hint>)`: an error with advice made from the call's own arguments.
+    Hinted(&'static str, String),
 }
 
 impl Error {
@@ -32,6 +34,7 @@ impl Error {
                     Error::Invalid(msg) => format!("ERR {msg}"),
                     Error::UnknownOption(opt) => format!("ERR unknown option '{opt}'"),
                     Error::DuplicateOption(opt) => format!("ERR option '{opt}' given twice"),
+                    Error::Hinted(msg, hint) => format!("ERR {msg} ({hint})"),
                     _ => unreachable!(),
                 };
                 // The texts are ours or lossy-decoded and cut short: a NUL cannot occur.

@@ -6,10 +6,8 @@
 //! command filter all run there, so they are plain memory behind [`MainThread`], fixed in
 //! size, and the hot path allocates nothing.
 
-use crate::args::Args;
 use crate::ffi::MainThread;
-use redis_module::configuration::{ConfigurationContext, ConfigurationValue};
-use redis_module::{RedisError, RedisString};
+use crate::ffi::Refusal;
 use rl_core::namespace::{self, Counts, Id, Outcome, Table};
 use rl_core::top::Top;
 use rl_core::Nanos;
@@ -22,12 +20,44 @@ static NAMESPACES: MainThread<Table> = MainThread::new(Table::new());
 static TOP: MainThread<Option<Top>> = MainThread::new(None);
 
 /// `rl.max-namespaces`: namespaces with their own counters (0 to 1024; default 64).
-pub static MAX_NAMESPACES: AtomicI64 = AtomicI64::new(64);
+static MAX_NAMESPACES: AtomicI64 = AtomicI64::new(64);
 /// `rl.adopt-script-keys`: convert the seed Lua script's hashes into buckets.
 pub static ADOPT: AtomicBool = AtomicBool::new(false);
+/// `rl.top-keys`: keys the most-denied sketch tracks (0 to 65536; default 128).
+static TOP_KEYS: AtomicI64 = AtomicI64::new(128);
 
-/// `rl.namespace-separator`: 1 to 7 bytes, packed with their length in one word so the
-/// hot path reads it without a lock.
+pub fn max_namespaces() -> i64 {
+    MAX_NAMESPACES.load(Relaxed)
+}
+
+pub fn set_max_namespaces(v: i64) -> Result<(), Refusal> {
+    MAX_NAMESPACES.store(v, Relaxed);
+    Ok(())
+}
+
+pub fn adopt() -> bool {
+    ADOPT.load(Relaxed)
+}
+
+pub fn set_adopt(v: bool) -> Result<(), Refusal> {
+    ADOPT.store(v, Relaxed);
+    Ok(())
+}
+
+pub fn top_keys() -> i64 {
+    TOP_KEYS.load(Relaxed)
+}
+
+/// Setting it allocates the sketch anew (and empties it); nothing else ever allocates
+/// for it.
+pub fn set_top_keys(v: i64) -> Result<(), Refusal> {
+    TOP_KEYS.store(v, Relaxed);
+    TOP.with(|t| *t = Some(Top::new(v.max(0) as usize, TOP_HALF_LIFE)));
+    Ok(())
+}
+
+/// `rl.namespace-separator`: 1 to 7 bytes (any but NUL), packed with their length in one
+/// word so the hot path reads it without a lock.
 pub struct Separator(AtomicU64);
 pub static SEPARATOR: Separator = Separator(AtomicU64::new(1 | (b':' as u64) << 8));
 
@@ -39,40 +69,27 @@ impl Separator {
     }
 }
 
-impl ConfigurationValue<RedisString> for Separator {
-    fn get(&self, _: &ConfigurationContext) -> RedisString {
-        let (b, len) = Separator::get(self);
-        RedisString::create(None, String::from_utf8_lossy(&b[1..1 + len]).as_ref())
-    }
-    fn set(&self, _: &ConfigurationContext, val: RedisString) -> Result<(), RedisError> {
-        let s = val.as_slice();
-        if s.is_empty() || s.len() > 7 {
-            return Err(RedisError::Str(
-                "rl.namespace-separator must be 1 to 7 bytes",
-            ));
-        }
-        let mut b = [0u8; 8];
-        b[0] = s.len() as u8;
-        b[1..1 + s.len()].copy_from_slice(s);
-        self.0.store(u64::from_le_bytes(b), Relaxed);
-        Ok(())
-    }
+/// The separator's exact bytes, for `CONFIG GET` and `CONFIG REWRITE`.
+pub fn separator_bytes(out: &mut [u8; 64]) -> usize {
+    let (b, len) = SEPARATOR.get();
+    out[..len].copy_from_slice(&b[1..1 + len]);
+    len
 }
 
-/// `rl.top-keys`: keys the most-denied sketch tracks (0 to 65536; default 128). Setting it
-/// allocates the sketch anew (and empties it); nothing else ever allocates for it.
-pub struct TopKeys(AtomicI64);
-pub static TOP_KEYS: TopKeys = TopKeys(AtomicI64::new(128));
-
-impl ConfigurationValue<i64> for TopKeys {
-    fn get(&self, _: &ConfigurationContext) -> i64 {
-        self.0.load(Relaxed)
+/// Sets the separator to exactly `s`. A NUL byte is refused: redis.conf and client
+/// libraries would carry it unreliably, and no key naming scheme uses it.
+pub fn set_separator(s: &[u8]) -> Result<(), Refusal> {
+    if s.is_empty() || s.len() > 7 {
+        return Err("rl.namespace-separator must be 1 to 7 bytes");
     }
-    fn set(&self, _: &ConfigurationContext, val: i64) -> Result<(), RedisError> {
-        self.0.store(val, Relaxed);
-        TOP.with(|t| *t = Some(Top::new(val.max(0) as usize, TOP_HALF_LIFE)));
-        Ok(())
+    if s.contains(&0) {
+        return Err("rl.namespace-separator must not contain a NUL byte");
     }
+    let mut b = [0u8; 8];
+    b[0] = s.len() as u8;
+    b[1..1 + s.len()].copy_from_slice(s);
+    SEPARATOR.0.store(u64::from_le_bytes(b), Relaxed);
+    Ok(())
 }
 
 /// Allocates the sketch at load if no config set did.
@@ -80,7 +97,7 @@ pub fn init() {
     TOP.with(|t| {
         if t.is_none() {
             *t = Some(Top::new(
-                TOP_KEYS.0.load(Relaxed).max(0) as usize,
+                TOP_KEYS.load(Relaxed).max(0) as usize,
                 TOP_HALF_LIFE,
             ));
         }
@@ -91,8 +108,48 @@ pub fn init() {
 pub fn namespace_id(key: &[u8]) -> Id {
     let (sep, len) = SEPARATOR.get();
     let ns = namespace::namespace_of(key, &sep[1..1 + len]);
+    if let Some(id) = RECENT_NAMESPACE.with(|r| r.get(ns)) {
+        return id;
+    }
     let limit = MAX_NAMESPACES.load(Relaxed).max(0) as usize;
-    NAMESPACES.with(|t| t.id(ns, limit))
+    let id = NAMESPACES.with(|t| t.id(ns, limit));
+    RECENT_NAMESPACE.with(|r| r.put(ns, id));
+    id
+}
+
+/// The last namespace looked up and its entry: calls come in runs on one namespace, and an
+/// entry, once made, keeps its id until the table is reset.
+static RECENT_NAMESPACE: MainThread<RecentNamespace> = MainThread::new(RecentNamespace {
+    name: [0; namespace::MAX_NAME],
+    len: usize::MAX,
+    id: 0,
+});
+
+struct RecentNamespace {
+    name: [u8; namespace::MAX_NAME],
+    /// `usize::MAX`: nothing remembered.
+    len: usize,
+    id: Id,
+}
+
+impl RecentNamespace {
+    fn get(&self, ns: &[u8]) -> Option<Id> {
+        (ns.len() == self.len && self.name[..self.len] == *ns).then_some(self.id)
+    }
+
+    /// Remembers a namespace with an entry of its own (not one counted under `other`,
+    /// which may get an entry when the limit is raised).
+    fn put(&mut self, ns: &[u8], id: Id) {
+        if id == 0 || ns.len() > self.name.len() {
+            return;
+        }
+        self.name[..ns.len()].copy_from_slice(ns);
+        (self.len, self.id) = (ns.len(), id);
+    }
+
+    fn forget(&mut self) {
+        self.len = usize::MAX;
+    }
 }
 
 /// Counts a call in namespace `id` (once its arguments are read).
@@ -136,17 +193,11 @@ pub fn denied(key: &[u8], now: Nanos) {
 /// What a call answers: granted if the bucket granted, or if the denial is only recorded
 /// (`rl.mode shadow`, or the call's own `SHADOW` option).
 ///
-/// The hook for a command with a `SHADOW` option (RL.RESERVE): parse it with
-/// [`is_shadow`] (refusing a repeat with `args.duplicate(i)`), decide as when enforcing,
-/// write what enforcing would write, then answer `answered(granted, shadow)` and count
-/// `Outcome::ShadowDenied` when `!granted && answered`.
+/// For a command with the `SHADOW` option (list `Opt::Shadow` among its options, see
+/// `grammar.rs`): decide as when enforcing, write what enforcing would write, then answer
+/// `answered(granted, shadow)` and count `Outcome::ShadowDenied` when `!granted && answered`.
 pub fn answered(granted: bool, shadow_option: bool) -> bool {
     granted || shadow_option || crate::config::shadow()
-}
-
-/// Whether argument `i` is the `SHADOW` option.
-pub fn is_shadow(args: &Args, i: usize) -> bool {
-    args.is(i, "SHADOW")
 }
 
 /// The outcome to count for a call that granted `tokens` (0: denied) and `answered`.
@@ -183,6 +234,7 @@ pub fn top(count: usize, now: Nanos, mut f: impl FnMut(&[u8], f64, u64)) -> usiz
 /// Forgets the namespaces and the sketch (`CONFIG RESETSTAT`).
 pub fn reset() {
     NAMESPACES.with(Table::reset);
+    RECENT_NAMESPACE.with(RecentNamespace::forget);
     TOP.with(|t| {
         if let Some(t) = t {
             t.clear();

@@ -6,8 +6,9 @@
 //! counters go. A reset that ran leaves `cmdstat_config|resetstat` at exactly one call
 //! (every command's statistics are zeroed, then that call is counted), with a `usec` of
 //! its own; one that ACL refused or that a `MULTI` never executed leaves it as it was.
-//! (`total_commands_processed` dropping confirms it too.) The check runs before the next
-//! module command and before `INFO`, so no count made after the reset is lost.
+//! (`total_commands_processed` dropping confirms it too.) The check runs in the filter of the
+//! next command (any command), and before the next module command and `INFO`, so no count
+//! made after the reset is lost and no reset is overwritten by the next one.
 
 use crate::ffi::{self, Filter};
 use crate::{ops, stats};
@@ -43,7 +44,15 @@ fn commands_processed() -> Option<u64> {
 
 /// The command filter: every command passes through (a few instructions for all but
 /// `CONFIG RESETSTAT`).
+///
+/// A reset still pending is settled first, at the next command after it: one `CONFIG
+/// RESETSTAT` right after another would otherwise replace the first's record before it was
+/// confirmed, and the second alone cannot always be told from a refused one (both leave
+/// `calls=1`).
 pub fn filter(f: &Filter) {
+    if PENDING.load(Relaxed) != 0 {
+        check();
+    }
     let is = |i: usize, want: &[u8]| f.arg(i).is_some_and(|a| a.eq_ignore_ascii_case(want));
     if f.len() != 2 || !is(0, b"config") || !is(1, b"resetstat") {
         return;

@@ -81,12 +81,18 @@ counters! {
     LIMIT_STALE: "Buckets a call with an older VERSION was decided on under the stored, newer limit (stale callers: when this stops growing, a rollout is complete).",
     LIMIT_CONFLICTS: "Buckets a call with the stored VERSION (0 included: no VERSION on a never-versioned bucket) but another rate or cap was decided on (the call's limit applied).",
     ADOPTED: "Seed Lua script hashes converted into buckets (rl.adopt-script-keys).",
+    SHARES_GRANTED: "RL.SHARE calls answered with a share above 0.",
+    SHARES_SHORT: "RL.SHARE calls that got less than their fair share (the rest was still in use by others: they come back sooner).",
+    SHARES_RELEASED: "Shares given up with RL.SHARE ... RELEASE.",
+    SHARE_HOLDERS_DROPPED: "Share holder entries dropped once their lease and hold ended (counted when dropped), or with their key.",
+    SHARE_HOLDERS: "Share holder entries recorded in keys now (ended ones leave at the key's next write).",
 }
 
-/// Zeroes every counter but the gauge `leases_active` (`CONFIG RESETSTAT`).
+/// Zeroes every counter but the gauges `leases_active` and `share_holders` (`CONFIG
+/// RESETSTAT`).
 pub fn reset() {
     for (_, counter) in FIELDS {
-        if !std::ptr::eq(*counter, &LEASES_ACTIVE) {
+        if !std::ptr::eq(*counter, &LEASES_ACTIVE) && !std::ptr::eq(*counter, &SHARE_HOLDERS) {
             counter.0.store(0, Relaxed);
         }
     }

@@ -1,6 +1,6 @@
 //! Access control: RL commands sit in the ACL categories their effect calls for, PEEK
 //! works under read-only key permissions, RL.SETSTATE is for the replication link only,
-//! and on every server the README's ACL lines do what they say.
+//! and on every server the ACL lines of docs/deploy.md ("ACL") do what they say.
 
 mod support;
 
@@ -25,7 +25,7 @@ fn categories_where_the_server_has_them() {
     let mut c = s.conn();
     let take = categories(&mut c, "RL.TAKE");
     if !take.contains("@write") {
-        // Redis 7.0: no API to set them; the README's explicit rules apply (next test).
+        // Redis 7.0: no API to set them; docs/deploy.md's explicit rules apply (next test).
         eprintln!("this server cannot set module ACL categories: skipped");
         assert!(!categories(&mut c, "RL.PEEK").contains("@read"));
         return;
@@ -82,7 +82,7 @@ fn peek_needs_only_read_permission_on_the_key() {
     );
 }
 
-/// The README's ACL lines, on every server (Redis 7.0 has no module categories).
+/// The ACL lines of docs/deploy.md, on every server (Redis 7.0 has no module categories).
 #[test]
 fn readme_acl_rules_do_what_they_say() {
     let s = Server::start(&[]);

@@ -26,19 +26,23 @@ fn thousand_keys_carry_their_level_over() {
     let s = Server::start(&["--rl.adopt-script-keys", "yes"]);
     let mut c = s.conn();
     let (rate, cap) = (0.01, 100.0);
+    // Each key's level and the server time the script stored it at (seconds, as Lua
+    // prints a number: 14 significant digits, so 1e-4 s).
     let mut levels = Vec::new();
     for i in 0..1000u64 {
         let key = format!("api:{i}");
         script(&mut c, &key, "0.01", "100", i % 100);
         let t: f64 = query(&mut c, &["HGET", &key, "tokens"]);
-        levels.push(t);
+        let ts: f64 = query(&mut c, &["HGET", &key, "ts"]);
+        levels.push((t, ts));
     }
-    let start = std::time::Instant::now();
     let mut full = 0;
-    for (i, level) in levels.iter().enumerate() {
+    for (i, (level, ts)) in levels.iter().enumerate() {
         let key = format!("api:{i}");
         let (granted, remaining, _, _) = take_state(&mut c, &key, rate, cap, 1);
-        let refill = start.elapsed().as_secs_f64() * rate + 0.01;
+        // At most the refill of the server time from the script's write to now.
+        let now = (server_ms(&mut c) + 1) as f64 / 1000.0;
+        let refill = (now - ts + 1e-4) * rate + 1e-9;
         let expect = level - 1.0;
         assert_eq!(granted, 1, "{key} at {level}");
         assert!(remaining >= expect - 1e-9, "{key}: {remaining} < {expect}");
@@ -158,4 +162,35 @@ fn replicas_and_aof_hold_the_same_bucket() {
     let before = dataset_digest(&mut m);
     let _: String = query(&mut m, &["DEBUG", "LOADAOF"]);
     assert_eq!(dataset_digest(&mut m), before, "AOF replay");
+}
+
+/// RL.RESERVE adopts the script's hash too, at its level (docs/migrating.md lists it with
+/// RL.TAKE, RL.LEASE and RL.MTAKE); RL.PEEK, RL.RETURN and RL.REFUND do not.
+#[test]
+fn reserve_adopts_at_the_scripts_level_and_readers_do_not() {
+    let s = Server::start(&["--rl.adopt-script-keys", "yes"]);
+    let mut c = s.conn();
+    // Left with 2 of 100 tokens, refilling one every 100 s.
+    script(&mut c, "r", "0.01", "100", 98);
+    for args in [
+        &["RL.PEEK", "r"][..],
+        &["RL.RETURN", "r", "1", "1"],
+        &["RL.REFUND", "r", "1"],
+    ] {
+        let mut cmd = redis::cmd(args[0]);
+        cmd.arg(&args[1..]);
+        let e = cmd.query::<redis::Value>(&mut c).unwrap_err();
+        assert!(e.to_string().contains("WRONGTYPE"), "{args:?}: {e}");
+        assert_eq!(kind(&mut c, "r"), "hash", "{args:?} adopted it");
+    }
+    // Three tokens: two are there, the third comes in (up to) 100 s, within max_wait.
+    let v: Vec<redis::Value> = query(&mut c, &["RL.RESERVE", "r", "0.01", "100", "3", "200000"]);
+    assert_eq!(v[0], redis::Value::Int(3), "{v:?}");
+    let wait: i64 = redis::from_redis_value(&v[1]).unwrap();
+    assert!(
+        (1..=100_000).contains(&wait),
+        "waited {wait} ms: not the script's level"
+    );
+    assert_eq!(kind(&mut c, "r"), "rl-bucket");
+    assert_eq!(info_field(&mut c, "rl", "rl_adopted"), 1);
 }

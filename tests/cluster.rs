@@ -278,12 +278,13 @@ fn hash_tagged_buckets_land_together() {
 }
 
 /// Waits until the server on `port` stops answering (a `DEBUG SLEEP` elsewhere): a raw
-/// socket, since a client would block connecting.
+/// socket, since a client would block connecting. A PING left unanswered for a whole
+/// second means asleep: a busy machine can delay an awake server's reply by far more than
+/// a few ms.
 fn wait_asleep(port: u16) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut buf = [0u8; 7];
     loop {
@@ -369,7 +370,9 @@ fn killed_master_loses_only_unreplicated_grants() {
     let kept = digests(&mut mc, &f.keys);
 
     // A window in which the master grants but cannot replicate: the replica is asleep and its
-    // link dropped, so these grants exist only on the master when it dies.
+    // link dropped, so these grants exist only on the master when it dies. It sleeps 5 s:
+    // after the second it takes to be seen asleep, the window's 50 calls must fit on a busy
+    // machine (under the 20 s a replica may lag and still be promoted).
     let replica = cluster.servers[r].url();
     let sleeper = std::thread::spawn(move || {
         let mut rc = redis::Client::open(replica)
@@ -378,7 +381,7 @@ fn killed_master_loses_only_unreplicated_grants() {
             .unwrap();
         let _: () = redis::cmd("DEBUG")
             .arg("SLEEP")
-            .arg(1.5)
+            .arg(5)
             .query(&mut rc)
             .unwrap();
     });

@@ -279,8 +279,9 @@ fn corrupt_restore_payloads_are_errors_not_aborts() {
     let mut c = s.conn();
     // Redis's own check value for its CRC-64.
     assert_eq!(crc64(b"123456789"), 0xe9c6_d914_c4b8_d9ca);
+    // Slow limits (hours to full): the keys must still be there to DUMP on a busy machine.
     let _: i64 = redis::cmd("RL.TAKE")
-        .arg(&["plain", "10", "100", "7"])
+        .arg(&["plain", "0.01", "100", "7"])
         .query(&mut c)
         .unwrap();
     let _: Vec<i64> = redis::cmd("RL.LEASE")
@@ -293,7 +294,14 @@ fn corrupt_restore_payloads_are_errors_not_aborts() {
         .unwrap();
     // Encoding 3 carries the limit's version.
     let _: i64 = redis::cmd("RL.TAKE")
-        .arg(&["versioned", "10", "100", "7", "VERSION", "9007199254740991"])
+        .arg(&[
+            "versioned",
+            "0.01",
+            "100",
+            "7",
+            "VERSION",
+            "9007199254740991",
+        ])
         .query(&mut c)
         .unwrap();
     let _: Vec<i64> = redis::cmd("RL.LEASE")
@@ -399,34 +407,50 @@ fn a_key_without_expiry_gets_it_back_on_the_next_write_and_aof_keeps_it_exact() 
     };
     let pttl =
         |c: &mut Connection, key: &str| -> i64 { redis::cmd("PTTL").arg(key).query(c).unwrap() };
-    assert_eq!(take(&mut c, "p"), 1);
-    let _: i64 = redis::cmd("PERSIST").arg("p").query(&mut c).unwrap();
-    assert_eq!(pttl(&mut c, "p"), -1);
+    // Each take of one token at 1/s moves the moment the bucket is full again 1 s later
+    // (from now, if it was full already): the expiry after a second take is 2 s after the
+    // first one, or 1 s after the second. Server times bracket both takes.
+    let takes_twice = |c: &mut Connection, key: &str, between: &mut dyn FnMut(&mut Connection)| {
+        let first = server_ms(c);
+        assert_eq!(take(c, key), 1);
+        let first = (first, server_ms(c));
+        between(c);
+        assert_eq!(pttl(c, key), -1);
+        assert_eq!(take(c, key), 1);
+        let second = server_ms(c);
+        let at: i64 = redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap();
+        let (lo, hi) = (
+            first.0 + 2_000 - 1,
+            (first.1 + 2_000).max(second + 1_000) + 1,
+        );
+        assert!(
+            (lo..=hi).contains(&at),
+            "{key}: PEXPIRETIME {at}, expected {lo}..={hi}"
+        );
+    };
     // The next write lands in the same millisecond often; either way the expiry is back.
-    assert_eq!(take(&mut c, "p"), 1);
-    let t = pttl(&mut c, "p");
-    assert!((1_000..=2_001).contains(&t), "pttl {t}");
+    takes_twice(&mut c, "p", &mut |c| {
+        let _: i64 = redis::cmd("PERSIST").arg("p").query(c).unwrap();
+    });
 
-    assert_eq!(take(&mut c, "r"), 1);
-    let payload = dump(&mut c, "r");
-    let _: () = redis::cmd("RESTORE")
-        .arg("r")
-        .arg(0)
-        .arg(&payload)
-        .arg("REPLACE")
-        .query(&mut c)
-        .unwrap();
-    assert_eq!(pttl(&mut c, "r"), -1);
-    // A key left without expiry by RESTORE: an AOF rewrite and restart keep it so.
-    let _: () = redis::cmd("RESTORE")
-        .arg("norm")
-        .arg(0)
-        .arg(&payload)
-        .query(&mut c)
-        .unwrap();
-    assert_eq!(take(&mut c, "r"), 1);
-    let t = pttl(&mut c, "r");
-    assert!((1_000..=2_001).contains(&t), "pttl {t}");
+    takes_twice(&mut c, "r", &mut |c| {
+        let payload = dump(c, "r");
+        let _: () = redis::cmd("RESTORE")
+            .arg("r")
+            .arg(0)
+            .arg(&payload)
+            .arg("REPLACE")
+            .query(c)
+            .unwrap();
+        assert_eq!(pttl(c, "r"), -1);
+        // A key left without expiry by RESTORE: an AOF rewrite and restart keep it so.
+        let _: () = redis::cmd("RESTORE")
+            .arg("norm")
+            .arg(0)
+            .arg(&payload)
+            .query(c)
+            .unwrap();
+    });
     let before = dataset_digest(&mut c);
     rewrite_aof(&mut c);
     drop(c);
@@ -501,30 +525,32 @@ fn a_flapping_limit_follows_the_documented_rule() {
         .unwrap();
     let before = info_field(&mut c, "rl", "rl_limit_changes");
     // Under (10, 10) the 10 tokens fill the bucket: one is taken, and 100 ms refill it.
+    let write = server_ms(&mut c);
     let r = remaining(&mut c, "10", "10");
+    let write = (write, server_ms(&mut c));
     assert!((8.9..=9.1).contains(&r), "{r}");
     assert_eq!(info_field(&mut c, "rl", "rl_limit_changes"), before + 1);
     std::thread::sleep(Duration::from_millis(250));
     // Full under (10, 10), but the key stays until idle as long as (1, 1000) takes to
-    // fill: 1000 s.
+    // fill: 1000 s (less the 9 tokens it held at that write).
     let exists: i64 = redis::cmd("EXISTS").arg("k").query(&mut c).unwrap();
     assert_eq!(
         exists, 1,
         "the key went before the old limit's bucket was full"
     );
-    let pttl: i64 = redis::cmd("PTTL").arg("k").query(&mut c).unwrap();
-    assert!((990_000..=1_000_000).contains(&pttl), "pttl {pttl}");
+    assert_expires_in(&mut c, "k", write, 990_000..=1_000_000);
     // Back to (1, 1000): the 10 tokens, less the one taken now.
     let r = remaining(&mut c, "1", "1000");
     assert!((8.9..=9.1).contains(&r), "{r}");
+    let at: i64 = redis::cmd("PEXPIRETIME").arg("k").query(&mut c).unwrap();
     // The hold survives a reload and reaches a replica.
     let replica = Server::start(&[]);
     replicate(&replica, &s);
     wait_synced(&s, &replica);
     assert_eq!(digest(&mut replica.conn(), "k"), digest(&mut c, "k"));
     let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
-    let pttl: i64 = redis::cmd("PTTL").arg("k").query(&mut c).unwrap();
-    assert!(pttl > 990_000, "pttl {pttl}");
+    let reloaded: i64 = redis::cmd("PEXPIRETIME").arg("k").query(&mut c).unwrap();
+    assert_eq!(reloaded, at, "the reload moved the expiry");
 }
 
 #[test]

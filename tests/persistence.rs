@@ -5,13 +5,14 @@ mod support;
 use support::*;
 
 /// A few buckets in different states: partly used, empty, fractional rate, changed limit.
-/// Rates are slow enough that none fills (and expires) while a test runs.
+/// Rates are slow enough that none fills (and expires) while a test runs, however slow the
+/// machine: 30 s at the least.
 fn fill(c: &mut Connection) -> Vec<String> {
     take(c, "a", 1.0, 100.0, 30);
     take(c, "b", 0.001, 5.0, 5);
-    take(c, "c", 0.5, 2.5, 1);
-    take(c, "d", 3.0, 10.0, 2);
-    take(c, "d", 7.0, 6.0, 1);
+    take(c, "c", 0.005, 2.5, 1);
+    take(c, "d", 0.03, 10.0, 2);
+    take(c, "d", 0.07, 6.0, 1);
     for i in 0..200 {
         take(
             c,

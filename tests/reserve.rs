@@ -2,7 +2,7 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 use support::*;
 
@@ -31,33 +31,60 @@ fn refund(c: &mut Connection, key: &str, n: u64) -> f64 {
 fn reservations_queue_in_debt_and_other_commands_wait_behind() {
     let s = Server::start(&[]);
     let mut c = s.conn();
-    // 10 tokens at 10/s: the first 10 now, then 5 more half a second later.
-    assert_eq!(reserve(&mut c, "k", "10", "10", 10, 0).0, 10);
-    let (g, wait, remaining, reset) = reserve(&mut c, "k", "10", "10", 5, 1000);
+    // 10 tokens at 1/s: the first 10 now, then 5 more 5 s later. What refilled meanwhile
+    // is at most the server time that passed since `t0` (1 token/s, 1 ms of wait per ms).
+    let t0 = server_ms(&mut c);
+    assert_eq!(reserve(&mut c, "k", "1", "10", 10, 0).0, 10);
+    let (g, wait, remaining, reset) = reserve(&mut c, "k", "1", "10", 5, 10_000);
+    let t1 = server_ms(&mut c);
+    let passed = t1 - t0 + 1;
     assert_eq!(g, 5);
-    assert!((450..=500).contains(&wait), "wait {wait}");
-    assert!((-5.0..=-4.5).contains(&remaining), "{remaining}");
-    assert!((1450..=1500).contains(&reset), "{reset}");
-    // A later caller queues behind: its wait includes the debt.
-    let (g, wait2, _, _) = reserve(&mut c, "k", "10", "10", 1, 1000);
+    assert!(
+        (5_000 - passed..=5_000).contains(&wait),
+        "wait {wait}, {passed} ms"
+    );
+    assert!(
+        (-5.0..=-5.0 + passed as f64 / 1000.0).contains(&remaining),
+        "{remaining}, {passed} ms"
+    );
+    assert!(
+        (15_000 - passed..=15_000).contains(&reset),
+        "{reset}, {passed} ms"
+    );
+    // A later caller queues behind: its wait includes the debt (one token more, less the
+    // time since the first reservation).
+    let (g, wait2, _, _) = reserve(&mut c, "k", "1", "10", 1, 10_000);
+    let passed = server_ms(&mut c) - t0 + 1;
     assert_eq!(g, 1);
-    assert!(wait2 > wait, "{wait2} <= {wait}");
-    // Nothing is granted while in debt; PEEK shows the negative level.
-    assert_eq!(take(&mut c, "k", 10.0, 10.0, 1), 0);
+    assert!(
+        (wait + 1_000 - passed - 1..=wait + 1_000 + 1).contains(&wait2),
+        "{wait2} after {wait}, {passed} ms"
+    );
+    // Nothing is granted while in debt (6 s at least); PEEK shows the negative level.
+    assert_eq!(take(&mut c, "k", 1.0, 10.0, 1), 0);
     let lease: Vec<i64> = redis::cmd("RL.LEASE")
-        .arg(&["k", "10", "10", "5", "1000"])
+        .arg(&["k", "1", "10", "5", "1000"])
         .query(&mut c)
         .unwrap();
+    let passed = server_ms(&mut c) - t0 + 1;
     assert_eq!(lease[0], 0);
-    assert!(lease[3] >= wait2, "{lease:?}");
+    // Its retry points no earlier than the queued reservation's use.
+    assert!(
+        lease[3] + passed >= wait2,
+        "{lease:?}, {wait2}, {passed} ms"
+    );
     let peek: Vec<Value> = redis::cmd("RL.PEEK").arg("k").query(&mut c).unwrap();
     let tokens: f64 = redis::from_redis_value(&peek[1]).unwrap();
-    assert!(tokens < -5.0, "{tokens}");
+    let passed = server_ms(&mut c) - t0 + 1;
+    assert!(
+        (-6.0..=-6.0 + passed as f64 / 1000.0).contains(&tokens),
+        "{tokens}, {passed} ms"
+    );
     // A reservation whose wait would be too long is denied, writes nothing, and says the
     // wait it would have needed.
     let offset = info_field(&mut c, "replication", "master_repl_offset");
     let before = digest(&mut c, "k");
-    let (g, need, _, _) = reserve(&mut c, "k", "10", "10", 5, 100);
+    let (g, need, _, _) = reserve(&mut c, "k", "1", "10", 5, 100);
     assert_eq!(g, 0);
     assert!(need > 1000, "{need}");
     assert_eq!(digest(&mut c, "k"), before);
@@ -94,8 +121,11 @@ fn refunds_credit_what_the_bucket_lacks_and_nothing_in_debt() {
     let exists: i64 = redis::cmd("EXISTS").arg("k").query(&mut c).unwrap();
     assert_eq!(exists, 0, "full again and nothing held: no key");
     // In debt, nothing is taken back: the coming tokens are promised to a waiting caller.
-    assert_eq!(reserve(&mut c, "d", "1", "2", 2, 0).0, 2);
-    assert_eq!(reserve(&mut c, "d", "1", "2", 2, 3000).0, 2);
+    // (0.1/s: 20 s in debt; the level read back is -2 plus what the server time that
+    // passed refilled.)
+    let t0 = server_ms(&mut c);
+    assert_eq!(reserve(&mut c, "d", "0.1", "2", 2, 0).0, 2);
+    assert_eq!(reserve(&mut c, "d", "0.1", "2", 2, 30_000).0, 2);
     let before = digest(&mut c, "d");
     assert_eq!(refund(&mut c, "d", 1), 0.0);
     assert_eq!(
@@ -103,8 +133,12 @@ fn refunds_credit_what_the_bucket_lacks_and_nothing_in_debt() {
         before,
         "a refund into debt changed the bucket"
     );
-    let (_, remaining, _, _) = take_state(&mut c, "d", 1.0, 2.0, 1);
-    assert!((-2.01..=-1.95).contains(&remaining), "{remaining}");
+    let (_, remaining, _, _) = take_state(&mut c, "d", 0.1, 2.0, 1);
+    let refilled = 0.1 * (server_ms(&mut c) - t0 + 1) as f64 / 1000.0;
+    assert!(
+        (-2.0 - 1e-9..=-2.0 + refilled).contains(&remaining),
+        "{remaining}, refilled at most {refilled}"
+    );
     // Wrong type, bad input: errors, nothing changed.
     let _: () = c.set("str", "x").unwrap();
     let e = redis::cmd("RL.REFUND")
@@ -166,23 +200,36 @@ fn debt_survives_reload_aof_and_reaches_a_replica() {
 
 /// 32 clients each reserve a token and use it after sleeping the wait they were told: in
 /// any window of length t the uses are at most cap + rate * t (+1 for rounding).
+///
+/// A use's moment is the one the server promised: its time at the grant plus the wait.
+/// The grant ran between the call's send and its reply, so each use is known to lie in
+/// `[sent + wait, replied + wait]`; a set of uses must fit cap + rate * (the widest span
+/// those intervals allow) + 1. (When a client thread actually wakes is up to the machine's
+/// scheduler: a busy machine wakes several late at once.)
 #[test]
 fn thirty_two_waiting_clients_stay_within_the_rate() {
     let s = Server::start(&[]);
     let (rate, cap) = (100.0, 20.0);
-    let uses: Arc<Mutex<Vec<Instant>>> = Arc::default();
-    let start = Instant::now();
-    let threads: Vec<_> = (0..32)
+    let uses: Arc<Mutex<Vec<(Instant, Instant)>>> = Arc::default();
+    let clients = 32;
+    let ready = Arc::new(Barrier::new(clients));
+    let threads: Vec<_> = (0..clients)
         .map(|_| {
             let url = s.url();
-            let uses = uses.clone();
+            let (uses, ready) = (uses.clone(), ready.clone());
             std::thread::spawn(move || {
                 let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+                // All connected before the 2 s start.
+                ready.wait();
+                let start = Instant::now();
                 while start.elapsed() < Duration::from_secs(2) {
+                    let sent = Instant::now();
                     let (g, wait, _, _) = reserve(&mut c, "q", "100", "20", 1, 500);
+                    let replied = Instant::now();
                     if g == 1 {
-                        std::thread::sleep(Duration::from_millis(wait as u64));
-                        uses.lock().unwrap().push(Instant::now());
+                        let wait = Duration::from_millis(wait as u64);
+                        uses.lock().unwrap().push((sent + wait, replied + wait));
+                        std::thread::sleep(wait);
                     } else {
                         std::thread::sleep(Duration::from_millis(20));
                     }
@@ -198,8 +245,10 @@ fn thirty_two_waiting_clients_stay_within_the_rate() {
     assert!(uses.len() > 150, "only {} uses", uses.len());
     let mut worst = f64::MIN;
     for i in 0..uses.len() {
+        let mut latest = uses[i].1;
         for j in i..uses.len() {
-            let t = (uses[j] - uses[i]).as_secs_f64();
+            latest = latest.max(uses[j].1);
+            let t = (latest - uses[i].0).as_secs_f64();
             let over = (j - i + 1) as f64 - (cap + rate * t + 1.0);
             worst = worst.max(over);
         }

@@ -313,7 +313,8 @@ fn stale_calls_are_decided_under_the_stored_limit() {
     assert!(after - now_ms > 100_000, "{expiry} -> {after} at {now_ms}");
 
     // A stored cap smaller than the stale call's n: the stored limit's error.
-    assert_eq!(take_v(&mut c, "small", (1.0, 5.0), 1, 3).0, 1);
+    // Slow limits: the buckets must not refill (or expire) while the calls below run.
+    assert_eq!(take_v(&mut c, "small", (0.001, 5.0), 1, 3).0, 1);
     let before = digest(&mut c, "small");
     let counted = counters(&mut c);
     for args in [
@@ -355,11 +356,11 @@ fn stale_calls_are_decided_under_the_stored_limit() {
         ],
     );
     assert_eq!(v[0], 4);
-    assert_eq!(stored(&mut c, "small"), (1.0, 5.0, 3));
+    assert_eq!(stored(&mut c, "small"), (0.001, 5.0, 3));
 
     // One VERSION for every bucket of RL.MTAKE, each compared with its own.
-    assert_eq!(take_v(&mut c, "old", (1.0, 10.0), 1, 1).0, 1);
-    assert_eq!(take_v(&mut c, "new", (1.0, 10.0), 1, 3).0, 1);
+    assert_eq!(take_v(&mut c, "old", (0.01, 10.0), 1, 1).0, 1);
+    assert_eq!(take_v(&mut c, "new", (0.01, 10.0), 1, 3).0, 1);
     let before = counters(&mut c);
     let v: Vec<Value> = query(
         &mut c,
@@ -369,7 +370,7 @@ fn stale_calls_are_decided_under_the_stored_limit() {
     );
     assert_eq!(v[0], Value::Int(1));
     assert_eq!(stored(&mut c, "old"), (2.0, 20.0, 2));
-    assert_eq!(stored(&mut c, "new"), (1.0, 10.0, 3));
+    assert_eq!(stored(&mut c, "new"), (0.01, 10.0, 3));
     let after = counters(&mut c);
     assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1));
 }
@@ -391,20 +392,21 @@ fn equal_versions_with_other_limits_are_conflicts_and_resetstat_clears_the_count
     let _: () = query(&mut c, &["CONFIG", "RESETSTAT"]);
     assert_eq!(counters(&mut c), (0, 0, 0));
 
-    // Without VERSION on a bucket never versioned: as before, and version 0.
-    assert_eq!(take(&mut c, "plain", 1.0, 10.0, 3), 3);
-    assert_eq!(stored(&mut c, "plain"), (1.0, 10.0, 0));
+    // Without VERSION on a bucket never versioned: as before, and version 0. (Slow limits
+    // from here on: at 1/s "v" was full, and gone, a second later.)
+    assert_eq!(take(&mut c, "plain", 0.01, 10.0, 3), 3);
+    assert_eq!(stored(&mut c, "plain"), (0.01, 10.0, 0));
     // An unversioned call on a versioned bucket is an older version: stale.
-    take_v(&mut c, "v", (1.0, 10.0), 1, 1);
+    take_v(&mut c, "v", (0.01, 10.0), 1, 1);
     assert_eq!(take(&mut c, "v", 5.0, 50.0, 1), 1);
-    assert_eq!(stored(&mut c, "v"), (1.0, 10.0, 1));
+    assert_eq!(stored(&mut c, "v"), (0.01, 10.0, 1));
     assert_eq!(counters(&mut c), (0, 1, 0));
     // RL.REFUND and RL.RETURN keep the version.
     let _: f64 = query(&mut c, &["RL.REFUND", "v", "1"]);
     assert_eq!(peek_version(&mut c, "v"), 1);
     let l: Vec<i64> = query(
         &mut c,
-        &["RL.LEASE", "v", "1", "10", "3", "60000", "VERSION", "1"],
+        &["RL.LEASE", "v", "0.01", "10", "3", "60000", "VERSION", "1"],
     );
     let _: i64 = query(&mut c, &["RL.RETURN", "v", &l[1].to_string(), "1"]);
     assert_eq!(peek_version(&mut c, "v"), 1);
@@ -530,10 +532,12 @@ fn a_bad_version_is_an_error_and_changes_nothing() {
 /// Keys with versions in every form: compact-sized, after a limit change (a hold), with
 /// leases. Returns the keys.
 fn versioned_keys(c: &mut Connection) -> Vec<&'static str> {
-    take_v(c, "plain", (1.0, 100.0), 3, 0);
-    take_v(c, "v", (1.0, 100.0), 3, 7);
-    take_v(c, "changed", (1.0, 100.0), 30, 1);
-    take_v(c, "changed", (0.5, 50.0), 1, 2);
+    // Slow limits (hours to full): the keys must outlive replication, reloads and restarts
+    // on a busy machine; expiry is not what is checked.
+    take_v(c, "plain", (0.01, 100.0), 3, 0);
+    take_v(c, "v", (0.01, 100.0), 3, 7);
+    take_v(c, "changed", (0.01, 100.0), 30, 1);
+    take_v(c, "changed", (0.005, 50.0), 1, 2);
     let _: Vec<i64> = query(
         c,
         &[
@@ -775,14 +779,15 @@ fn build_body(id: u64, items: &[Item]) -> Vec<u8> {
 fn old_encodings_load_as_version_0() {
     let mut s = Server::start(&[]);
     let mut c = s.conn();
-    take_v(&mut c, "plain", (1.0, 100.0), 3, 0);
-    take(&mut c, "changed", 1.0, 100.0, 30);
-    take(&mut c, "changed", 0.5, 50.0, 1);
+    // Slow limits: RESTORE ... ABSTTL of an expiry already past would create nothing.
+    take_v(&mut c, "plain", (0.01, 100.0), 3, 0);
+    take(&mut c, "changed", 0.01, 100.0, 30);
+    take(&mut c, "changed", 0.005, 50.0, 1);
     let _: Vec<i64> = query(
         &mut c,
         &["RL.LEASE", "leased", "0.01", "100", "20", "600000"],
     );
-    take_v(&mut c, "versioned", (1.0, 100.0), 3, 5);
+    take_v(&mut c, "versioned", (0.01, 100.0), 3, 5);
     for key in ["plain", "changed", "leased", "versioned"] {
         let payload = dump(&mut c, key);
         let (id, items) = parse_body(dump_body(&payload));

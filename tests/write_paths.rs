@@ -255,7 +255,10 @@ fn every_write_path_is_reproduced_by_replica_reload_and_aof_rewrite() {
 
 #[test]
 fn calls_that_change_nothing_send_nothing_to_replicas_or_the_aof() {
-    let s = Server::start(&["--appendonly", "yes"]);
+    // fsync always: every write is in the file before its reply. (With everysec a write
+    // is held back while a background fsync runs, which a busy machine makes slow, so the
+    // size read as the baseline could lack the setup's writes.)
+    let s = Server::start(&["--appendonly", "yes", "--appendfsync", "always"]);
     let mut c = s.conn();
     assert_eq!(int(&mut c, &["RL.TAKE", "k", "0.001", "10", "10"]), 10);
     let (g, id, _, _) = lease(&mut c, &["l", "0.001", "10", "10", "600000"]);

@@ -1,5 +1,5 @@
-//! Attacks on the client contract (README: "What a client guarantees under cancellation,
-//! errors and outages"), each against a real server. Every test here failed before its fix.
+//! Attacks on the client contract (docs/client-contract.md: "What a client guarantees under
+//! cancellation, errors and outages"), each against a real server. Every test here failed before its fix.
 
 mod support;
 

@@ -2,7 +2,7 @@
 //! timed-out takes under `DEBUG SLEEP`, error replies of each kind, a missing module,
 //! half-open connections, startup with Redis down, Redis killed and restarted, flapping
 //! outages under each policy, the fleet bound at 512 instances, and the lower items (stale
-//! leases, close, drop, metrics that add up). The shared contract is in the README:
+//! leases, close, drop, metrics that add up). The shared contract is docs/client-contract.md:
 //! "What a client guarantees under cancellation, errors and outages".
 
 mod support;

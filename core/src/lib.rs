@@ -17,6 +17,7 @@ mod limit;
 pub mod namespace;
 mod permits;
 pub mod round;
+pub mod share;
 mod state;
 pub mod top;
 pub mod version;
@@ -28,6 +29,7 @@ pub use lease::{
 };
 pub use limit::{Limit, LimitError, MAX_FILL_SECS, MAX_VALUE, MIN_VALUE};
 pub use permits::{Acquired, Permit, PermitError, PermitTable, MAX_PERMITS};
+pub use share::{Holder, ShareError, ShareReply, ShareRequest, ShareTable, MAX_HOLDERS};
 pub use state::{validate, StateError};
 pub use version::{Applied, MAX_VERSION};
 

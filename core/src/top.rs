@@ -58,6 +58,9 @@ pub struct Top {
     /// The weight of a denial at `cached_at` (ms), computed once per millisecond.
     cached_at: Nanos,
     cached: f64,
+    /// The slot of the key recorded last, + 1 (0: none): denials come in runs on one key,
+    /// which then skips the hash and the probe.
+    last: u32,
 }
 
 pub fn hash(key: &[u8]) -> u64 {
@@ -82,6 +85,7 @@ impl Top {
             landmark: 0,
             half_life: half_life.max(1),
             cached_at: u64::MAX,
+            last: 0,
             cached: 1.0,
         }
     }
@@ -103,6 +107,7 @@ impl Top {
         self.index.iter_mut().for_each(|s| *s = 0);
         self.landmark = 0;
         self.cached_at = u64::MAX;
+        self.last = 0;
     }
 
     fn weight_at(&mut self, now: Nanos) -> f64 {
@@ -135,6 +140,10 @@ impl Top {
             return;
         }
         let w = self.weight_at(now);
+        if let Some(id) = self.last_slot_of(key) {
+            self.add(id, w, now);
+            return;
+        }
         let h = hash(key);
         let mask = self.index.len() - 1;
         let mut i = h as usize & mask;
@@ -147,10 +156,7 @@ impl Top {
                         && s.len == key.len()
                         && s.name[..shown(key.len())] == key[..shown(key.len())]
                     {
-                        s.weight += w;
-                        s.last = s.last.max(now);
-                        let p = self.pos[v as usize - 1] as usize;
-                        self.sift_down(p);
+                        self.add(v as usize - 1, w, now);
                         return;
                     }
                 }
@@ -173,6 +179,7 @@ impl Top {
             self.heap.push(id as u32);
             self.index[i] = id as u32 + 1;
             self.sift_up(self.heap.len() - 1);
+            self.last = id as u32 + 1;
             return;
         }
         // Take over the smallest counter.
@@ -184,6 +191,24 @@ impl Top {
         self.slots[id] = slot;
         self.index_insert(id);
         self.sift_down(0);
+        self.last = id as u32 + 1;
+    }
+
+    /// The slot of `key` if it is the key recorded last and its whole name is stored.
+    fn last_slot_of(&self, key: &[u8]) -> Option<usize> {
+        let id = (self.last as usize).checked_sub(1)?;
+        let s = self.slots.get(id)?;
+        (key.len() <= KEY_SHOWN && s.len == key.len() && s.name[..key.len()] == *key).then_some(id)
+    }
+
+    /// Adds a denial of weight `w` at `now` to slot `id`.
+    fn add(&mut self, id: usize, w: f64, now: Nanos) {
+        let s = &mut self.slots[id];
+        s.weight += w;
+        s.last = s.last.max(now);
+        let p = self.pos[id] as usize;
+        self.sift_down(p);
+        self.last = id as u32 + 1;
     }
 
     fn index_insert(&mut self, id: usize) {

@@ -312,9 +312,9 @@ proptest! {
             for j in i..uses.len() {
                 sum += uses[j].1;
                 let t = (uses[j].0 - uses[i].0) as f64 / 1e9;
-                // `+ 1` for rounding, as the README states for RL.RESERVE; and what was
+                // `+ 1` for rounding, as docs/commands.md states for RL.RESERVE; and what was
                 // refunded: a bucket cannot tell whether the tokens given back would have
-                // been refilled over its cap meanwhile (the README says so).
+                // been refilled over its cap meanwhile (docs/commands.md, RL.REFUND, says so).
                 prop_assert!(sum <= cap + rate * t + 1.0 + refunded, "{} used in {} s", sum, t);
             }
         }

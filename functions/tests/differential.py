@@ -71,6 +71,13 @@ BAD_VERSIONS = ["-1", "x", "1.5", "9007199254740992", "18446744073709551615", ""
                 " 1", "+1", "1e3", "9223372036854775808"]
 
 
+def shadow_opt():
+    """`SHADOW` (any case) for about one call in eight of those that take it."""
+    if random.random() < 0.12:
+        return [random.choice(["SHADOW", "shadow", "Shadow"])]
+    return []
+
+
 def spell(x):
     opts = SPELLINGS.get(x)
     if opts and random.random() < 0.3:
@@ -112,7 +119,8 @@ class Pair:
         # earlier calls, a debt's offset kept as time, a conversion to a slower rate).
         self.off_us = 0.0
         self.stored_rate = None  # the stored limit's rate (None: no key, a full bucket)
-        self.last_peek = None  # (module tokens, library tokens, TIME after them, peek window)
+        # (module tokens, library tokens, TIME after them, peek window, stored cap)
+        self.last_peek = None
         self.max_window_us = 0.0  # the largest call tolerance on this pair so far
         # The library's hold was within reach of a write's instant (see `step`): one side's
         # span may have lapsed and not the other's, which only the expiry shows.
@@ -210,6 +218,13 @@ def gen_take(p):
         rest.append(random.choice(["WITHSTATE", "withstate"]))
     if random.random() < 0.15:
         rest += ["INIT", spell(random.choice([0, p.cap / 2, p.cap, 1]) if p.cap >= 1 else 0)]
+    sh = shadow_opt()
+    if sh:
+        first = 1 if rest and rest[0] == str(n) else 0
+        at = random.randint(first, len(rest))
+        if at < len(rest) and rest[at - 1:at] == ["INIT"]:
+            at += 1  # not between INIT and its value
+        rest[at:at] = sh
     if vo:
         # After n (only the first option place takes it), before or after the options.
         first = 1 if rest and rest[0] == str(n) else 0
@@ -218,7 +233,8 @@ def gen_take(p):
     r, c = spell(p.rate), spell(p.cap)
     return Call("take", ["RL.TAKE", p.m, r, c, *rest],
                 ["FCALL", "rl_take", 1, p.f, r, c, *rest], [p], p.rate, n=n,
-                with_state="WITHSTATE" in [x.upper() for x in rest])
+                with_state="WITHSTATE" in [x.upper() for x in rest], shadow=bool(sh),
+                boundary=[n])
 
 
 def gen_lease(p, now_s):
@@ -243,14 +259,20 @@ def gen_lease(p, now_s):
         init = ["INIT", spell(random.choice([0, 1, p.cap]) if p.cap >= 1 else 0)]
         opts_m += init
         opts_f += init
+    sh = shadow_opt()
+    if sh:
+        front = random.random() < 0.5
+        opts_m = sh + opts_m if front else opts_m + sh
+        opts_f = sh + opts_f if front else opts_f + sh
     if vo:
         front = random.random() < 0.5
         opts_m = vo + opts_m if front else opts_m + vo
         opts_f = vo + opts_f if front else opts_f + vo
     r, c = spell(p.rate), spell(p.cap)
+    min_n = int(opts_m[opts_m.index("MIN") + 1]) if "MIN" in opts_m else 1
     return Call("lease", ["RL.LEASE", p.m, r, c, str(n), str(ttl), *opts_m],
                 ["FCALL", "rl_lease", 1, p.f, r, c, str(n), str(ttl), *opts_f], [p], p.rate,
-                ttl=ttl, settle=settle, now_s=now_s)
+                ttl=ttl, settle=settle, now_s=now_s, shadow=bool(sh), boundary=[min_n])
 
 
 def gen_return(p):
@@ -291,6 +313,9 @@ def gen_mtake(pairs):
         opts.append("WITHSTATE")
     if random.random() < 0.1:
         opts += ["INIT", "0"]
+    sh = shadow_opt()
+    if sh:
+        opts = sh + opts if random.random() < 0.5 else opts + sh
     if vo:
         opts = vo + opts if random.random() < 0.5 else opts + vo
     mod = ["RL.MTAKE", str(n)]
@@ -299,7 +324,8 @@ def gen_mtake(pairs):
         r, c = spell(q.rate), spell(q.cap)
         mod += [q.m, r, c]
         fn += [r, c]
-    return Call("mtake", mod + opts, fn + opts, group, max(q.rate for q in group), n=n)
+    return Call("mtake", mod + opts, fn + opts, group, max(q.rate for q in group), n=n,
+                shadow=bool(sh), boundary=[n] * len(group))
 
 
 def gen_reserve(p):
@@ -309,12 +335,17 @@ def gen_reserve(p):
     rest = []
     if random.random() < 0.1:
         rest += ["INIT", "0"]
+    sh = shadow_opt()
+    if sh:
+        rest = sh + rest if random.random() < 0.5 else rest + sh
     if vo:
         rest = vo + rest if random.random() < 0.5 else rest + vo
     r, c = spell(p.rate), spell(p.cap)
+    # The boundary: granted when the wait is at most max_wait, i.e. n - rate * max_wait
+    # tokens are there (the level may be negative: debt).
     return Call("reserve", ["RL.RESERVE", p.m, r, c, str(n), str(wait), *rest],
                 ["FCALL", "rl_reserve", 1, p.f, r, c, str(n), str(wait), *rest], [p], p.rate,
-                n=n, max_wait=wait)
+                n=n, max_wait=wait, shadow=bool(sh), boundary=[n - p.rate * wait / 1000])
 
 
 def gen_refund(p):
@@ -326,7 +357,27 @@ def gen_refund(p):
 def gen_bad(p):
     """A call the module refuses; the library must refuse it with the same text."""
     r, c = spell(p.rate), spell(p.cap)
-    choice = random.randrange(17)
+    choice = random.randrange(18)
+    if choice == 17:  # SHADOW twice on the four commands that take it; none on the others
+        twice = random.choice([["SHADOW", "SHADOW"], ["shadow", "INIT", "0", "Shadow"]])
+        cmd = random.randrange(6)
+        if cmd == 0:
+            return Call("bad", ["RL.TAKE", p.m, r, c, "1", *twice],
+                        ["FCALL", "rl_take", 1, p.f, r, c, "1", *twice], [p], p.rate)
+        if cmd == 1:
+            return Call("bad", ["RL.LEASE", p.m, r, c, "1", "100", *twice],
+                        ["FCALL", "rl_lease", 1, p.f, r, c, "1", "100", *twice], [p], p.rate)
+        if cmd == 2:
+            return Call("bad", ["RL.RESERVE", p.m, r, c, "1", "10", *twice],
+                        ["FCALL", "rl_reserve", 1, p.f, r, c, "1", "10", *twice], [p], p.rate)
+        if cmd == 3:
+            return Call("bad", ["RL.MTAKE", "1", p.m, r, c, *twice],
+                        ["FCALL", "rl_mtake", 1, p.f, "1", r, c, *twice], [p], p.rate)
+        if cmd == 4:
+            return Call("bad", ["RL.RETURN", p.m, "1", "1", "SHADOW"],
+                        ["FCALL", "rl_return", 1, p.f, "1", "1", "SHADOW"], [p], p.rate)
+        return Call("bad", ["RL.REFUND", p.m, "1", "SHADOW"],
+                    ["FCALL", "rl_refund", 1, p.f, "1", "SHADOW"], [p], p.rate)
     if choice == 15:  # VERSION errors, on every command that takes it
         bad = random.choice([["VERSION", random.choice(BAD_VERSIONS)], ["VERSION"],
                              ["VERSION", "1", "VERSION", "1"], ["version", "2", "VERSION", "x"],
@@ -432,6 +483,7 @@ class Stats:
         self.in_debt = 0  # calls on a pair whose module bucket was in debt before the call
         self.debt_changes = 0  # limit changes on a pair in debt
         self.versioned = 0  # calls passing VERSION (bad ones included)
+        self.shadow = 0  # calls passing SHADOW (bad ones included)
 
     def summary(self):
         rate = len(self.straddles) / max(1, self.calls)
@@ -439,7 +491,7 @@ class Stats:
                 f"{self.errors} error replies compared; limit flaps {self.flaps}, "
                 f"PERSIST/RESTORE-0 steps {self.persists}; calls on a bucket in debt "
                 f"{self.in_debt} (limit changes in debt {self.debt_changes}); with VERSION "
-                f"{self.versioned}; straddles {len(self.straddles)} "
+                f"{self.versioned}; with SHADOW {self.shadow}; straddles {len(self.straddles)} "
                 f"({100 * rate:.3f}%); ms fields {self.ms_fields}, one apart (a tick in the "
                 f"window) {self.ticks}; doubles {self.doubles}, value-identical "
                 f"{self.doubles_equal}, text-identical {self.texts_equal}"
@@ -621,6 +673,7 @@ class Runner:
         self.stats.calls += 1
         self.stats.kinds[call.kind] = self.stats.kinds.get(call.kind, 0) + 1
         self.stats.versioned += any(str(x).upper() == "VERSION" for x in call.mod)
+        self.stats.shadow += any(str(x).upper() == "SHADOW" for x in call.mod)
         try:
             try:
                 self.raw_us = raw_us
@@ -655,12 +708,17 @@ class Runner:
                         tm_, tf_ = as_float(pm[b"tokens"]), as_float(pf[b"tokens"])
                         q.off_us = abs(tm_ - tf_) / rate * 1e6 + peek_raw_us
                         q.stored_rate = rate
-                        q.last_peek = (tm_, tf_, t2[0] * 1e6 + t2[1], peek_raw_us)
+                        q.last_peek = (tm_, tf_, t2[0] * 1e6 + t2[1], peek_raw_us,
+                                       as_float(pm[b"cap"]))
                     else:  # no key on either side: full buckets, equal
                         q.off_us, q.stored_rate, q.last_peek = 0.0, None, None
                     q.in_debt = pm is not None and as_float(pm[b"tokens"]) < 0
                     q.debt_seen = q.debt_seen or q.in_debt
             except Mismatch as e:
+                if call.meta.get("shadow") and self.near_boundary(call):
+                    raise Straddle(f"{e}: SHADOW answers a denial as a grant, and the level "
+                                   f"was within the window of the call's boundary (granted "
+                                   f"on one side, shadow-denied on the other)") from None
                 if expiring:
                     raise Straddle(f"{e}: a key expired (or was about to) on one side only "
                                    f"(INIT, a limit change)") from None
@@ -790,6 +848,28 @@ class Runner:
                                f"the window")
             self.double(rm, rf, stored, tol_s, "refunded")
 
+    def near_boundary(self, call):
+        """Whether a SHADOW call may have been granted on one side and denied on the other
+        (both answer a grant, so only the state after shows it): some key's level,
+        extrapolated from its last peeks to this call, within the call's tolerance of the
+        call's boundary (`boundary`: n for TAKE and MTAKE, MIN for LEASE, n - rate * max_wait
+        for RESERVE). A call under another limit than the stored one (its tokens converted),
+        or settling a lease (credited first), is not extrapolated: taken as near."""
+        if call.meta.get("settle") is not None:
+            return True
+        for q, target, tol in zip(call.keys, call.meta["boundary"], call.tols):
+            if q.last_peek is None or not q.stored_rate:
+                continue  # no key on either side: full buckets, the same decision
+            tm, tf, t_peek, peek_us, cap = q.last_peek
+            if (q.stored_rate, cap) != (q.rate, q.cap):
+                return True
+            r = q.stored_rate
+            elapsed = (self.call_t0_us - t_peek) / 1e6
+            reach = r * (tol + peek_us + self.raw_us) / 1e6 + 1e-9 * max(1.0, abs(target))
+            if any(abs(min(cap, t + r * elapsed) - target) <= reach for t in (tm, tf)):
+                return True
+        return False
+
     def near_debt(self, q):
         """Whether the pair's level, extrapolated from its last peeks to this call, was
         within the call's tolerance of 0 on either side: a bucket in debt credits nothing
@@ -797,7 +877,7 @@ class Runner:
         straddle that boundary."""
         if q.last_peek is None or not q.stored_rate:
             return False
-        tm, tf, t_peek, peek_us = q.last_peek
+        tm, tf, t_peek, peek_us, _ = q.last_peek
         r = q.stored_rate
         elapsed = (self.call_t0_us - t_peek) / 1e6
         reach = r * (q.off_us + self.raw_us + peek_us) / 1e6
@@ -900,3 +980,197 @@ def run(server, protocol, with_reserve, ops, seed):
         print(f"    straddle: {s}")
     assert rate < MAX_STRADDLE_RATE, f"straddles {rate:.4%} >= 0.5%"
     return stats
+
+
+# ---------------------------------------------------------------------------------------
+# Rate shares: RL.SHARE and rl_share side by side.
+
+MAX_SHARE_STRADDLE_RATE = 0.02
+SHARE_LIMITS = [(100, 50), (10, 10), (1000, 1), (7.7, 13.5), (0.3333, 2), (1e6, 1e3),
+                (1e-3, 1e-3), (5, 1e6)]
+SHARE_HOLDERS = ["a", "b", "c", "d", "e", "svc-1", "svc-2", "\x00", "\xff\x01", "é",
+                 "x" * 64, "0", "zz"]
+SHARE_WANTS = [0, 0, 1, 2.5, 5, 10, 33, 50, 100, 1000, 1e15, 0.1, 7.7]
+SHARE_PERIODS = [10, 20, 50, 100, 250, 1000, 60000]
+BAD_SHARES = [["x", "1", "h", "1", "100"], ["1", "1", "", "1", "100"],
+              ["1", "1", "h" * 65, "1", "100"], ["1", "1", "h", "-1", "100"],
+              ["1", "1", "h", "nan", "100"], ["1", "1", "h", "1e16", "100"],
+              ["1", "1", "h", "1", "9"], ["1", "1", "h", "1", "3600001"],
+              ["1", "1", "h", "1", "x"], ["1", "1", "h", "1", "100", "RELEASE", "release"],
+              ["1", "1", "h", "1", "100", "FOO"], ["1", "1", "h", "1", "100", "VERSION"],
+              ["1", "1", "h", "1", "100", "VERSION", "-1"], ["1", "1", "h", "1"],
+              ["1", "1", "h", "inf", "100", "BAR"], ["1e-9", "1e6", "h", "1", "100"]]
+
+
+class SharePair:
+    counter = 0
+
+    def __init__(self):
+        SharePair.counter += 1
+        self.name = f"s{SharePair.counter}"
+        self.limit = random.choice(SHARE_LIMITS)
+        self.holders = random.sample(SHARE_HOLDERS, random.randint(1, 6))
+        self.versions = random.random() < 0.3
+        self.version = 0
+        self.max_window_us = 0.0  # each entry's instants carry the window of its call
+
+    @property
+    def m(self):
+        return f"m:{self.name}"
+
+    @property
+    def f(self):
+        return f"f:{self.name}"
+
+
+class ShareRunner:
+    """Same random RL.SHARE / rl_share calls on a pair of keys, each pair back to back in
+    one MULTI/EXEC bracketed by TIME. Replies must be equal (rate and burst as exact
+    doubles), except where an entry's lease or hold ends within the call's tolerance of
+    its instant (a straddle: counted, the pair retired); refresh_ms, when computed from
+    such an end, within the tolerance; the keys' expiries within it too."""
+
+    def __init__(self, server, protocol, seed, ops):
+        self.r = server.client(protocol=protocol)
+        self.protocol = protocol
+        self.rng = random.Random(seed)
+        self.ops = ops
+        self.pairs = [SharePair() for _ in range(4)]
+        self.calls = self.errors = self.shorts = self.releases = self.equal = 0
+        self.straddles = []
+
+    def gen(self, p):
+        if random.random() < 0.08:
+            bad = random.choice(BAD_SHARES)
+            return bad, True
+        if random.random() < 0.04:
+            p.limit = random.choice(SHARE_LIMITS)
+        rate, cap = p.limit
+        args = [spell(rate), spell(cap), random.choice(p.holders),
+                spell(random.choice(SHARE_WANTS)), str(random.choice(SHARE_PERIODS))]
+        opts = []
+        if random.random() < 0.12:
+            opts.append(random.choice(["RELEASE", "release"]))
+        if p.versions:
+            if random.random() < 0.1:
+                p.version += 1
+            v = random.choice([p.version, p.version, max(0, p.version - 1), 0])
+            opts += ["VERSION", str(v)]
+        random.shuffle(opts) if "VERSION" not in opts else None
+        return args + opts, False
+
+    def step(self):
+        if random.random() < 0.06:
+            time.sleep(random.choice([0.01, 0.05, 0.26]))  # holds (250 ms) and leases lapse
+        p = random.choice(self.pairs)
+        args, bad = self.gen(p)
+        first_module = random.random() < 0.5
+        pipe = self.r.pipeline(transaction=not bad)
+        pipe.execute_command("TIME")
+        pipe.execute_command("HGETALL", p.f)
+        calls = [["RL.SHARE", p.m, *args], ["FCALL", "rl_share", 1, p.f, *args]]
+        for c in (calls if first_module else calls[::-1]):
+            pipe.execute_command(*c)
+        pipe.execute_command("TIME")
+        pipe.execute_command("PEXPIRETIME", p.m)
+        pipe.execute_command("PEXPIRETIME", p.f)
+        out = pipe.execute(raise_on_error=False)
+        t0, before, a, b, t1, em, ef = out
+        rm, rf = (a, b) if first_module else (b, a)
+        if t0 == t1:  # TIME frozen in MULTI (Redis >= 7.2, Valkey): close with a later one
+            t1 = self.r.time()
+        window = (t1[0] - t0[0]) * 1e6 + (t1[1] - t0[1]) + 2
+        tol = window + p.max_window_us
+        self.calls += 1
+        em_, ef_ = isinstance(rm, Exception), isinstance(rf, Exception)
+        if em_ or ef_:
+            if not (em_ and ef_) or str(rm) != str(rf):
+                raise Mismatch(f"{args}: errors differ: {rm!r} vs {rf!r}")
+            self.errors += 1
+            return
+        if bad:
+            raise Mismatch(f"{args}: expected an error, got {rm!r} / {rf!r}")
+        # Instants of the library's entries before the call (µs): a lease or hold ending
+        # within the tolerance of the call may have ended on one side only.
+        ends = []
+        if isinstance(before, dict):
+            before = [x for kv in before.items() for x in kv]
+        for k, v in zip(before[::2], before[1::2]):
+            if k not in (b"R", b"C", b"V"):
+                parts = v.split()
+                ends += [int(parts[3]), int(parts[6])]
+        call_us = t0[0] * 1e6 + t0[1]
+        near = any(call_us - tol <= e <= call_us + tol for e in ends)
+        try:
+            self.compare(rm, rf, tol, near)
+            if em != ef and abs(em - ef) > 1 + tol / 1000:
+                raise Mismatch(f"expiry {em} vs {ef}")
+        except Mismatch as e:
+            if near:
+                self.straddles.append(f"{args}: {e}")
+                idx = self.pairs.index(p)
+                self.pairs[idx] = SharePair()
+                return
+            raise Mismatch(f"{args} (protocol {self.protocol}, window {window:.0f} us, "
+                           f"tolerance {tol:.0f} us): {e}\n  module:  {rm!r}\n  library: "
+                           f"{rf!r}\n  library state before: {before!r}") from None
+        p.max_window_us = max(p.max_window_us, window)
+        self.equal += 1
+        self.shorts += rm[3] < int(args[4])
+        self.releases += any(str(x).upper() == "RELEASE" for x in args)
+
+    def compare(self, rm, rf, tol, near):
+        for i, what in ((0, "rate"), (1, "burst")):
+            if as_float(rm[i]) != as_float(rf[i]):
+                raise Mismatch(f"{what} {rm[i]!r} vs {rf[i]!r}")
+            if self.protocol == 3 and not isinstance(rf[i], float):
+                raise Mismatch(f"{what}: not a double under RESP3: {rf[i]!r}")
+        if rm[2] != rf[2] or rm[4] != rf[4]:
+            raise Mismatch(f"lease_ms / holders {rm[2]}, {rm[4]} vs {rf[2]}, {rf[4]}")
+        if rm[3] != rf[3] and abs(rm[3] - rf[3]) > 1 + tol / 1000:
+            raise Mismatch(f"refresh_ms {rm[3]} vs {rf[3]}")
+
+    def run(self):
+        random.seed(self.rng.random())
+        for _ in range(self.ops):
+            self.step()
+        rate = len(self.straddles) / max(1, self.calls)
+        for s in self.straddles[:12]:
+            print(f"    straddle: {s}")
+        # Each straddle is explained (an end within the tolerance); the bound is wider than
+        # the buckets' because a share key's boundaries are dense: with a 10 ms period a
+        # lease ends every 30 ms, and every call starts a 250 ms hold.
+        assert rate < MAX_SHARE_STRADDLE_RATE, f"straddles {rate:.4%} >= 2%"
+        return (f"{self.calls} pairs; {self.errors} error replies compared; "
+                f"{self.equal} replies equal, {self.shorts} short, {self.releases} "
+                f"releases; straddles {len(self.straddles)} ({100 * rate:.3f}%)")
+
+
+def share_cross_type_checks(server):
+    """Shares are not interchangeable with buckets, or between module and library."""
+    r = server.client()
+    r.execute_command("RL.SHARE", "xs:module", 10, 10, "h", 1, 1000)
+    r.execute_command("FCALL", "rl_share", 1, "xs:library", 10, 10, "h", 1, 1000)
+    r.execute_command("RL.TAKE", "xs:mbucket", 1, 1)
+    r.execute_command("FCALL", "rl_take", 1, "xs:lbucket", 1, 1)
+    wrong = "WRONGTYPE Operation against a key holding the wrong kind of value"
+    for c, want in [
+            (["RL.SHARE", "xs:library", 10, 10, "h", 1, 1000], wrong),
+            (["RL.TAKE", "xs:module", 1, 1], wrong),
+            (["FCALL", "rl_share", 1, "xs:module", 10, 10, "h", 1, 1000], wrong),
+            (["FCALL", "rl_share", 1, "xs:mbucket", 10, 10, "h", 1, 1000], wrong),
+            (["FCALL", "rl_share", 1, "xs:lbucket", 10, 10, "h", 1, 1000],
+             "WRONGTYPE the hash at this key is a bucket of this library, not a rate share"),
+            (["FCALL", "rl_take", 1, "xs:library", 1, 1],
+             "WRONGTYPE the hash at this key is not a bucket of this library (it is a rate "
+             "share of this library (rl_share))")]:
+        try:
+            r.execute_command(*c)
+        except redis.ResponseError as e:
+            assert str(e) == want, (c, str(e))
+            continue
+        raise AssertionError(f"{c} did not fail with WRONGTYPE")
+
+
+def run_shares(server, protocol, ops, seed):
+    return ShareRunner(server, protocol, seed, ops).run()

@@ -108,7 +108,7 @@ class Cluster:
                             "--cluster-replicas", "0", "--cluster-yes"],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            timeout=60)
-            deadline = time.time() + 20
+            deadline = time.time() + 60
             while not all(n.client().cluster("info")["cluster_state"] == "ok"
                           for n in self.nodes):
                 if time.time() > deadline:

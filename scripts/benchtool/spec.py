@@ -13,6 +13,7 @@ DENY_LIMIT = ["0.000001", "1"]
 RANDOM_KEYS = 100_000
 LEASE_KEYS = 1_000
 LEASE_TTL_MS = "100"
+SHARE_PERIOD_MS = "3600000"
 # INCR on a counter past Redis's shared integers (0..9999) updates the value in place, its
 # steady state; below them each call swaps in a shared object (a different, slower path).
 INCR_START = ["SET", "k:1", "1000000"]
@@ -191,6 +192,12 @@ PROFILES = [
     dict(key="release", name="RL.RELEASE, unknown permit",
          args=["RL.RELEASE", "rl:s:1", "1"], root="module", parts=["open_key"],
          absent=["replicate"]),
+    # One holder of 16 refreshing its share (the others joined first; leases of 3 hours).
+    dict(key="share16", name="RL.SHARE, 16 holders",
+         args=["RL.SHARE", "rl:sh", *GRANT_LIMIT, "h00", "10", SHARE_PERIOD_MS],
+         pre=[["RL.SHARE", "rl:sh", *GRANT_LIMIT, f"h{i:02d}", "10", SHARE_PERIOD_MS]
+              for i in range(16)],
+         root="module", parts=["replicate", "open_key"]),
     dict(key="lua_grant", name="Lua grant", args=[*LUA, "lua:g", *GRANT_LIMIT, "1"], root="lua",
          parts=["script_call", "time_cmd", "hmget_cmd", "hset_cmd", "lua_gc", "strtod",
                 "printf_fp"]),

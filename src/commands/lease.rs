@@ -6,6 +6,7 @@
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::ffi::{Ctx, EffectArg};
+use crate::grammar::{self, Opt};
 use crate::key::BucketKey;
 use crate::propagate::{self, Head};
 use crate::reply::Reply;
@@ -18,6 +19,9 @@ static EMPTY: LeaseTable = NO_LEASES;
 /// Longest lease: a day. A lease keeps its key alive, and a holder that needs tokens for
 /// longer renews.
 const MAX_TTL_MS: u64 = 86_400_000;
+
+/// The options `RL.LEASE` takes (its `COMMAND DOCS` table lists the same).
+pub const OPTIONS: &[Opt] = &[Opt::Min, Opt::Return, Opt::Init, Opt::Shadow, Opt::Version];
 
 struct Request {
     n: u64,
@@ -38,51 +42,16 @@ fn parse(args: &Args, limit: &Limit) -> Result<Request> {
     if ttl_ms > MAX_TTL_MS {
         return Err(Error::Invalid("ttl_ms must be at most 86400000 (a day)"));
     }
-    let mut req = Request {
+    let opts = grammar::options(args, 5, OPTIONS, limit)?;
+    let req = Request {
         n,
         ttl_ms,
-        min: 1,
-        returning: None,
-        init: None,
-        shadow: false,
-        version: None,
+        min: opts.min.unwrap_or(1),
+        returning: opts.returning,
+        init: opts.init,
+        shadow: opts.shadow,
+        version: opts.version,
     };
-    let mut i = 5;
-    let mut min_given = false;
-    while i < args.len() {
-        let seen = |given: bool| {
-            if given {
-                Err(args.duplicate(i))
-            } else {
-                Ok(())
-            }
-        };
-        if let Some(v) = super::version_option(args, i, req.version) {
-            req.version = Some(v?);
-            i += 2;
-        } else if args.is(i, "MIN") {
-            seen(min_given)?;
-            min_given = true;
-            req.min = args.positive(i + 1, "MIN must be a positive integer")?;
-            i += 2;
-        } else if args.is(i, "RETURN") {
-            seen(req.returning.is_some())?;
-            let id = args.integer(i + 1, "lease_id must be a non-negative integer")?;
-            let unused = args.integer(i + 2, "unused must be a non-negative integer")?;
-            req.returning = Some((id, unused));
-            i += 3;
-        } else if ops::is_shadow(args, i) {
-            seen(req.shadow)?;
-            req.shadow = true;
-            i += 1;
-        } else if args.is(i, "INIT") {
-            seen(req.init.is_some())?;
-            req.init = Some(super::init_tokens(args, i + 1, limit)?);
-            i += 2;
-        } else {
-            return Err(args.unknown(i));
-        }
-    }
     if req.min > req.n {
         return Err(Error::Invalid("MIN must not exceed n"));
     }

@@ -10,7 +10,9 @@ pub mod refund;
 pub mod reserve;
 pub mod return_lease;
 pub mod setpermits;
+pub mod setshares;
 pub mod setstate;
+pub mod share;
 pub mod stats;
 pub mod take;
 pub mod top;
@@ -19,38 +21,61 @@ use crate::args::Args;
 use crate::boundary::{ArgDoc, Counting, Keys, Spec};
 use crate::error::{Error, Result};
 use crate::ffi::{Ctx, EffectArg};
+use crate::grammar::Opt;
 use crate::key::BucketKey;
 use crate::stored::StateMut;
 use rl_core::{Applied, Level, Limit, Nanos};
 
 /// `rate cap` at argument `i`.
 fn limit(args: &Args, i: usize) -> Result<Limit> {
-    let rate = args.number(i, "rate is not a number")?;
-    let cap = args.number(i + 1, "cap is not a number")?;
-    Ok(Limit::new(rate, cap)?)
+    let (rate, cap) = (args.bytes(i)?, args.bytes(i + 1)?);
+    if let Some(limit) = RECENT_LIMIT.with(|r| r.get(rate, cap)) {
+        return Ok(limit);
+    }
+    let rate_v = args.number(i, "rate is not a number")?;
+    let cap_v = args.number(i + 1, "cap is not a number")?;
+    let limit = Limit::new(rate_v, cap_v)?;
+    RECENT_LIMIT.with(|r| r.put(rate, cap, limit));
+    Ok(limit)
 }
 
-/// The error for a bad `VERSION v` (the same text as [`rl_core::StateError::Version`]).
-const BAD_VERSION: &str = "VERSION must be an integer from 0 to 9007199254740991";
+/// The last limit parsed, by its argument bytes: a fleet calls one key (or a few) with the
+/// same `rate cap` strings, so most calls skip parsing both numbers.
+static RECENT_LIMIT: crate::ffi::MainThread<RecentLimit> =
+    crate::ffi::MainThread::new(RecentLimit {
+        text: [0; 32],
+        rate_len: 0,
+        cap_len: 0,
+        limit: None,
+    });
 
-/// The `v` of `VERSION v` at argument `i`: an integer `0..=2^53-1`.
-fn version(args: &Args, i: usize) -> Result<u64> {
-    match args.integer(i, BAD_VERSION)? {
-        v if v <= rl_core::MAX_VERSION => Ok(v),
-        _ => Err(Error::Invalid(BAD_VERSION)),
-    }
+struct RecentLimit {
+    /// The rate's bytes, then the cap's.
+    text: [u8; 32],
+    rate_len: usize,
+    cap_len: usize,
+    limit: Option<Limit>,
 }
 
-/// Whether argument `i` is `VERSION`: if so, its value (at `i + 1`), or the duplicate
-/// error if `given` already.
-fn version_option(args: &Args, i: usize, given: Option<u64>) -> Option<Result<u64>> {
-    if !args.is(i, "VERSION") {
-        return None;
+impl RecentLimit {
+    fn get(&self, rate: &[u8], cap: &[u8]) -> Option<Limit> {
+        let limit = self.limit?;
+        let (r, c) = (self.rate_len, self.cap_len);
+        (rate.len() == r
+            && cap.len() == c
+            && self.text[..r] == *rate
+            && self.text[r..r + c] == *cap)
+            .then_some(limit)
     }
-    if given.is_some() {
-        return Some(Err(args.duplicate(i)));
+
+    fn put(&mut self, rate: &[u8], cap: &[u8], limit: Limit) {
+        if rate.len() + cap.len() > self.text.len() {
+            return;
+        }
+        self.text[..rate.len()].copy_from_slice(rate);
+        self.text[rate.len()..rate.len() + cap.len()].copy_from_slice(cap);
+        (self.rate_len, self.cap_len, self.limit) = (rate.len(), cap.len(), Some(limit));
     }
-    Some(version(args, i + 1))
 }
 
 /// A request for `n` tokens must be one the bucket can ever grant; `what` names it.
@@ -59,16 +84,6 @@ fn fits(n: u64, limit: &Limit, what: &'static str) -> Result<()> {
         return Err(Error::Invalid(what));
     }
     Ok(())
-}
-
-/// The `tokens` of `INIT tokens` at argument `i`: what a bucket that does not exist yet
-/// starts with instead of full (warm start).
-fn init_tokens(args: &Args, i: usize, limit: &Limit) -> Result<f64> {
-    let tokens = args.number(i, "INIT must be a number")?;
-    if !(0.0..=limit.cap()).contains(&tokens) {
-        return Err(Error::Invalid("INIT must be between 0 and cap"));
-    }
-    Ok(tokens)
 }
 
 /// A key's bucket as one call sees it.
@@ -96,6 +111,7 @@ impl Opened<'_> {
     }
 
     /// Counts which limit decided the call (once it is decided).
+    #[inline]
     fn count(&self) {
         count_applied(self.applied);
     }
@@ -103,6 +119,7 @@ impl Opened<'_> {
     /// Stores the level's bucket and sends its effect if the call `granted`, or if the
     /// bucket must be stored even on a denial (`created`); for a command whose key is
     /// argument `i` with `rate cap` after it. Once per call.
+    #[inline]
     fn write_if(
         &mut self,
         ctx: Ctx,
@@ -243,10 +260,10 @@ fn created_below_full(state: Option<&StateMut>, level: &Level) -> bool {
 const KEY: ArgDoc = ArgDoc::key(c"key");
 const RATE: ArgDoc = ArgDoc::double(c"rate");
 const CAP: ArgDoc = ArgDoc::double(c"cap");
-const INIT: ArgDoc = ArgDoc::double(c"tokens").after(c"INIT");
-const WITHSTATE: ArgDoc = ArgDoc::flag(c"WITHSTATE");
-const SHADOW: ArgDoc = ArgDoc::flag(c"SHADOW");
-const VERSION: ArgDoc = ArgDoc::integer(c"v").after(c"VERSION");
+const INIT: ArgDoc = Opt::Init.doc();
+const WITHSTATE: ArgDoc = Opt::WithState.doc();
+const SHADOW: ArgDoc = Opt::Shadow.doc();
+const VERSION: ArgDoc = Opt::Version.doc();
 
 const RESERVE_ARGS: &[ArgDoc] = &[
     KEY,
@@ -278,7 +295,6 @@ const SETPERMITS_ARGS: &[ArgDoc] = &[
     },
 ];
 const PERMIT_BLOCK: &[ArgDoc] = &[ArgDoc::integer(c"id"), ArgDoc::integer(c"expires_at")];
-const RETURN_BLOCK: &[ArgDoc] = &[ArgDoc::integer(c"lease_id"), ArgDoc::integer(c"unused")];
 const BUCKET_BLOCK: &[ArgDoc] = &[KEY, RATE, CAP];
 const ADD_BLOCK: &[ArgDoc] = &[
     ArgDoc::integer(c"id"),
@@ -301,12 +317,8 @@ const LEASE_ARGS: &[ArgDoc] = &[
     CAP,
     ArgDoc::integer(c"n"),
     ArgDoc::integer(c"ttl_ms"),
-    ArgDoc::integer(c"m").after(c"MIN"),
-    ArgDoc {
-        token: Some(c"RETURN"),
-        optional: true,
-        ..ArgDoc::block(c"return", RETURN_BLOCK)
-    },
+    Opt::Min.doc(),
+    Opt::Return.doc(),
     INIT,
     SHADOW,
     VERSION,
@@ -347,6 +359,32 @@ const SETSTATE_ARGS: &[ArgDoc] = &[
         token: Some(c"ADD"),
         optional: true,
         ..ArgDoc::block(c"lease", ADD_BLOCK)
+    },
+];
+
+const SHARE_ARGS: &[ArgDoc] = &[
+    KEY,
+    RATE,
+    CAP,
+    ArgDoc::string(c"holder"),
+    ArgDoc::double(c"want"),
+    ArgDoc::integer(c"period_ms"),
+    Opt::Release.doc(),
+    VERSION,
+];
+const SHARE_ENTRY: &[ArgDoc] = &[
+    ArgDoc::string(c"holder"),
+    ArgDoc::string(c"want,rate,burst,lease_end,held_rate,held_burst,held_until"),
+];
+const SETSHARES_ARGS: &[ArgDoc] = &[
+    KEY,
+    RATE,
+    CAP,
+    ArgDoc::integer(c"version"),
+    ArgDoc::integer(c"t").after(c"PRUNE"),
+    ArgDoc {
+        token: Some(c"SET"),
+        ..ArgDoc::block(c"entry", SHARE_ENTRY)
     },
 ];
 
@@ -498,6 +536,33 @@ pub static COMMANDS: &[Spec] = &[
         internal: true,
         args: SETPERMITS_ARGS,
     },
+    Spec {
+        name: c"RL.SHARE",
+        func: share::share,
+        counting: Counting::Here,
+        flags: c"write deny-oom",
+        keys: Keys::OneWritten,
+        arity: -7,
+        summary: c"Leases a holder its share of a rate (and of the cap, as a burst), divided max-min fair among the live holders",
+        complexity: c"O(H) where H is the number of holders on the key (at most 4096)",
+        acl: c"write",
+        internal: false,
+        args: SHARE_ARGS,
+    },
+    // Not for clients: the effect of RL.SHARE.
+    Spec {
+        name: c"RL.SETSHARES",
+        func: setshares::setshares,
+        counting: Counting::Elsewhere,
+        flags: c"write deny-oom",
+        keys: Keys::OneWritten,
+        arity: -8,
+        summary: c"Internal: sets a share key's limit and one holder (what replicas and the AOF receive)",
+        complexity: c"O(H) where H is the number of holders on the key (at most 4096)",
+        acl: c"write admin dangerous",
+        internal: true,
+        args: SETSHARES_ARGS,
+    },
     // Observers: not counted in `calls`.
     Spec {
         name: c"RL.STATS",
@@ -555,3 +620,26 @@ pub static COMMANDS: &[Spec] = &[
         args: &[],
     },
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `COMMAND DOCS` shows exactly the options each command's parser takes.
+    #[test]
+    fn the_docs_list_the_options_the_parser_takes() {
+        const MTAKE_OPTIONS: &[Opt] = &[Opt::WithState, Opt::Init, Opt::Shadow, Opt::Version];
+        for (table, options) in [
+            (TAKE_ARGS, take::OPTIONS),
+            (LEASE_ARGS, lease::OPTIONS),
+            (RESERVE_ARGS, reserve::OPTIONS),
+            (MTAKE_ARGS, MTAKE_OPTIONS),
+            (SHARE_ARGS, share::OPTIONS),
+        ] {
+            let documented: Vec<&std::ffi::CStr> = table.iter().filter_map(|a| a.token).collect();
+            let parsed: Vec<&std::ffi::CStr> =
+                options.iter().map(|o| o.doc().token.unwrap()).collect();
+            assert_eq!(documented, parsed);
+        }
+    }
+}

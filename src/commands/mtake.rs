@@ -10,6 +10,7 @@
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::ffi::{self, Ctx};
+use crate::grammar::{self, Opt};
 use crate::key::BucketKey;
 use crate::reply::Reply;
 use crate::{clock, ops, stats};
@@ -40,25 +41,25 @@ fn shape(args: &Args) -> Result<Shape> {
         shadow: false,
     };
     loop {
-        if s.end > 1 && args.is(s.end - 1, "WITHSTATE") {
+        if s.end > 1 && grammar::is(args, s.end - 1, Opt::WithState) {
             if s.with_state {
                 return Err(args.duplicate(s.end - 1));
             }
             s.with_state = true;
             s.end -= 1;
-        } else if s.end > 1 && ops::is_shadow(args, s.end - 1) {
+        } else if s.end > 1 && grammar::is(args, s.end - 1, Opt::Shadow) {
             if s.shadow {
                 return Err(args.duplicate(s.end - 1));
             }
             s.shadow = true;
             s.end -= 1;
-        } else if s.end > 2 && args.is(s.end - 2, "INIT") {
+        } else if s.end > 2 && grammar::is(args, s.end - 2, Opt::Init) {
             if s.init_at.is_some() {
                 return Err(args.duplicate(s.end - 2));
             }
             s.init_at = Some(s.end - 1);
             s.end -= 2;
-        } else if s.end > 2 && args.is(s.end - 2, "VERSION") {
+        } else if s.end > 2 && grammar::is(args, s.end - 2, Opt::Version) {
             if s.version_at.is_some() {
                 return Err(args.duplicate(s.end - 2));
             }
@@ -93,7 +94,7 @@ pub fn mtake(ctx: Ctx, args: Args) -> Result<Reply> {
     let s = shape(&args)?;
     let n = args.positive(0, "n must be a positive integer")?;
     let version = match s.version_at {
-        Some(at) => super::version(&args, at)?,
+        Some(at) => grammar::version(&args, at)?,
         None => 0,
     };
     let mut limits: Vec<Limit> = Vec::with_capacity(s.end / 3);
@@ -102,7 +103,7 @@ pub fn mtake(ctx: Ctx, args: Args) -> Result<Reply> {
         let limit = super::limit(&args, i + 1)?;
         super::fits(n, &limit, "n must not exceed cap")?;
         if let Some(at) = s.init_at {
-            init = Some(super::init_tokens(&args, at, &limit)?);
+            init = Some(grammar::init_tokens(&args, at, &limit)?);
         }
         let name = args.bytes(i)?;
         if (1..i)

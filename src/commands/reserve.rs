@@ -10,10 +10,14 @@
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::ffi::Ctx;
+use crate::grammar::{self, Opt};
 use crate::key::BucketKey;
 use crate::reply::{Reply, Scalar};
 use crate::{clock, ops, stats};
 use rl_core::ceil_millis;
+
+/// The options `RL.RESERVE` takes (its `COMMAND DOCS` table lists the same).
+pub const OPTIONS: &[Opt] = &[Opt::Init, Opt::Shadow, Opt::Version];
 
 /// Longest wait a reservation may ask for: a day, as for a lease.
 const MAX_WAIT_MS: u64 = 86_400_000;
@@ -30,28 +34,8 @@ pub fn reserve(ctx: Ctx, args: Args) -> Result<Reply> {
             "max_wait_ms must be at most 86400000 (a day)",
         ));
     }
-    let (mut init, mut shadow, mut version) = (None, false, None);
-    let mut i = 5;
-    while i < args.len() {
-        if let Some(v) = super::version_option(&args, i, version) {
-            version = Some(v?);
-            i += 2;
-        } else if args.is(i, "INIT") {
-            if init.is_some() {
-                return Err(args.duplicate(i));
-            }
-            init = Some(super::init_tokens(&args, i + 1, &limit)?);
-            i += 2;
-        } else if ops::is_shadow(&args, i) {
-            if shadow {
-                return Err(args.duplicate(i));
-            }
-            shadow = true;
-            i += 1;
-        } else {
-            return Err(args.unknown(i));
-        }
-    }
+    let opts = grammar::options(&args, 5, OPTIONS, &limit)?;
+    let (init, shadow, version) = (opts.init, opts.shadow, opts.version);
     super::fits(n, &limit, "n must not exceed cap")?;
 
     let name = args.bytes(0)?;

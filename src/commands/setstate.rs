@@ -57,7 +57,7 @@ fn parse_ops(args: &Args) -> Result<TableOps> {
             i += 2;
         } else if args.is(i, "VERSION") {
             seen(ops.version.is_some())?;
-            ops.version = Some(super::version(args, i + 1)?);
+            ops.version = Some(crate::grammar::version(args, i + 1)?);
             i += 2;
         } else if args.is(i, "LASTID") {
             seen(ops.last_id.is_some())?;

@@ -4,6 +4,7 @@
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::ffi::Ctx;
+use crate::grammar::{self, Opt};
 use crate::key::BucketKey;
 use crate::reply::{Reply, Scalar};
 use crate::{clock, ops, stats};
@@ -14,44 +15,23 @@ pub fn take(ctx: Ctx, args: Args) -> Result<Reply> {
         return Err(Error::Arity);
     }
     let limit = super::limit(&args, 1)?;
-    let (mut n, mut with_state, mut init, mut shadow) = (1, false, None, false);
-    let mut version = None;
-    let mut i = 3;
-    while i < args.len() {
-        if let Some(v) = super::version_option(&args, i, version) {
-            version = Some(v?);
-            i += 1;
-        } else if args.is(i, "WITHSTATE") {
-            if with_state {
-                return Err(args.duplicate(i));
-            }
-            with_state = true;
-        } else if ops::is_shadow(&args, i) {
-            if shadow {
-                return Err(args.duplicate(i));
-            }
-            shadow = true;
-        } else if args.is(i, "INIT") {
-            if init.is_some() {
-                return Err(args.duplicate(i));
-            }
-            init = Some(super::init_tokens(&args, i + 1, &limit)?);
-            i += 1;
-        } else if i == 3 && args.looks_numeric(i) {
-            n = args.positive(i, "n must be a positive integer")?;
-        } else {
-            return Err(args.unknown(i));
-        }
-        i += 1;
-    }
-    super::fits(n, &limit, "n must not exceed cap")?;
+    // `n` is optional: a number where the options start.
+    let (n, from) = if args.len() > 3 && args.looks_numeric(3) {
+        (args.positive(3, "n must be a positive integer")?, 4)
+    } else {
+        (1, 3)
+    };
+    let opts = grammar::options(&args, from, OPTIONS, &limit)?;
+    let (with_state, init, shadow, version) =
+        (opts.with_state, opts.init, opts.shadow, opts.version);
+    super::fits(n, &limit, N_OVER_CAP).map_err(|e| redis_cell_hint(&args).unwrap_or(e))?;
 
     let name = args.bytes(0)?;
     let ns = ops::enter(name);
     let now = clock::now();
     let key = BucketKey::open(ctx, args.raw(0)?);
     let mut opened = super::open_bucket(&key, limit, version.unwrap_or(0), now, init)?;
-    opened.fits(n, "n must not exceed cap")?;
+    opened.fits(n, N_OVER_CAP)?;
     opened.count();
     let granted = opened.level.try_take(n as f64);
     opened.write_if(ctx, &key, &args, 0, granted)?;
@@ -87,4 +67,34 @@ pub fn take(ctx: Ctx, args: Args) -> Result<Reply> {
         Scalar::Int(retry as i64),
         Scalar::Int(ceil_millis(level.reset_after()) as i64),
     ]))
+}
+
+/// The options `RL.TAKE` takes (its `COMMAND DOCS` table lists the same).
+pub const OPTIONS: &[Opt] = &[Opt::WithState, Opt::Init, Opt::Shadow, Opt::Version];
+
+const N_OVER_CAP: &str = "n must not exceed cap";
+
+/// `RL.TAKE key 15 30 60` is redis-cell's habit (`CL.THROTTLE key max_burst count period`):
+/// three numbers where the third exceeds the second. The error then says what the same
+/// limit is here: `count / period` tokens per second, and a cap of `max_burst + 1`.
+fn redis_cell_hint(args: &Args) -> Option<Error> {
+    if args.len() != 4 {
+        return None;
+    }
+    let burst = args.integer(1, "").ok()?;
+    let count = args.number(2, "").ok()?;
+    let period = args.integer(3, "").ok()?;
+    // Below 2^53, so the Functions library (Lua numbers) writes the same text.
+    if period == 0 || count.is_nan() || count <= 0.0 || burst >= 1 << 53 {
+        return None;
+    }
+    let rate = count / period as f64;
+    Some(Error::Hinted(
+        N_OVER_CAP,
+        format!(
+            "if these are redis-cell's max_burst count period, the same limit here is \
+             RL.TAKE key {rate} {}: rate in tokens per second, cap = max_burst + 1",
+            burst.saturating_add(1)
+        ),
+    ))
 }

@@ -25,7 +25,7 @@ extern "C" fn entry<const I: usize>(
 }
 
 /// One entry point per slot of [`COMMANDS`] (a test checks there are enough).
-const ENTRIES: [raw::RedisModuleCmdFunc; 16] = [
+const ENTRIES: [raw::RedisModuleCmdFunc; 20] = [
     Some(entry::<0>),
     Some(entry::<1>),
     Some(entry::<2>),
@@ -42,6 +42,10 @@ const ENTRIES: [raw::RedisModuleCmdFunc; 16] = [
     Some(entry::<13>),
     Some(entry::<14>),
     Some(entry::<15>),
+    Some(entry::<16>),
+    Some(entry::<17>),
+    Some(entry::<18>),
+    Some(entry::<19>),
 ];
 
 /// Registers every command of [`COMMANDS`] (and the `ratelimit` ACL category first, where
@@ -208,7 +212,7 @@ fn set_acl_categories(
 ) -> Option<()> {
     // SAFETY: reading a function pointer the API table filled at load.
     let Some(set) = (unsafe { raw::RedisModule_SetCommandACLCategories }) else {
-        return Some(()); // Redis 7.0: the README gives the ACL rules to write instead.
+        return Some(()); // Redis 7.0: docs/deploy.md gives the ACL rules to write instead.
     };
     let mut categories = acl.to_bytes().to_vec();
     if ratelimit && RATELIMIT_CATEGORY.load(std::sync::atomic::Ordering::Relaxed) {
@@ -286,7 +290,7 @@ fn key_specs(keys: Keys) -> Vec<raw::RedisModuleCommandKeySpec> {
 }
 
 /// Arity, summary, complexity, key specs and arguments, for `COMMAND INFO` / `COMMAND
-/// DOCS` (Redis then checks the arity itself).
+/// DOCS`.
 fn set_info(command: *mut raw::RedisModuleCommand, spec: &Spec) -> Option<()> {
     let version = raw::RedisModuleCommandInfoVersion {
         version: 1,
@@ -303,7 +307,7 @@ fn set_info(command: *mut raw::RedisModuleCommand, spec: &Spec) -> Option<()> {
         since: c"0.1.0".as_ptr(),
         history: std::ptr::null_mut(),
         tips: std::ptr::null(),
-        arity: spec.arity,
+        arity: spec.registered_arity(),
         key_specs: if specs.is_empty() {
             std::ptr::null_mut()
         } else {

@@ -28,8 +28,9 @@ pub enum EffectArg<'a> {
     Int(i64),
 }
 
-/// The most words an effect may take (the longest one the module sends uses 16).
-const MAX_WORDS: usize = 20;
+/// The most words an effect may take (the longest one the module sends, `RL.SETSHARES`,
+/// uses 22).
+const MAX_WORDS: usize = 24;
 
 /// The format string and the words of `args`.
 struct Call {
@@ -95,7 +96,11 @@ macro_rules! call_with_words {
             17: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16]
             18: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17]
             19: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18]
-            20: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19])
+            20: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19]
+            21: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20]
+            22: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21]
+            23: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22]
+            24: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23])
     };
 }
 

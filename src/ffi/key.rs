@@ -3,7 +3,7 @@
 use super::{bytes, types, value, Ctx, Str};
 use crate::stored::{StateMut, Stored};
 use redis_module::raw;
-use rl_core::PermitTable;
+use rl_core::{PermitTable, ShareTable};
 use std::ffi::CStr;
 
 /// What a key holds.
@@ -12,6 +12,7 @@ pub enum KeyKind {
     Empty,
     Bucket,
     Permits,
+    Shares,
     Hash,
     Other,
 }
@@ -21,6 +22,7 @@ pub enum Value<'k> {
     Empty,
     Bucket(StateMut<'k>),
     Permits(&'k mut PermitTable),
+    Shares(&'k mut ShareTable),
     /// Another kind (a hash, a string, ...).
     Other,
 }
@@ -68,6 +70,8 @@ impl OpenKey {
                     KeyKind::Bucket
                 } else if t == types::permit_type() {
                     KeyKind::Permits
+                } else if t == types::share_type() {
+                    KeyKind::Shares
                 } else {
                     KeyKind::Other
                 }
@@ -93,6 +97,11 @@ impl OpenKey {
                 let p = rm!(RedisModule_ModuleTypeGetValue(self.key));
                 // SAFETY: as above; a value of the permit type is a boxed `PermitTable`.
                 Value::Permits(unsafe { value::permits_mut(p) })
+            }
+            KeyKind::Shares => {
+                let p = rm!(RedisModule_ModuleTypeGetValue(self.key));
+                // SAFETY: as above; a value of the share type is a boxed `ShareTable`.
+                Value::Shares(unsafe { value::shares_mut(p) })
             }
             KeyKind::Hash | KeyKind::Other => Value::Other,
         }
@@ -127,6 +136,21 @@ impl OpenKey {
         }
         // SAFETY: Redis did not take the value; it is still ours.
         Err(unsafe { value::permits_from_raw(p) })
+    }
+
+    /// Stores a share table as the key's value; gives it back if Redis refused it.
+    pub fn set_shares(&self, t: ShareTable) -> Result<(), ShareTable> {
+        let p = value::shares_into_raw(t);
+        if rm!(RedisModule_ModuleTypeSetValue(
+            self.key,
+            types::share_type(),
+            p
+        )) == raw::REDISMODULE_OK as i32
+        {
+            return Ok(());
+        }
+        // SAFETY: Redis did not take the value; it is still ours.
+        Err(unsafe { value::shares_from_raw(p) })
     }
 
     /// The key's expiry as a Unix time in ms (`-1`: none).

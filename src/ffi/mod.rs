@@ -36,9 +36,11 @@ macro_rules! rm {
 }
 
 mod command;
+mod config;
 mod effects;
 mod info;
 mod key;
+pub mod load;
 mod reply;
 mod types;
 mod value;
@@ -47,11 +49,13 @@ pub use command::{
     is_keys_position_request, key_at_pos, register_commands, register_filter, replicate_verbatim,
     server_info_text, server_info_u64, set_module_options, Filter,
 };
+pub use config::{register_configs, Config, Kind, Refusal};
 pub use effects::{emit_aof, replicate, Aof, EffectArg};
 pub use info::{register_info, Info};
 pub use key::{Access, KeyKind, OpenKey, Value};
-pub use reply::{reply, reply_error, reply_wrong_arity};
-pub use types::{Digest, Io, BUCKET_TYPE, PERMIT_TYPE};
+pub use load::{create_types, log_notice};
+pub use reply::{reply, reply_error, reply_int, reply_wrong_arity};
+pub use types::{Digest, Io, BUCKET_TYPE, PERMIT_TYPE, SHARE_TYPE};
 
 use redis_module::raw;
 use std::cell::UnsafeCell;
@@ -59,13 +63,6 @@ use std::cell::UnsafeCell;
 /// The context of the running callback.
 #[derive(Clone, Copy)]
 pub struct Ctx(*mut raw::RedisModuleCtx);
-
-impl Ctx {
-    /// The context of the module's load callback.
-    pub fn of_load(ctx: &redis_module::Context) -> Ctx {
-        Ctx(ctx.ctx)
-    }
-}
 
 /// A Redis string Redis passed to the running callback (an argument, a key name).
 #[derive(Clone, Copy, Debug)]
@@ -182,7 +179,17 @@ pub fn check() -> Result<(), &'static str> {
         RedisModule_HashGet,
         RedisModule_ValueLength,
         RedisModule_InfoBeginDictField,
-        RedisModule_InfoEndDictField
+        RedisModule_InfoEndDictField,
+        RedisModule_Log,
+        RedisModule_CreateString,
+        RedisModule_RegisterNumericConfig,
+        RedisModule_RegisterBoolConfig,
+        RedisModule_RegisterStringConfig,
+        RedisModule_RegisterEnumConfig,
+        RedisModule_LoadConfigs,
+        RedisModule_SaveStringBuffer,
+        RedisModule_LoadStringBuffer,
+        RedisModule_Free
     );
     Ok(())
 }

@@ -43,6 +43,11 @@ pub fn reply(ctx: Ctx, r: &Reply) {
     }
 }
 
+/// Writes an integer reply.
+pub fn reply_int(ctx: Ctx, v: i64) {
+    reply_integer(ctx, v);
+}
+
 fn reply_integer(ctx: Ctx, v: i64) {
     rm!(RedisModule_ReplyWithLongLong(ctx.0, v));
 }
@@ -53,16 +58,12 @@ fn reply_integer(ctx: Ctx, v: i64) {
 /// reports its cost by name.
 #[inline(never)]
 fn reply_double(ctx: Ctx, v: f64) {
-    use std::io::Write;
     let resp3 = rm!(RedisModule_GetContextFlags(ctx.0)) as u32 & raw::REDISMODULE_CTX_FLAGS_RESP3;
-    let mut buf = [0u8; 64];
-    let mut out = &mut buf[..];
-    if resp3 != 0 || write!(out, "{v}").is_err() {
+    if resp3 != 0 {
         rm!(RedisModule_ReplyWithDouble(ctx.0, v));
         return;
     }
-    let len = 64 - out.len();
-    reply_bytes(ctx, &buf[..len]);
+    reply_bytes(ctx, crate::number::Num::new(v).bytes());
 }
 
 fn reply_array(ctx: Ctx, len: usize) {

@@ -1,7 +1,7 @@
-//! The module's two data types, `rl-bucket` and `rl-permit`: the callbacks Redis makes for
+//! The module's data types, `rl-bucket`, `rl-permit` and `rl-shares`: the callbacks Redis makes for
 //! their values (RDB, AOF rewrite, digest, memory, free, unlink, copy), each turning the raw
 //! pointers into safe handles and calling the safe function of the same name in
-//! [`crate::datatype`] or [`crate::permits`]. A panic in one is caught here: a refused value
+//! [`crate::datatype`], [`crate::permits`] or [`crate::share`]. A panic in one is caught here: a refused value
 //! (load), nothing written (save, digest), or 0 (memory), never an unwind into Redis.
 
 use super::effects::Aof;
@@ -30,6 +30,29 @@ impl Io {
 
     pub fn load_double(&self) -> f64 {
         rm!(RedisModule_LoadDouble(self.0))
+    }
+
+    pub fn save_bytes(&self, v: &[u8]) {
+        rm!(RedisModule_SaveStringBuffer(
+            self.0,
+            v.as_ptr().cast(),
+            v.len()
+        ));
+    }
+
+    /// The next string, if it is at most `max` bytes (`None` after an error: the flag is
+    /// raised; or for a longer string).
+    pub fn load_bytes(&self, max: usize) -> Option<Box<[u8]>> {
+        let mut len = 0usize;
+        let p = rm!(RedisModule_LoadStringBuffer(self.0, &mut len));
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: Redis returned a buffer of `len` bytes it allocated for us to free.
+        let out =
+            (len <= max).then(|| unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) }.into());
+        rm!(RedisModule_Free(p.cast()));
+        out
     }
 
     /// Whether a read ran past the end of the payload or hit a corrupt one (the module sets
@@ -154,6 +177,17 @@ pub static PERMIT_TYPE: RedisType = RedisType::new(
     ),
 );
 
+pub static SHARE_TYPE: RedisType = RedisType::new(
+    "rl-shares",
+    crate::share::ENCODING_VERSION,
+    type_methods!(
+        crate::share,
+        value::shares_mut,
+        value::shares_into_raw,
+        value::shares_from_raw
+    ),
+);
+
 /// The registered bucket type, to recognise its keys.
 pub(super) fn bucket_type() -> *mut raw::RedisModuleType {
     *BUCKET_TYPE.raw_type.borrow()
@@ -161,4 +195,8 @@ pub(super) fn bucket_type() -> *mut raw::RedisModuleType {
 
 pub(super) fn permit_type() -> *mut raw::RedisModuleType {
     *PERMIT_TYPE.raw_type.borrow()
+}
+
+pub(super) fn share_type() -> *mut raw::RedisModuleType {
+    *SHARE_TYPE.raw_type.borrow()
 }

@@ -5,7 +5,7 @@
 //! [`crate::stored::is_full`]); a semaphore value is a boxed [`PermitTable`].
 
 use crate::stored::{self, StateMut, Stored};
-use rl_core::PermitTable;
+use rl_core::{PermitTable, ShareTable};
 use std::os::raw::c_void;
 
 pub fn bucket_into_raw(s: Stored) -> *mut c_void {
@@ -49,6 +49,22 @@ pub unsafe fn permits_from_raw(p: *mut c_void) -> PermitTable {
 /// `p` must come from [`permits_into_raw`] and stay valid and unaliased for `'a`.
 pub unsafe fn permits_mut<'a>(p: *mut c_void) -> &'a mut PermitTable {
     &mut *p.cast::<PermitTable>()
+}
+
+pub fn shares_into_raw(t: ShareTable) -> *mut c_void {
+    Box::into_raw(Box::new(t)).cast()
+}
+
+/// # Safety
+/// `p` must come from [`shares_into_raw`] and not be used afterwards.
+pub unsafe fn shares_from_raw(p: *mut c_void) -> ShareTable {
+    *Box::from_raw(p.cast::<ShareTable>())
+}
+
+/// # Safety
+/// `p` must come from [`shares_into_raw`] and stay valid and unaliased for `'a`.
+pub unsafe fn shares_mut<'a>(p: *mut c_void) -> &'a mut ShareTable {
+    &mut *p.cast::<ShareTable>()
 }
 
 #[cfg(test)]

@@ -18,8 +18,12 @@ pub fn server_binary() -> String {
     std::env::var("RL_SERVER").unwrap_or_else(|_| "redis-server".into())
 }
 
+/// `$RL_MODULE` if set (to run the suite against another build), else
 /// `target/<profile>/libredis_rl.so`, next to the test binary's `deps/` folder.
 pub fn module_path() -> PathBuf {
+    if let Some(so) = std::env::var_os("RL_MODULE") {
+        return PathBuf::from(so);
+    }
     let exe = std::env::current_exe().expect("test binary path");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
     let so = dir.join(format!(
@@ -72,8 +76,15 @@ fn lost_port_race(log: &str) -> bool {
     log.contains("Address already in use")
 }
 
+/// The config file a server reads first, if its test wrote one ([`Server::try_start_conf`]).
+const CONF: &str = "redis.conf";
+
 fn spawn(dir: &Path, port: u16, extra: &[String]) -> Child {
     let mut cmd = Command::new(server_binary());
+    let conf = dir.join(CONF);
+    if conf.exists() {
+        cmd.arg(&conf);
+    }
     cmd.arg("--port")
         .arg(port.to_string())
         .args([
@@ -88,12 +99,14 @@ fn spawn(dir: &Path, port: u16, extra: &[String]) -> Child {
         .arg("--dir")
         .arg(dir)
         .arg("--logfile")
-        .arg(dir.join("server.log"))
-        .arg("--loadmodule")
-        .arg(module_path())
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .arg(dir.join("server.log"));
+    // A config file names the module itself: `CONFIG REWRITE` writes its `loadmodule`
+    // line there, and a second one on the command line would load it twice. `extra` comes
+    // right after the module's path: its first words are `loadmodule` arguments.
+    if !conf.exists() {
+        cmd.arg("--loadmodule").arg(module_path());
+    }
+    cmd.args(extra).stdout(Stdio::null()).stderr(Stdio::null());
     cmd.spawn()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", server_binary()))
 }
@@ -141,11 +154,29 @@ impl Server {
     /// Starts a server that may refuse to start (a bad `loadmodule` argument): `Err` holds
     /// its log.
     pub fn try_start(extra: &[&str]) -> Result<Server, String> {
+        Server::try_start_in(tempfile::tempdir().unwrap(), extra)
+    }
+
+    /// [`Server::try_start`] reading `conf` as its config file first (so `CONFIG REWRITE`
+    /// works and rewrites it, and a restart reads it again); the kit's own settings follow
+    /// it on the command line.
+    pub fn try_start_conf(conf: &str, extra: &[&str]) -> Result<Server, String> {
         let dir = tempfile::tempdir().unwrap();
+        let conf = format!("loadmodule {}\n{conf}", module_path().display());
+        std::fs::write(dir.path().join(CONF), conf).unwrap();
+        Server::try_start_in(dir, extra)
+    }
+
+    /// The config file's text, as the server last rewrote it.
+    pub fn conf(&self) -> Vec<u8> {
+        std::fs::read(self.dir.path().join(CONF)).unwrap_or_default()
+    }
+
+    fn try_start_in(dir: tempfile::TempDir, extra: &[&str]) -> Result<Server, String> {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let port = free_port();
         let mut child = spawn(dir.path(), port, &extra);
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(60);
         let url = format!("redis://127.0.0.1:{port}/");
         loop {
             if let Ok(Some(_)) = child.try_wait() {
@@ -525,4 +556,33 @@ pub fn peek_tokens(c: &mut Connection, key: &str) -> Option<f64> {
         .iter()
         .position(|x| redis::from_redis_value::<String>(x).is_ok_and(|s| s == "tokens"))?;
     redis::from_redis_value(&items[at + 1]).ok()
+}
+
+/// The server's clock (`TIME`) in whole milliseconds since the epoch. Tests bracket a
+/// command with two readings (`before <= when it ran <= after`) and compare expiries,
+/// waits and refill against them, so that time passing on a slow or busy machine widens
+/// the bracket instead of failing the test.
+pub fn server_ms(c: &mut Connection) -> i64 {
+    let (s, us): (String, String) = redis::cmd("TIME").query(c).unwrap();
+    s.parse::<i64>().unwrap() * 1000 + us.parse::<i64>().unwrap() / 1000
+}
+
+/// Asserts that `key` expires `ttl` ms (a range, as the command computed it) after the
+/// write that set it, which ran between the server times `during.0` and `during.1`
+/// ([`server_ms`]); one ms of slack each side for rounding to whole ms.
+pub fn assert_expires_in(
+    c: &mut Connection,
+    key: &str,
+    during: (i64, i64),
+    ttl: std::ops::RangeInclusive<i64>,
+) {
+    let at: i64 = redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap();
+    let (lo, hi) = (during.0 + ttl.start() - 1, during.1 + ttl.end() + 1);
+    assert!(
+        (lo..=hi).contains(&at),
+        "{key}: PEXPIRETIME {at}, expected {ttl:?} ms after the write (server time {}..={}): \
+         {lo}..={hi}",
+        during.0,
+        during.1
+    );
 }

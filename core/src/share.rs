@@ -1,0 +1,1073 @@
+//! Rate shares (`RL.SHARE`): a key divides its rate (and its cap, as bursts) among the
+//! holders that ask for it, so each holder limits locally at its share and calls the
+//! server once per period, however busy it is.
+//!
+//! A key holds its limit (rate, cap, version) and up to [`MAX_HOLDERS`] entries, ids
+//! ascending. An entry records the share its holder was given (`rate`, `burst`, usable
+//! until `lease_end`) and the share it had before (`held_rate`, `held_burst`), counted
+//! until `held_until` because the holder may still be using it while its call is under way
+//! (see [`HOLD`]).
+//!
+//! The bound: the server never gives a holder more than `rate` minus what every other
+//! entry may still be using (its *commitment*), so at every instant the shares holders may
+//! still use sum to at most `rate`, and the bursts to at most `cap`. A holder that dies
+//! strands its share until its lease ends (under-issue, never over-issue).
+//!
+//! The division: live holders get `rate` in proportion to their wants when the wants fit
+//! (a lone holder gets all of it), else max-min fair by want (water-filling); bursts follow
+//! the rates (`burst = rate * cap / rate_limit`). A holder gets `min(its target, what is
+//! free)`; one that got less calls again sooner (`refresh_ms`).
+
+use crate::round::{add_up, sub_down};
+use crate::version::{resolve, Applied, MAX_VERSION};
+use crate::{Limit, Nanos};
+
+const MS: Nanos = 1_000_000;
+
+/// How long the server keeps counting a holder's previous share after a call: a holder
+/// that sent a call at `s` stops using its old share at `min(answer, s + HOLD)`, and the
+/// server's instant `T` of the call is no earlier than `s`.
+pub const HOLD: Nanos = 250 * MS;
+/// A share may be used for this many periods after the call that gave it.
+pub const LEASE_PERIODS: u64 = 3;
+/// Most entries one key may hold (live holders and holders whose old share is held).
+pub const MAX_HOLDERS: usize = 4096;
+/// Longest holder id, in bytes.
+pub const MAX_HOLDER_LEN: usize = 64;
+/// Shortest and longest `period_ms`.
+pub const MIN_PERIOD_MS: u64 = 10;
+pub const MAX_PERIOD_MS: u64 = 3_600_000;
+/// Largest `want` (the largest rate a limit may have).
+pub const MAX_WANT: f64 = crate::MAX_VALUE;
+/// A holder whose share came out below its target by more than this fraction of it was
+/// short (rounding alone moves a share by a few units in the last place).
+const SHORT: f64 = 1e-9;
+
+/// Largest number a stored time may hold (Redis integers are signed 64-bit).
+const MAX_FIELD: u64 = i64::MAX as u64;
+
+/// One holder's entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Holder {
+    /// 1 to [`MAX_HOLDER_LEN`] bytes, unique within the key.
+    pub id: Box<[u8]>,
+    /// Tokens per second the holder said it would use.
+    pub want: f64,
+    /// Its share (tokens per second) and burst (tokens), usable until `lease_end`.
+    pub rate: f64,
+    pub burst: f64,
+    pub lease_end: Nanos,
+    /// Its previous share, counted until `held_until`.
+    pub held_rate: f64,
+    pub held_burst: f64,
+    pub held_until: Nanos,
+}
+
+impl Holder {
+    /// The rate this holder may still be using at `t`.
+    pub fn rate_at(&self, t: Nanos) -> f64 {
+        commitment(
+            self.rate,
+            self.lease_end,
+            self.held_rate,
+            self.held_until,
+            t,
+        )
+    }
+
+    /// The burst this holder may still be using at `t`.
+    pub fn burst_at(&self, t: Nanos) -> f64 {
+        commitment(
+            self.burst,
+            self.lease_end,
+            self.held_burst,
+            self.held_until,
+            t,
+        )
+    }
+
+    /// When this entry stops counting (it is dropped at this instant or later).
+    pub fn end(&self) -> Nanos {
+        self.lease_end.max(self.held_until)
+    }
+
+    /// Whether the holder holds a lease at `t` (it counts among the holders dividing the
+    /// rate).
+    pub fn is_live(&self, t: Nanos) -> bool {
+        t < self.lease_end
+    }
+
+    /// Whether the entry no longer counts for anything at `t`.
+    pub fn is_dead(&self, t: Nanos) -> bool {
+        t >= self.end()
+    }
+
+    /// Whether the entry is one this module could have written (the per-entry part of
+    /// [`ShareTable::validate`]).
+    pub fn check(&self) -> Result<(), ShareError> {
+        check_holder_id(&self.id)?;
+        check_want(self.want)?;
+        for x in [self.rate, self.burst, self.held_rate, self.held_burst] {
+            if !(0.0..=crate::MAX_VALUE).contains(&x) || x.is_sign_negative() {
+                return Err(ShareError::Field);
+            }
+        }
+        if self.lease_end > MAX_FIELD || self.held_until > MAX_FIELD {
+            return Err(ShareError::Time);
+        }
+        Ok(())
+    }
+}
+
+fn commitment(share: f64, until: Nanos, held: f64, held_until: Nanos, t: Nanos) -> f64 {
+    let a = if t < until { share } else { 0.0 };
+    let b = if t < held_until { held } else { 0.0 };
+    a.max(b)
+}
+
+/// Why a request or a stored table was refused. The texts are the user-facing messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShareError {
+    Holder,
+    Want,
+    Period,
+    TooMany,
+    Empty,
+    Order,
+    Field,
+    Time,
+    Version,
+}
+
+impl ShareError {
+    pub fn message(self) -> &'static str {
+        match self {
+            ShareError::Holder => "holder must be 1 to 64 bytes",
+            ShareError::Want => "want must be a finite number from 0 to 1e15",
+            ShareError::Period => "period_ms must be an integer from 10 to 3600000",
+            ShareError::TooMany => "too many holders on this key (at most 4096)",
+            ShareError::Empty => "a share key holds at least one holder",
+            ShareError::Order => "holders must be unique, in ascending order",
+            ShareError::Field => "share rates and bursts must be finite numbers from 0 to 1e15",
+            ShareError::Time => "share times must be at most 9223372036854775807",
+            ShareError::Version => "VERSION must be an integer from 0 to 9007199254740991",
+        }
+    }
+}
+
+pub fn check_holder_id(id: &[u8]) -> Result<(), ShareError> {
+    if id.is_empty() || id.len() > MAX_HOLDER_LEN {
+        return Err(ShareError::Holder);
+    }
+    Ok(())
+}
+
+pub fn check_want(want: f64) -> Result<(), ShareError> {
+    // NaN fails the range; -0.0 is in it but is not a number a command stores.
+    if !(0.0..=MAX_WANT).contains(&want) || want.is_sign_negative() {
+        return Err(ShareError::Want);
+    }
+    Ok(())
+}
+
+pub fn check_period(period_ms: u64) -> Result<(), ShareError> {
+    if !(MIN_PERIOD_MS..=MAX_PERIOD_MS).contains(&period_ms) {
+        return Err(ShareError::Period);
+    }
+    Ok(())
+}
+
+/// One `RL.SHARE` call, checked.
+#[derive(Debug, Clone, Copy)]
+pub struct ShareRequest<'a> {
+    pub holder: &'a [u8],
+    pub want: f64,
+    pub period_ms: u64,
+    pub release: bool,
+    pub limit: Limit,
+    pub version: u64,
+}
+
+impl<'a> ShareRequest<'a> {
+    pub fn new(
+        holder: &'a [u8],
+        want: f64,
+        period_ms: u64,
+        release: bool,
+        limit: Limit,
+        version: u64,
+    ) -> Result<ShareRequest<'a>, ShareError> {
+        check_holder_id(holder)?;
+        // `-0` is read as 0 (the stored form has no sign).
+        let want = if want == 0.0 { 0.0 } else { want };
+        check_want(want)?;
+        check_period(period_ms)?;
+        if version > MAX_VERSION {
+            return Err(ShareError::Version);
+        }
+        Ok(ShareRequest {
+            holder,
+            want,
+            period_ms,
+            release,
+            limit,
+            version,
+        })
+    }
+}
+
+/// What `RL.SHARE` answers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShareReply {
+    /// The holder's share (tokens per second) and burst (tokens).
+    pub rate: f64,
+    pub burst: f64,
+    /// How long the holder may use them (from when it sent the call, less its margin).
+    pub lease_ms: u64,
+    /// When to call again.
+    pub refresh_ms: u64,
+    /// Live holders after the call.
+    pub holders: u64,
+}
+
+/// What a call did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decision {
+    pub reply: ShareReply,
+    /// Whether the table changed (only a `RELEASE` of a holder without a live lease
+    /// changes nothing).
+    pub written: bool,
+    /// Entries dropped as dead.
+    pub pruned: usize,
+    /// Whether the holder's entry is new.
+    pub joined: bool,
+    /// The holder got less than its target (it waits for others to give theirs up).
+    pub short: bool,
+    /// Which limit decided the call.
+    pub applied: Applied,
+    /// The holder's entry (an index into [`ShareTable::holders`]), if written.
+    pub index: usize,
+    /// When the last entry ends, if written: the key's expiry.
+    pub expires_at: Nanos,
+}
+
+/// The holders of one key and its limit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShareTable {
+    limit: Limit,
+    version: u64,
+    holders: Vec<Holder>,
+}
+
+impl ShareTable {
+    /// A table with no holder yet (for a key that does not exist: a call fills it, and
+    /// only a filled table is stored).
+    pub fn new(limit: Limit, version: u64) -> ShareTable {
+        ShareTable {
+            limit,
+            version,
+            holders: Vec::new(),
+        }
+    }
+
+    /// A table from stored parts (RDB), if this module could have written them: the
+    /// check the effect command makes too (through [`ShareTable::apply`]).
+    pub fn validate(
+        rate: f64,
+        cap: f64,
+        version: u64,
+        holders: Vec<Holder>,
+    ) -> Result<ShareTable, LoadError> {
+        let limit = Limit::new(rate, cap).map_err(LoadError::Limit)?;
+        if version > MAX_VERSION {
+            return Err(LoadError::Share(ShareError::Version));
+        }
+        if holders.is_empty() {
+            return Err(LoadError::Share(ShareError::Empty));
+        }
+        if holders.len() > MAX_HOLDERS {
+            return Err(LoadError::Share(ShareError::TooMany));
+        }
+        for (i, h) in holders.iter().enumerate() {
+            h.check().map_err(LoadError::Share)?;
+            if i > 0 && holders[i - 1].id >= h.id {
+                return Err(LoadError::Share(ShareError::Order));
+            }
+        }
+        Ok(ShareTable {
+            limit,
+            version,
+            holders,
+        })
+    }
+
+    pub fn limit(&self) -> Limit {
+        self.limit
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Every entry, ids ascending (some may be dead since the last write).
+    pub fn holders(&self) -> &[Holder] {
+        &self.holders
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.holders.is_empty()
+    }
+
+    /// When the last entry stops counting: the key's expiry (`None`: no entry).
+    pub fn last_end(&self) -> Option<Nanos> {
+        self.holders.iter().map(Holder::end).max()
+    }
+
+    /// Live holders at `t`.
+    pub fn live(&self, t: Nanos) -> usize {
+        self.holders.iter().filter(|h| h.is_live(t)).count()
+    }
+
+    /// The rates and bursts every entry may still be using at `t`, summed (rounded up).
+    pub fn committed(&self, t: Nanos) -> (f64, f64) {
+        self.holders.iter().fold((0.0, 0.0), |(r, b), h| {
+            (add_up(r, h.rate_at(t)), add_up(b, h.burst_at(t)))
+        })
+    }
+
+    fn find(&self, id: &[u8]) -> Result<usize, usize> {
+        self.holders.binary_search_by(|h| (*h.id).cmp(id))
+    }
+
+    /// Drops the entries dead at `now`; returns how many.
+    pub fn prune(&mut self, now: Nanos) -> usize {
+        let before = self.holders.len();
+        self.holders.retain(|h| !h.is_dead(now));
+        // A fleet that shrank gives its memory back.
+        if self.holders.capacity() > 4 * self.holders.len().max(8) {
+            self.holders.shrink_to(2 * self.holders.len());
+        }
+        before - self.holders.len()
+    }
+
+    /// Decides one `RL.SHARE` call at server time `now` and carries it out. An error (too
+    /// many holders) or a `RELEASE` of a holder without a live lease changes nothing.
+    pub fn decide(&mut self, req: &ShareRequest, now: Nanos) -> Result<Decision, ShareError> {
+        let (limit, version, applied) = if self.holders.is_empty() {
+            (req.limit, req.version, Applied::Created)
+        } else {
+            resolve(Some((self.limit, self.version)), req.limit, req.version)
+        };
+        let found = self.find(req.holder);
+        let own = found.ok().map(|i| &self.holders[i]);
+        let own_alive = own.filter(|h| !h.is_dead(now));
+
+        // One pass over the others: what they may still use, who is live, when the
+        // first of their commitments ends, how many are dead.
+        let mut s = Scan::default();
+        for (i, h) in self.holders.iter().enumerate() {
+            if found == Ok(i) {
+                continue;
+            }
+            if h.is_dead(now) {
+                s.dead += 1;
+                continue;
+            }
+            s.last_end = s.last_end.max(h.end());
+            s.rate = add_up(s.rate, h.rate_at(now));
+            s.burst = add_up(s.burst, h.burst_at(now));
+            if h.is_live(now) {
+                s.live += 1;
+                s.wants += h.want;
+            }
+        }
+        let others = self.holders.len() - s.dead - usize::from(found.is_ok());
+
+        if req.release && !own.is_some_and(|h| h.is_live(now)) {
+            return Ok(Decision {
+                reply: ShareReply {
+                    rate: 0.0,
+                    burst: 0.0,
+                    lease_ms: 0,
+                    refresh_ms: req.period_ms,
+                    holders: s.live as u64,
+                },
+                written: false,
+                pruned: 0,
+                joined: false,
+                short: false,
+                applied,
+                index: 0,
+                expires_at: 0,
+            });
+        }
+        if own_alive.is_none() && others >= MAX_HOLDERS {
+            return Err(ShareError::TooMany);
+        }
+
+        let (rate, burst, short) = if req.release {
+            (0.0, 0.0, false)
+        } else {
+            let target = self.target(&limit, req, &s, found.ok(), now);
+            let target_burst = target * limit.cap() / limit.rate();
+            let free = sub_down(limit.rate(), s.rate);
+            let free_burst = sub_down(limit.cap(), s.burst);
+            let rate = non_negative(target.min(free));
+            let burst = non_negative(target_burst.min(free_burst));
+            let short = rate < target * (1.0 - SHORT) || burst < target_burst * (1.0 - SHORT);
+            (rate, burst, short)
+        };
+        let lease = req.period_ms * LEASE_PERIODS * MS;
+        let entry = Holder {
+            id: Box::from(req.holder),
+            want: req.want,
+            rate,
+            burst,
+            lease_end: if req.release {
+                now
+            } else {
+                now.saturating_add(lease).min(MAX_FIELD)
+            },
+            held_rate: own_alive.map_or(0.0, |h| h.rate_at(now)),
+            held_burst: own_alive.map_or(0.0, |h| h.burst_at(now)),
+            held_until: now.saturating_add(HOLD).min(MAX_FIELD),
+        };
+        let refresh_ms = if short {
+            match self.next_release(found.ok(), now) {
+                None => (req.period_ms / 4).max(MIN_PERIOD_MS),
+                Some(t) => crate::ceil_millis(t - now).clamp(MIN_PERIOD_MS, req.period_ms),
+            }
+        } else {
+            req.period_ms
+        };
+        let reply = ShareReply {
+            rate,
+            burst,
+            lease_ms: if req.release {
+                0
+            } else {
+                req.period_ms * LEASE_PERIODS
+            },
+            refresh_ms,
+            holders: (s.live + usize::from(!req.release)) as u64,
+        };
+
+        let expires_at = s.last_end.max(entry.end());
+        // Nothing can fail from here on.
+        self.limit = limit;
+        self.version = version;
+        let pruned = if s.dead > 0 || own.is_some_and(|h| h.is_dead(now)) {
+            self.prune(now)
+        } else {
+            0
+        };
+        let (index, joined) = match self.find(req.holder) {
+            Ok(i) => {
+                // The id is already there: keep its allocation.
+                let id = std::mem::take(&mut self.holders[i].id);
+                self.holders[i] = Holder { id, ..entry };
+                (i, false)
+            }
+            Err(i) => {
+                self.holders.insert(i, entry);
+                (i, true)
+            }
+        };
+        Ok(Decision {
+            reply,
+            written: true,
+            pruned,
+            joined,
+            short,
+            applied,
+            index,
+            expires_at,
+        })
+    }
+
+    /// The earliest instant after `now` at which another entry's commitment drops (a
+    /// lease or a hold ends that frees something): when a short holder may get more.
+    fn next_release(&self, own: Option<usize>, now: Nanos) -> Option<Nanos> {
+        let mut next = None;
+        for (i, h) in self.holders.iter().enumerate() {
+            if Some(i) == own {
+                continue;
+            }
+            for t in [h.lease_end, h.held_until] {
+                let frees = t > now
+                    && (h.rate_at(t - 1) > h.rate_at(t) || h.burst_at(t - 1) > h.burst_at(t));
+                if frees && next.is_none_or(|n| t < n) {
+                    next = Some(t);
+                }
+            }
+        }
+        next
+    }
+
+    /// The holder's fair share among the live holders (itself included, with its new
+    /// want): in proportion to the wants when they fit the rate, else max-min fair.
+    fn target(
+        &self,
+        limit: &Limit,
+        req: &ShareRequest,
+        s: &Scan,
+        own: Option<usize>,
+        now: Nanos,
+    ) -> f64 {
+        let rate = limit.rate();
+        let n = s.live + 1;
+        let sum = s.wants + req.want;
+        if sum <= rate {
+            if sum == 0.0 {
+                return rate / n as f64;
+            }
+            // `want / sum <= 1`, so the product never exceeds the rate.
+            return rate * (req.want / sum);
+        }
+        // The water level is at least `rate / n`: a want below that is met in full.
+        if req.want <= rate / n as f64 {
+            return req.want;
+        }
+        let wants = self
+            .holders
+            .iter()
+            .enumerate()
+            .filter(|&(i, h)| Some(i) != own && h.is_live(now))
+            .map(|(_, h)| h.want)
+            .chain(std::iter::once(req.want));
+        let level = with_scratch(n, wants, |v| water_level(v, rate));
+        req.want.min(level)
+    }
+
+    /// Applies one effect (`RL.SETSHARES`): the limit, the entries dead at `prune`
+    /// dropped, `entry` set. Every check runs first (the entry's own, the table's size),
+    /// so an error changes nothing; the result is a table [`ShareTable::validate`]
+    /// accepts. Returns (entries pruned, whether the entry is new).
+    pub fn apply(
+        &mut self,
+        limit: Limit,
+        version: u64,
+        prune: Option<Nanos>,
+        entry: Holder,
+    ) -> Result<(usize, bool), ShareError> {
+        if version > MAX_VERSION {
+            return Err(ShareError::Version);
+        }
+        entry.check()?;
+        let found = self.find(&entry.id);
+        if found.is_err() {
+            let dead = prune.map_or(0, |t| self.holders.iter().filter(|h| h.is_dead(t)).count());
+            if self.holders.len() - dead >= MAX_HOLDERS {
+                return Err(ShareError::TooMany);
+            }
+        }
+        self.limit = limit;
+        self.version = version;
+        let pruned = prune.map_or(0, |t| self.prune(t));
+        match self.find(&entry.id) {
+            Ok(i) => {
+                self.holders[i] = entry;
+                Ok((pruned, false))
+            }
+            Err(i) => {
+                self.holders.insert(i, entry);
+                Ok((pruned, true))
+            }
+        }
+    }
+
+    /// The parts, to store.
+    pub fn into_parts(self) -> (Limit, u64, Vec<Holder>) {
+        (self.limit, self.version, self.holders)
+    }
+}
+
+/// Why stored parts were refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadError {
+    Limit(crate::LimitError),
+    Share(ShareError),
+}
+
+impl LoadError {
+    pub fn message(self) -> &'static str {
+        match self {
+            LoadError::Limit(e) => e.message(),
+            LoadError::Share(e) => e.message(),
+        }
+    }
+}
+
+/// What one pass over the other entries found.
+struct Scan {
+    /// What they may still use (rounded up).
+    rate: f64,
+    burst: f64,
+    /// Live holders among them and the sum of their wants.
+    live: usize,
+    wants: f64,
+    dead: usize,
+    /// When the last of them ends.
+    last_end: Nanos,
+}
+
+impl Default for Scan {
+    fn default() -> Scan {
+        Scan {
+            rate: 0.0,
+            burst: 0.0,
+            live: 0,
+            wants: 0.0,
+            dead: 0,
+            last_end: 0,
+        }
+    }
+}
+
+fn non_negative(x: f64) -> f64 {
+    if x > 0.0 {
+        x
+    } else {
+        0.0
+    }
+}
+
+/// Runs `f` on the values of `items` (at most `n`) in a scratch buffer: on the stack for
+/// small tables, else on the heap.
+fn with_scratch<R>(
+    n: usize,
+    items: impl Iterator<Item = f64>,
+    f: impl FnOnce(&mut [f64]) -> R,
+) -> R {
+    const STACK: usize = 64;
+    if n <= STACK {
+        let mut buf = [0.0f64; STACK];
+        let mut len = 0;
+        for x in items.take(STACK) {
+            buf[len] = x;
+            len += 1;
+        }
+        f(&mut buf[..len])
+    } else {
+        let mut v: Vec<f64> = items.collect();
+        f(&mut v)
+    }
+}
+
+/// The level `λ` with `sum(min(w, λ)) = rate`, for wants summing to more than `rate`
+/// (infinite if they do not). Expected linear time: a quickselect that keeps only the side
+/// of each pivot the level lies on, carrying the sum of the wants known to be below it and
+/// the count of those known to be above. Reorders `wants`.
+pub fn water_level(wants: &mut [f64], rate: f64) -> f64 {
+    let (mut lo, mut hi) = (0, wants.len());
+    let mut below = 0.0f64;
+    let mut above = 0usize;
+    // A fixed pseudo-random sequence of pivots: deterministic, and no sorted or
+    // organ-pipe input makes it quadratic.
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64 ^ wants.len() as u64;
+    while lo < hi {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let part = &mut wants[lo..hi];
+        let p = part[(seed % part.len() as u64) as usize];
+        let (lt, gt) = partition3(part, p);
+        let s_lt: f64 = part[..lt].iter().sum();
+        let c_ge = part.len() - lt;
+        if below + s_lt + p * (above + c_ge) as f64 >= rate {
+            // The level is at most p: everything from p up is cut to it.
+            above += c_ge;
+            hi = lo + lt;
+        } else {
+            // The level is above p: everything up to p is met in full.
+            below += s_lt + p * (gt - lt) as f64;
+            lo += gt;
+        }
+    }
+    if above == 0 {
+        return f64::INFINITY;
+    }
+    non_negative((rate - below) / above as f64)
+}
+
+/// Reorders `v` into `[< p][== p][> p]`; returns the starts of the second and third parts.
+fn partition3(v: &mut [f64], p: f64) -> (usize, usize) {
+    let (mut lt, mut i, mut gt) = (0, 0, v.len());
+    while i < gt {
+        if v[i] < p {
+            v.swap(lt, i);
+            lt += 1;
+            i += 1;
+        } else if v[i] > p {
+            gt -= 1;
+            v.swap(i, gt);
+        } else {
+            i += 1;
+        }
+    }
+    (lt, gt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: Nanos = 1_700_000_000_000 * MS;
+
+    fn limit(rate: f64, cap: f64) -> Limit {
+        Limit::new(rate, cap).unwrap()
+    }
+
+    fn req<'a>(holder: &'a str, want: f64, l: Limit) -> ShareRequest<'a> {
+        ShareRequest::new(holder.as_bytes(), want, 1000, false, l, 0).unwrap()
+    }
+
+    fn release<'a>(holder: &'a str, l: Limit) -> ShareRequest<'a> {
+        ShareRequest::new(holder.as_bytes(), 0.0, 1000, true, l, 0).unwrap()
+    }
+
+    #[test]
+    fn a_lone_holder_gets_everything_and_a_newcomer_what_is_free() {
+        let l = limit(100.0, 50.0);
+        let mut t = ShareTable::new(l, 0);
+        let d = t.decide(&req("a", 10.0, l), T0).unwrap();
+        assert_eq!(
+            d.reply,
+            ShareReply {
+                rate: 100.0,
+                burst: 50.0,
+                lease_ms: 3000,
+                refresh_ms: 1000,
+                holders: 1
+            }
+        );
+        assert!(d.written && d.joined && !d.short);
+        // b arrives: nothing is free, so it gets 0 and comes back when something may be.
+        let d = t.decide(&req("b", 10.0, l), T0 + MS).unwrap();
+        assert_eq!((d.reply.rate, d.reply.holders), (0.0, 2));
+        assert!(d.short);
+        assert_eq!(
+            d.reply.refresh_ms, 1000,
+            "a's lease ends later than a period"
+        );
+        // (a's hold of nothing is no reason to come back sooner.)
+        // a refreshes: its target is now half; its old share is held for HOLD.
+        let d = t.decide(&req("a", 10.0, l), T0 + 2 * MS).unwrap();
+        assert_eq!((d.reply.rate, d.reply.burst), (50.0, 25.0));
+        assert!(!d.short);
+        // b before the hold ends: still nothing free; told to come back when it ends.
+        let d = t.decide(&req("b", 10.0, l), T0 + 3 * MS).unwrap();
+        assert_eq!(d.reply.rate, 0.0);
+        assert_eq!(d.reply.refresh_ms, 250 - 1);
+        let d = t.decide(&req("b", 10.0, l), T0 + 2 * MS + HOLD).unwrap();
+        assert_eq!((d.reply.rate, d.reply.burst), (50.0, 25.0));
+        assert!(!d.short);
+        let (r, b) = t.committed(T0 + 2 * MS + HOLD);
+        assert!(r <= 100.0 && b <= 50.0);
+    }
+
+    #[test]
+    fn over_subscribed_wants_are_divided_max_min() {
+        let l = limit(100.0, 100.0);
+        let mut t = ShareTable::new(l, 0);
+        for (i, (h, w)) in [("a", 10.0), ("b", 60.0), ("c", 80.0)].iter().enumerate() {
+            t.decide(&req(h, *w, l), T0 + i as u64).unwrap();
+        }
+        // Everyone again after the holds: a 10, b and c 45 each.
+        let at = T0 + HOLD + 10;
+        let mut got = Vec::new();
+        for (i, (h, w)) in [("a", 10.0), ("b", 60.0), ("c", 80.0)].iter().enumerate() {
+            got.push(t.decide(&req(h, *w, l), at + i as u64).unwrap().reply.rate);
+        }
+        let at = at + HOLD + 10;
+        got.clear();
+        for (i, (h, w)) in [("a", 10.0), ("b", 60.0), ("c", 80.0)].iter().enumerate() {
+            got.push(t.decide(&req(h, *w, l), at + i as u64).unwrap().reply.rate);
+        }
+        assert_eq!(got, vec![10.0, 45.0, 45.0]);
+    }
+
+    #[test]
+    fn water_level_matches_a_sorted_reference() {
+        let mut seed = 7u64;
+        for n in 1..200usize {
+            let mut v: Vec<f64> = (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    ((seed >> 33) % 50) as f64
+                })
+                .collect();
+            let total: f64 = v.iter().sum();
+            let rate = total * 0.6 + 0.5;
+            let mut sorted = v.clone();
+            sorted.sort_by(f64::total_cmp);
+            // Reference: walk up the sorted wants.
+            let mut rest = rate;
+            let mut level = f64::INFINITY;
+            for (i, w) in sorted.iter().enumerate() {
+                let k = (n - i) as f64;
+                if w * k >= rest {
+                    level = rest / k;
+                    break;
+                }
+                rest -= w;
+            }
+            let got = water_level(&mut v, rate);
+            assert!(
+                (got - level).abs() <= 1e-9 * rate,
+                "n {n}: {got} vs {level}"
+            );
+        }
+        assert_eq!(water_level(&mut [1.0, 2.0], 5.0), f64::INFINITY);
+        assert_eq!(water_level(&mut [5.0, 5.0, 5.0], 6.0), 2.0);
+    }
+
+    #[test]
+    fn release_gives_the_share_up_after_the_hold_and_unknown_release_writes_nothing() {
+        let l = limit(10.0, 10.0);
+        let mut t = ShareTable::new(l, 0);
+        t.decide(&req("a", 5.0, l), T0).unwrap();
+        let before = t.clone();
+        let d = t.decide(&release("zz", l), T0 + MS).unwrap();
+        assert!(!d.written);
+        assert_eq!(
+            d.reply,
+            ShareReply {
+                rate: 0.0,
+                burst: 0.0,
+                lease_ms: 0,
+                refresh_ms: 1000,
+                holders: 1
+            }
+        );
+        assert_eq!(t, before);
+        let d = t.decide(&release("a", l), T0 + MS).unwrap();
+        assert!(d.written);
+        assert_eq!(
+            (d.reply.rate, d.reply.holders, d.reply.lease_ms),
+            (0.0, 0, 0)
+        );
+        assert_eq!(t.holders()[0].held_rate, 10.0);
+        assert_eq!(t.last_end(), Some(T0 + MS + HOLD));
+        // Released twice: the second is unknown (no live lease).
+        assert!(!t.decide(&release("a", l), T0 + 2 * MS).unwrap().written);
+        // During the hold a newcomer gets nothing; after it, everything.
+        assert_eq!(
+            t.decide(&req("b", 1.0, l), T0 + 2 * MS).unwrap().reply.rate,
+            0.0
+        );
+        let d = t.decide(&req("b", 1.0, l), T0 + MS + HOLD).unwrap();
+        assert_eq!(d.reply.rate, 10.0);
+        assert_eq!(d.pruned, 1, "a's entry is gone");
+    }
+
+    #[test]
+    fn a_dead_holder_strands_its_share_until_its_lease_ends_then_exactly_it_is_freed() {
+        let l = limit(90.0, 9.0);
+        let mut t = ShareTable::new(l, 0);
+        for h in ["a", "b", "c"] {
+            t.decide(&req(h, 30.0, l), T0).unwrap();
+        }
+        // Fair: 30 each once the rounds are more than a hold apart.
+        for h in ["a", "b", "c"] {
+            t.decide(&req(h, 30.0, l), T0 + HOLD).unwrap();
+        }
+        let at = T0 + 2 * HOLD + MS;
+        for h in ["a", "b", "c"] {
+            assert_eq!(t.decide(&req(h, 30.0, l), at).unwrap().reply.rate, 30.0);
+        }
+        // c dies; a and b want more, but c's 30 stays counted (and its want, as a live
+        // holder's) until its lease ends.
+        for (k, h) in ["a", "b"].iter().enumerate() {
+            let d = t
+                .decide(&req(h, 90.0, l), at + 1000 * MS + k as u64)
+                .unwrap();
+            assert_eq!(d.reply.rate, 30.0);
+        }
+        assert_eq!(t.committed(at + 3000 * MS - 1).0, 90.0);
+        // At its end exactly c's share comes free: a takes half of the rate.
+        let end = at + 3000 * MS;
+        let d = t.decide(&req("a", 90.0, l), end).unwrap();
+        assert_eq!((d.pruned, d.reply.rate, d.reply.holders), (1, 45.0, 2));
+        let d = t.decide(&req("b", 90.0, l), end + HOLD).unwrap();
+        assert_eq!(d.reply.rate, 45.0);
+        assert_eq!(t.committed(end + HOLD).0, 90.0);
+    }
+
+    #[test]
+    fn too_many_holders_is_an_error_that_changes_nothing() {
+        let l = limit(1000.0, 1000.0);
+        let mut t = ShareTable::new(l, 0);
+        for i in 0..MAX_HOLDERS {
+            let id = format!("h{i}");
+            t.decide(&req(&id, 1.0, l), T0).unwrap();
+        }
+        let before = t.clone();
+        assert_eq!(
+            t.decide(&req("new", 1.0, l), T0 + 1),
+            Err(ShareError::TooMany)
+        );
+        assert_eq!(t, before);
+        // A known holder still refreshes; once the leases end there is room again.
+        assert!(t.decide(&req("h7", 1.0, l), T0 + 1).is_ok());
+        let d = t.decide(&req("new", 1.0, l), T0 + 3001 * MS).unwrap();
+        assert_eq!(d.pruned, MAX_HOLDERS);
+    }
+
+    #[test]
+    fn huge_wants_stay_within_the_rate() {
+        let l = limit(1e15, 1e15);
+        let mut t = ShareTable::new(l, 0);
+        let n = 300u64;
+        for round in 0..3u64 {
+            for i in 0..n {
+                let id = format!("h{i}");
+                let want = if i % 3 == 0 {
+                    1e15
+                } else {
+                    (i * 1_000_000_000) as f64
+                };
+                let at = T0 + round * (HOLD + MS) + i;
+                t.decide(&req(&id, want, l), at).unwrap();
+            }
+            let at = T0 + round * (HOLD + MS) + n;
+            let (r, b) = t.committed(at);
+            assert!(r <= 1e15 && b <= 1e15, "{r} {b}");
+        }
+    }
+
+    #[test]
+    fn an_over_committed_table_gives_nothing_more() {
+        // What a limit drop (or a forged effect) leaves: more held than the rate.
+        let h = |id: &[u8], rate: f64| Holder {
+            id: id.into(),
+            want: 10.0,
+            rate,
+            burst: rate,
+            lease_end: T0 + 10_000 * MS,
+            held_rate: 0.0,
+            held_burst: 0.0,
+            held_until: T0,
+        };
+        let mut t =
+            ShareTable::validate(10.0, 10.0, 0, vec![h(b"a", 50.0), h(b"b", 50.0)]).unwrap();
+        let l = limit(10.0, 10.0);
+        let d = t.decide(&req("c", 10.0, l), T0 + MS).unwrap();
+        assert_eq!((d.reply.rate, d.reply.burst), (0.0, 0.0));
+        // a refreshes: it can only shrink (its old 50 is held a while).
+        let d = t.decide(&req("a", 10.0, l), T0 + 2 * MS).unwrap();
+        assert_eq!(d.reply.rate, 0.0);
+        assert_eq!(t.committed(T0 + 2 * MS).0, 100.0, "nothing added");
+        assert_eq!(t.committed(T0 + 2 * MS + HOLD).0, 50.0);
+    }
+
+    #[test]
+    fn versions_follow_the_bucket_rules() {
+        let (a, b) = (limit(100.0, 10.0), limit(10.0, 1.0));
+        let mut t = ShareTable::new(a, 2);
+        t.decide(&ShareRequest::new(b"x", 1.0, 100, false, a, 2).unwrap(), T0)
+            .unwrap();
+        let old = ShareRequest::new(b"y", 1.0, 100, false, b, 1).unwrap();
+        let d = t.decide(&old, T0 + HOLD).unwrap();
+        assert_eq!(d.applied, Applied::Stale);
+        assert_eq!((t.limit(), t.version()), (a, 2));
+        let new = ShareRequest::new(b"y", 1.0, 100, false, b, 3).unwrap();
+        let d = t.decide(&new, T0 + HOLD + 1).unwrap();
+        assert_eq!(d.applied, Applied::Replaced);
+        assert_eq!((t.limit(), t.version()), (b, 3));
+        // The limit dropped below what x still holds: y gets nothing, nothing is minted.
+        assert_eq!(d.reply.rate, 0.0);
+    }
+
+    #[test]
+    fn requests_and_tables_are_checked() {
+        let l = limit(1.0, 1.0);
+        let long = [b'x'; 65];
+        assert_eq!(
+            ShareRequest::new(b"", 1.0, 100, false, l, 0).unwrap_err(),
+            ShareError::Holder
+        );
+        assert_eq!(
+            ShareRequest::new(&long, 1.0, 100, false, l, 0).unwrap_err(),
+            ShareError::Holder
+        );
+        assert!(ShareRequest::new(&long[..64], 1.0, 100, false, l, 0).is_ok());
+        for w in [-1.0, f64::NAN, f64::INFINITY, 1.1e15, -0.0 - 1e-300] {
+            assert_eq!(
+                ShareRequest::new(b"a", w, 100, false, l, 0).unwrap_err(),
+                ShareError::Want
+            );
+        }
+        // -0.0 is read as 0.
+        assert_eq!(
+            ShareRequest::new(b"a", -0.0, 100, false, l, 0)
+                .unwrap()
+                .want
+                .to_bits(),
+            0
+        );
+        for p in [0, 9, 3_600_001] {
+            assert_eq!(
+                ShareRequest::new(b"a", 1.0, p, false, l, 0).unwrap_err(),
+                ShareError::Period
+            );
+        }
+        let h = |id: &[u8]| Holder {
+            id: id.into(),
+            want: 1.0,
+            rate: 0.5,
+            burst: 0.5,
+            lease_end: T0,
+            held_rate: 0.0,
+            held_burst: 0.0,
+            held_until: T0,
+        };
+        assert!(ShareTable::validate(1.0, 1.0, 0, vec![h(b"a"), h(b"b")]).is_ok());
+        let bad = |v| ShareTable::validate(1.0, 1.0, 0, v).unwrap_err();
+        assert_eq!(bad(vec![]), LoadError::Share(ShareError::Empty));
+        assert_eq!(
+            bad(vec![h(b"b"), h(b"a")]),
+            LoadError::Share(ShareError::Order)
+        );
+        assert_eq!(
+            bad(vec![h(b"a"), h(b"a")]),
+            LoadError::Share(ShareError::Order)
+        );
+        assert_eq!(bad(vec![h(b"")]), LoadError::Share(ShareError::Holder));
+        let mut nan = h(b"a");
+        nan.held_rate = f64::NAN;
+        assert_eq!(bad(vec![nan]), LoadError::Share(ShareError::Field));
+        let mut neg = h(b"a");
+        neg.burst = -0.0;
+        assert_eq!(bad(vec![neg]), LoadError::Share(ShareError::Field));
+        let mut late = h(b"a");
+        late.held_until = u64::MAX;
+        assert_eq!(bad(vec![late]), LoadError::Share(ShareError::Time));
+        assert!(matches!(
+            ShareTable::validate(0.0, 1.0, 0, vec![h(b"a")]),
+            Err(LoadError::Limit(_))
+        ));
+        assert_eq!(
+            ShareTable::validate(1.0, 1.0, MAX_VERSION + 1, vec![h(b"a")]).unwrap_err(),
+            LoadError::Share(ShareError::Version)
+        );
+    }
+
+    #[test]
+    fn an_effect_rebuilds_the_decided_table() {
+        let l = limit(100.0, 10.0);
+        let mut t = ShareTable::new(l, 0);
+        let mut replica = ShareTable::new(l, 0);
+        let mut now = T0;
+        for (i, w) in [3.0, 50.0, 7.0, 0.0, 1e9].iter().enumerate() {
+            now += 97 * MS;
+            let id = format!("h{}", i % 3);
+            let d = t.decide(&req(&id, *w, l), now).unwrap();
+            let e = t.holders()[d.index].clone();
+            let (pruned, joined) = replica.apply(t.limit(), t.version(), Some(now), e).unwrap();
+            assert_eq!((pruned, joined), (d.pruned, d.joined));
+            assert_eq!(replica, t);
+            assert_eq!(Some(d.expires_at), t.last_end());
+        }
+    }
+}

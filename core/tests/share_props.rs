@@ -1,0 +1,384 @@
+//! Property tests of rate shares: a fleet of simulated holders (each using its old share
+//! until its answer arrives or its hold ends, its new one until its lease ends less its
+//! margin) joining, leaving, dying, changing wants and the limit, with calls delayed both
+//! ways. At every instant the shares holders may still use sum to at most the rate (the
+//! bursts to at most the cap), counted exactly; the max-min division is met once everyone
+//! has refreshed twice since the last change; a dead holder's share comes free exactly
+//! when its lease ends.
+
+use num_rational::BigRational;
+use proptest::prelude::*;
+use rl_core::share::{HOLD, LEASE_PERIODS};
+use rl_core::{Limit, Nanos, ShareRequest, ShareTable};
+
+const MS: Nanos = 1_000_000;
+const T0: Nanos = 1_700_000_000_000 * MS;
+
+fn exact(x: f64) -> BigRational {
+    BigRational::from_float(x).unwrap()
+}
+
+fn zero() -> BigRational {
+    BigRational::from_integer(0.into())
+}
+
+#[derive(Debug, Clone)]
+enum Act {
+    Call { want: f64, period_ms: u64 },
+    Release,
+    Die,
+    Limit { which: usize, version: u64 },
+}
+
+fn act() -> impl Strategy<Value = Act> {
+    prop_oneof![
+        8 => (prop_oneof![Just(0.0), 0.0f64..300.0, Just(1e15)], prop_oneof![Just(10u64), 10u64..2000])
+            .prop_map(|(want, period_ms)| Act::Call { want, period_ms }),
+        1 => Just(Act::Release),
+        1 => Just(Act::Die),
+        1 => (0usize..3, 0u64..4).prop_map(|(which, version)| Act::Limit { which, version }),
+    ]
+}
+
+/// A share a holder may use over `[from, until)`, given by a call decided under `rate`
+/// and `cap` at `decided`.
+#[derive(Debug, Clone)]
+struct Use {
+    rate: f64,
+    burst: f64,
+    from: Nanos,
+    until: Nanos,
+    decided: Nanos,
+    limit: (f64, f64),
+}
+
+#[derive(Debug, Default, Clone)]
+struct Sim {
+    dead: bool,
+    /// Its previous answer arrives then: it sends nothing before.
+    ready_at: Nanos,
+    /// The use it is on (an index into the list of uses).
+    current: Option<usize>,
+}
+
+/// Whether the rates (or the bursts) in `uses` stay within the bound at every instant:
+/// `Err` describes an instant above it.
+fn check_uses(uses: &[Use], max_lease: Nanos, burst: bool) -> Result<(), String> {
+    // The sum is a step function of half-open intervals: its maxima are at their starts.
+    let mut instants: Vec<Nanos> = uses.iter().map(|u| u.from).collect();
+    instants.extend(uses.iter().filter(|u| u.until > 0).map(|u| u.until - 1));
+    for &t in &instants {
+        let mut sum = zero();
+        for u in uses.iter().filter(|u| u.from <= t && t < u.until) {
+            sum += exact(if burst { u.burst } else { u.rate });
+        }
+        // The limits of the calls decided within a lease before `t`: a share in use at
+        // `t` was given by one of them.
+        let bound = uses
+            .iter()
+            .filter(|u| u.decided <= t && t <= u.decided + max_lease)
+            .map(|u| if burst { u.limit.1 } else { u.limit.0 })
+            .fold(0.0f64, f64::max);
+        if sum > exact(bound) {
+            return Err(format!(
+                "at {}: {} > {bound} ({})",
+                t - T0,
+                sum,
+                if burst { "bursts" } else { "rates" }
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The sum of what the server counts at `t` for every entry, exactly.
+fn committed(t: &ShareTable, at: Nanos) -> (BigRational, BigRational) {
+    t.holders().iter().fold((zero(), zero()), |(r, b), h| {
+        (r + exact(h.rate_at(at)), b + exact(h.burst_at(at)))
+    })
+}
+
+const LIMITS: [(f64, f64); 3] = [(100.0, 40.0), (7.0, 1000.0), (0.3, 0.001)];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn usable_shares_never_exceed_the_rate_at_any_instant(
+        holders in 1usize..7,
+        first in 0usize..3,
+        events in prop::collection::vec(
+            (0u64..400, 0usize..7, 0u64..600, 0u64..600, act()), 1..120),
+    ) {
+        let (mut rate, mut cap) = LIMITS[first];
+        let mut version = 0u64;
+        let mut table = ShareTable::new(Limit::new(rate, cap).unwrap(), 0);
+        let mut sims = vec![Sim::default(); holders];
+        let mut uses: Vec<Use> = Vec::new();
+        let mut now = T0;
+        let mut max_lease = HOLD;
+        for (gap_ms, who, d1_ms, d2_ms, act) in events {
+            now += gap_ms * MS;
+            let who = who % holders;
+            let (period_ms, want, release) = match act {
+                Act::Limit { which, version: v } => {
+                    (rate, cap) = LIMITS[which];
+                    version = v;
+                    continue;
+                }
+                Act::Die => {
+                    sims[who].dead = true;
+                    continue;
+                }
+                Act::Call { want, period_ms } => (period_ms, want, false),
+                Act::Release => (100, 0.0, true),
+            };
+            let sim = &mut sims[who];
+            if sim.dead || sim.ready_at > now {
+                continue;
+            }
+            // Sent at `s`, decided now, answered at `answer`.
+            let s = now.saturating_sub(d1_ms * MS).max(sim.ready_at);
+            let answer = now + d2_ms * MS;
+            let id = format!("holder-{who}");
+            let limit = Limit::new(rate, cap).unwrap();
+            let req = ShareRequest::new(id.as_bytes(), want, period_ms, release, limit, version)
+                .unwrap();
+            let before = table.clone();
+            let d = table.decide(&req, now).unwrap();
+            let resolved = (table.limit().rate(), table.limit().cap());
+            // The server never raises what it counts above the rate in force (nor at all
+            // when it was above already: a limit drop).
+            let (r0, b0) = committed(&before, now);
+            let (r1, b1) = committed(&table, now);
+            prop_assert!(r1 <= exact(resolved.0).max(r0.clone()), "server rates {} > {}", r1, resolved.0);
+            prop_assert!(b1 <= exact(resolved.1).max(b0.clone()), "server bursts {} > {}", b1, resolved.1);
+            prop_assert!(d.reply.rate >= 0.0 && d.reply.burst >= 0.0);
+            if !d.written {
+                prop_assert_eq!(&table, &before);
+            }
+            // The holder's side: the old share until its answer or its hold, whichever
+            // first; the new one from its answer to its lease end less its margin.
+            if let Some(i) = sim.current.take() {
+                let stop = answer.min(s + HOLD).max(uses[i].from);
+                uses[i].until = uses[i].until.min(stop);
+            }
+            sim.ready_at = answer;
+            let lease = d.reply.lease_ms * MS;
+            max_lease = max_lease.max(lease);
+            let margin = lease / 100 + 10 * MS;
+            if lease > 0 && answer < s + lease - margin.min(lease) {
+                uses.push(Use {
+                    rate: d.reply.rate,
+                    burst: d.reply.burst,
+                    from: answer,
+                    until: s + lease - margin.min(lease),
+                    decided: now,
+                    limit: resolved,
+                });
+                sim.current = Some(uses.len() - 1);
+            }
+            // The key's expiry is its last entry's end.
+            if d.written {
+                prop_assert_eq!(table.last_end(), Some(d.expires_at));
+            }
+        }
+        check_uses(&uses, max_lease, false).map_err(TestCaseError::fail)?;
+        check_uses(&uses, max_lease, true).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn with_one_limit_the_bound_is_the_rate_itself(
+        holders in 1usize..9,
+        rate in 0.5f64..1000.0,
+        cap in 0.5f64..1000.0,
+        events in prop::collection::vec(
+            (0u64..300, 0usize..9, 0u64..500, 0u64..500, 0.0f64..500.0, 10u64..1500, 0u8..10),
+            1..150),
+    ) {
+        let limit = Limit::new(rate, cap).unwrap();
+        let mut table = ShareTable::new(limit, 0);
+        let mut sims = vec![Sim::default(); holders];
+        let mut uses: Vec<Use> = Vec::new();
+        let mut now = T0;
+        for (gap_ms, who, d1_ms, d2_ms, want, period_ms, kind) in events {
+            now += gap_ms * MS;
+            let who = who % holders;
+            let sim = &mut sims[who];
+            if kind == 0 {
+                sim.dead = true;
+            }
+            if sim.dead || sim.ready_at > now {
+                continue;
+            }
+            let release = kind == 1;
+            let s = now.saturating_sub(d1_ms * MS).max(sim.ready_at);
+            let answer = now + d2_ms * MS;
+            let id = [b'h', who as u8];
+            let req = ShareRequest::new(&id, want, period_ms, release, limit, 0).unwrap();
+            let d = table.decide(&req, now).unwrap();
+            let (r, b) = committed(&table, now);
+            prop_assert!(r <= exact(rate) && b <= exact(cap), "server {} {}", r, b);
+            if let Some(i) = sim.current.take() {
+                let stop = answer.min(s + HOLD).max(uses[i].from);
+                uses[i].until = uses[i].until.min(stop);
+            }
+            sim.ready_at = answer;
+            let lease = d.reply.lease_ms * MS;
+            let margin = lease / 100 + 10 * MS;
+            if lease > margin && answer < s + lease - margin {
+                uses.push(Use {
+                    rate: d.reply.rate,
+                    burst: d.reply.burst,
+                    from: answer,
+                    until: s + lease - margin,
+                    decided: now,
+                    limit: (rate, cap),
+                });
+                sim.current = Some(uses.len() - 1);
+            }
+        }
+        check_uses(&uses, Nanos::MAX / 4, false).map_err(TestCaseError::fail)?;
+        check_uses(&uses, Nanos::MAX / 4, true).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn max_min_fair_once_everyone_refreshed_twice(
+        rate in 1.0f64..1000.0,
+        cap in 1.0f64..1000.0,
+        first in prop::collection::vec(prop_oneof![Just(0.0), 0.0f64..400.0], 1..14),
+        second in prop::collection::vec(prop_oneof![Just(0.0), 0.0f64..400.0], 1..14),
+    ) {
+        let limit = Limit::new(rate, cap).unwrap();
+        let mut table = ShareTable::new(limit, 0);
+        let period_ms = 1000;
+        let mut now = T0;
+        // Round by round, one call per holder, the rounds a period apart.
+        let round = |table: &mut ShareTable, wants: &[(usize, f64)], now: &mut Nanos| {
+            *now += period_ms * MS;
+            let mut got = Vec::new();
+            for (k, &(id, want)) in wants.iter().enumerate() {
+                let name = format!("h{id}");
+                let req = ShareRequest::new(name.as_bytes(), want, period_ms, false, limit, 0).unwrap();
+                got.push(table.decide(&req, *now + k as u64 * MS).unwrap().reply);
+            }
+            got
+        };
+        let a: Vec<(usize, f64)> = first.iter().copied().enumerate().collect();
+        for _ in 0..2 {
+            round(&mut table, &a, &mut now);
+        }
+        let got = round(&mut table, &a, &mut now);
+        check_fair(rate, cap, &a, &got)?;
+        // Some leave (release), some join, every want changes.
+        now += period_ms * MS;
+        for (id, _) in a.iter().skip(second.len()) {
+            let name = format!("h{id}");
+            let req = ShareRequest::new(name.as_bytes(), 0.0, period_ms, true, limit, 0).unwrap();
+            table.decide(&req, now).unwrap();
+        }
+        let b: Vec<(usize, f64)> = second.iter().copied().enumerate().map(|(i, w)| (i * 2, w)).collect();
+        for _ in 0..2 {
+            round(&mut table, &b, &mut now);
+        }
+        let got = round(&mut table, &b, &mut now);
+        check_fair(rate, cap, &b, &got)?;
+    }
+}
+
+/// The division by a sort: proportional when the wants fit, else water-filling.
+fn reference(rate: f64, wants: &[f64]) -> Vec<f64> {
+    let n = wants.len() as f64;
+    let sum: f64 = wants.iter().sum();
+    if sum <= rate {
+        return wants
+            .iter()
+            .map(|&w| if sum == 0.0 { rate / n } else { rate * w / sum })
+            .collect();
+    }
+    let mut sorted = wants.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mut rest = rate;
+    let mut level = f64::INFINITY;
+    for (i, w) in sorted.iter().enumerate() {
+        let k = (sorted.len() - i) as f64;
+        if w * k >= rest {
+            level = rest / k;
+            break;
+        }
+        rest -= w;
+    }
+    wants.iter().map(|&w| w.min(level)).collect()
+}
+
+fn check_fair(
+    rate: f64,
+    cap: f64,
+    wants: &[(usize, f64)],
+    got: &[rl_core::ShareReply],
+) -> Result<(), TestCaseError> {
+    let w: Vec<f64> = wants.iter().map(|&(_, w)| w).collect();
+    let targets = reference(rate, &w);
+    for (i, (t, r)) in targets.iter().zip(got).enumerate() {
+        prop_assert!(
+            (r.rate - t).abs() <= 1e-9 * rate,
+            "holder {i} got {} of {t} (wants {w:?}, rate {rate})",
+            r.rate
+        );
+        let tb = t * cap / rate;
+        prop_assert!(
+            (r.burst - tb).abs() <= 1e-9 * cap,
+            "holder {i} burst {} of {tb}",
+            r.burst
+        );
+        prop_assert_eq!(r.holders, wants.len() as u64);
+    }
+    Ok(())
+}
+
+/// Holders that die strand exactly their shares until their leases end: before, what is
+/// free excludes them; at the end, exactly their shares come free.
+#[test]
+fn expiry_frees_exactly_the_dead_holders_share() {
+    let limit = Limit::new(120.0, 12.0).unwrap();
+    let mut table = ShareTable::new(limit, 0);
+    let period = 1000;
+    let mut now = T0;
+    for round in 0..3 {
+        for (k, h) in ["a", "b", "c", "d"].iter().enumerate() {
+            let req = ShareRequest::new(h.as_bytes(), 30.0, period, false, limit, 0).unwrap();
+            let d = table.decide(&req, now + k as u64).unwrap();
+            if round == 2 {
+                assert_eq!((d.reply.rate, d.reply.burst), (30.0, 3.0));
+            }
+        }
+        now += period * MS;
+    }
+    // d dies at its last call (at `now - period + 3`); its lease ends 3 periods later.
+    let d_end = now - period * MS + 3 + LEASE_PERIODS * period * MS;
+    // a, b, c keep refreshing with a want of 60: d's 30 stays counted until d_end.
+    while now < d_end {
+        for (k, h) in ["a", "b", "c"].iter().enumerate() {
+            let req = ShareRequest::new(h.as_bytes(), 60.0, period, false, limit, 0).unwrap();
+            let d = table.decide(&req, now + k as u64).unwrap();
+            assert!(d.reply.rate <= 30.0, "d's share is not given away early");
+        }
+        now += period * MS / 2;
+    }
+    // At d_end exactly d's 30 is free: the next caller gets its target of 40 if what the
+    // others still hold allows; the total never passes the rate.
+    let before: f64 = table.holders().iter().map(|h| h.rate_at(d_end - 1)).sum();
+    let after: f64 = table.holders().iter().map(|h| h.rate_at(d_end)).sum();
+    let d_share = table
+        .holders()
+        .iter()
+        .find(|h| &*h.id == b"d")
+        .map(|h| h.rate_at(d_end - 1))
+        .unwrap();
+    assert_eq!(d_share, 30.0);
+    assert_eq!(before - after, d_share);
+    let req = ShareRequest::new(b"a", 60.0, period, false, limit, 0).unwrap();
+    let d = table.decide(&req, d_end).unwrap();
+    assert_eq!(d.pruned, 1);
+    assert_eq!(d.reply.holders, 3);
+}

@@ -1,0 +1,101 @@
+//! `RL.SHARE key rate cap holder want period_ms [RELEASE] [VERSION v]`: lease a share of
+//! a key's rate (and of its cap, as a burst) for a holder that limits locally and calls
+//! again every `period_ms` (see [`rl_core::share`]).
+//!
+//! Reply: `[rate, burst, lease_ms, refresh_ms, holders]` (rate and burst doubles, the rest
+//! integers). A `RELEASE` of a holder without a live lease writes nothing.
+
+use crate::args::Args;
+use crate::error::{Error, Result};
+use crate::ffi::Ctx;
+use crate::grammar::{self, Opt};
+use crate::reply::{Reply, Scalar};
+use crate::share::{self, ShareKey};
+use crate::{clock, ops, stats};
+use rl_core::namespace::Outcome;
+use rl_core::{ShareError, ShareRequest, ShareTable};
+
+/// The options `RL.SHARE` takes (its `COMMAND DOCS` table lists the same).
+pub const OPTIONS: &[Opt] = &[Opt::Release, Opt::Version];
+
+fn invalid(e: ShareError) -> Error {
+    Error::Invalid(e.message())
+}
+
+pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
+    if args.len() < 6 {
+        return Err(Error::Arity);
+    }
+    let limit = super::limit(&args, 1)?;
+    let holder = args.bytes(3)?;
+    rl_core::share::check_holder_id(holder).map_err(invalid)?;
+    let want = args.number(4, ShareError::Want.message())?;
+    let period_ms = args.integer(5, ShareError::Period.message())?;
+    let opts = grammar::options(&args, 6, OPTIONS, &limit)?;
+    let (release, version) = (opts.release, opts.version);
+    let req = ShareRequest::new(
+        holder,
+        want,
+        period_ms,
+        release,
+        limit,
+        version.unwrap_or(0),
+    )
+    .map_err(invalid)?;
+
+    let (name, holder_arg) = (args.raw(0)?, args.raw(3)?);
+    let ns = ops::enter(name.bytes());
+    let now = clock::now();
+    let key = ShareKey::open(ctx, name);
+    let existing = key.table()?;
+    let is_new = existing.is_none();
+    let mut fresh;
+    let table = match existing {
+        Some(t) => t,
+        None => {
+            fresh = ShareTable::new(req.limit, req.version);
+            &mut fresh
+        }
+    };
+    let d = table.decide(&req, now).map_err(invalid)?;
+    let r = d.reply;
+    if d.written {
+        super::count_applied(d.applied);
+        // Queued now, sent after the command: the table is still at hand here.
+        share::propagate(ctx, name, holder_arg, table, d.index, now);
+        if is_new {
+            key.create(
+                std::mem::replace(table, ShareTable::new(req.limit, 0)),
+                d.expires_at,
+            );
+        } else {
+            share::moved(d.pruned, usize::from(d.joined));
+            key.expire_at(d.expires_at);
+        }
+    }
+    if release {
+        if d.written {
+            stats::SHARES_RELEASED.add(1);
+        }
+    } else {
+        if r.rate > 0.0 {
+            stats::SHARES_GRANTED.add(1);
+        }
+        if d.short {
+            stats::SHARES_SHORT.add(1);
+        }
+        let outcome = if r.rate > 0.0 || req.want == 0.0 {
+            Outcome::Granted(0)
+        } else {
+            Outcome::Denied
+        };
+        ops::decided(ns, name.bytes(), outcome, now);
+    }
+    Ok(Reply::row([
+        Scalar::Double(r.rate),
+        Scalar::Double(r.burst),
+        Scalar::Int(r.lease_ms as i64),
+        Scalar::Int(r.refresh_ms as i64),
+        Scalar::Int(r.holders as i64),
+    ]))
+}

@@ -1,0 +1,279 @@
+//! Module configs (`rl.*`): registered here with callbacks of our own, so every call Redis
+//! makes for `CONFIG GET`, `CONFIG SET`, `CONFIG REWRITE` and redis.conf runs inside the
+//! panic guard, and a string config round-trips its exact bytes (the `redis-module`
+//! crate's string getter goes through a C string, which a NUL byte made it abort on).
+//!
+//! Each config is a static description ([`Config`]) whose getter and setter are plain
+//! functions in `crate::config`; the description's address is the private data Redis hands
+//! back to the callbacks.
+
+use super::Ctx;
+use redis_module::raw;
+use std::ffi::{c_void, CStr};
+use std::os::raw::{c_char, c_int, c_longlong};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// A config setter's refusal: the text `CONFIG SET` answers (after Redis's own prefix).
+pub type Refusal = &'static str;
+
+/// One `rl.<name>` config.
+pub struct Config {
+    /// Without the `rl.` prefix (Redis adds the module's name).
+    pub name: &'static CStr,
+    pub kind: Kind,
+}
+
+pub enum Kind {
+    Number {
+        default: i64,
+        min: i64,
+        max: i64,
+        get: fn() -> i64,
+        set: fn(i64) -> Result<(), Refusal>,
+    },
+    Bool {
+        default: bool,
+        get: fn() -> bool,
+        set: fn(bool) -> Result<(), Refusal>,
+    },
+    /// A string config's bytes: `get` writes them into the buffer and returns the length.
+    Bytes {
+        default: &'static CStr,
+        get: fn(&mut [u8; 64]) -> usize,
+        set: fn(&[u8]) -> Result<(), Refusal>,
+    },
+    Enum {
+        default: i32,
+        /// NUL-terminated names and their values, same order.
+        names: &'static [&'static CStr],
+        values: &'static [i32],
+        get: fn() -> i32,
+        set: fn(i32) -> Result<(), Refusal>,
+    },
+}
+
+const OK: c_int = raw::REDISMODULE_OK as c_int;
+const ERR: c_int = raw::REDISMODULE_ERR as c_int;
+
+/// The config behind a callback's private data.
+fn config<'a>(privdata: *mut c_void) -> &'a Config {
+    // SAFETY: the private data is the address of a `&'static Config` given at registration.
+    unsafe { &*(privdata as *const Config) }
+}
+
+/// Runs a setter: `OK`, or `ERR` with the refusal written where Redis reads it (Redis
+/// frees that string). A panic is a refusal too.
+fn apply(
+    r: std::thread::Result<Result<(), Refusal>>,
+    err: *mut *mut raw::RedisModuleString,
+) -> c_int {
+    let why = match r {
+        Ok(Ok(())) => return OK,
+        Ok(Err(why)) => why,
+        Err(_) => "internal error in redis-rl; the config is unchanged",
+    };
+    if !err.is_null() {
+        let s = rm!(RedisModule_CreateString(
+            std::ptr::null_mut(),
+            why.as_ptr().cast::<c_char>(),
+            why.len()
+        ));
+        // SAFETY: Redis passed a valid out-pointer for the error.
+        unsafe { *err = s };
+    }
+    ERR
+}
+
+unsafe extern "C" fn get_number(_: *const c_char, privdata: *mut c_void) -> c_longlong {
+    catch_unwind(|| match config(privdata).kind {
+        Kind::Number { get, .. } => get(),
+        _ => 0,
+    })
+    .unwrap_or(0)
+}
+
+unsafe extern "C" fn set_number(
+    _: *const c_char,
+    val: c_longlong,
+    privdata: *mut c_void,
+    err: *mut *mut raw::RedisModuleString,
+) -> c_int {
+    apply(
+        catch_unwind(|| match config(privdata).kind {
+            Kind::Number { set, .. } => set(val),
+            _ => Err("not a number config"),
+        }),
+        err,
+    )
+}
+
+unsafe extern "C" fn get_bool(_: *const c_char, privdata: *mut c_void) -> c_int {
+    catch_unwind(|| match config(privdata).kind {
+        Kind::Bool { get, .. } => get() as c_int,
+        _ => 0,
+    })
+    .unwrap_or(0)
+}
+
+unsafe extern "C" fn set_bool(
+    _: *const c_char,
+    val: c_int,
+    privdata: *mut c_void,
+    err: *mut *mut raw::RedisModuleString,
+) -> c_int {
+    apply(
+        catch_unwind(|| match config(privdata).kind {
+            Kind::Bool { set, .. } => set(val != 0),
+            _ => Err("not a bool config"),
+        }),
+        err,
+    )
+}
+
+unsafe extern "C" fn get_enum(_: *const c_char, privdata: *mut c_void) -> c_int {
+    catch_unwind(|| match config(privdata).kind {
+        Kind::Enum { get, .. } => get(),
+        _ => 0,
+    })
+    .unwrap_or(0)
+}
+
+unsafe extern "C" fn set_enum(
+    _: *const c_char,
+    val: c_int,
+    privdata: *mut c_void,
+    err: *mut *mut raw::RedisModuleString,
+) -> c_int {
+    apply(
+        catch_unwind(|| match config(privdata).kind {
+            Kind::Enum { set, .. } => set(val),
+            _ => Err("not an enum config"),
+        }),
+        err,
+    )
+}
+
+/// The string each string getter last returned: Redis copies it and leaves it to the
+/// module, which frees it on the next get (one string per config, never a leak per call).
+static LAST_STRING: super::MainThread<*mut raw::RedisModuleString> =
+    super::MainThread::new(std::ptr::null_mut());
+
+unsafe extern "C" fn get_bytes(
+    _: *const c_char,
+    privdata: *mut c_void,
+) -> *mut raw::RedisModuleString {
+    let bytes = catch_unwind(|| {
+        let mut buf = [0u8; 64];
+        let len = match config(privdata).kind {
+            Kind::Bytes { get, .. } => get(&mut buf),
+            _ => 0,
+        };
+        (buf, len.min(64))
+    });
+    let Ok((buf, len)) = bytes else {
+        return std::ptr::null_mut();
+    };
+    let s = rm!(RedisModule_CreateString(
+        std::ptr::null_mut(),
+        buf.as_ptr().cast::<c_char>(),
+        len
+    ));
+    LAST_STRING.with(|last| {
+        if !last.is_null() {
+            rm!(RedisModule_FreeString(std::ptr::null_mut(), *last));
+        }
+        *last = s;
+    });
+    s
+}
+
+unsafe extern "C" fn set_bytes(
+    _: *const c_char,
+    val: *mut raw::RedisModuleString,
+    privdata: *mut c_void,
+    err: *mut *mut raw::RedisModuleString,
+) -> c_int {
+    apply(
+        catch_unwind(AssertUnwindSafe(|| match config(privdata).kind {
+            Kind::Bytes { set, .. } => set(super::bytes(val)),
+            _ => Err("not a string config"),
+        })),
+        err,
+    )
+}
+
+/// Registers `configs` and loads their values from redis.conf (or sets the defaults).
+/// `Err`: the name of the one Redis refused.
+pub fn register_configs(ctx: Ctx, configs: &'static [Config]) -> Result<(), &'static CStr> {
+    for c in configs {
+        let privdata = c as *const Config as *mut c_void;
+        let flags = raw::REDISMODULE_CONFIG_DEFAULT;
+        let status = match &c.kind {
+            Kind::Number {
+                default, min, max, ..
+            } => rm!(RedisModule_RegisterNumericConfig(
+                ctx.0,
+                c.name.as_ptr(),
+                *default,
+                flags,
+                *min,
+                *max,
+                Some(get_number),
+                Some(set_number),
+                None,
+                privdata
+            )),
+            Kind::Bool { default, .. } => rm!(RedisModule_RegisterBoolConfig(
+                ctx.0,
+                c.name.as_ptr(),
+                *default as c_int,
+                flags,
+                Some(get_bool),
+                Some(set_bool),
+                None,
+                privdata
+            )),
+            Kind::Bytes { default, .. } => rm!(RedisModule_RegisterStringConfig(
+                ctx.0,
+                c.name.as_ptr(),
+                default.as_ptr(),
+                flags,
+                Some(get_bytes),
+                Some(set_bytes),
+                None,
+                privdata
+            )),
+            Kind::Enum {
+                default,
+                names,
+                values,
+                ..
+            } => {
+                let mut ptrs = [std::ptr::null::<c_char>(); 8];
+                for (p, n) in ptrs.iter_mut().zip(names.iter()) {
+                    *p = n.as_ptr();
+                }
+                rm!(RedisModule_RegisterEnumConfig(
+                    ctx.0,
+                    c.name.as_ptr(),
+                    *default,
+                    flags,
+                    ptrs.as_mut_ptr(),
+                    values.as_ptr(),
+                    names.len().min(values.len()).min(8) as c_int,
+                    Some(get_enum),
+                    Some(set_enum),
+                    None,
+                    privdata
+                ))
+            }
+        };
+        if status != OK {
+            return Err(c.name);
+        }
+    }
+    if rm!(RedisModule_LoadConfigs(ctx.0)) != OK {
+        return Err(c"(loading the values)");
+    }
+    Ok(())
+}

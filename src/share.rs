@@ -1,0 +1,303 @@
+//! The `rl-shares` module type: a key holding the holders of one rate share
+//! (`RL.SHARE`). A type of its own, so a bucket or semaphore command on a share key (and
+//! the reverse) is a `WRONGTYPE` error.
+//!
+//! RDB encoding version 1, per key: `rate cap version count` then per holder `id want
+//! rate burst lease_end held_rate held_burst held_until` (doubles, unsigneds, the id a
+//! string). The key's expiry is its last entry's end ([`ShareTable::last_end`]).
+//!
+//! Effects: `RL.SETSHARES key rate cap version [PRUNE t] SET holder
+//! want,rate,burst,lease_end,held_rate,held_burst,held_until`: the limit, the entries ended
+//! at `t` dropped, one entry set (its numbers in one argument: see [`EntryText`]). Checked by [`ShareTable::apply`], which runs the checks RDB load runs
+//! ([`ShareTable::validate`]) before anything changes.
+
+use crate::error::{Error, Result};
+use crate::ffi::{Access, Aof, Ctx, Digest, EffectArg, Io, OpenKey, Str, Value};
+use crate::number::Num;
+use crate::stats;
+use rl_core::share::{Holder, MAX_HOLDER_LEN};
+use rl_core::{Nanos, ShareTable, MAX_HOLDERS};
+
+pub const ENCODING_VERSION: i32 = 1;
+
+pub fn save(io: &Io, t: &ShareTable) {
+    io.save_double(t.limit().rate());
+    io.save_double(t.limit().cap());
+    io.save_unsigned(t.version());
+    io.save_unsigned(t.holders().len() as u64);
+    for h in t.holders() {
+        io.save_bytes(&h.id);
+        io.save_double(h.want);
+        io.save_double(h.rate);
+        io.save_double(h.burst);
+        io.save_unsigned(h.lease_end);
+        io.save_double(h.held_rate);
+        io.save_double(h.held_burst);
+        io.save_unsigned(h.held_until);
+    }
+}
+
+/// Reads one value; `None` for an unknown encoding, an I/O error or a table
+/// [`ShareTable::validate`] refuses.
+pub fn load(io: &Io, encver: i32) -> Option<ShareTable> {
+    if encver != ENCODING_VERSION {
+        return None;
+    }
+    let rate = io.load_double();
+    let cap = io.load_double();
+    let version = io.load_unsigned();
+    let count = io.load_unsigned();
+    // A corrupt count must not make us read, or allocate, without end.
+    if io.failed() || count > MAX_HOLDERS as u64 {
+        return None;
+    }
+    let mut holders = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        // A longer id is refused here, before it is copied.
+        let id = io.load_bytes(MAX_HOLDER_LEN)?;
+        let h = Holder {
+            id,
+            want: io.load_double(),
+            rate: io.load_double(),
+            burst: io.load_double(),
+            lease_end: io.load_unsigned(),
+            held_rate: io.load_double(),
+            held_burst: io.load_double(),
+            held_until: io.load_unsigned(),
+        };
+        if io.failed() {
+            return None;
+        }
+        holders.push(h);
+    }
+    let t = ShareTable::validate(rate, cap, version, holders).ok()?;
+    stats::SHARE_HOLDERS.add_shared(t.holders().len() as u64);
+    Some(t)
+}
+
+/// An entry's numbers as one argument, `want,rate,burst,lease_end,held_rate,held_burst,
+/// held_until`: plain decimal text a reader can follow, in one string (each argument of an
+/// effect costs the server an object to make and free).
+pub struct EntryText {
+    buf: [u8; 7 * 41],
+    len: usize,
+}
+
+impl EntryText {
+    pub fn new(h: &Holder) -> EntryText {
+        let mut t = EntryText {
+            buf: [0; 7 * 41],
+            len: 0,
+        };
+        let parts = [
+            Num::new(h.want),
+            Num::new(h.rate),
+            Num::new(h.burst),
+            Num::int(h.lease_end),
+            Num::new(h.held_rate),
+            Num::new(h.held_burst),
+            Num::int(h.held_until),
+        ];
+        for (i, p) in parts.iter().enumerate() {
+            if i > 0 {
+                t.buf[t.len] = b',';
+                t.len += 1;
+            }
+            let b = p.bytes();
+            t.buf[t.len..t.len + b.len()].copy_from_slice(b);
+            t.len += b.len();
+        }
+        t
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// Reads an entry's numbers (see [`EntryText`]) for holder `id`; `None` unless exactly
+/// seven fields, numbers where numbers go and integers where times go.
+pub fn parse_entry(id: &[u8], text: &[u8]) -> Option<Holder> {
+    use crate::args::{parse_integer, parse_number};
+    let mut fields = text.split(|&c| c == b',');
+    let mut num = || parse_number(fields.next()?);
+    let (want, rate, burst) = (num()?, num()?, num()?);
+    let lease_end = parse_integer(fields.next()?)?;
+    let mut num = || parse_number(fields.next()?);
+    let (held_rate, held_burst) = (num()?, num()?);
+    let held_until = parse_integer(fields.next()?)?;
+    if fields.next().is_some() {
+        return None;
+    }
+    Some(Holder {
+        id: id.into(),
+        want,
+        rate,
+        burst,
+        lease_end,
+        held_rate,
+        held_burst,
+        held_until,
+    })
+}
+
+/// The effect that sets `table`'s limit and entry `h`, dropping entries ended at `prune`
+/// first: `holder` is the id as a Redis string where the caller has one.
+fn with_effect(
+    table: &ShareTable,
+    key: Str,
+    holder: Option<Str>,
+    h: &Holder,
+    prune: Option<Nanos>,
+    send: impl FnOnce(&[EffectArg]),
+) {
+    let (rate, cap) = (
+        Num::new(table.limit().rate()),
+        Num::new(table.limit().cap()),
+    );
+    let (version, at) = (Num::int(table.version()), prune.map(Num::int));
+    let entry = EntryText::new(h);
+    let mut args = [EffectArg::Int(0); 9];
+    let mut len = 0;
+    let mut push = |a| {
+        args[len] = a;
+        len += 1;
+    };
+    push(EffectArg::Str(key));
+    push(EffectArg::Bytes(rate.bytes()));
+    push(EffectArg::Bytes(cap.bytes()));
+    push(EffectArg::Bytes(version.bytes()));
+    if let Some(t) = &at {
+        push(EffectArg::Text(c"PRUNE"));
+        push(EffectArg::Bytes(t.bytes()));
+    }
+    push(EffectArg::Text(c"SET"));
+    push(holder.map_or(EffectArg::Bytes(&h.id), EffectArg::Str));
+    push(EffectArg::Bytes(entry.bytes()));
+    send(&args[..len]);
+}
+
+/// Replicates what a call did: the limit, entries ended at `now` dropped, entry `index`.
+pub fn propagate(ctx: Ctx, key: Str, holder: Str, table: &ShareTable, index: usize, now: Nanos) {
+    with_effect(
+        table,
+        key,
+        Some(holder),
+        &table.holders()[index],
+        Some(now),
+        |args| crate::ffi::replicate(ctx, c"RL.SETSHARES", args),
+    );
+}
+
+pub fn rewrite(aof: &Aof, key: Str, t: &ShareTable) {
+    for h in t.holders() {
+        with_effect(t, key, None, h, None, |args| {
+            crate::ffi::emit_aof(aof, c"RL.SETSHARES", args)
+        });
+    }
+    // The key's actual expiry follows (Redis appends PEXPIREAT when it has one).
+    crate::ffi::emit_aof(aof, c"PERSIST", &[EffectArg::Str(key)]);
+}
+
+pub fn mem_usage(t: &ShareTable) -> usize {
+    std::mem::size_of::<ShareTable>()
+        + std::mem::size_of_val(t.holders())
+        + t.holders().iter().map(|h| h.id.len()).sum::<usize>()
+}
+
+pub fn digest(md: &Digest, t: &ShareTable) {
+    md.add(t.limit().rate().to_bits());
+    md.add(t.limit().cap().to_bits());
+    md.add(t.version());
+    for h in t.holders() {
+        md.add(h.id.len() as u64);
+        for chunk in h.id.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            md.add(u64::from_le_bytes(w));
+        }
+        for x in [h.want, h.rate, h.burst, h.held_rate, h.held_burst] {
+            md.add(x.to_bits());
+        }
+        md.add(h.lease_end);
+        md.add(h.held_until);
+    }
+    md.end_sequence();
+}
+
+pub fn freed(t: ShareTable) {
+    stats::SHARE_HOLDERS.sub_shared(t.holders().len() as u64);
+}
+
+pub fn unlinked(t: &ShareTable) {
+    stats::SHARE_HOLDERS_DROPPED.add_shared(t.holders().len() as u64);
+}
+
+pub fn copied(t: &ShareTable) -> ShareTable {
+    stats::SHARE_HOLDERS.add_shared(t.holders().len() as u64);
+    t.clone()
+}
+
+/// A share key opened for one command; closed (and signalled if written) when dropped.
+pub struct ShareKey {
+    key: OpenKey,
+    modified: std::cell::Cell<bool>,
+}
+
+impl ShareKey {
+    pub fn open(ctx: Ctx, name: Str) -> ShareKey {
+        ShareKey {
+            key: OpenKey::open(ctx, name, Access::Write),
+            modified: std::cell::Cell::new(false),
+        }
+    }
+
+    /// The table held here: `None` if the key does not exist, `WRONGTYPE` if it holds
+    /// something else (a bucket or a semaphore included).
+    // The table is owned by Redis's keyspace, not by this handle: borrowing it mutably
+    // through `&self` lets a command change it and then update the key's expiry.
+    #[allow(clippy::mut_from_ref)]
+    pub fn table(&self) -> Result<Option<&mut ShareTable>> {
+        match self.key.value() {
+            Value::Empty => Ok(None),
+            Value::Shares(t) => Ok(Some(t)),
+            _ => Err(Error::WrongType),
+        }
+    }
+
+    /// Stores `t` as the key's value (a new key), expiring at `expires_at`.
+    pub fn create(&self, t: ShareTable, expires_at: Nanos) {
+        let n = t.holders().len() as u64;
+        stats::SHARE_HOLDERS.add_shared(n);
+        if self.key.set_shares(t).is_err() {
+            stats::SHARE_HOLDERS.sub_shared(n);
+            return;
+        }
+        self.expire_at(expires_at);
+    }
+
+    /// After the table was changed in place: the key expires when its last entry ends.
+    pub fn expire_at(&self, at: Nanos) {
+        self.modified.set(true);
+        let ms = rl_core::ceil_millis(at) as i64;
+        if self.key.expire_ms() != ms {
+            self.key.set_expire_ms(ms);
+        }
+    }
+}
+
+impl Drop for ShareKey {
+    /// Signals the key if a write changed it (then the key closes).
+    fn drop(&mut self) {
+        if self.modified.get() {
+            self.key.signal_modified();
+        }
+    }
+}
+
+/// Counts entries leaving (`gone`) and entering (`came`) tables.
+pub fn moved(gone: usize, came: usize) {
+    stats::SHARE_HOLDERS_DROPPED.add_shared(gone as u64);
+    stats::SHARE_HOLDERS.sub_shared(gone as u64);
+    stats::SHARE_HOLDERS.add_shared(came as u64);
+}

@@ -1,0 +1,86 @@
+//! Error replies that say what to do: a wrong number of arguments shows the command's
+//! usage (made from the same table as `COMMAND DOCS`), and redis-cell's argument habit gets
+//! the equivalent call.
+
+mod support;
+
+use support::*;
+
+fn error_of(c: &mut Connection, args: &[&str]) -> String {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    match cmd.query::<redis::Value>(c) {
+        Ok(v) => panic!("{args:?} answered {v:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_wrong_number_of_arguments_shows_the_usage_and_changes_nothing() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    assert_eq!(take(&mut c, "k", 1.0, 5.0, 1), 1);
+    let before = digest(&mut c, "k");
+    let calls = info_field(&mut c, "rl", "rl_calls");
+    for (args, usage) in [
+        (
+            &["RL.TAKE", "k"][..],
+            "RL.TAKE key rate cap [n] [WITHSTATE] [INIT tokens] [SHADOW] [VERSION v]",
+        ),
+        (&["RL.TAKE", "k", "1"], "RL.TAKE key rate cap [n]"),
+        (
+            &["RL.LEASE", "k", "1", "5", "2"],
+            "RL.LEASE key rate cap n ttl_ms [MIN m] [RETURN lease_id unused]",
+        ),
+        (&["RL.RETURN", "k", "1"], "RL.RETURN key lease_id unused"),
+        (
+            &["RL.RETURN", "k", "1", "2", "3"],
+            "RL.RETURN key lease_id unused",
+        ),
+        (&["RL.PEEK", "k", "x"], "RL.PEEK key"),
+        (
+            &["RL.MTAKE", "1", "k"],
+            "RL.MTAKE n key rate cap [key rate cap ...]",
+        ),
+        (
+            &["RL.RESERVE", "k", "1", "5"],
+            "RL.RESERVE key rate cap n max_wait_ms",
+        ),
+        (&["RL.ACQUIRE", "k", "1"], "RL.ACQUIRE key limit ttl_ms"),
+    ] {
+        let e = error_of(&mut c, args);
+        assert!(e.contains("wrong number of arguments"), "{args:?}: {e}");
+        assert!(e.contains(usage), "{args:?}: {e} lacks {usage:?}");
+    }
+    assert_eq!(digest(&mut c, "k"), before);
+    // Refused before the command ran, as when Redis refused it: not a call.
+    assert_eq!(info_field(&mut c, "rl", "rl_calls"), calls);
+    // A call without its key is still Redis's own refusal (Cluster routes on the key).
+    let e = error_of(&mut c, &["RL.TAKE"]);
+    assert!(e.contains("wrong number of arguments"), "{e}");
+}
+
+#[test]
+fn redis_cell_arguments_get_the_equivalent_call() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    // CL.THROTTLE k 15 30 60: a burst of 15 (16 at once), 30 tokens per 60 s.
+    let e = error_of(&mut c, &["RL.TAKE", "k", "15", "30", "60"]);
+    assert!(e.contains("n must not exceed cap"), "{e}");
+    assert!(e.contains("redis-cell"), "{e}");
+    assert!(e.contains("RL.TAKE key 0.5 16"), "{e}");
+    assert_eq!(exists(&mut c, "k"), 0);
+    // The call it suggests works, and allows the burst redis-cell would.
+    for _ in 0..16 {
+        assert_eq!(take(&mut c, "k", 0.5, 16.0, 1), 1);
+    }
+    // An ordinary n over cap has no hint.
+    let e = error_of(&mut c, &["RL.TAKE", "k", "0.5", "16", "20", "WITHSTATE"]);
+    assert!(!e.contains("redis-cell"), "{e}");
+}
+
+fn exists(c: &mut Connection, key: &str) -> i64 {
+    query(c, &["EXISTS", key])
+}
