@@ -8,6 +8,7 @@ decided within it), and every wait is for a state, with a generous deadline."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import multiprocessing
 import random
@@ -380,8 +381,10 @@ def test_threads_share_the_rate_within_the_bound_and_call_once_per_period(
     assert holders(r, key, RATE, CAP) == 0, "closed limiters released their shares"
 
 
-def test_close_releases_and_later_takes_raise(server: Server, key: str) -> None:
-    r = server.client()
+@pytest.mark.parametrize("path", ["direct", "pooled"])
+def test_close_releases_and_later_takes_raise(server: Server, key: str, path: str) -> None:
+    # "pooled": a client without a socket timeout, whose calls run on the call pool.
+    r = server.client() if path == "direct" else redis.Redis(port=server.port)
     a = ShareLimiter(r, key, 100, 10, period=PERIOD, timeout=5)
     with ShareLimiter(r, key, 100, 10, period=PERIOD, timeout=5) as b:
         wait_for(lambda: holders(r, key, 100, 10) == 2)
@@ -393,6 +396,19 @@ def test_close_releases_and_later_takes_raise(server: Server, key: str) -> None:
     a.close()  # idempotent
     assert holders(r, key, 100, 10) == 0
     assert a.metrics["errors"] == 0 and b.metrics["errors"] == 1
+
+
+def test_a_dropped_limiter_stops_and_releases(server: Server, key: str) -> None:
+    r = server.client()
+    lim = ShareLimiter(r, key, 100, 10, period=PERIOD, timeout=5)
+    wait_for(lambda: holders(r, key, 100, 10) == 1)
+    thread = lim._refresher.thread
+    assert thread is not None
+    del lim
+    gc.collect()
+    wait_for(lambda: holders(r, key, 100, 10) == 0)
+    thread.join(30)
+    assert not thread.is_alive()
 
 
 def test_a_lone_holder_gets_the_whole_rate_from_an_empty_bucket(server: Server, key: str) -> None:
