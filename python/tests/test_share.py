@@ -31,6 +31,7 @@ from redis_rl import (
     AsyncShareLimiter,
     FailurePolicy,
     LimiterClosed,
+    LimiterConfig,
     ServerError,
     ShareLimiter,
     Source,
@@ -278,6 +279,14 @@ def test_bad_settings_are_refused() -> None:
         ShareLimiter(r, "k", 10, 10, batch=5)
     with pytest.raises(ValueError):
         ShareLimiter(r, "k", 0, 10)
+    with pytest.raises(TypeError, match="nope"):
+        ShareLimiter(r, "k", 10, 10, nope=1)
+    # The shared config object, with keywords over it; Redis down from the start.
+    lim = ShareLimiter(r, "k", 10, 10, config=LimiterConfig(policy=DENY, timeout=5), version=3)
+    assert lim.config.policy == DENY and lim.config.version == 3 and lim.period == 1.0
+    d = wait_for(lambda: [d for d in [lim.take()] if d.source == Source.FALLBACK])[0]
+    assert not d.granted
+    lim.close()  # never given a share: nothing to release, nothing raised
 
 
 # -- against real servers --
