@@ -6,6 +6,8 @@
   spend it locally, renew ahead, give leftovers back.
 - Failure policies :data:`ALLOW` (``FailurePolicy.allow(share)``), :data:`LAST_KNOWN`,
   :data:`DENY`, a timeout on every call, automatic recovery, counters (:class:`Metrics`).
+- :class:`ShareLimiter` / :class:`AsyncShareLimiter`: a share of a key's rate (``RL.SHARE``),
+  spent from a local bucket and refreshed in the background: takes never wait for Redis.
 - :func:`permit` / :func:`apermit`: a concurrency limit over ``RL.ACQUIRE``.
 - Middleware: :mod:`redis_rl.asgi` (Starlette/FastAPI) and :mod:`redis_rl.wsgi` (Flask/WSGI).
 """
@@ -39,6 +41,7 @@ from .metrics import Metrics
 from .permit import Permit, apermit, permit
 from .policy import ALLOW, DENY, LAST_KNOWN, FailurePolicy
 from .prefetch import AsyncPrefetchLimiter, PrefetchLimiter
+from .share import AsyncShareLimiter, ShareInfo, ShareLimiter
 
 __version__ = "0.1.0"
 
@@ -51,6 +54,7 @@ __all__ = [
     "MODULE",
     "AsyncLimiter",
     "AsyncPrefetchLimiter",
+    "AsyncShareLimiter",
     "Backend",
     "BackendNotFound",
     "Decision",
@@ -69,6 +73,8 @@ __all__ = [
     "RedisRLError",
     "ReserveReply",
     "ServerError",
+    "ShareInfo",
+    "ShareLimiter",
     "LimiterClosed",
     "Source",
     "TakeReply",

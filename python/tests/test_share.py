@@ -1,0 +1,649 @@
+"""ShareLimiter / AsyncShareLimiter (``RL.SHARE``): the pure parts with an injected clock,
+then real servers (module and Functions library), threads, processes and asyncio.
+
+No timing thresholds: bounds are checked on what the limiters let out, measured with
+monotonic timestamps taken around each take (a grant counted in a window ``[a, b]`` was
+decided within it), and every wait is for a state, with a generous deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import math
+import multiprocessing
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, List, Optional, Tuple
+
+import pytest
+import redis
+import redis.asyncio as aredis
+from conftest import FUNCTIONS_LUA, Server, _check_setup
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from redis_rl import (
+    ALLOW,
+    DENY,
+    LAST_KNOWN,
+    AsyncShareLimiter,
+    FailurePolicy,
+    LimiterClosed,
+    LimiterConfig,
+    ServerError,
+    ShareLimiter,
+    Source,
+)
+from redis_rl.share import (
+    HOLD,
+    Demand,
+    Grant,
+    LocalBucket,
+    SharePolicy,
+    ShareState,
+    drift_margin,
+    parse_share,
+)
+
+T0 = 1000.0
+MS = 0.001
+EPS = 1e-6
+
+
+def grant(rate: float, burst: float, holders: int = 2) -> Grant:
+    return Grant(rate, burst, 3.0, 1.0, holders)
+
+
+def policy(p: FailurePolicy) -> SharePolicy:
+    return SharePolicy(p, 100.0, 40.0, 4, 10.0)
+
+
+def drain(state: ShareState, now: float, down: bool, p: SharePolicy) -> int:
+    """Tokens let out by takes of 1 at ``now``."""
+    n = 0
+    while n < 10_000 and state.decide(1, now, down, p).granted:
+        n += 1
+    return n
+
+
+# -- pure: the local bucket, the windows, the policy, the demand --
+
+
+def test_the_bucket_starts_empty_and_fills_at_its_rate_up_to_its_burst() -> None:
+    b = LocalBucket(T0)
+    b.set(10.0, 5.0, T0)
+    assert not b.try_take(1, T0), "a new holder starts empty"
+    assert b.wait_for(1) == pytest.approx(0.1)
+    assert b.try_take(1, T0 + 0.1 + EPS)
+    b.set(10.0, 5.0, T0 + 10)
+    assert b.tokens == 5.0, "up to the burst"
+    assert b.wait_for(6) is None
+
+
+def test_a_new_or_changed_share_never_adds_tokens() -> None:
+    b = LocalBucket(T0)
+    b.set(10.0, 5.0, T0)
+    b.set(10.0, 5.0, T0 + 0.2)  # 2 earned
+    assert b.tokens == pytest.approx(2.0)
+    b.set(1000.0, 100.0, T0 + 0.2)
+    assert b.tokens == pytest.approx(2.0), "a larger share adds nothing"
+    b.set(1.0, 1.0, T0 + 0.2)
+    assert b.tokens == 1.0, "a smaller burst clamps"
+    b.set(1.0, 1.0, T0)  # time running back changes nothing
+    assert b.tokens == 1.0
+
+
+def test_a_share_is_used_until_sent_plus_lease_minus_the_drift_margin() -> None:
+    p = policy(DENY)
+    s = ShareState(T0)
+    s.sending(T0)
+    s.answered(T0, grant(1000.0, 10.0), T0 + MS)
+    end = T0 + 3.0 - drift_margin(3.0)
+    assert drift_margin(3.0) == pytest.approx(0.040)
+    assert s.usable_until() == end
+    assert drain(s, end - EPS, False, p) == 10
+    assert not s.decide(1, end, False, p).granted
+    assert s.bucket.tokens == 0.0, "nothing is kept past the window"
+    assert not s.decide(1, end + 1, False, p).granted
+
+
+def test_a_refresh_in_flight_ends_the_old_share_at_its_hold() -> None:
+    p = policy(DENY)
+    s = ShareState(T0)
+    s.sending(T0)
+    s.answered(T0, grant(1000.0, 10.0), T0)
+    sent = T0 + 1
+    s.sending(sent)
+    assert s.decide(1, sent + HOLD - EPS, False, p).granted, "the old share until the hold"
+    assert not s.decide(1, sent + HOLD, False, p).granted, "then nothing"
+    assert s.share is None
+    s.answered(sent, grant(1000.0, 10.0), sent + HOLD + 1)  # a late answer: from empty
+    assert s.bucket.tokens == 0.0
+    assert s.decide(1, sent + HOLD + 1 + 0.002, False, p).granted
+
+
+def test_an_answer_before_the_hold_switches_shares_without_adding_tokens() -> None:
+    s = ShareState(T0)
+    s.sending(T0)
+    s.answered(T0, grant(10.0, 10.0), T0)
+    sent = T0 + 1  # 10 earned by then
+    s.sending(sent)
+    s.answered(sent, grant(100.0, 4.0), sent + MS)
+    assert s.bucket.tokens == pytest.approx(4.0), "clamped to the new burst"
+    assert s.usable_until() == pytest.approx(sent + 3 - 0.040)
+
+
+def test_an_answer_after_its_lease_is_not_used() -> None:
+    s = ShareState(T0)
+    s.sending(T0)
+    s.answered(T0, grant(1000.0, 10.0), T0 + 3.0)  # later than sent + lease - margin
+    assert s.share is None
+    assert drain(s, T0 + 4, False, policy(DENY)) == 0
+
+
+def test_a_call_that_never_left_keeps_the_old_lease() -> None:
+    p = policy(DENY)
+    s = ShareState(T0)
+    s.sending(T0)
+    s.answered(T0, grant(1000.0, 10.0), T0)
+    sent = T0 + 1
+    s.sending(sent)
+    s.not_sent(sent + MS)
+    later = sent + HOLD + 0.5
+    d = s.decide(1, later, True, p)
+    assert d.granted and not d.fallback, "the lease still runs"
+    end = T0 + 3 - 0.040
+    d = s.decide(1, end, True, p)
+    assert not d.granted and d.fallback, "then the policy (DENY) decides"
+
+
+def test_a_refused_call_after_a_timed_out_one_keeps_the_first_hold() -> None:
+    # The timed-out call may have reached Redis (and changed the share): its hold stands.
+    p = policy(DENY)
+    s = ShareState(T0)
+    s.sending(T0)
+    s.answered(T0, grant(1000.0, 10.0), T0)
+    s.sending(T0 + 1)  # times out: an outage whose fate is unknown
+    s.sending(T0 + 1.1)  # refused
+    s.not_sent(T0 + 1.1)
+    assert s.usable_until() == T0 + 1 + HOLD
+    assert not s.decide(1, T0 + 1 + HOLD, True, p).granted
+
+
+def test_allow_lets_out_rate_over_holders_for_a_bounded_time() -> None:
+    p = policy(ALLOW)
+    s = ShareState(T0)
+    s.sending(T0)
+    s.answered(T0, grant(50.0, 20.0), T0)  # 2 holders
+    start = s.usable_until() + 1
+    assert drain(s, start, True, p) == 0, "starts empty"
+    assert s.decide(1, start, True, p).fallback
+    assert drain(s, start + 0.1 + EPS, True, p) == 5  # 100 / 2 holders per second
+    assert drain(s, start + 5, True, p) == 20  # burst 40 / 2
+    assert drain(s, start + 10, True, p) == 0, "allow_for is over"
+    assert drain(s, start + 20, True, p) == 0, "for the rest of the outage"
+    back = start + 21
+    s.sending(back)
+    s.answered(back, grant(50.0, 20.0), back)
+    assert drain(s, back, False, p) == 0, "a share after an outage starts empty"
+    assert drain(s, back + 1, False, p) == 20
+
+
+def test_last_known_keeps_the_last_share_and_deny_nothing() -> None:
+    s = ShareState(T0)
+    s.sending(T0)
+    s.answered(T0, grant(7.0, 3.0), T0)
+    late = s.usable_until() + 100
+    lk = ShareState(T0)
+    lk.__dict__.update({k: v for k, v in s.__dict__.items() if k != "bucket"})
+    lk.bucket = LocalBucket(T0)
+    p = policy(LAST_KNOWN)
+    lk.decide(1, late, True, p)
+    assert drain(lk, late + 1, True, p) == 3, "the last burst"
+    assert drain(lk, late + 2, True, p) == 3, "refilled at 7/s"
+    assert drain(s, late + 1, True, policy(DENY)) == 0
+    up = ShareState(T0)  # Redis not down: no policy, no grant without a share
+    assert drain(up, T0 + 10, False, policy(ALLOW)) == 0
+    assert not up.in_fallback
+
+
+def test_let_out_never_exceeds_what_the_shares_earned() -> None:
+    # Whatever the shares, answers and losses: what is let out while shares are used is at
+    # most what their rates earned inside their windows.
+    p = policy(DENY)
+    for seed in range(1, 150):
+        rng = random.Random(seed)
+        s = ShareState(T0)
+        now = last = T0
+        let_out = earned = 0.0
+        for _ in range(300):
+            nxt = now + rng.random() * 0.4
+            if s.share is not None:
+                until = min(s.usable_until(), nxt)
+                if until > last:
+                    earned += s.share.rate * (until - last)
+            now = last = nxt
+            op = rng.randrange(6)
+            if op == 0:
+                s.sending(now)
+            elif op == 1:
+                g = grant(float(rng.randrange(1000)), float(rng.randrange(50)))
+                s.answered(now - rng.random() * 0.3, g, now)
+            elif op == 2:
+                s.not_sent(now)
+            else:
+                n = 1 + rng.randrange(5)
+                if s.decide(n, now, False, p).granted:
+                    let_out += n
+        assert let_out <= earned + 1e-6, (seed, let_out, earned)
+
+
+def test_want_follows_demand_with_headroom() -> None:
+    d = Demand(T0)
+    assert d.want(T0, 1.0, 0.5, 123.0) == 123.0, "nothing measured yet: the initial want"
+    now = T0
+    for _ in range(3):
+        d.attempt(100)
+        now += 1
+        d.want(now, 1.0, 0.5, 123.0)
+    assert d.want(now, 1.0, 0.5, 123.0) == pytest.approx(150.0)
+    d.attempt(1000)
+    now += 1
+    assert d.want(now, 1.0, 0.0, 0.0) == pytest.approx(100 + 900 * (1 - math.exp(-1)))
+    for _ in range(2):
+        d.attempt(1000)
+        now += 1
+        d.want(now, 1.0, 0.0, 0.0)
+    w3 = d.want(now, 1.0, 0.0, 0.0)
+    assert w3 > 100 + 0.95 * 900 - 1e-6
+    d.attempt(1e9)
+    assert d.want(now + MS, 1.0, 0.0, 0.0) == w3, "calls closer than 5 ms keep the want"
+
+
+def test_replies_are_parsed_in_both_protocols() -> None:
+    assert parse_share([b"2.5", b"1", 3000, 1000, 2]) == Grant(2.5, 1.0, 3.0, 1.0, 2)
+    assert parse_share([2.5, 1.0, 3000, 1000, 2]) == Grant(2.5, 1.0, 3.0, 1.0, 2)
+    for bad in ([b"-1", b"1", 1, 1, 1], [b"inf", b"1", 1, 1, 1], [1, 2, 3], b"x"):
+        with pytest.raises(ServerError):
+            parse_share(bad)
+
+
+def test_bad_settings_are_refused() -> None:
+    r = redis.Redis(port=1)
+    for kwargs in ({"period": 0.001}, {"headroom": -1.0}, {"allow_for": math.inf}):
+        with pytest.raises(ValueError):
+            ShareLimiter(r, "k", 10, 10, **kwargs)
+    with pytest.raises(TypeError, match="batch"):
+        ShareLimiter(r, "k", 10, 10, batch=5)
+    with pytest.raises(ValueError):
+        ShareLimiter(r, "k", 0, 10)
+    with pytest.raises(TypeError, match="nope"):
+        ShareLimiter(r, "k", 10, 10, nope=1)
+    # The shared config object, with keywords over it; Redis down from the start.
+    lim = ShareLimiter(r, "k", 10, 10, config=LimiterConfig(policy=DENY, timeout=5), version=3)
+    assert lim.config.policy == DENY and lim.config.version == 3 and lim.period == 1.0
+    d = wait_for(lambda: [d for d in [lim.take()] if d.source == Source.FALLBACK])[0]
+    assert not d.granted
+    lim.close()  # never given a share: nothing to release, nothing raised
+
+
+# -- against real servers --
+
+PERIOD = 0.3  # at least the 250 ms hold: a shorter period keeps a shrinking share held
+
+
+def holders(r: redis.Redis, key: str, rate: float, cap: float, fcall: bool = False) -> int:
+    """Live holders on the key: a RELEASE of a holder that has none writes nothing."""
+    rest = [rate, cap, f"probe-{random.random()}", 0, 1000, "RELEASE"]
+    if fcall:
+        return int(r.execute_command("FCALL", "rl_share", 1, key, *rest)[4])
+    return int(r.execute_command("RL.SHARE", key, *rest)[4])
+
+
+def wait_for(what: Callable[[], Any], deadline: float = 30.0) -> Any:
+    end = time.monotonic() + deadline
+    while True:
+        got = what()
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise AssertionError("the state was not reached within the deadline")
+        time.sleep(0.005)
+
+
+Stamp = Tuple[float, float]
+
+
+def check_windows(stamps: List[Stamp], rate: float, cap: float, n_holders: int) -> None:
+    """Every window ``[before_i, after_j]``: the grants decided in it (taken after its
+    start and returned before its end) are at most ``cap + rate * (after_j - before_i)``."""
+    slack = 1e-6 * n_holders  # float rounding of the local buckets
+    by_after = sorted(stamps, key=lambda s: s[1])
+    starts = sorted({s[0] for s in stamps})
+    if len(starts) > 400:  # every grant's start when few, else an even sample of them
+        starts = starts[:: len(starts) // 400]
+    for a in starts:
+        count = 0
+        for before, after in by_after:
+            if before >= a:
+                count += 1
+                assert count <= cap + rate * (after - a) + slack, (count, after - a)
+
+
+def taker(lim: ShareLimiter, seconds: float, out: List[Stamp]) -> int:
+    """Takes in a loop for ``seconds``; returns the attempts."""
+    attempts = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        before = time.monotonic()
+        d = lim.take()
+        after = time.monotonic()
+        attempts += 1
+        if d:
+            out.append((before, after))
+        else:
+            time.sleep(0.001)
+    return attempts
+
+
+RATE, CAP, THREADS, SECONDS = 200.0, 40.0, 4, 3.0
+
+
+def test_threads_share_the_rate_within_the_bound_and_call_once_per_period(
+    server: Server, key: str
+) -> None:
+    r = server.client()
+    lims = [
+        ShareLimiter(r, key, RATE, CAP, period=PERIOD, policy=DENY, timeout=5)
+        for _ in range(THREADS)
+    ]
+    assert len({lim.holder_id for lim in lims}) == THREADS, "every limiter is its own holder"
+    stamps: List[List[Stamp]] = [[] for _ in lims]
+    attempts = [0] * THREADS
+    start = time.monotonic()
+
+    def run(i: int) -> None:
+        attempts[i] = taker(lims[i], SECONDS, stamps[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    assert wait_for(lambda: holders(r, key, RATE, CAP) == THREADS)
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - start
+    calls = [lim.metrics["redis_calls"] for lim in lims]
+    for lim in lims:
+        lim.close()
+    everything = [s for st in stamps for s in st]
+    assert everything, "no grant at all"
+    check_windows(everything, RATE, CAP, THREADS)
+    # Calls per holder: one per period (a little early), a few more while the shares
+    # settle (a newcomer is sent back sooner), the backend probe; not one per take.
+    most = 4 + 8 + elapsed / (0.9 * PERIOD)
+    assert all(c <= most for c in calls), (calls, most, attempts)
+    m = lims[0].metrics
+    assert m["calls"] == m["granted"] + m["denied"] + m["errors"] == attempts[0]
+    assert m["fallback_decisions"] == 0
+    assert holders(r, key, RATE, CAP) == 0, "closed limiters released their shares"
+
+
+@pytest.mark.parametrize("path", ["direct", "pooled"])
+def test_close_releases_and_later_takes_raise(server: Server, key: str, path: str) -> None:
+    # "pooled": a client without a socket timeout, whose calls run on the call pool.
+    r = server.client() if path == "direct" else redis.Redis(port=server.port)
+    a = ShareLimiter(r, key, 100, 10, period=PERIOD, timeout=5)
+    with ShareLimiter(r, key, 100, 10, period=PERIOD, timeout=5) as b:
+        wait_for(lambda: holders(r, key, 100, 10) == 2)
+        wait_for(lambda: b.share().rate > 0)
+    assert holders(r, key, 100, 10) == 1, "leaving the block released b's share"
+    with pytest.raises(LimiterClosed):
+        b.take()
+    a.close()
+    a.close()  # idempotent
+    assert holders(r, key, 100, 10) == 0
+    assert a.metrics["errors"] == 0 and b.metrics["errors"] == 1
+
+
+def test_a_dropped_limiter_stops_and_releases(server: Server, key: str) -> None:
+    r = server.client()
+    lim = ShareLimiter(r, key, 100, 10, period=PERIOD, timeout=5)
+    wait_for(lambda: holders(r, key, 100, 10) == 1)
+    thread = lim._refresher.thread
+    assert thread is not None
+    del lim
+    gc.collect()
+    wait_for(lambda: holders(r, key, 100, 10) == 0)
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_a_lone_holder_gets_the_whole_rate_from_an_empty_bucket(server: Server, key: str) -> None:
+    r = server.client(protocol=3)
+    with ShareLimiter(r, key, 1000, 5, period=PERIOD, timeout=5) as lim:
+        d = lim.take()
+        info = wait_for(lambda: (lim.share().rate > 0 and lim.share()) or None)
+        assert info.rate == 1000 and info.burst == 5 and info.holders == 1
+        assert not info.fallback
+        assert d.source in (Source.LEASE, Source.SERVER) and d.limit == 5
+        got = wait_for(lambda: lim.take())
+        assert got.source == Source.LEASE and got.tokens == 1
+        assert lim.backend == "module"
+
+
+def test_denials_carry_a_retry_hint_and_headers(server: Server, key: str) -> None:
+    r = server.client()
+    with ShareLimiter(r, key, 1, 2, period=PERIOD, timeout=5) as lim:
+        wait_for(lambda: lim.share().rate > 0)
+        while lim.take():
+            pass
+        d = lim.take()
+        assert not d and d.retry_after_ms >= 1 and d.source == Source.LEASE
+        assert d.headers()["Retry-After"] == "1" and d.headers()["X-RateLimit-Limit"] == "2"
+
+
+def test_wrongtype_on_a_string_key_raises(server: Server, key: str) -> None:
+    r = server.client()
+    r.set(key, "x")
+    lim = ShareLimiter(r, key, 10, 10, period=PERIOD, policy=ALLOW, timeout=5)
+
+    def raised() -> Optional[str]:
+        try:
+            lim.take()
+        except ServerError as e:
+            return str(e)
+        return None
+
+    assert "WRONGTYPE" in wait_for(raised)
+    m = lim.metrics
+    assert m["server_errors"] >= 1 and m["fallback_decisions"] == 0 and m["granted"] == 0
+    lim.close()
+    assert r.get(key) == b"x"
+
+
+def _fork_child(port: int, key: str, parent_id: str, lim: ShareLimiter, out: Any) -> None:
+    child_id = lim.holder_id
+    r = redis.Redis(port=port, socket_timeout=5)
+    ok = wait_for(lambda: holders(r, key, 100, 10) == 2)
+    granted = wait_for(lambda: lim.take().granted)
+    lim.close()
+    out.put((child_id != parent_id, ok, granted))
+
+
+def test_a_forked_child_is_a_new_holder(server: Server, key: str) -> None:
+    r = server.client()
+    lim = ShareLimiter(r, key, 100, 10, period=PERIOD, timeout=5)
+    wait_for(lambda: lim.share().rate > 0)
+    parent_id = lim.holder_id
+    ctx = multiprocessing.get_context("fork")
+    out: Any = ctx.Queue()
+    child = ctx.Process(target=_fork_child, args=(server.port, key, parent_id, lim, out))
+    child.start()
+    assert out.get(timeout=60) == (True, True, True)
+    child.join(30)
+    assert child.exitcode == 0
+    assert lim.holder_id == parent_id, "the parent keeps its holder"
+    assert holders(r, key, 100, 10) == 1, "the child released its own share only"
+    lim.close()
+
+
+def _process_worker(port: int, key: str, out: Any) -> None:
+    r = redis.Redis(port=port, socket_timeout=5)
+    stamps: List[Stamp] = []
+    with ShareLimiter(r, key, RATE, CAP, period=PERIOD, policy=DENY, timeout=5) as lim:
+        taker(lim, SECONDS, stamps)
+        calls = lim.metrics["redis_calls"]
+    out.put((stamps, calls))
+
+
+def test_processes_share_the_rate_within_the_bound(server: Server, key: str) -> None:
+    procs_n = 3
+    ctx = multiprocessing.get_context("fork")
+    out: Any = ctx.Queue()
+    start = time.monotonic()
+    procs = [ctx.Process(target=_process_worker, args=(server.port, key, out)) for _ in "abc"]
+    for proc in procs:
+        proc.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for proc in procs:
+        proc.join(30)
+    elapsed = time.monotonic() - start
+    assert all(proc.exitcode == 0 for proc in procs)
+    everything = [s for stamps, _ in results for s in stamps]
+    assert everything
+    check_windows(everything, RATE, CAP, procs_n)
+    assert all(calls <= 12 + elapsed / (0.9 * PERIOD) for _, calls in results), results
+
+
+def unretried(server: Server) -> redis.Redis:
+    """The recommended client: bounded by the limiter's timeout, no retries."""
+    return server.client(
+        socket_timeout=0.5, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)
+    )
+
+
+def test_redis_stopped_then_restarted(own_server: Server, key: str) -> None:
+    r = unretried(own_server)
+    lim = ShareLimiter(r, key, 100, 10, period=PERIOD, policy=DENY, timeout=1, probe_interval=0.05)
+    assert wait_for(lambda: lim.take().granted)
+    own_server.kill()
+    # Once the share is gone, the policy decides (DENY: nothing), counted as fallback.
+    d = wait_for(lambda: [d for d in [lim.take()] if d.source == Source.FALLBACK])[0]
+    assert not d.granted and d.retry_after_ms == 1000
+    assert lim.share().fallback and lim.share().rate == 0
+    assert lim.metrics["fallback_granted"] == 0 and lim.metrics["redis_errors"] >= 1
+    own_server.start()
+    # Recovery: a share again, no fallback.
+    got = wait_for(lambda: [d for d in [lim.take()] if d.granted])[0]
+    assert got.source == Source.LEASE and not lim.share().fallback
+    lim.close()
+
+
+def test_allow_lets_out_a_share_of_the_limit_while_redis_is_down(
+    own_server: Server, key: str
+) -> None:
+    r = unretried(own_server)
+    lim = ShareLimiter(
+        r, key, 1000, 20, period=PERIOD, policy=ALLOW, timeout=1, probe_interval=0.05
+    )
+    wait_for(lambda: lim.share().holders == 1)
+    own_server.kill()
+    d = wait_for(lambda: [d for d in [lim.take()] if d.granted and d.source == Source.FALLBACK])[0]
+    assert d.tokens == 1 and lim.metrics["fallback_granted"] >= 1
+    info = lim.share()
+    assert info.fallback and info.rate == 1000 and info.burst == 20  # rate / 1 holder
+    with pytest.raises(redis.exceptions.ConnectionError):
+        lim.close()  # the release cannot be sent: raised (the share lapses on the server)
+
+
+def test_asyncio_twin(server: Server, key: str) -> None:
+    async def run() -> None:
+        r = aredis.Redis(port=server.port, socket_timeout=5)
+        lims = [
+            AsyncShareLimiter(r, key, RATE, CAP, period=PERIOD, policy=DENY, timeout=5)
+            for _ in range(3)
+        ]
+        stamps: List[Stamp] = []
+
+        async def work(lim: AsyncShareLimiter) -> None:
+            end = time.monotonic() + SECONDS
+            while time.monotonic() < end:
+                before = time.monotonic()
+                d = await lim.take()
+                after = time.monotonic()
+                if d:
+                    stamps.append((before, after))
+                    await asyncio.sleep(0)
+                else:
+                    await asyncio.sleep(0.001)
+
+        sync = server.client()
+        await asyncio.gather(*(work(lim) for lim in lims))
+        assert holders(sync, key, RATE, CAP) == 3
+        assert stamps
+        check_windows(stamps, RATE, CAP, 3)
+        for lim in lims:
+            await lim.close()
+        assert holders(sync, key, RATE, CAP) == 0
+        async with AsyncShareLimiter(r, key, 10, 10, period=PERIOD, timeout=5) as one:
+            for _ in range(2000):
+                if one.share().rate > 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert holders(sync, key, 10, 10) == 1
+        assert holders(sync, key, 10, 10) == 0
+        with pytest.raises(LimiterClosed):
+            await one.take()
+        await r.aclose()
+
+    asyncio.run(run())
+
+
+def test_asyncio_wrongtype_raises(server: Server, key: str) -> None:
+    async def run() -> str:
+        r = aredis.Redis(port=server.port, socket_timeout=5)
+        await r.set(key, "x")
+        lim = AsyncShareLimiter(r, key, 10, 10, period=PERIOD, timeout=5)
+        try:
+            for _ in range(3000):
+                try:
+                    await lim.take()
+                except ServerError as e:
+                    return str(e)
+                await asyncio.sleep(0.01)
+            raise AssertionError("no error raised")
+        finally:
+            await lim.close()
+            await r.aclose()
+
+    assert "WRONGTYPE" in asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def fserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    _check_setup()
+    s = Server(Path(tmp_path_factory.mktemp("share-functions")), module=False)
+    s.client().execute_command("FUNCTION", "LOAD", "REPLACE", FUNCTIONS_LUA.read_text())
+    yield s
+    s.stop()
+
+
+def test_functions_backend(fserver: Server, key: str) -> None:
+    r = fserver.client()
+    a = ShareLimiter(r, key, RATE, CAP, period=PERIOD, policy=DENY, timeout=5)
+    b = ShareLimiter(r, key, RATE, CAP, period=PERIOD, policy=DENY, timeout=5, version=1)
+    stamps: List[Stamp] = []
+    ts = [threading.Thread(target=taker, args=(lim, 1.5, stamps)) for lim in (a, b)]
+    for t in ts:
+        t.start()
+    assert wait_for(lambda: holders(r, key, RATE, CAP, fcall=True) == 2)
+    for t in ts:
+        t.join()
+    assert a.backend == "functions" and stamps
+    check_windows(stamps, RATE, CAP, 2)
+    a.close()
+    assert holders(r, key, RATE, CAP, fcall=True) == 1
+    b.close()
+    assert holders(r, key, RATE, CAP, fcall=True) == 0
