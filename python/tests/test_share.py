@@ -427,9 +427,9 @@ def test_a_lone_holder_gets_the_whole_rate_from_an_empty_bucket(server: Server, 
         info = wait_for(lambda: (lim.share().rate > 0 and lim.share()) or None)
         assert info.rate == 1000 and info.burst == 5 and info.holders == 1
         assert not info.fallback
-        assert d.source in (Source.LEASE, Source.SERVER) and d.limit == 5
+        assert d.source == Source.SHARE and d.limit == 5
         got = wait_for(lambda: lim.take())
-        assert got.source == Source.LEASE and got.tokens == 1
+        assert got.source == Source.SHARE and got.tokens == 1
         assert lim.backend == "module"
 
 
@@ -440,7 +440,7 @@ def test_denials_carry_a_retry_hint_and_headers(server: Server, key: str) -> Non
         while lim.take():
             pass
         d = lim.take()
-        assert not d and d.retry_after_ms >= 1 and d.source == Source.LEASE
+        assert not d and d.retry_after_ms >= 1 and d.source == Source.SHARE
         assert d.headers()["Retry-After"] == "1" and d.headers()["X-RateLimit-Limit"] == "2"
 
 
@@ -537,7 +537,7 @@ def test_redis_stopped_then_restarted(own_server: Server, key: str) -> None:
     own_server.start()
     # Recovery: a share again, no fallback.
     got = wait_for(lambda: [d for d in [lim.take()] if d.granted])[0]
-    assert got.source == Source.LEASE and not lim.share().fallback
+    assert got.source == Source.SHARE and not lim.share().fallback
     lim.close()
 
 

@@ -16,6 +16,8 @@ class Source(enum.Enum):
     LEASE = "lease"
     #: Decided locally by the failure policy because Redis was unavailable or slow.
     FALLBACK = "fallback"
+    #: Decided by a ``ShareLimiter``'s local bucket, at the rate share Redis granted.
+    SHARE = "share"
 
 
 def ceil_secs(ms: int) -> int:

@@ -58,7 +58,7 @@ HOLD = 0.25
 #: Shortest span a demand sample is taken over: calls closer together keep the last want.
 MIN_SAMPLE = 0.005
 #: Decisions made from a share carry this source (a share is a lease of a rate).
-SHARE_SOURCE = Source.LEASE
+SHARE_SOURCE = Source.SHARE
 
 
 def drift_margin(lease: float) -> float:
