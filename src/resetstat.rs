@@ -9,6 +9,10 @@
 //! (`total_commands_processed` dropping confirms it too.) The check runs in the filter of the
 //! next command (any command), and before the next module command and `INFO`, so no count
 //! made after the reset is lost and no reset is overwritten by the next one.
+//!
+//! A reset that was not confirmed at the next command was refused, or queued in a `MULTI`:
+//! it stays armed for `EXEC` alone (which runs the queued one however late it comes), so
+//! other commands do not each pay for reading Redis's statistics meanwhile.
 
 use crate::ffi::{self, Filter};
 use crate::{ops, stats};
@@ -35,8 +39,9 @@ fn resetstat_stats() -> Option<(u64, u64)> {
     })
 }
 
-/// Checks left before a pending reset that never ran is forgotten.
-static CHECKS_LEFT: AtomicU64 = AtomicU64::new(0);
+/// A reset not confirmed at the next command (its `PENDING` value, 0: none): checked again
+/// at each `EXEC`, until it is confirmed or another `CONFIG RESETSTAT` replaces it.
+static AT_EXEC: AtomicU64 = AtomicU64::new(0);
 
 fn commands_processed() -> Option<u64> {
     ffi::server_info_u64(c"stats", c"total_commands_processed")
@@ -52,8 +57,19 @@ fn commands_processed() -> Option<u64> {
 pub fn filter(f: &Filter) {
     if PENDING.load(Relaxed) != 0 {
         check();
+        // Not confirmed at the command after it: refused, or queued in a `MULTI`.
+        let pending = PENDING.swap(0, Relaxed);
+        if pending != 0 {
+            AT_EXEC.store(pending, Relaxed);
+        }
     }
     let is = |i: usize, want: &[u8]| f.arg(i).is_some_and(|a| a.eq_ignore_ascii_case(want));
+    let at_exec = AT_EXEC.load(Relaxed);
+    if at_exec != 0 && f.len() == 1 && is(0, b"exec") {
+        // Armed for the commands `EXEC` runs and the one after it.
+        PENDING.store(at_exec, Relaxed);
+        return;
+    }
     if f.len() != 2 || !is(0, b"config") || !is(1, b"resetstat") {
         return;
     }
@@ -61,7 +77,7 @@ pub fn filter(f: &Filter) {
         SEEN_CALLS.store(calls, Relaxed);
         SEEN_USEC.store(usec, Relaxed);
         PENDING.store(v + 1, Relaxed);
-        CHECKS_LEFT.store(10_000, Relaxed);
+        AT_EXEC.store(0, Relaxed);
     }
 }
 
@@ -78,9 +94,8 @@ pub fn check() {
     let ran = calls == 1 && (seen_calls != 1 || usec != seen_usec);
     if ran || now < pending - 1 {
         PENDING.store(0, Relaxed);
+        AT_EXEC.store(0, Relaxed);
         stats::reset();
         ops::reset();
-    } else if CHECKS_LEFT.fetch_sub(1, Relaxed) <= 1 {
-        PENDING.store(0, Relaxed);
     }
 }

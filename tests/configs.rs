@@ -156,3 +156,31 @@ fn loading_the_module_twice_says_why_it_is_refused() {
         "the loaded module still works"
     );
 }
+
+/// What `CONFIG SET` changed and `CONFIG REWRITE` saved is what a restart loads, also when
+/// the `loadmodule` line carries a `mode` argument (which `CONFIG REWRITE` keeps as it is).
+#[test]
+fn a_mode_set_and_rewritten_survives_a_restart_whatever_loadmodule_says() {
+    for (arg, set) in [("shadow", "enforce"), ("enforce", "shadow")] {
+        let mut s = Server::try_start_conf("", &[]).unwrap_or_else(|log| panic!("{log}"));
+        std::fs::write(
+            s.dir.path().join("redis.conf"),
+            format!("loadmodule {} mode {arg}\n", module_path().display()),
+        )
+        .unwrap();
+        s.restart();
+        let mut c = s.conn();
+        assert_eq!(config_get(&mut c, "rl.mode"), arg.as_bytes());
+        config_set(&mut c, "rl.mode", set.as_bytes()).unwrap();
+        let _: () = redis::cmd("CONFIG").arg("REWRITE").query(&mut c).unwrap();
+        s.restart();
+        let mut c = s.conn();
+        assert_eq!(
+            String::from_utf8_lossy(&config_get(&mut c, "rl.mode")),
+            set,
+            "loadmodule ... mode {arg}, then CONFIG SET rl.mode {set} and CONFIG REWRITE: \
+             the restart loads another mode; redis.conf:\n{}",
+            String::from_utf8_lossy(&s.conf())
+        );
+    }
+}

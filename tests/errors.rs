@@ -84,3 +84,51 @@ fn redis_cell_arguments_get_the_equivalent_call() {
 fn exists(c: &mut Connection, key: &str) -> i64 {
     query(c, &["EXISTS", key])
 }
+
+/// The limit a redis-cell hint suggests (`RL.TAKE key <rate> <cap>`), if the error has one.
+fn suggested(e: &str) -> Option<(String, String)> {
+    const AT: &str = "the same limit here is RL.TAKE key ";
+    let rest = &e[e.find(AT)? + AT.len()..];
+    let mut words = rest.split([' ', ':']);
+    Some((words.next()?.to_owned(), words.next()?.to_owned()))
+}
+
+#[test]
+fn a_redis_cell_hint_only_suggests_a_call_that_works() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    // redis-cell's max_burst count period, where count / period or max_burst + 1 is a limit
+    // RL.TAKE refuses: the hint must not send the caller to another error.
+    for (rate, cap, n) in [
+        // count / period below the smallest rate (1e-9 tokens per second).
+        ("1", "0.001", "9007199254740991"),
+        ("1", "0.000000001", "1000"),
+        // max_burst + 1 above the largest cap (1e15).
+        ("1000000000000000", "1", "2"),
+        // A limit that takes more than 100 years to fill.
+        ("100000", "1", "1000000"),
+        // Ordinary ones, whose hint must work too.
+        ("15", "30", "60"),
+        ("3", "1", "3"),
+        ("999999999999999", "1", "2"),
+    ] {
+        let e = error_of(&mut c, &["RL.TAKE", "k", rate, cap, n]);
+        assert!(e.contains("n must not exceed cap"), "{rate} {cap} {n}: {e}");
+        if let Some((r, cp)) = suggested(&e) {
+            let got: redis::RedisResult<i64> = redis::cmd("RL.TAKE")
+                .arg("hinted")
+                .arg(&r)
+                .arg(&cp)
+                .query(&mut c);
+            assert!(
+                got.is_ok(),
+                "RL.TAKE k {rate} {cap} {n} suggests RL.TAKE key {r} {cp}, which fails: {got:?}"
+            );
+            let _: i64 = query(&mut c, &["DEL", "hinted"]);
+        }
+        assert_eq!(exists(&mut c, "k"), 0);
+    }
+    // The ordinary case still gets its hint.
+    let e = error_of(&mut c, &["RL.TAKE", "k", "3", "1", "3"]);
+    assert!(e.contains("RL.TAKE key 0.3333333333333333 4"), "{e}");
+}

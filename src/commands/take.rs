@@ -89,6 +89,8 @@ fn redis_cell_hint(args: &Args) -> Option<Error> {
         return None;
     }
     let rate = count / period as f64;
+    // Only a call that works here is suggested: the rate and cap must be ones RL.TAKE takes.
+    rl_core::Limit::new(rate, (burst + 1) as f64).ok()?;
     Some(Error::Hinted(
         N_OVER_CAP,
         format!(
