@@ -4,7 +4,8 @@
 //! (`loadmodule libredis_rl.so mode shadow`) and at runtime with `CONFIG SET rl.mode shadow`.
 //!
 //! `loadmodule` arguments are `name value` pairs, names and values case-insensitive
-//! (`mode`, or `rl.mode` as in redis.conf). Anything else refuses the load with a log line
+//! (`mode`, or `rl.mode` as in redis.conf); the argument sets `rl.mode`'s default, which an
+//! `rl.mode` line in redis.conf overrides. Anything else refuses the load with a log line
 //! that names the argument and what is accepted: a typo must not load in enforce mode
 //! unnoticed.
 //! Commands read it on every call, so it lives in an atomic, not behind a lock.
@@ -104,9 +105,11 @@ pub fn shadow() -> bool {
     MODE.get() == Mode::Shadow
 }
 
-/// Applies `loadmodule` arguments (after redis.conf's own `rl.*` lines, so they win).
-/// `Err` is the one log line that says what was wrong.
-pub fn apply_module_args(args: &[&[u8]]) -> Result<(), String> {
+/// The mode the `loadmodule` arguments ask for (`None`: none). It becomes `rl.mode`'s
+/// default, so an `rl.mode` line in redis.conf (one `CONFIG REWRITE` wrote, say) wins over
+/// it and a rewrite keeps exactly what differs from it. `Err` is the one log line that says
+/// what was wrong.
+pub fn module_args_mode(args: &[&[u8]]) -> Result<Option<Mode>, String> {
     let show = |b: &[u8]| String::from_utf8_lossy(&b[..b.len().min(64)]).into_owned();
     let mut mode = None;
     let mut rest = args;
@@ -136,10 +139,7 @@ pub fn apply_module_args(args: &[&[u8]]) -> Result<(), String> {
         });
         rest = tail;
     }
-    if let Some(m) = mode {
-        MODE.set(m);
-    }
-    Ok(())
+    Ok(mode)
 }
 
 /// The mode's name, for the log and INFO.
@@ -156,11 +156,15 @@ mod tests {
 
     #[test]
     fn module_args() {
-        assert!(apply_module_args(&[]).is_ok());
-        assert!(apply_module_args(&[b"MODE", b"SHADOW"]).is_ok());
-        assert_eq!(mode_name(), "shadow");
-        assert!(apply_module_args(&[b"rl.mode", b"Enforce"]).is_ok());
-        assert_eq!(mode_name(), "enforce");
+        assert_eq!(module_args_mode(&[]), Ok(None));
+        assert_eq!(
+            module_args_mode(&[b"MODE", b"SHADOW"]),
+            Ok(Some(Mode::Shadow))
+        );
+        assert_eq!(
+            module_args_mode(&[b"rl.mode", b"Enforce"]),
+            Ok(Some(Mode::Enforce))
+        );
         for bad in [
             &[&b"mdoe"[..], b"shadow"][..],
             &[b"shadow"],
@@ -168,9 +172,8 @@ mod tests {
             &[b"mode", b"shadw"],
             &[b"mode", b"shadow", b"extra"],
         ] {
-            let e = apply_module_args(bad).unwrap_err();
+            let e = module_args_mode(bad).unwrap_err();
             assert!(e.contains("accepted") || e.contains("needs a value"), "{e}");
-            assert_eq!(mode_name(), "enforce");
         }
     }
 }

@@ -44,13 +44,13 @@ fn load(ctx: Ctx, args: &[&[u8]]) -> Result<(), String> {
     if !ffi::create_types(ctx, &[&BUCKET_TYPE, &PERMIT_TYPE, &SHARE_TYPE]) {
         return Err("could not create the data types".into());
     }
-    ffi::register_configs(ctx, config::CONFIGS).map_err(|name| {
+    let mode = config::module_args_mode(args)?;
+    ffi::register_configs(ctx, config::CONFIGS, mode.map(|m| m as i32)).map_err(|name| {
         format!(
             "could not register the config rl.{}",
             name.to_string_lossy()
         )
     })?;
-    config::apply_module_args(args)?;
     // Keys signal "modified" (WATCH, client tracking) only when a command wrote them.
     // And a short or corrupt payload (RESTORE, a damaged RDB) is a refused value, not an
     // abort: the loader checks `Io::failed` (see `datatype.rs`).

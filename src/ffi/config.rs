@@ -202,9 +202,14 @@ unsafe extern "C" fn set_bytes(
     })
 }
 
-/// Registers `configs` and loads their values from redis.conf (or sets the defaults).
-/// `Err`: the name of the one Redis refused.
-pub fn register_configs(ctx: Ctx, configs: &'static [Config]) -> Result<(), &'static CStr> {
+/// Registers `configs` and loads their values from redis.conf (or sets the defaults);
+/// `enum_default` replaces the enum config's own default (the `loadmodule` argument's
+/// mode). `Err`: the name of the one Redis refused.
+pub fn register_configs(
+    ctx: Ctx,
+    configs: &'static [Config],
+    enum_default: Option<i32>,
+) -> Result<(), &'static CStr> {
     for c in configs {
         let privdata = c as *const Config as *mut c_void;
         let flags = raw::REDISMODULE_CONFIG_DEFAULT;
@@ -256,7 +261,7 @@ pub fn register_configs(ctx: Ctx, configs: &'static [Config]) -> Result<(), &'st
                 rm!(RedisModule_RegisterEnumConfig(
                     ctx.0,
                     c.name.as_ptr(),
-                    *default,
+                    enum_default.unwrap_or(*default),
                     flags,
                     ptrs.as_mut_ptr(),
                     values.as_ptr(),
