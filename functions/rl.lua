@@ -1175,6 +1175,9 @@ local function redis_cell_hint(a, na)
         or burst >= 2 ^ 53 then
         return nil
     end
+    -- Only a call that works here is suggested: the rate and cap must be ones RL.TAKE takes.
+    local rate, cap = count / period, burst + 1
+    if not (in_range(rate) and in_range(cap) and cap / rate <= MAX_FILL_SECS) then return nil end
     return 'n must not exceed cap (if these are redis-cell\'s max_burst count period, the same '
         .. 'limit here is RL.TAKE key ' .. plain(count / period) .. ' '
         .. string.format('%d', burst + 1) .. ': rate in tokens per second, cap = max_burst + 1)'
@@ -1644,7 +1647,7 @@ local function hex(id)
     return table.concat(out)
 end
 
-local function add_up(a, b) return sub_up(a, -b) end
+local EPSILON = 2 ^ -52 -- f64::EPSILON
 
 local function non_negative(x)
     if x > 0 then return x end
@@ -1843,6 +1846,9 @@ local function rl_share(keys, a)
     local own
     -- One pass over the others, in id order.
     local s_rate, s_burst, live, wants, dead, last_end = 0.0, 0.0, 0, 0.0, 0, 0
+    -- The sums as share.rs's `Sum`: plain sums, with the rounding of each addition tracked
+    -- (two-sum); raised by n ulps of themselves only if some addition rounded.
+    local lost_rate, lost_burst, counted = 0.0, 0.0, 0
     for k = 1, #list do
         local e = list[k]
         if e.k == id then
@@ -1852,14 +1858,25 @@ local function rl_share(keys, a)
         else
             local en = entry_end(e)
             if en > last_end then last_end = en end
-            s_rate = add_up(s_rate, rate_at(e, now_us))
-            s_burst = add_up(s_burst, burst_at(e, now_us))
+            local x = rate_at(e, now_us)
+            local sum = s_rate + x
+            local bb = sum - s_rate
+            lost_rate = lost_rate + math.abs((s_rate - (sum - bb)) + (x - bb))
+            s_rate = sum
+            x = burst_at(e, now_us)
+            sum = s_burst + x
+            bb = sum - s_burst
+            lost_burst = lost_burst + math.abs((s_burst - (sum - bb)) + (x - bb))
+            s_burst = sum
+            counted = counted + 1
             if now_us < e.le then
                 live = live + 1
                 wants = wants + e.w
             end
         end
     end
+    if lost_rate ~= 0 then s_rate = mul_up(s_rate, 1 + counted * EPSILON) end
+    if lost_burst ~= 0 then s_burst = mul_up(s_burst, 1 + counted * EPSILON) end
     local others = #list - dead - (own and 1 or 0)
     local own_alive = own and now_us < entry_end(own) and own or nil
     if release and not (own and now_us < own.le) then

@@ -162,6 +162,13 @@ def alone():
         assert err(r2, "FCALL", "rl_take", 1, "e", 1) == \
             "wrong number of arguments for 'RL.TAKE' command; usage: " + USAGE["RL.TAKE"]
         assert err(r2, "FCALL", "rl_take", 1, "e", 1, 1, 1, "FOO") == "unknown option 'FOO'"
+        # redis-cell's max_burst count period: the same limit, as the module words it; none
+        # where the suggested call would be refused too.
+        assert err(r2, "FCALL", "rl_take", 1, "e", 15, 30, 60) == (
+            "n must not exceed cap (if these are redis-cell's max_burst count period, the same "
+            "limit here is RL.TAKE key 0.5 16: rate in tokens per second, cap = max_burst + 1)")
+        assert err(r2, "FCALL", "rl_take", 1, "e", 1, 0.001, 9007199254740991) == \
+            "n must not exceed cap"
         # 1024 live leases, then the error.
         pipe = r2.pipeline(transaction=False)
         for _ in range(1024):
