@@ -904,3 +904,61 @@ fn migrate_and_rename_move_the_table_and_never_shorten_its_expiry() {
     let (rate, ..) = share(&mut o, &["r", "10", "4", "c", "1", LONG]);
     assert!(rate <= 10.0 - 3.0 * 10.0 / 8.0 + 1e-9, "{rate}");
 }
+
+/// At 4,096 entries: a newcomer's error propagates nothing; a dead entry's place is taken
+/// (pruned by the same call, on the master and in the effect the replica applies); a
+/// RELEASEd holder's entry counts until its hold ends; an effect adding a 4,097th entry
+/// is refused with nothing changed.
+#[test]
+fn a_full_key_frees_places_only_as_entries_end_and_replicas_agree() {
+    let (s, replica) = with_replica();
+    let mut c = s.conn();
+    let mut pipe = redis::pipe();
+    for i in 1..4096 {
+        pipe.cmd("RL.SHARE")
+            .arg(&["big", "1000", "1000", &format!("holder-{i}"), "1", LONG]);
+    }
+    let _: Vec<ShareReply> = pipe.query(&mut c).unwrap();
+    // holder-0 calls with a 10 ms period: its entry ends 250 ms later (its hold).
+    share(&mut c, &["big", "1000", "1000", "holder-0", "1", "10"]);
+    let t0 = server_ns(&mut c);
+    // holder-1 releases: its entry is held for 250 ms, and still takes a place.
+    share(
+        &mut c,
+        &["big", "1000", "1000", "holder-1", "1", LONG, "RELEASE"],
+    );
+    wait_synced(&s, &replica);
+    let at = offset(&mut c);
+    let before = dataset_digest(&mut c);
+    if server_ns(&mut c) < t0 + 200 * MS {
+        let e = share_err(&mut c, &["big", "1000", "1000", "one-more", "1", LONG]);
+        assert!(e.contains("too many holders"), "{e}");
+        assert_eq!(dataset_digest(&mut c), before);
+        assert_eq!(offset(&mut c), at, "a refused call propagates nothing");
+    }
+    // A forged effect adding a 4,097th entry is refused on the replica's side too.
+    let mut ic = s.internal_conn();
+    let far = (t0 + 3_600_000_000 * MS).to_string();
+    let entry = format!("1,0,0,{far},0,0,{far}");
+    let r = redis::cmd("RL.SETSHARES")
+        .arg(&["big", "1000", "1000", "0", "0", "forged", &entry])
+        .query::<Value>(&mut ic);
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("too many holders"), "{e}");
+    assert_eq!(dataset_digest(&mut c), before);
+    assert_eq!(offset(&mut c), at);
+    // Once holder-0's and holder-1's entries end, two newcomers fit (the dead pruned).
+    wait_until(30, "the short entries end", || {
+        server_ns(&mut c) > t0 + 400 * MS
+    });
+    share(&mut c, &["big", "1000", "1000", "one-more", "1", LONG]);
+    share(&mut c, &["big", "1000", "1000", "two-more", "1", LONG]);
+    let e = share_err(&mut c, &["big", "1000", "1000", "three-more", "1", LONG]);
+    assert!(e.contains("too many holders"), "{e}");
+    assert_eq!(info_field(&mut c, "rl", "rl_share_holders"), 4096);
+    wait_synced(&s, &replica);
+    let mut r = replica.conn();
+    assert_eq!(digest(&mut r, "big"), digest(&mut c, "big"), "replica");
+    assert_eq!(pexpiretime(&mut r, "big"), pexpiretime(&mut c, "big"));
+    assert_eq!(info_field(&mut r, "rl", "rl_share_holders"), 4096);
+}
