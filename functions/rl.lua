@@ -1644,7 +1644,6 @@ local function hex(id)
     return table.concat(out)
 end
 
-local function add_up(a, b) return sub_up(a, -b) end
 
 local function non_negative(x)
     if x > 0 then return x end
@@ -1843,6 +1842,9 @@ local function rl_share(keys, a)
     local own
     -- One pass over the others, in id order.
     local s_rate, s_burst, live, wants, dead, last_end = 0.0, 0.0, 0, 0.0, 0, 0
+    -- The sums as share.rs's Sum takes them: plain sums, the sizes of their additions'
+    -- rounding errors, and how many terms (raised by their worst rounding if any rounded).
+    local lost_rate, lost_burst, counted = 0.0, 0.0, 0
     for k = 1, #list do
         local e = list[k]
         if e.k == id then
@@ -1852,14 +1854,20 @@ local function rl_share(keys, a)
         else
             local en = entry_end(e)
             if en > last_end then last_end = en end
-            s_rate = add_up(s_rate, rate_at(e, now_us))
-            s_burst = add_up(s_burst, burst_at(e, now_us))
+            local err
+            s_rate, err = two_sum(s_rate, rate_at(e, now_us))
+            lost_rate = lost_rate + math.abs(err)
+            s_burst, err = two_sum(s_burst, burst_at(e, now_us))
+            lost_burst = lost_burst + math.abs(err)
+            counted = counted + 1
             if now_us < e.le then
                 live = live + 1
                 wants = wants + e.w
             end
         end
     end
+    if lost_rate ~= 0 then s_rate = mul_up(s_rate, 1 + counted * 2 ^ -52) end
+    if lost_burst ~= 0 then s_burst = mul_up(s_burst, 1 + counted * 2 ^ -52) end
     local others = #list - dead - (own and 1 or 0)
     local own_alive = own and now_us < entry_end(own) and own or nil
     if release and not (own and now_us < own.le) then
