@@ -1647,7 +1647,6 @@ local function hex(id)
     return table.concat(out)
 end
 
-local EPSILON = 2 ^ -52 -- f64::EPSILON
 
 local function non_negative(x)
     if x > 0 then return x end
@@ -1846,8 +1845,8 @@ local function rl_share(keys, a)
     local own
     -- One pass over the others, in id order.
     local s_rate, s_burst, live, wants, dead, last_end = 0.0, 0.0, 0, 0.0, 0, 0
-    -- The sums as share.rs's `Sum`: plain sums, with the rounding of each addition tracked
-    -- (two-sum); raised by n ulps of themselves only if some addition rounded.
+    -- The sums as share.rs's Sum takes them: plain sums, the sizes of their additions'
+    -- rounding errors, and how many terms (raised by their worst rounding if any rounded).
     local lost_rate, lost_burst, counted = 0.0, 0.0, 0
     for k = 1, #list do
         local e = list[k]
@@ -1858,16 +1857,11 @@ local function rl_share(keys, a)
         else
             local en = entry_end(e)
             if en > last_end then last_end = en end
-            local x = rate_at(e, now_us)
-            local sum = s_rate + x
-            local bb = sum - s_rate
-            lost_rate = lost_rate + math.abs((s_rate - (sum - bb)) + (x - bb))
-            s_rate = sum
-            x = burst_at(e, now_us)
-            sum = s_burst + x
-            bb = sum - s_burst
-            lost_burst = lost_burst + math.abs((s_burst - (sum - bb)) + (x - bb))
-            s_burst = sum
+            local err
+            s_rate, err = two_sum(s_rate, rate_at(e, now_us))
+            lost_rate = lost_rate + math.abs(err)
+            s_burst, err = two_sum(s_burst, burst_at(e, now_us))
+            lost_burst = lost_burst + math.abs(err)
             counted = counted + 1
             if now_us < e.le then
                 live = live + 1
@@ -1875,8 +1869,8 @@ local function rl_share(keys, a)
             end
         end
     end
-    if lost_rate ~= 0 then s_rate = mul_up(s_rate, 1 + counted * EPSILON) end
-    if lost_burst ~= 0 then s_burst = mul_up(s_burst, 1 + counted * EPSILON) end
+    if lost_rate ~= 0 then s_rate = mul_up(s_rate, 1 + counted * 2 ^ -52) end
+    if lost_burst ~= 0 then s_burst = mul_up(s_burst, 1 + counted * 2 ^ -52) end
     local others = #list - dead - (own and 1 or 0)
     local own_alive = own and now_us < entry_end(own) and own or nil
     if release and not (own and now_us < own.le) then

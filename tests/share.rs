@@ -783,3 +783,182 @@ fn flapping_limits_and_a_drop_never_give_more_than_the_limit() {
     wait_synced(&s, &replica);
     assert_eq!(digest(&mut replica.conn(), "flap"), digest(&mut c, "flap"));
 }
+
+/// Replaces the first occurrence of `from` in `body` with `to` (a test's own forgery).
+fn replace_once(body: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    let at: Vec<usize> = (0..=body.len() - from.len())
+        .filter(|&i| &body[i..i + from.len()] == from)
+        .collect();
+    assert!(!at.is_empty(), "{from:?} in {body:?}");
+    let mut out = body[..at[0]].to_vec();
+    out.extend_from_slice(to);
+    out.extend_from_slice(&body[at[0] + from.len()..]);
+    out
+}
+
+/// Payloads crafted field by field (each under a valid CRC): holders out of order or
+/// twice, a count above 4,096 or above what follows, and every double of an entry as NaN,
+/// an infinity, -0 or a negative number: each is refused, nothing changes, the server
+/// lives, and the genuine payload still restores exactly.
+#[test]
+fn crafted_payloads_with_bad_order_counts_and_numbers_are_refused() {
+    let mut s = Server::start(&[]);
+    let mut c = s.conn();
+    // Distinct wants so each double of the payload can be found by its bytes.
+    share(&mut c, &["k", "10", "4", "a", "3", LONG]);
+    share(&mut c, &["k", "10", "4", "b", "5", LONG]);
+    let before = dataset_digest(&mut c);
+    let payload = dump(&mut c, "k");
+    let body = dump_body(&payload).to_vec();
+    let double = |x: f64| {
+        let mut v = vec![4u8];
+        v.extend_from_slice(&x.to_le_bytes());
+        v
+    };
+    // Module strings are opcode 5 then an RDB string ("a": length 1).
+    let (ida, idb) = ([5u8, 1, b'a'], [5u8, 1, b'b']);
+    let mut forged: Vec<(String, Vec<u8>)> = Vec::new();
+    // Unsorted: b's entry under a's id and the reverse.
+    let swapped = replace_once(&replace_once(&body, &ida, &[5, 1, b'#']), &idb, &ida);
+    forged.push((
+        "unsorted".into(),
+        replace_once(&swapped, &[5, 1, b'#'], &idb),
+    ));
+    forged.push(("duplicate".into(), replace_once(&body, &idb, &ida)));
+    // The count (opcode 2, an RDB length) sits just before the first id.
+    let count = |n: &[u8]| {
+        let mut from = vec![2u8, 2];
+        from.extend_from_slice(&ida);
+        let mut to = vec![2u8];
+        to.extend_from_slice(n);
+        to.extend_from_slice(&ida);
+        replace_once(&body, &from, &to)
+    };
+    forged.push(("count 4097".into(), count(&[0x50, 0x01])));
+    forged.push(("count 3".into(), count(&[3])));
+    forged.push(("count 0".into(), count(&[0])));
+    for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.0, -1.0, 1e16] {
+        // The limit's rate and cap are the payload's first doubles; 3 is a's want.
+        for (what, good) in [("want", 3.0), ("limit rate", 10.0), ("limit cap", 4.0)] {
+            forged.push((
+                format!("{what} {bad}"),
+                replace_once(&body, &double(good), &double(bad)),
+            ));
+        }
+    }
+    for (what, b) in &forged {
+        let r = redis::cmd("RESTORE")
+            .arg("x")
+            .arg(0)
+            .arg(reseal(&payload, b))
+            .query::<Value>(&mut c);
+        assert!(r.is_err(), "{what}: accepted {r:?}");
+        assert_eq!(dataset_digest(&mut c), before, "{what}");
+    }
+    let exp = pexpiretime(&mut c, "k");
+    let _: () = redis::cmd("RESTORE")
+        .arg("x")
+        .arg(exp)
+        .arg(&payload)
+        .arg("ABSTTL")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(digest(&mut c, "x"), digest(&mut c, "k"));
+    assert!(!s.exited());
+}
+
+/// MIGRATE and RENAME move a table whole: the same digest, and an expiry never before the
+/// last entry's end (MIGRATE carries a relative TTL, so the target's expiry may be later
+/// by the transfer's milliseconds, never earlier on one machine's clock).
+#[test]
+fn migrate_and_rename_move_the_table_and_never_shorten_its_expiry() {
+    let s = Server::start(&[]);
+    let other = Server::start(&[]);
+    let mut c = s.conn();
+    share(&mut c, &["k", "10", "4", "a", "3", LONG]);
+    share(&mut c, &["k", "10", "4", "b", "5", "1000"]);
+    let d = digest(&mut c, "k");
+    let exp = pexpiretime(&mut c, "k");
+    let _: () = redis::cmd("RENAME")
+        .arg("k")
+        .arg("r")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(digest(&mut c, "r"), d, "RENAME");
+    assert_eq!(pexpiretime(&mut c, "r"), exp, "RENAME expiry");
+    let _: () = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(other.port)
+        .arg("r")
+        .arg(0)
+        .arg(5000)
+        .query(&mut c)
+        .unwrap();
+    let mut o = other.conn();
+    assert_eq!(digest(&mut o, "r"), d, "MIGRATE");
+    let at = pexpiretime(&mut o, "r");
+    assert!(at >= exp, "MIGRATE expiry {at} before {exp}");
+    assert_eq!(info_field(&mut o, "rl", "rl_share_holders"), 2);
+    assert_eq!(info_field(&mut c, "rl", "rl_share_holders"), 0);
+    // The target takes calls on the moved table: a's share is still counted.
+    let (rate, ..) = share(&mut o, &["r", "10", "4", "c", "1", LONG]);
+    assert!(rate <= 10.0 - 3.0 * 10.0 / 8.0 + 1e-9, "{rate}");
+}
+
+/// At 4,096 entries: a newcomer's error propagates nothing; a dead entry's place is taken
+/// (pruned by the same call, on the master and in the effect the replica applies); a
+/// RELEASEd holder's entry counts until its hold ends; an effect adding a 4,097th entry
+/// is refused with nothing changed.
+#[test]
+fn a_full_key_frees_places_only_as_entries_end_and_replicas_agree() {
+    let (s, replica) = with_replica();
+    let mut c = s.conn();
+    let mut pipe = redis::pipe();
+    for i in 1..4096 {
+        pipe.cmd("RL.SHARE")
+            .arg(&["big", "1000", "1000", &format!("holder-{i}"), "1", LONG]);
+    }
+    let _: Vec<ShareReply> = pipe.query(&mut c).unwrap();
+    // holder-0 calls with a 10 ms period: its entry ends 250 ms later (its hold).
+    share(&mut c, &["big", "1000", "1000", "holder-0", "1", "10"]);
+    let t0 = server_ns(&mut c);
+    // holder-1 releases: its entry is held for 250 ms, and still takes a place.
+    share(
+        &mut c,
+        &["big", "1000", "1000", "holder-1", "1", LONG, "RELEASE"],
+    );
+    wait_synced(&s, &replica);
+    let at = offset(&mut c);
+    let before = dataset_digest(&mut c);
+    if server_ns(&mut c) < t0 + 200 * MS {
+        let e = share_err(&mut c, &["big", "1000", "1000", "one-more", "1", LONG]);
+        assert!(e.contains("too many holders"), "{e}");
+        assert_eq!(dataset_digest(&mut c), before);
+        assert_eq!(offset(&mut c), at, "a refused call propagates nothing");
+    }
+    // A forged effect adding a 4,097th entry is refused on the replica's side too.
+    let mut ic = s.internal_conn();
+    let far = (t0 + 3_600_000_000 * MS).to_string();
+    let entry = format!("1,0,0,{far},0,0,{far}");
+    let r = redis::cmd("RL.SETSHARES")
+        .arg(&["big", "1000", "1000", "0", "0", "forged", &entry])
+        .query::<Value>(&mut ic);
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("too many holders"), "{e}");
+    assert_eq!(dataset_digest(&mut c), before);
+    assert_eq!(offset(&mut c), at);
+    // Once holder-0's and holder-1's entries end, two newcomers fit (the dead pruned).
+    wait_until(30, "the short entries end", || {
+        server_ns(&mut c) > t0 + 400 * MS
+    });
+    share(&mut c, &["big", "1000", "1000", "one-more", "1", LONG]);
+    share(&mut c, &["big", "1000", "1000", "two-more", "1", LONG]);
+    let e = share_err(&mut c, &["big", "1000", "1000", "three-more", "1", LONG]);
+    assert!(e.contains("too many holders"), "{e}");
+    assert_eq!(info_field(&mut c, "rl", "rl_share_holders"), 4096);
+    wait_synced(&s, &replica);
+    let mut r = replica.conn();
+    assert_eq!(digest(&mut r, "big"), digest(&mut c, "big"), "replica");
+    assert_eq!(pexpiretime(&mut r, "big"), pexpiretime(&mut c, "big"));
+    assert_eq!(info_field(&mut r, "rl", "rl_share_holders"), 4096);
+}

@@ -382,3 +382,84 @@ fn expiry_frees_exactly_the_dead_holders_share() {
     assert_eq!(d.pruned, 1);
     assert_eq!(d.reply.holders, 3);
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// The server's clock steps backwards (NTP, a promoted replica whose clock is behind):
+    /// the server's instants run behind real time by a growing offset, the holders keep
+    /// real (monotonic) time. Entries written before a step end later in real time than
+    /// the server now thinks, so a step back only under-issues: the shares in use still
+    /// sum to at most the rate (bursts the cap) at every real instant.
+    #[test]
+    fn a_clock_stepping_back_never_lets_the_fleet_exceed_the_rate(
+        holders in 1usize..7,
+        rate in 0.5f64..1000.0,
+        cap in 0.5f64..1000.0,
+        events in prop::collection::vec(
+            (0u64..300, 0usize..7, 0u64..300, 0u64..300, 0.0f64..500.0, 10u64..1500,
+             0u8..10, prop_oneof![4 => Just(0u64), 1 => 0u64..5000]),
+            1..150),
+    ) {
+        let limit = Limit::new(rate, cap).unwrap();
+        let mut table = ShareTable::new(limit, 0);
+        let mut sims = vec![Sim::default(); holders];
+        let mut uses: Vec<Use> = Vec::new();
+        let (mut real, mut behind) = (T0, 0u64);
+        for (gap_ms, who, d1_ms, d2_ms, want, period_ms, kind, step_ms) in events {
+            real += gap_ms * MS;
+            behind += step_ms * MS;
+            let who = who % holders;
+            let sim = &mut sims[who];
+            if kind == 0 {
+                sim.dead = true;
+            }
+            if sim.dead || sim.ready_at > real {
+                continue;
+            }
+            let release = kind == 1;
+            let s = real.saturating_sub(d1_ms * MS).max(sim.ready_at);
+            let answer = real + d2_ms * MS;
+            let id = [b'h', who as u8];
+            let req = ShareRequest::new(&id, want, period_ms, release, limit, 0).unwrap();
+            let d = table.decide(&req, real - behind).unwrap();
+            if let Some(i) = sim.current.take() {
+                let stop = answer.min(s + HOLD).max(uses[i].from);
+                uses[i].until = uses[i].until.min(stop);
+            }
+            sim.ready_at = answer;
+            let lease = d.reply.lease_ms * MS;
+            let margin = lease / 100 + 10 * MS;
+            if lease > margin && answer < s + lease - margin {
+                uses.push(Use {
+                    rate: d.reply.rate,
+                    burst: d.reply.burst,
+                    from: answer,
+                    until: s + lease - margin,
+                    decided: real,
+                    limit: (rate, cap),
+                });
+                sim.current = Some(uses.len() - 1);
+            }
+        }
+        check_uses(&uses, Nanos::MAX / 4, false).map_err(TestCaseError::fail)?;
+        check_uses(&uses, Nanos::MAX / 4, true).map_err(TestCaseError::fail)?;
+    }
+}
+
+/// A clock stepping forward is not covered by the bound: an entry's lease, kept in server
+/// instants, ends early in real time while its holder (on a monotonic clock) still uses
+/// it, so the server gives the same rate again. What this costs, exactly: after a forward
+/// step of `d`, the fleet may use up to twice the rate for `min(d, lease)`.
+#[test]
+fn a_clock_stepping_forward_frees_shares_still_in_use() {
+    let limit = Limit::new(100.0, 10.0).unwrap();
+    let mut table = ShareTable::new(limit, 0);
+    let a = ShareRequest::new(b"a", 100.0, 1000, false, limit, 0).unwrap();
+    assert_eq!(table.decide(&a, T0).unwrap().reply.rate, 100.0);
+    // Real time T0 + 1 s: holder a uses its share until about T0 + 2.96 s. The server's
+    // clock steps 3 s forward.
+    let b = ShareRequest::new(b"b", 100.0, 1000, false, limit, 0).unwrap();
+    let got = table.decide(&b, T0 + 4000 * MS).unwrap().reply;
+    assert_eq!(got.rate, 100.0, "a's share, still in use, is given again");
+}

@@ -1172,5 +1172,38 @@ def share_cross_type_checks(server):
         raise AssertionError(f"{c} did not fail with WRONGTYPE")
 
 
+
+# Fixed sequences whose sums of the others' shares round: the library must take them as
+# share.rs's Sum does (exact when no addition rounds, else raised by the worst rounding),
+# or a short holder's rate or burst differs from the module's in the last places.
+SHARE_EDGE_SEQUENCES = [
+    [["100", "10", "a", "7"], ["100", "10", "c", "5"], ["100", "10", "b", "0"],
+     ["100", "10", "a", "7"], ["100", "10", "c", "5"], ["7.7", "13.5", "d", "1"],
+     ["7.7", "13.5", "e", "3"], ["7.7", "13.5", "a", "100"], ["7.7", "13.5", "g", "50"]],
+    [["0.3333", "2", "a", "0.1"], ["0.3333", "2", "b", "7.7"], ["0.3333", "2", "c", "1e15"],
+     ["0.3333", "2", "a", "33"], ["0.3333", "2", "d", "2.5"], ["0.3333", "2", "e", "0.1"]],
+    [["1e-9", "1e-9", "a", "1e15"], ["1e-9", "1e-9", "b", "5e-324"],
+     ["1e-9", "1e-9", "c", "1e-300"], ["1e-9", "1e-9", "a", "0"],
+     ["1e-9", "1e-9", "d", "1e15"]],
+]
+
+
+def share_edge_cases(server):
+    """Each call of a fixed sequence on a module key and a library key in one MULTI (one
+    instant, long periods): equal replies, rate and burst as exact doubles."""
+    r = server.client(protocol=3)
+    for n, seq in enumerate(SHARE_EDGE_SEQUENCES):
+        m, f = f"edge:m{n}", f"edge:f{n}"
+        for call in seq:
+            args = [*call, "3600000"]
+            pipe = r.pipeline(transaction=True)
+            pipe.execute_command("RL.SHARE", m, *args)
+            pipe.execute_command("FCALL", "rl_share", 1, f, *args)
+            rm, rf = pipe.execute()
+            assert [as_float(x) for x in rm[:2]] == [as_float(x) for x in rf[:2]], \
+                (args, rm, rf)
+            assert rm[2] == rf[2] and rm[4] == rf[4], (args, rm, rf)
+
+
 def run_shares(server, protocol, ops, seed):
     return ShareRunner(server, protocol, seed, ops).run()

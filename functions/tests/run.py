@@ -667,6 +667,7 @@ def differential_all(protocol_list, ops, seed):
             print(f"   RESP{proto}: {stats.summary()}", flush=True)
         if has_command(r, "RL.SHARE"):
             differential.share_cross_type_checks(s)
+            differential.share_edge_cases(s)
             for proto in protocol_list:
                 summary = differential.run_shares(s, proto, max(200, ops // 5), seed + 10 + proto)
                 print(f"   shares, RESP{proto}: {summary}", flush=True)
