@@ -1622,6 +1622,9 @@ end
 
 local SHARE_HOLD_US = 250000
 local SHARE_LEASE_PERIODS = 3
+-- A shorter period_ms is raised to this (share.rs SHORTEST_PERIOD_MS): a holder calling
+-- again after refresh_ms never calls within its previous call's hold.
+local SHARE_SHORTEST_PERIOD = 300
 local MAX_HOLDERS = 4096
 local SHORT = 1e-9
 local SHARE_ERR = {
@@ -1821,6 +1824,7 @@ local function rl_share(keys, a)
     if want == 0 then want = 0.0 end -- -0 is 0 (the stored form has no sign)
     if not (want >= 0 and want <= MAX_VALUE) then fail(SHARE_ERR.want) end
     if period < 10 or period > 3600000 then fail(SHARE_ERR.period) end
+    if period < SHARE_SHORTEST_PERIOD then period = SHARE_SHORTEST_PERIOD end
     v = v or 0
 
     local key = keys[1]
@@ -1930,11 +1934,15 @@ local function rl_share(keys, a)
                 end
             end
         end
+        -- Not within this call's hold if it holds more than the new share.
+        local soonest = 10
+        if entry.hr > srate or entry.hb > sburst then soonest = SHARE_SHORTEST_PERIOD end
         if nx then
             refresh = ceil((nx - now_us) / 1000)
-            if refresh < 10 then refresh = 10 elseif refresh > period then refresh = period end
+            if refresh < soonest then refresh = soonest
+            elseif refresh > period then refresh = period end
         else
-            refresh = math.max(floor(period / 4), 10)
+            refresh = math.max(floor(period / 4), soonest)
         end
     end
     local expires = last_end

@@ -37,6 +37,14 @@ pub const MAX_HOLDER_LEN: usize = 64;
 /// Shortest and longest `period_ms`.
 pub const MIN_PERIOD_MS: u64 = 10;
 pub const MAX_PERIOD_MS: u64 = 3_600_000;
+/// A shorter `period_ms` is raised to this (the lease and `refresh_ms` follow), so that a
+/// holder that calls again after `refresh_ms` never calls within the hold of its previous
+/// call. A call within it would keep the larger of its old shares counted for another
+/// [`HOLD`] (an entry holds one old share), and a holder calling that often while its
+/// share shrinks would never let go of what it gave up. The clients wait `refresh_ms`
+/// from the answer (which comes after the server's instant of the call), less up to a
+/// tenth so that a fleet does not call in step: 90% of 300 ms is still 20 ms past the hold.
+pub const SHORTEST_PERIOD_MS: u64 = 300;
 /// Largest `want` (the largest rate a limit may have).
 pub const MAX_WANT: f64 = crate::MAX_VALUE;
 /// A holder whose share came out below its target by more than this fraction of it was
@@ -369,6 +377,7 @@ impl ShareTable {
         // first of their commitments ends, how many are dead.
         let s = self.scan(found.ok(), now);
         let others = self.holders.len() - s.dead - usize::from(found.is_ok());
+        let period_ms = effective_period_ms(req.period_ms);
 
         if req.release && !own.is_some_and(|h| h.is_live(now)) {
             return Ok(Decision {
@@ -376,7 +385,7 @@ impl ShareTable {
                     rate: 0.0,
                     burst: 0.0,
                     lease_ms: 0,
-                    refresh_ms: req.period_ms,
+                    refresh_ms: period_ms,
                     holders: s.live as u64,
                 },
                 written: false,
@@ -404,7 +413,7 @@ impl ShareTable {
             let short = rate < target * (1.0 - SHORT) || burst < target_burst * (1.0 - SHORT);
             (rate, burst, short)
         };
-        let lease = req.period_ms * LEASE_PERIODS * MS;
+        let lease = period_ms * LEASE_PERIODS * MS;
         // The id is allocated only for a new entry (below).
         let entry = Holder {
             id: Box::default(),
@@ -421,12 +430,19 @@ impl ShareTable {
             held_until: now.saturating_add(HOLD).min(MAX_FIELD),
         };
         let refresh_ms = if short {
+            // Sooner, to pick up what others free; but not within this call's hold if it
+            // holds more than the new share (a holder whose share shrank).
+            let soonest = if entry.held_rate > rate || entry.held_burst > burst {
+                SHORTEST_PERIOD_MS
+            } else {
+                MIN_PERIOD_MS
+            };
             match self.next_release(found.ok(), now) {
-                None => (req.period_ms / 4).max(MIN_PERIOD_MS),
-                Some(t) => crate::ceil_millis(t - now).clamp(MIN_PERIOD_MS, req.period_ms),
+                None => (period_ms / 4).max(soonest),
+                Some(t) => crate::ceil_millis(t - now).clamp(soonest, period_ms),
             }
         } else {
-            req.period_ms
+            period_ms
         };
         let reply = ShareReply {
             rate,
@@ -434,7 +450,7 @@ impl ShareTable {
             lease_ms: if req.release {
                 0
             } else {
-                req.period_ms * LEASE_PERIODS
+                period_ms * LEASE_PERIODS
             },
             refresh_ms,
             holders: (s.live + usize::from(!req.release)) as u64,
@@ -641,6 +657,11 @@ impl Default for Scan {
             last_end: 0,
         }
     }
+}
+
+/// The period a call is decided with: `period_ms`, raised to [`SHORTEST_PERIOD_MS`].
+pub fn effective_period_ms(period_ms: u64) -> u64 {
+    period_ms.max(SHORTEST_PERIOD_MS)
 }
 
 fn non_negative(x: f64) -> f64 {
@@ -992,6 +1013,59 @@ mod tests {
         assert_eq!(d.reply.rate, 0.0);
         assert_eq!(t.committed(T0 + 2 * MS).0, 100.0, "nothing added");
         assert_eq!(t.committed(T0 + 2 * MS + HOLD).0, 50.0);
+    }
+
+    #[test]
+    fn a_period_under_the_hold_is_raised_so_no_call_falls_within_a_hold() {
+        let l = limit(100.0, 10.0);
+        let mut t = ShareTable::new(l, 0);
+        let short = |id: &'static str, p| ShareRequest::new(id.as_bytes(), 1.0, p, false, l, 0);
+        for (p, eff) in [(10, 300), (100, 300), (299, 300), (300, 300), (301, 301)] {
+            let d = t.decide(&short("a", p).unwrap(), T0).unwrap();
+            assert_eq!(
+                (d.reply.lease_ms, d.reply.refresh_ms),
+                (3 * eff, eff),
+                "{p}"
+            );
+            assert_eq!(t.holders()[0].lease_end, T0 + 3 * eff * MS);
+        }
+        let r = ShareRequest::new(b"zz", 0.0, 10, true, l, 0).unwrap();
+        assert_eq!(t.decide(&r, T0).unwrap().reply.refresh_ms, 300);
+        let r = ShareRequest::new(b"a", 0.0, 10, true, l, 0).unwrap();
+        assert_eq!(t.decide(&r, T0 + MS).unwrap().reply.refresh_ms, 300);
+    }
+
+    #[test]
+    fn a_short_holder_whose_share_shrank_is_not_sent_back_within_its_hold() {
+        // x holds 90 until 5 ms from now (then 80); a holds 20 and is short.
+        let h = |id: &[u8], rate: f64, held: f64, held_until: Nanos| Holder {
+            id: id.into(),
+            want: 50.0,
+            rate,
+            burst: rate,
+            lease_end: T0 + 10_000 * MS,
+            held_rate: held,
+            held_burst: held,
+            held_until,
+        };
+        let entries = vec![h(b"a", 20.0, 0.0, T0), h(b"x", 80.0, 90.0, T0 + 6 * MS)];
+        let mut t = ShareTable::validate(100.0, 100.0, 0, entries).unwrap();
+        let l = limit(100.0, 100.0);
+        // a gets 10 of its 50 and holds its 20 for HOLD: it must not call within it...
+        let d = t.decide(&req("a", 50.0, l), T0 + MS).unwrap();
+        assert_eq!(d.reply.rate, 10.0);
+        assert!(d.short);
+        assert_eq!(d.reply.refresh_ms, SHORTEST_PERIOD_MS);
+        // ...while one whose share grows may come back when x's hold ends.
+        let mut t = ShareTable::validate(
+            100.0,
+            100.0,
+            0,
+            vec![h(b"a", 5.0, 0.0, T0), h(b"x", 80.0, 90.0, T0 + 6 * MS)],
+        )
+        .unwrap();
+        let d = t.decide(&req("a", 50.0, l), T0 + MS).unwrap();
+        assert_eq!((d.reply.rate, d.reply.refresh_ms), (10.0, 10));
     }
 
     #[test]

@@ -463,3 +463,74 @@ fn a_clock_stepping_forward_frees_shares_still_in_use() {
     let got = table.decide(&b, T0 + 4000 * MS).unwrap().reply;
     assert_eq!(got.rate, 100.0, "a's share, still in use, is given again");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// A holder that asks for a period shorter than the hold, alone at first, then joined
+    /// by others: its share shrinks, and what it gave up comes free once its hold ends,
+    /// however short its period. Every holder calls again as the clients do: `refresh_ms`
+    /// after the answer, less up to a tenth. The shrinking holder never calls within a
+    /// hold that keeps more than its share counted, and within a period of it, its hold
+    /// and a period of theirs, every holder is at its fair share (the bound holding at
+    /// every call).
+    #[test]
+    fn a_short_period_holder_frees_what_it_gave_up_within_a_hold(
+        l in 0usize..3,
+        first_period in 10u64..250,
+        first_want in prop_oneof![Just(0.0), 1.0f64..300.0, Just(1e15)],
+        joining in prop::collection::vec((prop_oneof![1.0f64..300.0, Just(1e15)], 10u64..2000), 1..4),
+        join_ms in 0u64..250,
+        seed in any::<u64>(),
+    ) {
+        let (rate, cap) = LIMITS[l];
+        let limit = Limit::new(rate, cap).unwrap();
+        let mut table = ShareTable::new(limit, 0);
+        let mut holders = vec![("a".to_string(), first_want, first_period)];
+        for (i, &(w, p)) in joining.iter().enumerate() {
+            holders.push((format!("n{i}"), w, p));
+        }
+        let mut seed = seed | 1;
+        let mut jitter = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            0.9 + 0.1 * (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        // When each calls next (the first alone at T0, the others joining later).
+        let t_join = T0 + join_ms * MS;
+        let mut next: Vec<Nanos> = (0..holders.len())
+            .map(|i| if i == 0 { T0 } else { t_join + i as u64 })
+            .collect();
+        let mut last: Vec<Option<rl_core::ShareReply>> = vec![None; holders.len()];
+        let mut last_at = vec![0; holders.len()];
+        let eff = |p: u64| p.max(300) * MS;
+        let longest = holders[1..].iter().map(|h| eff(h.2)).max().unwrap();
+        let horizon = t_join + eff(first_period) + HOLD + longest + 100 * MS;
+        loop {
+            let (i, &now) = next.iter().enumerate().min_by_key(|&(_, t)| *t).unwrap();
+            if now > horizon {
+                break;
+            }
+            let (id, want, period) = &holders[i];
+            // A call within a hold that keeps more than the share counted.
+            if let Some(h) = table.holders().iter().find(|h| *h.id == *id.as_bytes()) {
+                prop_assert!(
+                    !(now < h.held_until && (h.held_rate > h.rate || h.held_burst > h.burst)),
+                    "{id} called {} ms after its call that left {} held over its share {}",
+                    (now - last_at[i]) / MS, h.held_rate, h.rate
+                );
+            }
+            let req = ShareRequest::new(id.as_bytes(), *want, *period, false, limit, 0).unwrap();
+            let d = table.decide(&req, now).unwrap();
+            let (r, b) = committed(&table, now);
+            prop_assert!(r <= exact(rate) && b <= exact(cap), "over the limit at {}", now - T0);
+            last[i] = Some(d.reply);
+            last_at[i] = now;
+            next[i] = now + (d.reply.refresh_ms as f64 * jitter() * MS as f64) as Nanos;
+        }
+        let wants: Vec<(usize, f64)> = holders.iter().enumerate().map(|(i, h)| (i, h.1)).collect();
+        let got: Vec<rl_core::ShareReply> = last.iter().map(|r| r.unwrap()).collect();
+        check_fair(rate, cap, &wants, &got)?;
+    }
+}
