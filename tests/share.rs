@@ -93,6 +93,41 @@ fn a_lone_holder_gets_the_rate_and_a_newcomer_what_is_free() {
     assert_eq!(ty, "rl-shares");
 }
 
+/// A holder asking for a 50 ms period is told to call every 300 ms (its lease 900 ms), so
+/// it never calls within its previous call's hold (250 ms): when its share shrinks, what it
+/// gave up comes free when that hold ends, however often it asked to call. Both holders
+/// call again as told (`refresh_ms` after the answer, on the server's clock).
+#[test]
+fn a_short_period_holder_lets_go_of_what_it_gave_up() {
+    let s = Server::start(&[]);
+    let (mut a, mut b) = (s.conn(), s.conn());
+    assert_eq!(
+        share(&mut a, &["k", "100", "50", "a", "10", "50"]),
+        (100.0, 50.0, 900, 300, 1)
+    );
+    let mut next_a = server_ns(&mut a) + 300 * MS;
+    let got = share(&mut b, &["k", "100", "50", "b", "10", "50"]);
+    assert_eq!((got.0, got.2, got.4), (0.0, 900, 2));
+    let mut next_b = server_ns(&mut b) + got.3 as u64 * MS;
+    let (mut a_calls, mut b_rate) = (0, 0.0);
+    wait_until(30, "b to get its half", || {
+        if server_ns(&mut a) >= next_a {
+            let r = share(&mut a, &["k", "100", "50", "a", "10", "50"]);
+            assert_eq!(r, (50.0, 25.0, 900, 300, 2), "a's half, every 300 ms");
+            next_a = server_ns(&mut a) + r.3 as u64 * MS;
+            a_calls += 1;
+        }
+        if server_ns(&mut b) >= next_b {
+            let r = share(&mut b, &["k", "100", "50", "b", "10", "50"]);
+            assert!((10..=300).contains(&r.3), "{r:?}");
+            next_b = server_ns(&mut b) + r.3 as u64 * MS;
+            b_rate = r.0;
+        }
+        b_rate == 50.0
+    });
+    assert!(a_calls >= 1);
+}
+
 #[test]
 fn replies_are_doubles_under_resp3_and_strings_under_resp2() {
     let s = Server::start(&[]);
@@ -115,7 +150,7 @@ fn replies_are_doubles_under_resp3_and_strings_under_resp2() {
     );
     assert_eq!(
         &items[2..],
-        &[Value::Int(300), Value::Int(100), Value::Int(1)]
+        &[Value::Int(900), Value::Int(300), Value::Int(1)]
     );
     let _: Value = redis::cmd("HELLO").arg(3).query(&mut c).unwrap();
     let v: Value = redis::cmd("RL.SHARE")
@@ -135,7 +170,7 @@ fn replies_are_doubles_under_resp3_and_strings_under_resp2() {
     );
     assert_eq!(
         &items[2..],
-        &[Value::Int(300), Value::Int(100), Value::Int(1)]
+        &[Value::Int(900), Value::Int(300), Value::Int(1)]
     );
 }
 
@@ -341,14 +376,24 @@ fn the_key_expires_when_its_last_lease_or_hold_ends() {
     share(&mut c, &["k", "10", "10", "short", "1", "10"]);
     let t1 = server_ns(&mut c);
     let exp = pexpiretime(&mut c, "k") as u64;
-    // The 60 s lease, not the 30 ms one (nor its 250 ms hold).
+    // The 60 s lease, not the 900 ms one (nor its 250 ms hold).
     assert!(
         (t0 + 60_000 * MS).div_ceil(MS) <= exp && exp <= (t1 + 60_000 * MS).div_ceil(MS),
         "{exp}"
     );
-    // A key with only short leases goes when the last hold (250 ms) ends.
+    // A key with only short leases goes when the last lease ends: 900 ms (a period under
+    // 300 ms is raised to 300).
     let t0 = server_ns(&mut c);
     share(&mut c, &["q", "10", "10", "a", "1", "10"]);
+    let t1 = server_ns(&mut c);
+    let exp = pexpiretime(&mut c, "q") as u64;
+    assert!(
+        (t0 + 900 * MS).div_ceil(MS) <= exp && exp <= (t1 + 900 * MS).div_ceil(MS),
+        "{exp}"
+    );
+    // Released, it goes when its hold (250 ms) ends.
+    let t0 = server_ns(&mut c);
+    share(&mut c, &["q", "10", "10", "a", "1", "10", "RELEASE"]);
     let t1 = server_ns(&mut c);
     let exp = pexpiretime(&mut c, "q") as u64;
     assert!(
@@ -919,7 +964,7 @@ fn a_full_key_frees_places_only_as_entries_end_and_replicas_agree() {
             .arg(&["big", "1000", "1000", &format!("holder-{i}"), "1", LONG]);
     }
     let _: Vec<ShareReply> = pipe.query(&mut c).unwrap();
-    // holder-0 calls with a 10 ms period: its entry ends 250 ms later (its hold).
+    // holder-0 calls with a 10 ms period (raised to 300): its entry ends 900 ms later.
     share(&mut c, &["big", "1000", "1000", "holder-0", "1", "10"]);
     let t0 = server_ns(&mut c);
     // holder-1 releases: its entry is held for 250 ms, and still takes a place.
@@ -949,7 +994,7 @@ fn a_full_key_frees_places_only_as_entries_end_and_replicas_agree() {
     assert_eq!(offset(&mut c), at);
     // Once holder-0's and holder-1's entries end, two newcomers fit (the dead pruned).
     wait_until(30, "the short entries end", || {
-        server_ns(&mut c) > t0 + 400 * MS
+        server_ns(&mut c) > t0 + 1000 * MS
     });
     share(&mut c, &["big", "1000", "1000", "one-more", "1", LONG]);
     share(&mut c, &["big", "1000", "1000", "two-more", "1", LONG]);
