@@ -21,7 +21,8 @@ use crate::{Decision, Error, LimiterConfig, Metrics, Source};
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShareConfig {
     /// How often the share is refreshed (`period_ms` of `RL.SHARE`; the server may ask for
-    /// sooner). A share is leased for three periods. Between 10 ms and an hour; default 1 s.
+    /// sooner, and raises a period under 300 ms to 300 ms). A share is leased for three
+    /// (server) periods. Between 10 ms and an hour; default 1 s.
     pub period: Duration,
     /// How much more than its measured demand a holder asks for (`want = demand * (1 +
     /// headroom)`), so that a holder that could use more asks for more. Default 0.25: a
@@ -86,7 +87,8 @@ pub struct ShareInfo {
 /// A limiter of one key shared by a fleet at a fixed rate, where each instance holds a
 /// share of the rate (`RL.SHARE`): takes are decided by a local bucket running at the
 /// granted rate and burst, and never wait for Redis; the share is refreshed in the
-/// background (every `period`, or sooner when the server asks), with the instance's
+/// background (every `period`, at least 300 ms as the server raises a shorter one, or
+/// sooner when the server asks), with the instance's
 /// measured demand as its `want`. The server divides the rate max-min fairly by want and
 /// keeps the shares any holder may still use within the rate at every instant.
 ///
@@ -607,8 +609,11 @@ impl<C: RedisConnection> Inner<C> {
                     at,
                     generation,
                 });
-                // A little early rather than late: the server counts on a call per period.
-                let next = Duration::from_millis(r.refresh_ms.clamp(10, self.config.period_ms()));
+                // When the server says, at most its period (a third of the lease: it raises
+                // a short one, so that no call comes within the previous call's hold). A
+                // little early rather than late: the server counts on a call per period.
+                let most = (r.lease_ms / 3).max(self.config.period_ms());
+                let next = Duration::from_millis(r.refresh_ms.clamp(10, most));
                 next.mul_f64(1.0 - 0.1 * crate::jitter::unit())
             }
             Err(e) if e.is_outage() => {
