@@ -490,9 +490,11 @@ class _Core:
         )
 
     def next_after(self, grant: Grant) -> float:
-        """When to call again: ``refresh_ms`` (at most the period), a little early rather
-        than late (the server counts on a call per period; a fleet does not call in step)."""
-        wait = min(max(grant.refresh, 0.01), self.period)
+        """When to call again: ``refresh_ms``, at most the server's period (a third of the
+        lease: it raises a period under 300 ms, so that no call comes within the previous
+        call's hold); a little early rather than late (the server counts on a call per
+        period; a fleet does not call in step)."""
+        wait = min(max(grant.refresh, 0.01), max(self.period, grant.lease / 3))
         return wait * (1.0 - 0.1 * random.random())
 
     def outcome(self, sent: float, generation: int, result: Any, at: float) -> float:
@@ -757,7 +759,8 @@ class ShareLimiter(_Base):
     """A limiter of one key shared by a fleet, where each instance holds a share of the
     rate (``RL.SHARE``): takes are decided by a local bucket at the granted rate and burst
     and never wait for Redis; the share is refreshed by a daemon thread every ``period``
-    seconds (or sooner when the server asks), with the measured demand as its ``want``.
+    seconds (the server raises a period under 0.3 s to 0.3 s, and asks for sooner while the
+    holder waits for others to give theirs up), with the measured demand as its ``want``.
 
     Redis unreachable: the share is used until its lease ends, then the failure policy
     decides (``DENY``: nothing; ``ALLOW``: ``rate / holders`` for ``allow_for`` seconds;
