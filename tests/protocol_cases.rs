@@ -125,9 +125,10 @@ impl Window {
     }
 }
 
+/// A one-field object's tag and value (`{"ms": 1500}`).
 fn tagged(j: &J) -> Option<(&str, &J)> {
-    let o = j.as_object()?;
-    (o.len() == 1).then(|| o.iter().next().map(|(k, v)| (k.as_str(), v)))?
+    let o = j.as_object().filter(|o| o.len() == 1)?;
+    o.iter().next().map(|(k, v)| (k.as_str(), v))
 }
 
 fn num(j: &J) -> f64 {
@@ -135,7 +136,7 @@ fn num(j: &J) -> f64 {
 }
 
 fn int(j: &J) -> i64 {
-    j.as_f64().unwrap() as i64
+    j.as_i64().unwrap_or_else(|| j.as_f64().unwrap() as i64)
 }
 
 fn text(v: &V) -> Option<String> {
