@@ -1,4 +1,5 @@
 //! Hundreds of malformed calls: each gets a clear -ERR, no key changes, the server lives.
+//! Corrupt `RESTORE` payloads are errors, never an abort.
 
 mod support;
 use support::*;
@@ -173,4 +174,103 @@ fn a_panic_inside_a_command_is_an_error_reply() {
     let pong: String = redis::cmd("PING").query(&mut c).unwrap();
     assert_eq!(pong, "PONG");
     assert_eq!(take(&mut c, "k", 1.0, 1.0, 1), 1);
+}
+
+/// A small deterministic generator (xorshift64*), so a failure can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A payload cut short or with flipped bits, under a valid CRC, is refused with an error
+/// (or accepted as a valid bucket), and the server lives on.
+#[test]
+fn corrupt_restore_payloads_are_errors_not_aborts() {
+    let mut s = Server::start(&["--sanitize-dump-payload", "yes"]);
+    let mut c = s.conn();
+    // Redis's own check value for its CRC-64.
+    assert_eq!(crc64(b"123456789"), 0xe9c6_d914_c4b8_d9ca);
+    // Slow limits (hours to full): the keys must still be there to DUMP on a busy machine.
+    let _: i64 = redis::cmd("RL.TAKE")
+        .arg(&["plain", "0.01", "100", "7"])
+        .query(&mut c)
+        .unwrap();
+    let _: Vec<i64> = redis::cmd("RL.LEASE")
+        .arg(&["leased", "0.001", "1000", "20", "600000"])
+        .query(&mut c)
+        .unwrap();
+    let _: Vec<i64> = redis::cmd("RL.LEASE")
+        .arg(&["leased", "0.001", "1000", "30", "600000"])
+        .query(&mut c)
+        .unwrap();
+    // Encoding 3 carries the limit's version.
+    let _: i64 = redis::cmd("RL.TAKE")
+        .arg(&[
+            "versioned",
+            "0.01",
+            "100",
+            "7",
+            "VERSION",
+            "9007199254740991",
+        ])
+        .query(&mut c)
+        .unwrap();
+    let _: Vec<i64> = redis::cmd("RL.LEASE")
+        .arg(&["vleased", "0.001", "1000", "20", "600000", "VERSION", "300"])
+        .query(&mut c)
+        .unwrap();
+    let mut rng = Rng(42);
+    let (mut tried, mut accepted) = (0, 0);
+    for key in ["plain", "leased", "versioned", "vleased"] {
+        let payload = dump(&mut c, key);
+        let body = dump_body(&payload);
+        // The CRC is Redis's: an untouched payload reseals to itself.
+        assert_eq!(reseal(&payload, body), payload);
+        let mut bodies: Vec<Vec<u8>> = (1..body.len()).map(|n| body[..n].to_vec()).collect();
+        for _ in 0..300 {
+            let mut b = body.to_vec();
+            for _ in 0..1 + rng.below(3) {
+                let i = 1 + rng.below(b.len() as u64 - 1) as usize;
+                b[i] ^= 1 << rng.below(8);
+            }
+            bodies.push(b);
+        }
+        for b in bodies {
+            tried += 1;
+            let forged = reseal(&payload, &b);
+            let reply = redis::cmd("RESTORE")
+                .arg("x")
+                .arg(0)
+                .arg(forged)
+                .arg("REPLACE")
+                .query::<Value>(&mut c);
+            if reply.is_ok() {
+                accepted += 1;
+                // Whatever was accepted behaves as a valid bucket.
+                let _: Value = redis::cmd("RL.PEEK").arg("x").query(&mut c).unwrap();
+                let t: redis::RedisResult<Value> =
+                    redis::cmd("RL.TAKE").arg(&["x", "1", "10"]).query(&mut c);
+                assert!(
+                    t.is_ok() || t.as_ref().unwrap_err().code() == Some("WRONGTYPE"),
+                    "{t:?}"
+                );
+                let _: () = redis::cmd("DEL").arg("x").query(&mut c).unwrap();
+            }
+        }
+    }
+    assert!(!s.exited(), "the server died: {}", s.log());
+    let pong: String = redis::cmd("PING").query(&mut c).unwrap();
+    assert_eq!(pong, "PONG");
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    assert!(tried > 1200 && accepted < tried, "{accepted} of {tried}");
 }

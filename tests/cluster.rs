@@ -581,3 +581,61 @@ fn resharding_moves_buckets_with_their_state() {
         assert_eq!(take(&mut c, k, RATE, CAP, left), left as i64, "{k}");
     }
 }
+
+/// COMMAND GETKEYS for RL.MTAKE with options in every order, keys named like options, and
+/// the most buckets.
+#[test]
+fn mtake_getkeys_with_options() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let keys = |c: &mut Connection, args: &[&str]| -> redis::RedisResult<Vec<String>> {
+        redis::cmd("COMMAND")
+            .arg("GETKEYS")
+            .arg("RL.MTAKE")
+            .arg(args)
+            .query(c)
+    };
+    assert_eq!(
+        keys(
+            &mut c,
+            &["1", "a", "1", "1", "b", "2", "2", "INIT", "1", "WITHSTATE"]
+        )
+        .unwrap(),
+        ["a", "b"]
+    );
+    assert_eq!(
+        keys(&mut c, &["1", "a", "1", "1", "WITHSTATE", "INIT", "1"]).unwrap(),
+        ["a"]
+    );
+    assert_eq!(
+        keys(&mut c, &["1", "INIT", "1", "1", "WITHSTATE", "2", "2"]).unwrap(),
+        ["INIT", "WITHSTATE"]
+    );
+    assert!(keys(&mut c, &["1", "a", "1", "1", "WITHSTATE", "WITHSTATE"]).is_err());
+    let mut many = vec!["1".to_string()];
+    for i in 0..64 {
+        many.extend([format!("k{i}"), "1".into(), "1".into()]);
+    }
+    many.push("WITHSTATE".into());
+    let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+    assert_eq!(keys(&mut c, &refs).unwrap().len(), 64);
+    // The command agrees with GETKEYS: a key named INIT is a key.
+    let v: Vec<Value> = redis::cmd("RL.MTAKE")
+        .arg(&[
+            "1",
+            "INIT",
+            "1",
+            "1",
+            "WITHSTATE",
+            "2",
+            "2",
+            "INIT",
+            "1",
+            "WITHSTATE",
+        ])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(v.len(), 4);
+    let e: i64 = c.exists(&["INIT", "WITHSTATE"]).unwrap();
+    assert_eq!(e, 2);
+}

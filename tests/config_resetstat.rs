@@ -108,3 +108,30 @@ fn a_resetstat_that_exec_never_ran_resets_nothing() {
     let stats: String = query(&mut c, &["INFO", "commandstats"]);
     assert!(stats.contains("cmdstat_RL.TAKE:calls=3,"), "{stats}");
 }
+
+/// CONFIG RESETSTAT resets the module's counters as it does Redis's own, even when more
+/// commands run after the reset than had run before it (`src/resetstat.rs` notices the
+/// reset lazily, at the next module command or INFO, and must not miss it then).
+#[test]
+fn resetstat_holds_when_more_commands_follow_it_than_preceded_it() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    assert_eq!(take(&mut c, "a:1", 1.0, 10.0, 3), 3);
+    let _: () = query(&mut c, &["CONFIG", "RESETSTAT"]);
+    let before = info_field(&mut c, "stats", "total_commands_processed");
+    assert!(before < 10, "Redis reset its own counters: {before}");
+    for _ in 0..200 {
+        let _: String = query(&mut c, &["PING"]);
+    }
+    assert_eq!(
+        info_field(&mut c, "rl", "rl_calls"),
+        0,
+        "CONFIG RESETSTAT did not reset rl_calls"
+    );
+    let ns: Value = query(&mut c, &["RL.STATS", "a"]);
+    assert_eq!(
+        ns,
+        Value::Nil,
+        "CONFIG RESETSTAT did not reset the namespaces"
+    );
+}

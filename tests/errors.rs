@@ -3,6 +3,7 @@
 //! the equivalent call.
 
 mod support;
+use std::time::Duration;
 
 use support::*;
 
@@ -131,4 +132,64 @@ fn a_redis_cell_hint_only_suggests_a_call_that_works() {
     // The ordinary case still gets its hint.
     let e = error_of(&mut c, &["RL.TAKE", "k", "3", "1", "3"]);
     assert!(e.contains("RL.TAKE key 0.3333333333333333 4"), "{e}");
+}
+
+#[test]
+fn small_rules_return_says_what_it_credited_options_once_unknown_option_named() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let err = |c: &mut Connection, args: &[&str]| -> String {
+        redis::cmd(args[0])
+            .arg(&args[1..])
+            .query::<Value>(c)
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(err(&mut c, &["RL.TAKE", "k", "10", "10", "FOO"]).contains("unknown option 'FOO'"));
+    assert!(err(&mut c, &["RL.TAKE", "k", "10", "10", "x1"]).contains("unknown option"));
+    assert!(err(&mut c, &["RL.TAKE", "k", "10", "10", "-1"]).contains("n must be"));
+    for args in [
+        &["RL.TAKE", "k", "10", "10", "WITHSTATE", "WITHSTATE"][..],
+        &["RL.TAKE", "k", "10", "10", "INIT", "1", "INIT", "2"],
+        &[
+            "RL.LEASE", "k", "10", "10", "5", "100", "MIN", "1", "MIN", "2",
+        ],
+        &[
+            "RL.LEASE", "k", "10", "10", "5", "100", "INIT", "1", "init", "2",
+        ],
+        &[
+            "RL.LEASE", "k", "10", "10", "5", "100", "RETURN", "1", "1", "RETURN", "2", "2",
+        ],
+        &["RL.MTAKE", "1", "k", "10", "10", "WITHSTATE", "WITHSTATE"],
+        &["RL.MTAKE", "1", "k", "10", "10", "INIT", "1", "INIT", "1"],
+    ] {
+        let e = err(&mut c, args);
+        assert!(e.contains("given twice"), "{args:?}: {e}");
+    }
+    let exists: i64 = redis::cmd("EXISTS").arg("k").query(&mut c).unwrap();
+    assert_eq!(exists, 0);
+    // A return into a bucket that refilled meanwhile says what it took back.
+    let v: Vec<i64> = redis::cmd("RL.LEASE")
+        .arg(&["r", "1000", "10", "5", "60000"])
+        .query(&mut c)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let credited: i64 = redis::cmd("RL.RETURN")
+        .arg(&["r", &v[1].to_string(), "5"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(credited, 0, "the bucket was full again");
+    // Leases may not hold more than i64::MAX tokens in all (PEEK adds them up).
+    let mut ic = s.internal_conn();
+    let big = "9223372036854775807";
+    let far = (now_ns() + 600_000_000_000).to_string();
+    let e = redis::cmd("RL.SETSTATE")
+        .arg(&["w", "0", "1", "1", "LASTID", "2", "ADD", "1", big, &far])
+        .query::<()>(&mut ic);
+    assert!(e.is_ok(), "{e:?}");
+    let e = redis::cmd("RL.SETSTATE")
+        .arg(&["w", "0", "1", "1", "ADD", "2", big, &far])
+        .query::<()>(&mut ic)
+        .unwrap_err();
+    assert!(e.to_string().contains("in all"), "{e}");
 }

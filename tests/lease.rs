@@ -855,3 +855,133 @@ fn concurrent_holders_never_keep_more_than_the_limit() {
     );
     assert_eq!(info_field(&mut c, "rl", "rl_errors"), 0);
 }
+
+fn int(c: &mut Connection, args: &[&str]) -> i64 {
+    query(c, args)
+}
+
+/// No token minted by leases and returns (plain and inside RL.LEASE ... RETURN, claiming more unused
+/// than held) into a bucket near full and under a cap that changes from call to call never
+/// let out more than the largest cap + rate * elapsed on the wall clock. (One long lease
+/// stays open throughout so the key never expires: tests/limit_changes.rs covers the key
+/// expiring between limits.) A replica and a reload agree at the end.
+#[test]
+fn lease_return_churn_under_changing_caps_lets_out_no_more_than_the_bound() {
+    let master = Server::start(&[]);
+    let replica = Server::start(&[]);
+    replicate(&replica, &master);
+    let mut c = master.conn();
+    let caps = ["100", "50", "100", "10", "100"];
+    let rate = 20.0;
+    let start = Instant::now();
+    let anchor: Vec<i64> = redis::cmd("RL.LEASE")
+        .arg(&["b", "20", "100", "1", "600000"])
+        .query(&mut c)
+        .unwrap();
+    // Let out so far; a LEASE ... RETURN's credit is not in its reply, so it is counted as
+    // zero: `out` over-estimates, and the bound still has to hold.
+    let mut out: i64 = anchor[0];
+    let mut held: Vec<(i64, i64)> = Vec::new();
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for _ in 0..1500 {
+        let cap = caps[(next() % caps.len() as u64) as usize];
+        match next() % 4 {
+            0 => out += int(&mut c, &["RL.TAKE", "b", "20", cap, "1"]),
+            1 => {
+                let v: Vec<i64> = redis::cmd("RL.LEASE")
+                    .arg(&["b", "20", cap, "7", "60000"])
+                    .query(&mut c)
+                    .unwrap();
+                if v[0] > 0 {
+                    out += v[0];
+                    held.push((v[1], v[0]));
+                }
+            }
+            2 if !held.is_empty() => {
+                let (id, tokens) = held.remove((next() % held.len() as u64) as usize);
+                let claim = (tokens + 5).to_string();
+                let credited = int(&mut c, &["RL.RETURN", "b", &id.to_string(), &claim]);
+                assert!(
+                    (0..=tokens).contains(&credited),
+                    "credited {credited} of {tokens}"
+                );
+                out -= credited;
+            }
+            3 if !held.is_empty() => {
+                let (id, tokens) = held.remove(0);
+                let (id, tokens) = (id.to_string(), (tokens + 5).to_string());
+                let v: Vec<i64> = redis::cmd("RL.LEASE")
+                    .arg(&["b", "20", cap, "3", "60000", "RETURN", &id, &tokens])
+                    .query(&mut c)
+                    .unwrap();
+                if v[0] > 0 {
+                    out += v[0];
+                    held.push((v[1], v[0]));
+                }
+            }
+            _ => {}
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let bound = 100.0 + rate * elapsed;
+    assert!(
+        out as f64 <= bound,
+        "let out {out} in {elapsed:.3}s > {bound:.1}"
+    );
+    wait_synced(&master, &replica);
+    assert_eq!(digest(&mut replica.conn(), "b"), digest(&mut c, "b"));
+    let before = digest(&mut c, "b");
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    assert_eq!(digest(&mut c, "b"), before);
+}
+
+/// RL.RETURN into a bucket that is full, or nearly, under a limit changed since the
+/// lease, credits at most what the bucket lacks and never leaves it above cap.
+#[test]
+fn return_into_a_near_full_bucket_under_a_changed_limit() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let v: Vec<i64> = redis::cmd("RL.LEASE")
+        .arg(&["n", "0.001", "100", "100", "60000"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(v[0], 100);
+    // Another caller shrinks the cap: 0 tokens of 2.
+    assert_eq!(int(&mut c, &["RL.TAKE", "n", "1", "2", "1"]), 0);
+    // A third grows it back after a grant under cap 2 is impossible (0 tokens): nothing
+    // stored, so a return goes into (0.001, 100) with 0 tokens.
+    let credited = int(&mut c, &["RL.RETURN", "n", &v[1].to_string(), "100"]);
+    assert_eq!(credited, 100);
+    let peek: Vec<Value> = redis::cmd("RL.PEEK")
+        .arg("n")
+        .query(&mut c)
+        .unwrap_or_default();
+    // Full and no lease left: the key is gone.
+    assert!(peek.is_empty(), "{peek:?}");
+
+    // Near full under a smaller cap: lease 5 of 10, a caller with cap 6 takes 1 (5 -> 5 of 6
+    // after carry: 5 tokens, 4 after the take), then the return of 5 credits at most 2.
+    let v: Vec<i64> = redis::cmd("RL.LEASE")
+        .arg(&["m", "0.001", "10", "5", "60000"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(v[0], 5);
+    assert_eq!(int(&mut c, &["RL.TAKE", "m", "0.001", "6", "1"]), 1);
+    let credited = int(&mut c, &["RL.RETURN", "m", &v[1].to_string(), "5"]);
+    assert_eq!(
+        credited, 2,
+        "a bucket 2 short of its cap took back {credited}"
+    );
+    let t: (i64, f64, i64, i64) = redis::cmd("RL.TAKE")
+        .arg(&["m", "0.001", "6", "6", "WITHSTATE"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(t.0, 6, "{t:?}");
+    assert!(t.1 < 1e-6, "{t:?}");
+}

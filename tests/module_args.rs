@@ -76,3 +76,20 @@ fn config_set_takes_values_in_any_case() {
         .unwrap();
     assert_eq!(mode(&s), "shadow");
 }
+
+/// loadmodule arguments: an empty value, a repeated name with conflicting values and a
+/// trailing empty argument are refused or resolved without loading in a surprise mode.
+#[test]
+fn loadmodule_odd_arguments() {
+    for args in [&["mode", ""][..], &["mode", "shadow", ""], &["", "shadow"]] {
+        if let Ok(s) = Server::try_start(args) {
+            // Loaded: it must at least be in a mode someone asked for.
+            let v: Vec<String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("rl.mode")
+                .query(&mut s.conn())
+                .unwrap();
+            panic!("{args:?} loaded in mode {}", v[1]);
+        }
+    }
+}

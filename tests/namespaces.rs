@@ -1,5 +1,6 @@
 //! Per-namespace counters: `INFO rl` lines and `RL.STATS`, bounded cardinality, the
-//! separator, `CONFIG RESETSTAT`, and which INFO sections show them.
+//! separator, `CONFIG RESETSTAT`, and which INFO sections show them; counters saturate
+//! (never wrap, never shown negative).
 
 mod support;
 use std::collections::HashMap;
@@ -204,4 +205,87 @@ fn sections_that_show_the_counters() {
             "INFO {arg}: {info}"
         );
     }
+}
+
+fn cmd(c: &mut Connection, args: &[&str]) -> redis::RedisResult<Value> {
+    let mut k = redis::cmd(args[0]);
+    for a in &args[1..] {
+        k.arg(*a);
+    }
+    k.query(c)
+}
+
+fn stats_field(c: &mut Connection, ns: &str, field: &str) -> i64 {
+    let v: Value = query(c, &["RL.STATS", ns]);
+    let Value::Array(items) = v else {
+        panic!("RL.STATS {ns}: {v:?}")
+    };
+    let at = items
+        .iter()
+        .position(|x| redis::from_redis_value::<String>(x).is_ok_and(|s| s == field))
+        .unwrap_or_else(|| panic!("no {field} in {items:?}"));
+    redis::from_redis_value(&items[at + 1]).unwrap()
+}
+
+/// Runs `count` grants of 1e15 tokens, each on a fresh key of namespace `ns` (a full
+/// bucket at cap 1e15 grants them), pipelined.
+fn grant_1e15_tokens(c: &mut Connection, ns: &str, from: usize, count: usize) {
+    for chunk in (from..from + count).collect::<Vec<_>>().chunks(2000) {
+        let mut p = redis::pipe();
+        for i in chunk {
+            p.cmd("RL.TAKE")
+                .arg(format!("{ns}:{i}"))
+                .arg("1e15")
+                .arg("1e15")
+                .arg("1000000000000000");
+        }
+        let replies: Vec<i64> = p.query(c).unwrap();
+        assert!(replies.iter().all(|&r| r == 1_000_000_000_000_000));
+    }
+}
+
+/// A command fails with no change at all, or succeeds: the per-namespace `tokens_granted`
+/// counter saturates instead of overflowing. After 18,446 grants of 1e15 tokens in one
+/// namespace (legal: cap 1e15, n 1e15, one fresh key each) the next grant still succeeds
+/// (an overflow would panic after the bucket was written, or wrap), RL.STATS shows
+/// i64::MAX and INFO the unsigned maximum.
+#[test]
+fn namespace_token_counters_saturate_and_a_grant_past_them_succeeds() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    grant_1e15_tokens(&mut c, "big", 0, 18_446);
+    let reply = cmd(
+        &mut c,
+        &["RL.TAKE", "big:x", "1e15", "1e15", "1000000000000000"],
+    );
+    let exists: i64 = query(&mut c, &["EXISTS", "big:x"]);
+    assert!(
+        reply.is_ok(),
+        "the 18,447th grant of 1e15 tokens answered {reply:?}, yet EXISTS big:x = {exists}: \
+         an error reply that says nothing changed, after the bucket was written"
+    );
+    // And the counter did not wrap: it saturates (RL.STATS, a signed reply, shows
+    // i64::MAX; INFO the unsigned value).
+    let total = stats_field(&mut c, "big", "tokens_granted");
+    assert_eq!(total, i64::MAX, "wrapped: {total}");
+    let info: String = query(&mut c, &["INFO", "rl"]);
+    assert!(
+        info.contains("tokens_granted=18446744073709551615"),
+        "{info}"
+    );
+}
+
+/// RL.STATS replies counters as signed integers: a counter past i64::MAX (`tokens_granted`
+/// after 9,224 grants of 1e15 tokens in one namespace) is shown clamped, never negative
+/// (INFO rl, with unsigned fields, shows the exact value).
+#[test]
+fn stats_counters_past_i64_max_are_never_replied_negative() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    grant_1e15_tokens(&mut c, "neg", 0, 9_224);
+    let shown = stats_field(&mut c, "neg", "tokens_granted");
+    assert!(
+        shown >= 0,
+        "RL.STATS neg shows tokens_granted {shown} after 9,224 grants of 1e15 tokens"
+    );
 }

@@ -1,4 +1,5 @@
-//! RL.ACQUIRE / RL.RELEASE / RL.RENEW: a semaphore whose permits expire.
+//! RL.ACQUIRE / RL.RELEASE / RL.RENEW: a semaphore whose permits expire. Its effects and
+//! crafted payloads never break the server, and RDB load accepts only what commands create.
 
 mod support;
 
@@ -172,4 +173,184 @@ fn ten_thousand_permits_per_key_and_a_clear_error_beyond() {
         .query::<Value>(&mut c)
         .unwrap_err();
     assert!(e.to_string().contains("at most 10000"), "{e}");
+}
+
+/// A small deterministic generator (xorshift64*), so a failure can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+        from[(self.next() % from.len() as u64) as usize]
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn run(c: &mut Connection, cmd: &str, args: &[String]) -> redis::RedisResult<Value> {
+    redis::cmd(cmd).arg(args).query(c)
+}
+
+/// One key's value digest and absolute expiry (looking expires it if it is due).
+fn key_state(c: &mut Connection, key: &str) -> (String, i64) {
+    let at: i64 = redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap();
+    (digest(c, key), at)
+}
+
+/// The semaphore's effect command and payloads get the same treatment: generated
+/// `RL.SETPERMITS` vectors either change nothing or leave a state every copy reproduces,
+/// and corrupt `RESTORE` payloads of a semaphore are errors, not aborts.
+#[test]
+fn semaphore_effects_and_payloads_cannot_break_the_server() {
+    let mut s = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
+    let mut c = s.internal_conn();
+    let _: () = redis::cmd("DEBUG")
+        .arg("SET-ACTIVE-EXPIRE")
+        .arg(0)
+        .query(&mut c)
+        .unwrap();
+    let mut rng = Rng(7);
+    let now = now_ns();
+    let ids = [
+        "0",
+        "1",
+        "2",
+        "9",
+        "10000",
+        "9223372036854775807",
+        "9223372036854775808",
+    ];
+    let (mut accepted, mut refused) = (0, 0);
+    for i in 0..400 {
+        let key = format!("p{}", i % 6);
+        let mut args = vec![key.clone()];
+        if rng.below(8) != 0 {
+            args.extend(["LASTID".to_string(), rng.pick(&ids).to_string()]);
+        }
+        for _ in 0..rng.below(3) {
+            match rng.below(4) {
+                0 => args.extend(["PRUNE".to_string(), now.to_string()]),
+                1 => args.extend(["DROP".to_string(), rng.pick(&ids).to_string()]),
+                2 => args.extend([
+                    "ADD".to_string(),
+                    rng.pick(&ids).to_string(),
+                    (now + 600_000_000_000 + rng.below(1_000_000)).to_string(),
+                ]),
+                _ => args.push(rng.pick(&["ADD", "BOGUS", "LASTID"]).to_string()),
+            }
+        }
+        let before = key_state(&mut c, &key);
+        match run(&mut c, "RL.SETPERMITS", &args) {
+            Ok(_) => accepted += 1,
+            Err(e) => {
+                refused += 1;
+                assert!(e.code() == Some("ERR"), "{args:?}: {e}");
+                assert_eq!(
+                    key_state(&mut c, &key),
+                    before,
+                    "refused {args:?} changed data"
+                );
+            }
+        }
+    }
+    assert!(
+        accepted > 30 && refused > 30,
+        "{accepted} accepted, {refused} refused"
+    );
+    // A real permit key for the crafted payloads.
+    let _: Vec<i64> = redis::cmd("RL.ACQUIRE")
+        .arg(&["real", "5", "600000"])
+        .query(&mut c)
+        .unwrap();
+    let _: Vec<i64> = redis::cmd("RL.ACQUIRE")
+        .arg(&["real", "5", "600000"])
+        .query(&mut c)
+        .unwrap();
+    let all = dataset_digest(&mut c);
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    assert_eq!(dataset_digest(&mut c), all, "DEBUG RELOAD");
+    let replica = Server::start(&[]);
+    replicate(&replica, &s);
+    wait_synced(&s, &replica);
+    assert_eq!(dataset_digest(&mut replica.conn()), all, "full sync");
+    drop(replica);
+
+    let payload = dump(&mut c, "real");
+    let body = dump_body(&payload);
+    let mut bodies: Vec<Vec<u8>> = (1..body.len()).map(|n| body[..n].to_vec()).collect();
+    for _ in 0..200 {
+        let mut b = body.to_vec();
+        let i = 1 + rng.below(b.len() as u64 - 1) as usize;
+        b[i] ^= 1 << rng.below(8);
+        bodies.push(b);
+    }
+    for b in bodies {
+        let forged = reseal(&payload, &b);
+        let reply = redis::cmd("RESTORE")
+            .arg("x")
+            .arg(0)
+            .arg(forged)
+            .arg("REPLACE")
+            .query::<Value>(&mut c);
+        if reply.is_ok() {
+            let r: redis::RedisResult<Value> = redis::cmd("RL.ACQUIRE")
+                .arg(&["x", "5", "1000"])
+                .query(&mut c);
+            assert!(r.is_ok() || r.unwrap_err().code() == Some("WRONGTYPE"));
+            let _: () = redis::cmd("DEL").arg("x").query(&mut c).unwrap();
+        }
+    }
+    assert!(!s.exited(), "the server died: {}", s.log());
+    let all = dataset_digest(&mut c);
+    rewrite_aof(&mut c);
+    drop(c);
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(dataset_digest(&mut c), all, "AOF rewrite + restart");
+}
+
+/// The states a command can create are exactly the states RDB load accepts: a permit
+/// table with no permit (which no command leaves: the last release deletes the key) is
+/// refused by RESTORE, or else an AOF rewrite and restart rebuild the dataset exactly.
+#[test]
+fn restore_of_an_empty_permit_table_is_refused_or_rebuilt_by_the_aof() {
+    let mut s = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
+    let mut c = s.conn();
+    let _: Vec<i64> = query(&mut c, &["RL.ACQUIRE", "real", "5", "600000"]);
+    let payload = dump(&mut c, "real");
+    // Type byte (module type 2), 0x81 + 8-byte module id: the first 10 bytes.
+    let mut body = dump_body(&payload)[..10].to_vec();
+    // last_id 5, count 0, EOF.
+    body.extend_from_slice(&[0x02, 0x05, 0x02, 0x00, 0x00]);
+    let forged = reseal(&payload, &body);
+    let reply = redis::cmd("RESTORE")
+        .arg("p")
+        .arg(0)
+        .arg(forged)
+        .query::<Value>(&mut c);
+    if reply.is_err() {
+        return; // refused: what the rule asks
+    }
+    let kind: String = query(&mut c, &["TYPE", "p"]);
+    let ttl: i64 = query(&mut c, &["PTTL", "p"]);
+    let all = dataset_digest(&mut c);
+    rewrite_aof(&mut c);
+    drop(c);
+    s.restart();
+    let mut c = s.conn();
+    let exists: i64 = query(&mut c, &["EXISTS", "p"]);
+    assert_eq!(
+        dataset_digest(&mut c),
+        all,
+        "RESTORE accepted an empty permit table ({kind}, PTTL {ttl}) that no command \
+         creates; after AOF rewrite + restart EXISTS p = {exists}"
+    );
 }

@@ -1,4 +1,5 @@
-//! RL.RESERVE (wait instead of reject) and RL.REFUND (give tokens back).
+//! RL.RESERVE (wait instead of reject) and RL.REFUND (give tokens back); no token minted by
+//! reservations, refunds into debt, or limits that alternate while keys expire.
 
 mod support;
 
@@ -257,4 +258,147 @@ fn thirty_two_waiting_clients_stay_within_the_rate() {
         worst <= 0.0,
         "a window saw {worst} uses over cap + rate * t + 1"
     );
+}
+
+/// No token minted by a refund into debt: reservations already told when to use their
+/// tokens keep those instants, so a refund into a bucket in debt must not let a later
+/// reservation be promised the same instant (rate 1/s, cap 10: A takes 10, B reserves 10
+/// and waits 10 s, A refunds 10, C reserves 10: B and C must not both use 10 tokens at
+/// t0 + 10 s).
+#[test]
+fn a_refund_into_debt_lets_no_later_reservation_reuse_the_queued_instants() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let t0 = now_ns();
+    assert_eq!(take(&mut c, "k", 1.0, 10.0, 10), 10);
+    let b: (i64, i64, f64, i64) = query(&mut c, &["RL.RESERVE", "k", "1", "10", "10", "20000"]);
+    let tb = now_ns() - t0;
+    assert_eq!(b.0, 10, "{b:?}");
+    let credited: f64 = query(&mut c, &["RL.REFUND", "k", "10"]);
+    let cres: (i64, i64, f64, i64) = query(&mut c, &["RL.RESERVE", "k", "1", "10", "10", "20000"]);
+    let tc = now_ns() - t0;
+    if cres.0 == 0 {
+        return;
+    }
+    // Use instants in ms since t0 (the call's end bounds its start).
+    let use_b = tb as f64 / 1e6 + b.1 as f64;
+    let use_c = tc as f64 / 1e6 + cres.1 as f64;
+    let window_s = (use_c - use_b).abs() / 1000.0;
+    let used = 20.0;
+    assert!(
+        used <= 10.0 + 1.0 * window_s + 1.0,
+        "refund of {credited} into debt: B uses 10 at +{use_b:.0} ms, C uses 10 at          +{use_c:.0} ms: {used} tokens within {window_s:.3} s, bound {}",
+        10.0 + window_s + 1.0
+    );
+}
+
+/// No token minted in the core the commands call: random TAKE / RESERVE under three
+/// alternating limits (refunds left out: a refund after the key expired credits tokens the
+/// refill already gave back), with the key dropped whenever Redis would have expired it
+/// between calls. Every use (a take at once, a reservation after its wait) is recorded; in
+/// every window the uses stay within the largest cap + the largest rate × the window + 1.
+#[test]
+fn core_take_reserve_three_limits_and_expiry_mint_nothing() {
+    use rl_core::{Bucket, Level, Limit};
+    const S: u64 = 1_000_000_000;
+    let limits = [
+        Limit::new(1.0, 20.0).unwrap(),
+        Limit::new(50.0, 5.0).unwrap(),
+        Limit::new(4.0, 12.0).unwrap(),
+    ];
+    let (max_cap, max_rate) = (20.0, 50.0);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for round in 0..300 {
+        let mut now = 1_700_000_000 * S;
+        let mut stored: Option<Bucket> = None;
+        let mut uses: Vec<(u64, f64)> = Vec::new();
+        // Tokens taken at once and not used yet: what may be refunded.
+        let mut unused: f64 = 0.0;
+        for _ in 0..60 {
+            now += match rnd(4) {
+                0 => 0,
+                1 => rnd(1_000_000),
+                2 => rnd(S),
+                _ => rnd(30 * S),
+            };
+            if let Some(b) = stored {
+                if rl_core::ceil_millis(b.expires_at()) * 1_000_000 <= now {
+                    stored = None;
+                }
+            }
+            let limit = limits[rnd(3) as usize];
+            let mut level = Level::new(stored.as_ref(), limit, now);
+            let write = match rnd(2) {
+                0 => {
+                    let n = 1 + rnd(limit.cap() as u64);
+                    let ok = level.try_take(n as f64);
+                    if ok {
+                        uses.push((now, n as f64));
+                    }
+                    ok
+                }
+                1 => {
+                    let n = 1 + rnd(limit.cap() as u64);
+                    match level.reserve(n as f64, rnd(20 * S)) {
+                        Some((true, wait)) => {
+                            uses.push((now + wait, n as f64));
+                            true
+                        }
+                        _ => false,
+                    }
+                }
+                _ => {
+                    // Refunds into debt mint (see rule5_refund_into_debt_...): this guard
+                    // refunds only into a bucket that is not in debt.
+                    let in_debt = stored.is_some_and(|b| {
+                        Level::new(Some(&b), b.limit(), now).signed_tokens() < 0.0
+                    });
+                    match stored {
+                        Some(b) if unused >= 1.0 && !in_debt => {
+                            // RL.REFUND: under the stored limit.
+                            level = Level::new(Some(&b), b.limit(), now);
+                            let n = 1 + rnd(unused as u64);
+                            let credited = level.refund(n);
+                            unused -= n as f64;
+                            credited > 0.0
+                        }
+                        _ => false,
+                    }
+                }
+            };
+            if write {
+                stored = Some(level.bucket());
+            }
+            if std::env::var("A2_TRACE").is_ok_and(|r| r == round.to_string()) {
+                eprintln!(
+                    "t={} lim=({}, {}) write={write} signed={} stored={:?} unused={unused} last_use={:?}",
+                    (now - 1_700_000_000 * S) as f64 / S as f64,
+                    limit.rate(),
+                    limit.cap(),
+                    level.signed_tokens(),
+                    stored,
+                    uses.last()
+                );
+            }
+        }
+        // Tokens held back and never refunded count as used at the end.
+        uses.sort_by_key(|u| u.0);
+        for i in 0..uses.len() {
+            let mut sum = 0.0;
+            for j in i..uses.len() {
+                sum += uses[j].1;
+                let t = (uses[j].0 - uses[i].0) as f64 / S as f64;
+                assert!(
+                    sum <= max_cap + max_rate * t + 1.0 + unused,
+                    "round {round}: {sum} used in {t} s: {uses:?}"
+                );
+            }
+        }
+    }
 }

@@ -245,3 +245,70 @@ fn watch_sees_grants_but_not_denials() {
     let ran: Option<Value> = redis::pipe().atomic().cmd("PING").query(&mut c).unwrap();
     assert_eq!(ran, None, "a grant must invalidate WATCH");
 }
+
+/// `COMMAND DOCS` lists every command's arguments (redis-cli's hints come from it).
+#[test]
+fn command_docs_list_the_arguments() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    for (cmd, args) in [
+        (
+            "RL.TAKE",
+            &["key", "rate", "cap", "n", "WITHSTATE", "tokens", "VERSION"][..],
+        ),
+        (
+            "RL.LEASE",
+            &["ttl_ms", "m", "return", "lease_id", "unused", "VERSION"],
+        ),
+        ("RL.RESERVE", &["max_wait_ms", "VERSION"]),
+        ("RL.RETURN", &["key", "lease_id", "unused"]),
+        ("RL.PEEK", &["key"]),
+        ("RL.MTAKE", &["n", "bucket", "key", "WITHSTATE", "VERSION"]),
+    ] {
+        let docs: Value = redis::cmd("COMMAND")
+            .arg("DOCS")
+            .arg(cmd)
+            .query(&mut c)
+            .unwrap();
+        let text = format!("{docs:?}");
+        for a in args {
+            assert!(
+                text.contains(&format!("\"{a}\"")),
+                "{cmd} lacks {a}: {text}"
+            );
+        }
+    }
+}
+
+fn int(c: &mut Connection, args: &[&str]) -> i64 {
+    query(c, args)
+}
+
+/// No token minted by rounding: the deficit of an `INIT tokens` bucket is `nanos_for(cap -
+/// tokens)` with the subtraction rounded up (`round::sub_up`), not to nearest: at caps >=
+/// 2^49 (one f64 step is 0.125 token) a nearest `cap - 0.95` would be `cap - 1`, and a
+/// bucket told to start with 0.95 tokens would grant a token in the very call that created
+/// it (same server instant: no refill at all).
+///
+/// Reproduce (any server):
+///   RL.TAKE a 262144 562949953421313 1 INIT 0.95      -> 1   (should be 0)
+///   RL.TAKE b 999999999999999 1e15 1 INIT 0.95        -> 1   (should be 0)
+///   RL.TAKE c 262144 562949953421313 1 INIT 0.90      -> 0   (rounds the safe way)
+/// (2^49 + 1 at 2^18/s: `(cap - 1) * 1e9 / rate` is a whole number of ns, so the ns
+/// rounding of the debit does not hide the minted fraction.)
+#[test]
+fn init_rounding_mints_no_token_at_large_caps() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    for (key, rate, cap) in [
+        ("a", "262144", "562949953421313"),
+        ("b", "999999999999999", "1e15"),
+    ] {
+        let got = int(&mut c, &["RL.TAKE", key, rate, cap, "1", "INIT", "0.95"]);
+        assert_eq!(
+            got, 0,
+            "RL.TAKE {key} {rate} {cap} 1 INIT 0.95 granted a token from a bucket created \
+             with 0.95 tokens in the same instant (INIT rounded to nearest, not safe-side)"
+        );
+    }
+}

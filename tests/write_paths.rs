@@ -1,6 +1,7 @@
 //! Every write path (and its options) reproduced exactly on a replica,
 //! after DEBUG RELOAD and after an AOF rewrite (no RDB preamble) plus restart; calls that
-//! must write nothing send nothing to replicas or the AOF; extreme accepted limits.
+//! must write nothing send nothing to replicas or the AOF; extreme accepted limits. After
+//! every kind of write a key's expiry is its time to full, also for a key that lost it.
 
 mod support;
 use support::*;
@@ -528,4 +529,154 @@ fn limits_with_many_digits_stay_exact() {
     assert_eq!(v[1].0, "rate");
     let rate: f64 = redis::from_redis_value(&v[1].1).unwrap();
     assert_eq!(rate, 1.0 / 3.0);
+}
+
+/// After `PERSIST` or `RESTORE ... 0`, the next write makes the expiry the bucket's
+/// time-to-full again; an AOF rewrite of a key without expiry keeps it without one.
+#[test]
+fn a_key_without_expiry_gets_it_back_on_the_next_write_and_aof_keeps_it_exact() {
+    let mut s = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
+    let mut c = s.conn();
+    let take = |c: &mut Connection, key: &str| -> i64 {
+        redis::cmd("RL.TAKE")
+            .arg(&[key, "1", "1000"])
+            .query(c)
+            .unwrap()
+    };
+    let pttl =
+        |c: &mut Connection, key: &str| -> i64 { redis::cmd("PTTL").arg(key).query(c).unwrap() };
+    // Each take of one token at 1/s moves the moment the bucket is full again 1 s later
+    // (from now, if it was full already): the expiry after a second take is 2 s after the
+    // first one, or 1 s after the second. Server times bracket both takes.
+    let takes_twice = |c: &mut Connection, key: &str, between: &mut dyn FnMut(&mut Connection)| {
+        let first = server_ms(c);
+        assert_eq!(take(c, key), 1);
+        let first = (first, server_ms(c));
+        between(c);
+        assert_eq!(pttl(c, key), -1);
+        assert_eq!(take(c, key), 1);
+        let second = server_ms(c);
+        let at: i64 = redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap();
+        let (lo, hi) = (
+            first.0 + 2_000 - 1,
+            (first.1 + 2_000).max(second + 1_000) + 1,
+        );
+        assert!(
+            (lo..=hi).contains(&at),
+            "{key}: PEXPIRETIME {at}, expected {lo}..={hi}"
+        );
+    };
+    // The next write lands in the same millisecond often; either way the expiry is back.
+    takes_twice(&mut c, "p", &mut |c| {
+        let _: i64 = redis::cmd("PERSIST").arg("p").query(c).unwrap();
+    });
+
+    takes_twice(&mut c, "r", &mut |c| {
+        let payload = dump(c, "r");
+        let _: () = redis::cmd("RESTORE")
+            .arg("r")
+            .arg(0)
+            .arg(&payload)
+            .arg("REPLACE")
+            .query(c)
+            .unwrap();
+        assert_eq!(pttl(c, "r"), -1);
+        // A key left without expiry by RESTORE: an AOF rewrite and restart keep it so.
+        let _: () = redis::cmd("RESTORE")
+            .arg("norm")
+            .arg(0)
+            .arg(&payload)
+            .query(c)
+            .unwrap();
+    });
+    let before = dataset_digest(&mut c);
+    rewrite_aof(&mut c);
+    drop(c);
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(pttl(&mut c, "norm"), -1);
+    assert_eq!(
+        dataset_digest(&mut c),
+        before,
+        "AOF rewrite changed expiries"
+    );
+}
+
+fn cmd(c: &mut Connection, args: &[&str]) -> redis::RedisResult<Value> {
+    redis::cmd(args[0]).arg(&args[1..]).query(c)
+}
+
+/// Rule 4: after PERSIST, RESTORE ... 0, a hand-set EXPIRE (earlier or later), the next
+/// write (take, lease, return, mtake) puts the expiry back at the bucket's time-to-full
+/// (or its last lease), on the master and the replica alike.
+#[test]
+fn expiry_is_time_to_full_after_every_kind_of_write() {
+    let master = Server::start(&[]);
+    let replica = Server::start(&[]);
+    replicate(&replica, &master);
+    let mut c = master.conn();
+    let pexpiretime =
+        |c: &mut Connection, k: &str| -> i64 { redis::cmd("PEXPIRETIME").arg(k).query(c).unwrap() };
+    // The key's expiry, and the moment PEEK says the bucket is full: its reset_after_ms
+    // from the server time PEEK ran at (bracketed by two TIME readings; 1 ms each side for
+    // rounding).
+    let expiry_and_full_at =
+        |c: &mut Connection, k: &str| -> (i64, std::ops::RangeInclusive<i64>) {
+            let at = pexpiretime(c, k);
+            let before = server_ms(c);
+            let v: Vec<Value> = redis::cmd("RL.PEEK").arg(k).query(c).unwrap();
+            let after = server_ms(c);
+            let reset = match &v[7] {
+                Value::Int(n) => *n,
+                other => panic!("{other:?}"),
+            };
+            (at, before + reset - 1..=after + reset + 1)
+        };
+    assert_eq!(int(&mut c, &["RL.TAKE", "k", "0.01", "100", "10"]), 10);
+    for tamper in [
+        vec!["PERSIST", "k"],
+        vec!["PEXPIRE", "k", "5000000"],
+        vec!["PEXPIRE", "k", "500000"],
+    ] {
+        let _: Value = cmd(&mut c, &tamper).unwrap();
+        for write in [
+            vec!["RL.TAKE", "k", "0.01", "100", "1"],
+            vec!["RL.MTAKE", "1", "k", "0.01", "100"],
+        ] {
+            let _: Value = cmd(&mut c, &write).unwrap();
+            let (at, full_at) = expiry_and_full_at(&mut c, "k");
+            assert!(
+                full_at.contains(&at),
+                "{tamper:?} then {write:?}: PEXPIRETIME {at}, full at {full_at:?}"
+            );
+            let _: Value = cmd(&mut c, &tamper).unwrap();
+        }
+    }
+    // Lease: the expiry covers the lease; RETURN brings it back to time-to-full.
+    let v: Vec<i64> = redis::cmd("RL.LEASE")
+        .arg(&["k", "0.01", "100", "1", "86400000"])
+        .query(&mut c)
+        .unwrap();
+    let _: i64 = redis::cmd("PERSIST").arg("k").query(&mut c).unwrap();
+    let _ = int(&mut c, &["RL.RETURN", "k", &v[1].to_string(), "0"]);
+    let (at, full_at) = expiry_and_full_at(&mut c, "k");
+    assert!(
+        full_at.contains(&at),
+        "after RETURN: PEXPIRETIME {at}, full at {full_at:?}"
+    );
+    // RESTORE ... 0 then a write.
+    let payload = dump(&mut c, "k");
+    let _: () = redis::cmd("RESTORE")
+        .arg("k")
+        .arg(0)
+        .arg(&payload)
+        .arg("REPLACE")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(pexpiretime(&mut c, "k"), -1);
+    assert_eq!(int(&mut c, &["RL.TAKE", "k", "0.01", "100", "1"]), 1);
+    assert!(pexpiretime(&mut c, "k") > 0);
+    wait_synced(&master, &replica);
+    let mut r = replica.conn();
+    assert_eq!(dataset_digest(&mut r), dataset_digest(&mut c));
 }

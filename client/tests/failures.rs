@@ -1,4 +1,4 @@
-//! The client under real failures (issue 18), each against real servers: cancelled and
+//! The client under real failures, each against real servers: cancelled and
 //! timed-out takes under `DEBUG SLEEP`, error replies of each kind, a missing module,
 //! half-open connections, startup with Redis down, Redis killed and restarted, flapping
 //! outages under each policy, the fleet bound at 512 instances, and the lower items (stale
@@ -855,4 +855,160 @@ async fn per_call_limits_peek_and_mtake() {
     assert!(!limiter.mtake(&["{a}x", "{a}y"], 60).await.unwrap());
     let x = limiter.peek("{a}x").await.unwrap().unwrap();
     assert!((x - 40.0).abs() < 0.1, "{x}");
+}
+
+/// Where the timeout is not the point: far above any call's time on a loaded machine (a
+/// healthy call must never be taken for an outage).
+const PATIENT: Duration = Duration::from_secs(10);
+
+/// A call's timeout where one must pass while Redis sleeps: the `DEBUG SLEEP`s here are
+/// at least 3 s, so a call answered while Redis still sleeps was answered by its timeout.
+const TIMEOUT: Duration = Duration::from_secs(1);
+
+fn prefetch_config_for(policy: FailurePolicy, instances: u32) -> PrefetchConfig {
+    PrefetchConfig {
+        batch: 20,
+        ttl: Duration::from_secs(60),
+        renew_at: 0.0,
+        jitter: 0.0,
+        limiter: LimiterConfig {
+            timeout: TIMEOUT,
+            probe_interval: Duration::from_millis(100),
+            policy,
+            instances,
+            ..Default::default()
+        },
+    }
+}
+
+/// Rule 2: an authentication failure (`WRONGPASS` at connect, `NOAUTH` on a call) is an
+/// error reply, never an outage: under `Allow` it must not fail open.
+#[tokio::test]
+async fn authentication_failures_are_errors_not_outages() {
+    let server = Server::start();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("secret")
+        .query(&mut server.conn())
+        .unwrap();
+    let wrong = format!("redis://:wrong@127.0.0.1:{}/", server.port);
+    let none = server.url();
+    for url in [wrong, none] {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let config = LimiterConfig {
+            policy: FailurePolicy::Allow,
+            timeout: PATIENT,
+            ..Default::default()
+        };
+        let limiter =
+            rl_client::Limiter::from_client(client.clone(), Limit::new(1.0, 5.0).unwrap(), config)
+                .unwrap();
+        for _ in 0..3 {
+            let e = limiter.take("k", 1).await.unwrap_err();
+            assert!(!e.is_outage() && e.is_server_error(), "{url}: {e:?}");
+        }
+        let prefetch = PrefetchLimiter::from_client(
+            client,
+            "p",
+            Limit::new(1.0, 40.0).unwrap(),
+            prefetch_config_for(FailurePolicy::Allow, 4),
+        )
+        .unwrap();
+        let e = prefetch.take(1).await.unwrap_err();
+        assert!(!e.is_outage() && e.is_server_error(), "{url}: {e:?}");
+        let m = limiter.metrics().snapshot();
+        assert_eq!(
+            (m.fallback_decisions, m.errors, m.calls),
+            (0, 3, 3),
+            "{m:?}"
+        );
+    }
+    // The kit's server stops with SHUTDOWN, unauthenticated.
+    let authed = format!("redis://:secret@127.0.0.1:{}/", server.port);
+    let mut c = redis::Client::open(authed)
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("")
+        .query(&mut c)
+        .unwrap();
+}
+
+/// Rule 2: `-OOM command not allowed when used memory > 'maxmemory'` is an error reply:
+/// returned under every policy, never a grant (Allow) nor a denial (Deny).
+#[tokio::test]
+async fn oom_is_an_error_reply_not_an_outage() {
+    let server = Server::start();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query(&mut server.conn())
+        .unwrap();
+    for policy in [FailurePolicy::Allow, FailurePolicy::Deny] {
+        let config = LimiterConfig {
+            policy,
+            timeout: PATIENT,
+            ..Default::default()
+        };
+        let limit = Limit::new(1.0, 40.0).unwrap();
+        let limiter =
+            rl_client::Limiter::from_client(server.client(), limit, config.clone()).unwrap();
+        let e = limiter.take("k", 1).await.unwrap_err();
+        assert!(!e.is_outage() && e.is_server_error(), "{e:?}");
+        assert!(e.to_string().contains("OOM"), "{e}");
+        let prefetch = PrefetchLimiter::from_client(
+            server.client(),
+            "p",
+            limit,
+            PrefetchConfig {
+                limiter: config,
+                ..prefetch_config_for(policy, 1)
+            },
+        )
+        .unwrap();
+        let e = prefetch.take(1).await.unwrap_err();
+        assert!(!e.is_outage() && e.is_server_error(), "{e:?}");
+        for m in [limiter.metrics().snapshot(), prefetch.metrics().snapshot()] {
+            assert_eq!(
+                (m.fallback_decisions, m.errors, m.calls),
+                (0, 1, 1),
+                "{m:?}"
+            );
+        }
+    }
+}
+
+/// Metrics: a take that falls back because Redis is slow (its lease call outlives the
+/// timeout) is an outage and counts as one in `redis_timeouts` / `redis_errors`, as in the
+/// Python client. Before the fix the policy decided with both at 0 (the call itself ended
+/// well later, within the late-reply bound): an outage invisible in the metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_for_a_slow_redis_counts_a_timeout() {
+    let server = Server::start();
+    let limiter = PrefetchLimiter::from_client(
+        server.client(),
+        "k",
+        Limit::new(0.001, 100.0).unwrap(),
+        prefetch_config_for(FailurePolicy::Allow, 1),
+    )
+    .unwrap();
+    assert_eq!(limiter.take(1).await.unwrap().source, Source::Server);
+    let sleeper = server.debug_sleep(3.0);
+    // More than the 19 held: this take needs a lease call.
+    let d = limiter.take(20).await.unwrap();
+    assert!(
+        !sleeper.is_finished(),
+        "answered by Redis, not by the timeout"
+    );
+    sleeper.join().unwrap();
+    assert_eq!(d.source, Source::Fallback);
+    let m = limiter.metrics().snapshot();
+    assert!(m.redis_timeouts >= 1 && m.redis_errors >= 1, "{m:?}");
+    assert_eq!(m.calls, m.granted + m.denied + m.errors, "{m:?}");
+    limiter.close().await.unwrap();
 }

@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::Plain;
+use support::{Plain, Server};
 
 use rl_client::{
     Backend, Error, FailurePolicy, Limit, Limiter, LimiterConfig, PrefetchConfig, PrefetchLimiter,
@@ -128,7 +128,7 @@ async fn reserve_and_refund_over_functions_and_no_permits() {
     assert!(e.to_string().contains("RL.ACQUIRE"), "{e}");
 }
 
-/// `VERSION v` over the library (issue 17): two releases share a key with two limits; the
+/// `VERSION v` over the library: two releases share a key with two limits; the
 /// newer version's limit replaces the older one's (tokens carried over) and then decides
 /// the older release's calls too, as with the module.
 #[tokio::test]
@@ -186,4 +186,82 @@ async fn a_versioned_limit_over_functions_the_newer_wins() {
         Some(redis::Value::BulkString(b"4".to_vec())),
         "{fields:?}"
     );
+}
+
+/// Where the timeout is not the point: far above any call's time on a loaded machine (a
+/// healthy call must never be taken for an outage).
+const PATIENT: Duration = Duration::from_secs(10);
+
+/// A call's timeout where one must pass while Redis sleeps: the `DEBUG SLEEP`s here are
+/// at least 3 s, so a call answered while Redis still sleeps was answered by its timeout.
+const TIMEOUT: Duration = Duration::from_secs(1);
+
+fn prefetch_config(policy: FailurePolicy, instances: u32) -> PrefetchConfig {
+    PrefetchConfig {
+        batch: 20,
+        ttl: Duration::from_secs(60),
+        renew_at: 0.0,
+        jitter: 0.0,
+        limiter: LimiterConfig {
+            timeout: TIMEOUT,
+            probe_interval: Duration::from_millis(100),
+            policy,
+            instances,
+            ..Default::default()
+        },
+    }
+}
+
+/// Rule 2 over the Functions library: its error replies (here `WRONGTYPE`, a key holding a
+/// string) are returned, never a grant or a policy decision. (Found with `VERSION`, which
+/// the library once refused; it now takes it as the module does.)
+#[tokio::test]
+async fn error_replies_of_the_functions_library_are_errors() {
+    let server = Server::start();
+    let source =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../functions/rl.lua"))
+            .unwrap();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(source)
+        .query(&mut server.conn())
+        .unwrap();
+    let config = LimiterConfig {
+        backend: rl_client::Backend::Functions,
+        version: Some(2),
+        policy: FailurePolicy::Allow,
+        timeout: PATIENT,
+        ..Default::default()
+    };
+    for key in ["k", "p"] {
+        let _: () = redis::cmd("SET")
+            .arg(key)
+            .arg("not a bucket")
+            .query(&mut server.conn())
+            .unwrap();
+    }
+    let limit = Limit::new(1.0, 40.0).unwrap();
+    let limiter = rl_client::Limiter::from_client(server.client(), limit, config.clone()).unwrap();
+    let e = limiter.take("k", 1).await.unwrap_err();
+    assert!(!e.is_outage() && e.is_server_error(), "{e:?}");
+    let prefetch = PrefetchLimiter::from_client(
+        server.client(),
+        "p",
+        limit,
+        PrefetchConfig {
+            limiter: config,
+            ..prefetch_config(FailurePolicy::Allow, 1)
+        },
+    )
+    .unwrap();
+    let e = prefetch.take(1).await.unwrap_err();
+    assert!(!e.is_outage() && e.is_server_error(), "{e:?}");
+    for m in [limiter.metrics().snapshot(), prefetch.metrics().snapshot()] {
+        assert_eq!(
+            (m.granted, m.fallback_decisions, m.errors),
+            (0, 0, 1),
+            "{m:?}"
+        );
+    }
 }

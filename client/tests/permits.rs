@@ -282,3 +282,62 @@ async fn permits_fall_back_by_policy_while_redis_is_down() {
     }
     drop(b);
 }
+
+/// A call's timeout where one must pass while Redis sleeps: the `DEBUG SLEEP`s here are
+/// at least 3 s, so a call answered while Redis still sleeps was answered by its timeout.
+const TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Rule 1 for permits: an `RL.ACQUIRE` whose caller gave up (its timeout, a dropped
+/// future) still lands on the server; a permit it brings must be released, not left to
+/// hold a slot nobody has until its TTL. Before the fix the call ran in the caller's future:
+/// the limit-1 key stayed busy for the whole 60 s TTL after a timed-out acquire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_acquired_after_its_caller_gave_up_is_released() {
+    let server = Server::start();
+    let config = LimiterConfig {
+        timeout: TIMEOUT,
+        probe_interval: Duration::from_millis(100),
+        policy: FailurePolicy::Deny,
+        instances: 1,
+        ..Default::default()
+    };
+    // Late replies arrive (the default response timeout would cut them after 2 s).
+    let semaphore = Semaphore::new(server.patient_lazy(), config).unwrap();
+    let ttl = Duration::from_secs(60);
+    // Connect first.
+    let p = semaphore.acquire("p", 1, ttl).await.unwrap().unwrap();
+    p.release().await.unwrap();
+    let sleeper = server.debug_sleep(4.0);
+    // A caller that times out (the limiter's timeout: Deny answers busy)...
+    let busy = semaphore.acquire("p", 1, ttl).await.unwrap();
+    assert!(busy.is_err());
+    // ...and one whose future is dropped.
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(10),
+        semaphore.acquire_from_server("q", 1, ttl),
+    )
+    .await;
+    assert!(dropped.is_err());
+    assert!(
+        !sleeper.is_finished(),
+        "answered by Redis, not by the timeout"
+    );
+    sleeper.join().unwrap();
+    // The calls landed after the sleep: their permits go back, the slots are free again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    for key in ["p", "q"] {
+        loop {
+            match semaphore.acquire_from_server(key, 1, ttl).await.unwrap() {
+                Ok(permit) => {
+                    permit.release().await.unwrap();
+                    break;
+                }
+                Err(busy) => assert!(
+                    std::time::Instant::now() < deadline,
+                    "{key}: slot still held by a permit nobody has: {busy:?}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

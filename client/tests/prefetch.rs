@@ -5,7 +5,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use rl_client::{FailurePolicy, Limit, LimiterConfig, PrefetchConfig, PrefetchLimiter, Source};
+use rl_client::{
+    Error, FailurePolicy, KeyedPrefetcher, Limit, LimiterConfig, PrefetchConfig, PrefetchLimiter,
+    Source,
+};
 use support::{eventually, Server};
 
 fn config(batch: u64, ttl_ms: u64) -> PrefetchConfig {
@@ -280,4 +283,164 @@ async fn leases_carry_the_limit_version() {
     };
     assert_eq!(version, 7);
     assert_eq!(server.info("rl", "rl_limit_replaced"), 0.0);
+}
+
+/// A call's timeout where one must pass while Redis sleeps: the `DEBUG SLEEP`s here are
+/// at least 3 s, so a call answered while Redis still sleeps was answered by its timeout.
+const TIMEOUT: Duration = Duration::from_secs(1);
+
+fn prefetch_config(policy: FailurePolicy, instances: u32) -> PrefetchConfig {
+    PrefetchConfig {
+        batch: 20,
+        ttl: Duration::from_secs(60),
+        renew_at: 0.0,
+        jitter: 0.0,
+        limiter: LimiterConfig {
+            timeout: TIMEOUT,
+            probe_interval: Duration::from_millis(100),
+            policy,
+            instances,
+            ..Default::default()
+        },
+    }
+}
+
+/// Rule 4: under `LastKnown` a prefetching limiter's fallback budget is its share of the
+/// limit (cap / instances) and an outage does not refill it. Before the fix, a lease left no
+/// level behind (`observe(.., None)`), so every outage started a full local bucket of the
+/// whole cap (the measured rate clamps to the limit's rate: one share = the whole limit),
+/// and every lease in between reset it: 100 per flap per instance where 25 were due once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefetch_last_known_budget_is_a_share_and_survives_flaps() {
+    let mut server = Server::start();
+    // 100 tokens that do not refill within the test; 4 instances: a share of 25.
+    let limit = Limit::new(0.001, 100.0).unwrap();
+    let limiter = PrefetchLimiter::from_client(
+        server.client(),
+        "k",
+        limit,
+        prefetch_config(FailurePolicy::LastKnown, 4),
+    )
+    .unwrap();
+    let mut fallback_allowed = 0;
+    for _flap in 0..3 {
+        // Up: spend a lease (one call to Redis), so the meter has a rate.
+        let d = limiter.take(1).await.unwrap();
+        assert!(d.allowed);
+        while limiter.held() > 0 {
+            assert!(limiter.take(1).await.unwrap().allowed);
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        server.stop();
+        for _ in 0..200 {
+            let d = limiter.take(1).await.unwrap();
+            if d.source == Source::Fallback && d.allowed {
+                fallback_allowed += 1;
+            }
+        }
+        server.resume();
+        // Wait for the limiter to be back on Redis (a probe per 100 ms).
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            tokio::time::sleep(Duration::from_millis(120)).await;
+            if limiter.take(1).await.unwrap().source != Source::Fallback {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "never recovered");
+        }
+    }
+    println!("fallback allowed over 3 flaps: {fallback_allowed}");
+    // The share of 25, once (not 100 per flap).
+    assert!(
+        fallback_allowed <= 25,
+        "fallback allowed {fallback_allowed}"
+    );
+}
+
+/// Rule 6: `close()` returns what is held and leases nothing more. Before the fix
+/// `KeyedPrefetcher::close` closed the limiters it had and forgot them: the next take of any
+/// key made a fresh limiter and leased a batch nobody would return (a live lease after
+/// close, counted nowhere).
+#[tokio::test]
+async fn a_closed_keyed_prefetcher_leases_nothing_more() {
+    let server = Server::start();
+    let keyed = KeyedPrefetcher::from_client(
+        server.client(),
+        Limit::new(0.001, 100.0).unwrap(),
+        prefetch_config(FailurePolicy::Allow, 1),
+    )
+    .unwrap();
+    assert!(keyed.take("a", 1).await.unwrap().allowed);
+    assert_eq!(keyed.close().await.unwrap(), 19);
+    for key in ["a", "b"] {
+        assert!(
+            matches!(keyed.take(key, 1).await, Err(Error::Closed)),
+            "{key} after close"
+        );
+        assert_eq!(server.live_leases(key), 0, "{key}: a lease after close");
+    }
+    let m = keyed.metrics().snapshot();
+    assert_eq!((m.leases, m.leases_lost, m.errors), (1, 0, 2), "{m:?}");
+    assert_eq!(m.calls, m.granted + m.denied + m.errors, "{m:?}");
+}
+
+/// Rules 1, 6 and the metrics under stress: 16 tasks take from one limiter while the
+/// server stalls three times (`DEBUG SLEEP`, longer than the timeout, shorter than the
+/// connection's response timeout), then `close()`: no panic, no hung task, every lease live
+/// on the server after close is counted in `leases_lost`, and the counters add up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_tasks_through_stalls_then_close_leave_no_uncounted_lease() {
+    let server = Server::start();
+    let mut config = prefetch_config(FailurePolicy::Allow, 4);
+    config.renew_at = 0.3;
+    config.jitter = 0.1;
+    config.limiter.timeout = Duration::from_millis(150);
+    let limiter = PrefetchLimiter::from_client(
+        server.client(),
+        "k",
+        Limit::new(200.0, 400.0).unwrap(),
+        config,
+    )
+    .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let l = limiter.clone();
+            let stop = std::sync::Arc::clone(&stop);
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match tokio::time::timeout(Duration::from_millis(300), l.take(1)).await {
+                        Ok(Ok(_)) | Err(_) => {}
+                        Ok(Err(Error::Closed)) => return,
+                        Ok(Err(e)) => panic!("{e}"),
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+        })
+        .collect();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let s = server.debug_sleep(0.8);
+        tokio::task::spawn_blocking(move || s.join().unwrap())
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    limiter.close().await.unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(10), t)
+            .await
+            .expect("hung task")
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let m = limiter.metrics().snapshot();
+    let live = server.live_leases("k") as u64;
+    assert!(
+        live <= m.leases_lost,
+        "{live} live leases after close: {m:?}"
+    );
+    assert_eq!(m.calls, m.granted + m.denied + m.errors, "{m:?}");
 }

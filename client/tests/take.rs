@@ -4,7 +4,7 @@ mod support;
 
 use std::time::Duration;
 
-use rl_client::{Error, Limit, Limiter, LimiterConfig, Source};
+use rl_client::{Error, FailurePolicy, Limit, Limiter, LimiterConfig, Source};
 use support::Server;
 
 /// Far above any call's time on a loaded machine: every decision here is the server's,
@@ -196,4 +196,132 @@ async fn init_starts_a_new_bucket_below_full() {
         Limiter::new(server.manager().await, frozen(), bad),
         Err(Error::Config(_))
     ));
+}
+
+/// A call's timeout where one must pass while Redis sleeps: the `DEBUG SLEEP`s here are
+/// at least 3 s, so a call answered while Redis still sleeps was answered by its timeout.
+const TIMEOUT: Duration = Duration::from_secs(1);
+
+// Plain takes whose caller stopped waiting (`TakeFlight`).
+fn take_config(timeout: Duration) -> LimiterConfig {
+    LimiterConfig {
+        timeout,
+        probe_interval: Duration::from_millis(100),
+        policy: FailurePolicy::Deny,
+        instances: 1,
+        ..Default::default()
+    }
+}
+
+/// Rule 1, many at once: 20 concurrent takes of 2 all time out behind a `DEBUG SLEEP`; every
+/// grant that lands later is refunded once: the bucket is back where it was, 20 refunds of 2,
+/// and the decisions add up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_timed_out_takes_are_each_refunded_once() {
+    let server = Server::start();
+    let limit = Limit::new(0.001, 100.0).unwrap();
+    // Late replies arrive (the default response timeout would cut them after 2 s).
+    let limiter =
+        rl_client::Limiter::new(server.patient_lazy(), limit, take_config(TIMEOUT)).unwrap();
+    assert!(limiter.take("k", 1).await.unwrap().allowed);
+    let sleeper = server.debug_sleep(4.0);
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let l = limiter.clone();
+        tasks.push(tokio::spawn(async move { l.take("k", 2).await }));
+    }
+    for t in tasks {
+        let d = t.await.unwrap().unwrap();
+        assert_eq!(d.source, Source::Fallback, "{d:?}");
+    }
+    assert!(
+        !sleeper.is_finished(),
+        "answered by Redis, not by the timeout"
+    );
+    sleeper.join().unwrap();
+    support::eventually(60, "the refunds", || {
+        limiter.metrics().snapshot().refunds == 20
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let s = limiter.metrics().snapshot();
+    assert_eq!((s.refunds, s.tokens_refunded), (20, 40), "{s:?}");
+    assert_eq!(s.calls, s.granted + s.denied + s.errors, "{s:?}");
+    let t = server.tokens("k").unwrap();
+    assert!((t - 99.0).abs() < 0.1, "server holds {t}");
+}
+
+/// Rule 1: a take whose caller gave up while Redis stalled for longer than the connection's
+/// `response_timeout` (2 s by default). The `RL.TAKE` still runs when Redis wakes and
+/// debits the bucket, but the background call was cut at 2 s (not `LATE_REPLY`), so its
+/// grant is never refunded nor counted anywhere: 5 tokens silently lost. Now counted in
+/// `takes_lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_answered_after_the_response_timeout_is_not_lost_silently() {
+    let server = Server::start();
+    let limit = Limit::new(0.001, 100.0).unwrap();
+    // Replies are cut after 1 s; Redis sleeps 4 s: the take's reply comes later than that
+    // unless it was sent 3 s into the sleep.
+    let lazy = rl_client::LazyConnection::with_config(
+        server.client(),
+        rl_client::LazyConfig {
+            response_timeout: Duration::from_secs(1),
+            ..Default::default()
+        },
+    );
+    let limiter =
+        rl_client::Limiter::new(lazy, limit, take_config(Duration::from_millis(900))).unwrap();
+    assert!(limiter.take("k", 1).await.unwrap().allowed);
+    let sleeper = server.debug_sleep(4.0);
+    let d = limiter.take("k", 5).await.unwrap();
+    assert_eq!(d.source, Source::Fallback, "{d:?}");
+    assert!(
+        !sleeper.is_finished(),
+        "answered by Redis, not by the timeout"
+    );
+    sleeper.join().unwrap();
+    support::eventually(60, "the take to be given up", || {
+        limiter.metrics().snapshot().takes_lost == 1
+    })
+    .await;
+    // Given up, but the take ran when Redis woke.
+    support::eventually(60, "the take to run", || {
+        server.tokens("k").is_some_and(|t| t < 95.0)
+    })
+    .await;
+    let t = server.tokens("k").unwrap();
+    let s = limiter.metrics().snapshot();
+    // The reply was cut at 2 s: the take ran, nothing could be refunded; at least it is
+    // counted (as `leases_lost` counts a lease whose reply never came).
+    assert!((t - 94.0).abs() < 0.1, "server holds {t}");
+    assert_eq!((s.takes_lost, s.refunds), (1, 0), "{s:?}");
+}
+
+/// No panic: a take cancelled on a current-thread runtime that is dropped right after.
+#[test]
+fn a_take_cancelled_on_a_runtime_then_dropped_does_not_panic() {
+    let server = Server::start();
+    let limit = Limit::new(0.001, 100.0).unwrap();
+    for _ in 0..5 {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let limiter = rl_client::Limiter::from_client(
+            server.client(),
+            limit,
+            take_config(Duration::from_millis(200)),
+        )
+        .unwrap();
+        rt.block_on(async {
+            assert!(limiter.take("k", 1).await.unwrap().allowed);
+        });
+        let sleeper = server.debug_sleep(0.5);
+        rt.block_on(async {
+            let _ = tokio::time::timeout(Duration::from_millis(20), limiter.take("k", 3)).await;
+        });
+        drop(rt);
+        drop(limiter);
+        sleeper.join().unwrap();
+    }
 }

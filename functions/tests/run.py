@@ -7,6 +7,7 @@ Sections:
   foreign_hashes a hash that is not a bucket (a user's, the seed script's) is WRONGTYPE, untouched
   shadow         SHADOW: decided and written as when enforcing, answered as granted
   shares         rl_share alone: replies, key, expiry, errors, types, the 4096 bound
+  cases          the golden protocol cases (protocol/cases) through FCALL, RESP2 and RESP3
   differential   module and library side by side, same random calls, RESP2 and RESP3
                  (rl_share against RL.SHARE too when the module has it)
   replication    effects reach a real replica equal (HGETALL, PEXPIRETIME); rl_peek there
@@ -31,6 +32,7 @@ from pathlib import Path
 import redis
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cases  # noqa: E402
 import differential  # noqa: E402
 from servers import MODULE, SERVER, Cluster, Server, library_source  # noqa: E402
 
@@ -652,6 +654,17 @@ def shares():
         assert r2.hlen("many") == 4096 + 2
 
 
+@section("golden cases: protocol/cases/*.json through FCALL, RESP2 and RESP3")
+def golden_cases():
+    with Server("--appendonly", "yes", "--aof-use-rdb-preamble", "no",
+                "--appendfsync", "always") as s:
+        s.load_library()
+        ran, failures = cases.run_all(s)
+        assert ran >= 60, f"only {ran} case runs"
+        assert not failures, "\n".join(failures)
+        print(f"   {ran} case runs", flush=True)
+
+
 @section("differential: module and library, same calls")
 def differential_all(protocol_list, ops, seed):
     with Server(module=True) as s:
@@ -805,6 +818,8 @@ def main():
         shadow()
     if not only or "shares" in only:
         shares()
+    if not only or "cases" in only:
+        golden_cases()
     if not only or "differential" in only:
         if os.path.exists(MODULE):
             differential_all([2, 3], ops, seed)

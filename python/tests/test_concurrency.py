@@ -11,20 +11,23 @@ import os
 import signal
 import threading
 import time
-from typing import List, Union
+from typing import Any, Iterator, List, Union
 
 import pytest
 import redis.asyncio as aredis
-from conftest import Server
+from conftest import Server, sleep_server
 
 from redis_rl import (
+    ALLOW,
     DENY,
     AsyncLimiter,
     AsyncPrefetchLimiter,
     Limiter,
+    Metrics,
     PrefetchLimiter,
     ServerError,
     Source,
+    apermit,
 )
 
 THREADS = 16
@@ -173,3 +176,82 @@ def test_forked_child_decides_though_a_parent_thread_held_the_locks(
             raise AssertionError("the forked child hung on a lock held at the fork")
         time.sleep(0.05)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+@pytest.fixture
+def debug_server(tmp_path: Any) -> Iterator[Server]:
+    s = Server(tmp_path / "redis", extra=["--enable-debug-command", "yes"])
+    yield s
+    s.stop()
+
+
+def test_cancelled_apermit_frees_its_slot(debug_server: Server, key: str) -> None:
+    """Contract rule 1 for permits: an ``RL.ACQUIRE`` sent for a caller that is cancelled still
+    lands; a permit it brings is released, not left holding the slot (nobody has it) until
+    its TTL: the limit-1 key is free again long before the 60 s TTL."""
+    r = debug_server.client()
+
+    async def run() -> None:
+        ar = aredis.Redis(port=debug_server.port)
+        await ar.ping()  # connected: the RL.ACQUIRE below is sent at once
+
+        async def hold() -> None:
+            async with apermit(ar, key, 1, ttl=60, timeout=10, backend="module"):
+                await asyncio.sleep(30)
+
+        sleeper = await asyncio.to_thread(sleep_server, debug_server, 1)
+        task = asyncio.get_running_loop().create_task(hold())
+        await asyncio.sleep(0.2)  # the RL.ACQUIRE is sent, the server asleep
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.to_thread(sleeper.join)
+        deadline = time.monotonic() + 10
+        while True:  # the late permit is released: the slot is free again
+            reply = r.execute_command("RL.ACQUIRE", key, 1, 60_000)
+            if reply[0] == 1:
+                break
+            assert time.monotonic() < deadline, f"slot held by a permit nobody has: {reply}"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)
+        await ar.aclose()
+
+    asyncio.run(run())
+
+
+TINY = 1e-6
+
+
+def adds_up(m: Metrics) -> None:
+    assert m["calls"] == m["granted"] + m["denied"] + m["errors"], m.snapshot()
+
+
+def test_joined_flights_never_end_in_a_policy_decision(server: Server, key: str) -> None:
+    """Contract rule 2: only outages go to the failure policy. A take that waits for other takes'
+    lease calls (one in the air at a time) and finds nothing for its size after two of them
+    is denied, never handed to the policy while Redis answers every call (under ALLOW an
+    empty bucket would let it through). Ordered deterministically: ``CLIENT PAUSE`` holds
+    the first call while three takes (5, 3, 1 tokens) line up behind it."""
+    r = server.client()
+    r.execute_command("RL.TAKE", key, TINY, 100, 100)  # empty, and it stays so
+
+    async def run() -> tuple[list[Any], Metrics]:
+        ar = aredis.Redis(port=server.port)
+        lim = AsyncPrefetchLimiter(
+            ar, key, TINY, 100, batch=10, policy=ALLOW, timeout=5, backend="module"
+        )
+        await ar.ping()
+        r.execute_command("CLIENT", "PAUSE", 300, "WRITE")
+        loop = asyncio.get_running_loop()
+        tasks = []
+        for n in (5, 3, 1):
+            tasks.append(loop.create_task(lim.decide(n)))
+            await asyncio.sleep(0.02)  # each in turn: the first sends, the others wait
+        decisions = await asyncio.gather(*tasks)
+        await ar.aclose()
+        return decisions, lim.metrics
+
+    decisions, m = asyncio.run(run())
+    assert not any(d.granted for d in decisions), decisions
+    assert m["fallback_decisions"] == 0 and m["redis_errors"] == 0, m.snapshot()
+    adds_up(m)

@@ -3,16 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import multiprocessing
+import subprocess
+import sys
 import threading
 import time
+from typing import Any
 
+import pytest
 import redis
 import redis.asyncio as aredis
 from conftest import Server, info_rl
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from redis_rl import DENY, AsyncPrefetchLimiter, PrefetchLimiter, Source
+from redis_rl import (
+    ALLOW,
+    DENY,
+    LAST_KNOWN,
+    AsyncPrefetchLimiter,
+    LimiterClosed,
+    Metrics,
+    PrefetchLimiter,
+    Source,
+)
 
 TINY = 1e-6  # refill negligible: counts are exact
 
@@ -238,3 +254,222 @@ def test_fleet_bound_tasks(server: Server, key: str) -> None:
 
     spent, elapsed = asyncio.run(run())
     assert CAP <= spent <= fleet_bound(elapsed)
+
+
+def adds_up(m: Metrics) -> None:
+    assert m["calls"] == m["granted"] + m["denied"] + m["errors"], m.snapshot()
+
+
+def peek_fields(r: redis.Redis, key: str) -> dict[str, float]:
+    reply = r.execute_command("RL.PEEK", key)
+    if reply is None:
+        return {"tokens": math.inf, "leases": 0, "leased_tokens": 0}
+    pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2])
+    return {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in pairs}
+
+
+@pytest.mark.parametrize("kind", ["prefetch", "async-prefetch"])
+def test_close_leases_nothing_more(server: Server, key: str, kind: str) -> None:
+    """Contract rule 6: ``close()`` returns what is held and leases nothing more; no lease is
+    left live after close except ones counted in ``leases_lost``. A take after ``close()``
+    leases no new batch (which nothing would return; the Rust client answers ``Closed``)."""
+    r = server.client()
+    make: dict[str, Any] = {"rate": TINY, "cap": 100, "batch": 10, "policy": ALLOW}
+    if kind == "async-prefetch":
+
+        async def run() -> Metrics:
+            ar = aredis.Redis(port=server.port)
+            lim = AsyncPrefetchLimiter(ar, key, **make)
+            assert await lim.take()
+            assert await lim.close() == 9
+            for _ in range(3):
+                with pytest.raises(LimiterClosed):
+                    await lim.take()
+            await ar.aclose()
+            return lim.metrics
+
+        m = asyncio.run(run())
+    else:
+        lim = PrefetchLimiter(r, key, **make)
+        assert lim.take()
+        assert lim.close() == 9
+        for _ in range(3):
+            with pytest.raises(LimiterClosed):
+                lim.take()
+        m = lim.metrics
+    state = peek_fields(r, key)
+    assert state["leases"] == 0 and state["leased_tokens"] == 0, state
+    assert abs(state["tokens"] - 99) < 0.01, state
+    assert m["leases_lost"] == 0 and m["leases"] == 1 and m["errors"] == 3, m.snapshot()
+    adds_up(m)
+
+
+def test_close_racing_takes_from_threads_leaves_no_lease(server: Server, key: str) -> None:
+    """Contract rules 1 and 6 with 8 threads taking while ``close()`` runs: afterwards no lease is
+    live on the server except ones counted in ``leases_lost``, every take either decided or
+    raised ``LimiterClosed``, and the counters add up."""
+    r = server.client()
+    lim = PrefetchLimiter(r, key, 1000, 10_000, batch=20, policy=ALLOW, timeout=2)
+    stop = threading.Event()
+    other: list[BaseException] = []
+
+    def worker() -> None:
+        while not stop.is_set():
+            try:
+                lim.take()
+            except LimiterClosed:
+                return
+            except BaseException as e:
+                other.append(e)
+                return
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    lim.close()
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    assert not other, other
+    m = lim.metrics
+    deadline = time.monotonic() + 30
+    while peek_fields(r, key)["leases"] > m["leases_lost"]:  # a flight in the air at close lands
+        assert time.monotonic() < deadline, (peek_fields(r, key), m.snapshot())  # and goes back
+        time.sleep(0.05)
+    adds_up(m)
+
+
+NO_RETRY = Retry(NoBackoff(), 0)
+
+
+@pytest.mark.parametrize("kind", ["prefetch", "async-prefetch"])
+def test_prefetch_last_known_budget_is_a_share(own_server: Server, key: str, kind: str) -> None:
+    """Contract rule 4 (as in the Rust client): under LAST_KNOWN a prefetching limiter has no
+    level from Redis (a lease reports none), so its local bucket must not start full at the
+    share it measured (the whole cap when it took the whole rate: 100 let out per instance
+    where ``instances=4`` allow 25, less the 10 it leased)."""
+    make: dict[str, Any] = {
+        "batch": 10,
+        "policy": LAST_KNOWN,
+        "instances": 4,
+        "timeout": 0.5,
+        "probe_interval": 3600,
+    }
+    kw = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5, "retry": NO_RETRY}
+    if kind == "async-prefetch":
+
+        async def run() -> int:
+            ar = aredis.Redis(port=own_server.port, **kw)
+            lim = AsyncPrefetchLimiter(ar, key, TINY, 100, **make)
+            assert await lim.take()
+            await asyncio.sleep(0.3)
+            own_server.kill()
+            out = 0
+            for _ in range(150):
+                d = await lim.decide()
+                out += d.granted and d.source is Source.FALLBACK
+            await ar.aclose()
+            return out
+
+        let_out = asyncio.run(run())
+    else:
+        lim = PrefetchLimiter(own_server.client(**kw), key, TINY, 100, **make)
+        assert lim.take()
+        time.sleep(0.3)
+        own_server.kill()
+        let_out = 0
+        for _ in range(150):
+            d = lim.decide()
+            let_out += d.granted and d.source is Source.FALLBACK
+    assert let_out <= 15, f"{let_out} let out locally: the share is 25, 10 were leased"
+
+
+def test_dropping_a_sync_prefetch_limiter_returns_its_leftovers(server: Server, key: str) -> None:
+    """Contract rule 6: dropping a limiter returns its leftovers best effort: a
+    ``PrefetchLimiter`` dropped without ``close()`` leaves no lease live for its whole TTL
+    (60 s here) with its 9 unspent tokens."""
+    r = server.client()
+    lim = PrefetchLimiter(r, key, TINY, 100, batch=10, ttl=60)
+    assert lim.take()
+    del lim
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while peek_fields(r, key)["leases"] != 0:
+        assert time.monotonic() < deadline, peek_fields(r, key)
+        time.sleep(0.02)
+    assert abs(peek_fields(r, key)["tokens"] - 99) < 0.01, peek_fields(r, key)
+
+
+def _child_takes(lim: PrefetchLimiter, out: Any) -> None:
+    decisions = [lim.decide() for _ in range(3)]
+    out.put([d.source.value for d in decisions])
+    lim.close()
+
+
+def test_a_forked_child_does_not_spend_its_parents_lease(server: Server, key: str) -> None:
+    """Fork (``multiprocessing`` with the fork start method, a gunicorn worker): the child
+    inherits a copy of the parent's held lease, and must not spend it too (tokens Redis
+    granted once, to the parent, let out by both processes), nor wait up to ``ttl + timeout +
+    1`` s for a lease call in the air at the fork. The child starts with no lease and no call
+    in the air: its first take leases its own batch."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    r = server.client()
+    lim = PrefetchLimiter(r, key, TINY, 100, batch=10, ttl=60, timeout=2)
+    assert lim.take() and lim.held == 9
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child_takes, args=(lim, out))
+    child.start()
+    sources = out.get(timeout=20)
+    child.join(20)
+    assert child.exitcode == 0
+    assert sources[0] == "server", sources  # its own lease, not the parent's copy
+    assert lim.held == 9
+    assert lim.close() == 9
+    state = peek_fields(r, key)
+    # Spent: 1 by the parent, 3 by the child; nothing else live or missing.
+    assert state["leases"] == 0 and abs(state["tokens"] - 96) < 0.01, state
+
+
+_DROPPED_AT_EXIT = {
+    # Dropped as main() returns, the interpreter exiting next.
+    "end-of-main": """
+import sys, redis
+from redis_rl import PrefetchLimiter
+def main() -> None:
+    r = redis.Redis(port=int(sys.argv[1]), socket_timeout=10)  # the call pool path
+    lim = PrefetchLimiter(r, sys.argv[2], 1e-6, 100, batch=10, timeout=2)
+    assert lim.take()
+main()
+""",
+    # An app's global: dropped only after the exit hooks.
+    "module-level": """
+import sys, redis
+from redis_rl import PrefetchLimiter
+r = redis.Redis(port=int(sys.argv[1]), socket_timeout=10)
+lim = PrefetchLimiter(r, sys.argv[2], 1e-6, 100, batch=10, timeout=2)
+assert lim.take()
+""",
+}
+
+
+@pytest.mark.parametrize("where", list(_DROPPED_AT_EXIT))
+def test_a_prefetch_limiter_dropped_at_exit_gives_back(
+    server: Server, key: str, where: str
+) -> None:
+    """Contract rule 6 (dropping returns leftovers, best effort) for a limiter never closed.
+    Its return goes to the call pool, whose daemon threads the exit kills: dropped as main()
+    returns, the pool waits for submitted work at exit (up to
+    ``CallPool.EXIT_WAIT_SECONDS``); dropped at module level, after the exit hooks, when the
+    pool no longer runs, limiters alive at exit submit their return from the pool's exit
+    hook. Either way no lease stays live with 9 tokens."""
+    done = subprocess.run(
+        [sys.executable, "-c", _DROPPED_AT_EXIT[where], str(server.port), key],
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    state = peek_fields(server.client(), key)
+    assert state["leases"] == 0 and abs(state["tokens"] - 99) < 0.01, state

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict, astuple
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
 import pytest
 
 from redis_rl import _protocol as p
 from redis_rl.decision import Decision, Source
 from redis_rl.errors import BackendNotFound
 from redis_rl.policy import DENY, FailurePolicy, Fallback, LocalBucket
+from redis_rl.share import parse_share
 
 
 def test_module_commands() -> None:
@@ -179,3 +185,91 @@ def test_peek_version() -> None:
     assert reply is not None and reply.version == 4
     old = p.parse_peek(flat)
     assert old is not None and old.version is None
+
+
+# The golden protocol cases (protocol/cases/*.json): every case's reply, in both RESP
+# versions as redis-py hands them over, parses to the numbers the case says.
+CASES = Path(__file__).resolve().parents[2] / "protocol" / "cases"
+BASE_US = 1_700_000_000_000_000  # ids in a case count from the call's microsecond clock
+
+
+def _golden() -> List[Tuple[str, Dict[str, Any]]]:
+    out = []
+    for path in sorted(CASES.glob("*.json")):
+        for case in json.loads(path.read_text())["cases"]:
+            if not (isinstance(case["resp3"], dict) and "error" in case["resp3"]):
+                out.append((f"{path.stem}: {case['name']}", case))
+    return out
+
+
+def _reply(j: Any) -> Any:
+    """A case's typed reply as redis-py returns it."""
+    if j is None or isinstance(j, int):
+        return j
+    if isinstance(j, str):
+        return j.encode()
+    if isinstance(j, list):
+        return [_reply(x) for x in j]
+    ((tag, x),) = j.items()
+    if tag in ("double", "tokens"):
+        return float(x)
+    if tag in ("double_text", "tokens_text"):
+        return repr(float(x)).removesuffix(".0").encode()
+    if tag == "ms":
+        return x
+    if tag == "id":
+        return BASE_US + x
+    if tag == "map":
+        return {k.encode(): _reply(v) for k, v in x}
+    if tag == "pairs":
+        return [y for k, v in x for y in (k.encode(), _reply(v))]
+    raise AssertionError(f"unknown tag {tag}")
+
+
+def _plain(j: Any) -> Any:
+    """The values a case's RESP3 reply says, markers resolved."""
+    if isinstance(j, list):
+        return [_plain(x) for x in j]
+    if isinstance(j, dict):
+        ((tag, x),) = j.items()
+        if tag == "id":
+            return BASE_US + x
+        if tag == "map":
+            return {k: _plain(v) for k, v in x}
+        return x
+    return j
+
+
+def _parse(args: List[str], reply: Any) -> Any:
+    name = args[0].upper()
+    with_state = any(isinstance(a, str) and a.upper() == "WITHSTATE" for a in args)
+    if name == "RL.TAKE" and with_state:
+        return list(astuple(p.parse_take(reply)))
+    if name == "RL.LEASE":
+        return list(astuple(p.parse_lease(reply)))
+    if name == "RL.RESERVE":
+        return list(astuple(p.parse_reserve(reply)))
+    if name == "RL.ACQUIRE":
+        r = p.parse_acquire(reply)
+        return [int(r.granted), r.permit_id, r.in_use, r.retry_after_ms]
+    if name == "RL.MTAKE":
+        m = p.parse_mtake(reply)
+        row: List[Any] = [m.granted, m.denied_by, m.retry_after_ms]
+        return row + ([m.remaining] if m.remaining is not None else [])
+    if name == "RL.PEEK":
+        peeked = p.parse_peek(reply)
+        return None if peeked is None else asdict(peeked)
+    if name == "RL.SHARE":
+        g = parse_share(reply)
+        return [g.rate, g.burst, round(g.lease * 1000), round(g.refresh * 1000), g.holders]
+    if name == "RL.REFUND":
+        return p.to_float(reply)
+    return p.to_int(reply)
+
+
+@pytest.mark.parametrize("case", [c for _, c in _golden()], ids=[n for n, _ in _golden()])
+def test_golden_case_replies_parse(case: Dict[str, Any]) -> None:
+    want = _plain(case["resp3"])
+    for protocol in ("resp2", "resp3"):
+        got = _parse(case["args"], _reply(case[protocol]))
+        assert got == want, protocol

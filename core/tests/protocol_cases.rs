@@ -1,0 +1,184 @@
+//! The golden protocol cases (`protocol/cases/*.json`) that say `"core": true`, decided by
+//! rl-core's pure functions at the case's exact time: no server, no clock, so every number
+//! must be the case's exactly (the servers' runners compare within a measured window).
+//!
+//! What it checks, for the plain forms these cases use (`RL.TAKE key rate cap [n]
+//! [WITHSTATE]`, `RL.RESERVE key rate cap n max_wait_ms`, `RL.REFUND key n`, on an absent
+//! key or a bucket with no version, hold or lease): the reply's numbers (granted, remaining
+//! or credited tokens, waits, reset), whether the call writes (the case has an effect), and
+//! the new state's `full_at` (or that the key goes).
+
+use rl_core::{ceil_millis, version, Bucket, Level, Limit, Nanos};
+use serde_json::Value as J;
+
+/// The case's "now": any instant works; this one is 2023-11-14.
+const NOW: Nanos = 1_700_000_000_000_000_000;
+
+/// A reply value as the case's RESP3 form writes it, markers resolved.
+#[derive(Debug, PartialEq)]
+enum R {
+    Int(i64),
+    Double(f64),
+    Row(Vec<R>),
+}
+
+fn plain(j: &J) -> R {
+    match j {
+        J::Number(n) => R::Int(n.as_i64().unwrap()),
+        J::Array(items) => R::Row(items.iter().map(plain).collect()),
+        J::Object(o) => {
+            let (tag, x) = o.iter().next().unwrap();
+            match tag.as_str() {
+                "tokens" | "double" => R::Double(x.as_f64().unwrap()),
+                "ms" => R::Int(x.as_i64().unwrap()),
+                _ => panic!("{tag} in a core case"),
+            }
+        }
+        _ => panic!("{j} in a core case"),
+    }
+}
+
+fn number(j: &J) -> f64 {
+    j.as_str().unwrap().parse().unwrap()
+}
+
+fn bucket(s: &J) -> Option<Bucket> {
+    if s.is_null() {
+        return None;
+    }
+    for f in ["version", "hold", "span", "leases", "last_id", "type"] {
+        assert!(s.get(f).is_none(), "core cases are plain buckets: {s}");
+    }
+    let limit = Limit::new(number(&s["rate"]), number(&s["cap"])).unwrap();
+    let full_at = NOW as i64 + s["full_at"].as_i64().unwrap();
+    Some(Bucket::new(full_at as Nanos, limit))
+}
+
+/// Decides a case: the reply, and the bucket to store (`Some(None)`: the key goes; `None`:
+/// nothing written).
+fn decide(args: &[String], state: Option<Bucket>) -> (R, Option<Option<Bucket>>) {
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let limit = |i: usize| Limit::new(a[i].parse().unwrap(), a[i + 1].parse().unwrap()).unwrap();
+    match a[0] {
+        "RL.TAKE" => {
+            let with_state = a.last() == Some(&"WITHSTATE");
+            let words = a.len() - usize::from(with_state);
+            assert!((4..=5).contains(&words), "a plain RL.TAKE: {a:?}");
+            let n: u64 = if words == 5 { a[4].parse().unwrap() } else { 1 };
+            let (mut level, _) = version::open(state.as_ref(), limit(2), 0, NOW);
+            let granted = level.try_take(n as f64);
+            let got = if granted { n as i64 } else { 0 };
+            let reply = if with_state {
+                let retry = if granted {
+                    0
+                } else {
+                    level.wait_for(n as f64).map_or(0, ceil_millis)
+                };
+                R::Row(vec![
+                    R::Int(got),
+                    R::Double(level.signed_tokens()),
+                    R::Int(retry as i64),
+                    R::Int(ceil_millis(level.reset_after()) as i64),
+                ])
+            } else {
+                R::Int(got)
+            };
+            (reply, granted.then(|| Some(level.bucket())))
+        }
+        "RL.RESERVE" => {
+            assert_eq!(a.len(), 6, "a plain RL.RESERVE: {a:?}");
+            let n: u64 = a[4].parse().unwrap();
+            let max_wait: u64 = a[5].parse().unwrap();
+            let (mut level, _) = version::open(state.as_ref(), limit(2), 0, NOW);
+            let (granted, wait) = level.reserve(n as f64, max_wait * 1_000_000).unwrap();
+            let reply = R::Row(vec![
+                R::Int(if granted { n as i64 } else { 0 }),
+                R::Int(ceil_millis(wait) as i64),
+                R::Double(level.signed_tokens()),
+                R::Int(ceil_millis(level.reset_after()) as i64),
+            ]);
+            (reply, granted.then(|| Some(level.bucket())))
+        }
+        "RL.REFUND" => {
+            assert_eq!(a.len(), 3, "a plain RL.REFUND: {a:?}");
+            let Some(b) = state else {
+                return (R::Double(0.0), None);
+            };
+            let mut level = Level::new(Some(&b), b.limit(), NOW);
+            let credited = level.refund(a[2].parse().unwrap());
+            let after = level.bucket();
+            let written = if credited == 0.0 {
+                None
+            } else if level.reset_after() == 0 && after.expires_at() <= NOW {
+                Some(None)
+            } else {
+                Some(Some(after))
+            };
+            (R::Double(credited), written)
+        }
+        other => panic!("no core form for {other}"),
+    }
+}
+
+#[test]
+fn core_decides_every_core_case_exactly() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../protocol/cases");
+    let mut ran = 0;
+    let mut failures = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let doc: J = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for case in doc["cases"].as_array().unwrap() {
+            if case.get("core") != Some(&J::Bool(true)) {
+                continue;
+            }
+            ran += 1;
+            let args: Vec<String> = case["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().expect("core cases have plain arguments").into())
+                .collect();
+            let key = &args[1];
+            let before = bucket(&case["state"][key]);
+            let (reply, written) = decide(&args, before);
+            let mut problems = Vec::new();
+            if reply != plain(&case["resp3"]) {
+                problems.push(format!("reply {reply:?}, want {}", case["resp3"]));
+            }
+            let effect = !case["effect"].as_array().unwrap().is_empty();
+            if written.is_some() != effect {
+                problems.push(format!(
+                    "writes: {}, the case's effect: {effect}",
+                    written.is_some()
+                ));
+            }
+            let after = &case["after"][key];
+            let after_full_at = after
+                .get("full_at")
+                .and_then(J::as_i64)
+                .map(|f| NOW as i64 + f);
+            let got = match &written {
+                Some(b) => b.map(|b| b.full_at() as i64),
+                None => before.map(|b| b.full_at() as i64),
+            };
+            if got != after_full_at {
+                problems.push(format!(
+                    "full_at {got:?}, want {after_full_at:?} (NOW = {NOW})"
+                ));
+            }
+            if !problems.is_empty() {
+                failures.push(format!(
+                    "{}: {}: {problems:?}",
+                    path.display(),
+                    case["name"]
+                ));
+            }
+        }
+    }
+    assert!(ran >= 10, "only {ran} core cases");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -1,0 +1,349 @@
+"""The golden protocol cases (protocol/cases/*.json) run against a real server: the
+Functions library through FCALL, or the module itself (the module's own runner is
+tests/protocol_cases.rs; this one runs it too so that a case is checked the same way on
+both sides).
+
+For each case and each protocol (RESP2, RESP3): set the initial state at a base instant read
+from the server's clock just before, run the arguments, compare the reply, the new state and
+whether anything was propagated (the AOF grows exactly when the case has an effect).
+Instants in a case are relative to the call's time; the call runs some time after the base,
+so numbers that move with time are compared within the measured window (see
+protocol/cases/README.md).
+"""
+
+import glob
+import json
+import math
+import os
+
+import redis
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+CASES = os.path.join(ROOT, "protocol", "cases")
+
+# The library's function for each module command (keys first, as FCALL wants them).
+FUNCTIONS = {
+    "RL.TAKE": "rl_take",
+    "RL.LEASE": "rl_lease",
+    "RL.RETURN": "rl_return",
+    "RL.PEEK": "rl_peek",
+    "RL.RESERVE": "rl_reserve",
+    "RL.REFUND": "rl_refund",
+    "RL.SHARE": "rl_share",
+    "RL.MTAKE": "rl_mtake",
+}
+
+
+OPTIONS = ("WITHSTATE", "INIT", "SHADOW", "VERSION")
+
+
+def error_matches(want, got):
+    """redis-py drops the error code of an `ERR` reply (and keeps others). The library's
+    `WRONGTYPE` texts say which hash it found (docs/functions.md): the code must match."""
+    if not isinstance(got, redis.exceptions.ResponseError):
+        return False
+    if want.startswith("WRONGTYPE "):
+        return str(got).startswith("WRONGTYPE ")
+    return str(got) == want or str(got) == want.split(" ", 1)[-1]
+
+
+def load():
+    """Every case, with its file's name: [(family, case)]."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(CASES, "*.json"))):
+        with open(path) as f:
+            doc = json.load(f)
+        family = os.path.basename(path)[:-5]
+        for case in doc["cases"]:
+            out.append((family, case))
+    return out
+
+
+def for_functions(case):
+    """Whether the library has the case's command and its keys' types (it has buckets and
+    shares, no semaphores), and the case does not exclude it."""
+    states = list((case.get("state") or {}).values()) + list((case.get("after") or {}).values())
+    return (
+        case["args"][0].upper() in FUNCTIONS
+        and all(s is None or s.get("type", "bucket") != "permits" for s in states)
+        and case.get("functions", True)
+    )
+
+
+def fcall_args(args):
+    """A module command as the library's FCALL."""
+    name = args[0].upper()
+    fn = FUNCTIONS[name]
+    if name == "RL.MTAKE":
+        # RL.MTAKE n k r c [k r c ...] [options] -> FCALL rl_mtake N k.. n r c .. [options]
+        n, rest = args[1], args[2:]
+        keys, limits = [], []
+        i = 0
+        while i < len(rest) and rest[i].upper() not in OPTIONS:
+            keys.append(rest[i])
+            limits += rest[i + 1 : i + 3]
+            i += 3
+        return ["FCALL", fn, str(len(keys)), *keys, n, *limits, *rest[i:]]
+    if len(args) < 2:
+        return ["FCALL", fn, "0"]
+    return ["FCALL", fn, "1", *args[1:]]
+
+
+class Window:
+    """The base instant and how long the call may have run after it."""
+
+    def __init__(self, base_us, after_us, rate):
+        self.base_ns = base_us * 1000
+        self.base_us = base_us
+        self.drift_us = after_us - base_us + 1
+        self.drift_ns = self.drift_us * 1000
+        self.drift_ms = math.ceil(self.drift_us / 1000)
+        self.rate = rate
+
+
+def resolve(arg, base_us):
+    """One argument of a case's command, on this run's clock."""
+    if isinstance(arg, str):
+        return arg
+    (tag, x), = arg.items()
+    return str({"id": base_us, "at": base_us * 1000}[tag] + x)
+
+
+def server_us(r):
+    s, us = r.time()
+    return int(s) * 1_000_000 + int(us)
+
+
+def case_rate(case):
+    """The largest refill rate in the case (tokens shown move at most this fast)."""
+    rates = [0.0]
+    for states in (case.get("state") or {}, case.get("after") or {}):
+        for s in states.values():
+            if s and "rate" in s:
+                rates.append(float(s["rate"]))
+    return max(rates)
+
+
+def tokens_close(want, got, w):
+    slack = 1e-9 * max(1.0, abs(want))
+    return abs(got - want) <= w.rate * w.drift_ns / 1e9 + slack
+
+
+def text(b):
+    return b.decode() if isinstance(b, bytes) else b
+
+
+def match(want, got, w, where="reply"):
+    """Problems found comparing a typed expectation with a redis-py reply (empty: equal)."""
+    bad = [f"{where}: want {want!r}, got {got!r}"]
+    if isinstance(want, dict) and "error" in want:
+        return [] if error_matches(want["error"], got) else bad
+    if isinstance(got, Exception):
+        return bad
+    if want is None:
+        return [] if got is None else bad
+    if isinstance(want, bool):
+        return bad
+    if isinstance(want, int):
+        return [] if isinstance(got, int) and got == want else bad
+    if isinstance(want, str):
+        return [] if isinstance(got, bytes) and got.decode() == want else bad
+    if isinstance(want, list):
+        if not isinstance(got, list) or len(got) != len(want):
+            return bad
+        out = []
+        for i, (a, b) in enumerate(zip(want, got)):
+            out += match(a, b, w, f"{where}[{i}]")
+        return out
+    (tag, x), = want.items()
+    if tag == "double":
+        return [] if isinstance(got, float) and got == x else bad
+    if tag == "tokens":
+        return [] if isinstance(got, float) and tokens_close(x, got, w) else bad
+    if tag == "double_text":
+        return [] if isinstance(got, bytes) and float(got) == x else bad
+    if tag == "tokens_text":
+        return [] if isinstance(got, bytes) and tokens_close(x, float(got), w) else bad
+    if tag == "ms":
+        return [] if isinstance(got, int) and x - w.drift_ms - 1 <= got <= x + 1 else bad
+    if tag == "id":
+        return [] if isinstance(got, int) and x <= got - w.base_us <= x + w.drift_us else bad
+    if tag in ("map", "pairs"):
+        if tag == "map":
+            if not isinstance(got, dict):
+                return bad
+            items = list(got.items())
+        else:
+            if not isinstance(got, list) or len(got) % 2:
+                return bad
+            items = list(zip(got[::2], got[1::2]))
+        have = {text(k): v for k, v in items}
+        if sorted(have) != sorted(k for k, _ in x):
+            return bad
+        out = []
+        for k, v in x:
+            out += match(v, have[k], w, f"{where}.{k}")
+        return out
+    raise ValueError(f"unknown expectation {want!r}")
+
+
+def lease_text(leases, base_us, base_ns):
+    return "".join(
+        f"{base_us + i}:{t}:{(base_ns + e) // 1000}," for i, t, e in leases
+    )
+
+
+def set_bucket_hash(r, key, s, base_us):
+    """The library's hash for a bucket state (functions/rl.lua's fields)."""
+    base_ns = base_us * 1000
+    fields = {"f": str(base_ns + s["full_at"]), "r": s["rate"], "c": s["cap"]}
+    if s.get("version"):
+        fields["v"] = str(s["version"])
+    if "last_id" in s:
+        fields["i"] = str(base_us + s["last_id"])
+    if s.get("leases"):
+        fields["l"] = lease_text(s["leases"], base_us, base_ns)
+        fields["x"] = str(max((base_ns + e) // 1000 for _, _, e in s["leases"]))
+    if s.get("span"):
+        fields["h"] = str(base_ns + s["hold"])
+        fields["s"] = str(s["span"])
+    r.hset(key, mapping=fields)
+    ends = [base_ns + s["full_at"], base_ns + s.get("hold", 0)]
+    ends += [base_ns + e for _, _, e in s.get("leases", [])]
+    r.pexpireat(key, math.ceil(max(ends) / 1e6))
+
+
+def bucket_of_hash(h, w):
+    """A stored hash as a case's bucket state, relative to the base."""
+    h = {text(k): text(v) for k, v in h.items()}
+    s = {"full_at": int(h["f"]) - w.base_ns, "rate": h["r"], "cap": h["c"]}
+    if "v" in h:
+        s["version"] = int(h["v"])
+    if "i" in h:
+        s["last_id"] = int(h["i"]) - w.base_us
+    leases = []
+    for part in h.get("l", "").split(","):
+        if part:
+            i, t, e = (int(x) for x in part.split(":"))
+            if e * 1000 > w.base_ns:  # expired entries are skipped by every reader
+                leases.append([i - w.base_us, t, e * 1000 - w.base_ns])
+    if leases:
+        s["leases"] = leases
+    if "s" in h:
+        s["hold"] = int(h["h"]) - w.base_ns
+        s["span"] = int(h["s"])
+    return s
+
+
+def at_close(want, got, w):
+    return want - 1000 <= got <= want + w.drift_ns + 1000
+
+
+def compare_bucket(want, got, w, where):
+    """A bucket state read back against the case's (instants within the window)."""
+    bad = [f"{where}: want {want}, got {got}"]
+    if got is None:
+        return bad
+    if not at_close(want["full_at"], got["full_at"], w):
+        return bad
+    for f in ("rate", "cap"):
+        if float(want[f]) != float(got[f]):
+            return bad
+    if want.get("version", 0) != got.get("version", 0):
+        return bad
+    if "last_id" in want and not (
+        want["last_id"] <= got.get("last_id", -1) <= want["last_id"] + w.drift_us
+    ):
+        return bad
+    wl, gl = want.get("leases", []), got.get("leases", [])
+    if len(wl) != len(gl):
+        return bad
+    for (wi, wt, we), (gi, gt, ge) in zip(wl, gl):
+        if not (wi <= gi <= wi + w.drift_us and wt == gt and at_close(we, ge, w)):
+            return bad
+    if bool(want.get("span")) != bool(got.get("span")):
+        return bad
+    if want.get("span") and not (
+        want["span"] == got["span"] and at_close(want["hold"], got["hold"], w)
+    ):
+        return bad
+    return []
+
+
+def aof_size(server):
+    d = os.path.join(server.dir, "appendonlydir")
+    return sum(
+        os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.endswith(".incr.aof")
+    )
+
+
+def earliest_us(case):
+    """The earliest instant after the call in the case's states (us): a run whose window
+    reaches it saw a key expire or a lease end that the case has live, and says nothing."""
+    at = []
+    for part in ("state", "after"):
+        for s in (case.get(part) or {}).values():
+            if not s:
+                continue
+            at += [s[f] for f in ("full_at", "hold") if f in s]
+            at += [item[-1] for item in s.get("leases", []) + s.get("permits", [])]
+    at = [t for t in at if t > 0]
+    return min(at) // 1000 if at else math.inf
+
+
+def run_case(server, case, protocol):
+    """Runs one case on the library at `protocol`: the problems found, or None if the run
+    took so long that a state the case has live ran out meanwhile."""
+    r = server.client(protocol=protocol)
+    r.flushall()
+    base = server_us(r)
+    for key, s in (case.get("state") or {}).items():
+        if s is not None:
+            set_bucket_hash(r, key, s, base)
+    digests = {k: r.execute_command("DEBUG", "DIGEST-VALUE", k) for k in case.get("after", {})}
+    mark = aof_size(server)
+    try:
+        got = r.execute_command(*fcall_args([resolve(a, base) for a in case["args"]]))
+    except redis.exceptions.ResponseError as e:
+        got = e
+    w = Window(base, server_us(r), case_rate(case))
+    want = case[f"resp{protocol}"]
+    problems = match(want, got, w)
+    wrote = aof_size(server) > mark
+    if wrote != bool(case["effect"]):
+        problems.append(f"effect: the case {'has' if case['effect'] else 'has none'}, "
+                        f"the library {'wrote' if wrote else 'wrote nothing'}")
+    for key, s in (case.get("after") or {}).items():
+        before = (case.get("state") or {}).get(key)
+        if s == before:
+            now = r.execute_command("DEBUG", "DIGEST-VALUE", key)
+            if now != digests[key]:
+                problems.append(f"{key}: changed, the case says unchanged")
+        elif s is None:
+            if r.exists(key):
+                problems.append(f"{key}: exists, the case says absent")
+        elif s.get("type", "bucket") == "bucket":
+            h = r.hgetall(key)
+            problems += compare_bucket(s, bucket_of_hash(h, w) if h else None, w, key)
+    return problems if server_us(r) - base < earliest_us(case) else None
+
+
+def run_all(server, protocols=(2, 3)):
+    """Every case the library has, on `server` (the library loaded, the AOF on)."""
+    failures, ran = [], 0
+    for family, case in load():
+        if not for_functions(case):
+            continue
+        for protocol in protocols:
+            ran += 1
+            # A run slower than the case's shortest state (half a second) cannot observe it:
+            # run it again rather than compare (the outcome never depends on the speed).
+            for _ in range(10):
+                problems = run_case(server, case, protocol)
+                if problems is not None:
+                    break
+            else:
+                problems = ["ten runs each slower than the case's shortest state"]
+            if problems:
+                failures.append(f"{family}: {case['name']} (RESP{protocol}): {problems}")
+    return ran, failures

@@ -1,0 +1,559 @@
+//! The golden protocol cases (`protocol/cases/*.json`, format in its README) against the
+//! module on a real server, in RESP2 and RESP3: each case's state is set with the internal
+//! setters at a base instant read from the server's clock just before, then its arguments
+//! run; the reply, the propagated effect (read back from the AOF, written before the reply
+//! with `appendfsync always`) and the new state (`RL.PEEK`, or the key's digest when the
+//! case leaves it unchanged) must be the case's. Numbers that move with time are compared
+//! within the window between the base and a second reading after the call.
+
+mod support;
+
+use serde_json::Value as J;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use support::*;
+
+/// A reply as the wire carries it (enough of RESP2 and RESP3 for these commands).
+#[derive(Debug, Clone, PartialEq)]
+enum V {
+    Int(i64),
+    Bulk(Vec<u8>),
+    Simple(String),
+    Double(f64),
+    Nil,
+    Array(Vec<V>),
+    Map(Vec<(V, V)>),
+    Err(String),
+}
+
+struct Raw {
+    r: BufReader<TcpStream>,
+}
+
+impl Raw {
+    fn open(port: u16, protocol: u8) -> Raw {
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+        let mut raw = Raw {
+            r: BufReader::new(s),
+        };
+        if protocol == 3 {
+            let hello = raw.call(&["HELLO".into(), "3".into()]);
+            assert!(matches!(hello, V::Map(_)), "{hello:?}");
+        }
+        raw
+    }
+
+    fn call(&mut self, args: &[String]) -> V {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            out.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+        }
+        self.r.get_mut().write_all(&out).unwrap();
+        self.read()
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.r.read_line(&mut l).unwrap();
+        l.trim_end_matches("\r\n").to_string()
+    }
+
+    fn read(&mut self) -> V {
+        let l = self.line();
+        let (t, rest) = l.split_at(1);
+        match t {
+            ":" => V::Int(rest.parse().unwrap()),
+            "+" => V::Simple(rest.into()),
+            "-" => V::Err(rest.into()),
+            "," => V::Double(rest.parse().unwrap()),
+            "_" => V::Nil,
+            "$" => {
+                let n: i64 = rest.parse().unwrap();
+                if n < 0 {
+                    return V::Nil;
+                }
+                let mut buf = vec![0; n as usize + 2];
+                std::io::Read::read_exact(&mut self.r, &mut buf).unwrap();
+                buf.truncate(n as usize);
+                V::Bulk(buf)
+            }
+            "*" => {
+                let n: i64 = rest.parse().unwrap();
+                if n < 0 {
+                    return V::Nil;
+                }
+                V::Array((0..n).map(|_| self.read()).collect())
+            }
+            "%" => {
+                let n: usize = rest.parse().unwrap();
+                V::Map((0..n).map(|_| (self.read(), self.read())).collect())
+            }
+            _ => panic!("unexpected reply line {l:?}"),
+        }
+    }
+}
+
+/// The base instant and how long after it the call may have run.
+#[derive(Clone, Copy)]
+struct Window {
+    base_us: i64,
+    drift_us: i64,
+    rate: f64,
+}
+
+impl Window {
+    fn base_ns(&self) -> i64 {
+        self.base_us * 1000
+    }
+    fn drift_ns(&self) -> i64 {
+        self.drift_us * 1000
+    }
+    fn drift_ms(&self) -> i64 {
+        (self.drift_us + 999) / 1000
+    }
+    fn tokens_close(&self, want: f64, got: f64) -> bool {
+        let slack = 1e-9 * want.abs().max(1.0);
+        (got - want).abs() <= self.rate * self.drift_ns() as f64 / 1e9 + slack
+    }
+    fn at_close(&self, want: i64, got: i64) -> bool {
+        want - 1000 <= got && got <= want + self.drift_ns() + 1000
+    }
+    fn id_close(&self, want: i64, got: i64) -> bool {
+        want <= got && got <= want + self.drift_us
+    }
+}
+
+/// A one-field object's tag and value (`{"ms": 1500}`).
+fn tagged(j: &J) -> Option<(&str, &J)> {
+    let o = j.as_object().filter(|o| o.len() == 1)?;
+    o.iter().next().map(|(k, v)| (k.as_str(), v))
+}
+
+fn num(j: &J) -> f64 {
+    j.as_f64().unwrap()
+}
+
+fn int(j: &J) -> i64 {
+    j.as_i64().unwrap_or_else(|| j.as_f64().unwrap() as i64)
+}
+
+fn text(v: &V) -> Option<String> {
+    match v {
+        V::Bulk(b) => String::from_utf8(b.clone()).ok(),
+        V::Simple(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// Whether a reply matches a case's typed expectation (README: "Replies").
+fn matches(want: &J, got: &V, w: &Window) -> bool {
+    match want {
+        J::Null => *got == V::Nil,
+        J::Number(n) => matches!(got, V::Int(i) if Some(*i) == n.as_i64()),
+        J::String(s) => matches!(got, V::Bulk(b) if b == s.as_bytes()),
+        J::Array(items) => match got {
+            V::Array(g) => {
+                g.len() == items.len() && items.iter().zip(g).all(|(a, b)| matches(a, b, w))
+            }
+            _ => false,
+        },
+        J::Bool(_) => false,
+        J::Object(_) => {
+            let (tag, x) = tagged(want).expect("a tagged value");
+            let as_f64 = |v: &V| text(v).and_then(|t| t.parse::<f64>().ok());
+            match (tag, got) {
+                ("error", V::Err(e)) => x.as_str() == Some(e.as_str()),
+                ("double", V::Double(d)) => *d == num(x),
+                ("tokens", V::Double(d)) => w.tokens_close(num(x), *d),
+                ("double_text", V::Bulk(_)) => as_f64(got) == Some(num(x)),
+                ("tokens_text", V::Bulk(_)) => {
+                    as_f64(got).is_some_and(|g| w.tokens_close(num(x), g))
+                }
+                ("ms", V::Int(g)) => (int(x) - w.drift_ms() - 1..=int(x) + 1).contains(g),
+                ("id", V::Int(g)) => w.id_close(int(x), g - w.base_us),
+                ("map", V::Map(pairs)) => same_pairs(x, pairs.clone(), w),
+                ("pairs", V::Array(flat)) if flat.len() % 2 == 0 => {
+                    let pairs = flat
+                        .chunks(2)
+                        .map(|p| (p[0].clone(), p[1].clone()))
+                        .collect();
+                    same_pairs(x, pairs, w)
+                }
+                _ => false,
+            }
+        }
+    }
+}
+
+/// A map's pairs, in any order.
+fn same_pairs(want: &J, got: Vec<(V, V)>, w: &Window) -> bool {
+    let want = want.as_array().unwrap();
+    want.len() == got.len()
+        && want.iter().all(|p| {
+            let k = p[0].as_str().unwrap();
+            got.iter()
+                .any(|(gk, gv)| text(gk).as_deref() == Some(k) && matches(&p[1], gv, w))
+        })
+}
+
+/// One argument of a case's command or effect, on this run's clock.
+fn arg(j: &J, w: &Window) -> String {
+    match j {
+        J::String(s) => s.clone(),
+        _ => match tagged(j) {
+            Some(("id", x)) => (w.base_us + int(x)).to_string(),
+            Some(("at", x)) => (w.base_ns() + int(x)).to_string(),
+            _ => panic!("argument {j}"),
+        },
+    }
+}
+
+/// Whether one effect argument from the AOF is the case's.
+fn effect_arg(want: &J, got: &str, w: &Window) -> bool {
+    let n = || got.parse::<i64>().ok();
+    match tagged(want) {
+        Some(("at", x)) => n().is_some_and(|g| w.at_close(int(x), g - w.base_ns())),
+        Some(("id", x)) => n().is_some_and(|g| w.id_close(int(x), g - w.base_us)),
+        Some(("fields", x)) => {
+            let parts: Vec<&str> = got.split(',').collect();
+            let x = x.as_array().unwrap();
+            parts.len() == x.len() && x.iter().zip(parts).all(|(a, b)| effect_arg(a, b, w))
+        }
+        _ => want.as_str() == Some(got),
+    }
+}
+
+/// The commands appended to the AOF after `mark` bytes (SELECT, MULTI and EXEC left out).
+fn aof_since(s: &Server, mark: usize) -> Vec<Vec<String>> {
+    let text = aof(s);
+    let mut out = Vec::new();
+    let mut lines = text[mark..].split("\r\n");
+    while let Some(l) = lines.next() {
+        let Some(n) = l.strip_prefix('*') else {
+            continue;
+        };
+        let cmd: Vec<String> = (0..n.parse::<usize>().unwrap())
+            .map(|_| {
+                lines.next();
+                lines.next().unwrap().to_string()
+            })
+            .collect();
+        if !["SELECT", "MULTI", "EXEC"].contains(&cmd[0].to_ascii_uppercase().as_str()) {
+            out.push(cmd);
+        }
+    }
+    out
+}
+
+fn aof(s: &Server) -> String {
+    let dir = s.dir.path().join("appendonlydir");
+    let mut text = String::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.to_string_lossy().ends_with(".incr.aof") {
+            text += &String::from_utf8_lossy(&std::fs::read(p).unwrap());
+        }
+    }
+    text
+}
+
+fn server_us(c: &mut Connection) -> i64 {
+    let (s, us): (String, String) = redis::cmd("TIME").query(c).unwrap();
+    s.parse::<i64>().unwrap() * 1_000_000 + us.parse::<i64>().unwrap()
+}
+
+/// Sets `key` to a case's state with the internal setters (one call per lease or permit).
+fn set_state(c: &mut Connection, key: &str, s: &J, base_us: i64) {
+    let base_ns = base_us * 1000;
+    let field = |f: &str| s.get(f);
+    if field("type").and_then(J::as_str) == Some("permits") {
+        let mut calls = vec![vec![
+            "RL.SETPERMITS".to_string(),
+            key.into(),
+            "LASTID".into(),
+            (base_us + int(&s["last_id"])).to_string(),
+        ]];
+        for p in s["permits"].as_array().unwrap() {
+            calls.push(vec![
+                "RL.SETPERMITS".into(),
+                key.into(),
+                "LASTID".into(),
+                (base_us + int(&s["last_id"])).to_string(),
+                "ADD".into(),
+                (base_us + int(&p[0])).to_string(),
+                (base_ns + int(&p[1])).to_string(),
+            ]);
+        }
+        for call in calls {
+            let _: () = redis::cmd(&call[0]).arg(&call[1..]).query(c).unwrap();
+        }
+        return;
+    }
+    let mut head = vec![
+        "RL.SETSTATE".to_string(),
+        key.into(),
+        (base_ns + int(&s["full_at"])).to_string(),
+        s["rate"].as_str().unwrap().into(),
+        s["cap"].as_str().unwrap().into(),
+    ];
+    if let Some(span) = field("span") {
+        head.extend([
+            "HOLD".into(),
+            (base_ns + int(&s["hold"])).to_string(),
+            "SPAN".into(),
+            int(span).to_string(),
+        ]);
+    }
+    if let Some(v) = field("version") {
+        head.extend(["VERSION".into(), int(v).to_string()]);
+    }
+    let mut first = head.clone();
+    if let Some(id) = field("last_id") {
+        first.extend(["LASTID".into(), (base_us + int(id)).to_string()]);
+    }
+    let mut calls = vec![first];
+    for l in field("leases").and_then(J::as_array).into_iter().flatten() {
+        let mut call = head.clone();
+        call.extend([
+            "ADD".into(),
+            (base_us + int(&l[0])).to_string(),
+            int(&l[1]).to_string(),
+            (base_ns + int(&l[2])).to_string(),
+        ]);
+        calls.push(call);
+    }
+    for call in calls {
+        let _: () = redis::cmd(&call[0])
+            .arg(&call[1..])
+            .query(c)
+            .unwrap_or_else(|e| panic!("{call:?}: {e}"));
+    }
+}
+
+/// What `RL.PEEK` must show for a bucket state at the call's time.
+fn peek_problems(key: &str, v: redis::Value, s: &J, w: &Window) -> Option<String> {
+    let redis::Value::Array(items) = v else {
+        return Some(format!("{key}: RL.PEEK {v:?}, want a bucket"));
+    };
+    let field = |name: &str| -> f64 {
+        let at = items
+            .iter()
+            .position(|x| redis::from_redis_value::<String>(x).is_ok_and(|t| t == name))
+            .unwrap();
+        redis::from_redis_value::<String>(&items[at + 1])
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (rate, cap) = (
+        s["rate"].as_str().unwrap().parse::<f64>().unwrap(),
+        s["cap"].as_str().unwrap().parse::<f64>().unwrap(),
+    );
+    let full_at = int(&s["full_at"]);
+    let tokens = if full_at > 0 {
+        cap - full_at as f64 * rate / 1e9
+    } else {
+        cap
+    };
+    let leases = s
+        .get("leases")
+        .and_then(J::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let held: i64 = leases.iter().map(|l| int(&l[1])).sum();
+    let reset = (full_at.max(0) + 999_999) / 1_000_000;
+    let ok = field("rate") == rate
+        && field("cap") == cap
+        && field("version") == s.get("version").map_or(0.0, num)
+        && field("leases") == leases.len() as f64
+        && field("leased_tokens") == held as f64
+        && w.tokens_close(tokens, field("tokens"))
+        && (reset - w.drift_ms() - 1..=reset + 1).contains(&(field("reset_after_ms") as i64));
+    (!ok).then(|| format!("{key}: RL.PEEK {items:?}, want the state {s}"))
+}
+
+fn digest_or_none(c: &mut Connection, key: &str) -> Option<String> {
+    let v: Vec<Option<String>> = redis::cmd("DEBUG")
+        .arg("DIGEST-VALUE")
+        .arg(key)
+        .query(c)
+        .unwrap();
+    v.into_iter().next().flatten()
+}
+
+fn case_rate(case: &J) -> f64 {
+    let mut rate: f64 = 0.0;
+    for part in ["state", "after"] {
+        for s in case[part].as_object().into_iter().flat_map(|o| o.values()) {
+            if let Some(r) = s.get("rate").and_then(J::as_str) {
+                rate = rate.max(r.parse().unwrap());
+            }
+        }
+    }
+    rate
+}
+
+/// The earliest instant after the call in the case's states (µs): a run whose window
+/// reaches it saw a key expire or a lease end that the case has live, and says nothing.
+fn earliest_us(case: &J) -> i64 {
+    let mut at = Vec::new();
+    for part in ["state", "after"] {
+        for s in case[part].as_object().into_iter().flat_map(|o| o.values()) {
+            at.extend(
+                ["full_at", "hold"]
+                    .iter()
+                    .filter_map(|f| s.get(*f))
+                    .map(int),
+            );
+            for list in ["leases", "permits"] {
+                for item in s.get(list).and_then(J::as_array).into_iter().flatten() {
+                    at.push(int(item.as_array().unwrap().last().unwrap()));
+                }
+            }
+        }
+    }
+    at.into_iter()
+        .filter(|&t| t > 0)
+        .min()
+        .map_or(i64::MAX, |ns| ns / 1000)
+}
+
+/// Runs one case at `protocol`: the problems found (none: the module is the case), or
+/// `None` if the run took so long that a state the case has live ran out meanwhile.
+fn run(
+    s: &Server,
+    c: &mut Connection,
+    raw: &mut Raw,
+    case: &J,
+    protocol: u8,
+) -> Option<Vec<String>> {
+    let _: () = redis::cmd("FLUSHALL").query(c).unwrap();
+    let base_us = server_us(c);
+    let empty = serde_json::Map::new();
+    let state = case["state"].as_object().unwrap_or(&empty);
+    for (key, st) in state {
+        if !st.is_null() {
+            set_state(c, key, st, base_us);
+        }
+    }
+    let after = case["after"].as_object().unwrap_or(&empty);
+    let digests: Vec<Option<String>> = after.keys().map(|k| digest_or_none(c, k)).collect();
+    let mark = aof(s).len();
+    let mut w = Window {
+        base_us,
+        drift_us: 0,
+        rate: case_rate(case),
+    };
+    let args: Vec<String> = case["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| arg(a, &w))
+        .collect();
+    let got = raw.call(&args);
+    w.drift_us = server_us(c) - base_us + 1;
+
+    let mut problems = Vec::new();
+    let want = &case[format!("resp{protocol}")];
+    if !matches(want, &got, &w) {
+        problems.push(format!("reply: want {want}, got {got:?}"));
+    }
+    let effects = aof_since(s, mark);
+    let want_effects = case["effect"].as_array().unwrap();
+    let same = effects.len() == want_effects.len()
+        && want_effects.iter().zip(&effects).all(|(we, ge)| {
+            let we = we.as_array().unwrap();
+            we.len() == ge.len() && we.iter().zip(ge).all(|(a, b)| effect_arg(a, b, &w))
+        });
+    if !same {
+        problems.push(format!("effect: want {want_effects:?}, got {effects:?}"));
+    }
+    for ((key, st), before) in after.iter().zip(digests) {
+        if state.get(key) == Some(st) {
+            if digest_or_none(c, key) != before {
+                problems.push(format!("{key}: changed, the case leaves it as it was"));
+            }
+        } else if st.is_null() {
+            let exists: bool = redis::cmd("EXISTS").arg(key).query(c).unwrap();
+            if exists {
+                problems.push(format!("{key}: exists, the case deletes it"));
+            }
+        } else {
+            match st.get("type").and_then(J::as_str).unwrap_or("bucket") {
+                "bucket" => {
+                    // RL.PEEK reads the clock later still: widen the window to then.
+                    let v: redis::Value = redis::cmd("RL.PEEK").arg(key).query(c).unwrap();
+                    let peeked = Window {
+                        drift_us: server_us(c) - base_us + 1,
+                        ..w
+                    };
+                    problems.extend(peek_problems(key, v, st, &peeked))
+                }
+                _ => {
+                    let exists: bool = redis::cmd("EXISTS").arg(key).query(c).unwrap();
+                    if !exists {
+                        problems.push(format!("{key}: absent, the case stores it"));
+                    }
+                }
+            }
+        }
+    }
+    (server_us(c) - base_us < earliest_us(case)).then_some(problems)
+}
+
+fn cases() -> Vec<(String, J)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("protocol/cases");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        let doc: J = serde_json::from_str(&std::fs::read_to_string(&f).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let family = f.file_stem().unwrap().to_string_lossy().to_string();
+        for case in doc["cases"].as_array().unwrap() {
+            out.push((family.clone(), case.clone()));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_golden_case_holds_on_the_module() {
+    let s = Server::start(&[
+        "--appendonly",
+        "yes",
+        "--aof-use-rdb-preamble",
+        "no",
+        "--appendfsync",
+        "always",
+    ]);
+    let mut c = s.internal_conn();
+    let mut failures = Vec::new();
+    let all = cases();
+    assert!(all.len() >= 50, "{} cases", all.len());
+    for protocol in [2, 3] {
+        let mut raw = Raw::open(s.port, protocol);
+        for (family, case) in &all {
+            // A run slower than the case's shortest state (half a second) cannot observe it:
+            // run it again rather than compare (the outcome never depends on the speed).
+            let problems = (0..10)
+                .find_map(|_| run(&s, &mut c, &mut raw, case, protocol))
+                .unwrap_or_else(|| {
+                    vec!["ten runs each slower than the case's shortest state".into()]
+                });
+            if !problems.is_empty() {
+                failures.push(format!(
+                    "{family}: {} (RESP{protocol}): {problems:#?}",
+                    case["name"]
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
