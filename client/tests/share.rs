@@ -723,3 +723,42 @@ async fn a_replica_promoted_after_failover_counts_the_shares_held() {
     .await;
     b.close().await.unwrap();
 }
+
+/// A library `rl` whose `rl_share` answers a share of 1 with a lease of 3e15 ms and a
+/// `refresh_ms` of 1e15 (what no server of this repository answers: a lease is three times
+/// `max(period_ms, 300)`), and counts its calls in the key `calls`.
+const HUGE_LEASE_LIBRARY: &str = "#!lua name=rl
+redis.register_function('rl_share', function(keys, args)
+    redis.call('INCR', 'calls')
+    return {'1', '1', 3000000000000000, 1000000000000000, 1}
+end)";
+
+/// An answer with a huge lease (a damaged or foreign server side) does not stop the
+/// refresh: a holder that asked for 50 ms still calls again within the longest period a
+/// server raises one to (300 ms), not after a third of that lease (3e15 ms / 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_with_a_huge_lease_does_not_stop_the_refresh() {
+    let server = support::Plain::start();
+    let mut c = server.conn();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(HUGE_LEASE_LIBRARY)
+        .query(&mut c)
+        .unwrap();
+    let config = ShareConfig {
+        period: Duration::from_millis(50),
+        ..config_on(FailurePolicy::Deny, Side::Functions)
+    };
+    let limit = Limit::new(10.0, 10.0).unwrap();
+    let l = ShareLimiter::from_client(server.client(), KEY, limit, config).unwrap();
+    eventually(60, "a share", || l.share().rate == 1.0).await;
+    let calls = || -> u64 {
+        redis::cmd("GET")
+            .arg("calls")
+            .query::<Option<u64>>(&mut server.conn())
+            .unwrap()
+            .unwrap_or(0)
+    };
+    eventually(60, "two more calls after the huge lease", || calls() >= 3).await;
+    l.abandon();
+}
