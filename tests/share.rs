@@ -1007,3 +1007,39 @@ fn a_full_key_frees_places_only_as_entries_end_and_replicas_agree() {
     assert_eq!(pexpiretime(&mut r, "big"), pexpiretime(&mut c, "big"));
     assert_eq!(info_field(&mut r, "rl", "rl_share_holders"), 4096);
 }
+
+/// The longest period at the largest limit and version: the lease (three hours) and the
+/// expiry computed without overflow, a short holder sent back within the period, and a
+/// period raised to 300 beside it.
+#[test]
+fn the_longest_period_at_the_largest_limit_does_not_overflow() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let v = ["VERSION", "9007199254740991"];
+    let t0 = server_ns(&mut c);
+    let a = share(
+        &mut c,
+        &["k", "1e15", "1e15", "a", "1e15", LONG, v[0], v[1]],
+    );
+    let t1 = server_ns(&mut c);
+    assert_eq!(a, (1e15, 1e15, 10_800_000, 3_600_000, 1));
+    let exp = pexpiretime(&mut c, "k") as u64;
+    assert!(
+        (t0 + 10_800_000 * MS).div_ceil(MS) <= exp && exp <= (t1 + 10_800_000 * MS).div_ceil(MS),
+        "{exp}"
+    );
+    // A newcomer at a raised period gets nothing yet: sent back within its (raised)
+    // period, when a's lease ends being three hours away.
+    let b = share(
+        &mut c,
+        &["k", "1e15", "1e15", "b", "1e15", "10", v[0], v[1]],
+    );
+    assert_eq!(b, (0.0, 0.0, 900, 300, 2));
+    // a comes down to its fair half (the other half held for a's hold).
+    let a = share(
+        &mut c,
+        &["k", "1e15", "1e15", "a", "1e15", LONG, v[0], v[1]],
+    );
+    assert_eq!((a.0, a.2, a.3), (5e14, 10_800_000, 3_600_000));
+    assert!(pexpiretime(&mut c, "k") as u64 >= exp);
+}

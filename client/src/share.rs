@@ -611,8 +611,12 @@ impl<C: RedisConnection> Inner<C> {
                 });
                 // When the server says, at most its period (a third of the lease: it raises
                 // a short one, so that no call comes within the previous call's hold). A
-                // little early rather than late: the server counts on a call per period.
-                let most = (r.lease_ms / 3).max(self.config.period_ms());
+                // server raises a period to 300 ms and no further, so a longer lease (not
+                // one of ours) is no reason to call less often than asked: the holder's
+                // want would go stale. A little early rather than late: the server counts
+                // on a call per period.
+                let raised = (r.lease_ms / 3).min(rl_core::share::SHORTEST_PERIOD_MS);
+                let most = raised.max(self.config.period_ms());
                 let next = Duration::from_millis(r.refresh_ms.clamp(10, most));
                 next.mul_f64(1.0 - 0.1 * crate::jitter::unit())
             }

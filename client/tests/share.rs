@@ -723,3 +723,102 @@ async fn a_replica_promoted_after_failover_counts_the_shares_held() {
     .await;
     b.close().await.unwrap();
 }
+
+/// A library `rl` whose `rl_share` answers a share of 1 with a lease of 3e15 ms and a
+/// `refresh_ms` of 1e15 (what no server of this repository answers: a lease is three times
+/// `max(period_ms, 300)`), and counts its calls in the key `calls`.
+const HUGE_LEASE_LIBRARY: &str = "#!lua name=rl
+redis.register_function('rl_share', function(keys, args)
+    redis.call('INCR', 'calls')
+    return {'1', '1', 3000000000000000, 1000000000000000, 1}
+end)";
+
+/// An answer with a huge lease (a damaged or foreign server side) does not stop the
+/// refresh: a holder that asked for 50 ms still calls again within the longest period a
+/// server raises one to (300 ms), not after a third of that lease (3e15 ms / 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_with_a_huge_lease_does_not_stop_the_refresh() {
+    let server = support::Plain::start();
+    let mut c = server.conn();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(HUGE_LEASE_LIBRARY)
+        .query(&mut c)
+        .unwrap();
+    let config = ShareConfig {
+        period: Duration::from_millis(50),
+        ..config_on(FailurePolicy::Deny, Side::Functions)
+    };
+    let limit = Limit::new(10.0, 10.0).unwrap();
+    let l = ShareLimiter::from_client(server.client(), KEY, limit, config).unwrap();
+    eventually(60, "a share", || l.share().rate == 1.0).await;
+    let calls = || -> u64 {
+        redis::cmd("GET")
+            .arg("calls")
+            .query::<Option<u64>>(&mut server.conn())
+            .unwrap()
+            .unwrap_or(0)
+    };
+    eventually(60, "two more calls after the huge lease", || calls() >= 3).await;
+    l.abandon();
+}
+
+/// Holders asking for periods of 10, 50, 299 and 400 ms (the first three raised to 300),
+/// whose demand flaps between a tight loop and nothing every few hundred ms (so their
+/// wants, and shares, grow and shrink at every call): the fleet stays within the bound in
+/// every window.
+async fn flapping_mixed_periods(side: Side) {
+    let server = start(side);
+    let (rate, cap) = (200.0, 40.0);
+    let limit = Limit::new(rate, cap).unwrap();
+    let start_us = micros_now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = [10u64, 50, 299, 400]
+        .into_iter()
+        .enumerate()
+        .map(|(i, period)| {
+            let config = ShareConfig {
+                period: Duration::from_millis(period),
+                ..config_on(FailurePolicy::Deny, side)
+            };
+            let l = ShareLimiter::from_client(server.client(), KEY, limit, config).unwrap();
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut grants = Vec::new();
+                let began = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    // On for 150 ms, off for 150 * (i + 1) ms, out of step with the others.
+                    let phase = began.elapsed().as_millis() as u64 % (150 * (i as u64 + 2));
+                    if phase < 150 {
+                        let asked = micros_now();
+                        if l.try_take(1).unwrap().allowed {
+                            grants.push((asked, micros_now()));
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                l.abandon();
+                grants
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut grants: Vec<(u64, u64)> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    assert!(!grants.is_empty());
+    assert_within_bound(&mut grants, start_us, rate, cap, 4.0);
+    only_functions(&server, side);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flapping_demand_at_mixed_short_periods_stays_within_the_bound() {
+    flapping_mixed_periods(Side::Module).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flapping_demand_at_mixed_short_periods_on_the_functions_backend() {
+    flapping_mixed_periods(Side::Functions).await;
+}

@@ -534,3 +534,103 @@ proptest! {
         check_fair(rate, cap, &wants, &got)?;
     }
 }
+
+/// Limits at the extremes (1e-9 and 1e15, within `cap / rate` of 100 years) and between.
+const EXTREMES: [(f64, f64); 5] = [
+    (1e-9, 1e-9),
+    (1e15, 1e15),
+    (1e15, 1e-9),
+    (1e-9, 1.0),
+    (100.0, 40.0),
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Holders that call as told (`refresh_ms` after the answer, up to a tenth early), with
+    /// periods of 10 to 400 ms, delays both ways up to 400 ms, wants that flap between
+    /// nothing and everything, limits and versions changing among the extremes, and
+    /// holders that release mid-hold (and come back as new holders): the server never
+    /// counts more than the rate in force (nor more than before a drop), the shares in
+    /// use never exceed the bound at any instant, and no holder calls within a hold that
+    /// keeps more than its share counted. Calls are decided in server time order.
+    #[test]
+    fn holders_calling_as_told_at_extreme_limits_keep_the_bound_and_never_call_in_a_hold(
+        holders in 1usize..6,
+        first in 0usize..5,
+        periods in prop::collection::vec(10u64..400, 6),
+        steps in prop::collection::vec(
+            (0u64..400, 0u64..400, prop_oneof![Just(0.0), Just(1e-9), 0.0f64..300.0, Just(1e15)],
+             0u8..20, 0usize..5, 0u64..3, 0.9f64..1.0),
+            1..150),
+    ) {
+        let (mut rate, mut cap) = EXTREMES[first];
+        let mut version = 0u64;
+        let mut table = ShareTable::new(Limit::new(rate, cap).unwrap(), 0);
+        // Per holder: its id's generation, when its next call is sent and decided, its use.
+        let mut gen = vec![0u32; holders];
+        let mut sent: Vec<Nanos> = (0..holders as u64).map(|i| T0 + i * MS).collect();
+        let mut decided = sent.clone();
+        let mut current: Vec<Option<usize>> = vec![None; holders];
+        let mut uses: Vec<Use> = Vec::new();
+        let mut max_lease = HOLD;
+        for (d1_ms, d2_ms, want, kind, which, v, jitter) in steps {
+            let (who, &now) = decided.iter().enumerate().min_by_key(|&(_, t)| *t).unwrap();
+            if kind == 0 {
+                (rate, cap) = EXTREMES[which];
+                version += v;
+            }
+            let release = kind == 1;
+            let s = sent[who];
+            let answer = now + d2_ms * MS;
+            let id = format!("h{who}-{}", gen[who]);
+            if let Some(h) = table.holders().iter().find(|h| *h.id == *id.as_bytes()) {
+                prop_assert!(
+                    !(now < h.held_until && (h.held_rate > h.rate || h.held_burst > h.burst)),
+                    "{id} called within a hold that keeps {} over its share {}",
+                    h.held_rate, h.rate
+                );
+            }
+            let limit = Limit::new(rate, cap).unwrap();
+            let req = ShareRequest::new(id.as_bytes(), want, periods[who], release, limit, version).unwrap();
+            let before = table.clone();
+            let d = table.decide(&req, now).unwrap();
+            let resolved = (table.limit().rate(), table.limit().cap());
+            let (r0, b0) = committed(&before, now);
+            let (r1, b1) = committed(&table, now);
+            prop_assert!(r1 <= exact(resolved.0).max(r0), "server rates {} > {}", r1, resolved.0);
+            prop_assert!(b1 <= exact(resolved.1).max(b0), "server bursts {} > {}", b1, resolved.1);
+            if d.written {
+                prop_assert_eq!(table.last_end(), Some(d.expires_at));
+            }
+            if let Some(i) = current[who].take() {
+                let stop = answer.min(s + HOLD).max(uses[i].from);
+                uses[i].until = uses[i].until.min(stop);
+            }
+            let lease = d.reply.lease_ms * MS;
+            max_lease = max_lease.max(lease);
+            let margin = lease / 100 + 10 * MS;
+            if lease > margin && answer < s + lease - margin {
+                uses.push(Use {
+                    rate: d.reply.rate,
+                    burst: d.reply.burst,
+                    from: answer,
+                    until: s + lease - margin,
+                    decided: now,
+                    limit: resolved,
+                });
+                current[who] = Some(uses.len() - 1);
+            }
+            if release {
+                // A released holder is gone; a new one (a new id) starts when it would
+                // have called.
+                gen[who] += 1;
+                current[who] = None;
+            }
+            sent[who] = answer + (d.reply.refresh_ms as f64 * jitter * MS as f64) as Nanos;
+            decided[who] = sent[who] + d1_ms * MS;
+        }
+        check_uses(&uses, max_lease, false).map_err(TestCaseError::fail)?;
+        check_uses(&uses, max_lease, true).map_err(TestCaseError::fail)?;
+    }
+}

@@ -669,3 +669,51 @@ def test_a_short_period_is_raised_by_the_server_and_honoured(
         assert calls <= most, (calls, most)
         assert served > 0 and lim.share().rate == 1000
         assert lim.backend == backend
+
+
+HUGE_LEASE_LIBRARY = """#!lua name=rl
+redis.register_function('rl_share', function(keys, args)
+    redis.call('INCR', 'calls')
+    return {'1', '1', 3000000000000000, 1000000000000000, 1}
+end)"""
+
+
+@pytest.mark.parametrize("twin", ["sync", "asyncio"])
+def test_an_answer_with_a_huge_lease_does_not_stop_the_refresh(tmp_path: Path, twin: str) -> None:
+    """A library whose ``rl_share`` answers a lease of 3e15 ms and ``refresh_ms`` 1e15 (no
+    server of this repository does: a lease is three times ``max(period_ms, 300)``): the
+    holder still calls again within the longest period a server raises one to (0.3 s), not
+    after a third of that lease (which the sync twin's thread could not even wait for)."""
+    _check_setup()
+    s = Server(tmp_path / "redis", module=False)
+    try:
+        r = s.client()
+        r.execute_command("FUNCTION", "LOAD", HUGE_LEASE_LIBRARY)
+
+        def calls() -> int:
+            return int(r.get("calls") or 0)
+
+        opts: Any = dict(period=0.05, policy=DENY, timeout=5, backend="functions")
+        if twin == "sync":
+            with ShareLimiter(r, "k", 10, 10, **opts) as lim:
+                wait_for(lambda: lim.share().rate == 1.0)
+                wait_for(lambda: calls() >= 3)
+            return
+
+        async def run() -> None:
+            ar = aredis.Redis(port=s.port, socket_timeout=5)
+            lim = AsyncShareLimiter(ar, "k", 10, 10, **opts)
+            try:
+                end = time.monotonic() + 30
+                while calls() < 3:
+                    assert time.monotonic() < end, "the state was not reached"
+                    await lim.take()
+                    await asyncio.sleep(0.005)
+                assert lim.share().rate == 1.0
+            finally:
+                await lim.close()
+                await ar.aclose()
+
+        asyncio.run(run())
+    finally:
+        s.stop()

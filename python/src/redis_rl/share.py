@@ -55,6 +55,8 @@ from .types import AsyncClient, SyncClient
 #: The protocol's ``HOLD_MS``, in seconds: a holder that sent a call at ``s`` stops using the
 #: share it had before at ``min(answer, s + HOLD)``; the server counts the old share that long.
 HOLD = 0.25
+#: The server raises a period shorter than this (seconds) to this, and no period beyond it.
+SHORTEST_PERIOD = 0.3
 #: Shortest span a demand sample is taken over: calls closer together keep the last want.
 MIN_SAMPLE = 0.005
 #: Decisions made from a share carry this source (a share is a lease of a rate).
@@ -492,9 +494,11 @@ class _Core:
     def next_after(self, grant: Grant) -> float:
         """When to call again: ``refresh_ms``, at most the server's period (a third of the
         lease: it raises a period under 300 ms, so that no call comes within the previous
-        call's hold); a little early rather than late (the server counts on a call per
-        period; a fleet does not call in step)."""
-        wait = min(max(grant.refresh, 0.01), max(self.period, grant.lease / 3))
+        call's hold, and no further: a longer lease, not one of ours, is no reason to call
+        less often than asked); a little early rather than late (the server counts on a
+        call per period; a fleet does not call in step)."""
+        most = max(self.period, min(grant.lease / 3, SHORTEST_PERIOD))
+        wait = min(max(grant.refresh, 0.01), most)
         return wait * (1.0 - 0.1 * random.random())
 
     def outcome(self, sent: float, generation: int, result: Any, at: float) -> float:
