@@ -9,8 +9,8 @@
 use crate::args::Args;
 use crate::error::Result;
 use crate::ffi::{self, Ctx};
+use crate::observe::stats;
 use crate::reply::Reply;
-use crate::stats;
 use redis_module::raw;
 use std::ffi::CStr;
 use std::os::raw::c_int;
@@ -22,8 +22,8 @@ pub type Handler = fn(Ctx, Args) -> Result<Reply>;
 
 /// Runs one call of `spec`'s command.
 pub fn run(ctx: Ctx, args: Args, spec: &Spec) {
-    if crate::resetstat::PENDING.load(std::sync::atomic::Ordering::Relaxed) != 0 {
-        crate::resetstat::check();
+    if crate::observe::resetstat::PENDING.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+        crate::observe::resetstat::check();
     }
     // Redis checks only that the key is there (see `Spec::registered_arity`); the rest of
     // the arity is checked here, so the error can show the usage. Such a call is not
@@ -32,7 +32,7 @@ pub fn run(ctx: Ctx, args: Args, spec: &Spec) {
         reply_usage(ctx, spec);
         return;
     }
-    if spec.counting == Counting::Here {
+    if spec.counted == CallsCounted::AtBoundary {
         stats::CALLS.add(1);
     }
     let outcome = catch_unwind(AssertUnwindSafe(|| (spec.func)(ctx, args)));
@@ -79,12 +79,13 @@ fn reply_usage(ctx: Ctx, spec: &Spec) {
 
 /// Who counts a call in `rl_calls`.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Counting {
+pub enum CallsCounted {
     /// The boundary, before the handler runs.
-    Here,
-    /// The handler itself (`RL.MTAKE`: key-position requests are not calls), or nobody
-    /// (effects, observers).
-    Elsewhere,
+    AtBoundary,
+    /// The handler itself (`RL.MTAKE`: key-position requests are not calls).
+    ByHandler,
+    /// Not counted: effects and observers.
+    Never,
 }
 
 /// Which keys a command touches and how (its key spec, for ACL key permissions and
@@ -190,7 +191,7 @@ impl ArgDoc {
 pub struct Spec {
     pub name: &'static CStr,
     pub func: Handler,
-    pub counting: Counting,
+    pub counted: CallsCounted,
     pub flags: &'static CStr,
     pub keys: Keys,
     pub arity: c_int,

@@ -176,6 +176,66 @@ pub fn init_tokens(args: &Args, i: usize, limit: &Limit) -> Result<f64> {
     Ok(tokens)
 }
 
+/// `rate cap` at argument `i`.
+pub fn limit(args: &Args, i: usize) -> Result<Limit> {
+    let (rate, cap) = (args.bytes(i)?, args.bytes(i + 1)?);
+    if let Some(limit) = RECENT_LIMIT.with(|r| r.get(rate, cap)) {
+        return Ok(limit);
+    }
+    let rate_v = args.number(i, "rate is not a number")?;
+    let cap_v = args.number(i + 1, "cap is not a number")?;
+    let limit = Limit::new(rate_v, cap_v)?;
+    RECENT_LIMIT.with(|r| r.put(rate, cap, limit));
+    Ok(limit)
+}
+
+/// The last limit parsed, by its argument bytes: a fleet calls one key (or a few) with the
+/// same `rate cap` strings, so most calls skip parsing both numbers.
+static RECENT_LIMIT: crate::ffi::MainThread<RecentLimit> =
+    crate::ffi::MainThread::new(RecentLimit {
+        text: [0; 32],
+        rate_len: 0,
+        cap_len: 0,
+        limit: None,
+    });
+
+struct RecentLimit {
+    /// The rate's bytes, then the cap's.
+    text: [u8; 32],
+    rate_len: usize,
+    cap_len: usize,
+    limit: Option<Limit>,
+}
+
+impl RecentLimit {
+    fn get(&self, rate: &[u8], cap: &[u8]) -> Option<Limit> {
+        let limit = self.limit?;
+        let (r, c) = (self.rate_len, self.cap_len);
+        (rate.len() == r
+            && cap.len() == c
+            && self.text[..r] == *rate
+            && self.text[r..r + c] == *cap)
+            .then_some(limit)
+    }
+
+    fn put(&mut self, rate: &[u8], cap: &[u8], limit: Limit) {
+        if rate.len() + cap.len() > self.text.len() {
+            return;
+        }
+        self.text[..rate.len()].copy_from_slice(rate);
+        self.text[rate.len()..rate.len() + cap.len()].copy_from_slice(cap);
+        (self.rate_len, self.cap_len, self.limit) = (rate.len(), cap.len(), Some(limit));
+    }
+}
+
+/// A request for `n` tokens must be one the bucket can ever grant; `what` names it.
+pub fn fits(n: u64, limit: &Limit, what: &'static str) -> Result<()> {
+    if n as f64 > limit.cap() {
+        return Err(Error::Invalid(what));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

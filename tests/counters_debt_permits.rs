@@ -105,7 +105,7 @@ fn stats_counters_past_i64_max_are_replied_negative() {
 
 /// CONFIG RESETSTAT must reset the module's counters as it does Redis's own.
 ///
-/// `src/resetstat.rs` decides a reset happened when `total_commands_processed` is below
+/// `src/observe/resetstat.rs` decides a reset happened when `total_commands_processed` is below
 /// what it was when the filter saw the command. It checks lazily (next module command or
 /// INFO), so if more commands run after the reset than had run before it, the drop is no
 /// longer visible and the reset is lost: the module's counters keep their old values.

@@ -97,7 +97,7 @@ impl Filter {
 }
 
 unsafe extern "C" fn filter(fctx: *mut raw::RedisModuleCommandFilterCtx) {
-    let _ = std::panic::catch_unwind(|| crate::resetstat::filter(&Filter(fctx)));
+    let _ = std::panic::catch_unwind(|| crate::observe::resetstat::filter(&Filter(fctx)));
 }
 
 /// Registers the `CONFIG RESETSTAT` filter at load.

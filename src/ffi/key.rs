@@ -1,7 +1,7 @@
 //! A key opened for one command: its kind, its value, its expiry.
 
 use super::{bytes, types, value, Ctx, Str};
-use crate::stored::{StateMut, Stored};
+use crate::bucket::stored::{StateMut, Stored};
 use redis_module::raw;
 use rl_core::{PermitTable, ShareTable};
 use std::ffi::CStr;

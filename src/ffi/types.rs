@@ -1,7 +1,7 @@
 //! The module's data types, `rl-bucket`, `rl-permit` and `rl-shares`: the callbacks Redis makes for
 //! their values (RDB, AOF rewrite, digest, memory, free, unlink, copy), each turning the raw
 //! pointers into safe handles and calling the safe function of the same name in
-//! [`crate::datatype`], [`crate::permits`] or [`crate::share`]. A panic in one is caught here: a refused value
+//! [`crate::bucket::datatype`], [`crate::semaphore`] or [`crate::share`]. A panic in one is caught here: a refused value
 //! (load), nothing written (save, digest), or 0 (memory), never an unwind into Redis.
 
 use super::effects::Aof;
@@ -157,9 +157,9 @@ macro_rules! type_methods {
 
 pub static BUCKET_TYPE: RedisType = RedisType::new(
     "rl-bucket",
-    crate::datatype::ENCODING_VERSION,
+    crate::bucket::datatype::ENCODING_VERSION,
     type_methods!(
-        crate::datatype,
+        crate::bucket::datatype,
         value::bucket_mut,
         value::bucket_into_raw,
         value::bucket_from_raw
@@ -168,9 +168,9 @@ pub static BUCKET_TYPE: RedisType = RedisType::new(
 
 pub static PERMIT_TYPE: RedisType = RedisType::new(
     "rl-permit",
-    crate::permits::ENCODING_VERSION,
+    crate::semaphore::ENCODING_VERSION,
     type_methods!(
-        crate::permits,
+        crate::semaphore,
         value::permits_mut,
         value::permits_into_raw,
         value::permits_from_raw

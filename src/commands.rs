@@ -1,261 +1,13 @@
-//! The commands, one file each, and what they share.
+//! The command table: every command as Redis is told about it (flags, keys, arity, ACL
+//! categories, docs and arguments), each pointing at its handler in the room of the type it
+//! works on. `protocol/commands.json` is written from this table (see `protocol.rs`).
 
-pub mod acquire;
-#[cfg(debug_assertions)]
-pub mod debug_panic;
-pub mod lease;
-pub mod mtake;
-pub mod peek;
-pub mod refund;
-pub mod reserve;
-pub mod return_lease;
-pub mod setpermits;
-pub mod setshares;
-pub mod setstate;
-pub mod share;
-pub mod stats;
-pub mod take;
-pub mod top;
-
-use crate::args::Args;
-use crate::boundary::{ArgDoc, Counting, Keys, Spec};
-use crate::error::{Error, Result};
-use crate::ffi::{Ctx, EffectArg};
+use crate::boundary::{ArgDoc, CallsCounted, Keys, Spec};
+use crate::bucket::{lease, mtake, peek, refund, reserve, return_lease, setstate, take};
 use crate::grammar::Opt;
-use crate::key::BucketKey;
-use crate::stored::StateMut;
-use rl_core::{Applied, Level, Limit, Nanos};
-
-/// `rate cap` at argument `i`.
-fn limit(args: &Args, i: usize) -> Result<Limit> {
-    let (rate, cap) = (args.bytes(i)?, args.bytes(i + 1)?);
-    if let Some(limit) = RECENT_LIMIT.with(|r| r.get(rate, cap)) {
-        return Ok(limit);
-    }
-    let rate_v = args.number(i, "rate is not a number")?;
-    let cap_v = args.number(i + 1, "cap is not a number")?;
-    let limit = Limit::new(rate_v, cap_v)?;
-    RECENT_LIMIT.with(|r| r.put(rate, cap, limit));
-    Ok(limit)
-}
-
-/// The last limit parsed, by its argument bytes: a fleet calls one key (or a few) with the
-/// same `rate cap` strings, so most calls skip parsing both numbers.
-static RECENT_LIMIT: crate::ffi::MainThread<RecentLimit> =
-    crate::ffi::MainThread::new(RecentLimit {
-        text: [0; 32],
-        rate_len: 0,
-        cap_len: 0,
-        limit: None,
-    });
-
-struct RecentLimit {
-    /// The rate's bytes, then the cap's.
-    text: [u8; 32],
-    rate_len: usize,
-    cap_len: usize,
-    limit: Option<Limit>,
-}
-
-impl RecentLimit {
-    fn get(&self, rate: &[u8], cap: &[u8]) -> Option<Limit> {
-        let limit = self.limit?;
-        let (r, c) = (self.rate_len, self.cap_len);
-        (rate.len() == r
-            && cap.len() == c
-            && self.text[..r] == *rate
-            && self.text[r..r + c] == *cap)
-            .then_some(limit)
-    }
-
-    fn put(&mut self, rate: &[u8], cap: &[u8], limit: Limit) {
-        if rate.len() + cap.len() > self.text.len() {
-            return;
-        }
-        self.text[..rate.len()].copy_from_slice(rate);
-        self.text[rate.len()..rate.len() + cap.len()].copy_from_slice(cap);
-        (self.rate_len, self.cap_len, self.limit) = (rate.len(), cap.len(), Some(limit));
-    }
-}
-
-/// A request for `n` tokens must be one the bucket can ever grant; `what` names it.
-fn fits(n: u64, limit: &Limit, what: &'static str) -> Result<()> {
-    if n as f64 > limit.cap() {
-        return Err(Error::Invalid(what));
-    }
-    Ok(())
-}
-
-/// A key's bucket as one call sees it.
-struct Opened<'k> {
-    /// The stored bucket (none for a new key, or a script hash being adopted).
-    state: Option<StateMut<'k>>,
-    /// Its level at `now` under the limit that decides the call: the call's own, or (a
-    /// call with an older `VERSION`) the stored one.
-    level: Level,
-    /// The key holds the classic script's hash, adopted (`rl.adopt-script-keys`).
-    adopted: bool,
-    /// Stored even if the call is denied: a new bucket that starts below full (`INIT`),
-    /// or a limit replaced by a newer `VERSION`.
-    created: bool,
-    /// Which limit decides the call (see [`rl_core::version`]).
-    applied: Applied,
-}
-
-impl Opened<'_> {
-    /// The call's `n` (or `MIN`) must fit the limit that decides it: under a stored, newer
-    /// limit with a smaller cap, a stale call gets the error a call passing that limit
-    /// would (nothing changes).
-    fn fits(&self, n: u64, what: &'static str) -> Result<()> {
-        fits(n, self.level.limit(), what)
-    }
-
-    /// Counts which limit decided the call (once it is decided).
-    #[inline]
-    fn count(&self) {
-        count_applied(self.applied);
-    }
-
-    /// Stores the level's bucket and sends its effect if the call `granted`, or if the
-    /// bucket must be stored even on a denial (`created`); for a command whose key is
-    /// argument `i` with `rate cap` after it. Once per call.
-    #[inline]
-    fn write_if(
-        &mut self,
-        ctx: Ctx,
-        key: &BucketKey,
-        args: &Args,
-        i: usize,
-        granted: bool,
-    ) -> Result<()> {
-        if !(granted || self.created) {
-            return Ok(());
-        }
-        let origin = Origin {
-            adopted: self.adopted,
-            applied: self.applied,
-        };
-        write_bucket(
-            ctx,
-            key,
-            self.state.take(),
-            self.level.bucket(),
-            args,
-            i,
-            origin,
-        )
-    }
-}
-
-/// Counts a decided call by which limit decided it (`rl_limit_replaced`, `rl_limit_stale`,
-/// `rl_limit_conflicts`).
-fn count_applied(applied: Applied) {
-    match applied {
-        Applied::Replaced => crate::stats::LIMIT_REPLACED.add(1),
-        Applied::Stale => crate::stats::LIMIT_STALE.add(1),
-        Applied::Conflict => crate::stats::LIMIT_CONFLICTS.add(1),
-        Applied::Created | Applied::Same => {}
-    }
-}
-
-/// Opens the bucket of `key` for a call with `limit` at `version` (and `INIT tokens`, if
-/// given).
-fn open_bucket<'k>(
-    key: &'k BucketKey,
-    limit: Limit,
-    version: u64,
-    now: Nanos,
-    init: Option<f64>,
-) -> Result<Opened<'k>> {
-    let (state, adopted) = crate::adopt::state(key, limit, now)?;
-    let (level, applied, adopted) = match adopted {
-        Some(level) => (level.with_version(version), Applied::Created, true),
-        None => {
-            let (level, applied) = level_of(state.as_ref(), limit, version, now, init);
-            (level, applied, false)
-        }
-    };
-    let created = !adopted && (created_below_full(state.as_ref(), &level) || applied.must_write());
-    Ok(Opened {
-        state,
-        level,
-        adopted,
-        created,
-        applied,
-    })
-}
-
-fn level_of(
-    state: Option<&StateMut>,
-    limit: Limit,
-    version: u64,
-    now: Nanos,
-    init: Option<f64>,
-) -> (Level, Applied) {
-    match (state, init) {
-        (None, Some(tokens)) => (
-            Level::starting_with(limit, tokens, now).with_version(version),
-            Applied::Created,
-        ),
-        (state, _) => {
-            rl_core::version::open(state.map(|s| s.bucket()).as_ref(), limit, version, now)
-        }
-    }
-}
-
-/// Where a bucket being written came from: what [`write_bucket`] must replace or send.
-#[derive(Clone, Copy)]
-struct Origin {
-    /// The key held the classic script's hash (replaced first).
-    adopted: bool,
-    /// Which limit decided the call: under the stored one (`Stale`) the effect carries it.
-    applied: Applied,
-}
-
-/// Stores `bucket` and sends its effect, for a command whose key is argument `i` with
-/// `rate cap` after it (the caller's own strings go into the effect: nothing to format,
-/// unless the call was decided under the stored limit). A script hash being adopted is
-/// replaced first.
-fn write_bucket(
-    ctx: Ctx,
-    key: &BucketKey,
-    state: Option<StateMut>,
-    bucket: rl_core::Bucket,
-    args: &Args,
-    i: usize,
-    origin: Origin,
-) -> Result<()> {
-    // Everything fallible first: nothing may fail once the key is changed.
-    let (name, rate, cap) = (args.raw(i)?, args.raw(i + 1)?, args.raw(i + 2)?);
-    if origin.adopted {
-        crate::adopt::replace(ctx, key, name);
-    }
-    key.store(state, bucket);
-    if origin.applied == Applied::Stale {
-        // The stored limit, not the caller's.
-        crate::propagate::with_stored_limit(name, &bucket, |head| {
-            crate::propagate::bucket(ctx, head)
-        });
-        return Ok(());
-    }
-    let head = crate::propagate::Head {
-        key: name,
-        full_at: bucket.full_at(),
-        rate: EffectArg::Str(rate),
-        cap: EffectArg::Str(cap),
-        hold: bucket.hold(),
-        span: bucket.span(),
-        version: bucket.version(),
-    };
-    crate::propagate::bucket(ctx, &head);
-    Ok(())
-}
-
-/// Whether a new bucket started below full must be stored even if the call is denied:
-/// otherwise every call would start it afresh and it would never fill.
-fn created_below_full(state: Option<&StateMut>, level: &Level) -> bool {
-    state.is_none() && level.reset_after() > 0
-}
+use crate::observe::{rl_stats, top};
+use crate::semaphore::{acquire, setpermits};
+use crate::share::{command as share, setshares};
 
 const KEY: ArgDoc = ArgDoc::key(c"key");
 const RATE: ArgDoc = ArgDoc::double(c"rate");
@@ -387,7 +139,7 @@ pub static COMMANDS: &[Spec] = &[
     Spec {
         name: c"RL.TAKE",
         func: take::take,
-        counting: Counting::Here,
+        counted: CallsCounted::AtBoundary,
         flags: c"write deny-oom fast",
         keys: Keys::OneWritten,
         arity: -4,
@@ -400,7 +152,7 @@ pub static COMMANDS: &[Spec] = &[
     Spec {
         name: c"RL.LEASE",
         func: lease::lease,
-        counting: Counting::Here,
+        counted: CallsCounted::AtBoundary,
         flags: c"write deny-oom",
         keys: Keys::OneWritten,
         arity: -6,
@@ -413,7 +165,7 @@ pub static COMMANDS: &[Spec] = &[
     Spec {
         name: c"RL.RETURN",
         func: return_lease::return_lease,
-        counting: Counting::Here,
+        counted: CallsCounted::AtBoundary,
         flags: c"write deny-oom",
         keys: Keys::OneWritten,
         arity: 4,
@@ -426,7 +178,7 @@ pub static COMMANDS: &[Spec] = &[
     Spec {
         name: c"RL.PEEK",
         func: peek::peek,
-        counting: Counting::Here,
+        counted: CallsCounted::AtBoundary,
         flags: c"readonly",
         keys: Keys::OneRead,
         arity: 2,
@@ -441,7 +193,7 @@ pub static COMMANDS: &[Spec] = &[
     Spec {
         name: c"RL.MTAKE",
         func: mtake::mtake,
-        counting: Counting::Elsewhere,
+        counted: CallsCounted::ByHandler,
         flags: c"write deny-oom getkeys-api",
         keys: Keys::EveryThirdFrom2,
         arity: -5,
@@ -454,7 +206,7 @@ pub static COMMANDS: &[Spec] = &[
     Spec {
         name: c"RL.RESERVE",
         func: reserve::reserve,
-        counting: Counting::Here,
+        counted: CallsCounted::AtBoundary,
         flags: c"write deny-oom fast",
         keys: Keys::OneWritten,
         arity: -6,
@@ -467,7 +219,7 @@ pub static COMMANDS: &[Spec] = &[
     Spec {
         name: c"RL.REFUND",
         func: refund::refund,
-        counting: Counting::Here,
+        counted: CallsCounted::AtBoundary,
         flags: c"write deny-oom fast",
         keys: Keys::OneWritten,
         arity: 3,
@@ -480,7 +232,7 @@ pub static COMMANDS: &[Spec] = &[
     Spec {
         name: c"RL.ACQUIRE",
         func: acquire::acquire,
-        counting: Counting::Here,
+        counted: CallsCounted::AtBoundary,
         flags: c"write deny-oom",
         keys: Keys::OneWritten,
         arity: 4,
@@ -493,7 +245,7 @@ pub static COMMANDS: &[Spec] = &[
     Spec {
         name: c"RL.RELEASE",
         func: acquire::release,
-        counting: Counting::Here,
+        counted: CallsCounted::AtBoundary,
         flags: c"write",
         keys: Keys::OneWritten,
         arity: 3,
@@ -506,7 +258,7 @@ pub static COMMANDS: &[Spec] = &[
     Spec {
         name: c"RL.RENEW",
         func: acquire::renew,
-        counting: Counting::Here,
+        counted: CallsCounted::AtBoundary,
         flags: c"write deny-oom",
         keys: Keys::OneWritten,
         arity: 4,
@@ -520,7 +272,7 @@ pub static COMMANDS: &[Spec] = &[
     Spec {
         name: c"RL.SETPERMITS",
         func: setpermits::setpermits,
-        counting: Counting::Elsewhere,
+        counted: CallsCounted::Never,
         flags: c"write deny-oom",
         keys: Keys::OneWritten,
         arity: -4,
@@ -533,7 +285,7 @@ pub static COMMANDS: &[Spec] = &[
     Spec {
         name: c"RL.SHARE",
         func: share::share,
-        counting: Counting::Here,
+        counted: CallsCounted::AtBoundary,
         flags: c"write deny-oom",
         keys: Keys::OneWritten,
         arity: -7,
@@ -547,7 +299,7 @@ pub static COMMANDS: &[Spec] = &[
     Spec {
         name: c"RL.SETSHARES",
         func: setshares::setshares,
-        counting: Counting::Elsewhere,
+        counted: CallsCounted::Never,
         flags: c"write deny-oom",
         keys: Keys::OneWritten,
         arity: 8,
@@ -560,8 +312,8 @@ pub static COMMANDS: &[Spec] = &[
     // Observers: not counted in `calls`.
     Spec {
         name: c"RL.STATS",
-        func: stats::stats,
-        counting: Counting::Elsewhere,
+        func: rl_stats::stats,
+        counted: CallsCounted::Never,
         flags: c"readonly fast",
         keys: Keys::None,
         arity: -1,
@@ -574,7 +326,7 @@ pub static COMMANDS: &[Spec] = &[
     Spec {
         name: c"RL.TOP",
         func: top::top,
-        counting: Counting::Elsewhere,
+        counted: CallsCounted::Never,
         flags: c"readonly",
         keys: Keys::None,
         arity: -1,
@@ -588,7 +340,7 @@ pub static COMMANDS: &[Spec] = &[
     Spec {
         name: c"RL.SETSTATE",
         func: setstate::setstate,
-        counting: Counting::Elsewhere,
+        counted: CallsCounted::Never,
         flags: c"write deny-oom",
         keys: Keys::OneWritten,
         arity: -5,
@@ -602,8 +354,8 @@ pub static COMMANDS: &[Spec] = &[
     #[cfg(debug_assertions)]
     Spec {
         name: c"RL.DEBUG-PANIC",
-        func: debug_panic::debug_panic,
-        counting: Counting::Elsewhere,
+        func: debug_panic,
+        counted: CallsCounted::Never,
         flags: c"readonly",
         keys: Keys::None,
         arity: 1,
@@ -614,6 +366,16 @@ pub static COMMANDS: &[Spec] = &[
         args: &[],
     },
 ];
+
+/// `RL.DEBUG-PANIC`, in debug builds only: panics inside a command, so the tests can show
+/// the boundary answers an error and the server lives on.
+#[cfg(debug_assertions)]
+fn debug_panic(
+    _ctx: crate::ffi::Ctx,
+    _args: crate::args::Args,
+) -> crate::error::Result<crate::reply::Reply> {
+    panic!("RL.DEBUG-PANIC asked for a panic");
+}
 
 #[cfg(test)]
 mod tests {

@@ -1,6 +1,6 @@
 //! `RL.SETSTATE key full_at rate cap [HOLD t SPAN d] [VERSION v] [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
 //!
-//! The effect replicas and the AOF apply (see [`crate::propagate`]); not meant for clients.
+//! The effect replicas and the AOF apply (see [`crate::bucket::effect`]); not meant for clients.
 //! It only sets what it is told: no clock is read, so every copy ends with the same bytes.
 //!
 //! The complete resulting state (the bucket given, and the key's lease table changed as
@@ -9,9 +9,9 @@
 //! migration accepts, and a refused one changes nothing.
 
 use crate::args::Args;
+use crate::bucket::key::BucketKey;
 use crate::error::{Error, Result};
 use crate::ffi::{self, Ctx};
-use crate::key::BucketKey;
 use crate::reply::Reply;
 use rl_core::Lease;
 
