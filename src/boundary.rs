@@ -35,23 +35,26 @@ pub fn run(ctx: Ctx, args: Args, spec: &Spec) {
     if spec.counted == CallsCounted::AtBoundary {
         stats::CALLS.add(1);
     }
-    let outcome = catch_unwind(AssertUnwindSafe(|| (spec.func)(ctx, args)));
-    match outcome {
-        Ok(Ok(reply)) => {
-            if let Reply::Int(v) = reply {
-                // The hot paths' reply, written without the general walk; an integer holds
-                // nothing to free, so its drop glue is skipped.
-                ffi::reply_int(ctx, v);
-                std::mem::forget(reply);
-            } else {
-                ffi::reply(ctx, &reply);
-            }
+    // The hot paths' reply, an integer, is written where the handler returns it: not moved
+    // out of the guard, nor walked as a general reply.
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        let result = (spec.func)(ctx, args);
+        if let Ok(Reply::Int(v)) = result {
+            ffi::reply_int(ctx, v);
+            // An integer holds nothing to free: its drop glue is skipped.
+            std::mem::forget(result);
+            return None;
         }
-        Ok(Err(crate::error::Error::Arity)) => {
+        Some(result)
+    }));
+    match outcome {
+        Ok(None) => {}
+        Ok(Some(Ok(reply))) => ffi::reply(ctx, &reply),
+        Ok(Some(Err(crate::error::Error::Arity))) => {
             stats::ERRORS.add(1);
             reply_usage(ctx, spec);
         }
-        Ok(Err(e)) => {
+        Ok(Some(Err(e))) => {
             stats::ERRORS.add(1);
             e.reply(ctx);
         }

@@ -193,15 +193,16 @@ pub fn limit(args: &Args, i: usize) -> Result<Limit> {
 /// same `rate cap` strings, so most calls skip parsing both numbers.
 static RECENT_LIMIT: crate::ffi::MainThread<RecentLimit> =
     crate::ffi::MainThread::new(RecentLimit {
-        text: [0; 32],
+        rate: [0; 16],
+        cap: [0; 16],
         rate_len: 0,
         cap_len: 0,
         limit: None,
     });
 
 struct RecentLimit {
-    /// The rate's bytes, then the cap's.
-    text: [u8; 32],
+    rate: [u8; 16],
+    cap: [u8; 16],
     rate_len: usize,
     cap_len: usize,
     limit: Option<Limit>,
@@ -210,20 +211,22 @@ struct RecentLimit {
 impl RecentLimit {
     fn get(&self, rate: &[u8], cap: &[u8]) -> Option<Limit> {
         let limit = self.limit?;
-        let (r, c) = (self.rate_len, self.cap_len);
-        (rate.len() == r
-            && cap.len() == c
-            && self.text[..r] == *rate
-            && self.text[r..r + c] == *cap)
+        let same = |held: &[u8], len: usize, given: &[u8]| {
+            given.len() == len
+                && held
+                    .get(..len)
+                    .is_some_and(|h| rl_core::bytes::equal(h, given))
+        };
+        (same(&self.rate, self.rate_len, rate) && same(&self.cap, self.cap_len, cap))
             .then_some(limit)
     }
 
     fn put(&mut self, rate: &[u8], cap: &[u8], limit: Limit) {
-        if rate.len() + cap.len() > self.text.len() {
+        if rate.len() > self.rate.len() || cap.len() > self.cap.len() {
             return;
         }
-        self.text[..rate.len()].copy_from_slice(rate);
-        self.text[rate.len()..rate.len() + cap.len()].copy_from_slice(cap);
+        self.rate[..rate.len()].copy_from_slice(rate);
+        self.cap[..cap.len()].copy_from_slice(cap);
         (self.rate_len, self.cap_len, self.limit) = (rate.len(), cap.len(), Some(limit));
     }
 }

@@ -79,22 +79,46 @@ pub fn run<T>(
     decide: impl FnOnce(&mut Level) -> Result<Decision<T>>,
 ) -> Result<Decided<T>> {
     let name = args.bytes(0)?;
-    let ns = namespaces::enter(name);
+    let ns = namespaces::namespace_id(name);
     let now = crate::clock::now();
+    match decide_and_store(ctx, args, req, now, decide) {
+        Ok((decision, level)) => {
+            let answered = count_outcome(counters, decision.tokens, req.shadow);
+            // The call and its outcome in one visit to the namespace's counters.
+            namespaces::count(ns, Some(outcome_of(decision.tokens, answered)));
+            if decision.tokens == 0 {
+                top::denied(name, now);
+            }
+            Ok(Decided {
+                decision,
+                level,
+                answered,
+            })
+        }
+        Err(e) => {
+            namespaces::count(ns, None);
+            Err(e)
+        }
+    }
+}
+
+/// The steps of [`run`] from opening the key to the effect.
+#[inline]
+fn decide_and_store<T>(
+    ctx: Ctx,
+    args: &Args,
+    req: &Request,
+    now: Nanos,
+    decide: impl FnOnce(&mut Level) -> Result<Decision<T>>,
+) -> Result<(Decision<T>, Level)> {
     let key = BucketKey::open(ctx, args.raw(0)?);
     let mut bucket = open(&key, req, now)?;
     let decision = decide(&mut bucket.level)?;
     count_limit_source(bucket.decided_by);
-    let granted = decision.tokens > 0;
-    if granted || bucket.store_even_if_denied {
+    if decision.tokens > 0 || bucket.store_even_if_denied {
         bucket.store(ctx, &key, args, 0)?;
     }
-    let answered = count(counters, ns, name, now, decision.tokens, req.shadow);
-    Ok(Decided {
-        decision,
-        level: bucket.level,
-        answered,
-    })
+    Ok((decision, bucket.level))
 }
 
 /// A key's bucket as one call sees it, before and after the decision.

@@ -22,10 +22,11 @@ pub fn take(ctx: Ctx, args: Args) -> Result<Reply> {
     }
     let limit = grammar::limit(&args, 1)?;
     // `n` is optional: a number where the options start.
-    let (n, from) = if args.len() > 3 && args.looks_numeric(3) {
-        (args.positive(3, "n must be a positive integer")?, 4)
-    } else {
-        (1, 3)
+    let (n, from) = match args.bytes(3) {
+        Ok(b) if crate::args::looks_numeric(b) => {
+            (crate::args::positive(b, "n must be a positive integer")?, 4)
+        }
+        _ => (1, 3),
     };
     let opts = grammar::options(&args, from, OPTIONS, &limit)?;
     grammar::fits(n, &limit, N_OVER_CAP).map_err(|e| redis_cell_hint(&args).unwrap_or(e))?;

@@ -63,7 +63,14 @@ pub fn set_separator(s: &[u8]) -> std::result::Result<(), Refusal> {
 /// The namespace entry of `key` (created if there is room), without counting anything.
 pub fn namespace_id(key: &[u8]) -> Id {
     let (sep, len) = SEPARATOR.get();
-    let ns = namespace::namespace_of(key, &sep[1..1 + len]);
+    let ns = match len {
+        // The common separator, one byte, found without slicing the separator.
+        1 => key
+            .iter()
+            .position(|&c| c == sep[1])
+            .map_or(key, |i| &key[..i]),
+        _ => namespace::namespace_of(key, &sep[1..1 + len.min(7)]),
+    };
     if let Some(id) = RECENT_NAMESPACE.with(|r| r.get(ns)) {
         return id;
     }
@@ -90,7 +97,8 @@ struct RecentNamespace {
 
 impl RecentNamespace {
     fn get(&self, ns: &[u8]) -> Option<Id> {
-        (ns.len() == self.len && self.name[..self.len] == *ns).then_some(self.id)
+        (ns.len() == self.len && rl_core::bytes::equal(&self.name[..self.len], ns))
+            .then_some(self.id)
     }
 
     /// Remembers a namespace with an entry of its own (not one counted under `other`,
@@ -131,6 +139,19 @@ pub fn each_namespace(mut f: impl FnMut(&[u8], &Counts)) {
 /// One namespace's counters, if it has an entry.
 pub fn namespace_counts(ns: &[u8]) -> Option<Counts> {
     NAMESPACES.with(|t| t.get(ns).copied())
+}
+
+/// Counts a call in namespace `id`, and its outcome if it was decided (an error is a call
+/// with none).
+#[inline]
+pub fn count(id: Id, outcome: Option<Outcome>) {
+    NAMESPACES.with(|t| {
+        let c = t.counts_mut(id);
+        c.calls = c.calls.saturating_add(1);
+        if let Some(o) = outcome {
+            c.record(o);
+        }
+    });
 }
 
 /// Counts a decision in namespace `id`.
