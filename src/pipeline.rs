@@ -138,10 +138,10 @@ pub struct OpenBucket<'k> {
     pub decided_by: Applied,
 }
 
-/// Opens the bucket of `key` for a call with `req`'s limit, version and init at `now`;
-/// the call's smallest request must fit the limit that decides it (under a stored, newer
-/// limit with a smaller cap, a stale call gets the error a call passing that limit would,
-/// and nothing changes).
+/// Opens the bucket of `key` for a call with `req`'s limit, version and init at `now`
+/// (`req.needs` already checked against the call's own limit). The call's smallest request
+/// must fit the limit that decides it: under a stored, newer limit with a smaller cap, a
+/// stale call gets the error a call passing that limit would, and nothing changes.
 #[inline]
 pub fn open<'k>(key: &'k BucketKey, req: &Request, now: Nanos) -> Result<OpenBucket<'k>> {
     let (stored, script_level) = adopt::state(key, req.limit, now)?;
@@ -156,7 +156,11 @@ pub fn open<'k>(key: &'k BucketKey, req: &Request, now: Nanos) -> Result<OpenBuc
     // would start it afresh and it would never fill.
     let store_even_if_denied = !replaces_script
         && ((stored.is_none() && level.reset_after() > 0) || decided_by.must_write());
-    crate::grammar::fits(req.needs, level.limit(), req.needs_too_much)?;
+    if decided_by == Applied::Stale {
+        // Decided under the stored, newer limit (every other outcome decides under the
+        // call's own, which the request was checked against already).
+        crate::grammar::fits(req.needs, level.limit(), req.needs_too_much)?;
+    }
     Ok(OpenBucket {
         stored,
         level,

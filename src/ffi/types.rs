@@ -188,9 +188,22 @@ pub static SHARE_TYPE: RedisType = RedisType::new(
     ),
 );
 
-/// The registered bucket type, to recognise its keys.
+/// The registered bucket type, to recognise its keys (every bucket command asks: read
+/// from a plain copy, not through the type's `RefCell`).
 pub(super) fn bucket_type() -> *mut raw::RedisModuleType {
-    *BUCKET_TYPE.raw_type.borrow()
+    BUCKET_RAW.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A copy of the bucket type's handle, made once the types are created.
+static BUCKET_RAW: std::sync::atomic::AtomicPtr<raw::RedisModuleType> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// Keeps the copy of the bucket type's handle (after the types are created).
+pub(super) fn remember_bucket_type() {
+    BUCKET_RAW.store(
+        *BUCKET_TYPE.raw_type.borrow(),
+        std::sync::atomic::Ordering::Relaxed,
+    );
 }
 
 pub(super) fn permit_type() -> *mut raw::RedisModuleType {
