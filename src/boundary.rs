@@ -9,6 +9,7 @@
 use crate::args::Args;
 use crate::error::Result;
 use crate::ffi::{self, Ctx};
+use crate::grammar::Opt;
 use crate::observe::stats;
 use crate::reply::Reply;
 use redis_module::raw;
@@ -108,6 +109,7 @@ pub enum Keys {
 }
 
 /// One argument as `COMMAND DOCS` shows it (and `redis-cli` hints from).
+#[derive(Clone, Copy)]
 pub struct ArgDoc {
     pub name: &'static CStr,
     pub kind: raw::RedisModuleCommandArgType,
@@ -207,18 +209,21 @@ pub struct Spec {
     /// Registered with the `internal` flag where the server has it (Redis 8.0+): only the
     /// replication link, the AOF and modules may call it, and `COMMAND` does not list it.
     pub internal: bool,
+    /// The arguments before the options.
     pub args: &'static [ArgDoc],
+    /// The options the command's parser takes (see `grammar.rs`), shown after the
+    /// arguments: defined once, parsed and documented from the same list.
+    pub options: &'static [Opt],
 }
 
 impl Spec {
     /// Whether `argc` arguments (the name included) fit the command's arity.
     pub fn arity_fits(&self, argc: usize) -> bool {
         let argc = argc as c_int;
-        if self.arity >= 0 {
-            argc == self.arity
-        } else {
-            argc >= -self.arity
-        }
+        // `argc == arity` or, for a negative arity, `argc >= -arity`: one comparison of the
+        // excess over the least count, which is 0 exactly for a fixed arity.
+        let excess = argc - self.arity.abs();
+        excess == 0 || (self.arity < 0 && excess > 0)
     }
 
     /// The arity Redis checks itself (and `COMMAND INFO` shows): for a command with keys,
@@ -231,10 +236,16 @@ impl Spec {
         }
     }
 
+    /// Every argument as `COMMAND DOCS` shows it: the arguments, then the options.
+    pub fn arg_docs(&self) -> Vec<ArgDoc> {
+        let options = self.options.iter().map(|o| o.doc());
+        self.args.iter().copied().chain(options).collect()
+    }
+
     /// `RL.TAKE key rate cap [n] [WITHSTATE] ...`, from the argument table.
     pub fn usage(&self) -> String {
         let mut out = self.name.to_string_lossy().into_owned();
-        for a in self.args {
+        for a in &self.arg_docs() {
             out.push(' ');
             a.usage(&mut out);
         }

@@ -1,7 +1,9 @@
 //! The options the bucket commands share, defined once: each option's keyword, its values,
 //! how they are read and refused, and how `COMMAND DOCS` shows it. A command lists the
-//! options it takes ([`Opt`]) and hands the arguments after its fixed ones to [`options`];
-//! a repeated or unknown option is refused the same way by every command.
+//! options it takes ([`Opt`]) once, in the list its entry in the command table points at
+//! (so its parser, its `COMMAND DOCS`, its usage and `protocol/commands.json` agree), and
+//! hands the arguments after its fixed ones to [`options`]; a repeated or unknown option
+//! is refused the same way by every command. `rate cap` is read here too ([`limit`]).
 
 use crate::args::Args;
 use crate::boundary::ArgDoc;

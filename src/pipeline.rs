@@ -20,6 +20,7 @@ use crate::bucket::key::BucketKey;
 use crate::bucket::stored::StateMut;
 use crate::error::Result;
 use crate::ffi::{Ctx, EffectArg};
+use crate::grammar::Options;
 use crate::observe::stats::{self, Counter};
 use crate::observe::{namespaces, top};
 use rl_core::namespace::{Id, Outcome};
@@ -40,6 +41,21 @@ pub struct Request {
     /// exceeds the cap of the limit that decides the call.
     pub needs: u64,
     pub needs_too_much: &'static str,
+}
+
+impl Request {
+    /// The request of a call with `limit` and the options it gave, whose smallest request
+    /// is `needs` (refused with `too_much` beyond the deciding limit's cap).
+    pub fn new(limit: Limit, opts: &Options, needs: u64, too_much: &'static str) -> Request {
+        Request {
+            limit,
+            version: opts.version.unwrap_or(0),
+            init: opts.init,
+            shadow: opts.shadow,
+            needs,
+            needs_too_much: too_much,
+        }
+    }
 }
 
 /// The `INFO rl` counters one command's decisions move.

@@ -88,7 +88,7 @@ fn command(s: &Spec) -> String {
         format!("\"acl_categories\": {}", text(&s.acl.to_string_lossy())),
         format!("\"internal\": {}", s.internal),
         format!("\"keys\": {}", text(keys(s.keys))),
-        format!("\"arguments\": {}", args(s.args, "    ")),
+        format!("\"arguments\": {}", args(&s.arg_docs(), "    ")),
     ];
     format!("  {{\n    {}\n  }}", fields.join(",\n    "))
 }

@@ -20,7 +20,7 @@ static EMPTY: LeaseTable = NO_LEASES;
 /// longer renews.
 const MAX_TTL_MS: u64 = 86_400_000;
 
-/// The options `RL.LEASE` takes (its `COMMAND DOCS` table lists the same).
+/// The options `RL.LEASE` takes (its entry in the command table documents this same list).
 pub const OPTIONS: &[Opt] = &[Opt::Min, Opt::Return, Opt::Init, Opt::Shadow, Opt::Version];
 
 struct LeaseArgs {

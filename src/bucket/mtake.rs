@@ -17,6 +17,9 @@ use crate::pipeline::{self, CommandCounters, OpenBucket, Request};
 use crate::reply::Reply;
 use rl_core::{ceil_millis, take_all, AllOrNothing, Limit};
 
+/// The options `RL.MTAKE` takes (read from the end, see [`shape`]).
+pub const OPTIONS: &[Opt] = &[Opt::WithState, Opt::Init, Opt::Shadow, Opt::Version];
+
 const COUNTERS: CommandCounters = CommandCounters {
     granted: &stats::MTAKE_GRANTED,
     tokens: None,

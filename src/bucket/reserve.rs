@@ -16,7 +16,7 @@ use crate::pipeline::{self, CommandCounters, Decision, Request};
 use crate::reply::{Reply, Scalar};
 use rl_core::ceil_millis;
 
-/// The options `RL.RESERVE` takes (its `COMMAND DOCS` table lists the same).
+/// The options `RL.RESERVE` takes (its entry in the command table documents this same list).
 pub const OPTIONS: &[Opt] = &[Opt::Init, Opt::Shadow, Opt::Version];
 
 /// Longest wait a reservation may ask for: a day, as for a lease.
@@ -44,14 +44,7 @@ pub fn reserve(ctx: Ctx, args: Args) -> Result<Reply> {
     }
     let opts = grammar::options(&args, 5, OPTIONS, &limit)?;
     grammar::fits(n, &limit, N_OVER_CAP)?;
-    let req = Request {
-        limit,
-        version: opts.version.unwrap_or(0),
-        init: opts.init,
-        shadow: opts.shadow,
-        needs: n,
-        needs_too_much: N_OVER_CAP,
-    };
+    let req = Request::new(limit, &opts, n, N_OVER_CAP);
 
     let done = pipeline::run(ctx, &args, &req, &COUNTERS, |level| {
         let (granted, wait) = level

@@ -98,23 +98,26 @@ pub fn setstate(ctx: Ctx, args: Args) -> Result<Reply> {
 
     let key = BucketKey::open(ctx, args.raw(0)?);
     let state = key.state()?;
-    if !ops.any() {
-        // The bucket alone; the key's leases (valid when they got in) stay as they are.
-        let (keep_until, keep_after_write) = (
-            ops.keep_until.unwrap_or(0),
-            ops.keep_after_write.unwrap_or(0),
-        );
-        let version = ops.version.unwrap_or(0);
-        let (bucket, _) = rl_core::validate(
+    let (keep_until, keep_after_write, version) = (
+        ops.keep_until.unwrap_or(0),
+        ops.keep_after_write.unwrap_or(0),
+        ops.version.unwrap_or(0),
+    );
+    let validate = |last_id, leases| {
+        rl_core::validate(
             full_at,
             rate,
             cap,
             keep_until,
             keep_after_write,
             version,
-            0,
-            Vec::new(),
-        )?;
+            last_id,
+            leases,
+        )
+    };
+    if !ops.any() {
+        // The bucket alone; the key's leases (valid when they got in) stay as they are.
+        let (bucket, _) = validate(0, Vec::new())?;
         key.store(state, bucket);
     } else {
         // The table this effect leaves: the key's own, changed as told (a copy: nothing
@@ -136,21 +139,7 @@ pub fn setstate(ctx: Ctx, args: Args) -> Result<Reply> {
             table.insert(l);
         }
         let (last_id, leases) = table.into_parts();
-        let (keep_until, keep_after_write) = (
-            ops.keep_until.unwrap_or(0),
-            ops.keep_after_write.unwrap_or(0),
-        );
-        let version = ops.version.unwrap_or(0);
-        let (bucket, table) = rl_core::validate(
-            full_at,
-            rate,
-            cap,
-            keep_until,
-            keep_after_write,
-            version,
-            last_id,
-            leases,
-        )?;
+        let (bucket, table) = validate(last_id, leases)?;
         key.replace(state, bucket, table);
     }
     ffi::replicate_verbatim(ctx);

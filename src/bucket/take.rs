@@ -30,14 +30,7 @@ pub fn take(ctx: Ctx, args: Args) -> Result<Reply> {
     };
     let opts = grammar::options(&args, from, OPTIONS, &limit)?;
     grammar::fits(n, &limit, N_OVER_CAP).map_err(|e| redis_cell_hint(&args).unwrap_or(e))?;
-    let req = Request {
-        limit,
-        version: opts.version.unwrap_or(0),
-        init: opts.init,
-        shadow: opts.shadow,
-        needs: n,
-        needs_too_much: N_OVER_CAP,
-    };
+    let req = Request::new(limit, &opts, n, N_OVER_CAP);
 
     let done = pipeline::run(ctx, &args, &req, &COUNTERS, |level| {
         let granted = level.try_take(n as f64);
@@ -65,7 +58,7 @@ pub fn take(ctx: Ctx, args: Args) -> Result<Reply> {
     ]))
 }
 
-/// The options `RL.TAKE` takes (its `COMMAND DOCS` table lists the same).
+/// The options `RL.TAKE` takes (its entry in the command table documents this same list).
 pub const OPTIONS: &[Opt] = &[Opt::WithState, Opt::Init, Opt::Shadow, Opt::Version];
 
 const N_OVER_CAP: &str = "n must not exceed cap";

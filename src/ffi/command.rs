@@ -313,7 +313,7 @@ fn set_info(command: *mut raw::RedisModuleCommand, spec: &Spec) -> Option<()> {
         } else {
             specs.as_mut_ptr()
         },
-        args: c_args(spec.args, &mut keep),
+        args: c_args(&spec.arg_docs(), &mut keep),
     };
     let ok = raw::REDISMODULE_OK as c_int;
     (rm!(RedisModule_SetCommandInfo(command, &mut info)) == ok).then_some(())

@@ -16,7 +16,7 @@ use crate::share::{self, LimitText, ShareKey};
 use rl_core::namespace::Outcome;
 use rl_core::{Applied, ShareError, ShareRequest, ShareTable};
 
-/// The options `RL.SHARE` takes (its `COMMAND DOCS` table lists the same).
+/// The options `RL.SHARE` takes (its entry in the command table documents this same list).
 pub const OPTIONS: &[Opt] = &[Opt::Release, Opt::Version];
 
 fn invalid(e: ShareError) -> Error {
