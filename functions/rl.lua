@@ -1167,7 +1167,7 @@ local function plain(x)
 end
 
 -- `RL.TAKE key 15 30 60` is redis-cell's habit (`CL.THROTTLE key max_burst count period`):
--- the n-over-cap error then says what the same limit is here (src/commands/take.rs).
+-- the n-over-cap error then says what the same limit is here (src/bucket/take.rs).
 local function redis_cell_hint(a, na)
     if na ~= 3 then return nil end
     local burst, count, period = parse_integer(a[1]), parse_number(a[2]), parse_integer(a[3])

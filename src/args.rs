@@ -42,10 +42,7 @@ impl<'a> Args<'a> {
 
     /// A positive integer.
     pub fn positive(&self, i: usize, what: &'static str) -> Result<u64> {
-        match self.integer(i, what)? {
-            0 => Err(Error::Invalid(what)),
-            n => Ok(n),
-        }
+        positive(self.bytes(i)?, what)
     }
 
     /// Whether argument `i` is the option `name` (case-insensitive).
@@ -70,13 +67,18 @@ impl<'a> Args<'a> {
     pub fn duplicate(&self, i: usize) -> Error {
         Error::DuplicateOption(self.shown(i).to_ascii_uppercase())
     }
+}
 
-    /// Whether argument `i` reads as a number rather than an option name (it starts with a
-    /// digit, a sign or a point): where a command takes an optional count before its
-    /// options, `RL.TAKE k 10 10 FOO` is then an unknown option, not a bad count.
-    pub fn looks_numeric(&self, i: usize) -> bool {
-        self.bytes(i)
-            .is_ok_and(|b| matches!(b.first(), Some(b'0'..=b'9' | b'-' | b'+' | b'.')))
+/// Whether an argument starts like a number (an optional count where options start).
+pub fn looks_numeric(b: &[u8]) -> bool {
+    matches!(b.first(), Some(b'0'..=b'9' | b'-' | b'+' | b'.'))
+}
+
+/// A positive integer.
+pub fn positive(b: &[u8], what: &'static str) -> Result<u64> {
+    match parse_integer(b) {
+        Some(0) | None => Err(Error::Invalid(what)),
+        Some(n) => Ok(n),
     }
 }
 

@@ -9,8 +9,9 @@
 use crate::args::Args;
 use crate::error::Result;
 use crate::ffi::{self, Ctx};
+use crate::grammar::Opt;
+use crate::observe::stats;
 use crate::reply::Reply;
-use crate::stats;
 use redis_module::raw;
 use std::ffi::CStr;
 use std::os::raw::c_int;
@@ -22,8 +23,8 @@ pub type Handler = fn(Ctx, Args) -> Result<Reply>;
 
 /// Runs one call of `spec`'s command.
 pub fn run(ctx: Ctx, args: Args, spec: &Spec) {
-    if crate::resetstat::PENDING.load(std::sync::atomic::Ordering::Relaxed) != 0 {
-        crate::resetstat::check();
+    if crate::observe::resetstat::PENDING.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+        crate::observe::resetstat::check();
     }
     // Redis checks only that the key is there (see `Spec::registered_arity`); the rest of
     // the arity is checked here, so the error can show the usage. Such a call is not
@@ -32,26 +33,29 @@ pub fn run(ctx: Ctx, args: Args, spec: &Spec) {
         reply_usage(ctx, spec);
         return;
     }
-    if spec.counting == Counting::Here {
+    if spec.counted == CallsCounted::AtBoundary {
         stats::CALLS.add(1);
     }
-    let outcome = catch_unwind(AssertUnwindSafe(|| (spec.func)(ctx, args)));
-    match outcome {
-        Ok(Ok(reply)) => {
-            if let Reply::Int(v) = reply {
-                // The hot paths' reply, written without the general walk; an integer holds
-                // nothing to free, so its drop glue is skipped.
-                ffi::reply_int(ctx, v);
-                std::mem::forget(reply);
-            } else {
-                ffi::reply(ctx, &reply);
-            }
+    // The hot paths' reply, an integer, is written where the handler returns it: not moved
+    // out of the guard, nor walked as a general reply.
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        let result = (spec.func)(ctx, args);
+        if let Ok(Reply::Int(v)) = result {
+            ffi::reply_int(ctx, v);
+            // An integer holds nothing to free: its drop glue is skipped.
+            std::mem::forget(result);
+            return None;
         }
-        Ok(Err(crate::error::Error::Arity)) => {
+        Some(result)
+    }));
+    match outcome {
+        Ok(None) => {}
+        Ok(Some(Ok(reply))) => ffi::reply(ctx, &reply),
+        Ok(Some(Err(crate::error::Error::Arity))) => {
             stats::ERRORS.add(1);
             reply_usage(ctx, spec);
         }
-        Ok(Err(e)) => {
+        Ok(Some(Err(e))) => {
             stats::ERRORS.add(1);
             e.reply(ctx);
         }
@@ -79,12 +83,13 @@ fn reply_usage(ctx: Ctx, spec: &Spec) {
 
 /// Who counts a call in `rl_calls`.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Counting {
+pub enum CallsCounted {
     /// The boundary, before the handler runs.
-    Here,
-    /// The handler itself (`RL.MTAKE`: key-position requests are not calls), or nobody
-    /// (effects, observers).
-    Elsewhere,
+    AtBoundary,
+    /// The handler itself (`RL.MTAKE`: key-position requests are not calls).
+    ByHandler,
+    /// Not counted: effects and observers.
+    Never,
 }
 
 /// Which keys a command touches and how (its key spec, for ACL key permissions and
@@ -104,6 +109,7 @@ pub enum Keys {
 }
 
 /// One argument as `COMMAND DOCS` shows it (and `redis-cli` hints from).
+#[derive(Clone, Copy)]
 pub struct ArgDoc {
     pub name: &'static CStr,
     pub kind: raw::RedisModuleCommandArgType,
@@ -190,7 +196,7 @@ impl ArgDoc {
 pub struct Spec {
     pub name: &'static CStr,
     pub func: Handler,
-    pub counting: Counting,
+    pub counted: CallsCounted,
     pub flags: &'static CStr,
     pub keys: Keys,
     pub arity: c_int,
@@ -203,18 +209,21 @@ pub struct Spec {
     /// Registered with the `internal` flag where the server has it (Redis 8.0+): only the
     /// replication link, the AOF and modules may call it, and `COMMAND` does not list it.
     pub internal: bool,
+    /// The arguments before the options.
     pub args: &'static [ArgDoc],
+    /// The options the command's parser takes (see `grammar.rs`), shown after the
+    /// arguments: defined once, parsed and documented from the same list.
+    pub options: &'static [Opt],
 }
 
 impl Spec {
     /// Whether `argc` arguments (the name included) fit the command's arity.
     pub fn arity_fits(&self, argc: usize) -> bool {
         let argc = argc as c_int;
-        if self.arity >= 0 {
-            argc == self.arity
-        } else {
-            argc >= -self.arity
-        }
+        // `argc == arity` or, for a negative arity, `argc >= -arity`: one comparison of the
+        // excess over the least count, which is 0 exactly for a fixed arity.
+        let excess = argc - self.arity.abs();
+        excess == 0 || (self.arity < 0 && excess > 0)
     }
 
     /// The arity Redis checks itself (and `COMMAND INFO` shows): for a command with keys,
@@ -227,10 +236,16 @@ impl Spec {
         }
     }
 
+    /// Every argument as `COMMAND DOCS` shows it: the arguments, then the options.
+    pub fn arg_docs(&self) -> Vec<ArgDoc> {
+        let options = self.options.iter().map(|o| o.doc());
+        self.args.iter().copied().chain(options).collect()
+    }
+
     /// `RL.TAKE key rate cap [n] [WITHSTATE] ...`, from the argument table.
     pub fn usage(&self) -> String {
         let mut out = self.name.to_string_lossy().into_owned();
-        for a in self.args {
+        for a in &self.arg_docs() {
             out.push(' ');
             a.usage(&mut out);
         }

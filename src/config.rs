@@ -10,8 +10,9 @@
 //! unnoticed.
 //! Commands read it on every call, so it lives in an atomic, not behind a lock.
 
+use crate::bucket::adopt;
 use crate::ffi::{Config, Kind};
-use crate::ops;
+use crate::observe::{namespaces, top};
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
 /// What a denial does.
@@ -51,8 +52,8 @@ pub static CONFIGS: &[Config] = &[
             default: 64,
             min: 0,
             max: 1024,
-            get: ops::max_namespaces,
-            set: ops::set_max_namespaces,
+            get: namespaces::max_namespaces,
+            set: namespaces::set_max_namespaces,
         },
     },
     Config {
@@ -61,24 +62,24 @@ pub static CONFIGS: &[Config] = &[
             default: 128,
             min: 0,
             max: 65536,
-            get: ops::top_keys,
-            set: ops::set_top_keys,
+            get: top::top_keys,
+            set: top::set_top_keys,
         },
     },
     Config {
         name: c"namespace-separator",
         kind: Kind::Bytes {
             default: c":",
-            get: ops::separator_bytes,
-            set: ops::set_separator,
+            get: namespaces::separator_bytes,
+            set: namespaces::set_separator,
         },
     },
     Config {
         name: c"adopt-script-keys",
         kind: Kind::Bool {
             default: false,
-            get: ops::adopt,
-            set: ops::set_adopt,
+            get: adopt::adopt,
+            set: adopt::set_adopt,
         },
     },
     Config {

@@ -1,7 +1,9 @@
 //! The options the bucket commands share, defined once: each option's keyword, its values,
 //! how they are read and refused, and how `COMMAND DOCS` shows it. A command lists the
-//! options it takes ([`Opt`]) and hands the arguments after its fixed ones to [`options`];
-//! a repeated or unknown option is refused the same way by every command.
+//! options it takes ([`Opt`]) once, in the list its entry in the command table points at
+//! (so its parser, its `COMMAND DOCS`, its usage and `protocol/commands.json` agree), and
+//! hands the arguments after its fixed ones to [`options`]; a repeated or unknown option
+//! is refused the same way by every command. `rate cap` is read here too ([`limit`]).
 
 use crate::args::Args;
 use crate::boundary::ArgDoc;
@@ -174,6 +176,69 @@ pub fn init_tokens(args: &Args, i: usize, limit: &Limit) -> Result<f64> {
         return Err(Error::Invalid("INIT must be between 0 and cap"));
     }
     Ok(tokens)
+}
+
+/// `rate cap` at argument `i`.
+pub fn limit(args: &Args, i: usize) -> Result<Limit> {
+    let (rate, cap) = (args.bytes(i)?, args.bytes(i + 1)?);
+    if let Some(limit) = RECENT_LIMIT.with(|r| r.get(rate, cap)) {
+        return Ok(limit);
+    }
+    let rate_v = args.number(i, "rate is not a number")?;
+    let cap_v = args.number(i + 1, "cap is not a number")?;
+    let limit = Limit::new(rate_v, cap_v)?;
+    RECENT_LIMIT.with(|r| r.put(rate, cap, limit));
+    Ok(limit)
+}
+
+/// The last limit parsed, by its argument bytes: a fleet calls one key (or a few) with the
+/// same `rate cap` strings, so most calls skip parsing both numbers.
+static RECENT_LIMIT: crate::ffi::MainThread<RecentLimit> =
+    crate::ffi::MainThread::new(RecentLimit {
+        rate: [0; 16],
+        cap: [0; 16],
+        rate_len: 0,
+        cap_len: 0,
+        limit: None,
+    });
+
+struct RecentLimit {
+    rate: [u8; 16],
+    cap: [u8; 16],
+    rate_len: usize,
+    cap_len: usize,
+    limit: Option<Limit>,
+}
+
+impl RecentLimit {
+    fn get(&self, rate: &[u8], cap: &[u8]) -> Option<Limit> {
+        let limit = self.limit?;
+        let same = |held: &[u8], len: usize, given: &[u8]| {
+            given.len() == len
+                && held
+                    .get(..len)
+                    .is_some_and(|h| rl_core::bytes::equal(h, given))
+        };
+        (same(&self.rate, self.rate_len, rate) && same(&self.cap, self.cap_len, cap))
+            .then_some(limit)
+    }
+
+    fn put(&mut self, rate: &[u8], cap: &[u8], limit: Limit) {
+        if rate.len() > self.rate.len() || cap.len() > self.cap.len() {
+            return;
+        }
+        self.rate[..rate.len()].copy_from_slice(rate);
+        self.cap[..cap.len()].copy_from_slice(cap);
+        (self.rate_len, self.cap_len, self.limit) = (rate.len(), cap.len(), Some(limit));
+    }
+}
+
+/// A request for `n` tokens must be one the bucket can ever grant; `what` names it.
+pub fn fits(n: u64, limit: &Limit, what: &'static str) -> Result<()> {
+    if n as f64 > limit.cap() {
+        return Err(Error::Invalid(what));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

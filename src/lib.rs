@@ -1,31 +1,26 @@
 //! redis-rl: a distributed token bucket as native Redis commands.
 //!
 //! This file only registers things (Redis enters at `ffi::load::RedisModule_OnLoad`, which
-//! calls [`load`]). The arithmetic lives in the `rl-core` crate; each command has its own
-//! file under `commands/`.
+//! calls [`load`]). The arithmetic lives in the `rl-core` crate.
 
-mod adopt;
 mod args;
 mod boundary;
+mod bucket;
 mod clock;
 mod commands;
 mod config;
-mod datatype;
+mod effect;
 mod error;
 mod ffi;
 mod grammar;
-mod key;
 mod number;
-mod ops;
-mod permits;
-mod propagate;
+mod observe;
+mod pipeline;
 #[cfg(test)]
 mod protocol;
 mod reply;
-mod resetstat;
+mod semaphore;
 mod share;
-mod stats;
-mod stored;
 
 use ffi::{Ctx, BUCKET_TYPE, PERMIT_TYPE, SHARE_TYPE};
 
@@ -53,7 +48,7 @@ fn load(ctx: Ctx, args: &[&[u8]]) -> Result<(), String> {
     })?;
     // Keys signal "modified" (WATCH, client tracking) only when a command wrote them.
     // And a short or corrupt payload (RESTORE, a damaged RDB) is a refused value, not an
-    // abort: the loader checks `Io::failed` (see `datatype.rs`).
+    // abort: the loader checks `Io::failed` (see `bucket/datatype.rs`).
     ffi::set_module_options(
         ctx,
         redis_module::raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED
@@ -63,7 +58,7 @@ fn load(ctx: Ctx, args: &[&[u8]]) -> Result<(), String> {
     if !ffi::register_info(ctx) {
         return Err("could not register the INFO section".into());
     }
-    ops::init();
+    observe::init();
     if !ffi::register_filter(ctx) {
         return Err("could not register the CONFIG RESETSTAT filter".into());
     }

@@ -1,4 +1,4 @@
-//! `protocol/commands.json`: every command as the table in `commands/mod.rs` declares it
+//! `protocol/commands.json`: every command as the table in `commands.rs` declares it
 //! (name, arity, flags, ACL categories, keys, arguments and options, usage), for the other
 //! implementations of the protocol (the Functions library, the clients) and their tests to
 //! read instead of copying. A unit test fails when the file is stale; it rewrites it when
@@ -88,7 +88,7 @@ fn command(s: &Spec) -> String {
         format!("\"acl_categories\": {}", text(&s.acl.to_string_lossy())),
         format!("\"internal\": {}", s.internal),
         format!("\"keys\": {}", text(keys(s.keys))),
-        format!("\"arguments\": {}", args(s.args, "    ")),
+        format!("\"arguments\": {}", args(&s.arg_docs(), "    ")),
     ];
     format!("  {{\n    {}\n  }}", fields.join(",\n    "))
 }
@@ -101,7 +101,7 @@ pub fn commands_json(commands: &[Spec]) -> String {
         .map(command)
         .collect();
     format!(
-        "{{\n\"about\": \"Written from the command table (src/commands/mod.rs) by a test; do not edit.\",\n\"commands\": [\n{}\n]\n}}\n",
+        "{{\n\"about\": \"Written from the command table (src/commands.rs) by a test; do not edit.\",\n\"commands\": [\n{}\n]\n}}\n",
         items.join(",\n")
     )
 }

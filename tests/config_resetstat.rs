@@ -110,7 +110,7 @@ fn a_resetstat_that_exec_never_ran_resets_nothing() {
 }
 
 /// CONFIG RESETSTAT resets the module's counters as it does Redis's own, even when more
-/// commands run after the reset than had run before it (`src/resetstat.rs` notices the
+/// commands run after the reset than had run before it (`src/observe/resetstat.rs` notices the
 /// reset lazily, at the next module command or INFO, and must not miss it then).
 #[test]
 fn resetstat_holds_when_more_commands_follow_it_than_preceded_it() {

@@ -12,6 +12,7 @@
 
 pub mod adopt;
 mod bucket;
+pub mod bytes;
 mod lease;
 mod limit;
 pub mod namespace;

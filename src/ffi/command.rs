@@ -97,7 +97,7 @@ impl Filter {
 }
 
 unsafe extern "C" fn filter(fctx: *mut raw::RedisModuleCommandFilterCtx) {
-    let _ = std::panic::catch_unwind(|| crate::resetstat::filter(&Filter(fctx)));
+    let _ = std::panic::catch_unwind(|| crate::observe::resetstat::filter(&Filter(fctx)));
 }
 
 /// Registers the `CONFIG RESETSTAT` filter at load.
@@ -313,7 +313,7 @@ fn set_info(command: *mut raw::RedisModuleCommand, spec: &Spec) -> Option<()> {
         } else {
             specs.as_mut_ptr()
         },
-        args: c_args(spec.args, &mut keep),
+        args: c_args(&spec.arg_docs(), &mut keep),
     };
     let ok = raw::REDISMODULE_OK as c_int;
     (rm!(RedisModule_SetCommandInfo(command, &mut info)) == ok).then_some(())

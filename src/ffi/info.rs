@@ -1,4 +1,4 @@
-//! The `INFO rl` section: Redis calls [`info`], which hands [`crate::stats::info`] a safe
+//! The `INFO rl` section: Redis calls [`info`], which hands [`crate::observe::stats::info`] a safe
 //! [`Info`] to write fields into.
 
 use super::Ctx;
@@ -38,7 +38,8 @@ impl Info {
 }
 
 unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, for_crash_report: c_int) {
-    let _ = std::panic::catch_unwind(|| crate::stats::info(&Info(ctx), for_crash_report != 0));
+    let _ =
+        std::panic::catch_unwind(|| crate::observe::stats::info(&Info(ctx), for_crash_report != 0));
 }
 
 /// Registers the `INFO rl` callback at load.

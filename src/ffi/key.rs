@@ -1,7 +1,7 @@
 //! A key opened for one command: its kind, its value, its expiry.
 
 use super::{bytes, types, value, Ctx, Str};
-use crate::stored::{StateMut, Stored};
+use crate::bucket::stored::{StateMut, Stored};
 use redis_module::raw;
 use rl_core::{PermitTable, ShareTable};
 use std::ffi::CStr;
@@ -60,22 +60,23 @@ impl OpenKey {
     }
 
     pub fn kind(&self) -> KeyKind {
-        let kind = rm!(RedisModule_KeyType(self.key)) as isize;
-        match kind {
+        // The module type first: it is null for any other kind of key, and a key of ours
+        // (the common case) then costs one call, not two.
+        let t = rm!(RedisModule_ModuleTypeGetType(self.key));
+        if !t.is_null() {
+            return if t == types::bucket_type() {
+                KeyKind::Bucket
+            } else if t == types::permit_type() {
+                KeyKind::Permits
+            } else if t == types::share_type() {
+                KeyKind::Shares
+            } else {
+                KeyKind::Other
+            };
+        }
+        match rm!(RedisModule_KeyType(self.key)) as isize {
             raw::REDISMODULE_KEYTYPE_EMPTY => KeyKind::Empty,
             raw::REDISMODULE_KEYTYPE_HASH => KeyKind::Hash,
-            raw::REDISMODULE_KEYTYPE_MODULE => {
-                let t = rm!(RedisModule_ModuleTypeGetType(self.key));
-                if t == types::bucket_type() {
-                    KeyKind::Bucket
-                } else if t == types::permit_type() {
-                    KeyKind::Permits
-                } else if t == types::share_type() {
-                    KeyKind::Shares
-                } else {
-                    KeyKind::Other
-                }
-            }
             _ => KeyKind::Other,
         }
     }

@@ -93,5 +93,7 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
 
 /// Creates the module's data types (Redis logs which one it refused).
 pub fn create_types(ctx: Ctx, types: &[&redis_module::native_types::RedisType]) -> bool {
-    types.iter().all(|t| t.create_data_type(ctx.0).is_ok())
+    let created = types.iter().all(|t| t.create_data_type(ctx.0).is_ok());
+    super::types::remember_bucket_type();
+    created
 }

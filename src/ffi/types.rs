@@ -1,7 +1,7 @@
 //! The module's data types, `rl-bucket`, `rl-permit` and `rl-shares`: the callbacks Redis makes for
 //! their values (RDB, AOF rewrite, digest, memory, free, unlink, copy), each turning the raw
 //! pointers into safe handles and calling the safe function of the same name in
-//! [`crate::datatype`], [`crate::permits`] or [`crate::share`]. A panic in one is caught here: a refused value
+//! [`crate::bucket::datatype`], [`crate::semaphore`] or [`crate::share`]. A panic in one is caught here: a refused value
 //! (load), nothing written (save, digest), or 0 (memory), never an unwind into Redis.
 
 use super::effects::Aof;
@@ -157,9 +157,9 @@ macro_rules! type_methods {
 
 pub static BUCKET_TYPE: RedisType = RedisType::new(
     "rl-bucket",
-    crate::datatype::ENCODING_VERSION,
+    crate::bucket::datatype::ENCODING_VERSION,
     type_methods!(
-        crate::datatype,
+        crate::bucket::datatype,
         value::bucket_mut,
         value::bucket_into_raw,
         value::bucket_from_raw
@@ -168,9 +168,9 @@ pub static BUCKET_TYPE: RedisType = RedisType::new(
 
 pub static PERMIT_TYPE: RedisType = RedisType::new(
     "rl-permit",
-    crate::permits::ENCODING_VERSION,
+    crate::semaphore::ENCODING_VERSION,
     type_methods!(
-        crate::permits,
+        crate::semaphore,
         value::permits_mut,
         value::permits_into_raw,
         value::permits_from_raw
@@ -188,9 +188,22 @@ pub static SHARE_TYPE: RedisType = RedisType::new(
     ),
 );
 
-/// The registered bucket type, to recognise its keys.
+/// The registered bucket type, to recognise its keys (every bucket command asks: read
+/// from a plain copy, not through the type's `RefCell`).
 pub(super) fn bucket_type() -> *mut raw::RedisModuleType {
-    *BUCKET_TYPE.raw_type.borrow()
+    BUCKET_RAW.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A copy of the bucket type's handle, made once the types are created.
+static BUCKET_RAW: std::sync::atomic::AtomicPtr<raw::RedisModuleType> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// Keeps the copy of the bucket type's handle (after the types are created).
+pub(super) fn remember_bucket_type() {
+    BUCKET_RAW.store(
+        *BUCKET_TYPE.raw_type.borrow(),
+        std::sync::atomic::Ordering::Relaxed,
+    );
 }
 
 pub(super) fn permit_type() -> *mut raw::RedisModuleType {

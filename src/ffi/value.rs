@@ -1,10 +1,10 @@
 //! The values of this module's types as Redis holds them: raw pointers made from boxes.
 //!
-//! A bucket value is a boxed [`Compact`](crate::stored::Compact) or a boxed
-//! [`Full`](crate::stored::Full), told apart by their first word (see
-//! [`crate::stored::is_full`]); a semaphore value is a boxed [`PermitTable`].
+//! A bucket value is a boxed [`Compact`](crate::bucket::stored::Compact) or a boxed
+//! [`Full`](crate::bucket::stored::Full), told apart by their first word (see
+//! [`crate::bucket::stored::is_full`]); a semaphore value is a boxed [`PermitTable`].
 
-use crate::stored::{self, StateMut, Stored};
+use crate::bucket::stored::{self, StateMut, Stored};
 use rl_core::{PermitTable, ShareTable};
 use std::os::raw::c_void;
 

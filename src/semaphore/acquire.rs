@@ -8,12 +8,13 @@
 //! write nothing; a key whose last permit goes is deleted.
 
 use crate::args::Args;
+use crate::clock;
 use crate::error::{Error, Result};
 use crate::ffi::Ctx;
-use crate::permits::{self, PermitKey};
-use crate::propagate::{self, PermitChange};
+use crate::observe::stats;
 use crate::reply::Reply;
-use crate::{clock, stats};
+use crate::semaphore::PermitChange;
+use crate::semaphore::{self, PermitKey};
 use rl_core::{ceil_millis, Acquired, PermitTable, MAX_PERMITS};
 
 /// Longest permit: a day. A holder that needs longer renews.
@@ -58,8 +59,8 @@ pub fn acquire(ctx: Ctx, args: Args) -> Result<Reply> {
     if is_new {
         key.create(std::mem::take(table));
     } else {
-        permits::left(pruned);
-        permits::entered();
+        semaphore::left(pruned);
+        semaphore::entered();
         key.written(table);
     }
     let change = PermitChange {
@@ -69,7 +70,7 @@ pub fn acquire(ctx: Ctx, args: Args) -> Result<Reply> {
         drop: None,
         add: Some(permit),
     };
-    propagate::permits(ctx, &change);
+    crate::semaphore::permits(ctx, &change);
     Ok(reply(1, permit.id, in_use, 0))
 }
 
@@ -94,7 +95,7 @@ pub fn release(ctx: Ctx, args: Args) -> Result<Reply> {
     let pruned = table.prune(now);
     stats::PERMITS_RELEASED.add(1);
     stats::PERMITS_EXPIRED.add_shared(pruned as u64);
-    permits::left(1 + pruned);
+    semaphore::left(1 + pruned);
     written(ctx, &key, table, now, Some(id), None);
     Ok(Reply::Int(1))
 }
@@ -116,7 +117,7 @@ pub fn renew(ctx: Ctx, args: Args) -> Result<Reply> {
     };
     let pruned = table.prune(now);
     stats::PERMITS_EXPIRED.add_shared(pruned as u64);
-    permits::left(pruned);
+    semaphore::left(pruned);
     written(ctx, &key, table, now, None, Some(permit));
     Ok(Reply::Int(1))
 }
@@ -132,7 +133,7 @@ fn written(
 ) {
     if table.permits().is_empty() {
         key.delete();
-        propagate::deleted(ctx, key.name());
+        crate::effect::deleted(ctx, key.name());
         return;
     }
     key.written(table);
@@ -143,5 +144,5 @@ fn written(
         drop,
         add,
     };
-    propagate::permits(ctx, &change);
+    crate::semaphore::permits(ctx, &change);
 }

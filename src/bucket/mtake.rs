@@ -8,13 +8,25 @@
 //! `retry_after_ms` that wait, rounded up. In Cluster the keys must share a slot (hash tags).
 
 use crate::args::Args;
+use crate::bucket::key::BucketKey;
 use crate::error::{Error, Result};
 use crate::ffi::{self, Ctx};
 use crate::grammar::{self, Opt};
-use crate::key::BucketKey;
+use crate::observe::{namespaces, stats, top};
+use crate::pipeline::{self, CommandCounters, OpenBucket, Request};
 use crate::reply::Reply;
-use crate::{clock, ops, stats};
 use rl_core::{ceil_millis, take_all, AllOrNothing, Limit};
+
+/// The options `RL.MTAKE` takes (read from the end, see [`shape`]).
+pub const OPTIONS: &[Opt] = &[Opt::WithState, Opt::Init, Opt::Shadow, Opt::Version];
+
+const COUNTERS: CommandCounters = CommandCounters {
+    granted: &stats::MTAKE_GRANTED,
+    tokens: None,
+    denied: &stats::MTAKE_DENIED,
+};
+
+const N_OVER_CAP: &str = "n must not exceed cap";
 
 /// Most buckets one call may check.
 const MAX_BUCKETS: usize = 64;
@@ -100,8 +112,8 @@ pub fn mtake(ctx: Ctx, args: Args) -> Result<Reply> {
     let mut limits: Vec<Limit> = Vec::with_capacity(s.end / 3);
     let mut init = None;
     for i in (1..s.end).step_by(3) {
-        let limit = super::limit(&args, i + 1)?;
-        super::fits(n, &limit, "n must not exceed cap")?;
+        let limit = grammar::limit(&args, i + 1)?;
+        grammar::fits(n, &limit, N_OVER_CAP)?;
         if let Some(at) = s.init_at {
             init = Some(grammar::init_tokens(&args, at, &limit)?);
         }
@@ -118,62 +130,58 @@ pub fn mtake(ctx: Ctx, args: Args) -> Result<Reply> {
     // Each namespace counts the call once, however many of its keys it names.
     let mut spaces = [0usize; MAX_BUCKETS];
     for (j, i) in (1..s.end).step_by(3).enumerate() {
-        spaces[j] = ops::namespace_id(args.bytes(i)?);
+        spaces[j] = namespaces::namespace_id(args.bytes(i)?);
         if !spaces[..j].contains(&spaces[j]) {
-            ops::call(spaces[j]);
+            namespaces::call(spaces[j]);
         }
     }
-    let now = clock::now();
+    let now = crate::clock::now();
     let keys: Vec<BucketKey> = (1..s.end)
         .step_by(3)
         .map(|i| args.raw(i).map(|k| BucketKey::open(ctx, k)))
         .collect::<Result<_>>()?;
-    let (mut states, mut levels) = (Vec::new(), Vec::new());
-    let (mut adopted, mut created, mut applied) = (Vec::new(), Vec::new(), Vec::new());
+    let mut buckets: Vec<OpenBucket> = Vec::with_capacity(keys.len());
     for (key, limit) in keys.iter().zip(&limits) {
-        let opened = super::open_bucket(key, *limit, version, now, init)?;
-        opened.fits(n, "n must not exceed cap")?;
-        states.push(opened.state);
-        levels.push(opened.level);
-        adopted.push(opened.adopted);
-        created.push(opened.created);
-        applied.push(opened.applied);
+        let req = Request {
+            limit: *limit,
+            version,
+            init,
+            shadow: s.shadow,
+            needs: n,
+            needs_too_much: N_OVER_CAP,
+        };
+        buckets.push(pipeline::open(key, &req, now)?);
     }
-    applied.iter().for_each(|&a| super::count_applied(a));
+    buckets
+        .iter()
+        .for_each(|b| pipeline::count_limit_source(b.decided_by));
 
     // All or nothing: every bucket is looked at before any is debited.
+    let mut levels: Vec<_> = buckets.iter().map(|b| b.level).collect();
     let AllOrNothing {
         granted,
         worst,
         longest,
     } = take_all(&mut levels, n as f64);
-    for (j, ((key, state), level)) in keys.iter().zip(states).zip(levels.iter()).enumerate() {
-        if !granted && !created[j] {
+    for (j, (key, mut bucket)) in keys.iter().zip(buckets).enumerate() {
+        if !granted && !bucket.store_even_if_denied {
             continue;
         }
-        let origin = super::Origin {
-            adopted: adopted[j],
-            applied: applied[j],
-        };
-        let bucket = level.bucket();
-        super::write_bucket(ctx, key, state, bucket, &args, 1 + 3 * j, origin)?;
+        bucket.level = levels[j];
+        bucket.store(ctx, key, &args, 1 + 3 * j)?;
     }
 
-    let answered = ops::answered(granted, s.shadow);
-    match (granted, answered) {
-        (true, _) => stats::MTAKE_GRANTED.add(1),
-        (false, true) => stats::SHADOW_DENIED.add(1),
-        (false, false) => stats::MTAKE_DENIED.add(1),
-    }
-    let outcome = ops::outcome_of(if granted { n } else { 0 }, answered);
+    let tokens = if granted { n } else { 0 };
+    let answered = pipeline::count_outcome(&COUNTERS, tokens, s.shadow);
+    let outcome = pipeline::outcome_of(tokens, answered);
     for (j, id) in spaces[..keys.len()].iter().enumerate() {
         if !spaces[..j].contains(id) {
-            ops::outcome(*id, outcome);
+            namespaces::record(*id, outcome);
         }
     }
     if !granted {
         // The key that refused (the longest wait) is the one denied.
-        ops::denied(args.bytes(1 + 3 * worst)?, now);
+        top::denied(args.bytes(1 + 3 * worst)?, now);
     }
     let head = if answered {
         [Reply::Int(n as i64), Reply::Null, Reply::Int(0)]

@@ -2,10 +2,10 @@
 //! propagated, and replicas answer it too.
 
 use crate::args::Args;
+use crate::bucket::key::BucketKey;
 use crate::clock;
 use crate::error::{Error, Result};
 use crate::ffi::Ctx;
-use crate::key::BucketKey;
 use crate::reply::Reply;
 use rl_core::{ceil_millis, Level};
 

@@ -5,55 +5,44 @@ use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::ffi::Ctx;
 use crate::grammar::{self, Opt};
-use crate::key::BucketKey;
+use crate::observe::stats;
+use crate::pipeline::{self, CommandCounters, Decision, Request};
 use crate::reply::{Reply, Scalar};
-use crate::{clock, ops, stats};
 use rl_core::ceil_millis;
+
+const COUNTERS: CommandCounters = CommandCounters {
+    granted: &stats::GRANTED,
+    tokens: Some(&stats::TOKENS_GRANTED),
+    denied: &stats::DENIED,
+};
 
 pub fn take(ctx: Ctx, args: Args) -> Result<Reply> {
     if !(3..=10).contains(&args.len()) {
         return Err(Error::Arity);
     }
-    let limit = super::limit(&args, 1)?;
+    let limit = grammar::limit(&args, 1)?;
     // `n` is optional: a number where the options start.
-    let (n, from) = if args.len() > 3 && args.looks_numeric(3) {
-        (args.positive(3, "n must be a positive integer")?, 4)
-    } else {
-        (1, 3)
+    let (n, from) = match args.bytes(3) {
+        Ok(b) if crate::args::looks_numeric(b) => {
+            (crate::args::positive(b, "n must be a positive integer")?, 4)
+        }
+        _ => (1, 3),
     };
     let opts = grammar::options(&args, from, OPTIONS, &limit)?;
-    let (with_state, init, shadow, version) =
-        (opts.with_state, opts.init, opts.shadow, opts.version);
-    super::fits(n, &limit, N_OVER_CAP).map_err(|e| redis_cell_hint(&args).unwrap_or(e))?;
+    grammar::fits(n, &limit, N_OVER_CAP).map_err(|e| redis_cell_hint(&args).unwrap_or(e))?;
+    let req = Request::new(limit, &opts, n, N_OVER_CAP);
 
-    let name = args.bytes(0)?;
-    let ns = ops::enter(name);
-    let now = clock::now();
-    let key = BucketKey::open(ctx, args.raw(0)?);
-    let mut opened = super::open_bucket(&key, limit, version.unwrap_or(0), now, init)?;
-    opened.fits(n, N_OVER_CAP)?;
-    opened.count();
-    let granted = opened.level.try_take(n as f64);
-    opened.write_if(ctx, &key, &args, 0, granted)?;
-    let level = opened.level;
-    let answered = ops::answered(granted, shadow);
-    match (granted, answered) {
-        (true, _) => {
-            stats::GRANTED.add(1);
-            stats::TOKENS_GRANTED.add(n);
-        }
-        (false, true) => stats::SHADOW_DENIED.add(1),
-        (false, false) => stats::DENIED.add(1),
-    }
-    ops::decided(
-        ns,
-        name,
-        ops::outcome_of(if granted { n } else { 0 }, answered),
-        now,
-    );
+    let done = pipeline::run(ctx, &args, &req, &COUNTERS, |level| {
+        let granted = level.try_take(n as f64);
+        Ok(Decision {
+            tokens: if granted { n } else { 0 },
+            detail: (),
+        })
+    })?;
 
+    let (level, answered) = (done.level, done.answered);
     let reply = if answered { n as i64 } else { 0 };
-    if !with_state {
+    if !opts.with_state {
         return Ok(Reply::Int(reply));
     }
     let retry = if answered {
@@ -69,7 +58,7 @@ pub fn take(ctx: Ctx, args: Args) -> Result<Reply> {
     ]))
 }
 
-/// The options `RL.TAKE` takes (its `COMMAND DOCS` table lists the same).
+/// The options `RL.TAKE` takes (its entry in the command table documents this same list).
 pub const OPTIONS: &[Opt] = &[Opt::WithState, Opt::Init, Opt::Shadow, Opt::Version];
 
 const N_OVER_CAP: &str = "n must not exceed cap";

@@ -6,9 +6,9 @@
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::ffi::{self, Ctx};
-use crate::permits;
-use crate::permits::PermitKey;
 use crate::reply::Reply;
+use crate::semaphore;
+use crate::semaphore::PermitKey;
 use rl_core::{Permit, PermitTable};
 
 pub fn setpermits(ctx: Ctx, args: Args) -> Result<Reply> {
@@ -71,7 +71,7 @@ pub fn setpermits(ctx: Ctx, args: Args) -> Result<Reply> {
             return Err(Error::Invalid(rl_core::PermitError::LastId.message()));
         }
         if let Some(t) = existing {
-            permits::left(t.permits().len());
+            semaphore::left(t.permits().len());
             key.delete();
         }
         ffi::replicate_verbatim(ctx);
@@ -80,9 +80,9 @@ pub fn setpermits(ctx: Ctx, args: Args) -> Result<Reply> {
     let next = PermitTable::validate(last, list).map_err(|e| Error::Invalid(e.message()))?;
     match existing {
         Some(t) => {
-            permits::left(t.permits().len());
+            semaphore::left(t.permits().len());
             for _ in next.permits() {
-                permits::entered();
+                semaphore::entered();
             }
             *t = next;
             key.written(t);

@@ -1,58 +1,26 @@
-//! Operations: who is being limited. Per-namespace counters, the most-denied keys, the
-//! per-call `SHADOW` option, and the configs they read (`rl.namespace-separator`,
-//! `rl.max-namespaces`, `rl.top-keys`, `rl.adopt-script-keys`).
+//! Who is being limited: per-namespace counters (`RL.STATS`, `INFO rl`), a key's namespace
+//! being its prefix up to `rl.namespace-separator`, at most `rl.max-namespaces` of them
+//! (the rest counted under `other`).
 //!
-//! The tables live on Redis's main thread: commands, `INFO`, config callbacks and the
-//! command filter all run there, so they are plain memory behind [`MainThread`], fixed in
+//! The table lives on Redis's main thread: commands, `INFO`, config callbacks and the
+//! command filter all run there, so it is plain memory behind [`MainThread`], fixed in
 //! size, and the hot path allocates nothing.
 
 use crate::ffi::MainThread;
 use crate::ffi::Refusal;
 use rl_core::namespace::{self, Counts, Id, Outcome, Table};
-use rl_core::top::Top;
-use rl_core::Nanos;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
-
-/// Denials fade from `RL.TOP` with this half-life.
-pub const TOP_HALF_LIFE: Nanos = 60 * 1_000_000_000;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
 static NAMESPACES: MainThread<Table> = MainThread::new(Table::new());
-static TOP: MainThread<Option<Top>> = MainThread::new(None);
 
 /// `rl.max-namespaces`: namespaces with their own counters (0 to 1024; default 64).
 static MAX_NAMESPACES: AtomicI64 = AtomicI64::new(64);
-/// `rl.adopt-script-keys`: convert the seed Lua script's hashes into buckets.
-pub static ADOPT: AtomicBool = AtomicBool::new(false);
-/// `rl.top-keys`: keys the most-denied sketch tracks (0 to 65536; default 128).
-static TOP_KEYS: AtomicI64 = AtomicI64::new(128);
-
 pub fn max_namespaces() -> i64 {
     MAX_NAMESPACES.load(Relaxed)
 }
 
-pub fn set_max_namespaces(v: i64) -> Result<(), Refusal> {
+pub fn set_max_namespaces(v: i64) -> std::result::Result<(), Refusal> {
     MAX_NAMESPACES.store(v, Relaxed);
-    Ok(())
-}
-
-pub fn adopt() -> bool {
-    ADOPT.load(Relaxed)
-}
-
-pub fn set_adopt(v: bool) -> Result<(), Refusal> {
-    ADOPT.store(v, Relaxed);
-    Ok(())
-}
-
-pub fn top_keys() -> i64 {
-    TOP_KEYS.load(Relaxed)
-}
-
-/// Setting it allocates the sketch anew (and empties it); nothing else ever allocates
-/// for it.
-pub fn set_top_keys(v: i64) -> Result<(), Refusal> {
-    TOP_KEYS.store(v, Relaxed);
-    TOP.with(|t| *t = Some(Top::new(v.max(0) as usize, TOP_HALF_LIFE)));
     Ok(())
 }
 
@@ -78,7 +46,7 @@ pub fn separator_bytes(out: &mut [u8; 64]) -> usize {
 
 /// Sets the separator to exactly `s`. A NUL byte is refused: redis.conf and client
 /// libraries would carry it unreliably, and no key naming scheme uses it.
-pub fn set_separator(s: &[u8]) -> Result<(), Refusal> {
+pub fn set_separator(s: &[u8]) -> std::result::Result<(), Refusal> {
     if s.is_empty() || s.len() > 7 {
         return Err("rl.namespace-separator must be 1 to 7 bytes");
     }
@@ -92,22 +60,17 @@ pub fn set_separator(s: &[u8]) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Allocates the sketch at load if no config set did.
-pub fn init() {
-    TOP.with(|t| {
-        if t.is_none() {
-            *t = Some(Top::new(
-                TOP_KEYS.load(Relaxed).max(0) as usize,
-                TOP_HALF_LIFE,
-            ));
-        }
-    });
-}
-
 /// The namespace entry of `key` (created if there is room), without counting anything.
 pub fn namespace_id(key: &[u8]) -> Id {
     let (sep, len) = SEPARATOR.get();
-    let ns = namespace::namespace_of(key, &sep[1..1 + len]);
+    let ns = match len {
+        // The common separator, one byte, found without slicing the separator.
+        1 => key
+            .iter()
+            .position(|&c| c == sep[1])
+            .map_or(key, |i| &key[..i]),
+        _ => namespace::namespace_of(key, &sep[1..1 + len.min(7)]),
+    };
     if let Some(id) = RECENT_NAMESPACE.with(|r| r.get(ns)) {
         return id;
     }
@@ -134,7 +97,8 @@ struct RecentNamespace {
 
 impl RecentNamespace {
     fn get(&self, ns: &[u8]) -> Option<Id> {
-        (ns.len() == self.len && self.name[..self.len] == *ns).then_some(self.id)
+        (ns.len() == self.len && rl_core::bytes::equal(&self.name[..self.len], ns))
+            .then_some(self.id)
     }
 
     /// Remembers a namespace with an entry of its own (not one counted under `other`,
@@ -167,48 +131,6 @@ pub fn enter(key: &[u8]) -> Id {
     id
 }
 
-/// Counts a decision in namespace `id`.
-pub fn outcome(id: Id, outcome: Outcome) {
-    NAMESPACES.with(|t| t.counts_mut(id).record(outcome));
-}
-
-/// Counts a decision on `key` in namespace `id`, and a denial (shadow or not) in the
-/// most-denied sketch.
-pub fn decided(id: Id, key: &[u8], o: Outcome, now: Nanos) {
-    outcome(id, o);
-    if !matches!(o, Outcome::Granted(_)) {
-        denied(key, now);
-    }
-}
-
-/// Records a denial of `key` in the most-denied sketch.
-pub fn denied(key: &[u8], now: Nanos) {
-    TOP.with(|t| {
-        if let Some(t) = t {
-            t.record(key, now);
-        }
-    });
-}
-
-/// What a call answers: granted if the bucket granted, or if the denial is only recorded
-/// (`rl.mode shadow`, or the call's own `SHADOW` option).
-///
-/// For a command with the `SHADOW` option (list `Opt::Shadow` among its options, see
-/// `grammar.rs`): decide as when enforcing, write what enforcing would write, then answer
-/// `answered(granted, shadow)` and count `Outcome::ShadowDenied` when `!granted && answered`.
-pub fn answered(granted: bool, shadow_option: bool) -> bool {
-    granted || shadow_option || crate::config::shadow()
-}
-
-/// The outcome to count for a call that granted `tokens` (0: denied) and `answered`.
-pub fn outcome_of(tokens: u64, answered: bool) -> Outcome {
-    match (tokens, answered) {
-        (0, true) => Outcome::ShadowDenied,
-        (0, false) => Outcome::Denied,
-        (t, _) => Outcome::Granted(t),
-    }
-}
-
 /// Every namespace's counters, [`namespace::OTHER`] first.
 pub fn each_namespace(mut f: impl FnMut(&[u8], &Counts)) {
     NAMESPACES.with(|t| t.iter().for_each(|(n, c)| f(n, c)));
@@ -219,27 +141,29 @@ pub fn namespace_counts(ns: &[u8]) -> Option<Counts> {
     NAMESPACES.with(|t| t.get(ns).copied())
 }
 
-/// `RL.TOP`'s rows: (key, full length, denied, ms since the last denial).
-pub fn top(count: usize, now: Nanos, mut f: impl FnMut(&[u8], f64, u64)) -> usize {
-    TOP.with(|t| {
-        let Some(t) = t else { return 0 };
-        let rows = t.top(count, now);
-        for r in &rows {
-            f(r.key, r.denied, now.saturating_sub(r.last) / 1_000_000);
+/// Counts a call in namespace `id`, and its outcome if it was decided (an error is a call
+/// with none).
+#[inline]
+pub fn count(id: Id, outcome: Option<Outcome>) {
+    NAMESPACES.with(|t| {
+        let c = t.counts_mut(id);
+        c.calls = c.calls.saturating_add(1);
+        if let Some(o) = outcome {
+            c.record(o);
         }
-        rows.len()
-    })
+    });
 }
 
-/// Forgets the namespaces and the sketch (`CONFIG RESETSTAT`).
+/// Counts a decision in namespace `id`.
+#[inline]
+pub fn record(id: Id, outcome: Outcome) {
+    NAMESPACES.with(|t| t.counts_mut(id).record(outcome));
+}
+
+/// Forgets the namespaces (`CONFIG RESETSTAT`).
 pub fn reset() {
     NAMESPACES.with(Table::reset);
     RECENT_NAMESPACE.with(RecentNamespace::forget);
-    TOP.with(|t| {
-        if let Some(t) = t {
-            t.clear();
-        }
-    });
 }
 
 /// A namespace as an INFO field name: `ns_<name>`, bytes other than letters, digits, `_`,

@@ -1,6 +1,6 @@
 //! `RL.SETSTATE key full_at rate cap [HOLD t SPAN d] [VERSION v] [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
 //!
-//! The effect replicas and the AOF apply (see [`crate::propagate`]); not meant for clients.
+//! The effect replicas and the AOF apply (see [`crate::bucket::effect`]); not meant for clients.
 //! It only sets what it is told: no clock is read, so every copy ends with the same bytes.
 //!
 //! The complete resulting state (the bucket given, and the key's lease table changed as
@@ -9,18 +9,19 @@
 //! migration accepts, and a refused one changes nothing.
 
 use crate::args::Args;
+use crate::bucket::key::BucketKey;
 use crate::error::{Error, Result};
 use crate::ffi::{self, Ctx};
-use crate::key::BucketKey;
 use crate::reply::Reply;
 use rl_core::Lease;
 
 /// The lease-table changes one effect carries, each at most once.
 #[derive(Default)]
 struct TableOps {
-    /// The bucket's hold and span (part of the bucket, not the table; absent: none).
-    hold: Option<u64>,
-    span: Option<u64>,
+    /// `HOLD t SPAN d`: the instant before which the key must not go even if full, and how
+    /// long after each write it must stay (part of the bucket, not the table; absent: 0).
+    keep_until: Option<u64>,
+    keep_after_write: Option<u64>,
     /// The version of the bucket's limit (absent: 0).
     version: Option<u64>,
     last_id: Option<u64>,
@@ -48,12 +49,12 @@ fn parse_ops(args: &Args) -> Result<TableOps> {
             }
         };
         if args.is(i, "HOLD") {
-            seen(ops.hold.is_some())?;
-            ops.hold = Some(int(i + 1)?);
+            seen(ops.keep_until.is_some())?;
+            ops.keep_until = Some(int(i + 1)?);
             i += 2;
         } else if args.is(i, "SPAN") {
-            seen(ops.span.is_some())?;
-            ops.span = Some(int(i + 1)?);
+            seen(ops.keep_after_write.is_some())?;
+            ops.keep_after_write = Some(int(i + 1)?);
             i += 2;
         } else if args.is(i, "VERSION") {
             seen(ops.version.is_some())?;
@@ -97,12 +98,26 @@ pub fn setstate(ctx: Ctx, args: Args) -> Result<Reply> {
 
     let key = BucketKey::open(ctx, args.raw(0)?);
     let state = key.state()?;
+    let (keep_until, keep_after_write, version) = (
+        ops.keep_until.unwrap_or(0),
+        ops.keep_after_write.unwrap_or(0),
+        ops.version.unwrap_or(0),
+    );
+    let validate = |last_id, leases| {
+        rl_core::validate(
+            full_at,
+            rate,
+            cap,
+            keep_until,
+            keep_after_write,
+            version,
+            last_id,
+            leases,
+        )
+    };
     if !ops.any() {
         // The bucket alone; the key's leases (valid when they got in) stay as they are.
-        let (hold, span) = (ops.hold.unwrap_or(0), ops.span.unwrap_or(0));
-        let version = ops.version.unwrap_or(0);
-        let (bucket, _) =
-            rl_core::validate(full_at, rate, cap, hold, span, version, 0, Vec::new())?;
+        let (bucket, _) = validate(0, Vec::new())?;
         key.store(state, bucket);
     } else {
         // The table this effect leaves: the key's own, changed as told (a copy: nothing
@@ -124,10 +139,7 @@ pub fn setstate(ctx: Ctx, args: Args) -> Result<Reply> {
             table.insert(l);
         }
         let (last_id, leases) = table.into_parts();
-        let (hold, span) = (ops.hold.unwrap_or(0), ops.span.unwrap_or(0));
-        let version = ops.version.unwrap_or(0);
-        let (bucket, table) =
-            rl_core::validate(full_at, rate, cap, hold, span, version, last_id, leases)?;
+        let (bucket, table) = validate(last_id, leases)?;
         key.replace(state, bucket, table);
     }
     ffi::replicate_verbatim(ctx);

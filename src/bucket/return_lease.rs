@@ -1,12 +1,13 @@
 //! `RL.RETURN key lease_id unused`: give back what a lease did not spend, once.
 
 use crate::args::Args;
+use crate::bucket::effect;
+use crate::bucket::key::BucketKey;
+use crate::clock;
 use crate::error::{Error, Result};
 use crate::ffi::Ctx;
-use crate::key::BucketKey;
-use crate::propagate;
+use crate::observe::stats;
 use crate::reply::Reply;
-use crate::{clock, stats};
 use rl_core::{Level, Settled};
 
 pub fn return_lease(ctx: Ctx, args: Args) -> Result<Reply> {
@@ -45,11 +46,11 @@ pub fn return_lease(ctx: Ctx, args: Args) -> Result<Reply> {
     if table.is_empty() && level.reset_after() == 0 && bucket.expires_at() <= now {
         // Full and no lease left: the same as no key at all.
         key.delete();
-        propagate::deleted(ctx, key_name);
+        crate::effect::deleted(ctx, key_name);
     } else {
         key.store_with_leases(state, bucket, table);
-        propagate::with_stored_limit(key_name, &bucket, |head| {
-            propagate::leases(ctx, head, now, Some(id), None)
+        effect::with_stored_limit(key_name, &bucket, |head| {
+            effect::leases(ctx, head, now, Some(id), None)
         });
     }
     Ok(Reply::count(credited))

@@ -15,7 +15,6 @@
 //! other commands do not each pay for reading Redis's statistics meanwhile.
 
 use crate::ffi::{self, Filter};
-use crate::{ops, stats};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// `total_commands_processed + 1` when the filter saw `CONFIG RESETSTAT` (0: none pending).
@@ -95,7 +94,6 @@ pub fn check() {
     if ran || now < pending - 1 {
         PENDING.store(0, Relaxed);
         AT_EXEC.store(0, Relaxed);
-        stats::reset();
-        ops::reset();
+        super::reset();
     }
 }

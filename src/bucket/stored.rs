@@ -111,7 +111,7 @@ impl Compact {
         }
         match Compact::of(bucket) {
             Some(c) => {
-                crate::stats::LIMIT_CHANGES.add(1);
+                crate::observe::stats::LIMIT_CHANGES.add(1);
                 *self = c;
                 true
             }

@@ -8,7 +8,7 @@
 use crate::args::Args;
 use crate::error::{Error, Result};
 use crate::ffi::{Ctx, Info};
-use crate::ops;
+use crate::observe::namespaces;
 use crate::reply::Reply;
 use rl_core::namespace::Counts;
 use std::ffi::CStr;
@@ -46,19 +46,21 @@ pub fn stats(_ctx: Ctx, args: Args) -> Result<Reply> {
     match args.len() {
         0 => {
             let mut all = Vec::new();
-            ops::each_namespace(|name, c| all.push((Reply::Bytes(name.to_vec()), counts(c))));
+            namespaces::each_namespace(|name, c| {
+                all.push((Reply::Bytes(name.to_vec()), counts(c)))
+            });
             Ok(Reply::Map(all))
         }
-        1 => Ok(ops::namespace_counts(args.bytes(0)?).map_or(Reply::Null, |c| counts(&c))),
+        1 => Ok(namespaces::namespace_counts(args.bytes(0)?).map_or(Reply::Null, |c| counts(&c))),
         _ => Err(Error::Arity),
     }
 }
 
 /// The namespace lines of `INFO rl`.
 pub fn info(info: &Info) {
-    ops::each_namespace(|name, c| {
+    namespaces::each_namespace(|name, c| {
         let mut field = [0u8; 64];
-        ops::info_name(name, &mut field);
+        namespaces::info_name(name, &mut field);
         info.begin_dict(CStr::from_bytes_until_nul(&field).unwrap_or(c"ns_"));
         for (f, v) in FIELDS.iter().zip(values(c)) {
             info.add_u64(f, v);

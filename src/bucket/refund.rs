@@ -4,12 +4,13 @@
 //! refilled meanwhile takes only what it lacks; one in debt pays the debt first).
 
 use crate::args::Args;
+use crate::bucket::effect;
+use crate::bucket::key::BucketKey;
+use crate::clock;
 use crate::error::{Error, Result};
 use crate::ffi::Ctx;
-use crate::key::BucketKey;
-use crate::propagate;
+use crate::observe::stats;
 use crate::reply::Reply;
-use crate::{clock, stats};
 use rl_core::Level;
 
 pub fn refund(ctx: Ctx, args: Args) -> Result<Reply> {
@@ -39,10 +40,10 @@ pub fn refund(ctx: Ctx, args: Args) -> Result<Reply> {
     if no_leases && level.reset_after() == 0 && after.expires_at() <= now {
         // Full again, nothing held: the same as no key.
         key.delete();
-        propagate::deleted(ctx, key_name);
+        crate::effect::deleted(ctx, key_name);
     } else {
         key.store(state, after);
-        propagate::with_stored_limit(key_name, &after, |head| propagate::bucket(ctx, head));
+        effect::with_stored_limit(key_name, &after, |head| effect::bucket(ctx, head));
     }
     Ok(Reply::Double(credited))
 }

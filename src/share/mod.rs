@@ -13,10 +13,13 @@
 //! few objects in the server as it can. Checked by [`ShareTable::apply`], which runs the checks RDB load runs
 //! ([`ShareTable::validate`]) before anything changes.
 
+pub mod command;
+pub mod setshares;
+
 use crate::error::{Error, Result};
 use crate::ffi::{Access, Aof, Ctx, Digest, EffectArg, Io, OpenKey, Str, Value};
 use crate::number::Num;
-use crate::stats;
+use crate::observe::stats;
 use rl_core::share::{Holder, MAX_HOLDER_LEN};
 use rl_core::{Nanos, ShareTable, MAX_HOLDERS};
 

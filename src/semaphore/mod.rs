@@ -10,10 +10,14 @@
 //! of an existing id replaces its expiry: a renewal). The result is checked by
 //! [`PermitTable::validate`], the same function RDB load uses.
 
+pub mod acquire;
+pub mod setpermits;
+
+use crate::effect::{Decimal, EffectArgs};
 use crate::error::{Error, Result};
-use crate::ffi::{Access, Aof, Ctx, Digest, EffectArg, Io, OpenKey, Str, Value};
-use crate::stats;
-use rl_core::{Permit, PermitTable, MAX_PERMITS};
+use crate::ffi::{self, Access, Aof, Ctx, Digest, EffectArg, Io, OpenKey, Str, Value};
+use crate::observe::stats;
+use rl_core::{Nanos, Permit, PermitTable, MAX_PERMITS};
 
 pub const ENCODING_VERSION: i32 = 1;
 
@@ -186,4 +190,35 @@ pub fn left(n: usize) {
 /// Counts a permit entering a table.
 pub fn entered() {
     stats::PERMITS_IN_USE.add_shared(1);
+}
+
+/// A change to a semaphore key: its last id, expired permits dropped at `prune`, one
+/// permit dropped, one added (or its expiry replaced: a renewal).
+pub struct PermitChange {
+    pub key: Str,
+    pub last_id: u64,
+    pub prune: Nanos,
+    pub drop: Option<u64>,
+    pub add: Option<rl_core::Permit>,
+}
+
+pub fn permits(ctx: Ctx, c: &PermitChange) {
+    let (last_id, prune) = (Decimal::new(c.last_id), Decimal::new(c.prune));
+    let drop = c.drop.map(Decimal::new);
+    let add = c.add.map(|a| [a.id, a.expires_at].map(Decimal::new));
+    let mut args = EffectArgs::new();
+    args.push(EffectArg::Str(c.key))
+        .keyword(c"LASTID", &last_id)
+        .keyword(c"PRUNE", &prune);
+    match (&drop, &add) {
+        (Some(id), _) => {
+            args.keyword(c"DROP", id);
+        }
+        (None, Some([id, expires_at])) => {
+            args.keyword(c"ADD", id)
+                .push(EffectArg::Bytes(expires_at.bytes()));
+        }
+        (None, None) => {}
+    }
+    ffi::replicate(ctx, c"RL.SETPERMITS", args.get());
 }

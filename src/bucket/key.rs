@@ -1,9 +1,9 @@
 //! Opening a bucket's key and writing it back with its expiry.
 
+use crate::bucket::stored::{self, StateMut, Stored};
 use crate::error::{Error, Result};
 use crate::ffi::{Access, Ctx, OpenKey, Str, Value};
-use crate::stats;
-use crate::stored::{self, StateMut, Stored};
+use crate::observe::stats;
 use rl_core::{Bucket, LeaseTable, Nanos};
 
 /// A key opened for one command; closed when dropped.

@@ -12,9 +12,10 @@
 //!
 //! `free`, `copy` and `rdb_load` keep `rl_leases_active` equal to the leases held in memory.
 
+use crate::bucket::effect;
+use crate::bucket::stored::{StateMut, Stored};
 use crate::ffi::{Aof, Digest, Io, Str};
-use crate::stored::{StateMut, Stored};
-use crate::{propagate, stats};
+use crate::observe::stats;
 use rl_core::{Lease, MAX_LEASES};
 
 pub const ENCODING_VERSION: i32 = 3;
@@ -94,7 +95,7 @@ pub fn load(io: &Io, encver: i32) -> Option<Stored> {
 }
 
 pub fn rewrite(aof: &Aof, key: Str, state: &StateMut) {
-    propagate::rewrite(aof, key, state);
+    effect::rewrite(aof, key, state);
 }
 
 pub fn mem_usage(state: &StateMut) -> usize {

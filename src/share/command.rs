@@ -6,16 +6,17 @@
 //! integers). A `RELEASE` of a holder without a live lease writes nothing.
 
 use crate::args::Args;
+use crate::clock;
 use crate::error::{Error, Result};
 use crate::ffi::Ctx;
 use crate::grammar::{self, Opt};
+use crate::observe::{namespaces, stats, top};
 use crate::reply::{Reply, Scalar};
 use crate::share::{self, LimitText, ShareKey};
-use crate::{clock, ops, stats};
 use rl_core::namespace::Outcome;
 use rl_core::{Applied, ShareError, ShareRequest, ShareTable};
 
-/// The options `RL.SHARE` takes (its `COMMAND DOCS` table lists the same).
+/// The options `RL.SHARE` takes (its entry in the command table documents this same list).
 pub const OPTIONS: &[Opt] = &[Opt::Release, Opt::Version];
 
 fn invalid(e: ShareError) -> Error {
@@ -26,7 +27,7 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
     if args.len() < 6 {
         return Err(Error::Arity);
     }
-    let limit = super::limit(&args, 1)?;
+    let limit = grammar::limit(&args, 1)?;
     let holder = args.bytes(3)?;
     rl_core::share::check_holder_id(holder).map_err(invalid)?;
     let want = args.number(4, ShareError::Want.message())?;
@@ -45,7 +46,7 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
 
     let (name, holder_arg) = (args.raw(0)?, args.raw(3)?);
     let (rate_arg, cap_arg) = (args.raw(1)?, args.raw(2)?);
-    let ns = ops::enter(name.bytes());
+    let ns = namespaces::enter(name.bytes());
     let now = clock::now();
     let key = ShareKey::open(ctx, name);
     let existing = key.table()?;
@@ -61,7 +62,7 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
     let d = table.decide(&req, now).map_err(invalid)?;
     let r = d.reply;
     if d.written {
-        super::count_applied(d.applied);
+        crate::pipeline::count_limit_source(d.applied);
         // Queued now, sent after the command: the table is still at hand here.
         let limit = match d.applied {
             // Decided under the stored limit: the effect carries it, not the caller's.
@@ -98,7 +99,10 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
         } else {
             Outcome::Denied
         };
-        ops::decided(ns, name.bytes(), outcome, now);
+        namespaces::record(ns, outcome);
+        if outcome == Outcome::Denied {
+            top::denied(name.bytes(), now);
+        }
     }
     Ok(Reply::row([
         Scalar::Double(r.rate),

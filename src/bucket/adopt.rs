@@ -8,13 +8,25 @@
 //! AOF hold the same bucket. Any other hash, or adoption off: `WRONGTYPE`.
 
 use crate::args::parse_number;
+use crate::bucket::key::BucketKey;
+use crate::bucket::stored::StateMut;
 use crate::error::{Error, Result};
 use crate::ffi::{Ctx, KeyKind, OpenKey, Str};
-use crate::key::BucketKey;
-use crate::stored::StateMut;
-use crate::{propagate, stats};
+use crate::observe::stats;
 use rl_core::{Level, Limit, Nanos};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+/// `rl.adopt-script-keys`: convert the seed Lua script's hashes into buckets.
+static ADOPT: AtomicBool = AtomicBool::new(false);
+
+pub fn adopt() -> bool {
+    ADOPT.load(Relaxed)
+}
+
+pub fn set_adopt(v: bool) -> std::result::Result<(), crate::ffi::Refusal> {
+    ADOPT.store(v, Relaxed);
+    Ok(())
+}
 
 /// The key's bucket, or (adoption on) the script state it holds as a level at `now`.
 pub fn state<'k>(
@@ -23,7 +35,7 @@ pub fn state<'k>(
     now: Nanos,
 ) -> Result<(Option<StateMut<'k>>, Option<Level>)> {
     match key.state() {
-        Err(Error::WrongType) if crate::ops::ADOPT.load(Relaxed) => {
+        Err(Error::WrongType) if ADOPT.load(Relaxed) => {
             let level = script_state(key.open_key())
                 .and_then(|(tokens, ts)| rl_core::adopt::script_level(tokens, ts, limit, now))
                 .ok_or(Error::WrongType)?;
@@ -47,6 +59,6 @@ fn script_state(key: &OpenKey) -> Option<(f64, f64)> {
 /// on replicas, whose next effect is the bucket's `RL.SETSTATE`.
 pub fn replace(ctx: Ctx, key: &BucketKey, name: Str) {
     key.delete();
-    propagate::deleted(ctx, name);
+    crate::effect::deleted(ctx, name);
     stats::ADOPTED.add(1);
 }

@@ -101,7 +101,7 @@ pub fn reset() {
 /// The `INFO rl` section (the crash report gets the counters only).
 pub fn info(info: &Info, for_crash_report: bool) {
     if !for_crash_report {
-        crate::resetstat::check();
+        crate::observe::resetstat::check();
     }
     info.section();
     for (name, counter) in FIELDS {
@@ -119,6 +119,6 @@ pub fn info(info: &Info, for_crash_report: bool) {
     };
     info.add_text(c"mode", mode);
     if !for_crash_report {
-        crate::commands::stats::info(info);
+        crate::observe::rl_stats::info(info);
     }
 }

@@ -17,7 +17,7 @@ pub fn setshares(ctx: Ctx, args: Args) -> Result<Reply> {
     if args.len() != 7 {
         return Err(Error::Arity);
     }
-    let limit = super::limit(&args, 1)?;
+    let limit = crate::grammar::limit(&args, 1)?;
     let version = crate::grammar::version(&args, 3)?;
     let prune = args.integer(4, "prune_at must be a non-negative integer")?;
     let entry = share::parse_entry(args.bytes(5)?, args.bytes(6)?).ok_or(Error::Invalid(FIELDS))?;
