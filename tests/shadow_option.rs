@@ -48,7 +48,7 @@ fn take_shadow_grants_but_evolves_as_enforce() {
         .unwrap();
     assert_eq!((v.0, v.2), (1, 0));
     // A grant under SHADOW is an ordinary grant.
-    let g: i64 = query(&mut c, &["RL.TAKE", "s:2", "1", "2", "1", "SHADOW"]);
+    let g: i64 = query(&mut c, &["RL.TAKE", "s:2", "0.001", "2", "1", "SHADOW"]);
     assert_eq!(g, 1);
     assert!(tokens(&mut c, "s:2") < 1.01);
 }
