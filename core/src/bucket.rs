@@ -38,11 +38,11 @@ pub fn take_all(levels: &mut [Level], n: f64) -> AllOrNothing {
 /// The deficit of a bucket `deficit` ns from full under `old`, carried over to `new`: the
 /// same tokens (clamped to the new cap), rounded so none appear. Every step rounds toward
 /// fewer tokens, so a limit that alternates back and forth can only lose fractions.
-/// The span a bucket keeps at instant `at`: its own while its hold has not passed (a key
-/// whose hold passed is one Redis is about to drop), else none.
-fn live_span(b: &Bucket, at: Nanos) -> Nanos {
-    if b.hold > at {
-        b.span
+/// The time a write keeps the key alive, as of instant `at`: the bucket's own while its
+/// `keep_until` has not passed (a key past it is one Redis is about to drop), else none.
+fn live_keep_after_write(b: &Bucket, at: Nanos) -> Nanos {
+    if b.keep_until > at {
+        b.keep_after_write
     } else {
         0
     }
@@ -84,15 +84,15 @@ pub const MAX_INSTANT: Nanos = i64::MAX as Nanos;
 pub struct Bucket {
     full_at: Nanos,
     limit: Limit,
-    /// The key must live at least until this instant (0: no such need). See `span`.
-    hold: Nanos,
+    /// The key must live at least until this instant (0: no such need). See `keep_after_write`.
+    keep_until: Nanos,
     /// After a write changed the bucket's limit: the longest time to fill of the limits it
-    /// was written under since, and every write keeps the key until `span` after it
-    /// (`hold`). Were the key to go as soon as it is full under a smaller cap, a caller
+    /// was written under since, and every write keeps the key until `keep_after_write` after
+    /// it (`keep_until`). Were the key to go as soon as it is full under a smaller cap, a caller
     /// still on an old, larger limit would find no key, that is a full bucket, and tokens
     /// would appear; a bucket idle that long is full under every one of its limits, so
     /// dropping it then creates none. 0 for a bucket only ever used with one limit.
-    span: Nanos,
+    keep_after_write: Nanos,
     /// The version of the limit it holds (`VERSION v`; 0: never given one). See
     /// [`crate::version`].
     version: u64,
@@ -100,17 +100,22 @@ pub struct Bucket {
 
 impl Bucket {
     pub fn new(full_at: Nanos, limit: Limit) -> Bucket {
-        Bucket::with_hold(full_at, limit, 0, 0)
+        Bucket::with_keep(full_at, limit, 0, 0)
     }
 
-    /// A bucket whose key must live until `hold`, and `span` after every write (see
-    /// [`Bucket::span`]).
-    pub fn with_hold(full_at: Nanos, limit: Limit, hold: Nanos, span: Nanos) -> Bucket {
+    /// A bucket whose key must live until `keep_until`, and `keep_after_write` after every
+    /// write (see [`Bucket::keep_after_write`]).
+    pub fn with_keep(
+        full_at: Nanos,
+        limit: Limit,
+        keep_until: Nanos,
+        keep_after_write: Nanos,
+    ) -> Bucket {
         Bucket {
             full_at: full_at.min(MAX_INSTANT),
             limit,
-            hold: hold.min(MAX_INSTANT),
-            span,
+            keep_until: keep_until.min(MAX_INSTANT),
+            keep_after_write,
             version: 0,
         }
     }
@@ -133,18 +138,18 @@ impl Bucket {
     }
 
     /// The instant before which the key must not go even if the bucket is full (0: none).
-    pub fn hold(&self) -> Nanos {
-        self.hold
+    pub fn keep_until(&self) -> Nanos {
+        self.keep_until
     }
 
     /// How long after each write the key must stay, since its limit changed (0: never).
-    pub fn span(&self) -> Nanos {
-        self.span
+    pub fn keep_after_write(&self) -> Nanos {
+        self.keep_after_write
     }
 
-    /// When the key may go: full, and past any hold.
+    /// When the key may go: full, and past `keep_until`.
     pub fn expires_at(&self) -> Nanos {
-        self.full_at.max(self.hold)
+        self.full_at.max(self.keep_until)
     }
 
     pub fn full_at(&self) -> Nanos {
@@ -168,8 +173,8 @@ pub struct Level {
     behind: Nanos,
     /// Nanoseconds until full; `0..=limit.fill_nanos()`.
     deficit: Nanos,
-    /// See [`Bucket::span`]: the stored one while its hold has not passed.
-    span: Nanos,
+    /// See [`Bucket::keep_after_write`]: the stored one while `keep_until` has not passed.
+    keep_after_write: Nanos,
     /// The version of the limit, stored with the bucket (see [`Bucket::version`]).
     version: u64,
 }
@@ -185,13 +190,13 @@ impl Level {
                 at: now,
                 behind: 0,
                 deficit: 0,
-                span: 0,
+                keep_after_write: 0,
                 version: 0,
             };
         };
         if b.limit == limit {
             let mut level = Level::refill(b.full_at, limit, now);
-            level.span = live_span(b, level.at);
+            level.keep_after_write = live_keep_after_write(b, level.at);
             level.version = b.version;
             return level;
         }
@@ -201,7 +206,7 @@ impl Level {
         Level {
             deficit: carry_over(old.deficit, &b.limit, &limit),
             limit,
-            span: live_span(b, old.at).max(b.limit.fill_nanos()),
+            keep_after_write: live_keep_after_write(b, old.at).max(b.limit.fill_nanos()),
             version: b.version,
             ..old
         }
@@ -227,7 +232,7 @@ impl Level {
             at: now,
             behind: 0,
             deficit,
-            span: 0,
+            keep_after_write: 0,
             version: 0,
         }
     }
@@ -247,7 +252,7 @@ impl Level {
             at,
             behind: at - now,
             deficit: full_at.saturating_sub(at),
-            span: 0,
+            keep_after_write: 0,
             version: 0,
         }
     }
@@ -382,13 +387,18 @@ impl Level {
 
     /// The state to store.
     pub fn bucket(&self) -> Bucket {
-        let hold = if self.span > 0 {
-            self.at.saturating_add(self.span)
+        let keep_until = if self.keep_after_write > 0 {
+            self.at.saturating_add(self.keep_after_write)
         } else {
             0
         };
-        Bucket::with_hold(self.at + self.deficit, self.limit, hold, self.span)
-            .with_version(self.version)
+        Bucket::with_keep(
+            self.at + self.deficit,
+            self.limit,
+            keep_until,
+            self.keep_after_write,
+        )
+        .with_version(self.version)
     }
 }
 
@@ -526,26 +536,29 @@ mod tests {
         let mut l = Level::new(None, big, T0);
         assert!(l.try_take(999.0));
         let under_big = l.bucket();
-        assert_eq!((under_big.hold(), under_big.span()), (0, 0));
+        assert_eq!(
+            (under_big.keep_until(), under_big.keep_after_write()),
+            (0, 0)
+        );
         // One call under the small limit: full under it within 10 ms...
         let mut s = Level::new(Some(&under_big), small, T0);
         assert!(s.try_take(1.0));
         let b = s.bucket();
         assert!(b.full_at() <= T0 + 10 * S / 1000);
         // ...but the key stays until idle as long as the big limit takes to fill.
-        assert_eq!(b.span(), big.fill_nanos());
+        assert_eq!(b.keep_after_write(), big.fill_nanos());
         assert_eq!(b.expires_at(), T0 + big.fill_nanos());
         // A caller back on the big limit finds the small bucket's tokens, not 1000.
         let mut back = Level::new(Some(&b), big, T0 + 30 * S / 1000);
         assert!(back.tokens() <= 10.0 + 1e-9);
         assert!(!back.try_take(11.0));
         assert!(back.try_take(1.0));
-        // Every write moves the hold on.
+        // Every write moves `keep_until` on.
         let again = back.bucket();
-        assert_eq!(again.hold(), T0 + 30 * S / 1000 + big.fill_nanos());
-        // Once the hold has passed, the span goes with it.
-        let later = Level::new(Some(&again), big, again.hold() + 1);
-        assert_eq!(later.bucket().span(), 0);
+        assert_eq!(again.keep_until(), T0 + 30 * S / 1000 + big.fill_nanos());
+        // Once `keep_until` has passed, `keep_after_write` goes with it.
+        let later = Level::new(Some(&again), big, again.keep_until() + 1);
+        assert_eq!(later.bucket().keep_after_write(), 0);
     }
 
     #[test]

@@ -64,8 +64,8 @@ pub fn validate(
     full_at: Nanos,
     rate: f64,
     cap: f64,
-    hold: Nanos,
-    span: Nanos,
+    keep_until: Nanos,
+    keep_after_write: Nanos,
     version: u64,
     last_id: u64,
     leases: Vec<Lease>,
@@ -74,7 +74,7 @@ pub fn validate(
     if full_at > MAX_INSTANT {
         return Err(StateError::FullAt);
     }
-    if hold > MAX_INSTANT || span > MAX_INSTANT {
+    if keep_until > MAX_INSTANT || keep_after_write > MAX_INSTANT {
         return Err(StateError::Hold);
     }
     if version > MAX_VERSION {
@@ -106,7 +106,7 @@ pub fn validate(
             .ok_or(StateError::HeldTotal)?;
     }
     Ok((
-        Bucket::with_hold(full_at, limit, hold, span).with_version(version),
+        Bucket::with_keep(full_at, limit, keep_until, keep_after_write).with_version(version),
         LeaseTable::from_validated(last_id, leases),
     ))
 }

@@ -25,8 +25,8 @@ pub fn save(io: &Io, state: &StateMut) {
     io.save_unsigned(b.full_at());
     io.save_double(b.limit().rate());
     io.save_double(b.limit().cap());
-    io.save_unsigned(b.hold());
-    io.save_unsigned(b.span());
+    io.save_unsigned(b.keep_until());
+    io.save_unsigned(b.keep_after_write());
     io.save_unsigned(b.version());
     let Some(table) = state.table() else {
         io.save_unsigned(0);
@@ -107,9 +107,9 @@ pub fn digest(md: &Digest, state: &StateMut) {
     md.add(b.full_at());
     md.add(b.limit().rate().to_bits());
     md.add(b.limit().cap().to_bits());
-    if b.hold() != 0 || b.span() != 0 {
-        md.add(b.hold());
-        md.add(b.span());
+    if b.keep_until() != 0 || b.keep_after_write() != 0 {
+        md.add(b.keep_until());
+        md.add(b.keep_after_write());
     }
     if b.version() != 0 {
         // After the hold and span (both 0 if absent), so no two states add the same.

@@ -39,8 +39,8 @@ impl<'a> BucketEffect<'a> {
             full_at: bucket.full_at(),
             rate,
             cap,
-            keep_until: bucket.hold(),
-            keep_after_write: bucket.span(),
+            keep_until: bucket.keep_until(),
+            keep_after_write: bucket.keep_after_write(),
             version: bucket.version(),
         }
     }
@@ -196,19 +196,19 @@ pub fn rewrite(aof: &Aof, key: Str, state: &StateMut) {
         // hold nor a version).
         with(&[
             EffectArg::Text(c"HOLD"),
-            EffectArg::Int(b.hold() as i64),
+            EffectArg::Int(b.keep_until() as i64),
             EffectArg::Text(c"SPAN"),
-            EffectArg::Int(b.span() as i64),
+            EffectArg::Int(b.keep_after_write() as i64),
             EffectArg::Text(c"VERSION"),
             EffectArg::Int(b.version() as i64),
         ]);
-    } else if b.hold() != 0 || b.span() != 0 {
+    } else if b.keep_until() != 0 || b.keep_after_write() != 0 {
         // Last, as above.
         with(&[
             EffectArg::Text(c"HOLD"),
-            EffectArg::Int(b.hold() as i64),
+            EffectArg::Int(b.keep_until() as i64),
             EffectArg::Text(c"SPAN"),
-            EffectArg::Int(b.span() as i64),
+            EffectArg::Int(b.keep_after_write() as i64),
         ]);
     }
     ffi::emit_aof(aof, c"PERSIST", &[EffectArg::Str(key)]);
