@@ -321,7 +321,17 @@ fn parent(a: &Args) -> Res<()> {
             windows.join(",")
         )?;
     } else {
-        report(&mut out, a, &Totals { decisions, granted, server_calls, took, client_calls })?;
+        report(
+            &mut out,
+            a,
+            &Totals {
+                decisions,
+                granted,
+                server_calls,
+                took,
+                client_calls,
+            },
+        )?;
         writeln!(
             out,
             "let out: {granted} in {secs} s, bound cap + rate * T + holders = {total_bound:.0} ({})",
