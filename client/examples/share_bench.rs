@@ -120,9 +120,15 @@ fn child(a: &Args, url: &str, start_wall: u64) -> Res<()> {
     let limiter = runtime.block_on(async {
         ShareLimiter::from_client(client, KEY, limit(a.rate, a.cap)?, config)
     })?;
-    // The shared start, on this process's monotonic clock.
-    let lead = start_wall.saturating_sub(wall_ns());
-    let t0 = Instant::now() + Duration::from_nanos(lead);
+    // The shared start on this process's monotonic clock, in the past if this process came
+    // up late (it then takes from then on: its bins stay on the fleet's clock).
+    let (now_wall, now) = (wall_ns(), Instant::now());
+    let t0 = if start_wall >= now_wall {
+        now + Duration::from_nanos(start_wall - now_wall)
+    } else {
+        now.checked_sub(Duration::from_nanos(now_wall - start_wall))
+            .unwrap_or(now)
+    };
     std::thread::sleep(t0.saturating_duration_since(Instant::now()));
     let ms = (a.seconds * 1000.0) as usize;
     let mut bins = vec![0u64; ms + 1];

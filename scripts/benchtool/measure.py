@@ -492,9 +492,13 @@ def hot_run(r, binary, client, argv):
     except ValueError as e:
         raise RuntimeError(f"{client} share bench (exit {done.returncode}): {e}\n"
                            f"{done.stderr[-2000:]}") from None  # fmt: skip
-    if done.returncode != 0 or not v["within"]:
-        raise RuntimeError(f"{client} share bench: let-out over its bound or a failure "
-                           f"(exit {done.returncode}): {done.stdout[-1000:]}{done.stderr[-1000:]}")
+    if done.returncode != 0 and v["within"]:
+        raise RuntimeError(f"{client} share bench failed (exit {done.returncode}): "
+                           f"{done.stdout[-1000:]}{done.stderr[-1000:]}")  # fmt: skip
+    if not v["within"]:
+        # Recorded, not raised: the report shows the windows over their bound and its check
+        # fails, so the run is kept for a look.
+        log(f"{client} share bench: LET-OUT OVER ITS BOUND: {done.stdout[-1000:]}")
     v["load_before"], v["load_after"] = list(load_before), list(load_after)
     return v
 
