@@ -510,8 +510,9 @@ def hotkey_section(r, binary):
     log(f"one hot key: {r.c.hot_procs} Rust processes, {r.c.hot_seconds} s")
     out["rust"] = hot_run(r, binary, "rust", [str(rust), "--json"])
     log(f"one hot key: {r.c.hot_procs} Python processes, {r.c.hot_seconds} s")
-    out["python"] = hot_run(r, binary, "python",
-                            [str(python), str(ROOT / "scripts" / "benchtool" / "share_bench.py")])
+    # Python processes take seconds to come up on a busy machine (the smoke run's two, less).
+    script = [str(python), str(ROOT / "scripts" / "benchtool" / "share_bench.py")]
+    out["python"] = hot_run(r, binary, "python", script + ["--lead", "2" if r.c.quick else "5"])
     out["cpus"] = os.cpu_count()
     return out
 

@@ -5,6 +5,7 @@ as its `--json`; `scripts/bench` runs both (the "One hot key" section of BENCHMA
 
     target/python-venv/bin/python scripts/benchtool/share_bench.py \\
         --url redis://127.0.0.1:PORT/ [--procs 8] [--seconds 10] [--rate 100000] [--cap 10000]
+        [--lead 5]
 
 Needs the redis_rl package (python/) and a server with the module at `--url` where the key
 `bench:hot` does not exist. Starts `--procs` copies of itself; each holds one `ShareLimiter`
@@ -27,7 +28,8 @@ import time
 
 KEY = "bench:hot"
 WINDOWS_MS = (50, 100, 250, 500, 1000, 2000)
-# Every process is up and holds its first share before the shared start.
+# Every process should be up and hold its first share before the shared start (one that is
+# not takes from when it is: `late_start_ms`).
 LEAD_S = 5.0
 
 
@@ -127,7 +129,7 @@ def parent(args):
     admin = redis.Redis.from_url(args.url)
     if admin.exists(KEY):
         sys.exit(f"share_bench: {KEY} exists on {args.url}: start from a fresh server")
-    start = time.time_ns() + int(LEAD_S * 1e9)
+    start = time.time_ns() + int(args.lead * 1e9)
     common = ["--url", args.url, "--seconds", str(args.seconds), "--rate", str(args.rate),
               "--cap", str(args.cap), "--start", str(start)]  # fmt: skip
     procs = [subprocess.Popen([sys.executable, __file__, "--child", *common],
@@ -164,6 +166,7 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--rate", type=float, default=100_000.0)
     ap.add_argument("--cap", type=float, default=10_000.0)
+    ap.add_argument("--lead", type=float, default=LEAD_S, help="seconds to the shared start")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
