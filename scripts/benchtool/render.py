@@ -433,8 +433,8 @@ class Report:
 
     # -- one hot key ------------------------------------------------------------------------------
 
-    HOT_CLIENTS = [("rust", "Rust `rl_client::ShareLimiter`"),
-                   ("python", "Python `redis_rl.ShareLimiter`")]  # fmt: skip
+    HOT_CLIENTS = (("rust", "Rust `rl_client::ShareLimiter`"),
+                   ("python", "Python `redis_rl.ShareLimiter`"))  # fmt: skip
 
     def hot_table(self):
         hot = self.r.get("hotkey")
