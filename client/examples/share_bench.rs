@@ -1,20 +1,23 @@
 //! One hot key shared by a fleet of processes (`ShareLimiter`, `RL.SHARE`): decisions per
 //! second across the fleet, Redis calls per second, and what was let out against its bound.
-//! Results: docs/share-bench.md.
+//! `scripts/bench` runs it (its "One hot key" section in BENCHMARKS.md); docs/share-bench.md
+//! says what it measures.
 //!
 //! ```text
 //! cargo build --release -p redis-rl
 //! cargo run --release -p rl-client --example share_bench -- \
 //!     --module target/release/libredis_rl.so [--procs 8] [--seconds 10] [--rate 100000] [--cap 10000]
+//!     [--url redis://127.0.0.1:PORT/] [--json]
 //! ```
 //!
-//! Starts a redis-server with the module on a free loopback port, then `--procs` copies of
-//! itself; each holds one `ShareLimiter` on the key and calls `try_take(1)` in a tight loop
+//! Starts a redis-server with the module on a free loopback port (or uses the server at
+//! `--url`, whose key `bench:hot` must not exist), then `--procs` copies of itself; each holds one `ShareLimiter` on the key and calls `try_take(1)` in a tight loop
 //! on one thread for `--seconds` (its refresh runs on a second thread), counting grants per
 //! millisecond of a clock shared by the processes. The parent adds it up: decisions/s,
 //! `RL.SHARE` calls/s (the server's `INFO commandstats`), and the most granted in any
 //! window of 50 ms to 2 s against `cap + rate * t + holders` (plus a millisecond for the
-//! bins), and in the whole run against `cap + rate * T + holders`.
+//! bins), and in the whole run against `cap + rate * T + holders`. `--json` prints that as
+//! one JSON object (the format scripts/benchtool/share_bench.py prints for the Python client).
 
 use std::io::{BufRead, Write};
 use std::process::{Command, Stdio};
@@ -32,6 +35,8 @@ struct Args {
     seconds: f64,
     rate: f64,
     cap: f64,
+    url: Option<String>,
+    json: bool,
     child: Option<(String, u64)>,
 }
 
@@ -42,25 +47,50 @@ fn args() -> Res<Args> {
         seconds: 10.0,
         rate: 100_000.0,
         cap: 10_000.0,
+        url: None,
+        json: false,
         child: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < argv.len() {
         let v = |k: usize| argv.get(i + k).cloned().ok_or("missing value");
-        match argv[i].as_str() {
-            "--module" => a.module = v(1)?,
-            "--procs" => a.procs = v(1)?.parse()?,
-            "--seconds" => a.seconds = v(1)?.parse()?,
-            "--rate" => a.rate = v(1)?.parse()?,
-            "--cap" => a.cap = v(1)?.parse()?,
+        // How many arguments this option took, itself included.
+        i += match argv[i].as_str() {
+            "--module" => {
+                a.module = v(1)?;
+                2
+            }
+            "--procs" => {
+                a.procs = v(1)?.parse()?;
+                2
+            }
+            "--seconds" => {
+                a.seconds = v(1)?.parse()?;
+                2
+            }
+            "--rate" => {
+                a.rate = v(1)?.parse()?;
+                2
+            }
+            "--cap" => {
+                a.cap = v(1)?.parse()?;
+                2
+            }
+            "--url" => {
+                a.url = Some(v(1)?);
+                2
+            }
+            "--json" => {
+                a.json = true;
+                1
+            }
             "--child" => {
                 a.child = Some((v(1)?, v(2)?.parse()?));
-                i += 1;
+                3
             }
             other => return Err(format!("unknown argument {other}").into()),
-        }
-        i += 2;
+        };
     }
     Ok(a)
 }
@@ -90,9 +120,15 @@ fn child(a: &Args, url: &str, start_wall: u64) -> Res<()> {
     let limiter = runtime.block_on(async {
         ShareLimiter::from_client(client, KEY, limit(a.rate, a.cap)?, config)
     })?;
-    // The shared start, on this process's monotonic clock.
-    let lead = start_wall.saturating_sub(wall_ns());
-    let t0 = Instant::now() + Duration::from_nanos(lead);
+    // The shared start on this process's monotonic clock, in the past if this process came
+    // up late (it then takes from then on: its bins stay on the fleet's clock).
+    let (now_wall, now) = (wall_ns(), Instant::now());
+    let t0 = if start_wall >= now_wall {
+        now + Duration::from_nanos(start_wall - now_wall)
+    } else {
+        now.checked_sub(Duration::from_nanos(now_wall - start_wall))
+            .unwrap_or(now)
+    };
     std::thread::sleep(t0.saturating_duration_since(Instant::now()));
     let ms = (a.seconds * 1000.0) as usize;
     let mut bins = vec![0u64; ms + 1];
@@ -195,8 +231,15 @@ fn share_calls(conn: &mut redis::Connection) -> Res<u64> {
 }
 
 fn parent(a: &Args) -> Res<()> {
-    let server = start_server(&a.module)?;
-    let url = format!("redis://127.0.0.1:{}/", server.port);
+    let server = match &a.url {
+        Some(_) => None,
+        None => Some(start_server(&a.module)?),
+    };
+    let url = match (&a.url, &server) {
+        (Some(url), _) => url.clone(),
+        (None, Some(s)) => format!("redis://127.0.0.1:{}/", s.port),
+        (None, None) => unreachable!("a server is started when no --url is given"),
+    };
     let mut admin = redis::Client::open(url.as_str())?.get_connection()?;
     // Everyone starts together, after every process is up and has its first share.
     let start = wall_ns() + 2_000_000_000;
@@ -264,7 +307,75 @@ fn parent(a: &Args) -> Res<()> {
     }
     let total_bound = a.cap + a.rate * secs + holders;
     let server_calls = calls_after.saturating_sub(calls_before);
+    let ok = granted as f64 <= total_bound && worst.iter().all(|(_, b, bound)| *b as f64 <= *bound);
     let mut out = std::io::stdout().lock();
+    if a.json {
+        let windows: Vec<String> = worst
+            .iter()
+            .map(|(w, best, bound)| format!("[{w},{best},{bound}]"))
+            .collect();
+        writeln!(
+            out,
+            "{{\"client\":\"rust\",\"procs\":{},\"seconds\":{secs},\"rate\":{},\"cap\":{},\
+             \"decisions\":{decisions},\"granted\":{granted},\"server_calls\":{server_calls},\
+             \"server_secs\":{},\"client_calls\":{client_calls},\"bound\":{total_bound},\
+             \"windows\":[{}],\"within\":{ok}}}",
+            a.procs,
+            a.rate,
+            a.cap,
+            took.as_secs_f64(),
+            windows.join(",")
+        )?;
+    } else {
+        report(
+            &mut out,
+            a,
+            &Totals {
+                decisions,
+                granted,
+                server_calls,
+                took,
+                client_calls,
+            },
+        )?;
+        writeln!(
+            out,
+            "let out: {granted} in {secs} s, bound cap + rate * T + holders = {total_bound:.0} ({})",
+            verdict(granted as f64 <= total_bound)
+        )?;
+        for (w, best, bound) in &worst {
+            writeln!(
+                out,
+                "  most in any {w} ms: {best}, bound {bound:.0} ({})",
+                verdict(*best as f64 <= *bound)
+            )?;
+        }
+    }
+    drop(server);
+    if !ok {
+        return Err("let-out over its bound".into());
+    }
+    Ok(())
+}
+
+fn verdict(within: bool) -> &'static str {
+    if within {
+        "within"
+    } else {
+        "EXCEEDED"
+    }
+}
+
+struct Totals {
+    decisions: u64,
+    granted: u64,
+    server_calls: u64,
+    took: Duration,
+    client_calls: u64,
+}
+
+fn report(out: &mut impl Write, a: &Args, t: &Totals) -> Res<()> {
+    let secs = a.seconds;
     writeln!(
         out,
         "{} processes, one key (rate {}, cap {}), {:.1} s",
@@ -272,44 +383,20 @@ fn parent(a: &Args) -> Res<()> {
     )?;
     writeln!(
         out,
-        "decisions: {decisions} ({:.0}/s across the fleet), granted {granted} ({:.0}/s)",
-        decisions as f64 / secs,
-        granted as f64 / secs
+        "decisions: {} ({:.0}/s across the fleet), granted {} ({:.0}/s)",
+        t.decisions,
+        t.decisions as f64 / secs,
+        t.granted,
+        t.granted as f64 / secs
     )?;
     writeln!(
         out,
         "RL.SHARE calls: {:.1}/s at the server during the run ({} in {:.2} s), {} by the clients in all",
-        server_calls as f64 / took.as_secs_f64(),
-        server_calls,
-        took.as_secs_f64(),
-        client_calls
+        t.server_calls as f64 / t.took.as_secs_f64(),
+        t.server_calls,
+        t.took.as_secs_f64(),
+        t.client_calls
     )?;
-    writeln!(
-        out,
-        "let out: {granted} in {secs} s, bound cap + rate * T + holders = {total_bound:.0} ({})",
-        if granted as f64 <= total_bound {
-            "within"
-        } else {
-            "EXCEEDED"
-        }
-    )?;
-    let mut ok = granted as f64 <= total_bound;
-    for (w, best, bound) in &worst {
-        writeln!(
-            out,
-            "  most in any {w} ms: {best}, bound {bound:.0} ({})",
-            if *best as f64 <= *bound {
-                "within"
-            } else {
-                "EXCEEDED"
-            }
-        )?;
-        ok &= *best as f64 <= *bound;
-    }
-    drop(server);
-    if !ok {
-        return Err("let-out over its bound".into());
-    }
     Ok(())
 }
 

@@ -22,6 +22,9 @@ scripts/bench --quick           smoke run (BENCH_QUICK=1 too): tiny counts, JSON
                                 in a temp dir, check that every table is there; no timings
                                 are asserted and nothing in the repository is written
 scripts/bench measure [--json PATH]          measure only
+scripts/bench [measure] --only SECTION,...   measure only these sections (throughput, memory,
+                                profile, share, hotkey) and merge them into the existing
+                                results JSON (the others, and their dates, stay)
 scripts/bench render [--json PATH] [--out PATH]  render (and check) from an existing JSON
 scripts/bench check [--out PATH]             check a rendered file
 
@@ -58,7 +61,17 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", default=os.environ.get("BENCH_QUICK") == "1")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--only", default=None, help="comma-separated sections")
     args = ap.parse_args(argv)
+    only = None
+    if args.only is not None:
+        only = [s for s in args.only.split(",") if s]
+        unknown = [s for s in only if s not in spec.SECTIONS]
+        if unknown or not only:
+            ap.error(f"--only: unknown section(s) {', '.join(unknown) or '(none given)'} "
+                     f"(known: {', '.join(spec.SECTIONS)})")
+        if args.action not in ("all", "measure"):
+            ap.error("--only goes with measuring (scripts/bench [measure] --only ...)")
     profile = os.environ.get("BENCH_PROFILE", "1") != "0"
     servers = [s for s in os.environ.get("BENCH_SERVERS", ",".join(spec.SERVERS)).split(",") if s]
     for s in servers:
@@ -82,12 +95,22 @@ def main(argv=None):
         return fail(problems, str(md_path)) if problems else 0
 
     if args.action in ("all", "measure"):
-        from .measure import measure
+        from .measure import measure, merge
+        base = None
+        if only is not None:
+            if not json_path.exists():
+                ap.error(f"--only merges into {json_path}, which does not exist: measure every "
+                         f"section first (or give --json)")
+            base = json.loads(json_path.read_text())
         counts = spec.Counts(args.quick)
-        results = measure(counts, profile=profile, servers=servers)
+        results = measure(counts, profile=profile, servers=servers, only=only)
+        if base is not None:
+            results = merge(base, results)
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(results, indent=1) + "\n")
-        log(f"wrote {json_path} ({results['meta']['minutes']:.1f} min)")
+        took = sum(s["minutes"] or 0 for n, s in results["sections"].items()
+                   if only is None or n in only)  # fmt: skip
+        log(f"wrote {json_path} ({took:.1f} min)")
         if args.action == "measure":
             return 0
     else:

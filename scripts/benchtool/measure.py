@@ -5,6 +5,7 @@ the release build of the module loaded) and stops at the end.
 """
 
 import datetime
+import json
 import os
 import platform
 import re
@@ -355,6 +356,170 @@ def profile_server(r, name):
 
 
 # ---------------------------------------------------------------------------------------------
+# RL.SHARE at scale: server time per call and memory per holder on one key.
+
+
+def server_cpu(server):
+    """CPU seconds the server process used (user + system, `INFO cpu`): unlike the wall time
+    `INFO commandstats` adds up, it does not grow while the server waits for a CPU."""
+    info = server.conn.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def share_scale(r, binary, holders):
+    """One key with `holders` holders (each wants 10/s of 1000/s), settled by rounds of calls
+    apart by more than the hold, then `share_calls` calls round-robin: server µs per call
+    (`INFO commandstats`, the median of `share_batches` batches) and server CPU µs per call
+    (the whole request: reading, parsing, the command, the reply), `used_memory` per holder,
+    `MEMORY USAGE` of the key."""
+    server = r.server(binary, f"share-{holders}")
+    key = "rl:share"
+
+    def call(i):
+        return ["RL.SHARE", key, *spec.GRANT_LIMIT, spec.share_holder(i), spec.SHARE_WANT,
+                spec.SHARE_PERIOD_MS]  # fmt: skip
+
+    try:
+        base = settled_memory(server)
+        for _ in range(spec.SHARE_ROUNDS):
+            replies = server.conn.pipeline([call(i) for i in range(holders)])
+            time.sleep(spec.SHARE_ROUND_GAP_S)
+        live = replies[-1][4]
+        if live != holders:
+            raise RuntimeError(f"RL.SHARE at {holders} holders: the key has {live}")
+        # The timed calls in batches, each timed alone: a batch whose server was descheduled
+        # mid-call (the machine is shared) does not move the median.
+        n, batches = r.c.share_calls, r.c.share_batches
+        usec, cpu = [], []
+        for b in range(batches):
+            server.call("CONFIG", "RESETSTAT")
+            per = n // batches
+            cpu0 = server_cpu(server)
+            server.conn.pipeline([call(i % holders) for i in range(b * per, (b + 1) * per)])
+            cpu.append((server_cpu(server) - cpu0) * 1e6 / per)
+            stats = command_stats(server, "rl.share")
+            if stats["failed_calls"] or stats["calls"] != per:
+                raise RuntimeError(f"RL.SHARE at {holders} holders: {stats} (errors or missing "
+                                   f"calls)")  # fmt: skip
+            usec.append(stats["usec"] / stats["calls"])
+        used = settled_memory(server)
+        return {"holders": holders, "calls": n, "batches": usec,
+                "usec": statistics.median(usec), "cpu_batches": cpu,
+                "cpu_usec": statistics.median(cpu),
+                "bytes_per_holder": (used - base) / holders,
+                "usage": server.call("MEMORY", "USAGE", key)}  # fmt: skip
+    finally:
+        server.stop()
+
+
+def share_section(r, binary):
+    out = []
+    for holders in r.c.share_holders:
+        log(f"RL.SHARE at {holders} holders")
+        out.append(share_scale(r, binary, holders))
+    return {"limit": spec.GRANT_LIMIT, "want": spec.SHARE_WANT, "period_ms": spec.SHARE_PERIOD_MS,
+            "rounds": spec.SHARE_ROUNDS, "scale": out}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# One hot key: a fleet of processes sharing one key through ShareLimiter (Rust and Python).
+
+
+def python_env():
+    """target/python-venv (as scripts/test-python makes it) with the redis_rl package."""
+    venv = ROOT / "target" / "python-venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        log(f"making {venv}")
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    probe = subprocess.run([str(python), "-c", "import redis, redis_rl"], capture_output=True,
+                           check=False)  # fmt: skip
+    if probe.returncode != 0:
+        log("installing the Python package into it (pip install -e ./python)")
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                        "-e", str(ROOT / "python")], check=True)  # fmt: skip
+    return python
+
+
+def rust_share_bench(quick):
+    """Builds client/examples/share_bench.rs (release; debug for the smoke run, which the
+    test build has already compiled)."""
+    profile = [] if quick else ["--release"]
+    log(f"building the share_bench example (cargo build {' '.join(profile)} -p rl-client "
+        f"--example share_bench)")  # fmt: skip
+    subprocess.run(["cargo", "build", *profile, "-p", "rl-client", "--example", "share_bench",
+                    "--quiet"], cwd=ROOT, check=True)  # fmt: skip
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    if not target.is_absolute():
+        target = ROOT / target
+    return target / ("debug" if quick else "release") / "examples" / "share_bench"
+
+
+def parse_hot(text):
+    """The JSON object a share bench prints last (the Rust example's `--json`, or
+    share_bench.py), checked for the fields the report needs."""
+    lines = [ln for ln in text.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise ValueError(f"no JSON object in the share bench's output: {text[-300:]!r}")
+    v = json.loads(lines[-1])
+    need = ["client", "procs", "seconds", "rate", "cap", "decisions", "granted",
+            "server_calls", "server_secs", "client_calls", "bound", "windows", "within"]  # fmt: skip
+    missing = [k for k in need if k not in v]
+    if missing:
+        raise ValueError(f"share bench output without {', '.join(missing)}: {lines[-1][:300]}")
+    if not v["seconds"] > 0 or not v["server_secs"] > 0:
+        raise ValueError(f"share bench output with no duration: {lines[-1][:300]}")
+    for w in v["windows"]:
+        if len(w) != 3:
+            raise ValueError(f"share bench window {w!r}: expected [ms, most, bound]")
+    return v
+
+
+def hot_run(r, binary, client, argv):
+    server = r.server(binary, f"hot-{client}")
+    url = f"redis://127.0.0.1:{server.port}/"
+    rate, cap = spec.HOT_LIMIT
+    argv = argv + ["--url", url, "--procs", str(r.c.hot_procs), "--seconds",
+                   str(r.c.hot_seconds), "--rate", str(rate), "--cap", str(cap)]  # fmt: skip
+    try:
+        load_before = os.getloadavg()
+        # Its exit status is read below, with its output.
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=False,
+                              timeout=120 + 2 * r.c.hot_seconds)  # fmt: skip
+        load_after = os.getloadavg()
+    finally:
+        server.stop()
+    try:
+        v = parse_hot(done.stdout)
+    except ValueError as e:
+        raise RuntimeError(f"{client} share bench (exit {done.returncode}): {e}\n"
+                           f"{done.stderr[-2000:]}") from None  # fmt: skip
+    if done.returncode != 0 and v["within"]:
+        raise RuntimeError(f"{client} share bench failed (exit {done.returncode}): "
+                           f"{done.stdout[-1000:]}{done.stderr[-1000:]}")  # fmt: skip
+    if not v["within"]:
+        # Recorded, not raised: the report shows the windows over their bound and its check
+        # fails, so the run is kept for a look.
+        log(f"{client} share bench: LET-OUT OVER ITS BOUND: {done.stdout[-1000:]}")
+    v["load_before"], v["load_after"] = list(load_before), list(load_after)
+    return v
+
+
+def hotkey_section(r, binary):
+    rust = rust_share_bench(r.c.quick)
+    python = python_env()
+    out = {}
+    log(f"one hot key: {r.c.hot_procs} Rust processes, {r.c.hot_seconds} s")
+    out["rust"] = hot_run(r, binary, "rust", [str(rust), "--json"])
+    log(f"one hot key: {r.c.hot_procs} Python processes, {r.c.hot_seconds} s")
+    # Python processes take seconds to come up on a busy machine (the smoke run's two, less).
+    script = [str(python), str(ROOT / "scripts" / "benchtool" / "share_bench.py")]
+    out["python"] = hot_run(r, binary, "python", script + ["--lead", "2" if r.c.quick else "5"])
+    out["cpus"] = os.cpu_count()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def machine():
@@ -397,25 +562,48 @@ def check_tools(profile):
                  "or BENCH_PROFILE=0 to skip the profile")  # fmt: skip
 
 
-def measure(counts, profile=True, servers=("redis7", "redis8", "valkey9")):
+def now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def measure(counts, profile=True, servers=("redis7", "redis8", "valkey9"), only=None):
+    """Measures every section, or the sections named in `only` (spec.SECTIONS); the results
+    hold only what was measured, with when, at which commit and under which load
+    (`sections`): `merge` puts a partial run into an earlier one."""
+    only = list(spec.SECTIONS) if only is None else only
+    if not profile and "profile" in only:
+        only = [s for s in only if s != "profile"]
     t0 = time.time()
     started = datetime.datetime.now(datetime.timezone.utc)
-    check_tools(profile)
+    check_tools(profile and "profile" in only)
     load_at_start = machine()
     module = build_module()
     primary = os.environ.get("RL_SERVER", "redis-server")
+    commit = git_revision()
     tmp = tempfile.mkdtemp(prefix="rl-bench-")
+    measured, sections = {}, {}
     try:
         r = Run(counts, tmp, module)
-        throughput = throughput_section(r, primary)
-        memory = memory_section(r, primary)
-        profiles = {}
-        if profile:
-            for name in servers:
-                profiles[name] = profile_server(r, name)
+        runners = {
+            "throughput": lambda: throughput_section(r, primary),
+            "memory": lambda: memory_section(r, primary),
+            "profile": lambda: {name: profile_server(r, name) for name in servers},
+            "share": lambda: share_section(r, primary),
+            "hotkey": lambda: hotkey_section(r, primary),
+        }
+        for name in spec.SECTIONS:
+            if name not in only:
+                continue
+            s0 = time.time()
+            at, load = now(), os.getloadavg()
+            measured[name] = runners[name]()
+            sections[name] = {"date": at, "minutes": (time.time() - s0) / 60,
+                              "module_commit": commit, "quick": counts.quick,
+                              "load_start": list(load), "load_end": list(os.getloadavg())}  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return {
+    throughput = measured.get("throughput", {"rows": [], "sha": None})
+    results = {
         "schema": SCHEMA,
         "meta": {
             "date": started.strftime("%Y-%m-%d %H:%M"),
@@ -426,13 +614,40 @@ def measure(counts, profile=True, servers=("redis7", "redis8", "valkey9")):
             "machine": load_at_start,
             "server": run([primary, "--version"]).strip(),
             "client": run(["redis-benchmark", "--version"]).strip(),
-            "module_commit": git_revision(),
+            "module_commit": commit,
             "lua_sha": throughput["sha"],
             "limits": {"grant": spec.GRANT_LIMIT, "deny": spec.DENY_LIMIT,
                        "lease_ttl_ms": spec.LEASE_TTL_MS, "lease_keys": spec.LEASE_KEYS,
                        "random_keys": spec.RANDOM_KEYS},  # fmt: skip
         },
-        "throughput": throughput["rows"],
-        "memory": memory,
-        "profiles": profiles,
+        "sections": sections,
     }
+    for name, key in spec.SECTIONS.items():
+        if name in measured:
+            results[key] = throughput["rows"] if name == "throughput" else measured[name]
+    return results
+
+
+def merge(base, part):
+    """`base` with the sections `part` measured replaced by `part`'s (and their `sections`
+    entries); everything else, the meta included, stays `base`'s."""
+    out = dict(base)
+    out["sections"] = dict(base.get("sections") or legacy_sections(base))
+    for name, key in spec.SECTIONS.items():
+        if name in part.get("sections", {}):
+            out[key] = part[key]
+            out["sections"][name] = part["sections"][name]
+            if name == "throughput":
+                out["meta"] = dict(out["meta"], lua_sha=part["meta"]["lua_sha"])
+    return out
+
+
+def legacy_sections(results):
+    """The `sections` of a results file from before they were recorded: every section it
+    has was measured in its one run."""
+    meta = results["meta"]
+    m = re.search(r"load average ([\d.]+) ([\d.]+) ([\d.]+)", meta.get("machine", ""))
+    load = [float(x) for x in m.groups()] if m else None
+    return {name: {"date": meta["date"], "minutes": None, "module_commit": meta["module_commit"],
+                   "quick": meta["quick"], "load_start": load, "load_end": None}
+            for name, key in spec.SECTIONS.items() if results.get(key)}  # fmt: skip

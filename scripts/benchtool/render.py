@@ -4,6 +4,7 @@ A profile cell that names a function the profile does not contain renders as a v
 **MISSING** marker and is listed in `Report.missing`; the command line then fails.
 """
 
+import re
 import string
 from pathlib import Path
 
@@ -29,7 +30,8 @@ class Report:
     def __init__(self, results):
         if results.get("schema") != 1:
             raise ValueError(f"results schema {results.get('schema')!r}, expected 1")
-        self.r = results
+        self.r = dict(results)
+        self.r.setdefault("profiles", {})
         self.missing = []  # "server / workload: function"
 
     # -- profile access: never a silent zero ---------------------------------------------------
@@ -333,6 +335,167 @@ class Report:
                 out += ["```", "", "</details>", ""]
         return "\n".join(out).rstrip()
 
+    # -- when each section was measured ------------------------------------------------------
+
+    def sections_table(self):
+        secs = self.r.get("sections")
+        if not secs:  # one run measured everything
+            meta = self.r["meta"]
+            secs = {n: {"date": meta["date"], "module_commit": meta["module_commit"],
+                        "load_start": None, "load_end": None}
+                    for n, key in spec.SECTIONS.items() if self.r.get(key)}  # fmt: skip
+        names = {"throughput": "Throughput, latency and server time", "memory": "Memory",
+                 "profile": "Profile (callgrind)", "share": "`RL.SHARE` at scale",
+                 "hotkey": "One hot key"}  # fmt: skip
+        out = ["| Section | measured (UTC) | module at | load average (1, 5, 15 min): start → end |",
+               "|---|---|---|---|"]  # fmt: skip
+        for name in spec.SECTIONS:
+            sec = secs.get(name)
+            if sec is None:
+                out.append(f"| {names[name]} | not in this results file | | |")
+                continue
+            out.append(f"| {names[name]} | {sec['date']} | {sec['module_commit']} | "
+                       f"{loads(sec.get('load_start'), sec.get('load_end'))} |")  # fmt: skip
+        return "\n".join(out)
+
+    # -- RL.SHARE --------------------------------------------------------------------------------
+
+    def has_workload(self, server, key):
+        return any(w["key"] == key for w in self.r["profiles"][server]["workloads"])
+
+    def share_instr(self, server):
+        """(value, cell) of RL.SHARE at 16 holders; a profile without it is MISSING."""
+        if not self.has_workload(server, "share16"):
+            label = self.r["profiles"][server]["label"]
+            entry = f"{label} / {spec.PROFILE_BY_KEY['share16']['name']}: not profiled"
+            if entry not in self.missing:
+                self.missing.append(entry)
+            return None, f"**{MISSING}: share16**"
+        return self.instr(server, "share16")
+
+    def share_instr_table(self):
+        if not self.r["profiles"]:
+            return "(No profile in this run: `BENCH_PROFILE=0`.)"
+        out = ["| Server | `RL.SHARE`, 16 holders | `RL.TAKE` grant | `INCR k:1` | ÷ grant | ÷ INCR |",
+               "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for server in self.servers():
+            v, cell = self.share_instr(server)
+            g, gcell = self.instr(server, "grant")
+            i, icell = self.instr(server, "incr")
+            xg = f"{v / g:.2f}x" if v and g else "—"
+            xi = f"{v / i:.2f}x" if v and i else "—"
+            out.append(f"| {self.r['profiles'][server]['label']} | {cell} | {gcell} | {icell} | "
+                       f"{xg} | {xi} |")  # fmt: skip
+        return "\n".join(out)
+
+    def share_scale_table(self):
+        share = self.r.get("share")
+        if not share:
+            return "(Not in this results file: `scripts/bench --only share`.)"
+        out = ["| Holders on the key | server µs/call (`INFO commandstats`, median) | batches "
+               "| server CPU µs/call (median) | `used_memory` per holder | `MEMORY USAGE` of the key |",
+               "|---:|---:|---|---:|---:|---:|"]  # fmt: skip
+        for s in share["scale"]:
+            batches = ", ".join(f"{b:.1f}" for b in s["batches"])
+            out.append(f"| {s['holders']:,} | {s['usec']:.1f} | {batches} | {s['cpu_usec']:.1f} | "
+                       f"{s['bytes_per_holder']:.0f} bytes | {s['usage']:,} bytes "
+                       f"({s['usage'] / s['holders']:.0f} a holder) |")  # fmt: skip
+        return "\n".join(out)
+
+    def share_targets(self):
+        out = ["| `RL.SHARE` target | measured | |", "|---|---:|---|"]
+        p = self.primary()
+        if p is not None:
+            v, cell = self.share_instr(p)
+            g, gcell = self.instr(p, "grant")
+            label = self.r["profiles"][p]["label"]
+            if v and g:
+                out.append(f"| 16 holders ≤ {spec.SHARE_INSTR_TARGET:g}x the instructions of "
+                           f"`RL.TAKE` grant ({label}) | {cell} ÷ {gcell} = {v / g:.2f}x | "
+                           f"{verdict(v / g <= spec.SHARE_INSTR_TARGET)} |")  # fmt: skip
+            else:
+                out.append(f"| 16 holders ≤ {spec.SHARE_INSTR_TARGET:g}x `RL.TAKE` grant | {cell} | |")
+        share = self.r.get("share")
+        t = spec.SHARE_US_TARGET
+        at = [s for s in (share or {}).get("scale", []) if s["holders"] == t["holders"]]
+        if at:
+            s = at[0]
+            out.append(f"| {t['holders']:,} holders ≤ {t['limit']:g} µs server time per call "
+                       f"(`INFO commandstats`) | {s['usec']:.1f} µs | "
+                       f"{verdict(s['usec'] <= t['limit'])} |")  # fmt: skip
+            out.append(f"| {t['holders']:,} holders ≤ {t['limit']:g} µs server CPU per call (the "
+                       f"whole request; not inflated by waiting for a CPU) | "
+                       f"{s['cpu_usec']:.1f} µs | {verdict(s['cpu_usec'] <= t['limit'])} |")  # fmt: skip
+        elif share:
+            out.append(f"| {t['holders']:,} holders ≤ {t['limit']:g} µs server time per call | not "
+                       f"measured at {t['holders']:,} holders (a `--quick` run) | |")  # fmt: skip
+        return "\n".join(out)
+
+    # -- one hot key ------------------------------------------------------------------------------
+
+    HOT_CLIENTS = (("rust", "Rust `rl_client::ShareLimiter`"),
+                   ("python", "Python `redis_rl.ShareLimiter`"))  # fmt: skip
+
+    def hot_table(self):
+        hot = self.r.get("hotkey")
+        if not hot:
+            return "(Not in this results file: `scripts/bench --only hotkey`.)"
+        out = ["| Client | processes | decisions/s across the fleet | granted/s | `RL.SHARE` "
+               "calls/s at the server | let out in the run | bound `cap + rate × T + holders` "
+               "| load average (1, 5, 15 min): start → end |",
+               "|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+        for key, label in self.HOT_CLIENTS:
+            h = hot.get(key)
+            if h is None:
+                out.append(f"| {label} | not measured | | | | | | |")
+                continue
+            secs = h["seconds"]
+            out.append(
+                f"| {label} | {h['procs']} × {secs:g} s | **{h['decisions'] / secs:,.0f}** | "
+                f"{h['granted'] / secs:,.0f} | **{h['server_calls'] / h['server_secs']:.1f}** "
+                f"({h['server_calls']} in {h['server_secs']:.2f} s) | {h['granted']:,} | "
+                f"{h['bound']:,.0f} ({'within' if h['granted'] <= h['bound'] else 'EXCEEDED'}) | "
+                f"{loads(h.get('load_before'), h.get('load_after'))} |")  # fmt: skip
+        return "\n".join(out)
+
+    def hot_windows(self):
+        hot = self.r.get("hotkey")
+        if not hot:
+            return ""
+        clients = [(k, label.split(" ")[0]) for k, label in self.HOT_CLIENTS if k in hot]
+        rows = {}
+        for key, _ in clients:
+            for w, most, bound in hot[key]["windows"]:
+                rows.setdefault(w, {"bound": bound})[key] = (most, bound)
+        head = " | ".join(f"{name}: most let out" for _, name in clients)
+        out = [f"| Window | bound `cap + rate × t + holders` | {head} |",
+               "|---:|---:|" + "---:|" * len(clients)]
+        for w in sorted(rows):
+            cells = []
+            for key, _ in clients:
+                if key not in rows[w]:
+                    cells.append("—")
+                    continue
+                most, bound = rows[w][key]
+                cells.append(f"{most:,}" + ("" if most <= bound else " (EXCEEDED)"))
+            window = f"{w / 1000:g} s" if w >= 1000 else f"{w} ms"
+            out.append(f"| {window} | {rows[w]['bound']:,.0f} | {' | '.join(cells)} |")
+        return "\n".join(out)
+
+    def hot_targets(self):
+        h = (self.r.get("hotkey") or {}).get("rust")
+        if h is None:
+            return ""
+        rate = h["decisions"] / h["seconds"]
+        calls = h["server_calls"] / h["server_secs"]
+        return "\n".join([
+            f"| Hot key target (Rust, {h['procs']} processes) | measured | |", "|---|---:|---|",
+            f"| decisions across the fleet ≥ {spec.HOT_DECISIONS_TARGET:,}/s | {rate:,.0f}/s | "
+            f"{verdict(rate >= spec.HOT_DECISIONS_TARGET)} |",
+            f"| `RL.SHARE` calls at the server ≤ {spec.HOT_CALLS_TARGET:g}/s | {calls:.1f}/s | "
+            f"{verdict(calls <= spec.HOT_CALLS_TARGET)} |",
+        ])  # fmt: skip
+
     # -- the whole file -------------------------------------------------------------------------
 
     def markdown(self):
@@ -340,11 +503,13 @@ class Report:
         c = meta["counts"]
         lim = meta["limits"]
         p = self.primary()
+        scale = (self.r.get("share") or {}).get("scale")
         values = {
             "date": meta["date"], "minutes": f"{meta['minutes']:.1f}",
             "quick_note": " (`--quick`: a smoke run with tiny counts; the numbers mean nothing)"
                           if meta["quick"] else "",
-            "machine": meta["machine"], "server": meta["server"], "client": meta["client"],
+            # The load goes with each section (the table of sections).
+            "machine": re.sub(r", load average .*$", "", meta["machine"]), "server": meta["server"], "client": meta["client"],
             "clients": meta["clients"], "module_commit": meta["module_commit"],
             "lua_sha": meta["lua_sha"],
             "n_p1": f"{c['n_p1']:,}", "n_p16": f"{c['n_p16']:,}", "repeats": c["repeats"],
@@ -365,21 +530,49 @@ class Report:
             "cost_tables": self.cost_tables(),
             "lua_note": self.lua_note(),
             "trees": self.trees(),
+            "sections_table": self.sections_table(),
+            "share_instr_table": self.share_instr_table(),
+            "share_scale_table": self.share_scale_table(),
+            "share_targets": self.share_targets(),
+            "hot_table": self.hot_table(),
+            "hot_windows": self.hot_windows(),
+            "hot_targets": self.hot_targets(),
+            "hot_rate": f"{spec.HOT_LIMIT[0]:,}", "hot_cap": f"{spec.HOT_LIMIT[1]:,}",
+            "share_calls": f"{scale[0]['calls']:,}" if scale else "—",
+            "share_batches": len(scale[0]["batches"]) if scale else "—",
+            "share_period": spec.SHARE_PERIOD_MS,
+            "share_period_text": f"{int(spec.SHARE_PERIOD_MS):,}",
         }  # fmt: skip
         text = string.Template(TEMPLATE.read_text()).substitute(values)
         return text.rstrip() + "\n"
 
 
+def loads(start, end):
+    def one(v):
+        return " ".join(f"{x:.2f}" for x in v)
+
+    if not start:
+        return "not recorded"
+    return one(start) + (f" → {one(end)}" if end else "")
+
+
 def required_tables(n_servers):
     """Table header rows every report has, with how many times each appears."""
     req = {
+        "| Section | measured (UTC) |": 1,
         "| Row | req/s P1 | req/s P16 |": 1,
         "| Layout | filled with |": 1,
         "| Layout | keys left |": 1,
         "| Target | measured |": 1,
+        "| `RL.SHARE` target | measured |": 1,
+        "| Holders on the key |": 1,
+        "| Client | processes |": 1,
+        "| Window | bound `cap": 1,
+        "| Hot key target (Rust,": 1,
     }
     if n_servers:
         req.update({
+            "| Server | `RL.SHARE`, 16 holders |": 1,
             "| Target | server | instructions |": 1,
             "| Ratio | instructions per call |": 1,
             "| Workload | instr/request |": n_servers,
@@ -395,6 +588,8 @@ def check_markdown(text, n_servers):
         found = sum(1 for line in text.splitlines() if line.startswith(header))
         if found != count:
             problems.append(f"table {header!r}: {found} found, {count} expected")
+    if "EXCEEDED" in text:
+        problems.append("a hot-key let-out is over its bound (see the One hot key section)")
     if MISSING in text:
         problems.append(f"{text.count(MISSING)} {MISSING} marker(s): a named function is not in "
                         f"the profile (renamed or inlined? update scripts/benchtool/spec.py)")

@@ -49,6 +49,23 @@ class Conn:
             return None if n < 0 else [self.read() for _ in range(n)]
         raise RedisError(f"unexpected reply {line!r}")
 
+    def pipeline(self, commands, batch=1000):
+        """Sends the commands `batch` at a time, reading each batch's replies before the next
+        (the socket buffers stay small); raises the first error reply once all are read."""
+        replies, error = [], None
+        for at in range(0, len(commands), batch):
+            chunk = commands[at:at + batch]
+            self.sock.sendall(b"".join(encode(args) for args in chunk))
+            for _ in chunk:
+                try:
+                    replies.append(self.read())
+                except RedisError as e:
+                    replies.append(e)
+                    error = error or e
+        if error:
+            raise error
+        return replies
+
     def info(self, section):
         fields = {}
         for line in self.call("INFO", section).splitlines():

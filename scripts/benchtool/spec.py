@@ -30,6 +30,13 @@ class Counts:
         self.repeats = 1 if quick else 5
         self.buckets = 10_000 if quick else 1_000_000
         self.profile_calls = 1_000 if quick else 20_000
+        # RL.SHARE at scale: holders on one key, and the calls timed once they settled.
+        self.share_holders = [50, 200] if quick else [1_000, 4_096]
+        self.share_calls = 300 if quick else 3_000
+        self.share_batches = 1 if quick else 5
+        # One hot key: processes of each client, and how long they take.
+        self.hot_procs = 2 if quick else 8
+        self.hot_seconds = 1 if quick else 10
 
     def as_dict(self):
         return dict(vars(self))
@@ -239,3 +246,33 @@ PART_LABELS = {
     "reply_ll": "`{fn}` (reply)",
     "reply_double": "formatting `remaining` (`reply_double`)",
 }
+
+
+# --------------------------------------------------------------------------------------------
+# RL.SHARE: the sections a run measures, and what the share section holds itself to.
+
+# `scripts/bench measure --only ...`: a section name -> its key in the results JSON.
+SECTIONS = {"throughput": "throughput", "memory": "memory", "profile": "profiles",
+            "share": "share", "hotkey": "hotkey"}  # fmt: skip
+
+# Holders at scale: each wants 10/s of the grant limit's 1000/s (over-subscribed from 101
+# holders: the water level runs), leases of 3 hours; 12-byte ids.
+SHARE_WANT = "10"
+
+
+def share_holder(i):
+    return f"holder-{i:05d}"
+
+
+# Rounds of calls by every holder before the timed calls, apart by more than the 250 ms
+# hold, so that every holder is at its fair share.
+SHARE_ROUNDS = 3
+SHARE_ROUND_GAP_S = 0.3
+SHARE_US_TARGET = dict(holders=4_096, limit=50.0)
+# RL.SHARE at 16 holders against RL.TAKE grant, instructions in the command (Redis 7.0).
+SHARE_INSTR_TARGET = 2.0
+
+# One hot key (client/examples/share_bench.rs and benchtool/share_bench.py): rate, cap.
+HOT_LIMIT = (100_000, 10_000)
+HOT_DECISIONS_TARGET = 5_000_000
+HOT_CALLS_TARGET = 20.0

@@ -7,7 +7,7 @@ from unittest import mock
 
 from benchtool import spec
 from benchtool.callgrind import Callgrind
-from benchtool.measure import analyse_profile
+from benchtool.measure import analyse_profile, legacy_sections, merge, parse_hot
 from benchtool.render import MISSING, Report, check_markdown
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -65,7 +65,22 @@ def results(servers=("redis7", "redis8", "valkey9")):
                    "idle": {"ours": {"keys": 0, "bytes": 1000, "waited": 0.5},
                             "lua": {"keys": 10, "bytes": 1200, "waited": 5.0}}},
         "profiles": profiles,
+        "share": {"limit": spec.GRANT_LIMIT, "want": "10", "period_ms": spec.SHARE_PERIOD_MS,
+                  "rounds": 3,
+                  "scale": [{"holders": h, "calls": 3000, "batches": [us, us + 1.0],
+                             "usec": us, "cpu_batches": [us / 2], "cpu_usec": us / 2,
+                             "bytes_per_holder": 104.0, "usage": 84 * h}
+                            for h, us in ((1000, 24.0), (4096, 40.0))]},
+        "hotkey": {"rust": hot("rust", 5_900_000), "python": hot("python", 300_000), "cpus": 2},
     }  # fmt: skip
+
+
+def hot(client, per_s, seconds=10):
+    return {"client": client, "procs": 8, "seconds": seconds, "rate": 100000, "cap": 10000,
+            "decisions": per_s * seconds, "granted": 994_570, "server_calls": 93,
+            "server_secs": 10.0, "client_calls": 100, "bound": 1_010_008.0,
+            "windows": [[50, 7519, 15108.0], [1000, 102314, 110108.0]], "within": True,
+            "load_before": [9.7, 8.0, 7.0], "load_after": [10.1, 8.2, 7.1]}  # fmt: skip
 
 
 class Rendering(unittest.TestCase):
