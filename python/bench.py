@@ -10,7 +10,7 @@ in one process on one connection, microseconds per call of:
   from memory only (a batch no round spends);
 - the seed's Lua script (``EVALSHA``).
 
-    python python/bench.py [--seconds 0.2] [--rounds 20] [--server redis-server] [--module ...]
+    python python/bench.py [--seconds 0.2] [--rounds 20] [--rows raw,limiter,...] [--module ...]
 
 RL_SERVER and RL_MODULE are honoured as in the tests. Rows are measured in rounds, taking
 turns, and each row keeps its best round, so that a neighbour's burst on a shared machine
@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Dict, List, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 import redis
 import redis.asyncio as aredis
@@ -88,6 +88,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=0.2, help="per row and round")
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rows", help="comma-separated rows to measure (default: all)")
     ap.add_argument("--server", default=os.environ.get("RL_SERVER", "redis-server"))
     ap.add_argument(
         "--module",
@@ -103,7 +104,8 @@ def main() -> None:
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            samples, version = run(sock, args.seconds, args.rounds)
+            only = set(args.rows.split(",")) if args.rows else None
+            samples, version = run(sock, args.seconds, args.rounds, only)
         finally:
             proc.terminate()
             proc.wait()
@@ -113,7 +115,9 @@ def main() -> None:
 Row = Tuple[str, Callable[[], object]]
 
 
-def run(sock: str, seconds: float, rounds: int) -> Tuple[Dict[str, List[Sample]], str]:
+def run(
+    sock: str, seconds: float, rounds: int, only: Optional[Set[str]] = None
+) -> Tuple[Dict[str, List[Sample]], str]:
     # The recommended setup: the client cannot outlive the limiters' timeout (0.2 s) by
     # itself (socket and connect timeouts 0.1 s, retries off).
     r = redis.Redis(
@@ -164,6 +168,9 @@ def run(sock: str, seconds: float, rounds: int) -> Tuple[Dict[str, List[Sample]]
         ("alimiter", alimiter.take),
         ("aprefetch", aprefetch.take),
     ]
+    if only is not None:
+        sync_rows = [row for row in sync_rows if row[0] in only]
+        async_rows = [row for row in async_rows if row[0] in only]
     samples: Dict[str, List[Sample]] = {}
     for _name, fn in sync_rows:  # warm up: connections, the first lease, the script cache
         measure(fn, 0.1)
@@ -208,6 +215,10 @@ def report(samples: Dict[str, List[Sample]], version: str, seconds: float, round
     print("| | wall µs | vs raw | CPU µs | vs raw |")
     print("|---|---:|---:|---:|---:|")
     for label, name, base in rows:
+        if name not in samples:
+            continue
+        if base not in samples:
+            base = None
         wall_ratio = "" if base is None else f"{wall[name] / wall[base]:.2f}x"
         cpu_ratio = "" if base is None else f"{cpu[name] / cpu[base]:.2f}x"
         print(f"| {label} | {wall[name]:.1f} | {wall_ratio} | {cpu[name]:.2f} | {cpu_ratio} |")
