@@ -10,11 +10,15 @@ in one process on one connection, microseconds per call of:
   from memory only (a batch no round spends);
 - the seed's Lua script (``EVALSHA``).
 
-    python python/bench.py [--seconds 0.2] [--rounds 20] [--server redis-server] [--module ...]
+    python python/bench.py [--seconds 0.2] [--rounds 20] [--rows raw,limiter,...] [--module ...]
 
 RL_SERVER and RL_MODULE are honoured as in the tests. Rows are measured in rounds, taking
 turns, and each row keeps its best round, so that a neighbour's burst on a shared machine
-does not land on one row only. The bucket never runs dry: every decision is a grant.
+does not land on one row only. Each row reports wall time and this process's CPU time per
+call (``time.process_time``: the client's own work, all its threads, not the server's and
+not the time spent waiting for a core): on a shared machine the CPU figures and their
+ratios are the ones that hold from run to run. The bucket never runs dry: every decision
+is a grant.
 The clients are set up as the README recommends (socket timeouts within the limiter's
 timeout, retries off), so the limiters call redis-py in the calling thread or task.
 """
@@ -31,7 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Dict, List, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 import redis
 import redis.asyncio as aredis
@@ -46,9 +50,13 @@ RATE, CAP = 1e9, 1e12  # never runs dry: every decision is a grant
 BATCH = 20
 
 
-def measure(fn: Callable[[], object], seconds: float) -> float:
-    """Microseconds per call."""
+#: Microseconds per call: wall time, and this process's CPU time (every thread of it).
+Sample = Tuple[float, float]
+
+
+def measure(fn: Callable[[], object], seconds: float) -> Sample:
     done = 0
+    cpu = time.process_time()
     start = time.perf_counter()
     end = start + seconds
     while True:
@@ -57,11 +65,13 @@ def measure(fn: Callable[[], object], seconds: float) -> float:
         done += 100
         if time.perf_counter() >= end:
             break
-    return (time.perf_counter() - start) / done * 1e6
+    wall = time.perf_counter() - start
+    return wall / done * 1e6, (time.process_time() - cpu) / done * 1e6
 
 
-async def ameasure(fn: Callable[[], Awaitable[object]], seconds: float) -> float:
+async def ameasure(fn: Callable[[], Awaitable[object]], seconds: float) -> Sample:
     done = 0
+    cpu = time.process_time()
     start = time.perf_counter()
     end = start + seconds
     while True:
@@ -70,13 +80,15 @@ async def ameasure(fn: Callable[[], Awaitable[object]], seconds: float) -> float
         done += 100
         if time.perf_counter() >= end:
             break
-    return (time.perf_counter() - start) / done * 1e6
+    wall = time.perf_counter() - start
+    return wall / done * 1e6, (time.process_time() - cpu) / done * 1e6
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=0.2, help="per row and round")
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rows", help="comma-separated rows to measure (default: all)")
     ap.add_argument("--server", default=os.environ.get("RL_SERVER", "redis-server"))
     ap.add_argument(
         "--module",
@@ -92,17 +104,20 @@ def main() -> None:
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            best, version = run(sock, args.seconds, args.rounds)
+            only = set(args.rows.split(",")) if args.rows else None
+            samples, version = run(sock, args.seconds, args.rounds, only)
         finally:
             proc.terminate()
             proc.wait()
-    report(best, version, args.seconds, args.rounds)
+    report(samples, version, args.seconds, args.rounds)
 
 
 Row = Tuple[str, Callable[[], object]]
 
 
-def run(sock: str, seconds: float, rounds: int) -> Tuple[Dict[str, float], str]:
+def run(
+    sock: str, seconds: float, rounds: int, only: Optional[Set[str]] = None
+) -> Tuple[Dict[str, List[Sample]], str]:
     # The recommended setup: the client cannot outlive the limiters' timeout (0.2 s) by
     # itself (socket and connect timeouts 0.1 s, retries off).
     r = redis.Redis(
@@ -153,18 +168,19 @@ def run(sock: str, seconds: float, rounds: int) -> Tuple[Dict[str, float], str]:
         ("alimiter", alimiter.take),
         ("aprefetch", aprefetch.take),
     ]
-    best: Dict[str, float] = {}
+    if only is not None:
+        sync_rows = [row for row in sync_rows if row[0] in only]
+        async_rows = [row for row in async_rows if row[0] in only]
+    samples: Dict[str, List[Sample]] = {}
     for _name, fn in sync_rows:  # warm up: connections, the first lease, the script cache
         measure(fn, 0.1)
     for _name, afn in async_rows:
         loop.run_until_complete(ameasure(afn, 0.1))
     for _ in range(rounds):
         for name, fn in sync_rows:
-            us = measure(fn, seconds)
-            best[name] = min(best.get(name, us), us)
+            samples.setdefault(name, []).append(measure(fn, seconds))
         for name, afn in async_rows:
-            us = loop.run_until_complete(ameasure(afn, seconds))
-            best[name] = min(best.get(name, us), us)
+            samples.setdefault(name, []).append(loop.run_until_complete(ameasure(afn, seconds)))
     prefetch.close()
     memory.close()
     loop.run_until_complete(aprefetch.close())
@@ -172,16 +188,20 @@ def run(sock: str, seconds: float, rounds: int) -> Tuple[Dict[str, float], str]:
     loop.close()
     calls = prefetch.metrics["redis_calls"]
     print(f"(PrefetchLimiter made {calls} Redis calls in all.)", file=sys.stderr)
-    return best, version
+    return samples, version
 
 
-def report(best: Dict[str, float], version: str, seconds: float, rounds: int) -> None:
+def report(samples: Dict[str, List[Sample]], version: str, seconds: float, rounds: int) -> None:
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"{datetime.date.today()}, Redis {version}, Python {platform.python_version()}, "
         f"redis-py {redis.__version__}, {os.cpu_count()} cores ({platform.machine()}), "
-        f"Unix socket, one connection, best of {rounds} rounds of {seconds:g} s per row"
+        f"load average {load:.1f}, Unix socket, one connection, "
+        f"best of {rounds} rounds of {seconds:g} s per row"
     )
     print()
+    wall = {name: min(s[0] for s in rows) for name, rows in samples.items()}
+    cpu = {name: min(s[1] for s in rows) for name, rows in samples.items()}
     rows: List[Tuple[str, str, Any]] = [
         ("raw `RL.TAKE ... WITHSTATE` (redis-py)", "raw", None),
         ("`Limiter.take()`", "limiter", "raw"),
@@ -192,11 +212,16 @@ def report(best: Dict[str, float], version: str, seconds: float, rounds: int) ->
         ("`PrefetchLimiter.take()` from memory (no renewal)", "memory", "raw"),
         ("seed Lua script (`EVALSHA`)", "lua", "raw"),
     ]
-    print("| | µs per decision | vs the raw call |")
-    print("|---|---:|---:|")
+    print("| | wall µs | vs raw | CPU µs | vs raw |")
+    print("|---|---:|---:|---:|---:|")
     for label, name, base in rows:
-        ratio = "" if base is None else f"{best[name] / best[base]:.2f}x"
-        print(f"| {label} | {best[name]:.1f} | {ratio} |")
+        if name not in samples:
+            continue
+        if base not in samples:
+            base = None
+        wall_ratio = "" if base is None else f"{wall[name] / wall[base]:.2f}x"
+        cpu_ratio = "" if base is None else f"{cpu[name] / cpu[base]:.2f}x"
+        print(f"| {label} | {wall[name]:.1f} | {wall_ratio} | {cpu[name]:.2f} | {cpu_ratio} |")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Timeouts here are long (10 s): the tests are about who waits for whom, not about
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import threading
@@ -58,6 +59,37 @@ def test_shared_prefetcher_never_denies_a_full_bucket(server: Server, key: str) 
     m = lim.metrics
     assert sum(denied) == 0 and m["denied"] == 0, m.snapshot()
     assert m["granted"] == THREADS * TAKES and m["fallback_decisions"] == 0, m.snapshot()
+
+
+def test_shared_prefetcher_spends_each_leased_token_once(server: Server, key: str) -> None:
+    """16 threads take 1 to 3 tokens at once from one PrefetchLimiter (grants from memory,
+    takes across two leases, renewals): the grants never exceed what was leased less what
+    went back, and the bucket is down by exactly the tokens granted."""
+    r = server.client(socket_timeout=10)
+    lim = PrefetchLimiter(
+        r, key, 0.001, 100_000, batch=20, policy=DENY, ttl=3600, timeout=10, backend="module"
+    )
+    start = threading.Barrier(THREADS)
+    granted: List[int] = []
+
+    def run(first: int) -> None:
+        start.wait()
+        granted.append(sum(lim.take(1 + (first + i) % 3).tokens for i in range(TAKES)))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lim.close()
+    m = lim.metrics
+    assert m["denied"] == 0 and m["leases_expired"] == 0 and m["leases_lost"] == 0, m.snapshot()
+    assert m["granted"] == THREADS * TAKES and m["tokens_granted"] == sum(granted), m.snapshot()
+    assert m["lease_tokens"] - m["tokens_returned"] == m["tokens_granted"], m.snapshot()
+    reply = r.execute_command("RL.PEEK", key)  # the refill since is negligible
+    pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2])
+    state = {k.decode(): float(v) for k, v in pairs}
+    assert state["leases"] == 0 and math.floor(state["tokens"]) == 100_000 - sum(granted)
 
 
 def test_shared_async_prefetcher_never_denies_a_full_bucket(server: Server, key: str) -> None:

@@ -77,6 +77,73 @@ def test_renews_ahead_and_settles_in_the_same_call(server: Server, key: str) -> 
     assert peek(r, key)["leases"] == 0
 
 
+def test_grants_from_memory_say_what_is_left_and_are_counted(server: Server, key: str) -> None:
+    """Takes of mixed sizes across leases (one token and several, from one lease or both,
+    with renewals): each grant from memory reports the tokens held after it; the counters,
+    kept by the limiter and added in when read, add up on a metrics object shared with a
+    limiter that was dropped since (its counts stay; the limiter is forgotten)."""
+    r = server.client()
+    shared = Metrics()
+    lim = PrefetchLimiter(
+        r, key, TINY, 1000, batch=10, renew_at=0.5, jitter=0.0, timeout=5, metrics=shared
+    )
+    other = PrefetchLimiter(r, key + ":other", TINY, 1000, batch=10, timeout=5, metrics=shared)
+    sizes = [1, 1, 2, 1, 3, 1, 1, 4, 1, 2, 1, 1, 5, 1, 1, 1, 7, 1] * 3
+    from_memory = 0
+    for n in sizes:
+        leases, held = shared["leases"], lim.held
+        d = lim.take(n)
+        assert d.granted and d.tokens == n and d.limit == 1000
+        if shared["leases"] == leases:  # no lease call in this take
+            from_memory += 1
+            assert d.source is Source.LEASE and d.remaining == held - n == lim.held
+    assert from_memory > len(sizes) // 2
+    assert other.take(3) and other.take()
+    other.close()
+    del other
+    gc.collect()
+    m = shared.snapshot()
+    assert m["granted"] == len(sizes) + 2 and m["denied"] == 0
+    assert m["tokens_granted"] == sum(sizes) + 4
+    assert m["calls"] == m["granted"] + m["denied"] + m["errors"]
+    assert len(shared._pending) == 1  # only the live limiter's counts are still collected
+    lim.close()
+    assert shared["tokens_granted"] == sum(sizes) + 4
+    assert math.floor(peek(r, key)["tokens"]) == 1000 - sum(sizes)
+
+
+def test_lease_being_returned_is_not_spent_meanwhile(own_server: Server, key: str) -> None:
+    """A take too large for what is held sends a lease call that returns the older lease's
+    leftovers; while that call is in the air, other takes spend from the newer lease only
+    (a token of the lease being returned would be spent twice: here and in the bucket)."""
+    r = own_server.client(socket_timeout=10)
+    lim = PrefetchLimiter(
+        r, key, TINY, 100, batch=10, renew_at=0.5, jitter=0.0, timeout=10, backend="module"
+    )
+    for _ in range(5):  # the 5th renews: the older lease keeps 5, the newer has 10
+        assert lim.take()
+    assert lim.held == 15 and lim.metrics["leases"] == 2
+    big: list[bool] = []
+    own_server.pause()
+    try:
+        t = threading.Thread(target=lambda: big.append(bool(lim.take(16))))
+        t.start()
+        deadline = time.monotonic() + 10
+        while lim.metrics["redis_calls"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert lim.metrics["redis_calls"] == 3  # the big take's call, settling the older lease
+        d = lim.take()
+        assert d.source is Source.LEASE and d.remaining == 9 == lim.held
+    finally:
+        own_server.resume()
+    t.join(10)
+    assert big == [True]
+    lim.close()
+    granted = lim.metrics["tokens_granted"]
+    assert granted == 5 + 1 + 16
+    assert math.floor(peek(r, key)["tokens"]) == 100 - granted
+
+
 def test_denied_when_the_bucket_is_empty(server: Server, key: str) -> None:
     r = server.client()
     lim = PrefetchLimiter(r, key, TINY, 4, batch=4, renew_at=0.0, timeout=5)

@@ -451,10 +451,11 @@ class AsyncLimiter(_Base):
             if core.health.down_until and not core.health.may_call():
                 d = core.fallback_decision(key, n, 1)
             else:
-                deadline = call.deadline()
+                deadline = None  # else the call's timeout starts in the call
                 try:
                     proto = core.protocol
                     if proto is None:
+                        deadline = call.deadline()
                         proto = await self._protocol(deadline)
                     args = core.take_args(proto, key, n)
                     late = self._refund_late(key, n, p.parse_take)

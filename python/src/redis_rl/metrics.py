@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from typing import Dict
+import weakref
+from typing import Any, Callable, Dict, List, Tuple
 
 FIELDS = (
     "calls",
@@ -50,15 +51,46 @@ HELP = {
 }
 
 
+#: Counts kept elsewhere, handed over and reset: ``(calls, granted, tokens_granted)``.
+Drain = Callable[[], Tuple[int, int, int]]
+
+
 class Metrics:
     """Thread-safe counters; share one between limiters by passing ``metrics=``.
 
     Every ``take``/``decide``/``reserve`` call ends in exactly one of ``granted``, ``denied``
-    or ``errors`` (cancelled ones included): ``calls == granted + denied + errors``."""
+    or ``errors`` (cancelled ones included): ``calls == granted + denied + errors``.
+
+    A prefetching limiter counts the grants it serves from memory in plain integers under
+    its own lock (a second lock per take would cost as much as the rest of it); they are
+    added in here whenever the counters are read, so every read sees them."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values: Dict[str, int] = dict.fromkeys(FIELDS, 0)
+        #: Limiters keeping pending counts for this object (weakly: a limiter dropped is
+        #: drained once more, then forgotten).
+        self._pending: List[Tuple[weakref.ref[Any], Drain]] = []
+
+    def watch(self, owner: Any, drain: Drain) -> None:
+        """Adds ``drain()``'s ``(calls, granted, tokens_granted)`` whenever the counters are
+        read, while ``owner`` lives, and once more after. ``drain`` must not hold a
+        reference to ``owner``, and no counter may be read while it would block."""
+        with self._lock:
+            self._pending.append((weakref.ref(owner), drain))
+
+    def _collect(self) -> None:
+        for entry in tuple(self._pending):
+            owner, drain = entry
+            gone = owner() is None
+            calls, granted, tokens = drain()
+            with self._lock:
+                v = self._values
+                v["calls"] += calls
+                v["granted"] += granted
+                v["tokens_granted"] += tokens
+                if gone and entry in self._pending:
+                    self._pending.remove(entry)
 
     def add(self, field: str, value: int = 1) -> None:
         with self._lock:
@@ -85,6 +117,8 @@ class Metrics:
                     v["fallback_granted"] += 1
 
     def __getitem__(self, field: str) -> int:
+        if self._pending:
+            self._collect()
         return self._values[field]
 
     @property
@@ -93,6 +127,8 @@ class Metrics:
         return self._values["fallback_decisions"]
 
     def snapshot(self) -> Dict[str, int]:
+        if self._pending:
+            self._collect()
         with self._lock:
             return dict(self._values)
 
