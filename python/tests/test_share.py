@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.util
 import math
 import multiprocessing
 import random
@@ -717,3 +718,46 @@ def test_an_answer_with_a_huge_lease_does_not_stop_the_refresh(tmp_path: Path, t
         asyncio.run(run())
     finally:
         s.stop()
+
+
+# -- the hot-key bench (scripts/benchtool/share_bench.py) --
+
+
+def _share_bench() -> Any:
+    path = Path(__file__).resolve().parents[2] / "scripts" / "benchtool" / "share_bench.py"
+    spec = importlib.util.spec_from_file_location("share_bench", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_hot_key_bench_lets_out_only_shares_while_its_calls_time_out(
+    own_server: Server,
+) -> None:
+    # The bench checks the fleet's let-out against the bound of shares. On a loaded machine
+    # its calls can outlive the limiter's timeout: an outage to the limiter, after which the
+    # failure policy decides, and ALLOW (the default) lets a holder that never saw the
+    # others take the whole rate. CLIENT PAUSE WRITE holds RL.SHARE at the server for as
+    # long as that: the call times out, whatever the machine's speed.
+    bench = _share_bench()
+    admin = own_server.client()
+    admin.execute_command("CLIENT", "PAUSE", 600_000, "WRITE")
+    try:
+        # As the bench's processes make it: a client without a socket timeout.
+        lim = bench.fleet_limiter(redis.Redis(port=own_server.port), 100_000, 10_000)
+        wait_for(lambda: lim.metrics["redis_timeouts"] >= 1)
+        d = lim.take()
+        assert d.source == Source.FALLBACK, "the call timed out: the failure policy decides"
+        # Any span of time: ALLOW would have earned 100 tokens a millisecond in it.
+        start, granted, takes = time.monotonic(), 0, 0
+        while takes < 1000 or time.monotonic() - start < 0.01:
+            granted += lim.take().granted
+            takes += 1
+        assert granted == 0, "nothing but shares is let out"
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+    # The late answer is a share, used as any other (a lone holder: the whole rate).
+    wait_for(lambda: lim.take().granted)
+    assert lim.take().source == Source.SHARE
+    lim.close()
