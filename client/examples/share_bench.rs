@@ -11,9 +11,10 @@
 //! ```
 //!
 //! Starts a redis-server with the module on a free loopback port (or uses the server at
-//! `--url`, whose key `bench:hot` must not exist), then `--procs` copies of itself; each holds one `ShareLimiter` on the key and calls `try_take(1)` in a tight loop
-//! on one thread for `--seconds` (its refresh runs on a second thread), counting grants per
-//! millisecond of a clock shared by the processes. The parent adds it up: decisions/s,
+//! `--url`, whose key `bench:hot` must not exist), then `--procs` copies of itself; each
+//! holds one `ShareLimiter` on the key (failure policy `Deny`) and calls `try_take(1)` in a
+//! tight loop on one thread for `--seconds` (its refresh runs on a second thread), counting
+//! grants per millisecond of a clock shared by the processes. The parent adds it up: decisions/s,
 //! `RL.SHARE` calls/s (the server's `INFO commandstats`), and the most granted in any
 //! window of 50 ms to 2 s against `cap + rate * t + holders` (plus a millisecond for the
 //! bins), and in the whole run against `cap + rate * T + holders`. `--json` prints that as
@@ -23,7 +24,7 @@ use std::io::{BufRead, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rl_client::{limit, ShareConfig, ShareLimiter};
+use rl_client::{limit, FailurePolicy, ShareConfig, ShareLimiter};
 
 const KEY: &str = "bench:hot";
 
@@ -116,7 +117,12 @@ fn child(a: &Args, url: &str, start_wall: u64) -> Res<()> {
         .enable_all()
         .build()?;
     let client = redis::Client::open(url)?;
-    let config = ShareConfig::default();
+    // Default settings but the failure policy: the bound checked here is that of shares. A
+    // call that outlives the timeout (a loaded machine) is an outage to the limiter, and
+    // `Allow` would then let out its own budget beside the shares (for a holder that never
+    // saw the others, the whole rate: `instances` is 1 unless set).
+    let mut config = ShareConfig::default();
+    config.limiter.policy = FailurePolicy::Deny;
     let limiter = runtime.block_on(async {
         ShareLimiter::from_client(client, KEY, limit(a.rate, a.cap)?, config)
     })?;

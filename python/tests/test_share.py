@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.util
 import math
 import multiprocessing
 import random
@@ -238,6 +239,72 @@ def test_let_out_never_exceeds_what_the_shares_earned() -> None:
                 if s.decide(n, now, False, p).granted:
                     let_out += n
         assert let_out <= earned + 1e-6, (seed, let_out, earned)
+
+
+Span = Tuple[float, float, Grant]
+
+
+def counted_earned(spans: List[Span], a: float, b: float) -> float:
+    """What the shares the server counts (each from ``s`` until ``e``) earn from a to b."""
+    return sum(g.rate * max(0.0, min(b, e) - max(a, s)) for s, e, g in spans)
+
+
+def counted_bursts(spans: List[Span], x: float) -> float:
+    return sum(g.burst for s, e, g in spans if s <= x < e)
+
+
+def test_late_posts_and_answers_never_let_out_more_than_the_server_counts() -> None:
+    # The refresher posts to the takers: it may lose the CPU (or the GIL) between reading
+    # the clock and posting, and the takers apply what was posted at their next take,
+    # however late. The server counts share k from its instant T_k (sent <= T_k <= answer)
+    # until T_k + lease, or until the hold of the next call (T_k+1 + HOLD). Against that
+    # count, at every take: the tokens in the local bucket are at most the counted bursts,
+    # and what the bucket took in since the last take at most what the counted rates earned.
+    p = policy(DENY)
+
+    def late(rng: random.Random, most: float) -> float:
+        return rng.random() * most if rng.random() < 0.3 else 0.0
+
+    for seed in range(120):
+        rng = random.Random(seed)
+        spans: List[Span] = []  # the server's count of each share
+        posts: List[Tuple[float, int, Tuple[Any, ...]]] = []
+        t = T0
+        while t < T0 + 15:
+            sent = t
+            posted = sent + late(rng, 0.4)  # the call leaves after its post
+            at_server = posted + late(rng, 0.5) + rng.random() * 0.01
+            at = at_server + late(rng, 0.5) + rng.random() * 0.01
+            answered = at + late(rng, 0.5)
+            lease = rng.choice([0.9, 3.0])
+            g = Grant(float(rng.randrange(500)), float(rng.randrange(50)), lease, lease / 3, 2)
+            if spans:
+                s0, e0, g0 = spans[-1]
+                spans[-1] = (s0, min(e0, at_server + HOLD), g0)
+            spans.append((at_server, at_server + lease, g))
+            posts += [(posted, 0, ("sending", sent)), (answered, 1, ("answered", sent, g, at))]
+            t = answered + 0.27 + rng.random()  # refresh_ms (300 ms at least) less a tenth
+        posts.sort(key=lambda e: (e[0], e[1]))
+
+        state = ShareState(T0)
+        now = last = T0
+        kept = 0.0
+        i = 0
+        while now < T0 + 17:
+            now += rng.expovariate(1 / rng.choice([0.0005, 0.01, 0.1, 0.6]))
+            while i < len(posts) and posts[i][0] <= now:
+                event = posts[i][2]
+                i += 1
+                if event[0] == "sending":
+                    state.sending(event[1])
+                else:
+                    state.answered(event[1], event[2], event[3])
+            tokens = state.peek(now)[2]
+            assert tokens <= counted_bursts(spans, now) + EPS, (seed, now, tokens)
+            out = drain(state, now, False, p)
+            took_in = state.bucket.tokens + out - kept
+            assert took_in <= counted_earned(spans, last, now) + EPS, (seed, last, now, took_in)
+            last, kept = now, state.bucket.tokens
 
 
 def test_want_follows_demand_with_headroom() -> None:
@@ -717,3 +784,46 @@ def test_an_answer_with_a_huge_lease_does_not_stop_the_refresh(tmp_path: Path, t
         asyncio.run(run())
     finally:
         s.stop()
+
+
+# -- the hot-key bench (scripts/benchtool/share_bench.py) --
+
+
+def _share_bench() -> Any:
+    path = Path(__file__).resolve().parents[2] / "scripts" / "benchtool" / "share_bench.py"
+    spec = importlib.util.spec_from_file_location("share_bench", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_hot_key_bench_lets_out_only_shares_while_its_calls_time_out(
+    own_server: Server,
+) -> None:
+    # The bench checks the fleet's let-out against the bound of shares. On a loaded machine
+    # its calls can outlive the limiter's timeout: an outage to the limiter, after which the
+    # failure policy decides, and ALLOW (the default) lets a holder that never saw the
+    # others take the whole rate. CLIENT PAUSE WRITE holds RL.SHARE at the server for as
+    # long as that: the call times out, whatever the machine's speed.
+    bench = _share_bench()
+    admin = own_server.client()
+    admin.execute_command("CLIENT", "PAUSE", 600_000, "WRITE")
+    try:
+        # As the bench's processes make it: a client without a socket timeout.
+        lim = bench.fleet_limiter(redis.Redis(port=own_server.port), 100_000, 10_000)
+        wait_for(lambda: lim.metrics["redis_timeouts"] >= 1)
+        d = lim.take()
+        assert d.source == Source.FALLBACK, "the call timed out: the failure policy decides"
+        # Any span of time: ALLOW would have earned 100 tokens a millisecond in it.
+        start, granted, takes = time.monotonic(), 0, 0
+        while takes < 1000 or time.monotonic() - start < 0.01:
+            granted += lim.take().granted
+            takes += 1
+        assert granted == 0, "nothing but shares is let out"
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+    # The late answer is a share, used as any other (a lone holder: the whole rate).
+    wait_for(lambda: lim.take().granted)
+    assert lim.take().source == Source.SHARE
+    lim.close()

@@ -9,9 +9,10 @@ as its `--json`; `scripts/bench` runs both (the "One hot key" section of BENCHMA
 
 Needs the redis_rl package (python/) and a server with the module at `--url` where the key
 `bench:hot` does not exist. Starts `--procs` copies of itself; each holds one `ShareLimiter`
-on the key (period 1 s, default settings) and calls `take(1)` in a tight loop on its main
-thread for `--seconds` (the share refreshes on the limiter's thread), counting grants per
-millisecond of a clock the processes share. The parent adds it up: decisions/s, `RL.SHARE`
+on the key (period 1 s, default settings but the failure policy: `DENY`, see
+`fleet_limiter`) and calls `take(1)` in a tight loop on its main thread for `--seconds`
+(the share refreshes on the limiter's thread), counting grants per millisecond of a clock
+the processes share. The parent adds it up: decisions/s, `RL.SHARE`
 calls/s at the server (`INFO commandstats`), and the most granted in any window of 50 ms to
 2 s against `cap + rate * t + holders` (plus a millisecond for the bins), and in the whole
 run against `cap + rate * T + holders`. Exits 1 when a bound is exceeded.
@@ -77,17 +78,30 @@ def summary(args, children, server_calls, server_secs):
         "bound": bound,
         "windows": windows,
         "within": within,
+        # Decisions the failure policy made (DENY: none granted): calls that timed out.
+        "fallback_decisions": sum(c.get("fallback_decisions", 0) for c in children),
         # The latest a process came up after the shared start (it took from then on).
         "late_start_ms": max((c.get("late_start_ms", 0.0) for c in children), default=0.0),
     }
 
 
-def child(args):
-    import redis
+def fleet_limiter(client, rate, cap):
+    """The limiter each process holds: default settings but the failure policy. The bound
+    this bench checks is that of shares; the failure policy decides outside it. A call
+    that outlives the limiter's timeout (0.2 s: a loaded machine is enough) is an outage to
+    the limiter, and the default ALLOW then lets out its own budget, for a holder that never
+    saw the others the whole `rate` and `cap` (`instances` is 1 unless set). `DENY` lets out
+    nothing but shares; `fallback_decisions` says how many decisions it made."""
     import redis_rl
 
+    return redis_rl.ShareLimiter(client, KEY, rate, cap, policy=redis_rl.DENY)
+
+
+def child(args):
+    import redis
+
     client = redis.Redis.from_url(args.url)
-    limiter = redis_rl.ShareLimiter(client, KEY, args.rate, args.cap)
+    limiter = fleet_limiter(client, args.rate, args.cap)
     # The shared start on this process's monotonic clock, in the past if this process came
     # up late (it then takes from then on: its bins stay on the fleet's clock).
     t0 = time.monotonic() + (args.start - time.time_ns()) / 1e9
@@ -108,10 +122,12 @@ def child(args):
         if allowed:
             granted += 1
             bins[at] += 1
-    calls = limiter.metrics.snapshot()["redis_calls"]
+    counts = limiter.metrics.snapshot()
     limiter.close()
     nonzero = [[i, n] for i, n in enumerate(bins) if n]
-    print(json.dumps({"decisions": decisions, "granted": granted, "redis_calls": calls,
+    print(json.dumps({"decisions": decisions, "granted": granted,
+                      "redis_calls": counts["redis_calls"],
+                      "fallback_decisions": counts["fallback_decisions"],
                       "late_start_ms": late_start * 1000, "bins": nonzero}), flush=True)  # fmt: skip
 
 

@@ -42,10 +42,13 @@ class HotOutput(unittest.TestCase):
 
     def test_the_python_scripts_summary_parses_as_the_same_format(self):
         args = SimpleNamespace(procs=2, seconds=1.0, rate=100_000.0, cap=10_000.0)
-        children = [{"decisions": 1000, "granted": 30, "redis_calls": 3, "bins": [[0, 10], [999, 20]]},
+        children = [{"decisions": 1000, "granted": 30, "redis_calls": 3, "bins": [[0, 10], [999, 20]],
+                     "fallback_decisions": 7},
                     {"decisions": 500, "granted": 5, "redis_calls": 2, "bins": [[1000, 5]]}]  # fmt: skip
         v = parse_hot(json.dumps(share_bench.summary(args, children, 4, 1.01)))
         self.assertEqual((v["decisions"], v["granted"], v["client_calls"]), (1500, 35, 5))
+        # decisions of the failure policy (a call that timed out), reported beside the bound
+        self.assertEqual(v["fallback_decisions"], 7)
         # the 1 s windows: bins 0..999 hold 30, bins 1..1000 hold 25
         self.assertEqual(v["windows"][-1][:2], [1000, 30])
         self.assertEqual(v["bound"], 10_000 + 100_000 + 2)
