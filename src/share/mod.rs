@@ -94,25 +94,30 @@ impl EntryText {
             buf: [0; 7 * 41],
             len: 0,
         };
-        let parts = [
-            Num::new(h.want),
-            Num::new(h.rate),
-            Num::new(h.burst),
-            Num::int(h.lease_end),
-            Num::new(h.held_rate),
-            Num::new(h.held_burst),
-            Num::int(h.held_until),
-        ];
-        for (i, p) in parts.iter().enumerate() {
-            if i > 0 {
-                t.buf[t.len] = b',';
-                t.len += 1;
-            }
-            let b = p.bytes();
-            t.buf[t.len..t.len + b.len()].copy_from_slice(b);
-            t.len += b.len();
-        }
+        let (rate, burst) = (Num::new(h.rate), Num::new(h.burst));
+        // A holder whose share did not change holds what it was given before: the same
+        // numbers, so the same texts (compared bit for bit), formatted once.
+        let held_rate = (h.held_rate.to_bits() != h.rate.to_bits()).then(|| Num::new(h.held_rate));
+        let held_burst =
+            (h.held_burst.to_bits() != h.burst.to_bits()).then(|| Num::new(h.held_burst));
+        t.push(Num::new(h.want).bytes());
+        t.push(rate.bytes());
+        t.push(burst.bytes());
+        t.push(Num::int(h.lease_end).bytes());
+        t.push(held_rate.as_ref().unwrap_or(&rate).bytes());
+        t.push(held_burst.as_ref().unwrap_or(&burst).bytes());
+        t.push(Num::int(h.held_until).bytes());
         t
+    }
+
+    /// Appends one field (after a comma unless it is the first).
+    fn push(&mut self, b: &[u8]) {
+        if self.len > 0 {
+            self.buf[self.len] = b',';
+            self.len += 1;
+        }
+        self.buf[self.len..self.len + b.len()].copy_from_slice(b);
+        self.len += b.len();
     }
 
     pub fn bytes(&self) -> &[u8] {
