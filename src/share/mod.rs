@@ -211,15 +211,14 @@ pub enum LimitText {
     Stored,
 }
 
-/// The effect that sets `table`'s limit and entry `h` (its numbers `entry`), dropping
-/// entries ended at `prune` first: `holder` is the id as a Redis string where the caller
-/// has one.
+/// The effect that sets `table`'s limit and the entry of `holder` (its id: a Redis string
+/// where the caller has one) to the numbers `entry`, dropping entries ended at `prune`
+/// first.
 fn with_effect(
     table: &ShareTable,
     key: Str,
     limit: LimitText,
-    holder: Option<Str>,
-    h: &Holder,
+    holder: EffectArg,
     entry: &EntryText,
     prune: Option<Nanos>,
     send: impl FnOnce(&[EffectArg]),
@@ -251,7 +250,7 @@ fn with_effect(
     }
     push(EffectArg::Bytes(version.bytes()));
     push(EffectArg::Bytes(at.bytes()));
-    push(holder.map_or(EffectArg::Bytes(&h.id), EffectArg::Str));
+    push(holder);
     push(EffectArg::Bytes(entry.bytes()));
     send(&args[..len]);
 }
@@ -270,8 +269,7 @@ pub fn propagate(
         table,
         key,
         limit,
-        Some(holder),
-        &table.holders()[index],
+        EffectArg::Str(holder),
         &EntryText::recent(&table.holders()[index]),
         Some(now),
         |args| crate::ffi::replicate(ctx, c"RL.SETSHARES", args),
@@ -281,7 +279,8 @@ pub fn propagate(
 pub fn rewrite(aof: &Aof, key: Str, t: &ShareTable) {
     for h in t.holders() {
         let entry = EntryText::new(h);
-        with_effect(t, key, LimitText::Stored, None, h, &entry, None, |args| {
+        let holder = EffectArg::Bytes(&h.id);
+        with_effect(t, key, LimitText::Stored, holder, &entry, None, |args| {
             crate::ffi::emit_aof(aof, c"RL.SETSHARES", args)
         });
     }
