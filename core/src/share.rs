@@ -404,7 +404,7 @@ impl ShareTable {
         let (rate, burst, short) = if req.release {
             (0.0, 0.0, false)
         } else {
-            let target = Self::target(&limit, req, &s);
+            let target = self.target(&limit, req, &s, found.ok(), now);
             let target_burst = target * limit.cap() / limit.rate();
             let free = sub_down(limit.rate(), s.rate);
             let free_burst = sub_down(limit.cap(), s.burst);
@@ -465,7 +465,13 @@ impl ShareTable {
         } else {
             0
         };
-        let (index, joined) = match self.find(req.holder) {
+        // Without a prune the entries have not moved: the first search still holds.
+        let place = if pruned == 0 {
+            found
+        } else {
+            self.find(req.holder)
+        };
+        let (index, joined) = match place {
             Ok(i) => {
                 // The id is already there: keep its allocation.
                 let id = std::mem::take(&mut self.holders[i].id);
@@ -510,40 +516,35 @@ impl ShareTable {
     }
 
     /// One pass over the entries but `own`: what they may still use at `now` (an upper
-    /// bound of the exact sums: see [`Sum`]), the live ones' wants (kept in
-    /// [`WANTS`] for the water level), when the last ends, how many are dead.
+    /// bound of the exact sums: see [`Sum`]), how many are live and the sum of their
+    /// wants, when the last ends, how many are dead.
     fn scan(&self, own: Option<usize>, now: Nanos) -> Scan {
         let own = own.unwrap_or(usize::MAX);
         let mut s = Scan::default();
         let (mut rate, mut burst, mut counted) = (Sum::default(), Sum::default(), 0usize);
-        WANTS.with(|w| {
-            let mut w = w.borrow_mut();
-            w.clear();
-            for (i, h) in self.holders.iter().enumerate() {
-                let end = h.end();
-                if i == own || now >= end {
-                    s.dead += usize::from(i != own);
-                    continue;
-                }
-                s.last_end = s.last_end.max(end);
-                let live = now < h.lease_end;
-                let held = now < h.held_until;
-                let (r, b) = if live { (h.rate, h.burst) } else { (0.0, 0.0) };
-                let (hr, hb) = if held {
-                    (h.held_rate, h.held_burst)
-                } else {
-                    (0.0, 0.0)
-                };
-                rate.add(r.max(hr));
-                burst.add(b.max(hb));
-                counted += 1;
-                if live {
-                    s.live += 1;
-                    s.wants += h.want;
-                    w.push(h.want);
-                }
+        for (i, h) in self.holders.iter().enumerate() {
+            let end = h.end();
+            if i == own || now >= end {
+                s.dead += usize::from(i != own);
+                continue;
             }
-        });
+            s.last_end = s.last_end.max(end);
+            let live = now < h.lease_end;
+            let held = now < h.held_until;
+            let (r, b) = if live { (h.rate, h.burst) } else { (0.0, 0.0) };
+            let (hr, hb) = if held {
+                (h.held_rate, h.held_burst)
+            } else {
+                (0.0, 0.0)
+            };
+            rate.add(r.max(hr));
+            burst.add(b.max(hb));
+            counted += 1;
+            if live {
+                s.live += 1;
+                s.wants += h.want;
+            }
+        }
         s.rate = rate.up(counted);
         s.burst = burst.up(counted);
         s
@@ -551,7 +552,14 @@ impl ShareTable {
 
     /// The holder's fair share among the live holders (itself included, with its new
     /// want): in proportion to the wants when they fit the rate, else max-min fair.
-    fn target(limit: &Limit, req: &ShareRequest, s: &Scan) -> f64 {
+    fn target(
+        &self,
+        limit: &Limit,
+        req: &ShareRequest,
+        s: &Scan,
+        own: Option<usize>,
+        now: Nanos,
+    ) -> f64 {
         let rate = limit.rate();
         let n = s.live + 1;
         let sum = s.wants + req.want;
@@ -566,8 +574,16 @@ impl ShareTable {
         if req.want <= rate / n as f64 {
             return req.want;
         }
+        // The live others' wants (the entries [`ShareTable::scan`] counted as live).
+        let own = own.unwrap_or(usize::MAX);
         let level = WANTS.with(|w| {
             let mut w = w.borrow_mut();
+            w.clear();
+            w.extend(
+                (self.holders.iter().enumerate())
+                    .filter(|&(i, h)| i != own && h.is_live(now))
+                    .map(|(_, h)| h.want),
+            );
             w.push(req.want);
             water_level(&mut w, rate)
         });
@@ -673,7 +689,7 @@ fn non_negative(x: f64) -> f64 {
 }
 
 thread_local! {
-    /// The live holders' wants seen by the last scan (Redis runs commands on one thread;
+    /// The live holders' wants, for the water level (Redis runs commands on one thread;
     /// the buffer is kept so that no call allocates for it).
     static WANTS: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
 }

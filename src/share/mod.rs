@@ -90,35 +90,93 @@ pub struct EntryText {
 
 impl EntryText {
     pub fn new(h: &Holder) -> EntryText {
+        EntryText::build(h, None)
+    }
+
+    /// As [`EntryText::new`], reusing the texts of the numbers the last call wrote where
+    /// they are the same (compared bit for bit): a holder refreshing an unchanged share,
+    /// or a fleet of equal wants, sends the same numbers call after call.
+    fn recent(h: &Holder) -> EntryText {
+        RECENT_ENTRY.with(|r| EntryText::build(h, Some(r)))
+    }
+
+    fn build(h: &Holder, recent: Option<&mut RecentEntry>) -> EntryText {
         let mut t = EntryText {
             buf: [0; 7 * 41],
             len: 0,
         };
-        let parts = [
-            Num::new(h.want),
-            Num::new(h.rate),
-            Num::new(h.burst),
-            Num::int(h.lease_end),
-            Num::new(h.held_rate),
-            Num::new(h.held_burst),
-            Num::int(h.held_until),
-        ];
-        for (i, p) in parts.iter().enumerate() {
-            if i > 0 {
-                t.buf[t.len] = b',';
-                t.len += 1;
-            }
-            let b = p.bytes();
-            t.buf[t.len..t.len + b.len()].copy_from_slice(b);
-            t.len += b.len();
-        }
+        let (given, held) = match recent {
+            Some(r) => (Some(&mut r.given), Some(&mut r.held)),
+            None => (None, None),
+        };
+        t.push_numbers([h.want, h.rate, h.burst], given);
+        t.push(Num::int(h.lease_end).bytes());
+        t.push_numbers([h.held_rate, h.held_burst], held);
+        t.push(Num::int(h.held_until).bytes());
         t
+    }
+
+    /// Appends the texts of `xs`, from `recent` if they are its numbers (else formatted,
+    /// and kept there).
+    fn push_numbers<const N: usize>(&mut self, xs: [f64; N], recent: Option<&mut Texts<N>>) {
+        let bits = xs.map(f64::to_bits);
+        if let Some(r) = recent.as_ref().filter(|r| r.len > 0 && r.bits == bits) {
+            self.push(&r.buf[..r.len]);
+            return;
+        }
+        let start = self.len + usize::from(self.len > 0);
+        for x in xs {
+            self.push(Num::new(x).bytes());
+        }
+        if let Some(r) = recent {
+            let text = &self.buf[start..self.len];
+            r.buf[..text.len()].copy_from_slice(text);
+            (r.bits, r.len) = (bits, text.len());
+        }
+    }
+
+    /// Appends one field (after a comma unless it is the first).
+    fn push(&mut self, b: &[u8]) {
+        if self.len > 0 {
+            self.buf[self.len] = b',';
+            self.len += 1;
+        }
+        self.buf[self.len..self.len + b.len()].copy_from_slice(b);
+        self.len += b.len();
     }
 
     pub fn bytes(&self) -> &[u8] {
         &self.buf[..self.len]
     }
 }
+
+/// The texts of `N` numbers written together (comma-separated), and the numbers' bits;
+/// empty (`len` 0) until a call fills it.
+struct Texts<const N: usize> {
+    bits: [u64; N],
+    buf: [u8; 3 * 41],
+    len: usize,
+}
+
+impl<const N: usize> Texts<N> {
+    const EMPTY: Texts<N> = Texts {
+        bits: [0; N],
+        buf: [0; 3 * 41],
+        len: 0,
+    };
+}
+
+/// The last entry a call wrote: its given share's numbers and its held share's.
+struct RecentEntry {
+    given: Texts<3>,
+    held: Texts<2>,
+}
+
+static RECENT_ENTRY: crate::ffi::MainThread<RecentEntry> =
+    crate::ffi::MainThread::new(RecentEntry {
+        given: Texts::EMPTY,
+        held: Texts::EMPTY,
+    });
 
 /// Reads an entry's numbers (see [`EntryText`]) for holder `id`; `None` unless exactly
 /// seven fields, numbers where numbers go and integers where times go.
@@ -153,14 +211,15 @@ pub enum LimitText {
     Stored,
 }
 
-/// The effect that sets `table`'s limit and entry `h`, dropping entries ended at `prune`
-/// first: `holder` is the id as a Redis string where the caller has one.
+/// The effect that sets `table`'s limit and the entry of `holder` (its id: a Redis string
+/// where the caller has one) to the numbers `entry`, dropping entries ended at `prune`
+/// first.
 fn with_effect(
     table: &ShareTable,
     key: Str,
     limit: LimitText,
-    holder: Option<Str>,
-    h: &Holder,
+    holder: EffectArg,
+    entry: &EntryText,
     prune: Option<Nanos>,
     send: impl FnOnce(&[EffectArg]),
 ) {
@@ -172,7 +231,6 @@ fn with_effect(
         )),
     };
     let (version, at) = (Num::int(table.version()), Num::int(prune.unwrap_or(0)));
-    let entry = EntryText::new(h);
     let mut args = [EffectArg::Int(0); 7];
     let mut len = 0;
     let mut push = |a| {
@@ -192,7 +250,7 @@ fn with_effect(
     }
     push(EffectArg::Bytes(version.bytes()));
     push(EffectArg::Bytes(at.bytes()));
-    push(holder.map_or(EffectArg::Bytes(&h.id), EffectArg::Str));
+    push(holder);
     push(EffectArg::Bytes(entry.bytes()));
     send(&args[..len]);
 }
@@ -211,8 +269,8 @@ pub fn propagate(
         table,
         key,
         limit,
-        Some(holder),
-        &table.holders()[index],
+        EffectArg::Str(holder),
+        &EntryText::recent(&table.holders()[index]),
         Some(now),
         |args| crate::ffi::replicate(ctx, c"RL.SETSHARES", args),
     );
@@ -220,7 +278,9 @@ pub fn propagate(
 
 pub fn rewrite(aof: &Aof, key: Str, t: &ShareTable) {
     for h in t.holders() {
-        with_effect(t, key, LimitText::Stored, None, h, None, |args| {
+        let entry = EntryText::new(h);
+        let holder = EffectArg::Bytes(&h.id);
+        with_effect(t, key, LimitText::Stored, holder, &entry, None, |args| {
             crate::ffi::emit_aof(aof, c"RL.SETSHARES", args)
         });
     }
@@ -327,4 +387,47 @@ pub fn moved(gone: usize, came: usize) {
     stats::SHARE_HOLDERS_DROPPED.add_shared(gone as u64);
     stats::SHARE_HOLDERS.sub_shared(gone as u64);
     stats::SHARE_HOLDERS.add_shared(came as u64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(want: f64, rate: f64, burst: f64, held_rate: f64, held_burst: f64) -> Holder {
+        Holder {
+            id: Box::from(&b"h00"[..]),
+            want,
+            rate,
+            burst,
+            lease_end: 1_700_000_010_800_000_000,
+            held_rate,
+            held_burst,
+            held_until: 1_700_000_000_250_000_000,
+        }
+    }
+
+    #[test]
+    fn an_entry_text_reusing_the_last_numbers_is_the_one_written_afresh() {
+        let steady = holder(10.0, 62.5, 62_500_000.0, 62.5, 62_500_000.0);
+        let shrinking = holder(10.0, 62.5, 62_500_000.0, 1000.0, 1e9);
+        let cases = [
+            steady.clone(),
+            steady.clone(),
+            shrinking.clone(),
+            shrinking,
+            holder(0.1, 0.0, -0.0, 0.0, 0.0),
+            holder(0.1, -0.0, 0.0, 0.0, 0.0),
+            holder(1e15, 1e-7, 123.456, 1e-300, 1e15),
+            steady,
+        ];
+        for h in &cases {
+            let text = EntryText::recent(h);
+            assert_eq!(text.bytes(), EntryText::new(h).bytes());
+            assert_eq!(parse_entry(b"h00", text.bytes()).as_ref(), Some(h));
+        }
+        assert_eq!(
+            EntryText::recent(&cases[0]).bytes(),
+            b"10,62.5,62500000,1700000010800000000,62.5,62500000,1700000000250000000"
+        );
+    }
 }
