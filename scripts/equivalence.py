@@ -21,7 +21,8 @@ DISCARD, on a RESP2 and a RESP3 connection.
 
 Compared after every command: the reply bytes and the dirty counter; every 300 commands:
 INFO rl, RL.STATS (all and per namespace), RL.TOP, and every key's TYPE, DUMP, RL.PEEK and
-PTTL. Then (--bulk) keys filled to their limits (1024 leases, 10000 permits, 4096 holders);
+PTTL. Then (--bulk) keys filled to their limits (1024 leases, 10000 permits, 4096 holders)
+and runs of denials at rl.top-keys 4, 1 and 16 with RL.TOP read between them;
 the internal effects found in the AOF (RL.SETSTATE, RL.SETPERMITS, RL.SETSHARES), replayed
 mutated; the whole AOF (appendfsync always), and the AOF rewritten without RDB preamble.
 Last, a replica of the second build follows its master through more random writes, and
@@ -614,6 +615,12 @@ def run(args):
     with open(clock, "w") as f:
         f.write(str(now))
     servers = []
+
+    def set_clock(ns):
+        with open(clock + ".tmp", "w") as f:
+            f.write(str(ns))
+        os.replace(clock + ".tmp", clock)
+
     try:
         a = Server(args.server, args.old, root, "old", shim, clock)
         servers.append(a)
@@ -629,9 +636,7 @@ def run(args):
         for step in range(args.steps):
             if rng.random() < 0.02 and not args.slow:
                 now += rng.choice([1, 999, 1_000_000, 300_000_000, 10**10, 10**13])
-                with open(clock + ".tmp", "w") as f:
-                    f.write(str(now))
-                os.replace(clock + ".tmp", clock)
+                set_clock(now)
             which = 1 if rng.random() < 0.3 else 0
             if multi is None and rng.random() < 0.03:
                 multi = (which, rng.randrange(1, 6))
@@ -665,8 +670,21 @@ def run(args):
                 p.both(["RL.ACQUIRE", "bulk:sem", "10000", "86400000"], i % 2)
             for i in range(4100):
                 p.both(["RL.SHARE", "bulk:share", "1e9", "1e9", f"h{i}", "1", "3600000"], i % 2)
+            # The most-denied keys at small capacities: runs of denials on one key, other
+            # keys between them, fading and renormalising (steps up to 11 hours).
+            for topk in ["4", "1", "16"]:
+                p.both(["CONFIG", "SET", "rl.top-keys", topk])
+                for i in range(1500):
+                    k = f"t:{rng.randrange(3) if rng.random() < 0.7 else rng.randrange(30)}"
+                    for _ in range(rng.randrange(1, 8) if rng.random() < 0.3 else 1):
+                        p.both(["RL.TAKE", k, "1e-9", "1"], rng.randrange(2))
+                    if rng.random() < 0.02:
+                        now += rng.choice([10**6, 10**9, 60 * 10**9, 40000 * 10**9])
+                        set_clock(now)
+                    if i % 50 == 0:
+                        p.both(["RL.TOP", "1000"], rng.randrange(2))
             p.dirty()
-            p.snapshot(["bulk"])
+            p.snapshot(["bulk", "t"])
         # The internal effects, as written, then mutated.
         effects = parse_aof(a.aof())
         effects = [e for e in effects if e[0].upper().startswith(b"RL.SET")]
