@@ -310,6 +310,7 @@ class Gen:
         self.ids = [b"0", b"1"]
         self.ns = ["a", "b", "orders", "x-y", "ns0"]
         self.holders = ["h1", "h2", "h3", "é", "h:x"]
+        self.scripts = ["script:0"]
 
     def key(self):
         r = self.r
@@ -318,7 +319,7 @@ class Gen:
         if r.random() < 0.05:
             return f"many{r.randrange(40)}:k"  # more namespaces than rl.max-namespaces
         if r.random() < 0.04:
-            return r.choice(["script:1", "script:2"])  # the seed script's hashes
+            return r.choice(self.scripts[-3:])  # the seed script's hashes
         if r.random() < 0.04:
             # Long names: past a shown top key (128), a namespace's name (48), 16 bytes.
             return r.choice(
@@ -333,6 +334,11 @@ class Gen:
             ) % r.randrange(3)
         sep = r.choice([":", ":", ":", "/", ".", ""])
         return f"{r.choice(self.ns)}{sep}k{r.randrange(6)}"
+
+    def new_script(self):
+        # A fresh key: an adopted one is a bucket from then on.
+        self.scripts.append(f"script:{len(self.scripts)}")
+        return self.scripts[-1]
 
     def num(self, good):
         r = self.r
@@ -386,6 +392,16 @@ class Gen:
 
     def command(self):
         r = self.r
+        if r.random() < 0.03:
+            # The seed script's state, for rl.adopt-script-keys.
+            return [
+                "HSET",
+                self.new_script(),
+                "tokens",
+                r.choice(["0", "2.5", "10", "3", "1e300", "x"]),
+                "ts",
+                r.choice(["1800000000.1", "1799999999", "0", "2e9", "y"]),
+            ]
         c = r.choice(
             ["TAKE"] * 8
             + ["LEASE"] * 4
@@ -627,6 +643,7 @@ def run(args):
         b = Server(args.server, args.new, root, "new", shim, clock)
         servers.append(b)
         p = Pair(a, b)
+        p.both(["CONFIG", "SET", "rl.adopt-script-keys", "yes"])
         if args.slow:
             p.pttl_slack = 10_000
         rng = random.Random(args.seed)
@@ -792,6 +809,7 @@ def run(args):
             if x != y:
                 raise Diff(f"replica digest of {k!r}: {x!r} vs {y!r}")
         if args.verbose:
+            print(b.conn().call("INFO", "rl")[1].decode().replace("\r\n", " "))
             for name, t in sorted(p.tally.items()):
                 print(name, sorted(t.items(), key=lambda x: -x[1])[:12])
         print(
