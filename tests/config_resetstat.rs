@@ -135,3 +135,35 @@ fn resetstat_holds_when_more_commands_follow_it_than_preceded_it() {
         "CONFIG RESETSTAT did not reset the namespaces"
     );
 }
+
+/// The gauges count what keys hold now, not what happened since a reset: `CONFIG
+/// RESETSTAT` leaves them as they are, and the releases, leases and holders that follow
+/// move them from there (a gauge zeroed by the reset would read 0 while permits are held,
+/// and its later releases would be lost against that 0).
+#[test]
+fn resetstat_keeps_the_gauges() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let mut permit = 0;
+    for key in ["s1", "s1", "s2"] {
+        let r: Vec<i64> = query(&mut c, &["RL.ACQUIRE", key, "5", "60000"]);
+        assert_eq!(r[0], 1);
+        permit = r[1];
+    }
+    let _: Vec<i64> = query(&mut c, &["RL.LEASE", "b", "1", "10", "2", "60000"]);
+    let _: Vec<redis::Value> = query(&mut c, &["RL.SHARE", "sh", "10", "10", "h1", "5", "60000"]);
+    let gauges = |c: &mut Connection| {
+        ["rl_permits_in_use", "rl_leases_active", "rl_share_holders"]
+            .map(|f| info_field(c, "rl", f))
+    };
+    assert_eq!(gauges(&mut c), [3, 1, 1]);
+
+    let _: String = query(&mut c, &["CONFIG", "RESETSTAT"]);
+    pings(&mut c, 1);
+    assert_eq!(rl_calls(&mut c), 0, "the counters were reset");
+    assert_eq!(gauges(&mut c), [3, 1, 1], "the gauges were not");
+
+    let released: i64 = query(&mut c, &["RL.RELEASE", "s2", &permit.to_string()]);
+    assert_eq!(released, 1);
+    assert_eq!(info_field(&mut c, "rl", "rl_permits_in_use"), 2);
+}

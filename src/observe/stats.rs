@@ -88,11 +88,13 @@ counters! {
     SHARE_HOLDERS: "Share holder entries recorded in keys now (ended ones leave at the key's next write).",
 }
 
-/// Zeroes every counter but the gauges `leases_active` and `share_holders` (`CONFIG
-/// RESETSTAT`).
+/// The gauges: what keys hold now, which `CONFIG RESETSTAT` leaves as they are.
+const GAUGES: [&Counter; 3] = [&LEASES_ACTIVE, &PERMITS_IN_USE, &SHARE_HOLDERS];
+
+/// Zeroes every counter but the gauges (`CONFIG RESETSTAT`).
 pub fn reset() {
     for (_, counter) in FIELDS {
-        if !std::ptr::eq(*counter, &LEASES_ACTIVE) && !std::ptr::eq(*counter, &SHARE_HOLDERS) {
+        if !GAUGES.iter().any(|g| std::ptr::eq(*counter, *g)) {
             counter.0.store(0, Relaxed);
         }
     }
