@@ -651,9 +651,17 @@ end
 
 -- Tokens now, negative while the bucket is in debt (RL.RESERVE, a clock step back): the
 -- `remaining` / `tokens` of every reply.
+-- Never negative out of debt: the time owed is whole nanoseconds, rounded up, so a bucket
+-- emptied exactly converts back to a hair below 0.
 local function signed_tokens(lv)
     local L = lv.L
-    return L.c - tokens_for(L, add(lv.bs, lv.bn, lv.ds, lv.dn))
+    local ws, wn = add(lv.bs, lv.bn, lv.ds, lv.dn)
+    local t = L.c - tokens_for(L, ws, wn)
+    if t < 0 then
+        local fs, fn = fill(L)
+        if not lt(fs, fn, ws, wn) then return 0 end
+    end
+    return t
 end
 
 -- A stored bucket's limit (texts rt ct, version text vt: false when 0) and the limit that

@@ -71,6 +71,31 @@ fn withstate_on_grant() {
     assert_eq!(reset, 40);
 }
 
+/// An emptied bucket reports 0 left, never a hair below (the time it owes is whole
+/// nanoseconds, rounded up); only a bucket in debt is negative.
+#[test]
+fn an_emptied_bucket_reports_no_negative_remaining() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    for (i, (rate, cap)) in [
+        (1e-9, 1.0),
+        (0.3333, 2.0),
+        (1e-9, 3.0),
+        (7.7, 13.0),
+        (3.0, 1e6),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = format!("e{i}");
+        let (granted, remaining, _, _) = take_state(&mut c, &key, rate, cap, cap as u64);
+        assert_eq!(granted, cap as i64, "{rate} {cap}");
+        assert!(remaining >= 0.0, "{rate} {cap}: remaining {remaining}");
+        let peeked = peek_tokens(&mut c, &key).unwrap();
+        assert!(peeked >= 0.0, "{rate} {cap}: RL.PEEK tokens {peeked}");
+    }
+}
+
 #[test]
 fn ttl_is_time_to_full() {
     let s = Server::start(&[]);

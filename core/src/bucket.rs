@@ -268,8 +268,16 @@ impl Level {
 
     /// Tokens in the bucket now, negative while it is in debt (after `RL.RESERVE`, or a
     /// clock that stepped back): what a caller would have to wait out, in tokens.
+    /// Never negative out of debt: the time owed is whole nanoseconds, rounded up, so a
+    /// bucket emptied exactly converts back to a hair below 0.
     pub fn signed_tokens(&self) -> f64 {
-        self.limit.cap() - self.limit.tokens_for(self.behind + self.deficit)
+        let owed = self.behind + self.deficit;
+        let tokens = self.limit.cap() - self.limit.tokens_for(owed);
+        if tokens < 0.0 && owed <= self.limit.fill_nanos() {
+            0.0
+        } else {
+            tokens
+        }
     }
 
     /// The largest deficit at which `n` tokens are there, or `None` if `n > cap`.
