@@ -175,26 +175,6 @@ fn ten_thousand_permits_per_key_and_a_clear_error_beyond() {
     assert!(e.to_string().contains("at most 10000"), "{e}");
 }
 
-/// A small deterministic generator (xorshift64*), so a failure can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-        from[(self.next() % from.len() as u64) as usize]
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn run(c: &mut Connection, cmd: &str, args: &[String]) -> redis::RedisResult<Value> {
     redis::cmd(cmd).arg(args).query(c)
 }

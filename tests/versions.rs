@@ -964,30 +964,6 @@ fn a_stale_caller_after_the_newer_bucket_expired_gets_one_old_bucket_then_is_sta
     stale_caller_after_the_key_went(&mut c, "k", ("0.001", "2"));
 }
 
-/// A small deterministic generator (xorshift64*), so every run sends the same calls.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len() as u64) as usize]
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
-
 /// Which of `keys` exist just before and just after `args`, and its reply: `EXISTS`, the
 /// call and `EXISTS` again in one `MULTI`/`EXEC`, where the server's time stands still, so
 /// no key can expire in between (as it could between two round trips on a busy machine: a
