@@ -16,9 +16,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import redis
 import redis.asyncio as aredis
-from conftest import Server
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from conftest import KINDS, NO_RETRY, TINY, Server, adds_up, wait_for
 
 from redis_rl import (
     ALLOW,
@@ -44,14 +42,6 @@ POLICIES = [
     ("last-known", LAST_KNOWN, 6),  # starts from the level Redis last reported
     ("deny", DENY, 0),
 ]
-
-
-def wait_for(cond: Callable[[], bool], what: str, limit: float = 15.0) -> None:
-    deadline = time.monotonic() + limit
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.02)
 
 
 @pytest.mark.parametrize(("name", "policy", "burst"), POLICIES, ids=[p[0] for p in POLICIES])
@@ -165,16 +155,6 @@ def test_async_slow_server_times_out(own_server: Server, key: str) -> None:
         await r.aclose()
 
     asyncio.run(run())
-
-
-NO_RETRY = Retry(NoBackoff(), 0)
-
-
-KINDS = ["limiter", "prefetch", "async-limiter", "async-prefetch"]
-
-
-def adds_up(m: Metrics) -> None:
-    assert m["calls"] == m["granted"] + m["denied"] + m["errors"], m.snapshot()
 
 
 @pytest.fixture
@@ -292,9 +272,6 @@ def test_rotated_password_is_an_error_after_at_most_one_outage(
     assert outcomes[1:] == ["error"] * 3 and outcomes[0] in ("error", "fallback"), outcomes
     assert m["fallback_decisions"] <= 1, m.snapshot()
     adds_up(m)
-
-
-TINY = 1e-6
 
 
 @pytest.mark.parametrize("instances", [4, None], ids=["instances", "measured"])
