@@ -232,12 +232,7 @@ fn corrupt_restore_payloads_are_errors_not_aborts() {
         for b in bodies {
             tried += 1;
             let forged = reseal(&payload, &b);
-            let reply = redis::cmd("RESTORE")
-                .arg("x")
-                .arg(0)
-                .arg(forged)
-                .arg("REPLACE")
-                .query::<Value>(&mut c);
+            let reply = restore_replace(&mut c, "x", &forged);
             if reply.is_ok() {
                 accepted += 1;
                 // Whatever was accepted behaves as a valid bucket.

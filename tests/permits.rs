@@ -192,11 +192,7 @@ fn key_state(c: &mut Connection, key: &str) -> (String, i64) {
 fn semaphore_effects_and_payloads_cannot_break_the_server() {
     let mut s = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
     let mut c = s.internal_conn();
-    let _: () = redis::cmd("DEBUG")
-        .arg("SET-ACTIVE-EXPIRE")
-        .arg(0)
-        .query(&mut c)
-        .unwrap();
+    no_active_expire(&mut c);
     let mut rng = Rng(7);
     let now = now_ns();
     let ids = [
@@ -274,12 +270,7 @@ fn semaphore_effects_and_payloads_cannot_break_the_server() {
     }
     for b in bodies {
         let forged = reseal(&payload, &b);
-        let reply = redis::cmd("RESTORE")
-            .arg("x")
-            .arg(0)
-            .arg(forged)
-            .arg("REPLACE")
-            .query::<Value>(&mut c);
+        let reply = restore_replace(&mut c, "x", &forged);
         if reply.is_ok() {
             let r: redis::RedisResult<Value> = redis::cmd("RL.ACQUIRE")
                 .arg(&["x", "5", "1000"])

@@ -252,12 +252,7 @@ fn keyspace(c: &mut Connection) -> Vec<(String, String, i64)> {
 fn every_accepted_state_survives_reload_restore_migrate_aof_and_full_sync() {
     let mut s = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
     let mut c = s.internal_conn();
-    // Keys go only when looked at, so "nothing changed" compares like with like.
-    let _: () = redis::cmd("DEBUG")
-        .arg("SET-ACTIVE-EXPIRE")
-        .arg(0)
-        .query(&mut c)
-        .unwrap();
+    no_active_expire(&mut c);
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let (mut accepted, mut refused) = (0, 0);
     for i in 0..600 {

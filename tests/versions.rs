@@ -1534,12 +1534,7 @@ fn corrupt_payloads_of_versioned_buckets_never_hurt_the_server() {
     let mut accepted = 0;
     for (i, b) in bodies.iter().enumerate() {
         let payload = reseal(&original, b);
-        let r: redis::RedisResult<Value> = redis::cmd("RESTORE")
-            .arg("x")
-            .arg(0)
-            .arg(&payload)
-            .arg("REPLACE")
-            .query(&mut c);
+        let r = restore_replace(&mut c, "x", &payload);
         if r.is_err() {
             continue;
         }
@@ -1549,12 +1544,7 @@ fn corrupt_payloads_of_versioned_buckets_never_hurt_the_server() {
         assert!(peek.is_ok(), "payload {i}: PEEK {peek:?}");
         let again: Option<Vec<u8>> = redis::cmd("DUMP").arg("x").query(&mut c).unwrap();
         if let Some(again) = again {
-            let r: redis::RedisResult<()> = redis::cmd("RESTORE")
-                .arg("y")
-                .arg(0)
-                .arg(&again)
-                .arg("REPLACE")
-                .query(&mut c);
+            let r = restore_replace(&mut c, "y", &again);
             assert!(r.is_ok(), "payload {i}: its own DUMP is refused: {r:?}");
         }
         let _: Value = query(&mut c, &["DEL", "x", "y"]);
@@ -1645,13 +1635,7 @@ fn forged_setstate_versions_are_exact_or_refused_with_no_change() {
         assert_eq!(peek_limit(&mut c, "f").unwrap().2, want, "{extra:?}");
         // The state it made is one a reload accepts.
         let d = dump(&mut c, "f");
-        let _: () = redis::cmd("RESTORE")
-            .arg("g")
-            .arg(0)
-            .arg(&d)
-            .arg("REPLACE")
-            .query(&mut c)
-            .unwrap();
+        restore_replace(&mut c, "g", &d).unwrap();
         assert_eq!(
             peek_limit(&mut c, "g").unwrap().2,
             want,

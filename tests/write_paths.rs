@@ -666,13 +666,7 @@ fn expiry_is_time_to_full_after_every_kind_of_write() {
     );
     // RESTORE ... 0 then a write.
     let payload = dump(&mut c, "k");
-    let _: () = redis::cmd("RESTORE")
-        .arg("k")
-        .arg(0)
-        .arg(&payload)
-        .arg("REPLACE")
-        .query(&mut c)
-        .unwrap();
+    restore_replace(&mut c, "k", &payload).unwrap();
     assert_eq!(pexpiretime(&mut c, "k"), -1);
     assert_eq!(int(&mut c, &["RL.TAKE", "k", "0.01", "100", "1"]), 1);
     assert!(pexpiretime(&mut c, "k") > 0);

@@ -612,3 +612,23 @@ impl Rng {
         self.below(100) < percent
     }
 }
+
+/// `RESTORE key 0 payload REPLACE`: the server's reply, refused or not.
+pub fn restore_replace(c: &mut Connection, key: &str, payload: &[u8]) -> redis::RedisResult<Value> {
+    redis::cmd("RESTORE")
+        .arg(key)
+        .arg(0)
+        .arg(payload)
+        .arg("REPLACE")
+        .query(c)
+}
+
+/// Keys expire only when looked at (`DEBUG SET-ACTIVE-EXPIRE 0`), so "nothing changed"
+/// compares like with like.
+pub fn no_active_expire(c: &mut Connection) {
+    let _: () = redis::cmd("DEBUG")
+        .arg("SET-ACTIVE-EXPIRE")
+        .arg(0)
+        .query(c)
+        .unwrap();
+}
