@@ -147,10 +147,7 @@ fn permits_persist_copy_and_replicate_exactly() {
     let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
     assert_eq!(digest(&mut c, "s"), before, "DEBUG RELOAD");
     let all = dataset_digest(&mut c);
-    rewrite_aof(&mut c);
-    drop(c);
-    s.restart();
-    let mut c = s.conn();
+    let mut c = s.rewrite_aof_and_restart(c);
     assert_eq!(dataset_digest(&mut c), all, "AOF rewrite + restart");
     assert_eq!(info_field(&mut c, "rl", "rl_permits_in_use"), 12);
 }
@@ -281,10 +278,7 @@ fn semaphore_effects_and_payloads_cannot_break_the_server() {
     }
     assert!(!s.exited(), "the server died: {}", s.log());
     let all = dataset_digest(&mut c);
-    rewrite_aof(&mut c);
-    drop(c);
-    s.restart();
-    let mut c = s.conn();
+    let mut c = s.rewrite_aof_and_restart(c);
     assert_eq!(dataset_digest(&mut c), all, "AOF rewrite + restart");
 }
 
@@ -313,10 +307,7 @@ fn restore_of_an_empty_permit_table_is_refused_or_rebuilt_by_the_aof() {
     let kind: String = query(&mut c, &["TYPE", "p"]);
     let ttl: i64 = query(&mut c, &["PTTL", "p"]);
     let all = dataset_digest(&mut c);
-    rewrite_aof(&mut c);
-    drop(c);
-    s.restart();
-    let mut c = s.conn();
+    let mut c = s.rewrite_aof_and_restart(c);
     let exists: i64 = query(&mut c, &["EXISTS", "p"]);
     assert_eq!(
         dataset_digest(&mut c),

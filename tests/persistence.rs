@@ -356,10 +356,7 @@ fn every_accepted_state_survives_reload_restore_migrate_aof_and_full_sync() {
     }
 
     // AOF rewrite and restart.
-    rewrite_aof(&mut c);
-    drop(c);
-    s.restart();
-    let mut c = s.conn();
+    let mut c = s.rewrite_aof_and_restart(c);
     assert_eq!(dataset_digest(&mut c), digest_all, "AOF rewrite + restart");
     assert!(!s.exited());
 }
@@ -475,9 +472,6 @@ fn states_at_every_bound_survive_every_copy() {
     wait_synced(&s, &replica);
     assert_eq!(snap(&mut replica.internal_conn()), want, "full sync");
     drop(replica);
-    rewrite_aof(&mut c);
-    drop(c);
-    s.restart();
-    let mut c = s.conn();
+    let mut c = s.rewrite_aof_and_restart(c);
     assert_eq!(snap(&mut c), want, "AOF rewrite + restart");
 }

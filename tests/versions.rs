@@ -681,10 +681,7 @@ fn reload_restore_migrate_replica_and_aof_carry_the_version() {
     s.restart();
     let mut c = s.conn();
     assert_eq!(snapshot(&mut c, &keys), want, "AOF replay");
-    rewrite_aof(&mut c);
-    drop(c);
-    s.restart();
-    let mut c = s.conn();
+    let mut c = s.rewrite_aof_and_restart(c);
     assert_eq!(snapshot(&mut c, &keys), want, "AOF rewrite + restart");
     assert!(!s.exited());
 }

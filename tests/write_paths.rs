@@ -590,10 +590,7 @@ fn a_key_without_expiry_gets_it_back_on_the_next_write_and_aof_keeps_it_exact() 
             .unwrap();
     });
     let before = dataset_digest(&mut c);
-    rewrite_aof(&mut c);
-    drop(c);
-    s.restart();
-    let mut c = s.conn();
+    let mut c = s.rewrite_aof_and_restart(c);
     assert_eq!(pttl(&mut c, "norm"), -1);
     assert_eq!(
         dataset_digest(&mut c),

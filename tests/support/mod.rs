@@ -274,6 +274,15 @@ impl Server {
         self.wait_ready();
     }
 
+    /// Rewrites the AOF on `c`, closes it, restarts (so the rewritten AOF is what loads)
+    /// and returns a new connection.
+    pub fn rewrite_aof_and_restart(&mut self, mut c: Connection) -> Connection {
+        rewrite_aof(&mut c);
+        drop(c);
+        self.restart();
+        self.conn()
+    }
+
     fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
             return;
