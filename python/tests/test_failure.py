@@ -600,6 +600,15 @@ def test_the_credential_check_never_keeps_a_long_link_down(
     assert "server" in sources, sources
 
 
+def async_limiter(kind: str, r: aredis.Redis, key: str, make: dict[str, Any]) -> tuple[Any, Any]:
+    """An asyncio limiter of ``kind`` (1000/s, cap 1000) and its deciding call."""
+    if kind == "async-prefetch":
+        lim: Any = AsyncPrefetchLimiter(r, key, 1000, 1000, batch=10, **make)
+        return lim, lim.decide
+    lim = AsyncLimiter(r, key, 1000, 1000, **make)
+    return lim, lim.take
+
+
 @pytest.mark.parametrize("kind", ["async-limiter", "async-prefetch"])
 def test_an_asyncio_backend_probe_outlives_a_short_timeout(
     server: Server, key: str, kind: str
@@ -615,11 +624,7 @@ def test_an_asyncio_backend_probe_outlives_a_short_timeout(
     async def run() -> None:
         r = aredis.Redis(port=proxy.port, socket_timeout=5)
         make: dict[str, Any] = {"policy": ALLOW, "timeout": 0.3, "probe_interval": 0.05}
-        if kind == "async-prefetch":
-            lim: Any = AsyncPrefetchLimiter(r, key, 1000, 1000, batch=10, **make)
-        else:
-            lim = AsyncLimiter(r, key, 1000, 1000, **make)
-        decide = lim.decide if kind == "async-prefetch" else lim.take
+        lim, decide = async_limiter(kind, r, key, make)
         for _ in range(12):
             sources.append((await decide()).source.value)
             if sources[-1] != "fallback":
@@ -654,11 +659,7 @@ def test_an_asyncio_backend_probe_stuck_on_a_half_open_connection_holds_up_nobod
         await r.ping()  # one connection in the client's pool, about to go half-open
         proxy.freeze()
         make: dict[str, Any] = {"policy": ALLOW, "timeout": 0.2, "probe_interval": 0.05}
-        if kind == "async-prefetch":
-            lim: Any = AsyncPrefetchLimiter(r, key, 1000, 1000, batch=10, **make)
-        else:
-            lim = AsyncLimiter(r, key, 1000, 1000, **make)
-        decide = lim.decide if kind == "async-prefetch" else lim.take
+        lim, decide = async_limiter(kind, r, key, make)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             started = time.monotonic()
