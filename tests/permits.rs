@@ -147,10 +147,7 @@ fn permits_persist_copy_and_replicate_exactly() {
     let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
     assert_eq!(digest(&mut c, "s"), before, "DEBUG RELOAD");
     let all = dataset_digest(&mut c);
-    rewrite_aof(&mut c);
-    drop(c);
-    s.restart();
-    let mut c = s.conn();
+    let mut c = s.rewrite_aof_and_restart(c);
     assert_eq!(dataset_digest(&mut c), all, "AOF rewrite + restart");
     assert_eq!(info_field(&mut c, "rl", "rl_permits_in_use"), 12);
 }
@@ -175,26 +172,6 @@ fn ten_thousand_permits_per_key_and_a_clear_error_beyond() {
     assert!(e.to_string().contains("at most 10000"), "{e}");
 }
 
-/// A small deterministic generator (xorshift64*), so a failure can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-        from[(self.next() % from.len() as u64) as usize]
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn run(c: &mut Connection, cmd: &str, args: &[String]) -> redis::RedisResult<Value> {
     redis::cmd(cmd).arg(args).query(c)
 }
@@ -212,11 +189,7 @@ fn key_state(c: &mut Connection, key: &str) -> (String, i64) {
 fn semaphore_effects_and_payloads_cannot_break_the_server() {
     let mut s = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
     let mut c = s.internal_conn();
-    let _: () = redis::cmd("DEBUG")
-        .arg("SET-ACTIVE-EXPIRE")
-        .arg(0)
-        .query(&mut c)
-        .unwrap();
+    no_active_expire(&mut c);
     let mut rng = Rng(7);
     let now = now_ns();
     let ids = [
@@ -294,12 +267,7 @@ fn semaphore_effects_and_payloads_cannot_break_the_server() {
     }
     for b in bodies {
         let forged = reseal(&payload, &b);
-        let reply = redis::cmd("RESTORE")
-            .arg("x")
-            .arg(0)
-            .arg(forged)
-            .arg("REPLACE")
-            .query::<Value>(&mut c);
+        let reply = restore_replace(&mut c, "x", &forged);
         if reply.is_ok() {
             let r: redis::RedisResult<Value> = redis::cmd("RL.ACQUIRE")
                 .arg(&["x", "5", "1000"])
@@ -310,10 +278,7 @@ fn semaphore_effects_and_payloads_cannot_break_the_server() {
     }
     assert!(!s.exited(), "the server died: {}", s.log());
     let all = dataset_digest(&mut c);
-    rewrite_aof(&mut c);
-    drop(c);
-    s.restart();
-    let mut c = s.conn();
+    let mut c = s.rewrite_aof_and_restart(c);
     assert_eq!(dataset_digest(&mut c), all, "AOF rewrite + restart");
 }
 
@@ -342,10 +307,7 @@ fn restore_of_an_empty_permit_table_is_refused_or_rebuilt_by_the_aof() {
     let kind: String = query(&mut c, &["TYPE", "p"]);
     let ttl: i64 = query(&mut c, &["PTTL", "p"]);
     let all = dataset_digest(&mut c);
-    rewrite_aof(&mut c);
-    drop(c);
-    s.restart();
-    let mut c = s.conn();
+    let mut c = s.rewrite_aof_and_restart(c);
     let exists: i64 = query(&mut c, &["EXISTS", "p"]);
     assert_eq!(
         dataset_digest(&mut c),

@@ -144,26 +144,6 @@ fn a_state_with_lease_id_zero_is_refused_and_the_dataset_still_reloads() {
     let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
 }
 
-/// A small deterministic generator (xorshift64*), so a failure can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-        from[(self.next() % from.len() as u64) as usize]
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// One generated `RL.SETSTATE` call: mostly plausible values, some at and past every bound.
 fn setstate_args(rng: &mut Rng, key: &str) -> Vec<String> {
     let now = now_ns();
@@ -226,17 +206,17 @@ fn setstate_args(rng: &mut Rng, key: &str) -> Vec<String> {
     ];
     for _ in 0..rng.below(4) {
         match rng.below(6) {
-            4 => args.extend(["VERSION".into(), rng.pick(&versions).into()]),
-            0 => args.extend(["LASTID".into(), rng.pick(&ids).into()]),
+            4 => args.extend(["VERSION".into(), rng.pick(&versions).to_string()]),
+            0 => args.extend(["LASTID".into(), rng.pick(&ids).to_string()]),
             1 => args.extend(["PRUNE".into(), now.to_string()]),
-            2 => args.extend(["DROP".into(), rng.pick(&ids).into()]),
+            2 => args.extend(["DROP".into(), rng.pick(&ids).to_string()]),
             3 => args.extend([
                 "ADD".into(),
-                rng.pick(&ids).into(),
-                rng.pick(&tokens).into(),
+                rng.pick(&ids).to_string(),
+                rng.pick(&tokens).to_string(),
                 (now + 600_000_000_000 + rng.below(10_000_000_000)).to_string(),
             ]),
-            _ => args.push(rng.pick(&["BOGUS", "ADD", "LASTID"]).into()),
+            _ => args.push(rng.pick(&["BOGUS", "ADD", "LASTID"]).to_string()),
         }
     }
     args
@@ -272,12 +252,7 @@ fn keyspace(c: &mut Connection) -> Vec<(String, String, i64)> {
 fn every_accepted_state_survives_reload_restore_migrate_aof_and_full_sync() {
     let mut s = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
     let mut c = s.internal_conn();
-    // Keys go only when looked at, so "nothing changed" compares like with like.
-    let _: () = redis::cmd("DEBUG")
-        .arg("SET-ACTIVE-EXPIRE")
-        .arg(0)
-        .query(&mut c)
-        .unwrap();
+    no_active_expire(&mut c);
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let (mut accepted, mut refused) = (0, 0);
     for i in 0..600 {
@@ -381,10 +356,7 @@ fn every_accepted_state_survives_reload_restore_migrate_aof_and_full_sync() {
     }
 
     // AOF rewrite and restart.
-    rewrite_aof(&mut c);
-    drop(c);
-    s.restart();
-    let mut c = s.conn();
+    let mut c = s.rewrite_aof_and_restart(c);
     assert_eq!(dataset_digest(&mut c), digest_all, "AOF rewrite + restart");
     assert!(!s.exited());
 }
@@ -500,9 +472,6 @@ fn states_at_every_bound_survive_every_copy() {
     wait_synced(&s, &replica);
     assert_eq!(snap(&mut replica.internal_conn()), want, "full sync");
     drop(replica);
-    rewrite_aof(&mut c);
-    drop(c);
-    s.restart();
-    let mut c = s.conn();
+    let mut c = s.rewrite_aof_and_restart(c);
     assert_eq!(snap(&mut c), want, "AOF rewrite + restart");
 }

@@ -192,10 +192,7 @@ fn debt_survives_reload_aof_and_reaches_a_replica() {
     assert_eq!(take(&mut r, "k", 0.01, 5.0, 1), 0);
     let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
     assert_eq!(digest(&mut c, "k"), before, "DEBUG RELOAD");
-    rewrite_aof(&mut c);
-    drop(c);
-    s.restart();
-    let mut c = s.conn();
+    let mut c = s.rewrite_aof_and_restart(c);
     assert_eq!(digest(&mut c, "k"), before, "AOF rewrite + restart");
 }
 

@@ -681,10 +681,7 @@ fn reload_restore_migrate_replica_and_aof_carry_the_version() {
     s.restart();
     let mut c = s.conn();
     assert_eq!(snapshot(&mut c, &keys), want, "AOF replay");
-    rewrite_aof(&mut c);
-    drop(c);
-    s.restart();
-    let mut c = s.conn();
+    let mut c = s.rewrite_aof_and_restart(c);
     assert_eq!(snapshot(&mut c, &keys), want, "AOF rewrite + restart");
     assert!(!s.exited());
 }
@@ -962,30 +959,6 @@ fn a_stale_caller_after_the_newer_bucket_expired_gets_one_old_bucket_then_is_sta
     // At 100/s the version-2 call a moment later may find a token refilled: use a frozen
     // version-2 limit for the rest (the replacement is what is checked).
     stale_caller_after_the_key_went(&mut c, "k", ("0.001", "2"));
-}
-
-/// A small deterministic generator (xorshift64*), so every run sends the same calls.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len() as u64) as usize]
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
 }
 
 /// Which of `keys` exist just before and just after `args`, and its reply: `EXISTS`, the
@@ -1558,12 +1531,7 @@ fn corrupt_payloads_of_versioned_buckets_never_hurt_the_server() {
     let mut accepted = 0;
     for (i, b) in bodies.iter().enumerate() {
         let payload = reseal(&original, b);
-        let r: redis::RedisResult<Value> = redis::cmd("RESTORE")
-            .arg("x")
-            .arg(0)
-            .arg(&payload)
-            .arg("REPLACE")
-            .query(&mut c);
+        let r = restore_replace(&mut c, "x", &payload);
         if r.is_err() {
             continue;
         }
@@ -1573,12 +1541,7 @@ fn corrupt_payloads_of_versioned_buckets_never_hurt_the_server() {
         assert!(peek.is_ok(), "payload {i}: PEEK {peek:?}");
         let again: Option<Vec<u8>> = redis::cmd("DUMP").arg("x").query(&mut c).unwrap();
         if let Some(again) = again {
-            let r: redis::RedisResult<()> = redis::cmd("RESTORE")
-                .arg("y")
-                .arg(0)
-                .arg(&again)
-                .arg("REPLACE")
-                .query(&mut c);
+            let r = restore_replace(&mut c, "y", &again);
             assert!(r.is_ok(), "payload {i}: its own DUMP is refused: {r:?}");
         }
         let _: Value = query(&mut c, &["DEL", "x", "y"]);
@@ -1669,13 +1632,7 @@ fn forged_setstate_versions_are_exact_or_refused_with_no_change() {
         assert_eq!(peek_limit(&mut c, "f").unwrap().2, want, "{extra:?}");
         // The state it made is one a reload accepts.
         let d = dump(&mut c, "f");
-        let _: () = redis::cmd("RESTORE")
-            .arg("g")
-            .arg(0)
-            .arg(&d)
-            .arg("REPLACE")
-            .query(&mut c)
-            .unwrap();
+        restore_replace(&mut c, "g", &d).unwrap();
         assert_eq!(
             peek_limit(&mut c, "g").unwrap().2,
             want,

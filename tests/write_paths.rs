@@ -590,10 +590,7 @@ fn a_key_without_expiry_gets_it_back_on_the_next_write_and_aof_keeps_it_exact() 
             .unwrap();
     });
     let before = dataset_digest(&mut c);
-    rewrite_aof(&mut c);
-    drop(c);
-    s.restart();
-    let mut c = s.conn();
+    let mut c = s.rewrite_aof_and_restart(c);
     assert_eq!(pttl(&mut c, "norm"), -1);
     assert_eq!(
         dataset_digest(&mut c),
@@ -666,13 +663,7 @@ fn expiry_is_time_to_full_after_every_kind_of_write() {
     );
     // RESTORE ... 0 then a write.
     let payload = dump(&mut c, "k");
-    let _: () = redis::cmd("RESTORE")
-        .arg("k")
-        .arg(0)
-        .arg(&payload)
-        .arg("REPLACE")
-        .query(&mut c)
-        .unwrap();
+    restore_replace(&mut c, "k", &payload).unwrap();
     assert_eq!(pexpiretime(&mut c, "k"), -1);
     assert_eq!(int(&mut c, &["RL.TAKE", "k", "0.01", "100", "1"]), 1);
     assert!(pexpiretime(&mut c, "k") > 0);

@@ -13,7 +13,7 @@ use rl_client::{
     Backend, Decision, Error, FailurePolicy, LazyConfig, LazyConnection, Limit, Limiter,
     LimiterConfig, PrefetchConfig, PrefetchLimiter, Source,
 };
-use support::{eventually, Plain, Proxy, Server};
+use support::{eventually, Plain, Proxy, Server, PATIENT};
 
 /// Guard against a hang: far above any configured timeout.
 const HANG: Duration = Duration::from_secs(30);
@@ -857,30 +857,6 @@ async fn per_call_limits_peek_and_mtake() {
     assert!((x - 40.0).abs() < 0.1, "{x}");
 }
 
-/// Where the timeout is not the point: far above any call's time on a loaded machine (a
-/// healthy call must never be taken for an outage).
-const PATIENT: Duration = Duration::from_secs(10);
-
-/// A call's timeout where one must pass while Redis sleeps: the `DEBUG SLEEP`s here are
-/// at least 3 s, so a call answered while Redis still sleeps was answered by its timeout.
-const TIMEOUT: Duration = Duration::from_secs(1);
-
-fn prefetch_config_for(policy: FailurePolicy, instances: u32) -> PrefetchConfig {
-    PrefetchConfig {
-        batch: 20,
-        ttl: Duration::from_secs(60),
-        renew_at: 0.0,
-        jitter: 0.0,
-        limiter: LimiterConfig {
-            timeout: TIMEOUT,
-            probe_interval: Duration::from_millis(100),
-            policy,
-            instances,
-            ..Default::default()
-        },
-    }
-}
-
 /// Rule 2: an authentication failure (`WRONGPASS` at connect, `NOAUTH` on a call) is an
 /// error reply, never an outage: under `Allow` it must not fail open.
 #[tokio::test]
@@ -912,7 +888,7 @@ async fn authentication_failures_are_errors_not_outages() {
             client,
             "p",
             Limit::new(1.0, 40.0).unwrap(),
-            prefetch_config_for(FailurePolicy::Allow, 4),
+            support::prefetch_config(FailurePolicy::Allow, 4),
         )
         .unwrap();
         let e = prefetch.take(1).await.unwrap_err();
@@ -967,7 +943,7 @@ async fn oom_is_an_error_reply_not_an_outage() {
             limit,
             PrefetchConfig {
                 limiter: config,
-                ..prefetch_config_for(policy, 1)
+                ..support::prefetch_config(policy, 1)
             },
         )
         .unwrap();
@@ -994,7 +970,7 @@ async fn a_fallback_for_a_slow_redis_counts_a_timeout() {
         server.client(),
         "k",
         Limit::new(0.001, 100.0).unwrap(),
-        prefetch_config_for(FailurePolicy::Allow, 1),
+        support::prefetch_config(FailurePolicy::Allow, 1),
     )
     .unwrap();
     assert_eq!(limiter.take(1).await.unwrap().source, Source::Server);

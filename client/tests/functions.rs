@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{Plain, Server};
+use support::{prefetch_config, Plain, Server, PATIENT};
 
 use rl_client::{
     Backend, Error, FailurePolicy, Limit, Limiter, LimiterConfig, PrefetchConfig, PrefetchLimiter,
@@ -186,30 +186,6 @@ async fn a_versioned_limit_over_functions_the_newer_wins() {
         Some(redis::Value::BulkString(b"4".to_vec())),
         "{fields:?}"
     );
-}
-
-/// Where the timeout is not the point: far above any call's time on a loaded machine (a
-/// healthy call must never be taken for an outage).
-const PATIENT: Duration = Duration::from_secs(10);
-
-/// A call's timeout where one must pass while Redis sleeps: the `DEBUG SLEEP`s here are
-/// at least 3 s, so a call answered while Redis still sleeps was answered by its timeout.
-const TIMEOUT: Duration = Duration::from_secs(1);
-
-fn prefetch_config(policy: FailurePolicy, instances: u32) -> PrefetchConfig {
-    PrefetchConfig {
-        batch: 20,
-        ttl: Duration::from_secs(60),
-        renew_at: 0.0,
-        jitter: 0.0,
-        limiter: LimiterConfig {
-            timeout: TIMEOUT,
-            probe_interval: Duration::from_millis(100),
-            policy,
-            instances,
-            ..Default::default()
-        },
-    }
 }
 
 /// Rule 2 over the Functions library: its error replies (here `WRONGTYPE`, a key holding a

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use rl_client::redis::aio::ConnectionManager;
 use rl_client::{FailurePolicy, LimiterConfig, Semaphore, Source};
-use support::Server;
+use support::{Server, TIMEOUT};
 
 async fn semaphore(server: &Server) -> Semaphore<ConnectionManager> {
     // Far above any call's time on a loaded machine: every answer here is the server's.
@@ -282,10 +282,6 @@ async fn permits_fall_back_by_policy_while_redis_is_down() {
     }
     drop(b);
 }
-
-/// A call's timeout where one must pass while Redis sleeps: the `DEBUG SLEEP`s here are
-/// at least 3 s, so a call answered while Redis still sleeps was answered by its timeout.
-const TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Rule 1 for permits: an `RL.ACQUIRE` whose caller gave up (its timeout, a dropped
 /// future) still lands on the server; a permit it brings must be released, not left to

@@ -9,7 +9,7 @@ use rl_client::{
     Error, FailurePolicy, KeyedPrefetcher, Limit, LimiterConfig, PrefetchConfig, PrefetchLimiter,
     Source,
 };
-use support::{eventually, Server};
+use support::{eventually, prefetch_config, Server};
 
 fn config(batch: u64, ttl_ms: u64) -> PrefetchConfig {
     PrefetchConfig {
@@ -283,26 +283,6 @@ async fn leases_carry_the_limit_version() {
     };
     assert_eq!(version, 7);
     assert_eq!(server.info("rl", "rl_limit_replaced"), 0.0);
-}
-
-/// A call's timeout where one must pass while Redis sleeps: the `DEBUG SLEEP`s here are
-/// at least 3 s, so a call answered while Redis still sleeps was answered by its timeout.
-const TIMEOUT: Duration = Duration::from_secs(1);
-
-fn prefetch_config(policy: FailurePolicy, instances: u32) -> PrefetchConfig {
-    PrefetchConfig {
-        batch: 20,
-        ttl: Duration::from_secs(60),
-        renew_at: 0.0,
-        jitter: 0.0,
-        limiter: LimiterConfig {
-            timeout: TIMEOUT,
-            probe_interval: Duration::from_millis(100),
-            policy,
-            instances,
-            ..Default::default()
-        },
-    }
 }
 
 /// Rule 4: under `LastKnown` a prefetching limiter's fallback budget is its share of the

@@ -5,7 +5,7 @@ mod support;
 use std::time::Duration;
 
 use rl_client::{Error, FailurePolicy, Limit, Limiter, LimiterConfig, Source};
-use support::Server;
+use support::{Server, TIMEOUT};
 
 /// Far above any call's time on a loaded machine: every decision here is the server's,
 /// never a fallback for a slow call.
@@ -197,10 +197,6 @@ async fn init_starts_a_new_bucket_below_full() {
         Err(Error::Config(_))
     ));
 }
-
-/// A call's timeout where one must pass while Redis sleeps: the `DEBUG SLEEP`s here are
-/// at least 3 s, so a call answered while Redis still sleeps was answered by its timeout.
-const TIMEOUT: Duration = Duration::from_secs(1);
 
 // Plain takes whose caller stopped waiting (`TakeFlight`).
 fn take_config(timeout: Duration) -> LimiterConfig {

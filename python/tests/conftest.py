@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import shutil
@@ -15,17 +16,23 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from redis_rl import Metrics
+
 REPO = Path(__file__).resolve().parents[2]
 MODULE = Path(os.environ.get("RL_MODULE") or REPO / "target" / "debug" / "libredis_rl.so")
 SERVER = os.environ.get("RL_SERVER") or "redis-server"
 FUNCTIONS_LUA = REPO / "functions" / "rl.lua"
+
+TINY = 1e-6  # refill negligible: counts are exact
+NO_RETRY = Retry(NoBackoff(), 0)  # a killed server is found at once, not after backoffs
+KINDS = ["limiter", "prefetch", "async-limiter", "async-prefetch"]  # every limiter type
 
 
 def free_port(bus: bool = False) -> int:
@@ -180,3 +187,35 @@ def sleep_server(server: Server, seconds: int) -> threading.Thread:
         except redis.exceptions.TimeoutError:
             return t
     raise AssertionError("DEBUG SLEEP did not take effect")
+
+
+@pytest.fixture
+def debug_server(tmp_path: Path) -> Iterator[Server]:
+    """A server of this test's own that accepts DEBUG (DEBUG SLEEP)."""
+    _check_setup()
+    s = Server(tmp_path / "redis", extra=["--enable-debug-command", "yes"])
+    yield s
+    s.stop()
+
+
+def adds_up(m: Metrics) -> None:
+    """Contract rule 6: every call is counted once, as a grant, a denial or an error."""
+    assert m["calls"] == m["granted"] + m["denied"] + m["errors"], m.snapshot()
+
+
+def peek_fields(r: redis.Redis, key: str) -> dict[str, float]:
+    """RL.PEEK as numbers; a missing key is a full bucket with no lease."""
+    reply = r.execute_command("RL.PEEK", key)
+    if reply is None:
+        return {"tokens": math.inf, "leases": 0, "leased_tokens": 0}
+    pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2])
+    return {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in pairs}
+
+
+def wait_for(cond: Callable[[], bool], what: str, limit: float = 15.0) -> None:
+    """Polls ``cond`` until it holds (a state, not a duration)."""
+    deadline = time.monotonic() + limit
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.01)

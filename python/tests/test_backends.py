@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import pytest
 import redis
 import redis.asyncio as aredis
-from conftest import FUNCTIONS_LUA, Server, _check_setup
+from conftest import FUNCTIONS_LUA, KINDS, Server, _check_setup
 
 from redis_rl import (
     AsyncLimiter,
@@ -22,7 +22,6 @@ from redis_rl import (
     permit,
 )
 
-KINDS = ["limiter", "prefetch", "async-limiter", "async-prefetch"]
 RL_COMMANDS = ["rl.take", "rl.lease", "rl.return", "rl.peek", "rl.reserve", "rl.refund"]
 
 

@@ -12,11 +12,11 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Iterator, List, Union
+from typing import Any, List, Union
 
 import pytest
 import redis.asyncio as aredis
-from conftest import Server, sleep_server
+from conftest import TINY, Server, adds_up, sleep_server
 
 from redis_rl import (
     ALLOW,
@@ -210,13 +210,6 @@ def test_forked_child_decides_though_a_parent_thread_held_the_locks(
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
 
 
-@pytest.fixture
-def debug_server(tmp_path: Any) -> Iterator[Server]:
-    s = Server(tmp_path / "redis", extra=["--enable-debug-command", "yes"])
-    yield s
-    s.stop()
-
-
 def test_cancelled_apermit_frees_its_slot(debug_server: Server, key: str) -> None:
     """Contract rule 1 for permits: an ``RL.ACQUIRE`` sent for a caller that is cancelled still
     lands; a permit it brings is released, not left holding the slot (nobody has it) until
@@ -249,13 +242,6 @@ def test_cancelled_apermit_frees_its_slot(debug_server: Server, key: str) -> Non
         await ar.aclose()
 
     asyncio.run(run())
-
-
-TINY = 1e-6
-
-
-def adds_up(m: Metrics) -> None:
-    assert m["calls"] == m["granted"] + m["denied"] + m["errors"], m.snapshot()
 
 
 def test_joined_flights_never_end_in_a_policy_decision(server: Server, key: str) -> None:

@@ -19,14 +19,22 @@ import asyncio
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import pytest
 import redis
 import redis.asyncio as aredis
-from conftest import Server, _check_setup, sleep_server
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from conftest import (
+    KINDS,
+    NO_RETRY,
+    TINY,
+    Server,
+    _check_setup,
+    adds_up,
+    peek_fields,
+    sleep_server,
+    wait_for,
+)
 
 from redis_rl import (
     ALLOW,
@@ -43,39 +51,7 @@ from redis_rl import (
     Source,
 )
 
-TINY = 1e-6  # refill negligible: counts are exact
 SLACK = 1.0  # "returns within its timeout": timeout + this, never tighter
-NO_RETRY = Retry(NoBackoff(), 0)  # a killed server is found at once, not after backoffs
-
-
-@pytest.fixture
-def debug_server(tmp_path: Path) -> Iterator[Server]:
-    """A server of this test's own that accepts DEBUG (DEBUG SLEEP)."""
-    _check_setup()
-    s = Server(tmp_path / "redis", extra=["--enable-debug-command", "yes"])
-    yield s
-    s.stop()
-
-
-def adds_up(m: Metrics) -> None:
-    assert m["calls"] == m["granted"] + m["denied"] + m["errors"], m.snapshot()
-
-
-def peek(r: redis.Redis, key: str) -> dict[str, float]:
-    """RL.PEEK as numbers; a missing key is a full bucket with no lease."""
-    reply = r.execute_command("RL.PEEK", key)
-    if reply is None:
-        return {"tokens": math.inf, "leases": 0, "leased_tokens": 0}
-    pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2])
-    return {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in pairs}
-
-
-def wait_for(cond: Callable[[], bool], what: str, limit: float = 15.0) -> None:
-    deadline = time.monotonic() + limit
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.01)
 
 
 async def await_for(cond: Callable[[], bool], what: str, limit: float = 15.0) -> None:
@@ -110,13 +86,13 @@ def test_async_cancelled_takes_lose_no_batch(server: Server, key: str) -> None:
         await await_for(lambda: lim.metrics["leases"] == 1, "the lease call landing")
         assert lim.held == 10  # nothing spent for the callers who left
         admin = server.client()
-        state = peek(admin, key)
+        state = peek_fields(admin, key)
         assert state["leases"] == 1 and state["leased_tokens"] == 10
         calls = lim.metrics["redis_calls"]
         assert await lim.take() and lim.held == 9
         assert lim.metrics["redis_calls"] == calls  # spent from the installed batch
         assert await lim.close() == 9
-        state = peek(admin, key)
+        state = peek_fields(admin, key)
         assert state["leases"] == 0 and math.floor(state["tokens"]) == 99
         m = lim.metrics
         assert m["errors"] == 5 and m["leases_lost"] == 0
@@ -144,7 +120,7 @@ def test_async_timed_out_take_installs_its_lease(server: Server, key: str) -> No
         d = await lim.decide()
         assert d.granted and d.source is Source.LEASE
         await lim.close()
-        state = peek(server.client(), key)
+        state = peek_fields(server.client(), key)
         assert state["leases"] == 0 and math.floor(state["tokens"]) == 99
         assert lim.metrics["redis_timeouts"] == 1 and lim.metrics["leases_lost"] == 0
         adds_up(lim.metrics)
@@ -164,10 +140,10 @@ def test_sync_timed_out_take_installs_its_lease(server: Server, key: str) -> Non
     assert d.source is Source.FALLBACK and not d.granted
     wait_for(lambda: lim.metrics["leases"] == 1, "the lease call landing")
     assert lim.held == 10
-    assert peek(server.client(), key)["leased_tokens"] == 10
+    assert peek_fields(server.client(), key)["leased_tokens"] == 10
     wait_for(lambda: lim.decide().source is Source.LEASE, "a grant from the installed lease")
     lim.close()
-    state = peek(server.client(), key)
+    state = peek_fields(server.client(), key)
     assert state["leases"] == 0 and math.floor(state["tokens"]) == 99
     assert lim.metrics["leases_lost"] == 0
     adds_up(lim.metrics)
@@ -199,7 +175,7 @@ def test_lease_landing_after_its_ttl_is_returned(server: Server, key: str, kind:
     wait_for(lambda: lim.metrics["returns"] == 1, "the late lease returned")
     assert lim.held == 0
     assert lim.metrics["leases_expired"] == 1 and lim.metrics["tokens_returned"] == 10
-    state = peek(server.client(), key)
+    state = peek_fields(server.client(), key)
     assert state["leases"] == 0 and state["tokens"] >= 100
     assert lim.metrics["leases_lost"] == 0
     adds_up(lim.metrics)
@@ -216,7 +192,7 @@ def test_async_limiter_cancelled_takes_are_refunded(server: Server, key: str) ->
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(lim.take(2), 0.1)
         await await_for(lambda: lim.metrics["tokens_returned"] == 6, "the refunds")
-        assert peek(server.client(), key)["tokens"] >= 10  # every token back
+        assert peek_fields(server.client(), key)["tokens"] >= 10  # every token back
         assert lim.metrics["errors"] == 3
         adds_up(lim.metrics)
         await r.aclose()
@@ -231,7 +207,7 @@ def test_sync_limiter_timed_out_take_is_refunded(server: Server, key: str) -> No
     d = lim.take(3)
     assert d.source is Source.FALLBACK and not d.granted
     wait_for(lambda: lim.metrics["tokens_returned"] == 3, "the refund")
-    assert peek(server.client(), key)["tokens"] >= 10
+    assert peek_fields(server.client(), key)["tokens"] >= 10
     assert lim.metrics["takes_lost"] == 0
     adds_up(lim.metrics)
 
@@ -262,13 +238,11 @@ def test_late_reserve_into_debt_is_counted_lost(server: Server, key: str, kind: 
 
         m = asyncio.run(run())
     assert m["tokens_returned"] == 0, m.snapshot()
-    assert peek(admin, key)["tokens"] < 0  # still in debt: the reserve's tokens were spent
+    assert peek_fields(admin, key)["tokens"] < 0  # still in debt: the reserve's tokens were spent
     adds_up(m)
 
 
 # -- 2. Error replies are errors, not outages ---------------------------------------------
-
-KINDS = ["limiter", "prefetch", "async-limiter", "async-prefetch"]
 
 
 def run_kind(
@@ -595,7 +569,7 @@ def test_every_call_returns_within_its_timeout(debug_server: Server, key: str) -
     sync_lims[2].close()
     admin = debug_server.client()
     for suffix in (":c", ":e"):
-        state = peek(admin, key + suffix)
+        state = peek_fields(admin, key + suffix)
         assert state["leases"] == 0 and state["tokens"] >= 10, (suffix, state)  # nothing lost
     for lim in sync_lims + async_lims:
         assert lim.metrics["leases_lost"] == 0

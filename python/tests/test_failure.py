@@ -16,9 +16,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import redis
 import redis.asyncio as aredis
-from conftest import Server
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from conftest import KINDS, NO_RETRY, TINY, Server, adds_up, wait_for
 
 from redis_rl import (
     ALLOW,
@@ -44,14 +42,6 @@ POLICIES = [
     ("last-known", LAST_KNOWN, 6),  # starts from the level Redis last reported
     ("deny", DENY, 0),
 ]
-
-
-def wait_for(cond: Callable[[], bool], what: str, limit: float = 15.0) -> None:
-    deadline = time.monotonic() + limit
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.02)
 
 
 @pytest.mark.parametrize(("name", "policy", "burst"), POLICIES, ids=[p[0] for p in POLICIES])
@@ -165,16 +155,6 @@ def test_async_slow_server_times_out(own_server: Server, key: str) -> None:
         await r.aclose()
 
     asyncio.run(run())
-
-
-NO_RETRY = Retry(NoBackoff(), 0)
-
-
-KINDS = ["limiter", "prefetch", "async-limiter", "async-prefetch"]
-
-
-def adds_up(m: Metrics) -> None:
-    assert m["calls"] == m["granted"] + m["denied"] + m["errors"], m.snapshot()
 
 
 @pytest.fixture
@@ -292,9 +272,6 @@ def test_rotated_password_is_an_error_after_at_most_one_outage(
     assert outcomes[1:] == ["error"] * 3 and outcomes[0] in ("error", "fallback"), outcomes
     assert m["fallback_decisions"] <= 1, m.snapshot()
     adds_up(m)
-
-
-TINY = 1e-6
 
 
 @pytest.mark.parametrize("instances", [4, None], ids=["instances", "measured"])
@@ -623,6 +600,15 @@ def test_the_credential_check_never_keeps_a_long_link_down(
     assert "server" in sources, sources
 
 
+def async_limiter(kind: str, r: aredis.Redis, key: str, make: dict[str, Any]) -> tuple[Any, Any]:
+    """An asyncio limiter of ``kind`` (1000/s, cap 1000) and its deciding call."""
+    if kind == "async-prefetch":
+        lim: Any = AsyncPrefetchLimiter(r, key, 1000, 1000, batch=10, **make)
+        return lim, lim.decide
+    lim = AsyncLimiter(r, key, 1000, 1000, **make)
+    return lim, lim.take
+
+
 @pytest.mark.parametrize("kind", ["async-limiter", "async-prefetch"])
 def test_an_asyncio_backend_probe_outlives_a_short_timeout(
     server: Server, key: str, kind: str
@@ -638,11 +624,7 @@ def test_an_asyncio_backend_probe_outlives_a_short_timeout(
     async def run() -> None:
         r = aredis.Redis(port=proxy.port, socket_timeout=5)
         make: dict[str, Any] = {"policy": ALLOW, "timeout": 0.3, "probe_interval": 0.05}
-        if kind == "async-prefetch":
-            lim: Any = AsyncPrefetchLimiter(r, key, 1000, 1000, batch=10, **make)
-        else:
-            lim = AsyncLimiter(r, key, 1000, 1000, **make)
-        decide = lim.decide if kind == "async-prefetch" else lim.take
+        lim, decide = async_limiter(kind, r, key, make)
         for _ in range(12):
             sources.append((await decide()).source.value)
             if sources[-1] != "fallback":
@@ -677,11 +659,7 @@ def test_an_asyncio_backend_probe_stuck_on_a_half_open_connection_holds_up_nobod
         await r.ping()  # one connection in the client's pool, about to go half-open
         proxy.freeze()
         make: dict[str, Any] = {"policy": ALLOW, "timeout": 0.2, "probe_interval": 0.05}
-        if kind == "async-prefetch":
-            lim: Any = AsyncPrefetchLimiter(r, key, 1000, 1000, batch=10, **make)
-        else:
-            lim = AsyncLimiter(r, key, 1000, 1000, **make)
-        decide = lim.decide if kind == "async-prefetch" else lim.take
+        lim, decide = async_limiter(kind, r, key, make)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             started = time.monotonic()

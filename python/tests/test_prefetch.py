@@ -15,9 +15,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aredis
-from conftest import Server, info_rl
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from conftest import NO_RETRY, TINY, Server, adds_up, info_rl, peek_fields
 
 from redis_rl import (
     ALLOW,
@@ -29,8 +27,6 @@ from redis_rl import (
     PrefetchLimiter,
     Source,
 )
-
-TINY = 1e-6  # refill negligible: counts are exact
 
 
 def peek(r: redis.Redis, key: str) -> dict[str, float]:
@@ -323,18 +319,6 @@ def test_fleet_bound_tasks(server: Server, key: str) -> None:
     assert CAP <= spent <= fleet_bound(elapsed)
 
 
-def adds_up(m: Metrics) -> None:
-    assert m["calls"] == m["granted"] + m["denied"] + m["errors"], m.snapshot()
-
-
-def peek_fields(r: redis.Redis, key: str) -> dict[str, float]:
-    reply = r.execute_command("RL.PEEK", key)
-    if reply is None:
-        return {"tokens": math.inf, "leases": 0, "leased_tokens": 0}
-    pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2])
-    return {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in pairs}
-
-
 @pytest.mark.parametrize("kind", ["prefetch", "async-prefetch"])
 def test_close_leases_nothing_more(server: Server, key: str, kind: str) -> None:
     """Contract rule 6: ``close()`` returns what is held and leases nothing more; no lease is
@@ -405,9 +389,6 @@ def test_close_racing_takes_from_threads_leaves_no_lease(server: Server, key: st
         assert time.monotonic() < deadline, (peek_fields(r, key), m.snapshot())  # and goes back
         time.sleep(0.05)
     adds_up(m)
-
-
-NO_RETRY = Retry(NoBackoff(), 0)
 
 
 @pytest.mark.parametrize("kind", ["prefetch", "async-prefetch"])

@@ -10,7 +10,7 @@ import math
 import pytest
 import redis
 import redis.asyncio as aredis
-from conftest import Server
+from conftest import TINY, Server
 
 from redis_rl import (
     AsyncLimiter,
@@ -20,8 +20,6 @@ from redis_rl import (
     amtake,
     mtake,
 )
-
-TINY = 1e-6  # refill negligible: counts are exact
 
 
 @pytest.fixture

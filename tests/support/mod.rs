@@ -274,6 +274,15 @@ impl Server {
         self.wait_ready();
     }
 
+    /// Rewrites the AOF on `c`, closes it, restarts (so the rewritten AOF is what loads)
+    /// and returns a new connection.
+    pub fn rewrite_aof_and_restart(&mut self, mut c: Connection) -> Connection {
+        rewrite_aof(&mut c);
+        drop(c);
+        self.restart();
+        self.conn()
+    }
+
     fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
             return;
@@ -585,4 +594,50 @@ pub fn assert_expires_in(
         during.0,
         during.1
     );
+}
+
+/// A small deterministic generator (xorshift64*), so a failure can be replayed and every
+/// run sends the same calls.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    pub fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
+        &xs[self.below(xs.len() as u64) as usize]
+    }
+
+    /// True `percent` times in a hundred.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// `RESTORE key 0 payload REPLACE`: the server's reply, refused or not.
+pub fn restore_replace(c: &mut Connection, key: &str, payload: &[u8]) -> redis::RedisResult<Value> {
+    redis::cmd("RESTORE")
+        .arg(key)
+        .arg(0)
+        .arg(payload)
+        .arg("REPLACE")
+        .query(c)
+}
+
+/// Keys expire only when looked at (`DEBUG SET-ACTIVE-EXPIRE 0`), so "nothing changed"
+/// compares like with like.
+pub fn no_active_expire(c: &mut Connection) {
+    let _: () = redis::cmd("DEBUG")
+        .arg("SET-ACTIVE-EXPIRE")
+        .arg(0)
+        .query(c)
+        .unwrap();
 }

@@ -357,3 +357,32 @@ async fn pump(
         }
     }
 }
+
+/// Where the timeout is not the point: far above any call's time on a loaded machine (a
+/// healthy call must never be taken for an outage).
+pub const PATIENT: Duration = Duration::from_secs(10);
+
+/// A call's timeout where one must pass while Redis sleeps: the `DEBUG SLEEP`s here are
+/// at least 3 s, so a call answered while Redis still sleeps was answered by its timeout.
+pub const TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A prefetching limiter's config for failure tests: no background renewal (every lease is
+/// one a take asked for), [`TIMEOUT`] on calls, quick probes.
+pub fn prefetch_config(
+    policy: rl_client::FailurePolicy,
+    instances: u32,
+) -> rl_client::PrefetchConfig {
+    rl_client::PrefetchConfig {
+        batch: 20,
+        ttl: Duration::from_secs(60),
+        renew_at: 0.0,
+        jitter: 0.0,
+        limiter: rl_client::LimiterConfig {
+            timeout: TIMEOUT,
+            probe_interval: Duration::from_millis(100),
+            policy,
+            instances,
+            ..Default::default()
+        },
+    }
+}
