@@ -266,7 +266,7 @@ class Report:
             ("`RM_OpenKey` (key lookup, expiry check, key handle)", ["open_key"], True),
             ("  of which `keyIsExpired` (the key has a TTL; INCR's has none)", ["key_expired"],
              False),
-            ("parsing rate and cap (`commands::limit`: `from_utf8`, `f64::from_str`)",
+            ("parsing rate and cap (`grammar::limit`: `from_utf8`, `f64::from_str`)",
              ["limit_parse"], True),
             ("`RM_SetAbsExpire` (expiry update)", ["set_expire"], True),
             ("`RM_CloseKey`", ["close_key"], True),

@@ -26,11 +26,11 @@ class RecordedRedis7(unittest.TestCase):
     def test_inclusive_costs_match_callgrind_annotate(self):
         expected = {
             "RedisModuleCommandDispatcher": 6_276_075,
-            "redis_rl::commands::take::take": 6_044_235,
+            "redis_rl::bucket::take::take": 6_044_235,
             "RM_Replicate": 2_783_305,
             "lookupCommandByCString": 1_615_800,
             "RM_OpenKey": 871_487,
-            "redis_rl::commands::limit": 357_840,
+            "redis_rl::grammar::limit": 357_840,
         }
         for fn, cost in expected.items():
             self.assertEqual(self.grant.inclusive(fn), cost, fn)
@@ -44,7 +44,7 @@ class RecordedRedis7(unittest.TestCase):
 
     def test_a_function_not_in_the_profile_is_an_error_not_zero(self):
         with self.assertRaises(MissingFunction) as cm:
-            self.grant.inclusive("redis_rl::commands::take::take_renamed")
+            self.grant.inclusive("redis_rl::bucket::take::take_renamed")
         self.assertIn("take_renamed", str(cm.exception))
         with self.assertRaises(MissingFunction):
             self.incr.inclusive("RM_Replicate")  # INCR never replicates through the module API
@@ -54,7 +54,7 @@ class RecordedRedis7(unittest.TestCase):
         lines = self.grant.tree("RedisModuleCommandDispatcher", 1008)
         self.assertRegex(lines[0], r"^\s+6,226\s+100\.0%  RedisModuleCommandDispatcher$")
         self.assertTrue(any(line.endswith("  RM_Replicate") for line in lines))
-        self.assertTrue(any(line.endswith("commands::take::take") for line in lines))  # short()
+        self.assertTrue(any(line.endswith("bucket::take::take") for line in lines))  # short()
         shares = [float(line.split()[1].rstrip("%")) for line in lines]
         self.assertTrue(all(s >= 3.0 for s in shares))
 

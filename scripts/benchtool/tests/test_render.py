@@ -107,17 +107,17 @@ class Rendering(unittest.TestCase):
 
     def test_a_renamed_function_is_a_visible_missing_marker_and_a_failed_check(self):
         renamed = copy.deepcopy(spec.PARTS)
-        renamed["take"]["redis7"] = "redis_rl::commands::take::take_v2"
+        renamed["take"]["redis7"] = "redis_rl::bucket::take::take_v2"
         with mock.patch.dict(spec.PARTS, renamed):
             w = analyse_profile(GRANT, spec.PROFILE_BY_KEY["grant"], "redis7", 1008)
-        self.assertEqual(w["missing"], ["redis_rl::commands::take::take_v2"])
+        self.assertEqual(w["missing"], ["redis_rl::bucket::take::take_v2"])
         self.assertIsNone(w["parts"]["take"]["instr"])  # None, not 0
         r = results()
         r["profiles"]["redis7"]["workloads"][2] = w
         report = Report(r)
         text = report.markdown()
-        self.assertIn(f"**{MISSING}: `redis_rl::commands::take::take_v2`**", text)
-        self.assertEqual(report.missing, ["Redis 7.0 / RL.TAKE grant: `redis_rl::commands::take::take_v2`"])
+        self.assertIn(f"**{MISSING}: `redis_rl::bucket::take::take_v2`**", text)
+        self.assertEqual(report.missing, ["Redis 7.0 / RL.TAKE grant: `redis_rl::bucket::take::take_v2`"])
         self.assertTrue(any(MISSING in p for p in check_markdown(text, 3)))
 
     def test_a_missing_part_in_a_target_reason_fails(self):
