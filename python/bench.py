@@ -17,8 +17,9 @@ turns, and each row keeps its best round, so that a neighbour's burst on a share
 does not land on one row only. Each row reports wall time and this process's CPU time per
 call (``time.process_time``: the client's own work, all its threads, not the server's and
 not the time spent waiting for a core): on a shared machine the CPU figures and their
-ratios are the ones that hold from run to run. The bucket never runs dry: every decision
-is a grant.
+ratios are the ones that hold from run to run. The last column pairs each round's row
+with its raw call in the same round and reports the median of those ratios: the
+figure least moved by neighbours. The bucket never runs dry: every decision is a grant.
 The clients are set up as the README recommends (socket timeouts within the limiter's
 timeout, retries off), so the limiters call redis-py in the calling thread or task.
 """
@@ -30,6 +31,7 @@ import asyncio
 import datetime
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -212,8 +214,8 @@ def report(samples: Dict[str, List[Sample]], version: str, seconds: float, round
         ("`PrefetchLimiter.take()` from memory (no renewal)", "memory", "raw"),
         ("seed Lua script (`EVALSHA`)", "lua", "raw"),
     ]
-    print("| | wall µs | vs raw | CPU µs | vs raw |")
-    print("|---|---:|---:|---:|---:|")
+    print("| | wall µs | vs raw | CPU µs | vs raw | CPU vs raw, median of rounds |")
+    print("|---|---:|---:|---:|---:|---:|")
     for label, name, base in rows:
         if name not in samples:
             continue
@@ -221,7 +223,17 @@ def report(samples: Dict[str, List[Sample]], version: str, seconds: float, round
             base = None
         wall_ratio = "" if base is None else f"{wall[name] / wall[base]:.2f}x"
         cpu_ratio = "" if base is None else f"{cpu[name] / cpu[base]:.2f}x"
-        print(f"| {label} | {wall[name]:.1f} | {wall_ratio} | {cpu[name]:.2f} | {cpu_ratio} |")
+        paired = "" if base is None else f"{paired_ratio(samples[name], samples[base]):.2f}x"
+        print(
+            f"| {label} | {wall[name]:.1f} | {wall_ratio} | {cpu[name]:.2f} | {cpu_ratio} "
+            f"| {paired} |"
+        )
+
+
+def paired_ratio(row: List[Sample], base: List[Sample]) -> float:
+    """The median over rounds of the row's CPU time over its base's in the same round: the
+    two ran a moment apart, so a neighbour's burst lands on both or on one round only."""
+    return statistics.median(a[1] / b[1] for a, b in zip(row, base))
 
 
 if __name__ == "__main__":

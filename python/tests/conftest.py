@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -219,3 +220,83 @@ def wait_for(cond: Callable[[], bool], what: str, limit: float = 15.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"never happened: {what}")
         time.sleep(0.01)
+
+
+class Proxy:
+    """A TCP proxy on a free loopback port to ``upstream``: each accepted connection gets
+    its own upstream one, numbered from 1 (``accepted``), and two pump threads
+    (``_pump(a, b, number, to_client)``, which subclasses define)."""
+
+    def __init__(self, upstream: int) -> None:
+        self.upstream = upstream
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        self.accepted = 0
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                down, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            number = self.accepted
+            up = socket.create_connection(("127.0.0.1", self.upstream))
+            self.sockets += [down, up]
+            for a, b, to_client in ((down, up, False), (up, down, True)):
+                args = (a, b, number, to_client)
+                threading.Thread(target=self._pump, args=args, daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket, number: int, to_client: bool) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.listener.close()
+        for s in self.sockets:  # shutdown wakes the threads blocked on them, sends the FIN
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+class CuttingProxy(Proxy):
+    """A proxy that, after ``cut(after)``, delivers the next reply in two pieces: its first
+    ``after`` bytes at once (``delivered`` is set then), the rest at ``release()``."""
+
+    def __init__(self, upstream: int) -> None:
+        self._after: Optional[int] = None
+        self.delivered = threading.Event()
+        self._release = threading.Event()
+        super().__init__(upstream)
+
+    def cut(self, after: int) -> None:
+        self.delivered.clear()
+        self._release.clear()
+        self._after = after
+
+    def release(self) -> None:
+        self._release.set()
+
+    def _pump(self, a: socket.socket, b: socket.socket, number: int, to_client: bool) -> None:
+        while True:
+            try:
+                data = a.recv(65536)
+                if not data:
+                    b.shutdown(socket.SHUT_WR)
+                    return
+                after = self._after
+                if to_client and after is not None:
+                    assert len(data) > after, (data, after)
+                    self._after = None
+                    b.sendall(data[:after])
+                    self.delivered.set()
+                    self._release.wait()
+                    data = data[after:]
+                b.sendall(data)
+            except OSError:
+                return

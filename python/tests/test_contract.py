@@ -28,6 +28,7 @@ from conftest import (
     KINDS,
     NO_RETRY,
     TINY,
+    CuttingProxy,
     Server,
     _check_setup,
     adds_up,
@@ -35,6 +36,8 @@ from conftest import (
     sleep_server,
     wait_for,
 )
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
 
 from redis_rl import (
     ALLOW,
@@ -181,12 +184,33 @@ def test_lease_landing_after_its_ttl_is_returned(server: Server, key: str, kind:
     adds_up(lim.metrics)
 
 
-def test_async_limiter_cancelled_takes_are_refunded(server: Server, key: str) -> None:
+#: Two ways an asyncio limiter makes its calls. "own-timeouts": the client's socket timeouts
+#: end every call within the limiter's timeout (10 s) and retries are off, so the call runs
+#: in the caller's task, its read handed to a task of its own when cancelled. "retries":
+#: redis-py's default retries may outlast the timeout, so every call runs on a task of its
+#: own from the start, ended by the limiter's timer.
+ASYNC_SETUPS = {
+    "own-timeouts": {
+        "socket_timeout": 5,
+        "socket_connect_timeout": 5,
+        "retry": AsyncRetry(NoBackoff(), 0),
+    },
+    "retries": {"socket_timeout": 10},
+}
+
+
+@pytest.mark.parametrize("setup", list(ASYNC_SETUPS))
+def test_async_limiter_cancelled_takes_are_refunded(server: Server, key: str, setup: str) -> None:
     """RL.TAKE calls whose callers were cancelled complete; their grants are refunded."""
 
     async def run() -> None:
-        r = aredis.Redis(port=server.port, socket_timeout=10)
+        r = aredis.Redis(port=server.port, **ASYNC_SETUPS[setup])
         lim = AsyncLimiter(r, key, TINY, 10, timeout=10, backend="module")
+        assert (lim._call._pool is not None) == (setup == "own-timeouts")
+        # Three connections in the pool: a take cancelled while its connection is being
+        # made sends nothing (nothing to refund), and this test is about sent takes.
+        await asyncio.gather(lim.take(1), lim.take(1), lim.take(1))
+        await lim.refund(3)
         pause(server, 1000)
         for _ in range(3):
             with pytest.raises(asyncio.TimeoutError):
@@ -198,6 +222,42 @@ def test_async_limiter_cancelled_takes_are_refunded(server: Server, key: str) ->
         await r.aclose()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("cut", ["in-the-first-line", "in-the-middle"])
+def test_async_take_cancelled_with_half_its_reply_read_is_refunded(
+    server: Server, key: str, protocol: int, cut: str
+) -> None:
+    """A take cancelled after part of its reply arrived (the caller's-task path): the rest
+    is read on the same connection by a task of its own, the grant refunded, and the
+    connection's next reply is read from its start."""
+    proxy = CuttingProxy(server.port)
+
+    async def run() -> None:
+        r = aredis.Redis(port=proxy.port, protocol=protocol, **ASYNC_SETUPS["own-timeouts"])
+        lim = AsyncLimiter(r, key, TINY, 10, timeout=10, backend="module")
+        assert lim._call._pool is not None
+        assert (await lim.take(1)).granted  # connected: the next take reuses it
+        proxy.cut(2 if cut == "in-the-first-line" else 9)
+        take = asyncio.ensure_future(lim.take(2))
+        assert await asyncio.to_thread(proxy.delivered.wait, 10)
+        await asyncio.sleep(0.2)  # the client reads what came (the test holds either way)
+        take.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await take
+        proxy.release()
+        await await_for(lambda: lim.metrics["tokens_returned"] == 2, "the refund")
+        d = await lim.take(1)  # the same connection: its own reply, not the cut one's
+        assert d.granted and math.floor(d.remaining) == 8, d
+        assert math.floor(peek_fields(server.client(), key)["tokens"]) == 8
+        assert lim.metrics["takes_lost"] == 0
+        adds_up(lim.metrics)
+        await r.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        proxy.close()
 
 
 def test_sync_limiter_timed_out_take_is_refunded(server: Server, key: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import redis
 import redis.asyncio as aredis
-from conftest import KINDS, NO_RETRY, TINY, Server, adds_up, wait_for
+from conftest import KINDS, NO_RETRY, TINY, Proxy, Server, adds_up, wait_for
 
 from redis_rl import (
     ALLOW,
@@ -302,48 +302,6 @@ def test_oom_is_an_error_reply_not_an_outage(own_server: Server, key: str, kind:
     assert m["server_errors"] >= 3 and m["errors"] == 3, m.snapshot()
     assert m["granted"] == 0 and m["fallback_decisions"] == 0, m.snapshot()
     adds_up(m)
-
-
-class Proxy:
-    """A TCP proxy on a free loopback port to ``upstream``: each accepted connection gets
-    its own upstream one, numbered from 1 (``accepted``), and two pump threads
-    (``_pump(a, b, number, to_client)``, which subclasses define)."""
-
-    def __init__(self, upstream: int) -> None:
-        self.upstream = upstream
-        self.listener = socket.socket()
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(64)
-        self.port = self.listener.getsockname()[1]
-        self.accepted = 0
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                down, _ = self.listener.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            number = self.accepted
-            up = socket.create_connection(("127.0.0.1", self.upstream))
-            self.sockets += [down, up]
-            for a, b, to_client in ((down, up, False), (up, down, True)):
-                args = (a, b, number, to_client)
-                threading.Thread(target=self._pump, args=args, daemon=True).start()
-
-    def _pump(self, a: socket.socket, b: socket.socket, number: int, to_client: bool) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        self.listener.close()
-        for s in self.sockets:  # shutdown wakes the threads blocked on them, sends the FIN
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                s.close()
 
 
 class FreezingProxy(Proxy):

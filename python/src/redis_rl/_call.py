@@ -19,6 +19,7 @@ import time
 import weakref
 from typing import Any, Awaitable, Callable, NoReturn, Optional, Tuple
 
+import redis.asyncio
 import redis.exceptions
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
@@ -451,6 +452,28 @@ def _eager(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[Any]:
     return loop.create_task(coro)
 
 
+#: redis.asyncio's own way to send a command: a client whose class sends commands another
+#: way (a subclass, an instrumented wrapper) keeps its own path.
+_PLAIN_EXECUTE = redis.asyncio.Redis.execute_command
+
+
+def _own_pool(client: Any) -> Any:
+    """The connection pool of a plain ``redis.asyncio.Redis`` (one command per pooled
+    connection, as its ``execute_command`` sends it), else ``None``."""
+    if not isinstance(client, redis.asyncio.Redis):
+        return None
+    if type(client).execute_command is not _PLAIN_EXECUTE:
+        return None
+    if client.single_connection_client or client.connection is not None:
+        return None
+    pool = client.connection_pool
+    if not (
+        callable(getattr(pool, "get_connection", None)) and callable(getattr(pool, "release", None))
+    ):
+        return None
+    return pool
+
+
 def _expire(waiter: asyncio.Future[Any]) -> None:
     if not waiter.done():
         waiter.set_exception(asyncio.TimeoutError())
@@ -472,6 +495,9 @@ class AsyncCaller:
         #: The client cannot take longer than the timeout by itself (socket timeouts, no
         #: retries): no timer of our own.
         self.bounded = timeout is None or (worst is not None and worst <= timeout)
+        #: Where calls with a late handler run in the caller's own task (:meth:`_pooled`):
+        #: the pool of a plain client whose own timeouts bound the call.
+        self._pool = _own_pool(client) if self.bounded else None
 
     async def check(self) -> None:
         """As :meth:`SyncCaller.check`."""
@@ -521,6 +547,61 @@ class AsyncCaller:
             waiter.set_result(reply)
         return True, reply
 
+    async def _pooled(self, pool: Any, args: p.Args, late: Callable[[Any], Awaitable[None]]) -> Any:
+        """The call in the caller's task, on a connection of ``pool``, as the client's
+        ``execute_command`` makes it (no retries: the caller is bounded), but with a read
+        that a cancellation does not cut off.
+
+        redis.asyncio closes the connection when a read is cancelled, and the reply, a grant
+        say, is lost with it. Here the read keeps the connection open when cancelled (its
+        parser keeps what it has read so far) and hands the connection to a task of its own
+        (:meth:`_finish`) that reads the reply and gives it to ``late``. A cancellation
+        before the command is written leaves nothing to read. The cost of a task of its own
+        for every call (two more turns of the event loop: a third of a round trip) is paid
+        only by the calls that are cancelled."""
+        if self._check:
+            await self.check()
+        conn = await pool.get_connection()
+        sent = False
+        try:
+            await conn.send_command(*args)
+            sent = True
+            reply = await conn.read_response(disconnect_on_error=False)
+        except asyncio.CancelledError:
+            if sent:
+                self._keep(asyncio.ensure_future(self._finish(pool, conn, late)))
+            else:
+                # Not written: redis-py writes a command without yielding unless the socket
+                # is backed up, and closes the connection when cancelled there.
+                await pool.release(conn)
+            raise
+        except redis.exceptions.ResponseError:
+            await pool.release(conn)  # an error reply: the connection is ready for more
+            raise
+        except BaseException:
+            # A timeout or a failed read: the reply, if any, may still come on it.
+            await conn.disconnect(nowait=True)
+            await pool.release(conn)
+            raise
+        try:
+            await pool.release(conn)
+        except asyncio.CancelledError:  # the reply is in hand: hand it over, as above
+            self._keep(asyncio.ensure_future(late(reply)))
+            raise
+        return reply
+
+    async def _finish(self, pool: Any, conn: Any, late: Callable[[Any], Awaitable[None]]) -> None:
+        """Reads the reply of a call whose caller was cancelled, releases the connection
+        and hands the reply to ``late``. An error reply leaves nothing to hand; a read that
+        fails or outlasts ``LATE_LIMIT`` closes the connection (redis-py's read does)."""
+        try:
+            reply = await asyncio.wait_for(conn.read_response(), LATE_LIMIT)
+        except Exception:
+            return
+        finally:
+            await pool.release(conn)
+        await late(reply)
+
     def _keep(self, task: asyncio.Future[Any]) -> None:
         self._late.add(task)
         task.add_done_callback(self._late.discard)
@@ -562,11 +643,14 @@ class AsyncCaller:
         passed = self.checks_passed
         try:
             if late is None:
-                timeout = self.timeout if deadline is None else max(0.0, deadline - now())
                 call = self._send(args, options)
-                if timeout is None:
+                if self.bounded:  # the client's own timeouts end the call in time
                     return await call
+                timeout = self.timeout if deadline is None else max(0.0, deadline - now())
                 return await asyncio.wait_for(call, timeout)
+            pool = self._pool
+            if pool is not None and not options and args[0] not in self.client.response_callbacks:
+                return await self._pooled(pool, args, late)
             timeout = None
             if not self.bounded:  # else the client's own timeouts end the call in time
                 timeout = self.timeout if deadline is None else max(0.0, deadline - now())
