@@ -12,6 +12,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import inspect
 import os
 import queue
 import threading
@@ -474,6 +475,16 @@ def _own_pool(client: Any) -> Any:
     return pool
 
 
+def _takes_command_name(pool: Any) -> bool:
+    """Whether ``pool.get_connection`` wants the command's name (redis-py before 5.3; later
+    versions warn when given one)."""
+    try:
+        params = list(inspect.signature(pool.get_connection).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    return bool(params) and params[0].default is inspect.Parameter.empty
+
+
 def _expire(waiter: asyncio.Future[Any]) -> None:
     if not waiter.done():
         waiter.set_exception(asyncio.TimeoutError())
@@ -498,6 +509,7 @@ class AsyncCaller:
         #: Where calls with a late handler run in the caller's own task (:meth:`_pooled`):
         #: the pool of a plain client whose own timeouts bound the call.
         self._pool = _own_pool(client) if self.bounded else None
+        self._pool_wants_name = self._pool is not None and _takes_command_name(self._pool)
 
     async def check(self) -> None:
         """As :meth:`SyncCaller.check`."""
@@ -561,7 +573,10 @@ class AsyncCaller:
         only by the calls that are cancelled."""
         if self._check:
             await self.check()
-        conn = await pool.get_connection()
+        if self._pool_wants_name:
+            conn = await pool.get_connection(args[0])
+        else:
+            conn = await pool.get_connection()
         sent = False
         try:
             await conn.send_command(*args)
