@@ -325,7 +325,8 @@ def test_close_leases_nothing_more(server: Server, key: str, kind: str) -> None:
     left live after close except ones counted in ``leases_lost``. A take after ``close()``
     leases no new batch (which nothing would return; the Rust client answers ``Closed``)."""
     r = server.client()
-    make: dict[str, Any] = {"rate": TINY, "cap": 100, "batch": 10, "policy": ALLOW}
+    # A timeout no busy machine reaches: a lease call timing out would fall back (ALLOW).
+    make: dict[str, Any] = {"rate": TINY, "cap": 100, "batch": 10, "policy": ALLOW, "timeout": 10}
     if kind == "async-prefetch":
 
         async def run() -> Metrics:

@@ -222,7 +222,10 @@ def worst_case(client: Any) -> Optional[float]:
     ct = kwargs.get("socket_connect_timeout")
     ct = st if ct is None else ct
     get_retry = getattr(client, "get_retry", None)
-    retry = get_retry() if callable(get_retry) else kwargs.get("retry")
+    try:
+        retry = get_retry() if callable(get_retry) else kwargs.get("retry")
+    except AttributeError:  # redis-py 5.0's RedisCluster built without a retry
+        return None
     retries = getattr(retry, "get_retries", lambda: 0)() if retry is not None else 0
     if retries != 0:
         return None
