@@ -491,7 +491,11 @@ fn share_problems(c: &mut Connection, key: &str, s: &J, w: &Window) -> Option<St
         ));
     }
     // The key expires when its last entry ends (rounded up to a millisecond).
-    let last = want.iter().map(|h| int(&h[4]).max(int(&h[7]))).max().unwrap();
+    let last = want
+        .iter()
+        .map(|h| int(&h[4]).max(int(&h[7])))
+        .max()
+        .unwrap();
     let expiry: i64 = redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap();
     let (lo, hi) = (
         (w.base_ns() + last - 1000 + 999_999) / 1_000_000,
