@@ -201,7 +201,8 @@ fn share_case(case: &J, args: &[String]) -> Vec<String> {
         problems.push(format!("reply {reply:?}, want {}", case["resp3"]));
     }
     let effect = case["effect"].as_array().unwrap();
-    if d.written != !effect.is_empty() {
+    let writes_in_case = !effect.is_empty();
+    if d.written != writes_in_case {
         problems.push(format!(
             "writes: {}, the case's effect: {effect:?}",
             d.written

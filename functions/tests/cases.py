@@ -4,8 +4,8 @@ compare with the same case, so the library and the module agree where a case say
 
 For each case and each protocol (RESP2, RESP3): set the initial state (as the library's hash)
 at a base instant read from the server's clock just before, run the arguments, compare the
-reply, the new state read back from the hash (every field of a bucket or a share, and a
-share's expiry) and whether anything was propagated (the AOF grows exactly when the case has
+reply, the new state read back from the hash (every field of a bucket or a share, and the
+key's expiry) and whether anything was propagated (the AOF grows exactly when the case has
 an effect; the library's effects are its own writes, whose result the new state shows).
 Instants in a case are relative to the call's time; the call runs some time after the base,
 so numbers that move with time are compared within the measured window (see
@@ -277,9 +277,14 @@ def compare_share(want, got, w, where):
     return []
 
 
-def share_expiry(r, key, want, w):
-    """The key expires when its last entry ends (rounded up to a millisecond)."""
-    last = max(max(h[4], h[7]) for h in want["holders"])
+def expiry(r, key, want, w):
+    """The key expires when its state's last instant passes (rounded up to a millisecond):
+    a share's last entry end; a bucket's full_at, hold or last lease end."""
+    if want.get("type") == "share":
+        last = max(max(h[4], h[7]) for h in want["holders"])
+    else:
+        ends = [want["full_at"]] + [e for _, _, e in want.get("leases", [])]
+        last = max(ends + ([want["hold"]] if want.get("span") else []))
     lo = math.ceil((w.base_ns + last - 1000) / 1e6)
     hi = math.ceil((w.base_ns + last + w.drift_ns + 1000) / 1e6)
     got = r.execute_command("PEXPIRETIME", key)
@@ -403,11 +408,12 @@ def run_case(server, case, protocol):
                 problems.append(f"{key}: exists, the case says absent")
         elif s.get("type", "bucket") == "bucket":
             h = r.hgetall(key)
-            problems += compare_bucket(s, bucket_of_hash(h, w) if h else None, w, key)
+            bad = compare_bucket(s, bucket_of_hash(h, w) if h else None, w, key)
+            problems += bad or expiry(r, key, s, w)
         elif s["type"] == "share":
             h = r.hgetall(key)
             bad = compare_share(s, share_of_hash(h, w) if h else None, w, key)
-            problems += bad or share_expiry(r, key, s, w)
+            problems += bad or expiry(r, key, s, w)
         else:
             raise ValueError(f"{key}: no way to read back {s}")
     return problems if server_us(r) - base < earliest_us(case) else None
