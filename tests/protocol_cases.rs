@@ -291,6 +291,39 @@ fn set_state(c: &mut Connection, key: &str, s: &J, base_us: i64) {
         }
         return;
     }
+    if field("type").and_then(J::as_str) == Some("share") {
+        // One RL.SETSHARES per holder (what the AOF holds for a share key), the longest
+        // lasting first: each call sets the key's expiry to its table's last end, so no
+        // call expires the key before the rest are in (a case may hold ended entries).
+        let mut holders = s["holders"].as_array().unwrap().clone();
+        holders.sort_by_key(|h| std::cmp::Reverse(int(&h[4]).max(int(&h[7]))));
+        for h in holders {
+            let fields = [
+                share_number(&h[1]),
+                share_number(&h[2]),
+                share_number(&h[3]),
+                (base_ns + int(&h[4])).to_string(),
+                share_number(&h[5]),
+                share_number(&h[6]),
+                (base_ns + int(&h[7])).to_string(),
+            ];
+            let call = [
+                "RL.SETSHARES".to_string(),
+                key.into(),
+                s["rate"].as_str().unwrap().into(),
+                s["cap"].as_str().unwrap().into(),
+                field("version").map_or(0, int).to_string(),
+                "0".into(),
+                h[0].as_str().unwrap().into(),
+                fields.join(","),
+            ];
+            let _: () = redis::cmd(&call[0])
+                .arg(&call[1..])
+                .query(c)
+                .unwrap_or_else(|e| panic!("{call:?}: {e}"));
+        }
+        return;
+    }
     let mut head = vec![
         "RL.SETSTATE".to_string(),
         key.into(),
@@ -330,6 +363,150 @@ fn set_state(c: &mut Connection, key: &str, s: &J, base_us: i64) {
             .query(c)
             .unwrap_or_else(|e| panic!("{call:?}: {e}"));
     }
+}
+
+/// A share entry's number as text (JSON writes whole numbers without a point).
+fn share_number(j: &J) -> String {
+    j.to_string()
+}
+
+/// One holder as a share state lists it: `[id, want, rate, burst, lease_end, held_rate,
+/// held_burst, held_until]`, instants absolute (ns).
+#[derive(Debug, PartialEq)]
+struct Entry {
+    id: Vec<u8>,
+    numbers: [f64; 5],
+    times: [i64; 2],
+}
+
+/// A share key's stored table read from its DUMP payload (the module's RDB encoding,
+/// src/share/mod.rs): (rate, cap, version, entries).
+fn dumped_share(c: &mut Connection, key: &str) -> Option<(f64, f64, u64, Vec<Entry>)> {
+    let payload: Option<Vec<u8>> = redis::cmd("DUMP").arg(key).query(c).unwrap();
+    let payload = payload?;
+    let b = &payload[..payload.len() - 10];
+    if b[0] != 7 {
+        return None; // RDB_TYPE_MODULE_2: not a module value
+    }
+    let mut at = 1;
+    let len = |at: &mut usize| -> u64 {
+        let first = b[*at];
+        *at += 1;
+        match first >> 6 {
+            0 => u64::from(first & 0x3f),
+            1 => {
+                *at += 1;
+                (u64::from(first & 0x3f) << 8) | u64::from(b[*at - 1])
+            }
+            _ if first == 0x80 => {
+                *at += 4;
+                u64::from(u32::from_be_bytes(b[*at - 4..*at].try_into().unwrap()))
+            }
+            _ if first == 0x81 => {
+                *at += 8;
+                u64::from_be_bytes(b[*at - 8..*at].try_into().unwrap())
+            }
+            _ => panic!("{key}: DUMP: not a length at {}: {first:#x}", *at - 1),
+        }
+    };
+    let _module_id = len(&mut at);
+    let item = |op: u64, at: &mut usize| -> Vec<u8> {
+        assert_eq!(len(at), op, "{key}: DUMP: opcode at {}", *at - 1);
+        match op {
+            2 => len(at).to_le_bytes().to_vec(),
+            4 => {
+                *at += 8;
+                b[*at - 8..*at].to_vec()
+            }
+            _ => {
+                // An RDB string: ids here are short and not integers, so stored plain.
+                let n = len(at) as usize;
+                *at += n;
+                b[*at - n..*at].to_vec()
+            }
+        }
+    };
+    let double = |v: Vec<u8>| f64::from_le_bytes(v.try_into().unwrap());
+    let uint = |v: Vec<u8>| u64::from_le_bytes(v.try_into().unwrap());
+    let (rate, cap) = (double(item(4, &mut at)), double(item(4, &mut at)));
+    let version = uint(item(2, &mut at));
+    let count = uint(item(2, &mut at));
+    let mut entries = Vec::new();
+    for _ in 0..count {
+        let id = item(5, &mut at);
+        let (want, r, burst) = (
+            double(item(4, &mut at)),
+            double(item(4, &mut at)),
+            double(item(4, &mut at)),
+        );
+        let lease_end = uint(item(2, &mut at)) as i64;
+        let (hr, hb) = (double(item(4, &mut at)), double(item(4, &mut at)));
+        let held_until = uint(item(2, &mut at)) as i64;
+        entries.push(Entry {
+            id,
+            numbers: [want, r, burst, hr, hb],
+            times: [lease_end, held_until],
+        });
+    }
+    assert_eq!(len(&mut at), 0, "{key}: DUMP: no EOF opcode");
+    Some((rate, cap, version, entries))
+}
+
+/// What a share key must hold for a share state at the call's time: its limit, version
+/// and entries exact (instants within the window), and its expiry at its last entry's end.
+fn share_problems(c: &mut Connection, key: &str, s: &J, w: &Window) -> Option<String> {
+    let Some((rate, cap, version, got)) = dumped_share(c, key) else {
+        return Some(format!("{key}: not a share key, want the state {s}"));
+    };
+    let want: Vec<&J> = s["holders"].as_array().unwrap().iter().collect();
+    let entry_ok = |h: &J, e: &Entry| {
+        h[0].as_str().unwrap().as_bytes() == e.id.as_slice()
+            && [1, 2, 3, 5, 6]
+                .iter()
+                .zip(e.numbers)
+                .all(|(&i, x)| num(&h[i]) == x && !x.is_sign_negative())
+            && w.at_close(int(&h[4]), e.times[0] - w.base_ns())
+            && w.at_close(int(&h[7]), e.times[1] - w.base_ns())
+    };
+    let ok = rate == s["rate"].as_str().unwrap().parse::<f64>().unwrap()
+        && cap == s["cap"].as_str().unwrap().parse::<f64>().unwrap()
+        && version == s.get("version").map_or(0, |v| int(v) as u64)
+        && want.len() == got.len()
+        && want.iter().zip(&got).all(|(h, e)| entry_ok(h, e));
+    if !ok {
+        let got: Vec<String> = got
+            .iter()
+            .map(|e| {
+                format!(
+                    "{} {:?} lease_end {} held_until {} (base + ns)",
+                    String::from_utf8_lossy(&e.id),
+                    e.numbers,
+                    e.times[0] - w.base_ns(),
+                    e.times[1] - w.base_ns()
+                )
+            })
+            .collect();
+        return Some(format!(
+            "{key}: stored limit {rate} {cap} version {version} entries {got:?}, want the state {s}"
+        ));
+    }
+    // The key expires when its last entry ends (rounded up to a millisecond).
+    let last = want
+        .iter()
+        .map(|h| int(&h[4]).max(int(&h[7])))
+        .max()
+        .unwrap();
+    let expiry: i64 = redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap();
+    let (lo, hi) = (
+        (w.base_ns() + last - 1000 + 999_999) / 1_000_000,
+        (w.base_ns() + last + w.drift_ns() + 1000 + 999_999) / 1_000_000,
+    );
+    (!(lo..=hi).contains(&expiry)).then(|| {
+        format!(
+            "{key}: expires at {} ms after the base, want its last end {last} ns",
+            expiry - w.base_us / 1000
+        )
+    })
 }
 
 /// What `RL.PEEK` must show for a bucket state at the call's time.
@@ -407,6 +584,10 @@ fn earliest_us(case: &J) -> i64 {
                     .filter_map(|f| s.get(*f))
                     .map(int),
             );
+            // A share entry's lease end and hold end.
+            for h in s.get("holders").and_then(J::as_array).into_iter().flatten() {
+                at.extend([int(&h[4]), int(&h[7])]);
+            }
             for list in ["leases", "permits"] {
                 for item in s.get(list).and_then(J::as_array).into_iter().flatten() {
                     at.push(int(item.as_array().unwrap().last().unwrap()));
@@ -491,6 +672,7 @@ fn run(
                     };
                     problems.extend(peek_problems(key, v, st, &peeked))
                 }
+                "share" => problems.extend(share_problems(c, key, st, &w)),
                 _ => {
                     let exists: bool = redis::cmd("EXISTS").arg(key).query(c).unwrap();
                     if !exists {

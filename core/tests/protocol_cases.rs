@@ -6,9 +6,13 @@
 //! [WITHSTATE]`, `RL.RESERVE key rate cap n max_wait_ms`, `RL.REFUND key n`, on an absent
 //! key or a bucket with no version, hold or lease): the reply's numbers (granted, remaining
 //! or credited tokens, waits, reset), whether the call writes (the case has an effect), and
-//! the new state's `full_at` (or that the key goes).
+//! the new state's `full_at` (or that the key goes). `RL.SHARE` cases (any form) are decided
+//! by [`ShareTable::decide`] on the case's table: the reply, whether it writes, the whole new
+//! table, the key's expiry (its last entry's end) and the effect's numbers, all exact.
 
-use rl_core::{ceil_millis, version, Bucket, Level, Limit, Nanos};
+use rl_core::{
+    ceil_millis, version, Bucket, Holder, Level, Limit, Nanos, ShareRequest, ShareTable,
+};
 use serde_json::Value as J;
 
 /// The case's "now": any instant works; this one is 2023-11-14.
@@ -120,6 +124,144 @@ fn decide(args: &[String], state: Option<Bucket>) -> (R, Option<Option<Bucket>>)
     }
 }
 
+/// A share state's holders at [`NOW`] (`[id, want, rate, burst, lease_end, held_rate,
+/// held_burst, held_until]`, instants relative).
+fn holders(s: &J) -> Vec<Holder> {
+    let at = |j: &J| (NOW as i64 + j.as_i64().unwrap()) as Nanos;
+    let f = |j: &J| j.as_f64().unwrap();
+    (s["holders"].as_array().unwrap().iter())
+        .map(|h| Holder {
+            id: h[0].as_str().unwrap().as_bytes().into(),
+            want: f(&h[1]),
+            rate: f(&h[2]),
+            burst: f(&h[3]),
+            lease_end: at(&h[4]),
+            held_rate: f(&h[5]),
+            held_burst: f(&h[6]),
+            held_until: at(&h[7]),
+        })
+        .collect()
+}
+
+fn share_table(s: &J) -> Option<ShareTable> {
+    if s.is_null() {
+        return None;
+    }
+    let version = s.get("version").map_or(0, |v| v.as_u64().unwrap());
+    Some(ShareTable::validate(number(&s["rate"]), number(&s["cap"]), version, holders(s)).unwrap())
+}
+
+/// Whether one argument of an effect is `want` (a number's text equal as a number, an
+/// instant `{"at": ns}` exact at [`NOW`]).
+fn same_arg(want: &J, got: &str) -> bool {
+    match want.get("at") {
+        Some(x) => got.parse::<i64>().ok() == Some(NOW as i64 + x.as_i64().unwrap()),
+        None => {
+            let w = want.as_str().unwrap();
+            w == got || w.parse::<f64>().is_ok_and(|w| got.parse::<f64>() == Ok(w))
+        }
+    }
+}
+
+/// Decides an `RL.SHARE` case at [`NOW`]: the problems found.
+fn share_case(case: &J, args: &[String]) -> Vec<String> {
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let key = a[1];
+    let limit = Limit::new(a[2].parse().unwrap(), a[3].parse().unwrap()).unwrap();
+    let (mut release, mut version) = (false, 0);
+    let mut i = 7;
+    while i < a.len() {
+        match a[i] {
+            "RELEASE" => release = true,
+            "VERSION" => {
+                i += 1;
+                version = a[i].parse().unwrap();
+            }
+            o => panic!("option {o} in a core case"),
+        }
+        i += 1;
+    }
+    let (want, period) = (a[5].parse().unwrap(), a[6].parse().unwrap());
+    let req = ShareRequest::new(a[4].as_bytes(), want, period, release, limit, version).unwrap();
+    let before = share_table(&case["state"][key]);
+    let mut table = before
+        .clone()
+        .unwrap_or_else(|| ShareTable::new(limit, version));
+    let d = table.decide(&req, NOW).unwrap();
+    let r = d.reply;
+    let reply = R::Row(vec![
+        R::Double(r.rate),
+        R::Double(r.burst),
+        R::Int(r.lease_ms as i64),
+        R::Int(r.refresh_ms as i64),
+        R::Int(r.holders as i64),
+    ]);
+    let mut problems = Vec::new();
+    if reply != plain(&case["resp3"]) {
+        problems.push(format!("reply {reply:?}, want {}", case["resp3"]));
+    }
+    let effect = case["effect"].as_array().unwrap();
+    let writes_in_case = !effect.is_empty();
+    if d.written != writes_in_case {
+        problems.push(format!(
+            "writes: {}, the case's effect: {effect:?}",
+            d.written
+        ));
+    }
+    let after = share_table(&case["after"][key]);
+    let got = if d.written {
+        Some(table.clone())
+    } else {
+        before
+    };
+    if got != after {
+        problems.push(format!(
+            "table {got:?}, want {:?} (NOW = {NOW})",
+            case["after"][key]
+        ));
+    }
+    if d.written {
+        if Some(d.expires_at) != table.last_end() {
+            problems.push(format!(
+                "expires at {}, its last end {:?}",
+                d.expires_at,
+                table.last_end()
+            ));
+        }
+        // The effect: the limit, the version, ended entries dropped at now, the entry set.
+        let h = &table.holders()[d.index];
+        let got = [
+            table.limit().rate().to_string(),
+            table.limit().cap().to_string(),
+            table.version().to_string(),
+            NOW.to_string(),
+            String::from_utf8(h.id.to_vec()).unwrap(),
+        ];
+        let fields = [
+            h.want.to_string(),
+            h.rate.to_string(),
+            h.burst.to_string(),
+            h.lease_end.to_string(),
+            h.held_rate.to_string(),
+            h.held_burst.to_string(),
+            h.held_until.to_string(),
+        ];
+        let e = effect[0].as_array().unwrap();
+        let want_fields = e[7]["fields"].as_array().unwrap();
+        let same = effect.len() == 1
+            && e[0] == "RL.SETSHARES"
+            && e[2..7].iter().zip(&got).all(|(w, g)| same_arg(w, g))
+            && want_fields.len() == 7
+            && want_fields.iter().zip(&fields).all(|(w, g)| same_arg(w, g));
+        if !same {
+            problems.push(format!(
+                "effect {effect:?}, the entry written {got:?} {fields:?}"
+            ));
+        }
+    }
+    problems
+}
+
 #[test]
 fn core_decides_every_core_case_exactly() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../protocol/cases");
@@ -142,6 +284,17 @@ fn core_decides_every_core_case_exactly() {
                 .iter()
                 .map(|a| a.as_str().expect("core cases have plain arguments").into())
                 .collect();
+            if args[0] == "RL.SHARE" {
+                let problems = share_case(case, &args);
+                if !problems.is_empty() {
+                    failures.push(format!(
+                        "{}: {}: {problems:?}",
+                        path.display(),
+                        case["name"]
+                    ));
+                }
+                continue;
+            }
             let key = &args[1];
             let before = bucket(&case["state"][key]);
             let (reply, written) = decide(&args, before);

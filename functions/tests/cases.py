@@ -1,11 +1,12 @@
 """The golden protocol cases (protocol/cases/*.json) run against a real server: the
-Functions library through FCALL, or the module itself (the module's own runner is
-tests/protocol_cases.rs; this one runs it too so that a case is checked the same way on
-both sides).
+Functions library through FCALL (the module's own runner is tests/protocol_cases.rs; both
+compare with the same case, so the library and the module agree where a case says).
 
-For each case and each protocol (RESP2, RESP3): set the initial state at a base instant read
-from the server's clock just before, run the arguments, compare the reply, the new state and
-whether anything was propagated (the AOF grows exactly when the case has an effect).
+For each case and each protocol (RESP2, RESP3): set the initial state (as the library's hash)
+at a base instant read from the server's clock just before, run the arguments, compare the
+reply, the new state read back from the hash (every field of a bucket or a share, and the
+key's expiry) and whether anything was propagated (the AOF grows exactly when the case has
+an effect; the library's effects are its own writes, whose result the new state shows).
 Instants in a case are relative to the call's time; the call runs some time after the base,
 so numbers that move with time are compared within the measured window (see
 protocol/cases/README.md).
@@ -213,6 +214,86 @@ def set_bucket_hash(r, key, s, base_us):
     r.pexpireat(key, math.ceil(max(ends) / 1e6))
 
 
+def share_us(base_ns, t):
+    """A share instant (ns from the call) as the library stores it: whole µs since the epoch."""
+    assert t % 1000 == 0, f"a share instant must be whole microseconds: {t}"
+    return (base_ns + t) // 1000
+
+
+def set_share_hash(r, key, s, base_us):
+    """The library's hash for a share state (functions/rl.lua's fields): R, C, V, and one
+    field per holder, its id in hex."""
+    base_ns = base_us * 1000
+    fields = {"R": s["rate"], "C": s["cap"]}
+    if s.get("version"):
+        fields["V"] = str(s["version"])
+    ends = []
+    for id_, want, rate, burst, lease_end, held_rate, held_burst, held_until in s["holders"]:
+        le, hu = share_us(base_ns, lease_end), share_us(base_ns, held_until)
+        nums = [f"{float(x):.17g}" for x in (want, rate, burst, held_rate, held_burst)]
+        fields[id_.encode().hex()] = " ".join([*nums[:3], str(le), *nums[3:], str(hu)])
+        ends.append(max(le, hu))
+    r.hset(key, mapping=fields)
+    r.pexpireat(key, math.ceil(max(ends) / 1000))
+
+
+def share_of_hash(h, w):
+    """A stored share hash as a case's share state (instants relative to the base, ns),
+    holders in id order."""
+    h = {text(k): text(v) for k, v in h.items()}
+    if "R" not in h or "f" in h:
+        return None
+    s = {"type": "share", "rate": h["R"], "cap": h["C"]}
+    if "V" in h:
+        s["version"] = int(h["V"])
+    holders = []
+    for k in sorted(f for f in h if f not in ("R", "C", "V")):
+        want, rate, burst, le, hr, hb, hu = h[k].split(" ")
+        holders.append([bytes.fromhex(k).decode(), float(want), float(rate), float(burst),
+                        int(le) * 1000 - w.base_ns, float(hr), float(hb),
+                        int(hu) * 1000 - w.base_ns])
+    s["holders"] = holders
+    return s
+
+
+def compare_share(want, got, w, where):
+    """A share state read back against the case's: limit, version and every entry exact,
+    instants within the window."""
+    bad = [f"{where}: want {want}, got {got}"]
+    if got is None:
+        return bad
+    for f in ("rate", "cap"):
+        if float(want[f]) != float(got[f]):
+            return bad
+    if want.get("version", 0) != got.get("version", 0):
+        return bad
+    if len(want["holders"]) != len(got["holders"]):
+        return bad
+    for wh, gh in zip(want["holders"], got["holders"]):
+        if wh[0] != gh[0] or not (at_close(wh[4], gh[4], w) and at_close(wh[7], gh[7], w)):
+            return bad
+        if any(float(wh[i]) != gh[i] for i in (1, 2, 3, 5, 6)):
+            return bad
+    return []
+
+
+def expiry(r, key, want, w):
+    """The key expires when its state's last instant passes (rounded up to a millisecond):
+    a share's last entry end; a bucket's full_at, hold or last lease end."""
+    if want.get("type") == "share":
+        last = max(max(h[4], h[7]) for h in want["holders"])
+    else:
+        ends = [want["full_at"]] + [e for _, _, e in want.get("leases", [])]
+        last = max(ends + ([want["hold"]] if want.get("span") else []))
+    lo = math.ceil((w.base_ns + last - 1000) / 1e6)
+    hi = math.ceil((w.base_ns + last + w.drift_ns + 1000) / 1e6)
+    got = r.execute_command("PEXPIRETIME", key)
+    if lo <= got <= hi:
+        return []
+    return [f"{key}: expires {got - w.base_us // 1000} ms after the base, "
+            f"want its last end {last} ns"]
+
+
 def bucket_of_hash(h, w):
     """A stored hash as a case's bucket state, relative to the base."""
     h = {text(k): text(v) for k, v in h.items()}
@@ -287,6 +368,7 @@ def earliest_us(case):
                 continue
             at += [s[f] for f in ("full_at", "hold") if f in s]
             at += [item[-1] for item in s.get("leases", []) + s.get("permits", [])]
+            at += [t for h in s.get("holders", []) for t in (h[4], h[7])]
     at = [t for t in at if t > 0]
     return min(at) // 1000 if at else math.inf
 
@@ -298,7 +380,9 @@ def run_case(server, case, protocol):
     r.flushall()
     base = server_us(r)
     for key, s in (case.get("state") or {}).items():
-        if s is not None:
+        if s is not None and s.get("type") == "share":
+            set_share_hash(r, key, s, base)
+        elif s is not None:
             set_bucket_hash(r, key, s, base)
     digests = {k: r.execute_command("DEBUG", "DIGEST-VALUE", k) for k in case.get("after", {})}
     mark = aof_size(server)
@@ -324,7 +408,14 @@ def run_case(server, case, protocol):
                 problems.append(f"{key}: exists, the case says absent")
         elif s.get("type", "bucket") == "bucket":
             h = r.hgetall(key)
-            problems += compare_bucket(s, bucket_of_hash(h, w) if h else None, w, key)
+            bad = compare_bucket(s, bucket_of_hash(h, w) if h else None, w, key)
+            problems += bad or expiry(r, key, s, w)
+        elif s["type"] == "share":
+            h = r.hgetall(key)
+            bad = compare_share(s, share_of_hash(h, w) if h else None, w, key)
+            problems += bad or expiry(r, key, s, w)
+        else:
+            raise ValueError(f"{key}: no way to read back {s}")
     return problems if server_us(r) - base < earliest_us(case) else None
 
 
