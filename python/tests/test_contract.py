@@ -224,6 +224,49 @@ def test_async_limiter_cancelled_takes_are_refunded(server: Server, key: str, se
     asyncio.run(run())
 
 
+class CancelsAsTheReplyLands(aredis.Redis):
+    """A client with an execute_command of its own (an instrumented client: the limiter
+    runs its calls on a task of their own) that, as an RL.TAKE reply comes back, has
+    ``victim`` cancelled in the next turn of the event loop: after the call's task ended
+    with the reply, before the take waiting for it resumed."""
+
+    victim: Optional[asyncio.Future[Any]] = None
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        reply = await super().execute_command(*args, **options)
+        if args[0] == "RL.TAKE" and self.victim is not None:
+            asyncio.get_running_loop().call_soon(self.victim.cancel)
+        return reply
+
+
+@pytest.mark.parametrize("setup", list(ASYNC_SETUPS))
+def test_async_take_cancelled_as_its_reply_lands_is_refunded(
+    server: Server, key: str, setup: str
+) -> None:
+    """A take on a task of its own, cancelled in the very turn its reply came back: the
+    call is over, but its caller never sees the grant; it is refunded all the same."""
+
+    async def run() -> None:
+        r = CancelsAsTheReplyLands(port=server.port, **ASYNC_SETUPS[setup])
+        lim = AsyncLimiter(r, key, TINY, 10, timeout=10, backend="module")
+        assert lim._call._pool is None
+        assert (await lim.take(1)).granted
+        await lim.refund(1)
+        for _ in range(3):
+            take = asyncio.ensure_future(lim.take(2))
+            r.victim = take
+            with pytest.raises(asyncio.CancelledError):
+                await take
+            r.victim = None
+        await await_for(lambda: lim.metrics["tokens_returned"] == 6, "the refunds")
+        assert peek_fields(server.client(), key)["tokens"] >= 10  # every token back
+        assert lim.metrics["takes_lost"] == 0 and lim.metrics["errors"] == 3
+        adds_up(lim.metrics)
+        await r.aclose()
+
+    asyncio.run(run())
+
+
 @pytest.mark.parametrize("cut", ["in-the-first-line", "in-the-middle"])
 def test_async_take_cancelled_with_half_its_reply_read_is_refunded(
     server: Server, key: str, protocol: int, cut: str

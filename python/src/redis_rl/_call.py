@@ -663,8 +663,10 @@ class AsyncCaller:
             try:
                 return await waiter  # cancelling this caller cancels the waiter, never the task
             except (asyncio.CancelledError, asyncio.TimeoutError):
-                if not task.done():
-                    self._later(task, late)
+                # Even when the task is done: its reply may have come to the waiter in the
+                # same turn of the event loop as the cancellation (or the timer), and this
+                # caller then never sees it.
+                self._later(task, late)
                 raise
             finally:
                 if timer is not None:
