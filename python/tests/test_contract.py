@@ -30,6 +30,7 @@ from conftest import (
     TINY,
     CuttingProxy,
     Server,
+    StallingProxy,
     _check_setup,
     adds_up,
     peek_fields,
@@ -265,6 +266,38 @@ def test_async_take_cancelled_as_its_reply_lands_is_refunded(
         await r.aclose()
 
     asyncio.run(run())
+
+
+def test_async_take_cancelled_while_its_write_waits_is_refunded(server: Server, key: str) -> None:
+    """A take whose command outgrows the socket buffers (a key of 16 MiB) waits for the
+    socket with the command handed to the transport. Cancelled there, the command still
+    goes out (a transport sends its buffer before it closes) and runs: its grant is
+    refunded, as for any take cancelled after its command went out."""
+    proxy = StallingProxy(server.port)
+
+    async def run() -> None:
+        r = aredis.Redis(port=proxy.port, **ASYNC_SETUPS["own-timeouts"])
+        huge = f"{key}:{'k' * (16 << 20)}"
+        lim = AsyncLimiter(r, huge, TINY, 10, timeout=10, backend="module")
+        assert lim._call._pool is not None
+        assert (await lim.take(1)).granted  # connected: the next take reuses it
+        proxy.stall()
+        take = asyncio.ensure_future(lim.take(2))
+        assert await asyncio.to_thread(proxy.stalled.wait, 10)  # part of it went out
+        take.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await take
+        proxy.release()
+        await await_for(lambda: lim.metrics["tokens_returned"] == 2, "the refund")
+        assert math.floor(peek_fields(server.client(), huge)["tokens"]) == 9
+        assert lim.metrics["takes_lost"] == 0
+        adds_up(lim.metrics)
+        await r.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        proxy.close()
 
 
 @pytest.mark.parametrize("cut", ["in-the-first-line", "in-the-middle"])
