@@ -225,6 +225,44 @@ def test_async_limiter_cancelled_takes_are_refunded(server: Server, key: str, se
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("op", ["take", "reserve"])
+@pytest.mark.parametrize("setup", list(ASYNC_SETUPS))
+def test_async_take_cancelled_at_each_turn_is_cancelled_and_loses_nothing(
+    server: Server, key: str, setup: str, op: str
+) -> None:
+    """Takes cancelled k turns of the event loop after they start, for k = 0 to 39: before
+    their connection, while written, while read. A take still running when cancelled
+    raises CancelledError (Python 3.11's ``asyncio.wait_for``, which redis-py writes a
+    command under, returns instead in one of those turns), and the bucket holds exactly
+    what the takes that returned were granted."""
+
+    async def run() -> None:
+        r = aredis.Redis(port=server.port, **ASYNC_SETUPS[setup])
+        lim = AsyncLimiter(r, key, TINY, 100, timeout=10, backend="module")
+        granted = 0
+        for k in range(40):
+            take = asyncio.ensure_future(
+                lim.take(1) if op == "take" else lim.reserve(1, max_wait=0)
+            )
+            for _ in range(k):
+                await asyncio.sleep(0)
+            if take.cancel():
+                with pytest.raises(asyncio.CancelledError):
+                    await take
+            else:
+                assert (await take).granted  # done before its cancellation
+                granted += 1
+            await await_for(lambda: not lim._call._late, "the cancelled takes' replies")
+        state = await lim.peek()
+        assert math.floor(100 if state is None else state.tokens) == 100 - granted
+        assert not r.connection_pool._in_use_connections
+        assert lim.metrics["takes_lost"] == 0
+        adds_up(lim.metrics)
+        await r.aclose()
+
+    asyncio.run(run())
+
+
 class CancelsAsTheReplyLands(aredis.Redis):
     """A client with an execute_command of its own (an instrumented client: the limiter
     runs its calls on a task of their own) that, as an RL.TAKE reply comes back, has

@@ -14,6 +14,7 @@ import concurrent.futures
 import contextlib
 import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -466,6 +467,13 @@ _PLAIN_EXECUTE = redis.asyncio.Redis.execute_command
 #: command runs and its reply, a grant, is lost. Such a command goes on a task of its own.
 _UNPAUSED = 16 * 1024
 
+#: Python 3.11's ``asyncio.wait_for``, which redis-py writes a command under (its socket
+#: timeout), returns the command's completion instead of raising a cancellation that lands
+#: in the turn between the write and its return: the cancellation is lost, and the take
+#: goes on as if never cancelled. The task's count of cancellation requests still shows it.
+#: (Python 3.12's wait_for raises it; Python 3.9 and 3.10 have no count to look at.)
+_SWALLOWS_CANCEL = (3, 11) <= sys.version_info < (3, 12)
+
 #: What :meth:`AsyncCaller._pooled` answers for a command it did not send (larger than
 #: ``_UNPAUSED``): the caller sends it on a task of its own.
 _TOO_BIG = object()
@@ -573,6 +581,10 @@ class AsyncCaller:
         before the command is written leaves nothing to read. The cost of a task of its own
         for every call (two more turns of the event loop: a third of a round trip) is paid
         only by the calls that are cancelled."""
+        task: Any = None
+        if _SWALLOWS_CANCEL:
+            task = asyncio.current_task()
+            cancels = task.cancelling()
         if self._check:
             await self.check()
         conn = await pool.get_connection()
@@ -581,6 +593,12 @@ class AsyncCaller:
             packed = conn.pack_command(*args)
             if (len(packed[0]) if len(packed) == 1 else sum(map(len, packed))) > _UNPAUSED:
                 reply = _TOO_BIG
+            elif task is not None:
+                await conn.send_packed_command(packed)
+                sent = True
+                if task.cancelling() > cancels:  # swallowed by a wait_for: raised after all
+                    raise asyncio.CancelledError
+                reply = await conn.read_response(disconnect_on_error=False)
             else:
                 await conn.send_packed_command(packed)
                 sent = True
