@@ -467,16 +467,16 @@ _PLAIN_EXECUTE = redis.asyncio.Redis.execute_command
 #: command runs and its reply, a grant, is lost. Such a command goes on a task of its own.
 _UNPAUSED = 16 * 1024
 
+#: What :meth:`AsyncCaller._pooled` answers for a command it did not send (larger than
+#: ``_UNPAUSED``): the caller sends it on a task of its own.
+_TOO_BIG = object()
+
 #: Python 3.11's ``asyncio.wait_for``, which redis-py writes a command under (its socket
 #: timeout), returns the command's completion instead of raising a cancellation that lands
 #: in the turn between the write and its return: the cancellation is lost, and the take
 #: goes on as if never cancelled. The task's count of cancellation requests still shows it.
 #: (Python 3.12's wait_for raises it; Python 3.9 and 3.10 have no count to look at.)
 _SWALLOWS_CANCEL = (3, 11) <= sys.version_info < (3, 12)
-
-#: What :meth:`AsyncCaller._pooled` answers for a command it did not send (larger than
-#: ``_UNPAUSED``): the caller sends it on a task of its own.
-_TOO_BIG = object()
 
 
 def _own_pool(client: Any) -> Any:
