@@ -300,3 +300,40 @@ class CuttingProxy(Proxy):
                 b.sendall(data)
             except OSError:
                 return
+
+
+class StallingProxy(Proxy):
+    """A proxy that, after ``stall()``, forwards the first piece of the next command and
+    then stops reading commands (``stalled`` is set then) until ``release()``: the client's
+    writes back up once the socket buffers between them are full. Its sockets take the
+    smallest receive buffer the kernel gives, so that a few MiB fill them."""
+
+    def __init__(self, upstream: int) -> None:
+        self._stall = False
+        self.stalled = threading.Event()
+        self._release = threading.Event()
+        super().__init__(upstream)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+
+    def stall(self) -> None:
+        self.stalled.clear()
+        self._release.clear()
+        self._stall = True
+
+    def release(self) -> None:
+        self._stall = False
+        self._release.set()
+
+    def _pump(self, a: socket.socket, b: socket.socket, number: int, to_client: bool) -> None:
+        while True:
+            try:
+                data = a.recv(65536)
+                if not data:
+                    b.shutdown(socket.SHUT_WR)
+                    return
+                b.sendall(data)
+                if not to_client and self._stall:
+                    self.stalled.set()
+                    self._release.wait()
+            except OSError:
+                return

@@ -30,6 +30,7 @@ from conftest import (
     TINY,
     CuttingProxy,
     Server,
+    StallingProxy,
     _check_setup,
     adds_up,
     peek_fields,
@@ -222,6 +223,119 @@ def test_async_limiter_cancelled_takes_are_refunded(server: Server, key: str, se
         await r.aclose()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("op", ["take", "reserve"])
+@pytest.mark.parametrize("setup", list(ASYNC_SETUPS))
+def test_async_take_cancelled_at_each_turn_is_cancelled_and_loses_nothing(
+    server: Server, key: str, setup: str, op: str
+) -> None:
+    """Takes cancelled k turns of the event loop after they start, for k = 0 to 39: before
+    their connection, while written, while read. A take still running when cancelled
+    raises CancelledError (Python 3.11's ``asyncio.wait_for``, which redis-py writes a
+    command under, returns instead in one of those turns), and the bucket holds exactly
+    what the takes that returned were granted."""
+
+    async def run() -> None:
+        r = aredis.Redis(port=server.port, **ASYNC_SETUPS[setup])
+        lim = AsyncLimiter(r, key, TINY, 100, timeout=10, backend="module")
+        granted = 0
+        for k in range(40):
+            take = asyncio.ensure_future(
+                lim.take(1) if op == "take" else lim.reserve(1, max_wait=0)
+            )
+            for _ in range(k):
+                await asyncio.sleep(0)
+            if take.cancel():
+                with pytest.raises(asyncio.CancelledError):
+                    await take
+            else:
+                assert (await take).granted  # done before its cancellation
+                granted += 1
+            await await_for(lambda: not lim._call._late, "the cancelled takes' replies")
+        state = await lim.peek()
+        assert math.floor(100 if state is None else state.tokens) == 100 - granted
+        assert not r.connection_pool._in_use_connections
+        assert lim.metrics["takes_lost"] == 0
+        adds_up(lim.metrics)
+        await r.aclose()
+
+    asyncio.run(run())
+
+
+class CancelsAsTheReplyLands(aredis.Redis):
+    """A client with an execute_command of its own (an instrumented client: the limiter
+    runs its calls on a task of their own) that, as an RL.TAKE reply comes back, has
+    ``victim`` cancelled in the next turn of the event loop: after the call's task ended
+    with the reply, before the take waiting for it resumed."""
+
+    victim: Optional[asyncio.Future[Any]] = None
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        reply = await super().execute_command(*args, **options)
+        if args[0] == "RL.TAKE" and self.victim is not None:
+            asyncio.get_running_loop().call_soon(self.victim.cancel)
+        return reply
+
+
+@pytest.mark.parametrize("setup", list(ASYNC_SETUPS))
+def test_async_take_cancelled_as_its_reply_lands_is_refunded(
+    server: Server, key: str, setup: str
+) -> None:
+    """A take on a task of its own, cancelled in the very turn its reply came back: the
+    call is over, but its caller never sees the grant; it is refunded all the same."""
+
+    async def run() -> None:
+        r = CancelsAsTheReplyLands(port=server.port, **ASYNC_SETUPS[setup])
+        lim = AsyncLimiter(r, key, TINY, 10, timeout=10, backend="module")
+        assert lim._call._pool is None
+        assert (await lim.take(1)).granted
+        await lim.refund(1)
+        for _ in range(3):
+            take = asyncio.ensure_future(lim.take(2))
+            r.victim = take
+            with pytest.raises(asyncio.CancelledError):
+                await take
+            r.victim = None
+        await await_for(lambda: lim.metrics["tokens_returned"] == 6, "the refunds")
+        assert peek_fields(server.client(), key)["tokens"] >= 10  # every token back
+        assert lim.metrics["takes_lost"] == 0 and lim.metrics["errors"] == 3
+        adds_up(lim.metrics)
+        await r.aclose()
+
+    asyncio.run(run())
+
+
+def test_async_take_cancelled_while_its_write_waits_is_refunded(server: Server, key: str) -> None:
+    """A take whose command outgrows the socket buffers (a key of 16 MiB) waits for the
+    socket with the command handed to the transport. Cancelled there, the command still
+    goes out (a transport sends its buffer before it closes) and runs: its grant is
+    refunded, as for any take cancelled after its command went out."""
+    proxy = StallingProxy(server.port)
+
+    async def run() -> None:
+        r = aredis.Redis(port=proxy.port, **ASYNC_SETUPS["own-timeouts"])
+        huge = f"{key}:{'k' * (16 << 20)}"
+        lim = AsyncLimiter(r, huge, TINY, 10, timeout=10, backend="module")
+        assert lim._call._pool is not None
+        assert (await lim.take(1)).granted  # connected: the next take reuses it
+        proxy.stall()
+        take = asyncio.ensure_future(lim.take(2))
+        assert await asyncio.to_thread(proxy.stalled.wait, 10)  # part of it went out
+        take.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await take
+        proxy.release()
+        await await_for(lambda: lim.metrics["tokens_returned"] == 2, "the refund")
+        assert math.floor(peek_fields(server.client(), huge)["tokens"]) == 9
+        assert lim.metrics["takes_lost"] == 0
+        adds_up(lim.metrics)
+        await r.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        proxy.close()
 
 
 @pytest.mark.parametrize("cut", ["in-the-first-line", "in-the-middle"])

@@ -15,6 +15,7 @@ import contextlib
 import inspect
 import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -461,6 +462,27 @@ def _eager(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[Any]:
 _PLAIN_EXECUTE = redis.asyncio.Redis.execute_command
 
 
+#: The largest command :meth:`AsyncCaller._pooled` sends in the caller's task. Written on a
+#: connection with nothing else to send, a command up to the transport's high-water mark
+#: (asyncio's default: 64 KiB) is handed to the transport whole without waiting, so a
+#: cancellation cannot land in the middle of its write. A larger one (a huge key) may wait
+#: for the socket with the command already in the transport's buffer; redis-py closes the
+#: connection when that wait is cancelled, and the transport still sends the buffer: the
+#: command runs and its reply, a grant, is lost. Such a command goes on a task of its own.
+_UNPAUSED = 16 * 1024
+
+#: What :meth:`AsyncCaller._pooled` answers for a command it did not send (larger than
+#: ``_UNPAUSED``): the caller sends it on a task of its own.
+_TOO_BIG = object()
+
+#: Python 3.11's ``asyncio.wait_for``, which redis-py writes a command under (its socket
+#: timeout), returns the command's completion instead of raising a cancellation that lands
+#: in the turn between the write and its return: the cancellation is lost, and the take
+#: goes on as if never cancelled. The task's count of cancellation requests still shows it.
+#: (Python 3.12's wait_for raises it; Python 3.9 and 3.10 have no count to look at.)
+_SWALLOWS_CANCEL = (3, 11) <= sys.version_info < (3, 12)
+
+
 def _own_pool(client: Any) -> Any:
     """The connection pool of a plain ``redis.asyncio.Redis`` (one command per pooled
     connection, as its ``execute_command`` sends it), else ``None``."""
@@ -574,6 +596,10 @@ class AsyncCaller:
         before the command is written leaves nothing to read. The cost of a task of its own
         for every call (two more turns of the event loop: a third of a round trip) is paid
         only by the calls that are cancelled."""
+        task: Any = None
+        if _SWALLOWS_CANCEL:
+            task = asyncio.current_task()
+            cancels = task.cancelling()
         if self._check:
             await self.check()
         if self._pool_wants_name:
@@ -582,15 +608,26 @@ class AsyncCaller:
             conn = await pool.get_connection()
         sent = False
         try:
-            await conn.send_command(*args)
-            sent = True
-            reply = await conn.read_response(disconnect_on_error=False)
+            packed = conn.pack_command(*args)
+            if (len(packed[0]) if len(packed) == 1 else sum(map(len, packed))) > _UNPAUSED:
+                reply = _TOO_BIG
+            elif task is not None:
+                await conn.send_packed_command(packed)
+                sent = True
+                if task.cancelling() > cancels:  # swallowed by a wait_for: raised after all
+                    raise asyncio.CancelledError
+                reply = await conn.read_response(disconnect_on_error=False)
+            else:
+                await conn.send_packed_command(packed)
+                sent = True
+                reply = await conn.read_response(disconnect_on_error=False)
         except asyncio.CancelledError:
             if sent:
                 self._keep(asyncio.ensure_future(self._finish(pool, conn, late)))
             else:
-                # Not written: redis-py writes a command without yielding unless the socket
-                # is backed up, and closes the connection when cancelled there.
+                # Not written: a command this small is handed to the transport whole
+                # without waiting (_UNPAUSED), or not at all, and redis-py closes the
+                # connection when cancelled before that (connecting, a health check).
                 await pool.release(conn)
             raise
         except redis.exceptions.ResponseError:
@@ -604,7 +641,8 @@ class AsyncCaller:
         try:
             await pool.release(conn)
         except asyncio.CancelledError:  # the reply is in hand: hand it over, as above
-            self._keep(asyncio.ensure_future(late(reply)))
+            if reply is not _TOO_BIG:
+                self._keep(asyncio.ensure_future(late(reply)))
             raise
         return reply
 
@@ -668,7 +706,9 @@ class AsyncCaller:
                 return await asyncio.wait_for(call, timeout)
             pool = self._pool
             if pool is not None and not options and args[0] not in self.client.response_callbacks:
-                return await self._pooled(pool, args, late)
+                reply = await self._pooled(pool, args, late)
+                if reply is not _TOO_BIG:
+                    return reply
             timeout = None
             if not self.bounded:  # else the client's own timeouts end the call in time
                 timeout = self.timeout if deadline is None else max(0.0, deadline - now())
@@ -681,8 +721,10 @@ class AsyncCaller:
             try:
                 return await waiter  # cancelling this caller cancels the waiter, never the task
             except (asyncio.CancelledError, asyncio.TimeoutError):
-                if not task.done():
-                    self._later(task, late)
+                # Even when the task is done: its reply may have come to the waiter in the
+                # same turn of the event loop as the cancellation (or the timer), and this
+                # caller then never sees it.
+                self._later(task, late)
                 raise
             finally:
                 if timer is not None:
