@@ -54,6 +54,7 @@ from redis_rl import (
     ServerError,
     Source,
 )
+from redis_rl._call import _takes_command_name
 
 SLACK = 1.0  # "returns within its timeout": timeout + this, never tighter
 
@@ -386,6 +387,32 @@ def test_sync_limiter_timed_out_take_is_refunded(server: Server, key: str) -> No
     adds_up(lim.metrics)
 
 
+def test_async_reserve_cancelled_while_it_waits_gives_its_tokens_back(
+    server: Server, key: str
+) -> None:
+    """An AsyncLimiter.reserve granted with a wait and cancelled during that wait: its
+    tokens go back as a late grant's would (RL.REFUND), and what the bucket would not take
+    back (a bucket in debt takes nothing) counts in takes_lost; the counters add up."""
+    admin = server.client()
+
+    async def run() -> Metrics:
+        r = aredis.Redis(port=server.port, **ASYNC_SETUPS["own-timeouts"])
+        lim = AsyncLimiter(r, key, 0.01, 1, timeout=10, backend="module")
+        assert (await lim.take()).granted  # empty: the reserve waits ~100 s
+        reserve = asyncio.ensure_future(lim.reserve(1, max_wait=1000))
+        await await_for(lambda: peek_fields(admin, key)["tokens"] < -0.5, "the reserve's debt")
+        reserve.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reserve
+        await await_for(lambda: lim.metrics["takes_lost"] == 1, "the refused refund")
+        await r.aclose()
+        return lim.metrics
+
+    m = asyncio.run(run())
+    assert m["tokens_returned"] == 0 and m["granted"] == 2, m.snapshot()
+    adds_up(m)
+
+
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_late_reserve_into_debt_is_counted_lost(server: Server, key: str, kind: str) -> None:
     """A reserve that times out (the policy decides) and lands later, into debt: the bucket
@@ -692,6 +719,46 @@ def test_fallback_budget_carries_across_flaps(
     assert all(d.source is Source.FALLBACK for d in second)
     assert sum(d.granted for d in second) == 0  # spent in the first outage (refill ~0)
     adds_up(lim.metrics)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_call_waiting_for_a_pooled_connection_returns_within_its_timeout(
+    server: Server, key: str, kind: str
+) -> None:
+    """A client whose BlockingConnectionPool has no free connection waits up to the pool's
+    timeout (20 s by default) for one, whatever its socket timeouts: such a call is not
+    bounded by the client, and the limiter's timeout (0.2 s) still holds."""
+    fast = {"socket_timeout": 0.05, "socket_connect_timeout": 0.05}
+    if kind == "sync":
+        pool = redis.BlockingConnectionPool(port=server.port, max_connections=1, **fast)
+        r = redis.Redis(connection_pool=pool, retry=NO_RETRY)
+        lim = Limiter(r, key, TINY, 10, timeout=0.2, policy=DENY, backend="module")
+        held = pool.get_connection(*(("PING",) if _takes_command_name(pool) else ()))
+        start = time.monotonic()
+        d = lim.take()
+        elapsed = time.monotonic() - start
+        pool.release(held)
+        m = lim.metrics
+    else:
+
+        async def run() -> tuple[Any, float, Metrics]:
+            pool = aredis.BlockingConnectionPool(port=server.port, max_connections=1, **fast)
+            ar = aredis.Redis(connection_pool=pool, retry=AsyncRetry(NoBackoff(), 0))
+            lim = AsyncLimiter(ar, key, TINY, 10, timeout=0.2, policy=DENY, backend="module")
+            name = ("PING",) if _takes_command_name(pool) else ()
+            held = await pool.get_connection(*name)
+            start = time.monotonic()
+            d = await lim.take()
+            elapsed = time.monotonic() - start
+            await pool.release(held)
+            await await_for(lambda: lim.metrics["tokens_returned"] == 1, "the late refund")
+            await ar.aclose()
+            return d, elapsed, lim.metrics
+
+        d, elapsed, m = asyncio.run(run())
+    assert d.source is Source.FALLBACK and not d.granted
+    assert elapsed < 0.2 + SLACK, elapsed
+    adds_up(m)
 
 
 def test_every_call_returns_within_its_timeout(debug_server: Server, key: str) -> None:

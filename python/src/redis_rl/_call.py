@@ -21,6 +21,7 @@ import time
 import weakref
 from typing import Any, Awaitable, Callable, NoReturn, Optional, Tuple
 
+import redis
 import redis.asyncio
 import redis.exceptions
 from redis.asyncio.retry import Retry as AsyncRetry
@@ -210,10 +211,16 @@ def socket_timeout(client: Any) -> Optional[float]:
     return None
 
 
+#: Pools whose ``get_connection`` waits (up to the pool's ``timeout``, 20 s by default; ``None``:
+#: forever) for a connection another call holds.
+_WAITING_POOLS = (redis.BlockingConnectionPool, redis.asyncio.BlockingConnectionPool)
+
+
 def worst_case(client: Any) -> Optional[float]:
-    """How long one command on a sync client can take at most (connect + command, no
-    retries), or ``None`` if unbounded (no socket timeout, or retries configured: redis-py
-    retries timeouts 3 times by default, with backoff)."""
+    """How long one command on a client can take at most (a wait for a pooled connection,
+    connect, command; no retries), or ``None`` if unbounded (no socket timeout, retries
+    configured: redis-py retries timeouts 3 times by default, with backoff; a pool that
+    waits for a free connection without end)."""
     kwargs = _connection_kwargs(client)
     if kwargs is None:
         return None
@@ -230,7 +237,11 @@ def worst_case(client: Any) -> Optional[float]:
     retries = getattr(retry, "get_retries", lambda: 0)() if retry is not None else 0
     if retries != 0:
         return None
-    return float(st) + float(ct)
+    pool = getattr(client, "connection_pool", None)
+    wait = pool.timeout if isinstance(pool, _WAITING_POOLS) else 0.0
+    if wait is None:
+        return None
+    return float(st) + float(ct) + float(wait)
 
 
 def _unretried_connection(client: Any, retry: Any) -> Any:
@@ -623,7 +634,7 @@ class AsyncCaller:
                 reply = await conn.read_response(disconnect_on_error=False)
         except asyncio.CancelledError:
             if sent:
-                self._keep(asyncio.ensure_future(self._finish(pool, conn, late)))
+                self.keep(asyncio.ensure_future(self._finish(pool, conn, late)))
             else:
                 # Not written: a command this small is handed to the transport whole
                 # without waiting (_UNPAUSED), or not at all, and redis-py closes the
@@ -642,7 +653,7 @@ class AsyncCaller:
             await pool.release(conn)
         except asyncio.CancelledError:  # the reply is in hand: hand it over, as above
             if reply is not _TOO_BIG:
-                self._keep(asyncio.ensure_future(late(reply)))
+                self.keep(asyncio.ensure_future(late(reply)))
             raise
         return reply
 
@@ -658,7 +669,8 @@ class AsyncCaller:
             await pool.release(conn)
         await late(reply)
 
-    def _keep(self, task: asyncio.Future[Any]) -> None:
+    def keep(self, task: asyncio.Future[Any]) -> None:
+        """Holds ``task`` (a late handler, a read handed over) until it is done."""
         self._late.add(task)
         task.add_done_callback(self._late.discard)
 
@@ -671,9 +683,9 @@ class AsyncCaller:
             if not t.cancelled() and t.exception() is None:
                 ok, reply = t.result()
                 if ok:
-                    self._keep(asyncio.ensure_future(late(reply)))
+                    self.keep(asyncio.ensure_future(late(reply)))
 
-        self._keep(task)
+        self.keep(task)
         task.add_done_callback(done)
         handle = asyncio.get_running_loop().call_later(LATE_LIMIT, task.cancel)
         task.add_done_callback(lambda _: handle.cancel())
@@ -690,10 +702,12 @@ class AsyncCaller:
         count: bool = True,
         **options: Any,
     ) -> Any:
-        """The reply, within the timeout. With ``late``, the call runs as a task of its own
-        that a timeout or a cancellation of the caller does not stop; ``late`` gets a reply
-        that comes after the caller stopped waiting (say, to refund a grant). ``count``:
-        count the call in ``redis_calls`` (a limiter's take counts it with its decision)."""
+        """The reply, within the timeout. With ``late``, a call whose caller stopped waiting
+        (a timeout, a cancellation) still completes, and ``late`` gets its reply (say, to
+        refund a grant): in the caller's task with the read handed over when cancelled
+        (:meth:`_pooled`: a plain client bounded by its own timeouts), else on a task of its
+        own. ``count``: count the call in ``redis_calls`` (a limiter's take counts it with
+        its decision)."""
         if count:
             self.metrics.add("redis_calls")
         passed = self.checks_passed

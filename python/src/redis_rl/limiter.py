@@ -498,7 +498,8 @@ class AsyncLimiter(_Base):
                 key, core.rate, core.cap, n, math.floor(max_wait * 1000), core.init, core.version
             )
             late = self._refund_late(key, n, p.parse_reserve)
-            r = p.parse_reserve(await self._call(args, deadline, late))
+            reply = await self._call(args, deadline, late)
+            r = p.parse_reserve(reply)
         except OUTAGES:
             core.health.failed()
             return core.fallback_decision(key, n)
@@ -507,7 +508,14 @@ class AsyncLimiter(_Base):
             raise
         d = _reserve_decision(core, key, n, r)
         if d.granted and r.wait_ms > 0:
-            await asyncio.sleep(r.wait_ms / 1000)
+            try:
+                await asyncio.sleep(r.wait_ms / 1000)
+            except asyncio.CancelledError:
+                # Cancelled while waiting for its tokens: given back as a late grant is
+                # (counted in tokens_returned, or in takes_lost: a bucket in debt, as it
+                # is until the wait ends, takes nothing back).
+                self._call.keep(asyncio.ensure_future(late(reply)))
+                raise
         return d
 
     async def refund(self, n: int, *, key: Optional[str] = None) -> float:
