@@ -323,7 +323,59 @@ async def aexecute(client: Any, *args: Any, **options: Any) -> Any:
         raise _plain(e) from e
 
 
-class SyncCaller:
+class _Caller:
+    """What both callers share: the timeout, the counters, the credentials checks, and how
+    a call's exception is counted and raised."""
+
+    def __init__(
+        self, client: Any, timeout: Optional[float], metrics: Metrics, checks: bool
+    ) -> None:
+        self.client = client
+        self.timeout = timeout
+        self.metrics = metrics
+        #: Whether this caller checks credentials, and must before its next call.
+        self._checks = self._check = checks
+        #: Checks passed so far (see :meth:`failed`).
+        self.checks_passed = 0
+
+    def deadline(self) -> Optional[float]:
+        return None if self.timeout is None else now() + self.timeout
+
+    def failed(self, passed: int) -> None:
+        """An outage of a call that started when ``checks_passed`` was ``passed``: the
+        credentials are checked again before the next call, unless a check passed since
+        (they were accepted during this very call: re-checking would put the check's
+        connection in front of every call, and a call needing longer than ``timeout`` with
+        it would time out forever though Redis answers each call within it)."""
+        if self.checks_passed == passed:
+            self._check = self._checks
+
+    def sort(self, e: BaseException, passed: int) -> NoReturn:
+        """Counts a call's exception and raises it as what it is: a refusal of the
+        credentials or an error reply as :class:`ServerError`, an outage as itself."""
+        if isinstance(e, redis.exceptions.RedisClusterException):
+            plain = _plain(e)
+            plain.__cause__ = e
+            e = plain
+        if isinstance(e, NOT_OUTAGES):
+            self.metrics.add("server_errors")
+            raise server_error(e) from e
+        if isinstance(e, TIMEOUTS):
+            self.metrics.add("redis_timeouts")
+            self.metrics.add("redis_errors")
+            self.failed(passed)
+            raise e
+        if isinstance(e, OUTAGES):
+            self.metrics.add("redis_errors")
+            self.failed(passed)
+            raise e
+        if isinstance(e, redis.exceptions.RedisError):
+            self.metrics.add("server_errors")
+            raise server_error(e) from e
+        raise e
+
+
+class SyncCaller(_Caller):
     """Sends commands on a synchronous client, each within ``timeout`` seconds.
 
     When the client cannot take longer than ``timeout`` by itself (``socket_timeout`` plus
@@ -336,16 +388,9 @@ class SyncCaller:
     """
 
     def __init__(self, client: Any, timeout: Optional[float], metrics: Metrics) -> None:
-        self.client = client
-        self.timeout = timeout
-        self.metrics = metrics
         worst = worst_case(client)
         self.direct = timeout is None or (worst is not None and worst <= timeout)
-        #: Whether this caller checks credentials (the pooled path), and must before its
-        #: next call.
-        self._checks = self._check = not self.direct
-        #: Checks passed so far (see :meth:`failed`).
-        self.checks_passed = 0
+        super().__init__(client, timeout, metrics, checks=not self.direct)  # the pooled path
 
     def check(self) -> None:
         """Checks the credentials if due (:func:`check_credentials`; raises the refusal).
@@ -354,15 +399,6 @@ class SyncCaller:
             check_credentials(self.client)
             self.checks_passed += 1
             self._check = False
-
-    def failed(self, passed: int) -> None:
-        """An outage of a call that started when ``checks_passed`` was ``passed``: the
-        credentials are checked again before the next call, unless a check passed since
-        (they were accepted during this very call: re-checking would put the check's
-        connection in front of every call, and a call needing longer than ``timeout`` with
-        it would time out forever though Redis answers each call within it)."""
-        if self.checks_passed == passed:
-            self._check = self._checks
 
     def _send(self, args: p.Args, options: dict[str, Any]) -> Any:
         """The pooled call: credentials first if due, in the same job, so a call whose
@@ -374,9 +410,6 @@ class SyncCaller:
         if deadline is None:
             return self.timeout
         return max(0.0, deadline - now())
-
-    def deadline(self) -> Optional[float]:
-        return None if self.timeout is None else now() + self.timeout
 
     def __call__(
         self,
@@ -417,30 +450,6 @@ class SyncCaller:
             return self.client.execute_command(*args)
         except BaseException as e:
             self.sort(e, self.checks_passed)
-
-    def sort(self, e: BaseException, passed: int) -> NoReturn:
-        """Counts a call's exception and raises it as what it is: a refusal of the
-        credentials or an error reply as :class:`ServerError`, an outage as itself."""
-        if isinstance(e, redis.exceptions.RedisClusterException):
-            plain = _plain(e)
-            plain.__cause__ = e
-            e = plain
-        if isinstance(e, NOT_OUTAGES):
-            self.metrics.add("server_errors")
-            raise server_error(e) from e
-        if isinstance(e, TIMEOUTS):
-            self.metrics.add("redis_timeouts")
-            self.metrics.add("redis_errors")
-            self.failed(passed)
-            raise e
-        if isinstance(e, OUTAGES):
-            self.metrics.add("redis_errors")
-            self.failed(passed)
-            raise e
-        if isinstance(e, redis.exceptions.RedisError):
-            self.metrics.add("server_errors")
-            raise server_error(e) from e
-        raise e
 
 
 def _on_late(late: Callable[[Any], None]) -> Callable[[concurrent.futures.Future[Any]], None]:
@@ -526,18 +535,14 @@ def _expire(waiter: asyncio.Future[Any]) -> None:
         waiter.set_exception(asyncio.TimeoutError())
 
 
-class AsyncCaller:
+class AsyncCaller(_Caller):
     """Sends commands on an asyncio client, each within ``timeout`` seconds."""
 
     def __init__(self, client: Any, timeout: Optional[float], metrics: Metrics) -> None:
-        self.client = client
-        self.timeout = timeout
-        self.metrics = metrics
+        # Credentials are checked without retries (:func:`acheck_credentials`) before the
+        # first call and the first after an outage, as for :class:`SyncCaller`.
+        super().__init__(client, timeout, metrics, checks=True)
         self._late: set[asyncio.Future[Any]] = set()
-        #: Credentials are checked without retries (:func:`acheck_credentials`) before the
-        #: first call and the first after an outage, as for :class:`SyncCaller`.
-        self._checks = self._check = True
-        self.checks_passed = 0
         worst = worst_case(client)
         #: The client cannot take longer than the timeout by itself (socket timeouts, no
         #: retries): no timer of our own.
@@ -553,11 +558,6 @@ class AsyncCaller:
             await acheck_credentials(self.client)
             self.checks_passed += 1
             self._check = False
-
-    def failed(self, passed: int) -> None:
-        """As :meth:`SyncCaller.failed`."""
-        if self.checks_passed == passed:
-            self._check = self._checks
 
     async def _send(self, args: p.Args, options: dict[str, Any]) -> Any:
         """The call, credentials first if due (as :meth:`SyncCaller._send`)."""
@@ -690,9 +690,6 @@ class AsyncCaller:
         handle = asyncio.get_running_loop().call_later(LATE_LIMIT, task.cancel)
         task.add_done_callback(lambda _: handle.cancel())
 
-    def deadline(self) -> Optional[float]:
-        return None if self.timeout is None else now() + self.timeout
-
     async def __call__(
         self,
         args: p.Args,
@@ -747,29 +744,6 @@ class AsyncCaller:
             if reply_errors and isinstance(e, redis.exceptions.ResponseError):
                 return e
             self.sort(e, passed)
-
-    def sort(self, e: BaseException, passed: int) -> NoReturn:
-        """As :meth:`SyncCaller.sort`."""
-        if isinstance(e, redis.exceptions.RedisClusterException):
-            plain = _plain(e)
-            plain.__cause__ = e
-            e = plain
-        if isinstance(e, NOT_OUTAGES):
-            self.metrics.add("server_errors")
-            raise server_error(e) from e
-        if isinstance(e, TIMEOUTS):
-            self.metrics.add("redis_timeouts")
-            self.metrics.add("redis_errors")
-            self.failed(passed)
-            raise e
-        if isinstance(e, OUTAGES):
-            self.metrics.add("redis_errors")
-            self.failed(passed)
-            raise e
-        if isinstance(e, redis.exceptions.RedisError):
-            self.metrics.add("server_errors")
-            raise server_error(e) from e
-        raise e
 
 
 def probe_options(client: Any) -> dict[str, Any]:
