@@ -38,7 +38,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, List, Optional, Set, Tuple
 
 import redis.exceptions
 
@@ -126,6 +126,10 @@ class _Lease:
     expires: float
 
 
+#: ``_Core.spending`` when no lease is held: nothing to spend, so no take changes it.
+_NO_LEASE = _Lease(0, 0, 0.0)
+
+
 class _Flight:
     """One ``RL.LEASE`` call, completed on its own whoever waits for it."""
 
@@ -184,15 +188,15 @@ class _Core:
         self.older: Optional[_Lease] = None
         self.newer: Optional[_Lease] = None
         #: What :meth:`grant` reads, kept by :meth:`recount`: the lease spent from now (the
-        #: older while it has tokens), the tokens held besides it, and when the first held
-        #: lease expires.
-        self.spending: Optional[_Lease] = None
+        #: older while it has tokens; an empty one when none is held, which no take can
+        #: spend from), the tokens held besides it, and when the first held lease expires.
+        self.spending = _NO_LEASE
         self.spare = 0
         self.fresh_until = 0.0
         self.tally = _Tally(self)
         #: The grants of one token by :meth:`grant`, by the tokens left after them (a
         #: decision is immutable, and making one costs a quarter of such a take).
-        self.ones: Dict[int, Decision] = {}
+        self.ones: List[Optional[Decision]] = [None] * _CACHED
         self.metrics.watch(self, self.tally.drain)
         self.threshold = 0
         #: The lease call in the air, if any (one at a time).
@@ -227,7 +231,7 @@ class _Core:
             self.spending = older
             self.spare = newer.left if newer is not None else 0
         else:
-            self.spending = newer
+            self.spending = newer if newer is not None else _NO_LEASE
             self.spare = 0
         expiries = [lease.expires for lease in (older, newer) if lease is not None]
         self.fresh_until = min(expiries) if expiries else 0.0
@@ -254,35 +258,51 @@ class _Core:
     # -- decisions --
 
     def grant(self, n: int) -> Optional[Decision]:
-        """The common take: ``n`` tokens from the lease being spent, every held lease
-        unexpired, more than the renewal threshold left after it. ``None``: anything else
-        (:meth:`decide_locally` then). Counted in the tally (calls, granted, tokens)."""
+        """The take from memory, the first step of both limiters' ``take``: ``n`` tokens
+        from the lease being spent, every held lease unexpired, more than the renewal
+        threshold left after it, all under one hold of the lock (a lease taken out to be
+        returned is no longer in the state). ``None``: anything else (:meth:`local` next).
+        Counted in the tally (calls, granted, tokens). Raises ``ValueError`` for an ``n``
+        that is not a positive int; one above ``cap`` finds no lease that large (a lease
+        holds at most ``max(batch, n)`` of a valid take) and is refused by :meth:`local`.
+
+        Every take served from memory runs this, on the caller's thread or task: it is
+        kept lean (plain ints, one lock, no ``with``, shared decisions for one token)."""
+        if n.__class__ is not int or n < 1:
+            check_n(n, self.cap)
         t = _monotonic()
         lock = self.lock
         lock.acquire()  # cheaper than a with block, which looks up __enter__ and __exit__
         try:
             lease = self.spending
-            if lease is not None and t < self.fresh_until:
-                left = lease.left - n
-                if left >= 0:
-                    total = left + self.spare
-                    if total > self.threshold:
-                        lease.left = left
-                        tally = self.tally
-                        tally.takes += 1
-                        tally.tokens += n
-                        if n == 1 and total < _CACHED:
-                            d = self.ones.get(total)
-                            if d is None:
-                                fields = (True, float(total), 0, 0, 1, self.cap, _LEASE)
-                                d = self.ones[total] = _new_decision(Decision, fields)
-                            return d
-                        return _new_decision(
-                            Decision, (True, float(total), 0, 0, n, self.cap, _LEASE)
-                        )
+            left = lease.left - n
+            if left >= 0 and t < self.fresh_until:
+                total = left + self.spare
+                if total > self.threshold:
+                    lease.left = left
+                    tally = self.tally
+                    tally.takes += 1
+                    tally.tokens += n
+                    if n == 1 and total < _CACHED:
+                        d = self.ones[total]  # 0 <= threshold < total
+                        if d is None:
+                            fields = (True, float(total), 0, 0, 1, self.cap, _LEASE)
+                            d = self.ones[total] = _new_decision(Decision, fields)
+                        return d
+                    return _new_decision(Decision, (True, float(total), 0, 0, n, self.cap, _LEASE))
             return None
         finally:
             lock.release()
+
+    def local(self, n: int) -> Tuple[Optional[Decision], bool]:
+        """The rest of a take that needs no Redis call (after :meth:`grant` found none):
+        :meth:`decide_locally`, counted in ``calls``, unless closed. Raises ``ValueError``
+        for ``n`` above ``cap``."""
+        if n > self.max_n:
+            check_n(n, self.cap)
+        if self.closed:
+            return None, False
+        return self.decide_locally(n, 1)
 
     def decide_locally(self, n: int, calls: int = 0) -> Tuple[Optional[Decision], bool]:
         """A grant from the held batch, or a recent denial of ``n`` or fewer tokens; ``None``
@@ -639,40 +659,14 @@ class PrefetchLimiter(_Base):
         """Whether ``n`` tokens may be spent now: a :class:`Decision`, truthy when granted
         (``if limiter.take():``). Mostly from the held batch, without a Redis call."""
         core = self._core
-        if n.__class__ is not int or n < 1 or n > core.max_n:
-            check_n(n, core.cap)
-        # _Core.grant, inlined: the call would cost a tenth of this take.
-        t = _monotonic()
-        lock = core.lock
-        lock.acquire()
-        try:
-            lease = core.spending
-            if lease is not None and t < core.fresh_until:
-                left = lease.left - n
-                if left >= 0:
-                    total = left + core.spare
-                    if total > core.threshold:
-                        lease.left = left
-                        tally = core.tally
-                        tally.takes += 1
-                        tally.tokens += n
-                        if n == 1 and total < _CACHED:
-                            d = core.ones.get(total)
-                            if d is None:
-                                fields = (True, float(total), 0, 0, 1, core.cap, _LEASE)
-                                d = core.ones[total] = _new_decision(Decision, fields)
-                            return d
-                        return _new_decision(
-                            Decision, (True, float(total), 0, 0, n, core.cap, _LEASE)
-                        )
-        finally:
-            lock.release()
-        if not core.closed:
-            d, renew = core.decide_locally(n, 1)
-            if d is not None:
-                if renew:
-                    self._renew()
-                return d
+        d = core.grant(n)
+        if d is not None:
+            return d
+        d, renew = core.local(n)
+        if d is not None:
+            if renew:
+                self._renew()
+            return d
         core.metrics.add("calls")
         try:
             return self._decide(n)
@@ -899,17 +893,14 @@ class AsyncPrefetchLimiter(_Base):
     async def take(self, n: int = 1) -> Decision:
         """As :meth:`PrefetchLimiter.take`: a :class:`Decision`, truthy when granted."""
         core = self._core
-        if n.__class__ is not int or n < 1 or n > core.max_n:
-            check_n(n, core.cap)
-        d: Optional[Decision] = core.grant(n)
+        d = core.grant(n)
         if d is not None:
             return d
-        if not core.closed:
-            d, renew = core.decide_locally(n, 1)
-            if d is not None:
-                if renew:
-                    self._renew_in_background()
-                return d
+        d, renew = core.local(n)
+        if d is not None:
+            if renew:
+                self._renew_in_background()
+            return d
         core.metrics.add("calls")
         try:
             return await self._decide(n)
