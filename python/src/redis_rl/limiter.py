@@ -10,7 +10,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Awaitable, Callable, List, Optional, Sequence, Tuple, cast
+from typing import Any, Awaitable, Callable, List, Optional, Protocol, Sequence, Tuple, cast
 
 import redis.exceptions
 
@@ -183,8 +183,22 @@ class _LimiterCore:
         return d
 
 
-class _Base:
-    _core: _LimiterCore
+class _State(Protocol):
+    """What every limiter's state holds (:class:`_Views` reads it)."""
+
+    key: str
+    config: LimiterConfig
+    rate: float
+    cap: float
+    metrics: Metrics
+    protocol: Optional[p.Protocol]
+
+
+class _Views:
+    """The read-only views every limiter has over its state (this module's, the prefetching
+    and the sharing limiters')."""
+
+    _core: _State
 
     @property
     def key(self) -> str:
@@ -212,6 +226,10 @@ class _Base:
         """``module`` or ``functions`` once known (``auto`` resolves on the first call)."""
         proto = self._core.protocol
         return proto.backend if proto is not None else None
+
+
+class _Base(_Views):
+    _core: _LimiterCore
 
 
 class Limiter(_Base):

@@ -38,7 +38,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import redis.exceptions
 
@@ -60,8 +60,8 @@ from ._call import (
 )
 from .config import LimiterConfig, configure
 from .decision import Decision, Source
-from .errors import LimiterClosed, ProtocolError, ServerError
-from .limiter import check_limit, check_n
+from .errors import LimiterClosed, ProtocolError, ServerError, again
+from .limiter import _Views, check_limit, check_n
 from .metrics import Metrics
 from .policy import Fallback, Health, now
 from .types import AsyncClient, SyncClient
@@ -366,7 +366,7 @@ class _Core:
             return d
         e = busy.error
         if isinstance(e, ServerError):
-            raise _copy(e)
+            raise again(e)
         if self.health.down:
             return self.fallback_decision(n)
         return None
@@ -577,14 +577,6 @@ async def _landed(flight: _Flight, deadline: Optional[float]) -> bool:
     return flight.event.is_set() or flight.done
 
 
-def _copy(e: ServerError) -> ServerError:
-    """The error of a lease call for one more caller (an exception raised in several
-    threads at once would share one traceback)."""
-    copy = type(e)(*e.args)
-    copy.__cause__ = e.__cause__
-    return copy
-
-
 def _as_server_error(e: BaseException) -> BaseException:
     if isinstance(e, ProtocolError):
         return e
@@ -593,21 +585,26 @@ def _as_server_error(e: BaseException) -> BaseException:
     return err
 
 
-class _Base:
+def _new_core(
+    owner: str,
+    key: str,
+    rate: float,
+    cap: float,
+    batch: Optional[int],
+    ttl_ms: Optional[int],
+    config: Optional[LimiterConfig],
+    options: Dict[str, Any],
+) -> _Core:
+    """The state of a new limiter: its arguments as ``configure`` takes them."""
+    if batch is not None:
+        options["batch"] = batch
+    if ttl_ms is not None:
+        options["ttl_ms"] = ttl_ms
+    return _Core(key, rate, cap, configure(config, options, owner))
+
+
+class _Base(_Views):
     _core: _Core
-
-    @property
-    def key(self) -> str:
-        return self._core.key
-
-    @property
-    def config(self) -> LimiterConfig:
-        """The settings this limiter was built with."""
-        return self._core.config
-
-    @property
-    def metrics(self) -> Metrics:
-        return self._core.metrics
 
     @property
     def held(self) -> int:
@@ -646,11 +643,7 @@ class PrefetchLimiter(_Base):
         config: Optional[LimiterConfig] = None,
         **options: Any,
     ) -> None:
-        if batch is not None:
-            options["batch"] = batch
-        if ttl_ms is not None:
-            options["ttl_ms"] = ttl_ms
-        self._core = _Core(key, rate, cap, configure(config, options, "PrefetchLimiter"))
+        self._core = _new_core("PrefetchLimiter", key, rate, cap, batch, ttl_ms, config, options)
         self.client = client
         self._call = SyncCaller(client, self._core.timeout, self._core.metrics)
         at_exit.add(self)  # alive at exit (a module-level limiter): gives back then
@@ -880,11 +873,9 @@ class AsyncPrefetchLimiter(_Base):
         config: Optional[LimiterConfig] = None,
         **options: Any,
     ) -> None:
-        if batch is not None:
-            options["batch"] = batch
-        if ttl_ms is not None:
-            options["ttl_ms"] = ttl_ms
-        self._core = _Core(key, rate, cap, configure(config, options, "AsyncPrefetchLimiter"))
+        self._core = _new_core(
+            "AsyncPrefetchLimiter", key, rate, cap, batch, ttl_ms, config, options
+        )
         self.client = client
         self._call = AsyncCaller(client, self._core.timeout, self._core.metrics)
         self._backend = BackendTask()
