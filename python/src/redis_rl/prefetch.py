@@ -38,7 +38,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import redis.exceptions
 
@@ -294,15 +294,14 @@ class _Core:
         finally:
             lock.release()
 
-    def local(self, n: int) -> Tuple[Optional[Decision], bool]:
-        """The rest of a take that needs no Redis call (after :meth:`grant` found none):
-        :meth:`decide_locally`, counted in ``calls``, unless closed. Raises ``ValueError``
-        for ``n`` above ``cap``."""
+    def local(self, n: int, calls: int = 0) -> Tuple[Optional[Decision], bool]:
+        """:meth:`decide_locally` for a take :meth:`grant` did not serve, unless closed.
+        Raises ``ValueError`` for ``n`` above ``cap``."""
         if n > self.max_n:
             check_n(n, self.cap)
         if self.closed:
             return None, False
-        return self.decide_locally(n, 1)
+        return self.decide_locally(n, calls)
 
     def decide_locally(self, n: int, calls: int = 0) -> Tuple[Optional[Decision], bool]:
         """A grant from the held batch, or a recent denial of ``n`` or fewer tokens; ``None``
@@ -605,6 +604,37 @@ def _new_core(
 
 class _Base(_Views):
     _core: _Core
+    _call: Union[SyncCaller, AsyncCaller]
+
+    def _held(self, n: int, calls: int = 0) -> Optional[Decision]:
+        """A decision from the held leases or a recent denial (``None``: Redis must be
+        asked), starting the renewal it calls for. ``calls`` as in ``decide_locally``."""
+        d, renew = self._core.local(n, calls)
+        if renew:
+            self._renew()
+        return d
+
+    def _renew(self) -> None:
+        """Asks for the next batch (inline or in the background)."""
+        raise NotImplementedError
+
+    def _unasked(self, n: int) -> Optional[Decision]:
+        """A take's decision when Redis is not to be asked: from the held leases, a recent
+        denial, or the failure policy while Redis is down. Raises once closed."""
+        core = self._core
+        if core.closed:
+            raise LimiterClosed(f"the limiter of {core.key!r} is closed")
+        d = self._held(n)
+        if d is None and not core.health.may_call():
+            d = core.fallback_decision(n)
+        return d
+
+    def _outage(self, n: int, passed: int) -> Decision:
+        """A lease call found an outage: the failure policy decides; credentials are
+        checked before the next lease call if none passed since ``passed``."""
+        self._core.health.failed()
+        self._call.failed(passed)
+        return self._core.fallback_decision(n)
 
     @property
     def held(self) -> int:
@@ -631,6 +661,8 @@ class PrefetchLimiter(_Base):
     (counted in ``leases_lost``).
     """
 
+    _call: SyncCaller
+
     def __init__(
         self,
         client: SyncClient,
@@ -655,10 +687,8 @@ class PrefetchLimiter(_Base):
         d = core.grant(n)
         if d is not None:
             return d
-        d, renew = core.local(n)
+        d = self._held(n, 1)
         if d is not None:
-            if renew:
-                self._renew()
             return d
         core.metrics.add("calls")
         try:
@@ -671,24 +701,15 @@ class PrefetchLimiter(_Base):
     decide = take
 
     def _decide(self, n: int) -> Decision:
-        core = self._core
-        if core.closed:
-            raise LimiterClosed(f"the limiter of {core.key!r} is closed")
-        d, renew = core.decide_locally(n)
+        d = self._unasked(n)
         if d is not None:
-            if renew:
-                self._renew()
             return d
-        if not core.health.may_call():
-            return core.fallback_decision(n)
         deadline = self._call.deadline()
         passed = self._call.checks_passed
         try:
             return self._lease(n, deadline)
         except OUTAGES:
-            core.health.failed()
-            self._call.failed(passed)  # credentials checked before the next lease call
-            return core.fallback_decision(n)
+            return self._outage(n, passed)
 
     def _resolve(self, deadline: Optional[float]) -> None:
         core = self._core
@@ -861,6 +882,8 @@ class AsyncPrefetchLimiter(_Base):
     ``take`` (``asyncio.wait_for``, a client gone) loses nothing: the lease call runs as a
     task of its own and installs or returns what it gets."""
 
+    _call: AsyncCaller
+
     def __init__(
         self,
         client: AsyncClient,
@@ -887,10 +910,8 @@ class AsyncPrefetchLimiter(_Base):
         d = core.grant(n)
         if d is not None:
             return d
-        d, renew = core.local(n)
+        d = self._held(n, 1)
         if d is not None:
-            if renew:
-                self._renew_in_background()
             return d
         core.metrics.add("calls")
         try:
@@ -903,24 +924,15 @@ class AsyncPrefetchLimiter(_Base):
     decide = take
 
     async def _decide(self, n: int) -> Decision:
-        core = self._core
-        if core.closed:
-            raise LimiterClosed(f"the limiter of {core.key!r} is closed")
-        d, renew = core.decide_locally(n)
+        d = self._unasked(n)
         if d is not None:
-            if renew:
-                self._renew_in_background()
             return d
-        if not core.health.may_call():
-            return core.fallback_decision(n)
         deadline = self._call.deadline()
         passed = self._call.checks_passed
         try:
             return await self._lease(n, deadline)
         except OUTAGES:
-            core.health.failed()
-            self._call.failed(passed)  # credentials checked before the next lease call
-            return core.fallback_decision(n)
+            return self._outage(n, passed)
 
     def _remaining(self, deadline: Optional[float]) -> Optional[float]:
         return None if deadline is None else max(0.0, deadline - now())
@@ -1015,7 +1027,8 @@ class AsyncPrefetchLimiter(_Base):
         except Exception:
             core.metrics.add("leases_lost")
 
-    def _renew_in_background(self) -> None:
+    def _renew(self) -> None:
+        """The next batch, in the background: the caller already has its grant."""
         flight, _ = self._core.begin(0)
         if flight is not None:
             self._send(flight)
