@@ -81,8 +81,10 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_cores_in_child)
 
 
-class _LimiterCore:
-    """State shared by the sync and asyncio limiters: limit, policy, health, counters."""
+class _Bucket:
+    """What the state of every limiter that takes from one bucket starts with (this
+    module's and the prefetching one's): the limit, the backend, counters, health and the
+    failure policy's local bucket."""
 
     def __init__(self, key: str, rate: float, cap: float, config: LimiterConfig) -> None:
         check_limit(rate, cap)
@@ -91,7 +93,6 @@ class _LimiterCore:
         self.key = key
         self.rate = float(rate)
         self.cap = float(cap)
-        self.policy = config.policy
         self.timeout = config.timeout
         self.init = config.init
         self.version = config.version
@@ -108,13 +109,21 @@ class _LimiterCore:
             config.deny_retry_after_ms,
             instances=config.instances,
         )
-        self._args: dict[Tuple[str, int], p.Args] = {}
-        _cores.add(self)
 
     def answered(self) -> None:
         """Redis answered (a reply or an error reply): an outage ends."""
         if self.health.succeeded():
             self.fallback.end_outage()
+
+
+class _LimiterCore(_Bucket):
+    """State shared by the sync and asyncio limiters: limit, policy, health, counters."""
+
+    def __init__(self, key: str, rate: float, cap: float, config: LimiterConfig) -> None:
+        super().__init__(key, rate, cap, config)
+        self.policy = config.policy
+        self._args: dict[Tuple[str, int], p.Args] = {}
+        _cores.add(self)
 
     def raised(self, e: BaseException, calls: int = 0) -> None:
         """A call ends in an exception, not a decision (counted in ``errors``)."""

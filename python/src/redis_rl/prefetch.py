@@ -61,9 +61,8 @@ from ._call import (
 from .config import LimiterConfig, configure
 from .decision import Decision, Source
 from .errors import LimiterClosed, ProtocolError, ServerError, again
-from .limiter import _Views, check_limit, check_n
-from .metrics import Metrics
-from .policy import Fallback, Health, now
+from .limiter import _Bucket, _Views, check_n
+from .policy import now
 from .types import AsyncClient, SyncClient
 
 #: ``Decision(...)`` without the keyword handling (a named tuple's fields, all given).
@@ -150,40 +149,19 @@ class _Flight:
         self.task: Optional[asyncio.Task[None]] = None
 
 
-class _Core:
+class _Core(_Bucket):
     """The lease state machine, shared by the sync and asyncio twins (no I/O here)."""
 
     def __init__(self, key: str, rate: float, cap: float, config: LimiterConfig) -> None:
-        check_limit(rate, cap)
-        p.check_version(config.version)
+        super().__init__(key, rate, cap, config)
         if config.batch > cap:
             raise ValueError("batch must be between 1 and cap")
-        self.config = config
-        self.key = key
-        self.rate = float(rate)
-        self.cap = float(cap)
         #: The largest take that can be granted, as an int (an int comparison is cheaper).
         self.max_n = math.floor(self.cap)
         self.batch = config.batch
         self.ttl_ms = config.ttl_ms
         self.renew_at = config.renew_at
         self.jitter = config.jitter
-        self.timeout = config.timeout
-        self.init = config.init
-        self.version = config.version
-        self.backend = config.backend
-        self.protocol: Optional[p.Protocol] = (
-            None if config.backend == p.AUTO else p.Protocol(config.backend)
-        )
-        self.metrics = config.metrics if config.metrics is not None else Metrics()
-        self.health = Health(config.probe_interval)
-        self.fallback = Fallback(
-            config.policy,
-            self.rate,
-            self.cap,
-            config.deny_retry_after_ms,
-            instances=config.instances,
-        )
         self.lock = threading.Lock()
         self.older: Optional[_Lease] = None
         self.newer: Optional[_Lease] = None
@@ -369,10 +347,6 @@ class _Core:
         if self.health.down:
             return self.fallback_decision(n)
         return None
-
-    def answered(self) -> None:
-        if self.health.succeeded():
-            self.fallback.end_outage()
 
     def raised(self, e: BaseException) -> None:
         """A take ends in an exception, not a decision (counted in ``errors``)."""
