@@ -108,6 +108,40 @@ def test_grants_from_memory_say_what_is_left_and_are_counted(server: Server, key
     assert math.floor(peek(r, key)["tokens"]) == 1000 - sum(sizes)
 
 
+def test_takes_that_can_never_succeed_raise_and_spend_nothing(server: Server, key: str) -> None:
+    """With a lease held that a valid take of any size would spend from (a batch as large
+    as the bucket), a take of zero, fewer, more than ``cap``, a float or a bool raises
+    ``ValueError`` (sync and asyncio alike) and leaves the lease as it was."""
+    bad: list[Any] = [0, -1, 11, 1.0, True]
+    with PrefetchLimiter(server.client(), key, TINY, 10, batch=10, timeout=5) as lim:
+        assert lim.take() and lim.take()  # the second from memory
+        held = lim.held
+        for n in bad:
+            with pytest.raises(ValueError):
+                lim.take(n)
+        assert lim.held == held == 8 and lim.take(8)
+
+    async def run() -> None:
+        r = aredis.Redis(port=server.port)
+        async with AsyncPrefetchLimiter(r, key + ":a", TINY, 10, batch=10, timeout=5) as lim:
+            assert await lim.take() and await lim.take()
+            for n in bad:
+                with pytest.raises(ValueError):
+                    await lim.take(n)
+            assert lim.held == 8 and await lim.take(8)
+        await r.aclose()
+
+    asyncio.run(run())
+
+
+def test_the_lease_state_shares_its_key_table(server: Server, key: str) -> None:
+    """CPython shares one key table among instances of at most 30 attributes; the state a
+    take from memory reads stays within it (a dict of its own slows every read)."""
+    with PrefetchLimiter(server.client(), key, TINY, 100, batch=10, timeout=5) as lim:
+        assert lim.take() and lim.take()
+        assert len(vars(lim._core)) <= 30, sorted(vars(lim._core))
+
+
 def test_lease_being_returned_is_not_spent_meanwhile(own_server: Server, key: str) -> None:
     """A take too large for what is held sends a lease call that returns the older lease's
     leftovers; while that call is in the air, other takes spend from the newer lease only

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+_E = TypeVar("_E", bound=BaseException)
+
 
 class RedisRLError(Exception):
     """Base class of the errors this package raises itself."""
@@ -36,3 +40,14 @@ class PermitDenied(RedisRLError):
 class LimiterClosed(RedisRLError):
     """The prefetching limiter was closed (``close()``): it leases nothing more, and every
     later take raises this (counted in ``errors``)."""
+
+
+def again(e: _E) -> _E:
+    """The error one call ended in, for one more of the takes that waited for it: a
+    :class:`ServerError` anew (one exception raised in several threads at once would share
+    one traceback), anything else as it is."""
+    if isinstance(e, ServerError):
+        fresh = type(e)(*e.args)
+        fresh.__cause__ = e.__cause__
+        return fresh
+    return e

@@ -10,7 +10,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Awaitable, Callable, List, Optional, Sequence, Tuple, cast
+from typing import Any, Awaitable, Callable, List, Optional, Protocol, Sequence, Tuple, cast
 
 import redis.exceptions
 
@@ -81,8 +81,10 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_cores_in_child)
 
 
-class _LimiterCore:
-    """State shared by the sync and asyncio limiters: limit, policy, health, counters."""
+class _Bucket:
+    """What the state of every limiter that takes from one bucket starts with (this
+    module's and the prefetching one's): the limit, the backend, counters, health and the
+    failure policy's local bucket."""
 
     def __init__(self, key: str, rate: float, cap: float, config: LimiterConfig) -> None:
         check_limit(rate, cap)
@@ -91,7 +93,6 @@ class _LimiterCore:
         self.key = key
         self.rate = float(rate)
         self.cap = float(cap)
-        self.policy = config.policy
         self.timeout = config.timeout
         self.init = config.init
         self.version = config.version
@@ -108,13 +109,21 @@ class _LimiterCore:
             config.deny_retry_after_ms,
             instances=config.instances,
         )
-        self._args: dict[Tuple[str, int], p.Args] = {}
-        _cores.add(self)
 
     def answered(self) -> None:
         """Redis answered (a reply or an error reply): an outage ends."""
         if self.health.succeeded():
             self.fallback.end_outage()
+
+
+class _LimiterCore(_Bucket):
+    """State shared by the sync and asyncio limiters: limit, policy, health, counters."""
+
+    def __init__(self, key: str, rate: float, cap: float, config: LimiterConfig) -> None:
+        super().__init__(key, rate, cap, config)
+        self.policy = config.policy
+        self._args: dict[Tuple[str, int], p.Args] = {}
+        _cores.add(self)
 
     def raised(self, e: BaseException, calls: int = 0) -> None:
         """A call ends in an exception, not a decision (counted in ``errors``)."""
@@ -183,8 +192,22 @@ class _LimiterCore:
         return d
 
 
-class _Base:
-    _core: _LimiterCore
+class _State(Protocol):
+    """What every limiter's state holds (:class:`_Views` reads it)."""
+
+    key: str
+    config: LimiterConfig
+    rate: float
+    cap: float
+    metrics: Metrics
+    protocol: Optional[p.Protocol]
+
+
+class _Views:
+    """The read-only views every limiter has over its state (this module's, the prefetching
+    and the sharing limiters')."""
+
+    _core: _State
 
     @property
     def key(self) -> str:
@@ -212,6 +235,10 @@ class _Base:
         """``module`` or ``functions`` once known (``auto`` resolves on the first call)."""
         proto = self._core.protocol
         return proto.backend if proto is not None else None
+
+
+class _Base(_Views):
+    _core: _LimiterCore
 
 
 class Limiter(_Base):

@@ -38,7 +38,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import redis.exceptions
 
@@ -60,10 +60,9 @@ from ._call import (
 )
 from .config import LimiterConfig, configure
 from .decision import Decision, Source
-from .errors import LimiterClosed, ProtocolError, ServerError
-from .limiter import check_limit, check_n
-from .metrics import Metrics
-from .policy import Fallback, Health, now
+from .errors import LimiterClosed, ProtocolError, ServerError, again
+from .limiter import _Bucket, _Views, check_n
+from .policy import now
 from .types import AsyncClient, SyncClient
 
 #: ``Decision(...)`` without the keyword handling (a named tuple's fields, all given).
@@ -126,6 +125,10 @@ class _Lease:
     expires: float
 
 
+#: ``_Core.spending`` when no lease is held: nothing to spend, so no take changes it.
+_NO_LEASE = _Lease(0, 0, 0.0)
+
+
 class _Flight:
     """One ``RL.LEASE`` call, completed on its own whoever waits for it."""
 
@@ -146,53 +149,34 @@ class _Flight:
         self.task: Optional[asyncio.Task[None]] = None
 
 
-class _Core:
-    """The lease state machine, shared by the sync and asyncio twins (no I/O here)."""
+class _Core(_Bucket):
+    """The lease state machine, shared by the sync and asyncio twins (no I/O here).
+
+    Keep its instance attributes at 30 or fewer (read settings from ``config`` instead):
+    CPython shares the key table of at most 30, and an instance with more gets a dict of
+    its own, which makes every attribute read of :meth:`grant` slower (a tenth of a take)."""
 
     def __init__(self, key: str, rate: float, cap: float, config: LimiterConfig) -> None:
-        check_limit(rate, cap)
-        p.check_version(config.version)
+        super().__init__(key, rate, cap, config)
         if config.batch > cap:
             raise ValueError("batch must be between 1 and cap")
-        self.config = config
-        self.key = key
-        self.rate = float(rate)
-        self.cap = float(cap)
         #: The largest take that can be granted, as an int (an int comparison is cheaper).
         self.max_n = math.floor(self.cap)
         self.batch = config.batch
         self.ttl_ms = config.ttl_ms
-        self.renew_at = config.renew_at
-        self.jitter = config.jitter
-        self.timeout = config.timeout
-        self.init = config.init
-        self.version = config.version
-        self.backend = config.backend
-        self.protocol: Optional[p.Protocol] = (
-            None if config.backend == p.AUTO else p.Protocol(config.backend)
-        )
-        self.metrics = config.metrics if config.metrics is not None else Metrics()
-        self.health = Health(config.probe_interval)
-        self.fallback = Fallback(
-            config.policy,
-            self.rate,
-            self.cap,
-            config.deny_retry_after_ms,
-            instances=config.instances,
-        )
         self.lock = threading.Lock()
         self.older: Optional[_Lease] = None
         self.newer: Optional[_Lease] = None
         #: What :meth:`grant` reads, kept by :meth:`recount`: the lease spent from now (the
-        #: older while it has tokens), the tokens held besides it, and when the first held
-        #: lease expires.
-        self.spending: Optional[_Lease] = None
+        #: older while it has tokens; an empty one when none is held, which no take can
+        #: spend from), the tokens held besides it, and when the first held lease expires.
+        self.spending = _NO_LEASE
         self.spare = 0
         self.fresh_until = 0.0
         self.tally = _Tally(self)
         #: The grants of one token by :meth:`grant`, by the tokens left after them (a
         #: decision is immutable, and making one costs a quarter of such a take).
-        self.ones: Dict[int, Decision] = {}
+        self.ones: List[Optional[Decision]] = [None] * _CACHED
         self.metrics.watch(self, self.tally.drain)
         self.threshold = 0
         #: The lease call in the air, if any (one at a time).
@@ -227,7 +211,7 @@ class _Core:
             self.spending = older
             self.spare = newer.left if newer is not None else 0
         else:
-            self.spending = newer
+            self.spending = newer if newer is not None else _NO_LEASE
             self.spare = 0
         expiries = [lease.expires for lease in (older, newer) if lease is not None]
         self.fresh_until = min(expiries) if expiries else 0.0
@@ -245,8 +229,9 @@ class _Core:
         return (self.older.left if self.older else 0) + (self.newer.left if self.newer else 0)
 
     def draw_threshold(self) -> int:
-        spread = self.jitter * self.batch * random.random()
-        return max(0, min(self.batch - 1, round(self.renew_at * self.batch + spread)))
+        config = self.config
+        spread = config.jitter * self.batch * random.random()
+        return max(0, min(self.batch - 1, round(config.renew_at * self.batch + spread)))
 
     def denied(self, n: int, t: float) -> bool:
         return self.denied_until > t and n >= self.denied_n
@@ -254,35 +239,50 @@ class _Core:
     # -- decisions --
 
     def grant(self, n: int) -> Optional[Decision]:
-        """The common take: ``n`` tokens from the lease being spent, every held lease
-        unexpired, more than the renewal threshold left after it. ``None``: anything else
-        (:meth:`decide_locally` then). Counted in the tally (calls, granted, tokens)."""
+        """The take from memory, the first step of both limiters' ``take``: ``n`` tokens
+        from the lease being spent, every held lease unexpired, more than the renewal
+        threshold left after it, all under one hold of the lock (a lease taken out to be
+        returned is no longer in the state). ``None``: anything else (:meth:`local` next).
+        Counted in the tally (calls, granted, tokens). Raises ``ValueError`` for an ``n``
+        that is not a positive int; one above ``cap`` finds no lease that large (a lease
+        holds at most ``max(batch, n)`` of a valid take) and is refused by :meth:`local`.
+
+        Every take served from memory runs this, on the caller's thread or task: it is
+        kept lean (plain ints, one lock, no ``with``, shared decisions for one token)."""
+        if n.__class__ is not int or n < 1:
+            check_n(n, self.cap)
         t = _monotonic()
         lock = self.lock
         lock.acquire()  # cheaper than a with block, which looks up __enter__ and __exit__
         try:
             lease = self.spending
-            if lease is not None and t < self.fresh_until:
-                left = lease.left - n
-                if left >= 0:
-                    total = left + self.spare
-                    if total > self.threshold:
-                        lease.left = left
-                        tally = self.tally
-                        tally.takes += 1
-                        tally.tokens += n
-                        if n == 1 and total < _CACHED:
-                            d = self.ones.get(total)
-                            if d is None:
-                                fields = (True, float(total), 0, 0, 1, self.cap, _LEASE)
-                                d = self.ones[total] = _new_decision(Decision, fields)
-                            return d
-                        return _new_decision(
-                            Decision, (True, float(total), 0, 0, n, self.cap, _LEASE)
-                        )
+            left = lease.left - n
+            if left >= 0 and t < self.fresh_until:
+                total = left + self.spare
+                if total > self.threshold:
+                    lease.left = left
+                    tally = self.tally
+                    tally.takes += 1
+                    tally.tokens += n
+                    if n == 1 and total < _CACHED:
+                        d = self.ones[total]  # 0 <= threshold < total
+                        if d is None:
+                            fields = (True, float(total), 0, 0, 1, self.cap, _LEASE)
+                            d = self.ones[total] = _new_decision(Decision, fields)
+                        return d
+                    return _new_decision(Decision, (True, float(total), 0, 0, n, self.cap, _LEASE))
             return None
         finally:
             lock.release()
+
+    def local(self, n: int, calls: int = 0) -> Tuple[Optional[Decision], bool]:
+        """:meth:`decide_locally` for a take :meth:`grant` did not serve, unless closed.
+        Raises ``ValueError`` for ``n`` above ``cap``."""
+        if n > self.max_n:
+            check_n(n, self.cap)
+        if self.closed:
+            return None, False
+        return self.decide_locally(n, calls)
 
     def decide_locally(self, n: int, calls: int = 0) -> Tuple[Optional[Decision], bool]:
         """A grant from the held batch, or a recent denial of ``n`` or fewer tokens; ``None``
@@ -346,14 +346,10 @@ class _Core:
             return d
         e = busy.error
         if isinstance(e, ServerError):
-            raise _copy(e)
+            raise again(e)
         if self.health.down:
             return self.fallback_decision(n)
         return None
-
-    def answered(self) -> None:
-        if self.health.succeeded():
-            self.fallback.end_outage()
 
     def raised(self, e: BaseException) -> None:
         """A take ends in an exception, not a decision (counted in ``errors``)."""
@@ -557,14 +553,6 @@ async def _landed(flight: _Flight, deadline: Optional[float]) -> bool:
     return flight.event.is_set() or flight.done
 
 
-def _copy(e: ServerError) -> ServerError:
-    """The error of a lease call for one more caller (an exception raised in several
-    threads at once would share one traceback)."""
-    copy = type(e)(*e.args)
-    copy.__cause__ = e.__cause__
-    return copy
-
-
 def _as_server_error(e: BaseException) -> BaseException:
     if isinstance(e, ProtocolError):
         return e
@@ -573,21 +561,57 @@ def _as_server_error(e: BaseException) -> BaseException:
     return err
 
 
-class _Base:
+def _new_core(
+    owner: str,
+    key: str,
+    rate: float,
+    cap: float,
+    batch: Optional[int],
+    ttl_ms: Optional[int],
+    config: Optional[LimiterConfig],
+    options: Dict[str, Any],
+) -> _Core:
+    """The state of a new limiter: its arguments as ``configure`` takes them."""
+    if batch is not None:
+        options["batch"] = batch
+    if ttl_ms is not None:
+        options["ttl_ms"] = ttl_ms
+    return _Core(key, rate, cap, configure(config, options, owner))
+
+
+class _Base(_Views):
     _core: _Core
+    _call: Union[SyncCaller, AsyncCaller]
 
-    @property
-    def key(self) -> str:
-        return self._core.key
+    def _held(self, n: int, calls: int = 0) -> Optional[Decision]:
+        """A decision from the held leases or a recent denial (``None``: Redis must be
+        asked), starting the renewal it calls for. ``calls`` as in ``decide_locally``."""
+        d, renew = self._core.local(n, calls)
+        if renew:
+            self._renew()
+        return d
 
-    @property
-    def config(self) -> LimiterConfig:
-        """The settings this limiter was built with."""
-        return self._core.config
+    def _renew(self) -> None:
+        """Asks for the next batch (inline or in the background)."""
+        raise NotImplementedError
 
-    @property
-    def metrics(self) -> Metrics:
-        return self._core.metrics
+    def _unasked(self, n: int) -> Optional[Decision]:
+        """A take's decision when Redis is not to be asked: from the held leases, a recent
+        denial, or the failure policy while Redis is down. Raises once closed."""
+        core = self._core
+        if core.closed:
+            raise LimiterClosed(f"the limiter of {core.key!r} is closed")
+        d = self._held(n)
+        if d is None and not core.health.may_call():
+            d = core.fallback_decision(n)
+        return d
+
+    def _outage(self, n: int, passed: int) -> Decision:
+        """A lease call found an outage: the failure policy decides; credentials are
+        checked before the next lease call if none passed since ``passed``."""
+        self._core.health.failed()
+        self._call.failed(passed)
+        return self._core.fallback_decision(n)
 
     @property
     def held(self) -> int:
@@ -614,6 +638,8 @@ class PrefetchLimiter(_Base):
     (counted in ``leases_lost``).
     """
 
+    _call: SyncCaller
+
     def __init__(
         self,
         client: SyncClient,
@@ -626,11 +652,7 @@ class PrefetchLimiter(_Base):
         config: Optional[LimiterConfig] = None,
         **options: Any,
     ) -> None:
-        if batch is not None:
-            options["batch"] = batch
-        if ttl_ms is not None:
-            options["ttl_ms"] = ttl_ms
-        self._core = _Core(key, rate, cap, configure(config, options, "PrefetchLimiter"))
+        self._core = _new_core("PrefetchLimiter", key, rate, cap, batch, ttl_ms, config, options)
         self.client = client
         self._call = SyncCaller(client, self._core.timeout, self._core.metrics)
         at_exit.add(self)  # alive at exit (a module-level limiter): gives back then
@@ -639,40 +661,12 @@ class PrefetchLimiter(_Base):
         """Whether ``n`` tokens may be spent now: a :class:`Decision`, truthy when granted
         (``if limiter.take():``). Mostly from the held batch, without a Redis call."""
         core = self._core
-        if n.__class__ is not int or n < 1 or n > core.max_n:
-            check_n(n, core.cap)
-        # _Core.grant, inlined: the call would cost a tenth of this take.
-        t = _monotonic()
-        lock = core.lock
-        lock.acquire()
-        try:
-            lease = core.spending
-            if lease is not None and t < core.fresh_until:
-                left = lease.left - n
-                if left >= 0:
-                    total = left + core.spare
-                    if total > core.threshold:
-                        lease.left = left
-                        tally = core.tally
-                        tally.takes += 1
-                        tally.tokens += n
-                        if n == 1 and total < _CACHED:
-                            d = core.ones.get(total)
-                            if d is None:
-                                fields = (True, float(total), 0, 0, 1, core.cap, _LEASE)
-                                d = core.ones[total] = _new_decision(Decision, fields)
-                            return d
-                        return _new_decision(
-                            Decision, (True, float(total), 0, 0, n, core.cap, _LEASE)
-                        )
-        finally:
-            lock.release()
-        if not core.closed:
-            d, renew = core.decide_locally(n, 1)
-            if d is not None:
-                if renew:
-                    self._renew()
-                return d
+        d = core.grant(n)
+        if d is not None:
+            return d
+        d = self._held(n, 1)
+        if d is not None:
+            return d
         core.metrics.add("calls")
         try:
             return self._decide(n)
@@ -684,24 +678,15 @@ class PrefetchLimiter(_Base):
     decide = take
 
     def _decide(self, n: int) -> Decision:
-        core = self._core
-        if core.closed:
-            raise LimiterClosed(f"the limiter of {core.key!r} is closed")
-        d, renew = core.decide_locally(n)
+        d = self._unasked(n)
         if d is not None:
-            if renew:
-                self._renew()
             return d
-        if not core.health.may_call():
-            return core.fallback_decision(n)
         deadline = self._call.deadline()
         passed = self._call.checks_passed
         try:
             return self._lease(n, deadline)
         except OUTAGES:
-            core.health.failed()
-            self._call.failed(passed)  # credentials checked before the next lease call
-            return core.fallback_decision(n)
+            return self._outage(n, passed)
 
     def _resolve(self, deadline: Optional[float]) -> None:
         core = self._core
@@ -874,6 +859,8 @@ class AsyncPrefetchLimiter(_Base):
     ``take`` (``asyncio.wait_for``, a client gone) loses nothing: the lease call runs as a
     task of its own and installs or returns what it gets."""
 
+    _call: AsyncCaller
+
     def __init__(
         self,
         client: AsyncClient,
@@ -886,11 +873,9 @@ class AsyncPrefetchLimiter(_Base):
         config: Optional[LimiterConfig] = None,
         **options: Any,
     ) -> None:
-        if batch is not None:
-            options["batch"] = batch
-        if ttl_ms is not None:
-            options["ttl_ms"] = ttl_ms
-        self._core = _Core(key, rate, cap, configure(config, options, "AsyncPrefetchLimiter"))
+        self._core = _new_core(
+            "AsyncPrefetchLimiter", key, rate, cap, batch, ttl_ms, config, options
+        )
         self.client = client
         self._call = AsyncCaller(client, self._core.timeout, self._core.metrics)
         self._backend = BackendTask()
@@ -899,17 +884,12 @@ class AsyncPrefetchLimiter(_Base):
     async def take(self, n: int = 1) -> Decision:
         """As :meth:`PrefetchLimiter.take`: a :class:`Decision`, truthy when granted."""
         core = self._core
-        if n.__class__ is not int or n < 1 or n > core.max_n:
-            check_n(n, core.cap)
-        d: Optional[Decision] = core.grant(n)
+        d = core.grant(n)
         if d is not None:
             return d
-        if not core.closed:
-            d, renew = core.decide_locally(n, 1)
-            if d is not None:
-                if renew:
-                    self._renew_in_background()
-                return d
+        d = self._held(n, 1)
+        if d is not None:
+            return d
         core.metrics.add("calls")
         try:
             return await self._decide(n)
@@ -921,24 +901,15 @@ class AsyncPrefetchLimiter(_Base):
     decide = take
 
     async def _decide(self, n: int) -> Decision:
-        core = self._core
-        if core.closed:
-            raise LimiterClosed(f"the limiter of {core.key!r} is closed")
-        d, renew = core.decide_locally(n)
+        d = self._unasked(n)
         if d is not None:
-            if renew:
-                self._renew_in_background()
             return d
-        if not core.health.may_call():
-            return core.fallback_decision(n)
         deadline = self._call.deadline()
         passed = self._call.checks_passed
         try:
             return await self._lease(n, deadline)
         except OUTAGES:
-            core.health.failed()
-            self._call.failed(passed)  # credentials checked before the next lease call
-            return core.fallback_decision(n)
+            return self._outage(n, passed)
 
     def _remaining(self, deadline: Optional[float]) -> Optional[float]:
         return None if deadline is None else max(0.0, deadline - now())
@@ -1033,7 +1004,8 @@ class AsyncPrefetchLimiter(_Base):
         except Exception:
             core.metrics.add("leases_lost")
 
-    def _renew_in_background(self) -> None:
+    def _renew(self) -> None:
+        """The next batch, in the background: the caller already has its grant."""
         flight, _ = self._core.begin(0)
         if flight is not None:
             self._send(flight)

@@ -46,8 +46,8 @@ from ._call import (
 )
 from .config import LimiterConfig, configure
 from .decision import Decision, Source
-from .errors import LimiterClosed, ProtocolError, ServerError
-from .limiter import check_limit, check_n
+from .errors import LimiterClosed, ProtocolError, ServerError, again
+from .limiter import _Views, check_limit, check_n
 from .metrics import Metrics
 from .policy import FailurePolicy
 from .types import AsyncClient, SyncClient
@@ -565,7 +565,7 @@ class _Core:
                 if state.share is None:  # an error reply, once the share is gone
                     metrics.add("calls")
                     metrics.add("errors")
-                    raise _copy(failure)
+                    raise again(failure)
             d = state.decide(n, now, self.down, self.policy)
         metrics.decided(d.granted, n if d.granted else 0, d.fallback, 1)
         source = Source.FALLBACK if d.fallback else SHARE_SOURCE
@@ -591,15 +591,6 @@ class _Core:
             )
 
 
-def _copy(e: BaseException) -> BaseException:
-    """A fresh exception of the same kind (one raised to many takes keeps no traceback)."""
-    if isinstance(e, ServerError):
-        fresh = type(e)(*e.args)
-        fresh.__cause__ = e.__cause__
-        return fresh
-    return e
-
-
 def _classify(caller: Union[SyncCaller, AsyncCaller], e: BaseException, passed: int) -> Exception:
     """The exception as the package's callers see it (and count it): an outage as itself,
     an error reply as :class:`ServerError`."""
@@ -620,38 +611,17 @@ def _config(owner: str, config: Optional[LimiterConfig], options: dict[str, Any]
     return configure(config, options, owner)
 
 
-class _Base:
+class _Base(_Views):
     _core: _Core
-
-    @property
-    def key(self) -> str:
-        return self._core.key
-
-    @property
-    def rate(self) -> float:
-        return self._core.rate
-
-    @property
-    def cap(self) -> float:
-        return self._core.cap
 
     @property
     def period(self) -> float:
         return self._core.period
 
     @property
-    def config(self) -> LimiterConfig:
-        return self._core.config
-
-    @property
     def metrics(self) -> Metrics:
         """``redis_calls`` counts this limiter's ``RL.SHARE`` calls (and backend probes)."""
         return self._core.metrics
-
-    @property
-    def backend(self) -> Optional[str]:
-        proto = self._core.protocol
-        return proto.backend if proto is not None else None
 
 
 class _SyncRefresher:
