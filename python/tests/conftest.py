@@ -225,7 +225,8 @@ def wait_for(cond: Callable[[], bool], what: str, limit: float = 15.0) -> None:
 class Proxy:
     """A TCP proxy on a free loopback port to ``upstream``: each accepted connection gets
     its own upstream one, numbered from 1 (``accepted``), and two pump threads
-    (``_pump(a, b, number, to_client)``, which subclasses define)."""
+    (``_pump(a, b, number, to_client)``): each hands what it reads to ``_forward`` until
+    its side closes. Subclasses change ``_forward``, or the whole pump."""
 
     def __init__(self, upstream: int) -> None:
         self.upstream = upstream
@@ -253,7 +254,18 @@ class Proxy:
                 threading.Thread(target=self._pump, args=args, daemon=True).start()
 
     def _pump(self, a: socket.socket, b: socket.socket, number: int, to_client: bool) -> None:
-        raise NotImplementedError
+        while True:
+            try:
+                data = a.recv(65536)
+                if not data:
+                    b.shutdown(socket.SHUT_WR)
+                    return
+                self._forward(b, data, to_client)
+            except OSError:
+                return
+
+    def _forward(self, b: socket.socket, data: bytes, to_client: bool) -> None:
+        b.sendall(data)
 
     def close(self) -> None:
         self.listener.close()
@@ -282,24 +294,16 @@ class CuttingProxy(Proxy):
     def release(self) -> None:
         self._release.set()
 
-    def _pump(self, a: socket.socket, b: socket.socket, number: int, to_client: bool) -> None:
-        while True:
-            try:
-                data = a.recv(65536)
-                if not data:
-                    b.shutdown(socket.SHUT_WR)
-                    return
-                after = self._after
-                if to_client and after is not None:
-                    assert len(data) > after, (data, after)
-                    self._after = None
-                    b.sendall(data[:after])
-                    self.delivered.set()
-                    self._release.wait()
-                    data = data[after:]
-                b.sendall(data)
-            except OSError:
-                return
+    def _forward(self, b: socket.socket, data: bytes, to_client: bool) -> None:
+        after = self._after
+        if to_client and after is not None:
+            assert len(data) > after, (data, after)
+            self._after = None
+            b.sendall(data[:after])
+            self.delivered.set()
+            self._release.wait()
+            data = data[after:]
+        b.sendall(data)
 
 
 class StallingProxy(Proxy):
@@ -324,16 +328,8 @@ class StallingProxy(Proxy):
         self._stall = False
         self._release.set()
 
-    def _pump(self, a: socket.socket, b: socket.socket, number: int, to_client: bool) -> None:
-        while True:
-            try:
-                data = a.recv(65536)
-                if not data:
-                    b.shutdown(socket.SHUT_WR)
-                    return
-                b.sendall(data)
-                if not to_client and self._stall:
-                    self.stalled.set()
-                    self._release.wait()
-            except OSError:
-                return
+    def _forward(self, b: socket.socket, data: bytes, to_client: bool) -> None:
+        b.sendall(data)
+        if not to_client and self._stall:
+            self.stalled.set()
+            self._release.wait()
