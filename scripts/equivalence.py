@@ -45,6 +45,8 @@ import sys
 import tempfile
 import time
 
+from benchtool.resp import encode
+
 SHIM = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -93,14 +95,6 @@ class Diff(AssertionError):
 
 # ---------------------------------------------------------------------------------------
 # A raw RESP connection: replies are kept as the exact bytes the server sent.
-
-
-def enc(args):
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        a = a if isinstance(a, bytes) else str(a).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-    return b"".join(out)
 
 
 class Conn:
@@ -161,7 +155,7 @@ class Conn:
         return line, body
 
     def call(self, *args):
-        self.s.sendall(enc(args))
+        self.s.sendall(encode(args))
         return self.read()
 
 
