@@ -203,27 +203,40 @@ ASYNC_SETUPS = {
 
 @pytest.mark.parametrize("setup", list(ASYNC_SETUPS))
 def test_async_limiter_cancelled_takes_are_refunded(server: Server, key: str, setup: str) -> None:
-    """RL.TAKE calls whose callers were cancelled complete; their grants are refunded."""
+    """RL.TAKE calls whose callers timed out after the server granted them (a proxy holds
+    each reply until the end) complete; their grants are refunded."""
+    proxy = CuttingProxy(server.port)
 
     async def run() -> None:
-        r = aredis.Redis(port=server.port, **ASYNC_SETUPS[setup])
+        r = aredis.Redis(port=proxy.port, **ASYNC_SETUPS[setup])
         lim = AsyncLimiter(r, key, TINY, 10, timeout=10, backend="module")
         assert (lim._call._pool is not None) == (setup == "own-timeouts")
-        # Three connections in the pool: a take cancelled while its connection is being
-        # made sends nothing (nothing to refund), and this test is about sent takes.
-        await asyncio.gather(lim.take(1), lim.take(1), lim.take(1))
-        await lim.refund(3)
-        pause(server, 1000)
+        assert (await lim.take(1)).granted  # the credentials checked
+        await lim.refund(1)
+        # Three connections made first: a take that makes one would have its handshake's
+        # reply held, and be cancelled before it sent anything.
+        pool = r.connection_pool
+        name = ("PING",) if _takes_command_name(pool) else ()
+        for c in [await pool.get_connection(*name) for _ in range(3)]:
+            await pool.release(c)
         for _ in range(3):
+            proxy.cut(0)  # the next reply is held whole
+            take = asyncio.ensure_future(lim.take(2))
+            assert await asyncio.to_thread(proxy.delivered.wait, 10)  # granted, reply held
             with pytest.raises(asyncio.TimeoutError):
-                await asyncio.wait_for(lim.take(2), 0.1)
+                await asyncio.wait_for(take, 0.01)
+        assert peek_fields(server.client(), key)["tokens"] < 5
+        proxy.release()
         await await_for(lambda: lim.metrics["tokens_returned"] == 6, "the refunds")
         assert peek_fields(server.client(), key)["tokens"] >= 10  # every token back
         assert lim.metrics["errors"] == 3
         adds_up(lim.metrics)
         await r.aclose()
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    finally:
+        proxy.close()
 
 
 @pytest.mark.parametrize("op", ["take", "reserve"])
