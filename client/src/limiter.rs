@@ -17,7 +17,7 @@ use crate::health::Health;
 use crate::lazy::LazyConnection;
 use crate::prefetch::LATE_REPLY;
 use crate::protocol;
-use crate::{Decision, Error, LimiterConfig, Metrics, Reservation};
+use crate::{Decision, Error, LimiterConfig, Metrics, Reservation, Source};
 
 /// Longest wait a reservation may accept (the server's bound): a day.
 const MAX_WAIT: Duration = Duration::from_secs(86_400);
@@ -206,7 +206,7 @@ impl<C: RedisConnection> Limiter<C> {
             n,
             protocol::LimitOptions::of(&inner.config),
         );
-        let value = TakeFlight::send(&self.inner, cmd, key, n)
+        let value = TakeFlight::send(&self.inner, cmd, key, n, protocol::take_reply)
             .reply(left(deadline))
             .await?;
         let r = protocol::take_reply(value)?;
@@ -265,8 +265,10 @@ impl<C: RedisConnection> Limiter<C> {
     /// denies. Errs only for impossible requests (`n` is 0 or above the cap, `max_wait`
     /// above a day).
     ///
-    /// The tokens are debited before the sleep: a caller that drops this future while it
-    /// sleeps should [`refund`](Self::refund) them.
+    /// The tokens are debited before the sleep. A caller that drops this future while it
+    /// sleeps gets them refunded (`RL.REFUND`, on a task of its own), as a late grant is;
+    /// a bucket still in debt takes nothing back (its coming tokens are promised to the
+    /// callers queued behind), and such a reservation counts in `takes_lost`.
     pub async fn reserve(
         &self,
         key: &str,
@@ -274,8 +276,18 @@ impl<C: RedisConnection> Limiter<C> {
         max_wait: Duration,
     ) -> Result<Reservation, Error> {
         let reservation = self.reserve_nowait(key, n, max_wait).await?;
-        if reservation.decision.allowed && !reservation.wait.is_zero() {
+        let d = &reservation.decision;
+        if d.allowed && !reservation.wait.is_zero() {
+            let unused = (d.source == Source::Server).then(|| Unused {
+                inner: Arc::clone(&self.inner),
+                key: key.to_owned(),
+                n,
+                in_debt: d.remaining < 0.0,
+            });
             tokio::time::sleep(reservation.wait).await;
+            if let Some(unused) = unused {
+                unused.used();
+            }
             self.inner.metrics.reserve_waited(reservation.wait);
         }
         Ok(reservation)
@@ -336,7 +348,9 @@ impl<C: RedisConnection> Limiter<C> {
             max_wait,
             protocol::LimitOptions::of(&inner.config),
         );
-        let value = call(&inner.conn, &cmd, left(deadline), &inner.metrics).await?;
+        let value = TakeFlight::send(&self.inner, cmd, key, n, protocol::reserve_reply)
+            .reply(left(deadline))
+            .await?;
         let r = protocol::reserve_reply(value)?;
         let cap = inner.limit.cap();
         Ok(Reservation {
@@ -373,20 +387,25 @@ impl<C: RedisConnection> Limiter<C> {
 /// A Redis call in flight, owned: it can move to a task of its own.
 type PendingCall = Pin<Box<dyn Future<Output = Result<Value, Error>> + Send>>;
 
-/// An `RL.TAKE` sent for a caller. If the caller stops waiting (its timeout passes, or its
-/// future is dropped) the call completes on a task of its own, and a grant that lands then
-/// is refunded (`RL.REFUND`): a take nobody waited for costs no tokens (the Python client
-/// does the same). Without a runtime to finish on, the call is dropped with the caller.
+/// How a reply that takes tokens (`RL.TAKE`, `RL.RESERVE`) reads.
+type ParseGrant = fn(Value) -> Result<protocol::BucketReply, Error>;
+
+/// An `RL.TAKE` or `RL.RESERVE` sent for a caller. If the caller stops waiting (its timeout
+/// passes, or its future is dropped) the call completes on a task of its own, and a grant
+/// that lands then is refunded (`RL.REFUND`): a take nobody waited for costs no tokens (the
+/// Python client does the same). Without a runtime to finish on, the call is dropped with
+/// the caller.
 struct TakeFlight<C: RedisConnection> {
     inner: Arc<Inner<C>>,
     /// The call, until it has answered the caller.
     call: Option<PendingCall>,
     key: String,
     n: u64,
+    parse: ParseGrant,
 }
 
 impl<C: RedisConnection> TakeFlight<C> {
-    fn send(inner: &Arc<Inner<C>>, cmd: Cmd, key: &str, n: u64) -> Self {
+    fn send(inner: &Arc<Inner<C>>, cmd: Cmd, key: &str, n: u64, parse: ParseGrant) -> Self {
         let owner = Arc::clone(inner);
         // The call's own bound is the late one (never below the caller's): the caller's is
         // applied in `reply`.
@@ -397,6 +416,7 @@ impl<C: RedisConnection> TakeFlight<C> {
             call: Some(Box::pin(call)),
             key: key.to_owned(),
             n,
+            parse,
         }
     }
 
@@ -430,19 +450,65 @@ impl<C: RedisConnection> Drop for TakeFlight<C> {
         let limiter = Limiter {
             inner: Arc::clone(&self.inner),
         };
-        let (key, n) = (std::mem::take(&mut self.key), self.n);
+        let (key, n, parse) = (std::mem::take(&mut self.key), self.n, self.parse);
         runtime.spawn(async move {
-            let refunded = match call.await.and_then(protocol::take_reply) {
-                Ok(r) if r.granted > 0 => limiter.refund(&key, r.granted.min(n)).await.is_ok(),
-                Ok(_) => true,
+            match call.await.and_then(parse) {
+                Ok(r) if r.granted > 0 => {
+                    let in_debt = r.remaining < 0.0;
+                    limiter.give_back(&key, r.granted.min(n), in_debt).await;
+                }
+                Ok(_) => {}
                 // The reply never came (cut by the connection's response timeout or the
                 // late bound): Redis may have run the take; nothing to refund safely.
-                Err(e) => !e.is_outage(),
-            };
-            if !refunded {
-                limiter.inner.metrics.take_lost();
+                Err(e) if e.is_outage() => limiter.inner.metrics.take_lost(),
+                Err(_) => {}
             }
         });
+    }
+}
+
+/// Tokens reserved by a [`Limiter::reserve`] that sleeps until their turn: if the caller
+/// drops it during the sleep, they are refunded on a task of their own.
+struct Unused<C: RedisConnection> {
+    inner: Arc<Inner<C>>,
+    key: String,
+    /// The tokens, 0 once the sleep has ended (the caller has them then).
+    n: u64,
+    in_debt: bool,
+}
+
+impl<C: RedisConnection> Unused<C> {
+    fn used(mut self) {
+        self.n = 0;
+    }
+}
+
+impl<C: RedisConnection> Drop for Unused<C> {
+    fn drop(&mut self) {
+        if self.n == 0 {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.inner.metrics.take_lost();
+            return;
+        };
+        let limiter = Limiter {
+            inner: Arc::clone(&self.inner),
+        };
+        let (key, n, in_debt) = (std::mem::take(&mut self.key), self.n, self.in_debt);
+        runtime.spawn(async move { limiter.give_back(&key, n, in_debt).await });
+    }
+}
+
+impl<C: RedisConnection> Limiter<C> {
+    /// Refunds `n` tokens of a grant nobody used. A refund that failed, or that a bucket in
+    /// debt took nothing of (`in_debt`: the grant was a reservation into debt), leaves the
+    /// tokens spent: counted in `takes_lost`.
+    async fn give_back(&self, key: &str, n: u64, in_debt: bool) {
+        match self.refund(key, n).await {
+            Ok(credited) if !(in_debt && credited <= 0.0) => {}
+            _ => self.inner.metrics.take_lost(),
+        }
     }
 }
 

@@ -186,6 +186,45 @@ async fn a_take_nobody_waited_for_is_refunded() {
     assert_eq!(limiter.metrics().snapshot().refunds, 2);
 }
 
+/// `reserve_nowait` (`RL.RESERVE`) like the take above: a reservation whose caller timed
+/// out or dropped it while Redis slept still ran when Redis woke, and its grant (no wait:
+/// the bucket is not in debt) is refunded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_nobody_waited_for_is_refunded() {
+    let server = Server::start();
+    let limiter = Limiter::new(
+        server.patient_lazy(),
+        frozen(),
+        limiter_config(FailurePolicy::Deny, TIMEOUT_MS),
+    )
+    .unwrap();
+    assert!(limiter.take("k", 1).await.unwrap().allowed);
+    let max = Duration::from_secs(60);
+    let sleeper = server.debug_sleep(4.0);
+    let (r, _) = timed(limiter.reserve_nowait("k", 5, max)).await;
+    let r = r.unwrap();
+    assert_eq!((r.allowed(), r.decision.source), (false, Source::Fallback));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(10), limiter.reserve("k", 7, max))
+            .await
+            .is_err()
+    );
+    assert!(
+        !sleeper.is_finished(),
+        "answered by Redis, not by the timeout"
+    );
+    sleeper.join().unwrap();
+    eventually(20, "the refunds", || {
+        limiter.metrics().snapshot().tokens_refunded == 12
+    })
+    .await;
+    let t = server.tokens("k").unwrap_or(100.0);
+    assert!((t - 99.0).abs() < 0.1, "server holds {t}");
+    let m = limiter.metrics().snapshot();
+    assert_eq!((m.refunds, m.takes_lost), (2, 0));
+}
+
 // 2. Error replies are errors, never outages.
 
 #[tokio::test]

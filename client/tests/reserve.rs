@@ -195,6 +195,34 @@ async fn refunds_credit_tokens_back() {
     assert_eq!(m.tokens_refunded, 0);
 }
 
+/// A `reserve` dropped while it sleeps until its turn gives its tokens back (`RL.REFUND`);
+/// a bucket still in debt takes nothing back, so the reservation counts in `takes_lost`.
+/// A `reserve` that sleeps to its end keeps them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_dropped_while_it_sleeps_is_given_back() {
+    let server = Server::start();
+    // A token every 10 s: the second reservation sleeps for seconds.
+    let slow = limiter_of(&server, 0.1, 1.0).await;
+    let max = Duration::from_secs(60);
+    assert!(slow.reserve("q", 1, max).await.unwrap().wait.is_zero());
+    let sleeping = tokio::spawn({
+        let slow = slow.clone();
+        async move { slow.reserve("q", 1, max).await }
+    });
+    support::eventually(20, "the reservation's debt", || {
+        server.tokens("q").is_some_and(|t| t < -0.5)
+    })
+    .await;
+    sleeping.abort();
+    assert!(sleeping.await.unwrap_err().is_cancelled());
+    support::eventually(20, "the refused refund", || {
+        slow.metrics().snapshot().takes_lost == 1
+    })
+    .await;
+    let m = slow.metrics().snapshot();
+    assert_eq!((m.refunds, m.tokens_refunded, m.reserve_wait_us), (0, 0, 0));
+}
+
 #[tokio::test]
 async fn reserve_falls_back_by_policy_while_redis_is_down() {
     // No server on the port: a lazily connected limiter decides locally.
