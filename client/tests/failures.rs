@@ -151,6 +151,37 @@ async fn a_take_past_its_timeout_falls_back_and_its_lease_arrives_later() {
 /// call now completes on its own task and the grant is refunded: nothing spent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_take_nobody_waited_for_is_refunded() {
+    nobody_waited_for(Ask::Take).await;
+}
+
+/// The same for `reserve` (`RL.RESERVE`; granted without a wait: the bucket is not in
+/// debt, so the refund credits it all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_nobody_waited_for_is_refunded() {
+    nobody_waited_for(Ask::Reserve).await;
+}
+
+#[derive(Clone, Copy)]
+enum Ask {
+    Take,
+    Reserve,
+}
+
+async fn ask<C: rl_client::RedisConnection>(
+    limiter: &Limiter<C>,
+    what: Ask,
+    n: u64,
+) -> Result<Decision, Error> {
+    match what {
+        Ask::Take => limiter.take("k", n).await,
+        Ask::Reserve => {
+            let max = Duration::from_secs(60);
+            limiter.reserve("k", n, max).await.map(|r| r.decision)
+        }
+    }
+}
+
+async fn nobody_waited_for(what: Ask) {
     let server = Server::start();
     let limiter = Limiter::new(
         server.patient_lazy(),
@@ -161,52 +192,14 @@ async fn a_take_nobody_waited_for_is_refunded() {
     assert!(limiter.take("k", 1).await.unwrap().allowed);
     let sleeper = server.debug_sleep(4.0);
     // Timed out: the policy answers.
-    let (d, _) = timed(limiter.take("k", 5)).await;
+    let (d, _) = timed(ask(&limiter, what, 5)).await;
     let d = d.unwrap();
     assert_eq!((d.allowed, d.source), (false, Source::Fallback), "{d:?}");
     // Cancelled: the caller's future is dropped mid-call (the probe after the timeout is
     // allowed again after `probe_interval`).
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert!(
-        tokio::time::timeout(Duration::from_millis(10), limiter.take("k", 7))
-            .await
-            .is_err()
-    );
-    assert!(
-        !sleeper.is_finished(),
-        "answered by Redis, not by the timeout"
-    );
-    sleeper.join().unwrap();
-    eventually(20, "the refunds", || {
-        limiter.metrics().snapshot().tokens_refunded == 12
-    })
-    .await;
-    let t = server.tokens("k").unwrap_or(100.0);
-    assert!((t - 99.0).abs() < 0.1, "server holds {t}");
-    assert_eq!(limiter.metrics().snapshot().refunds, 2);
-}
-
-/// `reserve_nowait` (`RL.RESERVE`) like the take above: a reservation whose caller timed
-/// out or dropped it while Redis slept still ran when Redis woke, and its grant (no wait:
-/// the bucket is not in debt) is refunded.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reservation_nobody_waited_for_is_refunded() {
-    let server = Server::start();
-    let limiter = Limiter::new(
-        server.patient_lazy(),
-        frozen(),
-        limiter_config(FailurePolicy::Deny, TIMEOUT_MS),
-    )
-    .unwrap();
-    assert!(limiter.take("k", 1).await.unwrap().allowed);
-    let max = Duration::from_secs(60);
-    let sleeper = server.debug_sleep(4.0);
-    let (r, _) = timed(limiter.reserve_nowait("k", 5, max)).await;
-    let r = r.unwrap();
-    assert_eq!((r.allowed(), r.decision.source), (false, Source::Fallback));
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    assert!(
-        tokio::time::timeout(Duration::from_millis(10), limiter.reserve("k", 7, max))
+        tokio::time::timeout(Duration::from_millis(10), ask(&limiter, what, 7))
             .await
             .is_err()
     );
