@@ -282,7 +282,6 @@ impl<C: RedisConnection> Limiter<C> {
                 inner: Arc::clone(&self.inner),
                 key: key.to_owned(),
                 n,
-                in_debt: d.remaining < 0.0,
             });
             tokio::time::sleep(reservation.wait).await;
             if let Some(unused) = unused {
@@ -453,10 +452,7 @@ impl<C: RedisConnection> Drop for TakeFlight<C> {
         let (key, n, parse) = (std::mem::take(&mut self.key), self.n, self.parse);
         runtime.spawn(async move {
             match call.await.and_then(parse) {
-                Ok(r) if r.granted > 0 => {
-                    let in_debt = r.remaining < 0.0;
-                    limiter.give_back(&key, r.granted.min(n), in_debt).await;
-                }
+                Ok(r) if r.granted > 0 => limiter.give_back(&key, r.granted.min(n)).await,
                 Ok(_) => {}
                 // The reply never came (cut by the connection's response timeout or the
                 // late bound): Redis may have run the take; nothing to refund safely.
@@ -474,7 +470,6 @@ struct Unused<C: RedisConnection> {
     key: String,
     /// The tokens, 0 once the sleep has ended (the caller has them then).
     n: u64,
-    in_debt: bool,
 }
 
 impl<C: RedisConnection> Unused<C> {
@@ -495,19 +490,28 @@ impl<C: RedisConnection> Drop for Unused<C> {
         let limiter = Limiter {
             inner: Arc::clone(&self.inner),
         };
-        let (key, n, in_debt) = (std::mem::take(&mut self.key), self.n, self.in_debt);
-        runtime.spawn(async move { limiter.give_back(&key, n, in_debt).await });
+        let (key, n) = (std::mem::take(&mut self.key), self.n);
+        runtime.spawn(async move { limiter.give_back(&key, n).await });
     }
 }
 
 impl<C: RedisConnection> Limiter<C> {
     /// Refunds `n` tokens of a grant nobody used. A refund that failed, or that a bucket in
-    /// debt took nothing of (`in_debt`: the grant was a reservation into debt), leaves the
-    /// tokens spent: counted in `takes_lost`.
-    async fn give_back(&self, key: &str, n: u64, in_debt: bool) {
-        match self.refund(key, n).await {
-            Ok(credited) if !(in_debt && credited <= 0.0) => {}
-            _ => self.inner.metrics.take_lost(),
+    /// debt took nothing of, leaves the tokens spent: counted in `takes_lost`.
+    async fn give_back(&self, key: &str, n: u64) {
+        let lost = match self.refund(key, n).await {
+            Ok(credited) if credited > 0.0 => false,
+            // Nothing credited: the bucket is full (nothing is missing) or in debt now, which
+            // the grant alone does not tell (a reservation may have run behind it). Its level
+            // read right after tells; unknown counts as lost.
+            Ok(_) => self
+                .peek(key)
+                .await
+                .map_or(true, |level| level.is_some_and(|t| t < 0.0)),
+            Err(_) => true,
+        };
+        if lost {
+            self.inner.metrics.take_lost();
         }
     }
 }
