@@ -265,10 +265,12 @@ impl<C: RedisConnection> Limiter<C> {
     /// denies. Errs only for impossible requests (`n` is 0 or above the cap, `max_wait`
     /// above a day).
     ///
-    /// The tokens are debited before the sleep. A caller that drops this future while it
-    /// sleeps gets them refunded (`RL.REFUND`, on a task of its own), as a late grant is;
-    /// a bucket still in debt takes nothing back (its coming tokens are promised to the
-    /// callers queued behind), and such a reservation counts in `takes_lost`.
+    /// The tokens are debited before the sleep, and a caller that drops this future while it
+    /// sleeps does not get them back: until their turn the bucket is in debt, and a bucket in
+    /// debt takes nothing back (its coming tokens are promised to the callers queued
+    /// behind). The refund is still sent (`RL.REFUND`, on a task of its own: it credits the
+    /// tokens if it lands after their turn), and a reservation it credited nothing of counts
+    /// in `takes_lost`.
     pub async fn reserve(
         &self,
         key: &str,

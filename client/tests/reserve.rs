@@ -204,11 +204,11 @@ async fn refunds_credit_tokens_back() {
     assert_eq!(m.tokens_refunded, 0);
 }
 
-/// A `reserve` dropped while it sleeps until its turn gives its tokens back (`RL.REFUND`);
-/// a bucket still in debt takes nothing back, so the reservation counts in `takes_lost`.
-/// A `reserve` that sleeps to its end keeps them.
+/// A `reserve` dropped while it sleeps until its turn sends its tokens back (`RL.REFUND`),
+/// but the bucket is in debt until that turn and takes nothing back: the reservation counts
+/// in `takes_lost`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reservation_dropped_while_it_sleeps_is_given_back() {
+async fn a_reservation_dropped_while_it_sleeps_is_lost_to_the_debt() {
     let server = Server::start();
     // A token every 10 s: the second reservation sleeps for seconds.
     let slow = limiter_of(&server, 0.1, 1.0).await;
