@@ -394,8 +394,8 @@ type ParseGrant = fn(Value) -> Result<protocol::BucketReply, Error>;
 /// An `RL.TAKE` or `RL.RESERVE` sent for a caller. If the caller stops waiting (its timeout
 /// passes, or its future is dropped) the call completes on a task of its own, and a grant
 /// that lands then is refunded (`RL.REFUND`): a take nobody waited for costs no tokens (the
-/// Python client does the same). Without a runtime to finish on, the call is dropped with
-/// the caller.
+/// Python client does the same). Without a runtime to finish on (or when its runtime shuts
+/// down first) the call is dropped, and counted in `takes_lost`: it may have been granted.
 struct TakeFlight<C: RedisConnection> {
     inner: Arc<Inner<C>>,
     /// The call, until it has answered the caller.
@@ -445,6 +445,7 @@ impl<C: RedisConnection> Drop for TakeFlight<C> {
         let Some(call) = self.call.take() else {
             return;
         };
+        let unsettled = Unsettled(Some(Arc::clone(&self.inner.metrics)));
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -453,6 +454,7 @@ impl<C: RedisConnection> Drop for TakeFlight<C> {
         };
         let (key, n, parse) = (std::mem::take(&mut self.key), self.n, self.parse);
         runtime.spawn(async move {
+            let unsettled = unsettled;
             match call.await.and_then(parse) {
                 Ok(r) if r.granted > 0 => limiter.give_back(&key, r.granted.min(n)).await,
                 Ok(_) => {}
@@ -461,7 +463,27 @@ impl<C: RedisConnection> Drop for TakeFlight<C> {
                 Err(e) if e.is_outage() => limiter.inner.metrics.take_lost(),
                 Err(_) => {}
             }
+            unsettled.settled();
         });
+    }
+}
+
+/// A grant nobody uses, on its way back: counted in `takes_lost` if dropped before it is
+/// settled (refunded, or counted otherwise), as when the runtime it was spawned on shuts
+/// down (the task is dropped unrun) or there is none.
+struct Unsettled(Option<Arc<Metrics>>);
+
+impl Unsettled {
+    fn settled(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        if let Some(metrics) = self.0.take() {
+            metrics.take_lost();
+        }
     }
 }
 
@@ -485,15 +507,19 @@ impl<C: RedisConnection> Drop for Unused<C> {
         if self.n == 0 {
             return;
         }
+        let unsettled = Unsettled(Some(Arc::clone(&self.inner.metrics)));
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            self.inner.metrics.take_lost();
             return;
         };
         let limiter = Limiter {
             inner: Arc::clone(&self.inner),
         };
         let (key, n) = (std::mem::take(&mut self.key), self.n);
-        runtime.spawn(async move { limiter.give_back(&key, n).await });
+        runtime.spawn(async move {
+            let unsettled = unsettled;
+            limiter.give_back(&key, n).await;
+            unsettled.settled();
+        });
     }
 }
 

@@ -105,8 +105,9 @@ counters! {
         /// Plain takes (`RL.TAKE`) and reservations whose caller stopped waiting (or dropped
         /// `reserve` while it slept) and whose grant could not be refunded: the late reply
         /// never came (the connection's `response_timeout` or the late bound cut it while
-        /// Redis may still have run the call), or the refund failed or found the bucket in
-        /// debt (it takes nothing back then). A grant they got stays debited.
+        /// Redis may still have run the call), or the refund failed, found the bucket in debt
+        /// (it takes nothing back then), or was never sent (the runtime shut down first). A
+        /// grant they got stays debited.
         takes_lost: "abandoned takes neither answered nor refunded",
         /// `RL.REFUND` calls that credited tokens back.
         refunds: "refunds that credited tokens",

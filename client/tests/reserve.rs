@@ -342,7 +342,10 @@ async fn a_reservation_dropped_as_its_sleep_ends_is_refunded_once() {
     assert!(paced.take("k", 1000).await.unwrap().allowed);
     let woken = Arc::new(Flag::default());
     let mut f = Box::pin(paced.reserve("k", 10, Duration::from_secs(60)));
+    // Sent while Redis sleeps: the reply comes after this poll, the sleep after the next.
+    let sleeper = server.debug_sleep(1.0);
     assert!(poll_flagged(&mut f, &woken).is_pending());
+    sleeper.join().unwrap();
     until_woken(&woken, "the reply").await;
     assert!(poll_flagged(&mut f, &woken).is_pending(), "sleeps its wait");
     until_woken(&woken, "the end of the sleep").await;
@@ -423,7 +426,8 @@ async fn reservations_cancelled_at_random_leave_the_bucket_with_exactly_what_was
 
 /// A runtime shut down while a `reserve` sleeps (its refund to send on drop), while one is
 /// in flight under `DEBUG SLEEP`, and while a timed-out one waits for its late reply, ends
-/// without a panic, on either scheduler.
+/// without a panic, on either scheduler; the three grants it leaves unrefunded count in
+/// `takes_lost`.
 #[test]
 fn a_runtime_shut_down_with_refunds_pending_does_not_panic() {
     let server = Server::start();
@@ -453,11 +457,15 @@ fn a_runtime_shut_down_with_refunds_pending_does_not_panic() {
                 server.tokens(&key).is_some_and(|t| t < -0.5)
             })
             .await;
-            let sleeper = server.debug_sleep(3.0);
-            tokio::spawn({
+            let sleeper = server.debug_sleep(4.0);
+            // Polled here once (sent), then left to a task the shutdown drops.
+            let mut in_flight = Box::pin({
                 let (slow, key) = (slow.clone(), key.clone());
                 async move { slow.reserve_nowait(&key, 1, max).await }
             });
+            let woken = Arc::new(Flag::default());
+            assert!(poll_flagged(&mut in_flight, &woken).is_pending());
+            tokio::spawn(in_flight);
             let late =
                 tokio::time::timeout(Duration::from_millis(10), slow.reserve_nowait(&key, 1, max))
                     .await;
@@ -466,6 +474,10 @@ fn a_runtime_shut_down_with_refunds_pending_does_not_panic() {
             (slow, sleeper)
         });
         drop(rt);
+        // Three grants that may stay debited, none refunded: all counted.
+        let m = slow.metrics().snapshot();
+        assert!(!sleeper.is_finished(), "shut down while Redis slept");
+        assert_eq!((m.takes_lost, m.refunds), (3, 0), "multi {multi}: {m:?}");
         drop(slow);
         sleeper.join().unwrap();
     }
