@@ -482,3 +482,66 @@ fn a_runtime_shut_down_with_refunds_pending_does_not_panic() {
         sleeper.join().unwrap();
     }
 }
+
+/// 200 reservations of one token each on a bucket they overdraw (up to the debt a day's
+/// `max_wait` allows), given up at random instants (in flight, as the reply lands, while
+/// sleeping until their turn) or kept: every token the bucket lacks is one a caller kept or
+/// one counted in `takes_lost` (refused by the debt). Nothing minted, nothing uncounted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_into_debt_cancelled_at_random_are_kept_or_counted_lost() {
+    let server = Server::start();
+    let cap = 50.0;
+    let limit = Limit::new(0.001, cap).unwrap();
+    let limiter = Limiter::new(server.manager().await, limit, patient()).unwrap();
+    assert!(limiter.take("warm", 1).await.unwrap().allowed);
+    let day = Duration::from_secs(86_400);
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move |m: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % m
+    };
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let limiter = limiter.clone();
+            let sleeps = next(2) == 0;
+            let patience = next(4000);
+            tokio::spawn(async move {
+                let reserve = async {
+                    let r = if sleeps {
+                        limiter.reserve("k", 1, day).await
+                    } else {
+                        limiter.reserve_nowait("k", 1, day).await
+                    };
+                    r.unwrap()
+                };
+                // A `reserve` past the bucket sleeps for hours: all of those give up.
+                if !sleeps && patience >= 3000 {
+                    return Some(reserve.await);
+                }
+                tokio::time::timeout(Duration::from_micros(patience), reserve)
+                    .await
+                    .ok()
+            })
+        })
+        .collect();
+    let mut kept = 0;
+    for task in tasks {
+        if let Some(r) = task.await.unwrap() {
+            kept += r.decision.granted;
+        }
+    }
+    // Every reservation sent has run once this call, sent after them, is answered.
+    let level = limiter.peek("k").await.unwrap().unwrap();
+    assert!(level < 0.0, "the bucket went into debt: {level}");
+    support::eventually(30, "every grant kept, refunded or counted lost", || {
+        let lacks = cap - server.tokens("k").unwrap_or(cap);
+        let m = limiter.metrics().snapshot();
+        (lacks - (kept + m.takes_lost) as f64).abs() < 0.1
+    })
+    .await;
+    let m = limiter.metrics().snapshot();
+    assert_eq!(m.calls, m.granted + m.denied + m.errors, "{m:?}");
+    assert!(m.takes_lost > 0, "{m:?}");
+}
