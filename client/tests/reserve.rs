@@ -257,6 +257,29 @@ async fn reserve_falls_back_by_policy_while_redis_is_down() {
     let r = allow.reserve("k", 1, Duration::from_secs(1)).await.unwrap();
     assert!(!r.allowed() && r.wait > Duration::from_secs(5), "{r:?}");
 
+    // A local reservation dropped while it sleeps sends nothing to Redis (Redis never
+    // debited it): no refund, nothing counted lost.
+    let before = allow.metrics().snapshot();
+    let sleeping = tokio::spawn({
+        let allow = allow.clone();
+        async move { allow.reserve("k", 1, max).await }
+    });
+    support::eventually(20, "the local reservation", || {
+        allow.metrics().snapshot().calls == before.calls + 1
+    })
+    .await;
+    sleeping.abort();
+    assert!(sleeping.await.unwrap_err().is_cancelled());
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let m = allow.metrics().snapshot();
+        assert_eq!(
+            (m.redis_calls, m.takes_lost),
+            (before.redis_calls, 0),
+            "{m:?}"
+        );
+    }
+
     // The local wait is slept too (a token every 100 ms, bursts of 1).
     let paced = Limit::new(10.0, 1.0).unwrap();
     let allow = Limiter::from_client(server.client(), paced, config(FailurePolicy::Allow)).unwrap();
