@@ -265,10 +265,12 @@ impl<C: RedisConnection> Limiter<C> {
     /// denies. Errs only for impossible requests (`n` is 0 or above the cap, `max_wait`
     /// above a day).
     ///
-    /// The tokens are debited before the sleep. A caller that drops this future while it
-    /// sleeps gets them refunded (`RL.REFUND`, on a task of its own), as a late grant is;
-    /// a bucket still in debt takes nothing back (its coming tokens are promised to the
-    /// callers queued behind), and such a reservation counts in `takes_lost`.
+    /// The tokens are debited before the sleep, and a caller that drops this future while it
+    /// sleeps does not get them back: until their turn the bucket is in debt, and a bucket in
+    /// debt takes nothing back (its coming tokens are promised to the callers queued
+    /// behind). The refund is still sent (`RL.REFUND`, on a task of its own: it credits the
+    /// tokens if it lands after their turn), and a reservation it credited nothing of counts
+    /// in `takes_lost`.
     pub async fn reserve(
         &self,
         key: &str,
@@ -282,7 +284,6 @@ impl<C: RedisConnection> Limiter<C> {
                 inner: Arc::clone(&self.inner),
                 key: key.to_owned(),
                 n,
-                in_debt: d.remaining < 0.0,
             });
             tokio::time::sleep(reservation.wait).await;
             if let Some(unused) = unused {
@@ -393,8 +394,8 @@ type ParseGrant = fn(Value) -> Result<protocol::BucketReply, Error>;
 /// An `RL.TAKE` or `RL.RESERVE` sent for a caller. If the caller stops waiting (its timeout
 /// passes, or its future is dropped) the call completes on a task of its own, and a grant
 /// that lands then is refunded (`RL.REFUND`): a take nobody waited for costs no tokens (the
-/// Python client does the same). Without a runtime to finish on, the call is dropped with
-/// the caller.
+/// Python client does the same). Without a runtime to finish on (or when its runtime shuts
+/// down first) the call is dropped, and counted in `takes_lost`: it may have been granted.
 struct TakeFlight<C: RedisConnection> {
     inner: Arc<Inner<C>>,
     /// The call, until it has answered the caller.
@@ -444,6 +445,7 @@ impl<C: RedisConnection> Drop for TakeFlight<C> {
         let Some(call) = self.call.take() else {
             return;
         };
+        let unsettled = Unsettled(Some(Arc::clone(&self.inner.metrics)));
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -452,18 +454,36 @@ impl<C: RedisConnection> Drop for TakeFlight<C> {
         };
         let (key, n, parse) = (std::mem::take(&mut self.key), self.n, self.parse);
         runtime.spawn(async move {
+            let unsettled = unsettled;
             match call.await.and_then(parse) {
-                Ok(r) if r.granted > 0 => {
-                    let in_debt = r.remaining < 0.0;
-                    limiter.give_back(&key, r.granted.min(n), in_debt).await;
-                }
+                Ok(r) if r.granted > 0 => limiter.give_back(&key, r.granted.min(n)).await,
                 Ok(_) => {}
                 // The reply never came (cut by the connection's response timeout or the
                 // late bound): Redis may have run the take; nothing to refund safely.
                 Err(e) if e.is_outage() => limiter.inner.metrics.take_lost(),
                 Err(_) => {}
             }
+            unsettled.settled();
         });
+    }
+}
+
+/// A grant nobody uses, on its way back: counted in `takes_lost` if dropped before it is
+/// settled (refunded, or counted otherwise), as when the runtime it was spawned on shuts
+/// down (the task is dropped unrun) or there is none.
+struct Unsettled(Option<Arc<Metrics>>);
+
+impl Unsettled {
+    fn settled(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        if let Some(metrics) = self.0.take() {
+            metrics.take_lost();
+        }
     }
 }
 
@@ -474,7 +494,6 @@ struct Unused<C: RedisConnection> {
     key: String,
     /// The tokens, 0 once the sleep has ended (the caller has them then).
     n: u64,
-    in_debt: bool,
 }
 
 impl<C: RedisConnection> Unused<C> {
@@ -488,26 +507,39 @@ impl<C: RedisConnection> Drop for Unused<C> {
         if self.n == 0 {
             return;
         }
+        let unsettled = Unsettled(Some(Arc::clone(&self.inner.metrics)));
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            self.inner.metrics.take_lost();
             return;
         };
         let limiter = Limiter {
             inner: Arc::clone(&self.inner),
         };
-        let (key, n, in_debt) = (std::mem::take(&mut self.key), self.n, self.in_debt);
-        runtime.spawn(async move { limiter.give_back(&key, n, in_debt).await });
+        let (key, n) = (std::mem::take(&mut self.key), self.n);
+        runtime.spawn(async move {
+            let unsettled = unsettled;
+            limiter.give_back(&key, n).await;
+            unsettled.settled();
+        });
     }
 }
 
 impl<C: RedisConnection> Limiter<C> {
     /// Refunds `n` tokens of a grant nobody used. A refund that failed, or that a bucket in
-    /// debt took nothing of (`in_debt`: the grant was a reservation into debt), leaves the
-    /// tokens spent: counted in `takes_lost`.
-    async fn give_back(&self, key: &str, n: u64, in_debt: bool) {
-        match self.refund(key, n).await {
-            Ok(credited) if !(in_debt && credited <= 0.0) => {}
-            _ => self.inner.metrics.take_lost(),
+    /// debt took nothing of, leaves the tokens spent: counted in `takes_lost`.
+    async fn give_back(&self, key: &str, n: u64) {
+        let lost = match self.refund(key, n).await {
+            Ok(credited) if credited > 0.0 => false,
+            // Nothing credited: the bucket is full (nothing is missing) or in debt now, which
+            // the grant alone does not tell (a reservation may have run behind it). Its level
+            // read right after tells; unknown counts as lost.
+            Ok(_) => self
+                .peek(key)
+                .await
+                .map_or(true, |level| level.is_some_and(|t| t < 0.0)),
+            Err(_) => true,
+        };
+        if lost {
+            self.inner.metrics.take_lost();
         }
     }
 }

@@ -102,10 +102,12 @@ counters! {
         /// lease call whose reply never came (half-open connection), or a late lease whose
         /// return failed. Their tokens stay debited until the lease's TTL.
         leases_lost: "leases neither spent nor returned",
-        /// Plain takes (`RL.TAKE`) whose caller stopped waiting and whose grant could not be
-        /// refunded: the late reply never came (the connection's `response_timeout` or the
-        /// late bound cut it while Redis may still have run the take), or the refund failed.
-        /// A grant they got stays debited.
+        /// Plain takes (`RL.TAKE`) and reservations whose caller stopped waiting (or dropped
+        /// `reserve` while it slept) and whose grant could not be refunded: the late reply
+        /// never came (the connection's `response_timeout` or the late bound cut it while
+        /// Redis may still have run the call), or the refund failed, found the bucket in debt
+        /// (it takes nothing back then), or was never sent (the runtime shut down first). A
+        /// grant they got stays debited.
         takes_lost: "abandoned takes neither answered nor refunded",
         /// `RL.REFUND` calls that credited tokens back.
         refunds: "refunds that credited tokens",

@@ -218,6 +218,92 @@ async fn nobody_waited_for(what: Ask) {
     assert_eq!((m.refunds, m.takes_lost), (2, 0));
 }
 
+/// A reservation nobody waited for, granted from a bucket not in debt, whose refund finds
+/// the bucket in debt (a reservation into debt ran right behind it, on the same connection):
+/// the bucket takes nothing back, so the grant stays debited and counts in `takes_lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_grant_whose_refund_finds_the_bucket_in_debt_counts_as_lost() {
+    let server = Server::start();
+    let conn = server.patient_lazy();
+    let limiter = Limiter::new(
+        conn.clone(),
+        frozen(),
+        limiter_config(FailurePolicy::Deny, TIMEOUT_MS),
+    )
+    .unwrap();
+    // The same connection, a caller that waits for its answer.
+    let patient = Limiter::new(
+        conn,
+        frozen(),
+        limiter_config(FailurePolicy::Deny, PATIENT_MS),
+    )
+    .unwrap();
+    assert!(limiter.take("k", 1).await.unwrap().allowed);
+    let day = Duration::from_secs(86_400);
+    let sleeper = server.debug_sleep(4.0);
+    // Runs when Redis wakes (50 of 99 tokens, no debt), its caller gone by then.
+    let (r, _) = timed(limiter.reserve_nowait("k", 50, Duration::from_secs(1))).await;
+    assert_eq!(r.unwrap().decision.source, Source::Fallback);
+    // Runs right behind it: 100 tokens of the 49 left, into debt.
+    let queued = tokio::spawn(async move { patient.reserve_nowait("k", 100, day).await });
+    assert!(
+        !sleeper.is_finished(),
+        "both reservations were sent while Redis slept"
+    );
+    sleeper.join().unwrap();
+    let queued = queued.await.unwrap().unwrap();
+    assert!(
+        queued.allowed() && queued.decision.remaining < 0.0,
+        "{queued:?}"
+    );
+    eventually(20, "the refused refund", || {
+        limiter.metrics().snapshot().takes_lost == 1
+    })
+    .await;
+    let m = limiter.metrics().snapshot();
+    assert_eq!((m.refunds, m.tokens_refunded), (0, 0));
+    let t = server.tokens("k").unwrap();
+    assert!((t + 51.0).abs() < 0.1, "server holds {t}");
+}
+
+/// A reservation sent on a connection that went half-open (a proxy that forwards nothing
+/// more): its caller falls back at its timeout, and the call, cut by the connection's
+/// response timeout, counts in `takes_lost` (Redis may have run it; nothing is refunded).
+/// Redis never saw it here: its bucket is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_on_a_half_open_connection_counts_as_lost_and_refunds_nothing() {
+    let server = Server::start();
+    let proxy = Proxy::start(server.port).await;
+    let lazy = LazyConnection::with_config(
+        proxy.client(),
+        LazyConfig {
+            connect_timeout: Duration::from_millis(500),
+            response_timeout: Duration::from_secs(2),
+        },
+    );
+    let limiter = Limiter::new(
+        lazy,
+        frozen(),
+        limiter_config(FailurePolicy::Deny, TIMEOUT_MS),
+    )
+    .unwrap();
+    assert_eq!(limiter.take("k", 1).await.unwrap().source, Source::Server);
+    proxy.freeze();
+    let max = Duration::from_secs(60);
+    let (r, _) = timed(limiter.reserve("k", 5, max)).await;
+    let r = r.unwrap();
+    assert_eq!((r.allowed(), r.decision.source), (false, Source::Fallback));
+    eventually(20, "the cut call", || {
+        limiter.metrics().snapshot().takes_lost == 1
+    })
+    .await;
+    let m = limiter.metrics().snapshot();
+    assert_eq!((m.refunds, m.tokens_refunded), (0, 0));
+    assert_adds_up(&m);
+    let t = server.tokens("k").unwrap();
+    assert!((t - 99.0).abs() < 0.1, "server holds {t}");
+}
+
 // 2. Error replies are errors, never outages.
 
 #[tokio::test]

@@ -117,6 +117,23 @@ async fn reserve_and_refund_over_functions_and_no_permits() {
     // In debt: nothing taken back (the coming tokens are promised), as with the module.
     let credited = limiter.refund("q", 1).await.unwrap();
     assert_eq!(credited, 0.0);
+    // So a `reserve` dropped while it sleeps is refused too, and counted lost (the level
+    // read after the refused refund shows the debt).
+    let calls = limiter.metrics().snapshot().calls;
+    let sleeping = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.reserve("q", 1, max).await }
+    });
+    support::eventually(20, "the reservation", || {
+        limiter.metrics().snapshot().calls == calls + 1
+    })
+    .await;
+    sleeping.abort();
+    assert!(sleeping.await.unwrap_err().is_cancelled());
+    support::eventually(20, "the refused refund", || {
+        limiter.metrics().snapshot().takes_lost == 1
+    })
+    .await;
 
     // Permits have no Functions equivalent: a clear error, not a fallback.
     let semaphore = Semaphore::new(server.manager().await, config(Backend::Auto)).unwrap();
