@@ -456,6 +456,55 @@ def test_late_reserve_into_debt_is_counted_lost(server: Server, key: str, kind: 
     adds_up(m)
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_late_grant_whose_refund_finds_the_bucket_in_debt_is_counted_lost(
+    server: Server, key: str, kind: str
+) -> None:
+    """A take that times out and is granted (no debt then), and whose refund finds the
+    bucket in debt (a reservation ran behind it; a proxy holds the take's reply until
+    then): the bucket takes nothing back, so the take counts in takes_lost."""
+    proxy = CuttingProxy(server.port)
+    admin = server.client()
+
+    def reserve_behind() -> None:
+        assert proxy.delivered.wait(10)  # the take ran; its reply is held
+        # 6 tokens left: a reservation of 10 puts the bucket 4 in debt (40 s at 0.1/s).
+        admin.execute_command("RL.RESERVE", key, 0.1, 10, 10, 60_000)
+        assert peek_fields(admin, key)["tokens"] < -3
+        proxy.release()
+
+    try:
+        if kind == "sync":
+            lim = Limiter(
+                redis.Redis(port=proxy.port, socket_timeout=10),
+                key, 0.1, 10, timeout=0.2, policy=DENY, backend="module",
+            )  # fmt: skip
+            assert lim.take(1).granted  # connected, credentials checked
+            proxy.cut(0)
+            assert lim.take(3).source is Source.FALLBACK
+            reserve_behind()
+            wait_for(lambda: lim.metrics["takes_lost"] == 1, "the refused refund")
+            m = lim.metrics
+        else:
+
+            async def run() -> Metrics:
+                r = aredis.Redis(port=proxy.port, socket_timeout=10)
+                alim = AsyncLimiter(r, key, 0.1, 10, timeout=0.2, policy=DENY, backend="module")
+                assert (await alim.take(1)).granted  # connected, credentials checked
+                proxy.cut(0)
+                assert (await alim.take(3)).source is Source.FALLBACK
+                await asyncio.to_thread(reserve_behind)
+                await await_for(lambda: alim.metrics["takes_lost"] == 1, "the refused refund")
+                await r.aclose()
+                return alim.metrics
+
+            m = asyncio.run(run())
+    finally:
+        proxy.close()
+    assert m["tokens_returned"] == 0, m.snapshot()
+    adds_up(m)
+
+
 # -- 2. Error replies are errors, not outages ---------------------------------------------
 
 

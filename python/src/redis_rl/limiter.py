@@ -277,13 +277,16 @@ class Limiter(_Base):
         core = self._core
 
         def late(reply: Any) -> None:
-            in_debt = _late_grant(reply, parse)
-            if in_debt is None or core.protocol is None:
+            proto = core.protocol
+            if not _granted(reply, parse) or proto is None:
                 return
             credited: Optional[float] = None
-            with contextlib.suppress(Exception):  # the grant then stays spent: lost
-                credited = p.to_float(execute(self.client, *core.protocol.refund(key, n)))
-            _count_refund(core.metrics, in_debt, credited)
+            level: Optional[float] = None
+            with contextlib.suppress(Exception):  # unknown: counted lost
+                credited = p.to_float(execute(self.client, *proto.refund(key, n)))
+                if credited <= 0:
+                    level = _level(execute(self.client, *proto.peek(key)))
+            _count_refund(core.metrics, credited, level)
 
         return late
 
@@ -384,25 +387,30 @@ class Limiter(_Base):
         return p.parse_peek(self._call(self._protocol().peek(key)))
 
 
-def _late_grant(reply: Any, parse: Callable[[Any], Any]) -> Optional[bool]:
-    """A reply nobody waited for: ``None`` if it granted nothing (nothing to refund), else
-    whether it left the bucket in debt (a reserve: the refund will credit nothing)."""
+def _granted(reply: Any, parse: Callable[[Any], Any]) -> bool:
+    """Whether a reply nobody waited for granted tokens (to refund)."""
     try:
-        r = parse(reply)
+        return bool(parse(reply).granted > 0)
     except Exception:
-        return None
-    if r.granted <= 0:
-        return None
-    return bool(r.remaining < 0)
+        return False
 
 
-def _count_refund(metrics: Metrics, in_debt: bool, credited: Optional[float]) -> None:
+def _level(peek_reply: Any) -> float:
+    """A bucket's level from ``RL.PEEK`` (a missing key is a full bucket)."""
+    peek = p.parse_peek(peek_reply)
+    return math.inf if peek is None else peek.tokens
+
+
+def _count_refund(metrics: Metrics, credited: Optional[float], level: Optional[float]) -> None:
     """A late grant refunded: what the bucket took back counts as returned (less than asked
-    if it refilled meanwhile); a refund that failed (``None``), or that a bucket in debt
-    took nothing of, leaves the take lost."""
+    if it refilled meanwhile). Nothing credited means a full bucket (nothing is missing) or
+    one in debt, which takes nothing back: the grant alone does not tell (a reservation may
+    have run behind it), so the level read right after the refund does. A refund that
+    failed, or credited nothing to a bucket in debt (or of unknown level), leaves the take
+    lost."""
     if credited is not None:
         metrics.add("tokens_returned", round(credited))
-    if credited is None or (in_debt and credited <= 0):
+    if credited is None or (credited <= 0 and (level is None or level < 0)):
         metrics.add("takes_lost")
 
 
@@ -454,14 +462,16 @@ class AsyncLimiter(_Base):
         core = self._core
 
         async def late(reply: Any) -> None:
-            in_debt = _late_grant(reply, parse)
-            if in_debt is None or core.protocol is None:
+            proto = core.protocol
+            if not _granted(reply, parse) or proto is None:
                 return
             credited: Optional[float] = None
-            with contextlib.suppress(Exception):  # the grant then stays spent: lost
-                args = core.protocol.refund(key, n)
-                credited = p.to_float(await aexecute(self.client, *args))
-            _count_refund(core.metrics, in_debt, credited)
+            level: Optional[float] = None
+            with contextlib.suppress(Exception):  # unknown: counted lost
+                credited = p.to_float(await aexecute(self.client, *proto.refund(key, n)))
+                if credited <= 0:
+                    level = _level(await aexecute(self.client, *proto.peek(key)))
+            _count_refund(core.metrics, credited, level)
 
         return late
 
