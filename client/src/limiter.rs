@@ -445,16 +445,8 @@ impl<C: RedisConnection> Drop for TakeFlight<C> {
         let Some(call) = self.call.take() else {
             return;
         };
-        let unsettled = Unsettled(Some(Arc::clone(&self.inner.metrics)));
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let limiter = Limiter {
-            inner: Arc::clone(&self.inner),
-        };
         let (key, n, parse) = (std::mem::take(&mut self.key), self.n, self.parse);
-        runtime.spawn(async move {
-            let unsettled = unsettled;
+        settle_later(&self.inner, move |limiter| async move {
             match call.await.and_then(parse) {
                 Ok(r) if r.granted > 0 => limiter.give_back(&key, r.granted.min(n)).await,
                 Ok(_) => {}
@@ -463,9 +455,29 @@ impl<C: RedisConnection> Drop for TakeFlight<C> {
                 Err(e) if e.is_outage() => limiter.inner.metrics.take_lost(),
                 Err(_) => {}
             }
-            unsettled.settled();
         });
     }
+}
+
+/// Runs `settle` (a grant nobody uses, on its way back) on a task of its own; if it never
+/// finishes (no runtime, or the runtime shut down first) the grant counts in `takes_lost`.
+fn settle_later<C, F>(inner: &Arc<Inner<C>>, settle: impl FnOnce(Limiter<C>) -> F)
+where
+    C: RedisConnection,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let unsettled = Unsettled(Some(Arc::clone(&inner.metrics)));
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let work = settle(Limiter {
+        inner: Arc::clone(inner),
+    });
+    runtime.spawn(async move {
+        let unsettled = unsettled;
+        work.await;
+        unsettled.settled();
+    });
 }
 
 /// A grant nobody uses, on its way back: counted in `takes_lost` if dropped before it is
@@ -507,18 +519,9 @@ impl<C: RedisConnection> Drop for Unused<C> {
         if self.n == 0 {
             return;
         }
-        let unsettled = Unsettled(Some(Arc::clone(&self.inner.metrics)));
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let limiter = Limiter {
-            inner: Arc::clone(&self.inner),
-        };
         let (key, n) = (std::mem::take(&mut self.key), self.n);
-        runtime.spawn(async move {
-            let unsettled = unsettled;
+        settle_later(&self.inner, move |limiter| async move {
             limiter.give_back(&key, n).await;
-            unsettled.settled();
         });
     }
 }
