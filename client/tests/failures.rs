@@ -78,6 +78,16 @@ fn assert_adds_up(m: &rl_client::MetricsSnapshot) {
     assert_eq!(m.calls, m.granted + m.denied + m.errors, "{m:?}");
 }
 
+/// A lazy connection through `proxy`, replaced once calls on it go unanswered for
+/// `response_timeout`.
+fn through(proxy: &Proxy, response_timeout: Duration) -> LazyConnection {
+    let config = LazyConfig {
+        connect_timeout: Duration::from_millis(500),
+        response_timeout,
+    };
+    LazyConnection::with_config(proxy.client(), config)
+}
+
 async fn timed<T>(f: impl std::future::Future<Output = T>) -> (T, Duration) {
     let started = Instant::now();
     let out = tokio::time::timeout(HANG, f).await.expect("hung");
@@ -274,13 +284,7 @@ async fn a_late_grant_whose_refund_finds_the_bucket_in_debt_counts_as_lost() {
 async fn a_reservation_on_a_half_open_connection_counts_as_lost_and_refunds_nothing() {
     let server = Server::start();
     let proxy = Proxy::start(server.port).await;
-    let lazy = LazyConnection::with_config(
-        proxy.client(),
-        LazyConfig {
-            connect_timeout: Duration::from_millis(500),
-            response_timeout: Duration::from_secs(2),
-        },
-    );
+    let lazy = through(&proxy, Duration::from_secs(2));
     let limiter = Limiter::new(
         lazy,
         frozen(),
@@ -504,13 +508,7 @@ async fn starts_with_redis_down_serves_its_policy_and_recovers_after_restarts() 
 async fn a_half_open_connection_is_detected_and_replaced() {
     let server = Server::start();
     let proxy = Proxy::start(server.port).await;
-    let lazy = LazyConnection::with_config(
-        proxy.client(),
-        LazyConfig {
-            connect_timeout: Duration::from_millis(500),
-            response_timeout: Duration::from_millis(800),
-        },
-    );
+    let lazy = through(&proxy, Duration::from_millis(800));
     let limiter = Limiter::new(
         lazy.clone(),
         frozen(),
