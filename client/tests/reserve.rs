@@ -393,13 +393,7 @@ async fn reservations_cancelled_at_random_leave_the_bucket_with_exactly_what_was
     let limit = Limit::new(0.001, cap).unwrap();
     let limiter = Limiter::new(server.manager().await, limit, patient()).unwrap();
     assert!(limiter.take("warm", 1).await.unwrap().allowed);
-    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = move |m: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % m
-    };
+    let mut next = random_below(0x9e37_79b9_7f4a_7c15);
     let tasks: Vec<_> = (0..200)
         .map(|_| {
             let limiter = limiter.clone();
@@ -445,6 +439,17 @@ async fn reservations_cancelled_at_random_leave_the_bucket_with_exactly_what_was
         "{m:?}"
     );
     assert_eq!(m.tokens_granted, kept + 1, "{m:?}");
+}
+
+/// A seeded xorshift: each call answers a number below its argument (the same sequence on
+/// every run).
+fn random_below(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |m| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % m
+    }
 }
 
 /// A runtime shut down while a `reserve` sleeps (its refund to send on drop), while one is
@@ -518,13 +523,7 @@ async fn reservations_into_debt_cancelled_at_random_are_kept_or_counted_lost() {
     let limiter = Limiter::new(server.manager().await, limit, patient()).unwrap();
     assert!(limiter.take("warm", 1).await.unwrap().allowed);
     let day = Duration::from_secs(86_400);
-    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut next = move |m: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % m
-    };
+    let mut next = random_below(0x2545_f491_4f6c_dd1d);
     let tasks: Vec<_> = (0..200)
         .map(|_| {
             let limiter = limiter.clone();
