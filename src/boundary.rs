@@ -26,6 +26,11 @@ pub fn run(ctx: Ctx, args: Args, spec: &Spec) {
     if crate::observe::resetstat::PENDING.load(std::sync::atomic::Ordering::Relaxed) != 0 {
         crate::observe::resetstat::check();
     }
+    if spec.internal && !ffi::may_set_state(ctx) {
+        stats::ERRORS.add(1);
+        reply_internal_refused(ctx, spec);
+        return;
+    }
     // Redis checks only that the key is there (see `Spec::registered_arity`); the rest of
     // the arity is checked here, so the error can show the usage. Such a call is not
     // counted, as when Redis refused it. (A key-position request is the handler's.)
@@ -67,6 +72,18 @@ pub fn run(ctx: Ctx, args: Args, spec: &Spec) {
             );
         }
     }
+}
+
+/// The refusal of an internal setter to a caller that may not use it (see
+/// [`ffi::may_set_state`]).
+fn reply_internal_refused(ctx: Ctx, spec: &Spec) {
+    let name = spec.name.to_string_lossy();
+    let text = format!(
+        "NOPERM {name} is internal: it is what a master sends its replicas and the AOF \
+         holds; clients may call it only as a user allowed to run CONFIG SET"
+    );
+    let text = std::ffi::CString::new(text).unwrap_or_else(|_| c"NOPERM internal command".into());
+    ffi::reply_error(ctx, &text);
 }
 
 /// Redis's wrong-arity error, followed by the command's usage.

@@ -62,9 +62,13 @@ fn load(ctx: Ctx, args: &[&[u8]]) -> Result<(), String> {
     if !ffi::register_filter(ctx) {
         return Err("could not register the CONFIG RESETSTAT filter".into());
     }
+    if !ffi::subscribe_events(ctx) {
+        return Err("could not subscribe to eviction notifications".into());
+    }
     ffi::log_notice(
         ctx,
         &format!("redis-rl: loaded, mode {}", config::mode_name()),
     );
+    observe::eviction::check_policy(ctx);
     Ok(())
 }

@@ -41,6 +41,8 @@ pub struct Counts {
     /// Denied by the bucket but answered as granted (shadow mode or the `SHADOW` option).
     pub shadow_denied: u64,
     pub tokens_granted: u64,
+    /// Keys the server evicted under `maxmemory` (each came back full on its next use).
+    pub evicted: u64,
 }
 
 /// One call's outcome, as counted.
@@ -83,6 +85,7 @@ const EMPTY: Entry = Entry {
         denied: 0,
         shadow_denied: 0,
         tokens_granted: 0,
+        evicted: 0,
     },
 };
 

@@ -35,9 +35,11 @@ macro_rules! rm {
     };
 }
 
+mod acl;
 mod command;
 mod config;
 mod effects;
+mod events;
 mod info;
 mod key;
 pub mod load;
@@ -45,15 +47,17 @@ mod reply;
 mod types;
 mod value;
 
+pub use acl::may_set_state;
 pub use command::{
     is_keys_position_request, key_at_pos, register_commands, register_filter, replicate_verbatim,
     server_info_text, server_info_u64, set_module_options, Filter,
 };
 pub use config::{register_configs, Config, Kind, Refusal};
 pub use effects::{emit_aof, replicate, Aof, EffectArg};
+pub use events::{eviction_possible, subscribe as subscribe_events};
 pub use info::{register_info, Info};
 pub use key::{Access, KeyKind, OpenKey, Value};
-pub use load::{create_types, log_notice};
+pub use load::{create_types, log_notice, log_warning};
 pub use reply::{reply, reply_error, reply_int, reply_wrong_arity};
 pub use types::{Digest, Io, BUCKET_TYPE, PERMIT_TYPE, SHARE_TYPE};
 
@@ -189,7 +193,9 @@ pub fn check() -> Result<(), &'static str> {
         RedisModule_LoadConfigs,
         RedisModule_SaveStringBuffer,
         RedisModule_LoadStringBuffer,
-        RedisModule_Free
+        RedisModule_Free,
+        RedisModule_SubscribeToKeyspaceEvents,
+        RedisModule_SubscribeToServerEvent
     );
     Ok(())
 }

@@ -117,8 +117,13 @@ macro_rules! type_methods {
             guard((), || owner::freed($from_raw(v)))
         }
 
-        unsafe extern "C" fn unlink(_key: *mut RedisModuleString, v: *const c_void) {
-            guard((), || owner::unlinked(&$borrow(v.cast_mut())))
+        unsafe extern "C" fn unlink(key: *mut RedisModuleString, v: *const c_void) {
+            guard((), || {
+                if !key.is_null() {
+                    crate::observe::eviction::unlinked(Str(key).bytes());
+                }
+                owner::unlinked(&$borrow(v.cast_mut()))
+            })
         }
 
         unsafe extern "C" fn copy(

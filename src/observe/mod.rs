@@ -3,6 +3,7 @@
 //! ([`namespaces`], [`rl_stats`]), the most-denied keys and `RL.TOP` ([`top`]), and
 //! `CONFIG RESETSTAT` resetting them ([`resetstat`]).
 
+pub mod eviction;
 pub mod namespaces;
 pub mod resetstat;
 pub mod rl_stats;

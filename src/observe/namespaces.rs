@@ -160,6 +160,14 @@ pub fn record(id: Id, outcome: Outcome) {
     NAMESPACES.with(|t| t.counts_mut(id).record(outcome));
 }
 
+/// Counts an `rl` key of namespace `id` the server evicted.
+pub fn evicted(id: Id) {
+    NAMESPACES.with(|t| {
+        let c = t.counts_mut(id);
+        c.evicted = c.evicted.saturating_add(1);
+    });
+}
+
 /// Forgets the namespaces (`CONFIG RESETSTAT`).
 pub fn reset() {
     NAMESPACES.with(Table::reset);

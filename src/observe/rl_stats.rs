@@ -1,5 +1,5 @@
 //! `RL.STATS [namespace]`: the per-namespace counters (also in `INFO rl`, one line per
-//! namespace, as `rl_ns_<name>:calls=..,granted=..,denied=..,shadow_denied=..,tokens_granted=..`).
+//! namespace, as `rl_ns_<name>:calls=..,granted=..,denied=..,shadow_denied=..,tokens_granted=..,evicted=..`).
 //!
 //! Reply: without a namespace, a map of every namespace (`other` first) to its counters;
 //! with one, its counters, or nil if it has no entry (never seen, or counted under `other`).
@@ -13,21 +13,23 @@ use crate::reply::Reply;
 use rl_core::namespace::Counts;
 use std::ffi::CStr;
 
-const FIELDS: [&std::ffi::CStr; 5] = [
+const FIELDS: [&std::ffi::CStr; 6] = [
     c"calls",
     c"granted",
     c"denied",
     c"shadow_denied",
     c"tokens_granted",
+    c"evicted",
 ];
 
-fn values(c: &Counts) -> [u64; 5] {
+fn values(c: &Counts) -> [u64; 6] {
     [
         c.calls,
         c.granted,
         c.denied,
         c.shadow_denied,
         c.tokens_granted,
+        c.evicted,
     ]
 }
 

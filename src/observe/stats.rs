@@ -86,6 +86,7 @@ counters! {
     SHARES_RELEASED: "Shares given up with RL.SHARE ... RELEASE.",
     SHARE_HOLDERS_DROPPED: "Share holder entries dropped once their lease and hold ended (counted when dropped), or with their key.",
     SHARE_HOLDERS: "Share holder entries recorded in keys now (ended ones leave at the key's next write).",
+    KEYS_EVICTED: "rl keys (bucket, share, permit) the server evicted under maxmemory: each came back full (a bucket) or without its holders on its next use.",
 }
 
 /// The gauges: what keys hold now, which `CONFIG RESETSTAT` leaves as they are.
@@ -120,6 +121,7 @@ pub fn info(info: &Info, for_crash_report: bool) {
         c"enforce"
     };
     info.add_text(c"mode", mode);
+    info.add_u64(c"eviction_risk", crate::observe::eviction::risk());
     if !for_crash_report {
         crate::observe::rl_stats::info(info);
     }
