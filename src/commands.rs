@@ -3,7 +3,7 @@
 //! works on. `protocol/commands.json` is written from this table (see `protocol.rs`).
 
 use crate::boundary::{ArgDoc, CallsCounted, Keys, Spec};
-use crate::bucket::{lease, mtake, peek, refund, reserve, return_lease, setstate, take};
+use crate::bucket::{lease, mtake, peek, pin, refund, reserve, return_lease, setstate, take};
 use crate::grammar::Opt;
 use crate::observe::{rl_stats, top};
 use crate::semaphore::{acquire, setpermits};
@@ -73,6 +73,11 @@ const STATS_ARGS: &[ArgDoc] = &[ArgDoc {
     multiple: false,
     sub: &[],
 }];
+const PIN_ARGS: &[ArgDoc] = &[
+    KEY,
+    ArgDoc::string(c"rate cap | BLOCK | EXEMPT"),
+    ArgDoc::integer(c"ms").after(c"PX"),
+];
 const TOP_ARGS: &[ArgDoc] = &[ArgDoc::integer(c"count").optional()];
 const SETSTATE_ARGS: &[ArgDoc] = &[
     KEY,
@@ -294,6 +299,50 @@ pub static COMMANDS: &[Spec] = &[
         acl: c"write admin dangerous",
         internal: true,
         args: SETSHARES_ARGS,
+        options: &[],
+    },
+    // An operator's pins: `@admin` and never `@ratelimit`, so an application allowed to take
+    // is not allowed to pin (RL.PINNED only reads).
+    Spec {
+        name: c"RL.PIN",
+        func: pin::pin,
+        counted: CallsCounted::AtBoundary,
+        flags: c"write deny-oom",
+        keys: Keys::OneWritten,
+        arity: -3,
+        summary: c"Pins a key's limit (rate cap, BLOCK or EXEMPT), applied by every command on it whatever limit the caller sends",
+        complexity: c"O(1)",
+        acl: c"write admin",
+        internal: false,
+        args: PIN_ARGS,
+        options: &[],
+    },
+    Spec {
+        name: c"RL.UNPIN",
+        func: pin::unpin,
+        counted: CallsCounted::AtBoundary,
+        flags: c"write",
+        keys: Keys::OneWritten,
+        arity: 2,
+        summary: c"Removes a key's pin; its tokens carry over into the callers' limit",
+        complexity: c"O(1)",
+        acl: c"write admin",
+        internal: false,
+        args: PEEK_ARGS,
+        options: &[],
+    },
+    Spec {
+        name: c"RL.PINNED",
+        func: pin::pinned,
+        counted: CallsCounted::Never,
+        flags: c"readonly fast",
+        keys: Keys::OneRead,
+        arity: 2,
+        summary: c"Shows a key's live pin, or nil",
+        complexity: c"O(1)",
+        acl: c"read fast",
+        internal: false,
+        args: PEEK_ARGS,
         options: &[],
     },
     // Observers: not counted in `calls`.

@@ -24,6 +24,7 @@ use crate::grammar::Options;
 use crate::observe::stats::{self, Counter};
 use crate::observe::{namespaces, top};
 use rl_core::namespace::{Id, Outcome};
+use rl_core::pin::{Gate, PinKind};
 use rl_core::{Applied, Lease, LeaseTable, Level, Limit, Nanos};
 
 /// What every single-bucket command brings, once its arguments are read: the key is
@@ -80,6 +81,8 @@ pub struct Decided<T> {
     pub decision: Decision<T>,
     /// The bucket after the decision.
     pub level: Level,
+    /// The kind of the live pin that decided the call, if one did.
+    pub pinned: Option<PinKind>,
     /// Whether the client is answered as granted (a grant, or a shadow denial).
     pub answered: bool,
 }
@@ -98,7 +101,7 @@ pub fn run<T>(
     let ns = namespaces::namespace_id(name);
     let now = crate::clock::now();
     match decide_and_store(ctx, args, req, now, decide) {
-        Ok((decision, level)) => {
+        Ok((decision, level, pinned)) => {
             let answered = count_outcome(counters, decision.tokens, req.shadow);
             // The call and its outcome in one visit to the namespace's counters.
             namespaces::count(ns, Some(outcome_of(decision.tokens, answered)));
@@ -108,6 +111,7 @@ pub fn run<T>(
             Ok(Decided {
                 decision,
                 level,
+                pinned,
                 answered,
             })
         }
@@ -126,15 +130,15 @@ fn decide_and_store<T>(
     req: &Request,
     now: Nanos,
     decide: impl FnOnce(&mut Level) -> Result<Decision<T>>,
-) -> Result<(Decision<T>, Level)> {
+) -> Result<(Decision<T>, Level, Option<PinKind>)> {
     let key = BucketKey::open(ctx, args.raw(0)?);
     let mut bucket = open(&key, req, now)?;
     let decision = decide(&mut bucket.level)?;
     count_limit_source(bucket.decided_by);
-    if decision.tokens > 0 || bucket.store_even_if_denied {
+    if bucket.writes(decision.tokens) {
         bucket.store(ctx, &key, args, 0)?;
     }
-    Ok((decision, bucket.level))
+    Ok((decision, bucket.level, bucket.pinned))
 }
 
 /// A key's bucket as one call sees it, before and after the decision.
@@ -152,6 +156,8 @@ pub struct OpenBucket<'k> {
     pub store_even_if_denied: bool,
     /// Which limit decides the call (see [`rl_core::version`]).
     pub decided_by: Applied,
+    /// The kind of the live pin that decides the call, if one does.
+    pub pinned: Option<PinKind>,
 }
 
 /// Opens the bucket of `key` for a call with `req`'s limit, version and init at `now`
@@ -161,20 +167,25 @@ pub struct OpenBucket<'k> {
 #[inline]
 pub fn open<'k>(key: &'k BucketKey, req: &Request, now: Nanos) -> Result<OpenBucket<'k>> {
     let (stored, script_level) = adopt::state(key, req.limit, now)?;
-    let (level, decided_by, replaces_script) = match script_level {
-        Some(level) => (level.with_version(req.version), Applied::Created, true),
+    let (level, decided_by, pinned, replaces_script) = match script_level {
+        Some(level) => (
+            level.with_version(req.version),
+            Applied::Created,
+            None,
+            true,
+        ),
         None => {
-            let (level, applied) = level_of(stored.as_ref(), req, now);
-            (level, applied, false)
+            let o = level_of(stored.as_ref(), req, now);
+            (o.level, o.applied, o.pinned, false)
         }
     };
     // A new bucket started below full is stored even on a denial: otherwise every call
     // would start it afresh and it would never fill.
     let store_even_if_denied = !replaces_script
         && ((stored.is_none() && level.reset_after() > 0) || decided_by.must_write());
-    if decided_by == Applied::Stale {
-        // Decided under the stored, newer limit (every other outcome decides under the
-        // call's own, which the request was checked against already).
+    if decided_by == Applied::Stale || pinned == Some(PinKind::Rate) {
+        // Decided under the stored, newer limit or a pinned one (every other outcome
+        // decides under the call's own, which the request was checked against already).
         crate::grammar::fits(req.needs, level.limit(), req.needs_too_much)?;
     }
     Ok(OpenBucket {
@@ -183,16 +194,18 @@ pub fn open<'k>(key: &'k BucketKey, req: &Request, now: Nanos) -> Result<OpenBuc
         replaces_script,
         store_even_if_denied,
         decided_by,
+        pinned,
     })
 }
 
-fn level_of(state: Option<&StateMut>, req: &Request, now: Nanos) -> (Level, Applied) {
+fn level_of(state: Option<&StateMut>, req: &Request, now: Nanos) -> rl_core::pin::Opened {
     match (state, req.init) {
-        (None, Some(tokens)) => (
-            Level::starting_with(req.limit, tokens, now).with_version(req.version),
-            Applied::Created,
-        ),
-        (state, _) => rl_core::version::open(
+        (None, Some(tokens)) => rl_core::pin::Opened {
+            level: Level::starting_with(req.limit, tokens, now).with_version(req.version),
+            applied: Applied::Created,
+            pinned: None,
+        },
+        (state, _) => rl_core::pin::open(
             state.map(|s| s.bucket()).as_ref(),
             req.limit,
             req.version,
@@ -202,6 +215,17 @@ fn level_of(state: Option<&StateMut>, req: &Request, now: Nanos) -> (Level, Appl
 }
 
 impl OpenBucket<'_> {
+    /// Whether a decision that granted `tokens` (0: denied) is written: a grant (but an
+    /// exempt one, which debits nothing), or a state that must be stored anyway.
+    pub fn writes(&self, tokens: u64) -> bool {
+        (tokens > 0 && self.level.gate() != Gate::Exempt) || self.store_even_if_denied
+    }
+
+    /// Whether the effect must carry the stored limit rather than the caller's strings.
+    fn stored_limit(&self) -> bool {
+        self.decided_by == Applied::Stale || self.pinned.is_some()
+    }
+
     /// Stores the level's bucket and sends its effect, for a command whose key is argument
     /// `i` with `rate cap` after it: the caller's own strings go into the effect (nothing to
     /// format), unless the call was decided under the stored limit. A script hash being
@@ -214,8 +238,8 @@ impl OpenBucket<'_> {
         }
         let bucket = self.level.bucket();
         key.store(self.stored.take(), bucket);
-        if self.decided_by == Applied::Stale {
-            // The stored limit, not the caller's.
+        if self.stored_limit() {
+            // The stored (or pinned) limit, not the caller's.
             effect::with_stored_limit(name, &bucket, |e| effect::bucket(ctx, e));
             return Ok(());
         }
@@ -256,8 +280,9 @@ pub fn store_with_leases(
     }
     let opened = outcome.opened;
     let level_bucket = bucket.level.bucket();
+    let stored_limit = bucket.stored_limit();
     key.store_with_leases(bucket.stored, level_bucket, table);
-    if bucket.decided_by == Applied::Stale {
+    if stored_limit {
         // Decided under the stored limit: the effect carries it, not the caller's.
         effect::with_stored_limit(name, &level_bucket, |e| {
             effect::leases(ctx, e, now, returned, opened.as_ref())
@@ -282,6 +307,7 @@ pub fn count_limit_source(applied: Applied) {
         Applied::Replaced => stats::LIMIT_REPLACED.add(1),
         Applied::Stale => stats::LIMIT_STALE.add(1),
         Applied::Conflict => stats::LIMIT_CONFLICTS.add(1),
+        Applied::Pinned => stats::PINNED_DECISIONS.add(1),
         Applied::Created | Applied::Same => {}
     }
 }

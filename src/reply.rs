@@ -34,6 +34,8 @@ pub enum Scalar {
     Int(i64),
     Double(f64),
     Null,
+    /// A bulk string the module names (a pin's kind).
+    Text(&'static CStr),
 }
 
 /// Up to five scalars (see [`Reply::Row`]).

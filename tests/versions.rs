@@ -791,20 +791,24 @@ fn old_encodings_load_as_version_0() {
     for key in ["plain", "changed", "leased", "versioned"] {
         let payload = dump(&mut c, key);
         let (id, items) = parse_body(dump_body(&payload));
-        // Encoding 3: full_at rate cap hold span version table ...; the id's low 10 bits
-        // are the encoding version.
-        assert_eq!(id & 1023, 3, "{key}");
+        // Encoding 4: full_at rate cap hold span version pin table ...; the id's low 10
+        // bits are the encoding version.
+        assert_eq!(id & 1023, 4, "{key}");
+        assert_eq!(items[6], Item::Uint(0), "no pin");
         let version = match items[5] {
             Item::Uint(v) => v,
             _ => panic!("{items:?}"),
         };
         assert_eq!(version, peek_version(&mut c, key));
         let want = snapshot(&mut c, &[key]).remove(0);
-        let mut v2 = items.clone();
+        let mut v3 = items.clone();
+        v3.remove(6);
+        let mut v2 = v3.clone();
         v2.remove(5);
         let mut v1 = v2.clone();
         let hold_span = v1.drain(3..5).collect::<Vec<_>>();
         for (encver, body) in [
+            (3, build_body((id & !1023) | 3, &v3)),
             (2, build_body((id & !1023) | 2, &v2)),
             (1, build_body((id & !1023) | 1, &v1)),
         ] {
@@ -821,18 +825,23 @@ fn old_encodings_load_as_version_0() {
                 .query(&mut c)
                 .unwrap_or_else(|e| panic!("encoding {encver} of {key}: {e}"));
             let got = snapshot(&mut c, &[&name]).remove(0);
-            assert_eq!(got.1 .2, 0, "encoding {encver} of {key} loads as version 0");
+            if encver < 3 {
+                assert_eq!(got.1 .2, 0, "encoding {encver} of {key} loads as version 0");
+            }
             assert_eq!((got.1 .0, got.1 .1), (want.1 .0, want.1 .1));
-            if version == 0 {
+            if version == 0 || encver == 3 {
                 // The very same bucket.
                 assert_eq!(got, want, "encoding {encver} of {key}");
             }
             // And DUMPed again, in the new encoding, with version 0.
             let (_, again) = parse_body(dump_body(&dump(&mut c, &name)));
-            assert_eq!(again[5], Item::Uint(0));
+            if encver < 3 {
+                assert_eq!(again[5], Item::Uint(0));
+            }
+            assert_eq!(again[6], Item::Uint(0));
         }
     }
-    // Encoding 3 with a version past 2^53 - 1 is refused, and the server lives.
+    // Encoding 4 with a version past 2^53 - 1 is refused, and the server lives.
     let payload = dump(&mut c, "versioned");
     let (id, mut items) = parse_body(dump_body(&payload));
     items[5] = Item::Uint(1 << 53);
@@ -851,11 +860,11 @@ fn old_encodings_load_as_version_0() {
         .query(&mut c)
         .unwrap();
     assert_eq!(peek_version(&mut c, "good"), (1 << 53) - 1);
-    // An encoding from the future (4) is refused.
+    // An encoding from the future (5) is refused.
     let err = redis::cmd("RESTORE")
         .arg("future")
         .arg(0)
-        .arg(reseal(&payload, &build_body((id & !1023) | 4, &items)))
+        .arg(reseal(&payload, &build_body((id & !1023) | 5, &items)))
         .query::<Value>(&mut c)
         .unwrap_err();
     assert!(err.to_string().contains("Bad data format"), "{err}");
@@ -1670,7 +1679,7 @@ fn read_len_of_moved(b: &[u8], at: &mut usize) -> u64 {
 }
 
 /// The unsigned fields of a bucket's DUMP (rate and cap left out): `full_at, hold, span,
-/// version, table, [last_id, (id, tokens, expires_at)...]`.
+/// version, pin (0: none), table, [last_id, (id, tokens, expires_at)...]`.
 fn stored_fields(payload: &[u8]) -> Vec<u64> {
     let body = dump_body(payload);
     assert_eq!(body[0], 7, "RDB_TYPE_MODULE_2");
@@ -1691,7 +1700,8 @@ fn stored_fields(payload: &[u8]) -> Vec<u64> {
 /// The instant (ns) a stored bucket may go: full, past its hold and its last lease.
 fn may_go_at(fields: &[u64]) -> u64 {
     let (full_at, hold) = (fields[0], fields[1]);
-    let leases = fields.get(6..).unwrap_or(&[]);
+    assert_eq!(fields[4], 0, "no pin in these tests");
+    let leases = fields.get(7..).unwrap_or(&[]);
     let last_lease = leases.chunks(3).map(|l| l[2]).max().unwrap_or(0);
     full_at.max(hold).max(last_lease)
 }

@@ -1,5 +1,6 @@
 //! A bucket's stored state ([`Bucket`]) and the same bucket refilled to an instant ([`Level`]).
 
+use crate::pin::{Gate, Pin};
 use crate::{round, Limit, Nanos};
 
 /// What `RL.MTAKE` decided over several buckets.
@@ -72,6 +73,10 @@ fn carry_over(deficit: Nanos, old: &Limit, new: &Limit) -> Nanos {
 /// millisecond expiry and leaves values above it free as markers for the storage layer.
 pub const MAX_INSTANT: Nanos = i64::MAX as Nanos;
 
+/// The expiry of a key that must not expire (a pin without an end): above every instant a
+/// bucket can hold.
+pub const NEVER: Nanos = u64::MAX;
+
 /// The state of one bucket: the instant it is full again and the exact limit it was last
 /// written under.
 ///
@@ -96,6 +101,8 @@ pub struct Bucket {
     /// The version of the limit it holds (`VERSION v`; 0: never given one). See
     /// [`crate::version`].
     version: u64,
+    /// An operator's pin (`RL.PIN`; see [`crate::pin`]).
+    pin: Option<Pin>,
 }
 
 impl Bucket {
@@ -117,7 +124,23 @@ impl Bucket {
             keep_until: keep_until.min(MAX_INSTANT),
             keep_after_write,
             version: 0,
+            pin: None,
         }
+    }
+
+    /// The same bucket with `pin` (none: unpinned).
+    pub fn with_pin(self, pin: Option<Pin>) -> Bucket {
+        Bucket { pin, ..self }
+    }
+
+    /// The same bucket without its pin.
+    pub fn without_pin(self) -> Bucket {
+        Bucket { pin: None, ..self }
+    }
+
+    /// Its pin, live or ended (see [`Pin::live_at`]).
+    pub fn pin(&self) -> Option<Pin> {
+        self.pin
     }
 
     /// The same bucket holding a limit of version `version`.
@@ -147,9 +170,15 @@ impl Bucket {
         self.keep_after_write
     }
 
-    /// When the key may go: full, and past `keep_until`.
+    /// When the key may go: full, past `keep_until`, and its pin ended ([`NEVER`] for a
+    /// pin without an end).
     pub fn expires_at(&self) -> Nanos {
-        self.full_at.max(self.keep_until)
+        let at = self.full_at.max(self.keep_until);
+        match self.pin {
+            None => at,
+            Some(p) if p.until == 0 => NEVER,
+            Some(p) => at.max(p.until),
+        }
     }
 
     pub fn full_at(&self) -> Nanos {
@@ -177,6 +206,9 @@ pub struct Level {
     keep_after_write: Nanos,
     /// The version of the limit, stored with the bucket (see [`Bucket::version`]).
     version: u64,
+    /// The pin stored with the bucket, and what it lets through now.
+    pin: Option<Pin>,
+    gate: Gate,
 }
 
 impl Level {
@@ -192,6 +224,8 @@ impl Level {
                 deficit: 0,
                 keep_after_write: 0,
                 version: 0,
+                pin: None,
+                gate: Gate::Open,
             };
         };
         if b.limit == limit {
@@ -210,6 +244,16 @@ impl Level {
             version: b.version,
             ..old
         }
+    }
+
+    /// The same level under `pin`, which lets through what `gate` says.
+    pub fn with_pin(self, pin: Option<Pin>, gate: Gate) -> Level {
+        Level { pin, gate, ..self }
+    }
+
+    /// What the pin lets through ([`Gate::Open`]: the level decides).
+    pub fn gate(&self) -> Gate {
+        self.gate
     }
 
     /// The same level, its limit of version `version` (what the bucket stores).
@@ -234,6 +278,8 @@ impl Level {
             deficit,
             keep_after_write: 0,
             version: 0,
+            pin: None,
+            gate: Gate::Open,
         }
     }
 
@@ -254,6 +300,8 @@ impl Level {
             deficit: full_at.saturating_sub(at),
             keep_after_write: 0,
             version: 0,
+            pin: None,
+            gate: Gate::Open,
         }
     }
 
@@ -289,6 +337,11 @@ impl Level {
     /// How long until `n` tokens are there (0 if they are now), or `None` if never (`n > cap`).
     /// Exact: a caller that waits this long finds them, unless someone else took them.
     pub fn wait_for(&self, n: f64) -> Option<Nanos> {
+        match self.gate {
+            Gate::Open => {}
+            Gate::Blocked(wait) => return Some(wait.max(1)),
+            Gate::Exempt => return self.deficit_allowing(n).map(|_| 0),
+        }
         let wait = |ok| self.deficit.saturating_sub(ok);
         self.deficit_allowing(n).map(|ok| {
             if wait(ok) == 0 {
@@ -317,6 +370,9 @@ impl Level {
 
     /// Takes `n` tokens if they are all there; otherwise changes nothing.
     pub fn try_take(&mut self, n: f64) -> bool {
+        if self.gate != Gate::Open {
+            return self.gate == Gate::Exempt && self.deficit_allowing(n).is_some();
+        }
         if !self.has(n) {
             return false;
         }
@@ -327,6 +383,15 @@ impl Level {
     /// Takes as many whole tokens as are there, up to `n`, if that is at least `min`;
     /// returns how many were taken (0 if fewer than `min` were there).
     pub fn take_up_to(&mut self, n: u64, min: u64) -> u64 {
+        match self.gate {
+            Gate::Open => {}
+            Gate::Blocked(_) => return 0,
+            // All of it, nothing debited (within the cap, as any grant).
+            Gate::Exempt => {
+                let got = n.min(self.limit.cap().floor() as u64);
+                return if got >= min.max(1) { got } else { 0 };
+            }
+        }
         let mut got = n.min(self.tokens().floor() as u64);
         // `tokens()` and the time check round differently; trust the time check.
         while got >= min.max(1) {
@@ -343,7 +408,8 @@ impl Level {
     /// are promised to callers already waiting for a set instant, and moving its full
     /// instant back would let a later caller be promised the same instant.
     pub fn credit(&mut self, tokens: f64) {
-        if self.behind > 0 {
+        // An exempt grant debited nothing: nothing to give back.
+        if self.behind > 0 || self.gate == Gate::Exempt {
             return;
         }
         self.deficit = self
@@ -354,7 +420,7 @@ impl Level {
     /// `RL.REFUND`: gives back up to `n` tokens, as many as the bucket lacks (nothing while
     /// it is in debt: see [`Level::credit`]); returns how many it took back.
     pub fn refund(&mut self, n: u64) -> f64 {
-        if self.behind > 0 {
+        if self.behind > 0 || self.gate == Gate::Exempt {
             return 0.0;
         }
         let missing = self.limit.tokens_for(self.deficit);
@@ -369,6 +435,12 @@ impl Level {
     /// changes, and the wait is the one that would have been needed). `None` if `n > cap`.
     pub fn reserve(&mut self, n: f64, max_wait: Nanos) -> Option<(bool, Nanos)> {
         let wait = self.wait_for(n)?;
+        match self.gate {
+            Gate::Open => {}
+            // Denied whatever the wait allowed (the pin may be lifted at any time).
+            Gate::Blocked(w) => return Some((false, w)),
+            Gate::Exempt => return Some((true, 0)),
+        }
         if wait > max_wait {
             return Some((false, wait));
         }
@@ -380,7 +452,7 @@ impl Level {
     /// meanwhile takes only what it lacks). Returns the tokens taken back, a partly taken
     /// last one counted: `min(n, ceil(missing))`, 0 for a full bucket.
     pub fn credit_up_to(&mut self, n: u64) -> u64 {
-        if self.behind > 0 {
+        if self.behind > 0 || self.gate == Gate::Exempt {
             return 0;
         }
         let missing = self.limit.tokens_for(self.deficit).ceil();
@@ -407,6 +479,7 @@ impl Level {
             self.keep_after_write,
         )
         .with_version(self.version)
+        .with_pin(self.pin)
     }
 }
 

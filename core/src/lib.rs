@@ -17,13 +17,14 @@ mod lease;
 mod limit;
 pub mod namespace;
 mod permits;
+pub mod pin;
 pub mod round;
 pub mod share;
 mod state;
 pub mod top;
 pub mod version;
 
-pub use bucket::{take_all, AllOrNothing, Bucket, Level};
+pub use bucket::{take_all, AllOrNothing, Bucket, Level, NEVER};
 pub use lease::{
     Lease, LeaseError, LeaseOutcome, LeasePlan, LeaseRequest, LeaseTable, Settled, MAX_LEASES,
     NO_LEASES,
@@ -31,7 +32,7 @@ pub use lease::{
 pub use limit::{Limit, LimitError, MAX_FILL_SECS, MAX_VALUE, MIN_VALUE};
 pub use permits::{Acquired, Permit, PermitError, PermitTable, MAX_PERMITS};
 pub use share::{Holder, ShareError, ShareReply, ShareRequest, ShareTable, MAX_HOLDERS};
-pub use state::{validate, StateError};
+pub use state::{validate, validate_pin, PinParts, StateError};
 pub use version::{Applied, MAX_VERSION};
 
 /// A point in time: nanoseconds since the Unix epoch, as read by the caller.

@@ -23,6 +23,10 @@ pub enum StateError {
     HeldTotal,
     LastId,
     Version,
+    PinKind,
+    PinUntil,
+    PinBase,
+    PinAbsent,
 }
 
 impl StateError {
@@ -39,6 +43,14 @@ impl StateError {
             StateError::HeldTotal => "leases may hold at most 9223372036854775807 tokens in all",
             StateError::LastId => "the last lease id must be at most 9223372036854775807",
             StateError::Version => "VERSION must be an integer from 0 to 9007199254740991",
+            StateError::PinKind => "the pin kind must be 1 (rate), 2 (block) or 3 (exempt)",
+            StateError::PinUntil => "the pin's end must be at most 9223372036854775807",
+            StateError::PinBase => {
+                "a block or exempt pin's base limit must be its bucket's own limit"
+            }
+            StateError::PinAbsent => {
+                "a pin over an absent bucket must be block or exempt, on a full bucket of limit 1 1 without leases, hold or version"
+            }
         }
     }
 }
@@ -109,6 +121,55 @@ pub fn validate(
         Bucket::with_keep(full_at, limit, keep_until, keep_after_write).with_version(version),
         LeaseTable::from_validated(last_id, leases),
     ))
+}
+
+/// A pin as stored: its kind's code, its end (0: none), the limit it returns the bucket to,
+/// and whether the key holds nothing under it (see [`crate::pin::Pin`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PinParts {
+    pub kind: u64,
+    pub until: Nanos,
+    pub base_rate: f64,
+    pub base_cap: f64,
+    pub absent: bool,
+}
+
+/// `bucket` (from [`validate`], with its lease table `table`) pinned as `parts` says, if
+/// this module could have written it.
+pub fn validate_pin(
+    bucket: Bucket,
+    table: &LeaseTable,
+    parts: PinParts,
+) -> Result<Bucket, StateError> {
+    use crate::pin::{Pin, PinKind};
+    let kind = PinKind::from_code(parts.kind).ok_or(StateError::PinKind)?;
+    if parts.until > MAX_INSTANT {
+        return Err(StateError::PinUntil);
+    }
+    let base = Limit::new(parts.base_rate, parts.base_cap).map_err(StateError::Limit)?;
+    if parts.absent {
+        let placeholder = Limit::new(1.0, 1.0).map_err(StateError::Limit)?;
+        let bare = kind != PinKind::Rate
+            && bucket.full_at() == 0
+            && bucket.limit() == placeholder
+            && base == placeholder
+            && table.is_empty()
+            && table.last_id() == 0
+            && bucket.keep_until() == 0
+            && bucket.keep_after_write() == 0
+            && bucket.version() == 0;
+        if !bare {
+            return Err(StateError::PinAbsent);
+        }
+    } else if kind != PinKind::Rate && base != bucket.limit() {
+        return Err(StateError::PinBase);
+    }
+    Ok(bucket.with_pin(Some(Pin {
+        kind,
+        until: parts.until,
+        base,
+        absent: parts.absent,
+    })))
 }
 
 #[cfg(test)]

@@ -30,6 +30,8 @@ pub enum Applied {
     Replaced,
     /// An older version: the stored, newer limit applied; the call's own was ignored.
     Stale,
+    /// A live pin decided (see [`crate::pin`]); the call's limit was ignored.
+    Pinned,
 }
 
 impl Applied {

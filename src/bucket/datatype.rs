@@ -7,8 +7,10 @@
 //! `hold` and `span` keep a key alive after a limit change (0: none; see
 //! [`rl_core::Bucket::span`]), `version` is the version of the limit (`VERSION v`; 0: none)
 //! and `table` is 0 for a bucket that never had a lease and `1 + live leases` for one that
-//! did. Version 2 (the same without `version`) and version 1 (without `hold`, `span` and
-//! `version`) are still read, as version 0.
+//! did. Version 4 adds, after `version`, the pin: `pin` (0: none; else its kind's code,
+//! followed by `until base_rate base_cap absent`: unsigned, double, double, unsigned).
+//! Version 3 (the same without `pin`), version 2 (without `version` either) and version 1
+//! (without `hold` and `span` too) are still read.
 //!
 //! `free`, `copy` and `rdb_load` keep `rl_leases_active` equal to the leases held in memory.
 
@@ -18,7 +20,7 @@ use crate::ffi::{Aof, Digest, Io, Str};
 use crate::observe::stats;
 use rl_core::{Lease, MAX_LEASES};
 
-pub const ENCODING_VERSION: i32 = 3;
+pub const ENCODING_VERSION: i32 = 4;
 
 pub fn save(io: &Io, state: &StateMut) {
     let b = state.bucket();
@@ -28,6 +30,16 @@ pub fn save(io: &Io, state: &StateMut) {
     io.save_unsigned(b.keep_until());
     io.save_unsigned(b.keep_after_write());
     io.save_unsigned(b.version());
+    match b.pin() {
+        None => io.save_unsigned(0),
+        Some(p) => {
+            io.save_unsigned(p.kind.code());
+            io.save_unsigned(p.until);
+            io.save_double(p.base.rate());
+            io.save_double(p.base.cap());
+            io.save_unsigned(p.absent as u64);
+        }
+    }
     let Some(table) = state.table() else {
         io.save_unsigned(0);
         return;
@@ -61,6 +73,22 @@ pub fn load(io: &Io, encver: i32) -> Option<Stored> {
         (0, 0)
     };
     let version = if encver >= 3 { io.load_unsigned() } else { 0 };
+    let pin_kind = if encver >= 4 { io.load_unsigned() } else { 0 };
+    let pin = if pin_kind == 0 {
+        None
+    } else {
+        Some(rl_core::PinParts {
+            kind: pin_kind,
+            until: io.load_unsigned(),
+            base_rate: io.load_double(),
+            base_cap: io.load_double(),
+            absent: match io.load_unsigned() {
+                0 => false,
+                1 => true,
+                _ => return None,
+            },
+        })
+    };
     let table = io.load_unsigned();
     // 0: never leased; else 1 + the number of leases, which may not exceed the bound (a
     // corrupt count must not make us read, or allocate, without end).
@@ -90,6 +118,10 @@ pub fn load(io: &Io, encver: i32) -> Option<Stored> {
     }
     let (bucket, table) =
         rl_core::validate(full_at, rate, cap, hold, span, version, last_id, leases).ok()?;
+    let bucket = match pin {
+        Some(p) => rl_core::validate_pin(bucket, &table, p).ok()?,
+        None => bucket,
+    };
     stats::LEASES_ACTIVE.add_shared(table.leases().len() as u64);
     Some(Stored::new(bucket, table))
 }
@@ -115,6 +147,15 @@ pub fn digest(md: &Digest, state: &StateMut) {
         // After the hold and span (both 0 if absent), so no two states add the same.
         md.add(u64::MAX);
         md.add(b.version());
+    }
+    if let Some(p) = b.pin() {
+        // After the version's marker (or none), behind a marker of its own.
+        md.add(u64::MAX - 1);
+        md.add(p.kind.code());
+        md.add(p.until);
+        md.add(p.base.rate().to_bits());
+        md.add(p.base.cap().to_bits());
+        md.add(p.absent as u64);
     }
     if let Some(t) = state.table() {
         md.add(t.last_id());

@@ -12,6 +12,7 @@
 use crate::bucket::stored::StateMut;
 use crate::effect::{Decimal, EffectArgs};
 use crate::ffi::{self, Aof, Ctx, EffectArg, Str};
+use rl_core::pin::Pin;
 use rl_core::{Bucket, Lease, Nanos};
 
 const SETSTATE: &std::ffi::CStr = c"RL.SETSTATE";
@@ -29,6 +30,8 @@ pub struct BucketEffect<'a> {
     pub keep_after_write: Nanos,
     /// The version of the bucket's limit (0: none, and not sent).
     pub version: u64,
+    /// Its pin (`PIN kind until base_rate base_cap absent`; none: not sent).
+    pub pin: Option<Pin>,
 }
 
 impl<'a> BucketEffect<'a> {
@@ -42,12 +45,16 @@ impl<'a> BucketEffect<'a> {
             keep_until: bucket.keep_until(),
             keep_after_write: bucket.keep_after_write(),
             version: bucket.version(),
+            pin: bucket.pin(),
         }
     }
 
     /// Whether the bucket has parts a lease-table effect does not carry (see [`leases`]).
     fn has_extras(&self) -> bool {
-        self.keep_until != 0 || self.keep_after_write != 0 || self.version != 0
+        self.keep_until != 0
+            || self.keep_after_write != 0
+            || self.version != 0
+            || self.pin.is_some()
     }
 }
 
@@ -86,7 +93,41 @@ pub fn bucket(ctx: Ctx, h: &BucketEffect) {
         args.push(EffectArg::Text(c"VERSION"))
             .push(EffectArg::Bytes(version.bytes()));
     }
+    let pin = h.pin.map(PinText::new);
+    if let Some(p) = &pin {
+        p.push_onto(&mut args);
+    }
     ffi::replicate(ctx, SETSTATE, args.get());
+}
+
+/// A pin as the text of its effect: `PIN kind until base_rate base_cap absent`.
+struct PinText {
+    kind: Decimal,
+    until: Decimal,
+    base_rate: String,
+    base_cap: String,
+    absent: Decimal,
+}
+
+impl PinText {
+    fn new(p: Pin) -> PinText {
+        PinText {
+            kind: Decimal::new(p.kind.code()),
+            until: Decimal::new(p.until),
+            base_rate: stored_number(p.base.rate()),
+            base_cap: stored_number(p.base.cap()),
+            absent: Decimal::new(p.absent as u64),
+        }
+    }
+
+    fn push_onto<'a>(&'a self, args: &mut EffectArgs<'a>) {
+        args.push(EffectArg::Text(c"PIN"))
+            .push(EffectArg::Bytes(self.kind.bytes()))
+            .push(EffectArg::Bytes(self.until.bytes()))
+            .push(EffectArg::Bytes(self.base_rate.as_bytes()))
+            .push(EffectArg::Bytes(self.base_cap.as_bytes()))
+            .push(EffectArg::Bytes(self.absent.bytes()));
+    }
 }
 
 /// A new bucket state with lease changes: expired leases pruned at `now`, one lease
@@ -210,6 +251,24 @@ pub fn rewrite(aof: &Aof, key: Str, state: &StateMut) {
             EffectArg::Text(c"SPAN"),
             EffectArg::Int(b.keep_after_write() as i64),
         ]);
+    }
+    if let Some(p) = b.pin() {
+        // Last, with the hold and version again (each command sets the whole bucket).
+        let p = PinText::new(p);
+        let mut args = EffectArgs::new();
+        for a in head.iter() {
+            args.push(*a);
+        }
+        let (hold, span, version) = (
+            Decimal::new(b.keep_until()),
+            Decimal::new(b.keep_after_write()),
+            Decimal::new(b.version()),
+        );
+        args.keyword(c"HOLD", &hold)
+            .keyword(c"SPAN", &span)
+            .keyword(c"VERSION", &version);
+        p.push_onto(&mut args);
+        ffi::emit_aof(aof, SETSTATE, args.get());
     }
     ffi::emit_aof(aof, c"PERSIST", &[EffectArg::Str(key)]);
 }

@@ -58,7 +58,7 @@ impl BucketKey {
     /// before the bucket is full.
     pub fn expire_at(&self, at: Nanos) {
         self.modified.set(true);
-        self.key.set_expire_ms(rl_core::ceil_millis(at) as i64);
+        self.key.set_expire_ms(expiry_ms(at));
     }
 
     /// Makes the expiry `at` if it is not already: a hot key's full instant often moves by
@@ -67,7 +67,7 @@ impl BucketKey {
     /// removed it.)
     fn keep_expiry_at(&self, at: Nanos) {
         self.modified.set(true);
-        if self.key.expire_ms() != rl_core::ceil_millis(at) as i64 {
+        if self.key.expire_ms() != expiry_ms(at) {
             self.expire_at(at);
         }
     }
@@ -75,7 +75,7 @@ impl BucketKey {
     /// Sets the expiry to `at`: directly if the state implied another one before (`before`,
     /// in ms), else only if the key's actual expiry differs.
     fn move_expiry(&self, before: Option<i64>, at: Nanos) {
-        if before == Some(rl_core::ceil_millis(at) as i64) {
+        if before == Some(expiry_ms(at)) {
             self.keep_expiry_at(at);
         } else {
             self.expire_at(at);
@@ -90,7 +90,7 @@ impl BucketKey {
                 bucket.expires_at(),
             );
         };
-        let before = rl_core::ceil_millis(s.expires_at());
+        let before = expiry_ms(s.expires_at());
         let in_place = match &mut s {
             StateMut::Compact(c) => c.update(&bucket),
             StateMut::Full(f) => {
@@ -109,7 +109,7 @@ impl BucketKey {
                 bucket.expires_at(),
             );
         }
-        if rl_core::ceil_millis(s.expires_at()) == before {
+        if expiry_ms(s.expires_at()) == before {
             self.keep_expiry_at(s.expires_at());
         } else {
             self.expire_at(s.expires_at());
@@ -127,10 +127,10 @@ impl BucketKey {
     pub fn detach_leases(&self, state: &mut Option<StateMut>) -> LeaseTable {
         match state {
             Some(StateMut::Full(f)) => {
-                self.expiry_before
-                    .set(Some(
-                        rl_core::ceil_millis(stored::expires_at(&f.bucket, Some(&f.table))) as i64,
-                    ));
+                self.expiry_before.set(Some(expiry_ms(stored::expires_at(
+                    &f.bucket,
+                    Some(&f.table),
+                ))));
                 let table = std::mem::take(&mut f.table);
                 stats::LEASES_ACTIVE.sub_shared(table.leases().len() as u64);
                 table
@@ -152,7 +152,7 @@ impl BucketKey {
                 self.move_expiry(self.expiry_before.get(), expires);
             }
             Some(StateMut::Compact(c)) if !stored::ever_leased(&table) => {
-                let before = rl_core::ceil_millis(c.bucket().full_at()) as i64;
+                let before = expiry_ms(c.bucket().full_at());
                 if c.update(&bucket) {
                     self.move_expiry(Some(before), expires);
                 } else {
@@ -193,5 +193,16 @@ impl Drop for BucketKey {
 fn count_limit_change(old: &Bucket, new: &Bucket) {
     if old.limit() != new.limit() {
         stats::LIMIT_CHANGES.add(1);
+    }
+}
+
+/// The key's expiry (ms) for a state that may go at `at`: rounded up to Redis's
+/// milliseconds so the key never goes before the bucket is full, and none (`-1`, what
+/// Redis reports for a key without one) for a pin without an end.
+fn expiry_ms(at: Nanos) -> i64 {
+    if at == rl_core::NEVER {
+        -1
+    } else {
+        rl_core::ceil_millis(at) as i64
     }
 }

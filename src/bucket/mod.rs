@@ -10,6 +10,7 @@ pub mod key;
 pub mod lease;
 pub mod mtake;
 pub mod peek;
+pub mod pin;
 pub mod refund;
 pub mod reserve;
 pub mod return_lease;

@@ -164,7 +164,7 @@ pub fn mtake(ctx: Ctx, args: Args) -> Result<Reply> {
         longest,
     } = take_all(&mut levels, n as f64);
     for (j, (key, mut bucket)) in keys.iter().zip(buckets).enumerate() {
-        if !granted && !bucket.store_even_if_denied {
+        if !bucket.writes(if granted { n } else { 0 }) {
             continue;
         }
         bucket.level = levels[j];

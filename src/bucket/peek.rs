@@ -7,7 +7,7 @@ use crate::clock;
 use crate::error::{Error, Result};
 use crate::ffi::Ctx;
 use crate::reply::Reply;
-use rl_core::{ceil_millis, Level};
+use rl_core::ceil_millis;
 
 pub fn peek(ctx: Ctx, args: Args) -> Result<Reply> {
     if args.len() != 1 {
@@ -20,8 +20,12 @@ pub fn peek(ctx: Ctx, args: Args) -> Result<Reply> {
         return Ok(Reply::Null);
     };
     let bucket = state.bucket();
-    // The limit it was last written under.
-    let level = Level::new(Some(&bucket), bucket.limit(), now);
+    // The limit it was last written under, or its pin's; a key that holds only a pin is as
+    // absent (`RL.PINNED` shows the pin).
+    let Some(level) = rl_core::pin::level_of_stored(&bucket, now) else {
+        return Ok(Reply::Null);
+    };
+    let bucket = level.bucket();
     let live = state
         .table()
         .map(|t| t.leases().iter().filter(|l| l.expires_at > now));
@@ -31,7 +35,7 @@ pub fn peek(ctx: Ctx, args: Args) -> Result<Reply> {
         })
     });
 
-    Ok(Reply::fields([
+    let mut reply = Reply::fields([
         (c"tokens", Reply::Double(level.signed_tokens())),
         (c"rate", Reply::Double(bucket.limit().rate())),
         (c"cap", Reply::Double(bucket.limit().cap())),
@@ -42,5 +46,14 @@ pub fn peek(ctx: Ctx, args: Args) -> Result<Reply> {
         (c"leases", Reply::Int(leases)),
         (c"leased_tokens", Reply::count(held)),
         (c"version", Reply::count(bucket.version())),
-    ]))
+    ]);
+    // A live pin shows as one more field (only then, so replies of unpinned keys stay as
+    // they were).
+    if let (Reply::Map(fields), Some(p)) = (&mut reply, bucket.pin().filter(|p| p.live_at(now))) {
+        fields.push((
+            Reply::Text(c"pinned"),
+            Reply::Text(crate::bucket::pin::kind_name(p.kind)),
+        ));
+    }
+    Ok(reply)
 }

@@ -11,7 +11,6 @@ use crate::error::{Error, Result};
 use crate::ffi::Ctx;
 use crate::observe::stats;
 use crate::reply::Reply;
-use rl_core::Level;
 
 pub fn refund(ctx: Ctx, args: Args) -> Result<Reply> {
     if args.len() != 2 {
@@ -25,7 +24,10 @@ pub fn refund(ctx: Ctx, args: Args) -> Result<Reply> {
     let Some(bucket) = state.as_ref().map(|s| s.bucket()) else {
         return Ok(Reply::Double(0.0));
     };
-    let mut level = Level::new(Some(&bucket), bucket.limit(), now);
+    // Under its pin, if one lives; a key that holds only a pin is full.
+    let Some(mut level) = rl_core::pin::level_of_stored(&bucket, now) else {
+        return Ok(Reply::Double(0.0));
+    };
     let credited = level.refund(n);
     if credited <= 0.0 {
         // Full already: nothing to take back, nothing written.

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::ffi::Ctx;
 use crate::observe::stats;
 use crate::reply::Reply;
-use rl_core::{Level, Settled};
+use rl_core::Settled;
 
 pub fn return_lease(ctx: Ctx, args: Args) -> Result<Reply> {
     if args.len() != 3 {
@@ -37,8 +37,11 @@ pub fn return_lease(ctx: Ctx, args: Args) -> Result<Reply> {
     };
     // The limit is the one the bucket was last written under. A bucket near full takes
     // back only what fits below cap: the reply says what it took.
-    let limit = bucket.limit();
-    let mut level = Level::new(Some(&bucket), limit, now);
+    // Under its pin, if one lives (an exempt bucket takes nothing back: its grants debited
+    // nothing).
+    let Some(mut level) = rl_core::pin::level_of_stored(&bucket, now) else {
+        unreachable!("a key that holds only a pin holds no lease");
+    };
     let credited = level.credit_up_to(credited);
     stats::RETURNS.add(1);
     stats::TOKENS_RETURNED.add(credited);

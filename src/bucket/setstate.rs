@@ -1,4 +1,4 @@
-//! `RL.SETSTATE key full_at rate cap [HOLD t SPAN d] [VERSION v] [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
+//! `RL.SETSTATE key full_at rate cap [HOLD t SPAN d] [VERSION v] [PIN kind until base_rate base_cap absent] [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
 //!
 //! The effect replicas and the AOF apply (see [`crate::bucket::effect`]); not meant for clients.
 //! It only sets what it is told: no clock is read, so every copy ends with the same bytes.
@@ -28,6 +28,8 @@ struct TableOps {
     prune: Option<u64>,
     drop: Option<u64>,
     add: Option<Lease>,
+    /// `PIN kind until base_rate base_cap absent` (part of the bucket; absent: no pin).
+    pin: Option<rl_core::PinParts>,
 }
 
 impl TableOps {
@@ -60,6 +62,20 @@ fn parse_ops(args: &Args) -> Result<TableOps> {
             seen(ops.version.is_some())?;
             ops.version = Some(crate::grammar::version(args, i + 1)?);
             i += 2;
+        } else if args.is(i, "PIN") {
+            seen(ops.pin.is_some())?;
+            let absent = int(i + 5)?;
+            if absent > 1 {
+                return Err(Error::Invalid("the pin's absent flag must be 0 or 1"));
+            }
+            ops.pin = Some(rl_core::PinParts {
+                kind: int(i + 1)?,
+                until: int(i + 2)?,
+                base_rate: args.number(i + 3, "the pin's base rate is not a number")?,
+                base_cap: args.number(i + 4, "the pin's base cap is not a number")?,
+                absent: absent == 1,
+            });
+            i += 6;
         } else if args.is(i, "LASTID") {
             seen(ops.last_id.is_some())?;
             ops.last_id = Some(int(i + 1)?);
@@ -104,7 +120,7 @@ pub fn setstate(ctx: Ctx, args: Args) -> Result<Reply> {
         ops.version.unwrap_or(0),
     );
     let validate = |last_id, leases| {
-        rl_core::validate(
+        let (bucket, table) = rl_core::validate(
             full_at,
             rate,
             cap,
@@ -113,11 +129,21 @@ pub fn setstate(ctx: Ctx, args: Args) -> Result<Reply> {
             version,
             last_id,
             leases,
-        )
+        )?;
+        let bucket = match ops.pin {
+            Some(p) => rl_core::validate_pin(bucket, &table, p)?,
+            None => bucket,
+        };
+        Ok::<_, rl_core::StateError>((bucket, table))
     };
     if !ops.any() {
         // The bucket alone; the key's leases (valid when they got in) stay as they are.
         let (bucket, _) = validate(0, Vec::new())?;
+        let leased = state.as_ref().is_some_and(|s| s.table().is_some());
+        if leased && bucket.pin().is_some_and(|p| p.absent) {
+            // A key that holds only a pin holds no leases either.
+            return Err(rl_core::StateError::PinAbsent.into());
+        }
         key.store(state, bucket);
     } else {
         // The table this effect leaves: the key's own, changed as told (a copy: nothing

@@ -82,7 +82,11 @@ impl Compact {
     /// The compact form of `bucket`, if its limit fits it exactly and it has no hold and
     /// no version.
     pub fn of(bucket: &Bucket) -> Option<Compact> {
-        if bucket.keep_until() != 0 || bucket.keep_after_write() != 0 || bucket.version() != 0 {
+        if bucket.keep_until() != 0
+            || bucket.keep_after_write() != 0
+            || bucket.version() != 0
+            || bucket.pin().is_some()
+        {
             return None;
         }
         let limit = bucket.limit();
@@ -102,7 +106,11 @@ impl Compact {
     /// Stores `bucket` here if it fits: at once when the limit is unchanged (the hot path:
     /// nothing to encode), else if the new limit encodes. `false` if it does not fit.
     pub fn update(&mut self, bucket: &Bucket) -> bool {
-        if bucket.keep_until() != 0 || bucket.keep_after_write() != 0 || bucket.version() != 0 {
+        if bucket.keep_until() != 0
+            || bucket.keep_after_write() != 0
+            || bucket.version() != 0
+            || bucket.pin().is_some()
+        {
             return false;
         }
         if bucket.limit() == self.bucket().limit() {

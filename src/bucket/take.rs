@@ -50,12 +50,27 @@ pub fn take(ctx: Ctx, args: Args) -> Result<Reply> {
     } else {
         level.wait_for(n as f64).map_or(0, ceil_millis)
     };
-    Ok(Reply::row([
+    let state = [
         Scalar::Int(reply),
         Scalar::Double(level.signed_tokens()),
         Scalar::Int(retry as i64),
         Scalar::Int(ceil_millis(level.reset_after()) as i64),
-    ]))
+    ];
+    // A decision a live pin made says so in a fifth element (only then: replies on
+    // unpinned keys stay as they were).
+    Ok(match done.pinned {
+        None => Reply::row(state),
+        Some(kind) => {
+            let [a, b, c, d] = state;
+            Reply::row([
+                a,
+                b,
+                c,
+                d,
+                Scalar::Text(crate::bucket::pin::kind_name(kind)),
+            ])
+        }
+    })
 }
 
 /// The options `RL.TAKE` takes (its entry in the command table documents this same list).

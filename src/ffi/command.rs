@@ -25,7 +25,7 @@ extern "C" fn entry<const I: usize>(
 }
 
 /// One entry point per slot of [`COMMANDS`] (a test checks there are enough).
-const ENTRIES: [raw::RedisModuleCmdFunc; 20] = [
+const ENTRIES: [raw::RedisModuleCmdFunc; 24] = [
     Some(entry::<0>),
     Some(entry::<1>),
     Some(entry::<2>),
@@ -46,6 +46,10 @@ const ENTRIES: [raw::RedisModuleCmdFunc; 20] = [
     Some(entry::<17>),
     Some(entry::<18>),
     Some(entry::<19>),
+    Some(entry::<20>),
+    Some(entry::<21>),
+    Some(entry::<22>),
+    Some(entry::<23>),
 ];
 
 /// Registers every command of [`COMMANDS`] (and the `ratelimit` ACL category first, where
@@ -200,9 +204,10 @@ fn register(
         return Err(spec.name);
     }
     set_info(command, spec).ok_or(spec.name)?;
-    // The effect command is not one a rate-limited caller needs: `+@ratelimit` must not
-    // let anyone overwrite buckets.
-    set_acl_categories(command, spec.acl, !spec.internal).ok_or(spec.name)
+    // The effect commands and the operator's (`@admin`: pins) are not ones a rate-limited
+    // caller needs: `+@ratelimit` must not let anyone overwrite or pin buckets.
+    let operator = spec.acl.to_bytes().windows(5).any(|w| w == b"admin");
+    set_acl_categories(command, spec.acl, !spec.internal && !operator).ok_or(spec.name)
 }
 
 fn set_acl_categories(

@@ -33,6 +33,7 @@ pub fn reply(ctx: Ctx, r: &Reply) {
                         reply_double(ctx, v, resp3)
                     }
                     Scalar::Null => reply_null(ctx),
+                    Scalar::Text(s) => reply_text(ctx, s),
                 }
             }
         }

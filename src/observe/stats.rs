@@ -86,6 +86,9 @@ counters! {
     SHARES_RELEASED: "Shares given up with RL.SHARE ... RELEASE.",
     SHARE_HOLDERS_DROPPED: "Share holder entries dropped once their lease and hold ended (counted when dropped), or with their key.",
     SHARE_HOLDERS: "Share holder entries recorded in keys now (ended ones leave at the key's next write).",
+    PINNED_DECISIONS: "Decisions a live pin made (RL.PIN: the pinned limit, BLOCK or EXEMPT) instead of the caller's limit.",
+    PINS_SET: "RL.PIN calls (a pin set or replaced).",
+    PINS_REMOVED: "RL.UNPIN calls that removed a pin.",
     KEYS_EVICTED: "rl keys (bucket, share, permit) the server evicted under maxmemory: each came back full (a bucket) or without its holders on its next use.",
 }
 

@@ -1,0 +1,296 @@
+//! Pins: an operator's limit on a key (`RL.PIN`), stored in the bucket and applied by every
+//! command on it, whatever limit or `VERSION` the caller sends.
+//!
+//! Three kinds:
+//! - a rate pin (`RL.PIN key rate cap`): the bucket is kept under the pinned limit. Its
+//!   tokens carry over into it when the pin starts and out of it when the pin ends, by the
+//!   never-mint rule of [`Level::new`] (clamped to the cap that governs next). Meanwhile the
+//!   limit callers' versions resolve to is kept aside ([`Pin::base`]), so once the pin ends
+//!   the bucket is back under that limit, as if the callers had been deciding all along.
+//! - `BLOCK`: every take, lease and reservation is denied; nothing is written, the bucket
+//!   refills as before.
+//! - `EXEMPT`: every take, lease and reservation is granted and nothing is debited.
+//!
+//! A pin may end by itself (`PX`): from that instant the key decides as if it had been
+//! unpinned then; the stored pin goes at the next write. A key pinned before any bucket was
+//! there holds only the pin: once a `BLOCK` or `EXEMPT` pin ends, the key is as absent (a
+//! full bucket under the caller's limit: nothing was taken meanwhile).
+
+use crate::version::{self, Applied};
+use crate::{Bucket, Level, Limit, Nanos};
+
+/// What a pin does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PinKind {
+    /// Decide under the pinned limit (the bucket's own limit while the pin lives).
+    Rate,
+    Block,
+    Exempt,
+}
+
+impl PinKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PinKind::Rate => "rate",
+            PinKind::Block => "block",
+            PinKind::Exempt => "exempt",
+        }
+    }
+
+    /// The code in effects and RDB.
+    pub fn code(self) -> u64 {
+        match self {
+            PinKind::Rate => 1,
+            PinKind::Block => 2,
+            PinKind::Exempt => 3,
+        }
+    }
+
+    pub fn from_code(c: u64) -> Option<PinKind> {
+        match c {
+            1 => Some(PinKind::Rate),
+            2 => Some(PinKind::Block),
+            3 => Some(PinKind::Exempt),
+            _ => None,
+        }
+    }
+}
+
+/// A pin, as stored with its bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pin {
+    pub kind: PinKind,
+    /// When it ends (0: at `RL.UNPIN`).
+    pub until: Nanos,
+    /// The limit the bucket returns to when the pin ends: its own before the pin, or the
+    /// one a caller with a newer `VERSION` gave meanwhile. For a `BLOCK` or `EXEMPT` pin it
+    /// is the bucket's own limit (those never change it).
+    pub base: Limit,
+    /// The key held no bucket when it was pinned, and still holds none (`BLOCK`, `EXEMPT`).
+    pub absent: bool,
+}
+
+/// How long a caller refused by a `BLOCK` pin without an end is told to wait: the operator
+/// may lift it any time, and a caller retrying once a minute costs nothing.
+pub const BLOCKED_RETRY: Nanos = 60_000_000_000;
+
+impl Pin {
+    /// Whether the pin still governs at `now`.
+    pub fn live_at(&self, now: Nanos) -> bool {
+        self.until == 0 || now < self.until
+    }
+
+    /// Time left at `now` (`None`: no end).
+    pub fn left(&self, now: Nanos) -> Option<Nanos> {
+        (self.until != 0).then(|| self.until.saturating_sub(now))
+    }
+}
+
+/// What a pin lets through at an instant (see [`Level::gate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// The level decides (no pin, or a rate pin).
+    Open,
+    /// Denied; the wait a caller is told.
+    Blocked(Nanos),
+    /// Granted, nothing debited, nothing written.
+    Exempt,
+}
+
+/// The outcome of opening a stored bucket for a call.
+pub struct Opened {
+    pub level: Level,
+    pub applied: Applied,
+    /// The kind of the live pin that decides the call, if any.
+    pub pinned: Option<PinKind>,
+}
+
+/// `stored` refilled to `now` for a call with `limit` at `version`, under its pin if one
+/// lives: the level the call is decided on, and which limit that is.
+pub fn open(stored: Option<&Bucket>, limit: Limit, version: u64, now: Nanos) -> Opened {
+    let Some(b) = stored else {
+        let (level, applied) = version::open(None, limit, version, now);
+        return Opened {
+            level,
+            applied,
+            pinned: None,
+        };
+    };
+    let Some(pin) = b.pin() else {
+        let (level, applied) = version::open(Some(b), limit, version, now);
+        return Opened {
+            level,
+            applied,
+            pinned: None,
+        };
+    };
+    if !pin.live_at(now) {
+        let unpinned = ended(b, &pin);
+        let (level, applied) = version::open(unpinned.as_ref(), limit, version, now);
+        return Opened {
+            level,
+            applied,
+            pinned: None,
+        };
+    }
+    match pin.kind {
+        PinKind::Rate => {
+            // A newer VERSION replaces the limit the bucket returns to (stored even if the
+            // call is denied); any other call changes nothing of it.
+            let (base, v, applied) =
+                version::resolve(Some((pin.base, b.version())), limit, version);
+            let applied = if applied == Applied::Replaced {
+                Applied::Replaced
+            } else {
+                Applied::Pinned
+            };
+            let level = Level::new(Some(b), b.limit(), now)
+                .with_version(v)
+                .with_pin(Some(Pin { base, ..pin }), Gate::Open);
+            Opened {
+                level,
+                applied,
+                pinned: Some(PinKind::Rate),
+            }
+        }
+        PinKind::Block | PinKind::Exempt => {
+            let gate = match pin.kind {
+                PinKind::Block => Gate::Blocked(pin.left(now).unwrap_or(BLOCKED_RETRY)),
+                _ => Gate::Exempt,
+            };
+            // Shown (and refilled) as the bucket underneath; a key that holds only the pin
+            // shows a full bucket under the caller's limit.
+            let level = if pin.absent {
+                Level::new(None, limit, now)
+            } else {
+                Level::new(Some(b), b.limit(), now).with_version(b.version())
+            };
+            Opened {
+                level: level.with_pin(Some(pin), gate),
+                applied: Applied::Pinned,
+                pinned: Some(pin.kind),
+            }
+        }
+    }
+}
+
+/// The bucket `b` (whose pin `pin` has ended) as it stands without it: a rate pin's tokens
+/// carried over into the limit it returns to at the instant the pin ended; `None` for a key
+/// that held only the pin.
+pub fn ended(b: &Bucket, pin: &Pin) -> Option<Bucket> {
+    if pin.absent {
+        return None;
+    }
+    let bare = b.without_pin();
+    match pin.kind {
+        PinKind::Rate if pin.base != b.limit() => {
+            // The level at the pin's end (or at the last write, if later: a clock that
+            // stepped), moved to the base limit there.
+            let at = pin.until.max(1);
+            Some(
+                Level::new(Some(&bare), pin.base, at)
+                    .with_version(b.version())
+                    .bucket(),
+            )
+        }
+        _ => Some(bare),
+    }
+}
+
+/// The bucket `stored` (none: the key holds nothing) pinned with `kind` until `until` at
+/// `now` (rate pins: to `limit`), replacing any pin it had.
+pub fn pinned(
+    stored: Option<&Bucket>,
+    kind: PinKind,
+    limit: Option<Limit>,
+    until: Nanos,
+    now: Nanos,
+) -> Bucket {
+    // The bucket as it stands now without its old pin.
+    let current: Option<Bucket> = stored.and_then(|b| match b.pin() {
+        Some(p) if !p.live_at(now) => ended(b, &p),
+        Some(p) if p.absent => None,
+        Some(p) if p.kind == PinKind::Rate => {
+            // Back under its base, at now: the new pin starts from there.
+            let bare = b.without_pin();
+            Some(
+                Level::new(Some(&bare), p.base, now)
+                    .with_version(b.version())
+                    .bucket()
+                    .with_pin(None),
+            )
+        }
+        Some(_) => Some(b.without_pin()),
+        None => Some(*b),
+    });
+    match (kind, limit, current) {
+        (PinKind::Rate, Some(pl), Some(b)) => {
+            let level = Level::new(Some(&b), pl, now).with_version(b.version());
+            level.bucket().with_pin(Some(Pin {
+                kind,
+                until,
+                base: b.limit(),
+                absent: false,
+            }))
+        }
+        (PinKind::Rate, Some(pl), None) => Bucket::new(now, pl).with_pin(Some(Pin {
+            kind,
+            until,
+            base: pl,
+            absent: false,
+        })),
+        (_, _, Some(b)) => b.with_pin(Some(Pin {
+            kind,
+            until,
+            base: b.limit(),
+            absent: false,
+        })),
+        (_, _, None) => {
+            // Nothing underneath: a placeholder bucket, full, that no call reads (see
+            // `Pin::absent`).
+            let placeholder = Limit::new(1.0, 1.0).unwrap_or_else(|_| unreachable!());
+            Bucket::new(0, placeholder).with_pin(Some(Pin {
+                kind,
+                until,
+                base: placeholder,
+                absent: true,
+            }))
+        }
+    }
+}
+
+/// The bucket `stored` unpinned at `now`, or `None` if the key then holds nothing.
+pub fn unpinned(stored: &Bucket, now: Nanos) -> Option<Bucket> {
+    let pin = stored.pin()?;
+    let end = Pin {
+        until: if pin.live_at(now) { now } else { pin.until },
+        ..pin
+    };
+    ended(stored, &end)
+}
+
+/// A stored bucket refilled to `now` under what governs it then (its pin's gate carried),
+/// for the commands that give no limit (`RL.PEEK`, `RL.REFUND`, `RL.RETURN`); `None` if the
+/// key is as absent (it held only a pin, now ended or never over a bucket).
+pub fn level_of_stored(b: &Bucket, now: Nanos) -> Option<Level> {
+    let Some(pin) = b.pin() else {
+        return Some(Level::new(Some(b), b.limit(), now).with_version(b.version()));
+    };
+    if !pin.live_at(now) {
+        let bare = ended(b, &pin)?;
+        return Some(Level::new(Some(&bare), bare.limit(), now).with_version(bare.version()));
+    }
+    if pin.absent {
+        return None;
+    }
+    let gate = match pin.kind {
+        PinKind::Rate => Gate::Open,
+        PinKind::Block => Gate::Blocked(pin.left(now).unwrap_or(BLOCKED_RETRY)),
+        PinKind::Exempt => Gate::Exempt,
+    };
+    Some(
+        Level::new(Some(b), b.limit(), now)
+            .with_version(b.version())
+            .with_pin(Some(pin), gate),
+    )
+}

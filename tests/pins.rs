@@ -1,0 +1,344 @@
+//! Pins (`RL.PIN`, `RL.UNPIN`, `RL.PINNED`): an operator's limit decided inside the same
+//! command, on a real server: the replies, the expiry a pin keeps, and the same bytes on a
+//! replica, after an AOF rewrite and replay, an RDB reload and DUMP/RESTORE; forged pins
+//! refused by the one validator; share and permit keys refused.
+
+mod support;
+
+use support::*;
+
+fn take_state(c: &mut Connection, key: &str, rate: &str, cap: &str, n: u64) -> Vec<Value> {
+    redis::cmd("RL.TAKE")
+        .arg(&[key, rate, cap])
+        .arg(n)
+        .arg("WITHSTATE")
+        .query(c)
+        .unwrap()
+}
+
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::Int(n) => *n,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn ok(c: &mut Connection, args: &[&str]) {
+    let r: String = redis::cmd(args[0]).arg(&args[1..]).query(c).unwrap();
+    assert_eq!(r, "OK", "{args:?}");
+}
+
+fn pttl(c: &mut Connection, key: &str) -> i64 {
+    query(c, &["PTTL", key])
+}
+
+#[test]
+fn a_rate_pin_decides_whatever_the_caller_sends_and_says_so() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    // Slow limits: nothing refills noticeably during the test.
+    assert_eq!(take(&mut c, "k", 0.001, 100.0, 90), 90);
+    ok(&mut c, &["RL.PIN", "k", "0.001", "5"]);
+    // The 10 tokens left carry over, clamped to the pinned cap.
+    let r = take_state(&mut c, "k", "0.001", "100", 5);
+    assert_eq!(int(&r[0]), 5);
+    assert_eq!(text(&r[4]), "rate");
+    let r = take_state(&mut c, "k", "1000", "1000", 1);
+    assert_eq!(int(&r[0]), 0, "a caller's larger limit is ignored");
+    // RL.PINNED: the pin; RL.PEEK: the pinned limit and the kind.
+    let p: Vec<Value> = query(&mut c, &["RL.PINNED", "k"]);
+    assert_eq!(text(&p[0]), "kind");
+    assert_eq!(text(&p[1]), "rate");
+    assert_eq!(int(&p[7]), -1);
+    let peek: Vec<Value> = query(&mut c, &["RL.PEEK", "k"]);
+    assert_eq!(text(&peek[peek.len() - 1]), "rate");
+    // No expiry while pinned, even when full.
+    assert_eq!(pttl(&mut c, "k"), -1);
+    // Unpinned: the tokens (about 0) carry back; the callers' limit governs again.
+    assert_eq!(query::<i64>(&mut c, &["RL.UNPIN", "k"]), 1);
+    assert_eq!(query::<i64>(&mut c, &["RL.UNPIN", "k"]), 0);
+    assert_eq!(query::<Value>(&mut c, &["RL.PINNED", "k"]), Value::Nil);
+    let r = take_state(&mut c, "k", "0.001", "100", 1);
+    assert_eq!(int(&r[0]), 0);
+    assert_eq!(r.len(), 4, "an unpinned decision's reply is as before");
+    assert!(pttl(&mut c, "k") > 0);
+}
+
+#[test]
+fn block_and_exempt() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    // A key pinned before anyone used it.
+    ok(&mut c, &["RL.PIN", "abuser", "BLOCK"]);
+    let r = take_state(&mut c, "abuser", "10", "100", 1);
+    assert_eq!(int(&r[0]), 0);
+    assert_eq!(
+        int(&r[2]),
+        60_000,
+        "a block without an end says: retry in a minute"
+    );
+    assert_eq!(text(&r[4]), "block");
+    let lease: Vec<i64> = query(&mut c, &["RL.LEASE", "abuser", "10", "100", "5", "1000"]);
+    assert_eq!(lease[0], 0);
+    let reserve: Vec<Value> = query(
+        &mut c,
+        &["RL.RESERVE", "abuser", "10", "100", "1", "100000"],
+    );
+    assert_eq!(int(&reserve[0]), 0);
+    let m: Vec<Value> = query(
+        &mut c,
+        &["RL.MTAKE", "1", "abuser", "10", "100", "other", "10", "100"],
+    );
+    assert_eq!(int(&m[0]), 0);
+    assert_eq!(
+        query::<i64>(&mut c, &["EXISTS", "other"]),
+        0,
+        "all or nothing"
+    );
+    // With an end: the wait is what is left of it.
+    ok(&mut c, &["RL.PIN", "abuser", "BLOCK", "PX", "50000"]);
+    let r = take_state(&mut c, "abuser", "10", "100", 1);
+    assert!((40_000..=50_000).contains(&int(&r[2])), "{r:?}");
+    let t = pttl(&mut c, "abuser");
+    assert!(
+        (40_000..=50_001).contains(&t),
+        "the key lives as long as its pin: {t}"
+    );
+    // Lifting it: the key held nothing, so it is gone.
+    assert_eq!(query::<i64>(&mut c, &["RL.UNPIN", "abuser"]), 1);
+    assert_eq!(query::<i64>(&mut c, &["EXISTS", "abuser"]), 0);
+
+    // EXEMPT: granted, nothing debited, nothing written.
+    assert_eq!(take(&mut c, "vip", 0.001, 10.0, 10), 10);
+    ok(&mut c, &["RL.PIN", "vip", "EXEMPT"]);
+    let before = digest(&mut c, "vip");
+    for _ in 0..20 {
+        let r = take_state(&mut c, "vip", "0.001", "10", 3);
+        assert_eq!(int(&r[0]), 3);
+        assert_eq!(text(&r[4]), "exempt");
+    }
+    let lease: Vec<i64> = query(&mut c, &["RL.LEASE", "vip", "0.001", "10", "5", "1000"]);
+    assert_eq!(
+        lease[..2],
+        [5, 0],
+        "an exempt lease records nothing to return"
+    );
+    assert_eq!(digest(&mut c, "vip"), before);
+    // Refunds credit nothing while exempt (nothing was debited).
+    assert_eq!(query::<String>(&mut c, &["RL.REFUND", "vip", "5"]), "0");
+    assert_eq!(query::<i64>(&mut c, &["RL.UNPIN", "vip"]), 1);
+    assert_eq!(
+        take(&mut c, "vip", 0.001, 10.0, 1),
+        0,
+        "still drained underneath"
+    );
+}
+
+#[test]
+fn a_pin_ends_by_itself_and_carries_its_tokens_over() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    ok(&mut c, &["RL.PIN", "p", "0.001", "3", "PX", "200"]);
+    assert_eq!(take(&mut c, "p", 1000.0, 1000.0, 3), 3);
+    assert_eq!(take(&mut c, "p", 1000.0, 1000.0, 1), 0);
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    // After the end: the callers' limit, from the tokens the pin left (about 0), refilling
+    // at 1000/s since the pin's end, so a few hundred at most: never a full 1000.
+    let r = take_state(&mut c, "p", "1000", "1000", 1000);
+    assert_eq!(int(&r[0]), 0, "{r:?}");
+    assert_eq!(r.len(), 4, "an ended pin decides nothing");
+    assert_eq!(query::<Value>(&mut c, &["RL.PINNED", "p"]), Value::Nil);
+}
+
+#[test]
+fn pins_replicate_persist_and_restore_exactly() {
+    let mut s = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
+    let replica = Server::start(&[]);
+    replicate(&replica, &s);
+    let mut c = s.internal_conn();
+    assert_eq!(take(&mut c, "a", 0.001, 100.0, 60), 60);
+    ok(&mut c, &["RL.PIN", "a", "0.001", "7", "PX", "100000000"]);
+    assert_eq!(take(&mut c, "a", 0.001, 100.0, 2), 2);
+    ok(&mut c, &["RL.PIN", "b", "BLOCK"]);
+    ok(&mut c, &["RL.PIN", "e", "EXEMPT", "PX", "100000000"]);
+    let _: Vec<i64> = query(&mut c, &["RL.LEASE", "l", "0.001", "50", "10", "86400000"]);
+    ok(&mut c, &["RL.PIN", "l", "0.002", "20"]);
+    let _: Vec<i64> = query(&mut c, &["RL.LEASE", "l", "0.001", "50", "3", "86400000"]);
+    let _: Value = query(
+        &mut c,
+        &["RL.TAKE", "v", "0.001", "10", "1", "VERSION", "3"],
+    );
+    ok(&mut c, &["RL.PIN", "v", "0.001", "2"]);
+    let _: Value = query(
+        &mut c,
+        &["RL.TAKE", "v", "0.001", "20", "1", "VERSION", "4"],
+    );
+    let keys = ["a", "b", "e", "l", "v"];
+    let digests: Vec<String> = keys.iter().map(|k| digest(&mut c, k)).collect();
+    wait_synced(&s, &replica);
+    let mut r = replica.internal_conn();
+    for (k, d) in keys.iter().zip(&digests) {
+        assert_eq!(&digest(&mut r, k), d, "replica, {k}");
+    }
+    // DUMP/RESTORE under another name.
+    for k in keys {
+        let payload = dump(&mut c, k);
+        let copy = format!("{k}-copy");
+        // With the key's expiry (or none: a pin without an end), as MIGRATE moves it.
+        let at: i64 = query(&mut c, &["PEXPIRETIME", k]);
+        let _: () = redis::cmd("RESTORE")
+            .arg(&copy)
+            .arg(at.max(0))
+            .arg(&payload)
+            .arg("ABSTTL")
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(digest(&mut c, &copy), digest(&mut c, k), "restore {k}");
+        let _: i64 = query(&mut c, &["DEL", &copy]);
+    }
+    // RDB reload.
+    let _: String = query(&mut c, &["DEBUG", "RELOAD"]);
+    for (k, d) in keys.iter().zip(&digests) {
+        assert_eq!(&digest(&mut c, k), d, "rdb reload, {k}");
+    }
+    // AOF: replayed as written, and after a rewrite.
+    drop(c);
+    s.restart();
+    let mut c = s.internal_conn();
+    for (k, d) in keys.iter().zip(&digests) {
+        assert_eq!(&digest(&mut c, k), d, "aof replay, {k}");
+    }
+    let mut c = s.rewrite_aof_and_restart(c);
+    for (k, d) in keys.iter().zip(&digests) {
+        assert_eq!(&digest(&mut c, k), d, "aof rewrite, {k}");
+    }
+    assert_eq!(pttl(&mut c, "b"), -1);
+    // Unpinning replicates too.
+    for k in keys {
+        let _: i64 = query(&mut c, &["RL.UNPIN", k]);
+    }
+}
+
+#[test]
+fn unpinning_replicates() {
+    let s = Server::start(&[]);
+    let replica = Server::start(&[]);
+    replicate(&replica, &s);
+    let mut c = s.internal_conn();
+    assert_eq!(take(&mut c, "a", 0.001, 100.0, 60), 60);
+    ok(&mut c, &["RL.PIN", "a", "0.001", "7"]);
+    ok(&mut c, &["RL.PIN", "gone", "BLOCK"]);
+    assert_eq!(query::<i64>(&mut c, &["RL.UNPIN", "a"]), 1);
+    assert_eq!(query::<i64>(&mut c, &["RL.UNPIN", "gone"]), 1);
+    wait_synced(&s, &replica);
+    let mut r = replica.internal_conn();
+    assert_eq!(digest(&mut r, "a"), digest(&mut c, "a"));
+    assert_eq!(query::<i64>(&mut r, &["EXISTS", "gone"]), 0);
+    assert_eq!(query::<Value>(&mut r, &["RL.PINNED", "a"]), Value::Nil);
+}
+
+#[test]
+fn forged_pins_are_refused_by_the_one_validator() {
+    let s = Server::start(&[]);
+    let mut c = s.internal_conn();
+    let refused = |c: &mut Connection, pin: &[&str], want: &str| {
+        let mut cmd = redis::cmd("RL.SETSTATE");
+        cmd.arg(&["f", "0", "1", "1"]).arg(pin);
+        let e = cmd.query::<Value>(c).unwrap_err().to_string();
+        assert!(e.contains(want), "{pin:?}: {e}");
+        assert_eq!(query::<i64>(c, &["EXISTS", "f"]), 0);
+    };
+    refused(&mut c, &["PIN", "9", "0", "1", "1", "0"], "pin kind");
+    refused(
+        &mut c,
+        &["PIN", "1", "18446744073709551615", "1", "1", "0"],
+        "non-negative",
+    );
+    refused(&mut c, &["PIN", "1", "0", "nan", "1", "0"], "rate");
+    refused(&mut c, &["PIN", "2", "0", "5", "5", "0"], "base limit");
+    refused(&mut c, &["PIN", "1", "0", "1", "1", "1"], "absent");
+    refused(&mut c, &["PIN", "2", "0", "1", "1", "2"], "absent flag");
+    // What the module writes is accepted.
+    ok(
+        &mut c,
+        &[
+            "RL.SETSTATE",
+            "f",
+            "0",
+            "1",
+            "1",
+            "PIN",
+            "2",
+            "0",
+            "1",
+            "1",
+            "1",
+        ],
+    );
+    assert_eq!(query::<i64>(&mut c, &["PTTL", "f"]), -1);
+}
+
+#[test]
+fn pins_cover_buckets_only_and_refuse_bad_input() {
+    let mut s = Server::start(&[]);
+    let mut c = s.conn();
+    let _: Value = query(&mut c, &["RL.SHARE", "sh", "10", "10", "h", "5", "1000"]);
+    let _: Value = query(&mut c, &["RL.ACQUIRE", "pe", "3", "1000"]);
+    let _: () = query(&mut c, &["SET", "str", "x"]);
+    for k in ["sh", "pe"] {
+        let e = redis::cmd("RL.PIN")
+            .arg(&[k, "BLOCK"])
+            .query::<Value>(&mut c)
+            .unwrap_err();
+        assert!(e.to_string().contains("bucket keys"), "{e}");
+    }
+    let e = redis::cmd("RL.PIN")
+        .arg(&["str", "BLOCK"])
+        .query::<Value>(&mut c)
+        .unwrap_err();
+    assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+    for bad in [
+        &["k", "BLOCK", "PX"][..],
+        &["k", "BLOCK", "PX", "0"],
+        &["k", "BLOCK", "EX", "10"],
+        &["k", "0", "10"],
+        &["k", "10"],
+        &["k", "10", "10", "PX", "-1"],
+        &["k", "10", "10", "PX", "99999999999999999"],
+    ] {
+        let r = redis::cmd("RL.PIN").arg(bad).query::<Value>(&mut c);
+        assert!(r.is_err(), "{bad:?}: {r:?}");
+        assert_eq!(query::<i64>(&mut c, &["EXISTS", "k"]), 0, "{bad:?}");
+    }
+    assert!(!s.exited());
+}
+
+#[test]
+fn pinning_is_an_operators_act() {
+    let s = Server::start(&[]);
+    let mut app = as_user(
+        &s,
+        "app",
+        "~* +rl.take +rl.lease +rl.return +rl.mtake +rl.peek +rl.reserve +rl.refund +rl.pinned",
+    );
+    assert!(allowed(&mut app, &["RL.TAKE", "k", "1", "10"]));
+    assert!(allowed(&mut app, &["RL.PINNED", "k"]));
+    assert!(!allowed(&mut app, &["RL.PIN", "k", "BLOCK"]));
+    assert!(!allowed(&mut app, &["RL.UNPIN", "k"]));
+    let info: Value = query(&mut s.conn(), &["COMMAND", "INFO", "RL.PIN"]);
+    if format!("{info:?}").contains("@write") {
+        // Where module commands have categories: @admin, never @ratelimit.
+        assert!(format!("{info:?}").contains("@admin"), "{info:?}");
+        assert!(!format!("{info:?}").contains("@ratelimit"), "{info:?}");
+        let mut most = as_user(&s, "most", "~* +@all -@admin");
+        assert!(!allowed(&mut most, &["RL.PIN", "k", "BLOCK"]));
+    }
+}
