@@ -105,6 +105,9 @@ pub fn run<T>(
             let answered = count_outcome(counters, decision.tokens, req.shadow);
             // The call and its outcome in one visit to the namespace's counters.
             namespaces::count(ns, Some(outcome_of(decision.tokens, answered)));
+            if pinned.is_some() {
+                namespaces::pinned(ns);
+            }
             if decision.tokens == 0 {
                 top::denied(name, now);
             }

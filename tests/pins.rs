@@ -342,3 +342,44 @@ fn pinning_is_an_operators_act() {
         assert!(!allowed(&mut most, &["RL.PIN", "k", "BLOCK"]));
     }
 }
+
+#[test]
+fn pins_and_pinned_decisions_are_counted() {
+    let s = Server::start(&[]);
+    let mut c = s.internal_conn();
+    let gauge = |c: &mut Connection| info_field(c, "rl", "rl_pinned_keys");
+    ok(&mut c, &["RL.PIN", "acme:a", "0.001", "5"]);
+    ok(&mut c, &["RL.PIN", "acme:b", "BLOCK"]);
+    ok(&mut c, &["RL.PIN", "acme:b", "EXEMPT"]);
+    assert_eq!(gauge(&mut c), 2);
+    assert_eq!(info_field(&mut c, "rl", "rl_pins_set"), 3);
+    for _ in 0..3 {
+        let _: i64 = query(&mut c, &["RL.TAKE", "acme:a", "10", "10"]);
+        let _: i64 = query(&mut c, &["RL.TAKE", "acme:b", "10", "10"]);
+    }
+    let _: i64 = query(&mut c, &["RL.TAKE", "acme:c", "10", "10"]);
+    assert_eq!(info_field(&mut c, "rl", "rl_pinned_decisions"), 6);
+    let stats: Vec<Value> = query(&mut c, &["RL.STATS", "acme"]);
+    let i = stats
+        .iter()
+        .position(|v| matches!(v, Value::BulkString(b) if b == b"pinned"))
+        .unwrap();
+    assert_eq!(int(&stats[i + 1]), 6);
+    // COPY and RESTORE add a pinned key; DEL, UNPIN and a flush take them away.
+    let _: i64 = query(&mut c, &["COPY", "acme:a", "acme:copy"]);
+    assert_eq!(gauge(&mut c), 3);
+    let payload = dump(&mut c, "acme:b");
+    restore_replace(&mut c, "acme:restored", &payload).unwrap();
+    assert_eq!(gauge(&mut c), 4);
+    let _: i64 = query(&mut c, &["DEL", "acme:copy"]);
+    assert_eq!(query::<i64>(&mut c, &["RL.UNPIN", "acme:a"]), 1);
+    assert_eq!(gauge(&mut c), 2);
+    assert_eq!(info_field(&mut c, "rl", "rl_pins_removed"), 1);
+    let _: String = query(&mut c, &["DEBUG", "RELOAD"]);
+    assert_eq!(gauge(&mut c), 2);
+    // A gauge: CONFIG RESETSTAT leaves it.
+    let _: () = query(&mut c, &["CONFIG", "RESETSTAT"]);
+    assert_eq!(gauge(&mut c), 2);
+    let _: () = query(&mut c, &["FLUSHALL"]);
+    assert_eq!(gauge(&mut c), 0);
+}

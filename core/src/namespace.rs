@@ -43,6 +43,8 @@ pub struct Counts {
     pub tokens_granted: u64,
     /// Keys the server evicted under `maxmemory` (each came back full on its next use).
     pub evicted: u64,
+    /// Decisions a live pin made (`RL.PIN`) instead of the caller's limit.
+    pub pinned: u64,
 }
 
 /// One call's outcome, as counted.
@@ -86,6 +88,7 @@ const EMPTY: Entry = Entry {
         shadow_denied: 0,
         tokens_granted: 0,
         evicted: 0,
+        pinned: 0,
     },
 };
 

@@ -123,6 +123,9 @@ pub fn load(io: &Io, encver: i32) -> Option<Stored> {
         None => bucket,
     };
     stats::LEASES_ACTIVE.add_shared(table.leases().len() as u64);
+    if bucket.pin().is_some() {
+        stats::PINNED_KEYS.add_shared(1);
+    }
     Some(Stored::new(bucket, table))
 }
 
@@ -172,6 +175,9 @@ pub fn digest(md: &Digest, state: &StateMut) {
 pub fn freed(value: Stored) {
     if let Stored::Full(f) = value {
         stats::LEASES_ACTIVE.sub_shared(f.table.leases().len() as u64);
+        if f.bucket.pin().is_some() {
+            stats::PINNED_KEYS.sub_shared(1);
+        }
     }
 }
 
@@ -189,6 +195,9 @@ pub fn copied(state: &StateMut) -> Stored {
         StateMut::Compact(c) => Stored::Compact(Box::new(**c)),
         StateMut::Full(f) => {
             stats::LEASES_ACTIVE.add_shared(f.table.leases().len() as u64);
+            if f.bucket.pin().is_some() {
+                stats::PINNED_KEYS.add_shared(1);
+            }
             Stored::new(f.bucket, f.table.clone())
         }
     }

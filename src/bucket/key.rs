@@ -49,6 +49,10 @@ impl BucketKey {
 
     /// Stores a new value (replacing any) and sets the key's expiry.
     pub fn put(&self, stored: Stored, expires_at: Nanos) {
+        // The value replaced, if any, leaves the gauge when Redis frees it.
+        if matches!(&stored, Stored::Full(f) if f.bucket.pin().is_some()) {
+            stats::PINNED_KEYS.add_shared(1);
+        }
         if self.key.set_bucket(stored) {
             self.expire_at(expires_at);
         }
@@ -95,6 +99,7 @@ impl BucketKey {
             StateMut::Compact(c) => c.update(&bucket),
             StateMut::Full(f) => {
                 count_limit_change(&f.bucket, &bucket);
+                count_pin_change(&f.bucket, &bucket);
                 f.bucket = bucket;
                 true
             }
@@ -147,6 +152,7 @@ impl BucketKey {
         match state {
             Some(StateMut::Full(f)) => {
                 count_limit_change(&f.bucket, &bucket);
+                count_pin_change(&f.bucket, &bucket);
                 f.bucket = bucket;
                 f.table = table;
                 self.move_expiry(self.expiry_before.get(), expires);
@@ -186,6 +192,15 @@ impl Drop for BucketKey {
         if self.modified.get() {
             self.key.signal_modified();
         }
+    }
+}
+
+/// Keeps `rl_pinned_keys` when a bucket changed in place gains or loses its pin.
+fn count_pin_change(old: &Bucket, new: &Bucket) {
+    match (old.pin().is_some(), new.pin().is_some()) {
+        (false, true) => stats::PINNED_KEYS.add_shared(1),
+        (true, false) => stats::PINNED_KEYS.sub_shared(1),
+        _ => {}
     }
 }
 

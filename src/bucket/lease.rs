@@ -89,6 +89,10 @@ pub fn lease(ctx: Ctx, args: Args) -> Result<Reply> {
         // An exempt key grants the whole lease and records nothing: there is nothing to
         // return (id 0), and a return could only credit tokens never debited.
         pipeline::count_limit_source(bucket.decided_by);
+        if bucket.pinned.is_some() {
+            namespaces::pinned(ns);
+        }
+        namespaces::pinned(ns);
         let granted = req
             .n
             .min(bucket.level.limit().cap().floor() as u64)

@@ -152,9 +152,12 @@ pub fn mtake(ctx: Ctx, args: Args) -> Result<Reply> {
         };
         buckets.push(pipeline::open(key, &req, now)?);
     }
-    buckets
-        .iter()
-        .for_each(|b| pipeline::count_limit_source(b.decided_by));
+    for (j, b) in buckets.iter().enumerate() {
+        pipeline::count_limit_source(b.decided_by);
+        if b.pinned.is_some() {
+            namespaces::pinned(spaces[j]);
+        }
+    }
 
     // All or nothing: every bucket is looked at before any is debited.
     let mut levels: Vec<_> = buckets.iter().map(|b| b.level).collect();

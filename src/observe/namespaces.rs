@@ -160,6 +160,14 @@ pub fn record(id: Id, outcome: Outcome) {
     NAMESPACES.with(|t| t.counts_mut(id).record(outcome));
 }
 
+/// Counts a decision a live pin made in namespace `id`.
+pub fn pinned(id: Id) {
+    NAMESPACES.with(|t| {
+        let c = t.counts_mut(id);
+        c.pinned = c.pinned.saturating_add(1);
+    });
+}
+
 /// Counts an `rl` key of namespace `id` the server evicted.
 pub fn evicted(id: Id) {
     NAMESPACES.with(|t| {

@@ -1,5 +1,5 @@
 //! `RL.STATS [namespace]`: the per-namespace counters (also in `INFO rl`, one line per
-//! namespace, as `rl_ns_<name>:calls=..,granted=..,denied=..,shadow_denied=..,tokens_granted=..,evicted=..`).
+//! namespace, as `rl_ns_<name>:calls=..,granted=..,denied=..,shadow_denied=..,tokens_granted=..,evicted=..,pinned=..`).
 //!
 //! Reply: without a namespace, a map of every namespace (`other` first) to its counters;
 //! with one, its counters, or nil if it has no entry (never seen, or counted under `other`).
@@ -13,16 +13,17 @@ use crate::reply::Reply;
 use rl_core::namespace::Counts;
 use std::ffi::CStr;
 
-const FIELDS: [&std::ffi::CStr; 6] = [
+const FIELDS: [&std::ffi::CStr; 7] = [
     c"calls",
     c"granted",
     c"denied",
     c"shadow_denied",
     c"tokens_granted",
     c"evicted",
+    c"pinned",
 ];
 
-fn values(c: &Counts) -> [u64; 6] {
+fn values(c: &Counts) -> [u64; 7] {
     [
         c.calls,
         c.granted,
@@ -30,6 +31,7 @@ fn values(c: &Counts) -> [u64; 6] {
         c.shadow_denied,
         c.tokens_granted,
         c.evicted,
+        c.pinned,
     ]
 }
 

@@ -89,11 +89,17 @@ counters! {
     PINNED_DECISIONS: "Decisions a live pin made (RL.PIN: the pinned limit, BLOCK or EXEMPT) instead of the caller's limit.",
     PINS_SET: "RL.PIN calls (a pin set or replaced).",
     PINS_REMOVED: "RL.UNPIN calls that removed a pin.",
+    PINNED_KEYS: "Bucket keys holding a pin now (one that ended leaves at the key's next write).",
     KEYS_EVICTED: "rl keys (bucket, share, permit) the server evicted under maxmemory: each came back full (a bucket) or without its holders on its next use.",
 }
 
 /// The gauges: what keys hold now, which `CONFIG RESETSTAT` leaves as they are.
-const GAUGES: [&Counter; 3] = [&LEASES_ACTIVE, &PERMITS_IN_USE, &SHARE_HOLDERS];
+const GAUGES: [&Counter; 4] = [
+    &LEASES_ACTIVE,
+    &PERMITS_IN_USE,
+    &SHARE_HOLDERS,
+    &PINNED_KEYS,
+];
 
 /// Zeroes every counter but the gauges (`CONFIG RESETSTAT`).
 pub fn reset() {
