@@ -75,7 +75,7 @@ const STATS_ARGS: &[ArgDoc] = &[ArgDoc {
 }];
 const PIN_ARGS: &[ArgDoc] = &[
     KEY,
-    ArgDoc::string(c"rate cap | BLOCK | EXEMPT"),
+    ArgDoc::string(c"rate cap | BLOCK | EXEMPT | PERMITS n|BLOCK|EXEMPT"),
     ArgDoc::integer(c"ms").after(c"PX"),
 ];
 const TOP_ARGS: &[ArgDoc] = &[ArgDoc::integer(c"count").optional()];
@@ -310,7 +310,7 @@ pub static COMMANDS: &[Spec] = &[
         flags: c"write deny-oom",
         keys: Keys::OneWritten,
         arity: -3,
-        summary: c"Pins a key's limit (rate cap, BLOCK or EXEMPT), applied by every command on it whatever limit the caller sends",
+        summary: c"Pins a key's limit (rate cap, BLOCK, EXEMPT; PERMITS n on a semaphore key), applied by every command on it whatever limit the caller sends",
         complexity: c"O(1)",
         acl: c"write admin",
         internal: false,

@@ -63,7 +63,7 @@ fn load(ctx: Ctx, args: &[&[u8]]) -> Result<(), String> {
         return Err("could not register the CONFIG RESETSTAT filter".into());
     }
     if !ffi::subscribe_events(ctx) {
-        return Err("could not subscribe to eviction notifications".into());
+        return Err("could not subscribe to config changes".into());
     }
     ffi::log_notice(
         ctx,

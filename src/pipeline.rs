@@ -24,7 +24,7 @@ use crate::grammar::Options;
 use crate::observe::stats::{self, Counter};
 use crate::observe::{namespaces, top};
 use rl_core::namespace::{Id, Outcome};
-use rl_core::pin::{Gate, PinKind};
+use rl_core::pin::{Gate, Pin, PinKind};
 use rl_core::{Applied, Lease, LeaseTable, Level, Limit, Nanos};
 
 /// What every single-bucket command brings, once its arguments are read: the key is
@@ -161,6 +161,8 @@ pub struct OpenBucket<'k> {
     pub decided_by: Applied,
     /// The kind of the live pin that decides the call, if one does.
     pub pinned: Option<PinKind>,
+    /// The pin stored with the bucket when the call writes.
+    pub pin: Option<Pin>,
 }
 
 /// Opens the bucket of `key` for a call with `req`'s limit, version and init at `now`
@@ -170,16 +172,17 @@ pub struct OpenBucket<'k> {
 #[inline]
 pub fn open<'k>(key: &'k BucketKey, req: &Request, now: Nanos) -> Result<OpenBucket<'k>> {
     let (stored, script_level) = adopt::state(key, req.limit, now)?;
-    let (level, decided_by, pinned, replaces_script) = match script_level {
+    let (level, decided_by, pinned, pin, replaces_script) = match script_level {
         Some(level) => (
             level.with_version(req.version),
             Applied::Created,
+            None,
             None,
             true,
         ),
         None => {
             let o = level_of(stored.as_ref(), req, now);
-            (o.level, o.applied, o.pinned, false)
+            (o.level, o.applied, o.pinned, o.pin, false)
         }
     };
     // A new bucket started below full is stored even on a denial: otherwise every call
@@ -198,6 +201,7 @@ pub fn open<'k>(key: &'k BucketKey, req: &Request, now: Nanos) -> Result<OpenBuc
         store_even_if_denied,
         decided_by,
         pinned,
+        pin,
     })
 }
 
@@ -207,6 +211,7 @@ fn level_of(state: Option<&StateMut>, req: &Request, now: Nanos) -> rl_core::pin
             level: Level::starting_with(req.limit, tokens, now).with_version(req.version),
             applied: Applied::Created,
             pinned: None,
+            pin: None,
         },
         (state, _) => rl_core::pin::open(
             state.map(|s| s.bucket()).as_ref(),
@@ -239,7 +244,7 @@ impl OpenBucket<'_> {
         if self.replaces_script {
             adopt::replace(ctx, key, name);
         }
-        let bucket = self.level.bucket();
+        let bucket = self.level.bucket().with_pin(self.pin);
         key.store(self.stored.take(), bucket);
         if self.stored_limit() {
             // The stored (or pinned) limit, not the caller's.
@@ -282,7 +287,7 @@ pub fn store_with_leases(
         stats::TOKENS_RETURNED.add(lease.plan.credited);
     }
     let opened = outcome.opened;
-    let level_bucket = bucket.level.bucket();
+    let level_bucket = bucket.level.bucket().with_pin(bucket.pin);
     let stored_limit = bucket.stored_limit();
     key.store_with_leases(bucket.stored, level_bucket, table);
     if stored_limit {

@@ -151,3 +151,31 @@ fn noeviction_refuses_writes_and_loses_nothing() {
     assert_eq!(info_field(&mut c, "rl", "rl_keys_evicted"), 0);
     assert_eq!(info_field(&mut c, "stats", "evicted_keys"), 0);
 }
+
+/// The module listens to evictions only once the server may evict (listening costs every
+/// write command of the server a little): a `CONFIG SET` that makes it evict starts the
+/// count.
+#[test]
+fn counting_starts_when_a_config_change_makes_the_server_evict() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let _: () = query(
+        &mut c,
+        &["CONFIG", "SET", "maxmemory-policy", "allkeys-random"],
+    );
+    let _: () = query(&mut c, &["CONFIG", "SET", "maxmemory", "3mb"]);
+    let mut pipe = redis::pipe();
+    for i in 0..30000u64 {
+        pipe.cmd("RL.TAKE")
+            .arg(format!("b:{i}"))
+            .arg(0.001)
+            .arg(5)
+            .arg(5);
+    }
+    let _: redis::RedisResult<Vec<Value>> = pipe.query(&mut c);
+    let _: () = query(&mut c, &["CONFIG", "SET", "maxmemory", "0"]);
+    let counted = info_field(&mut c, "rl", "rl_keys_evicted");
+    assert!(counted > 0, "nothing evicted");
+    assert_eq!(counted, 30000 - count_type(&mut c, "rl-bucket"));
+    assert_eq!(counted, info_field(&mut c, "stats", "evicted_keys"));
+}

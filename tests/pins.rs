@@ -287,19 +287,16 @@ fn forged_pins_are_refused_by_the_one_validator() {
 }
 
 #[test]
-fn pins_cover_buckets_only_and_refuse_bad_input() {
+fn pins_refuse_share_keys_and_bad_input() {
     let mut s = Server::start(&[]);
     let mut c = s.conn();
     let _: Value = query(&mut c, &["RL.SHARE", "sh", "10", "10", "h", "5", "1000"]);
-    let _: Value = query(&mut c, &["RL.ACQUIRE", "pe", "3", "1000"]);
     let _: () = query(&mut c, &["SET", "str", "x"]);
-    for k in ["sh", "pe"] {
-        let e = redis::cmd("RL.PIN")
-            .arg(&[k, "BLOCK"])
-            .query::<Value>(&mut c)
-            .unwrap_err();
-        assert!(e.to_string().contains("bucket keys"), "{e}");
-    }
+    let e = redis::cmd("RL.PIN")
+        .arg(&["sh", "BLOCK"])
+        .query::<Value>(&mut c)
+        .unwrap_err();
+    assert!(e.to_string().contains("holds shares"), "{e}");
     let e = redis::cmd("RL.PIN")
         .arg(&["str", "BLOCK"])
         .query::<Value>(&mut c)
@@ -382,4 +379,132 @@ fn pins_and_pinned_decisions_are_counted() {
     assert_eq!(gauge(&mut c), 2);
     let _: () = query(&mut c, &["FLUSHALL"]);
     assert_eq!(gauge(&mut c), 0);
+}
+
+fn acquire(c: &mut Connection, key: &str, limit: u64) -> Vec<i64> {
+    query(c, &["RL.ACQUIRE", key, &limit.to_string(), "600000"])
+}
+
+#[test]
+fn semaphore_keys_take_permits_block_and_exempt_pins() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    assert_eq!(acquire(&mut c, "s", 5)[0], 1);
+    assert_eq!(acquire(&mut c, "s", 5)[0], 1);
+    ok(&mut c, &["RL.PIN", "s", "PERMITS", "2"]);
+    let denied = acquire(&mut c, "s", 5);
+    assert_eq!(
+        denied[..3],
+        [0, 0, 2],
+        "the pinned limit, whatever the caller sends"
+    );
+    let p: Vec<Value> = query(&mut c, &["RL.PINNED", "s"]);
+    assert_eq!(text(&p[1]), "permits");
+    assert_eq!(int(&p[3]), 2);
+    assert_eq!(pttl(&mut c, "s"), -1);
+    // BLOCK on the existing semaphore key; EXEMPT lets through unrecorded (id 0).
+    ok(&mut c, &["RL.PIN", "s", "BLOCK", "PX", "60000"]);
+    let blocked = acquire(&mut c, "s", 100);
+    assert_eq!(blocked[0], 0);
+    assert!((50_000..=60_000).contains(&blocked[3]), "{blocked:?}");
+    ok(&mut c, &["RL.PIN", "s", "EXEMPT"]);
+    let before = digest(&mut c, "s");
+    assert_eq!(acquire(&mut c, "s", 1)[..2], [1, 0]);
+    assert_eq!(digest(&mut c, "s"), before);
+    assert_eq!(query::<i64>(&mut c, &["RL.RELEASE", "s", "0"]), 0);
+    assert_eq!(query::<i64>(&mut c, &["RL.UNPIN", "s"]), 1);
+    assert!(pttl(&mut c, "s") > 0, "back to its permits' expiry");
+    // A semaphore pinned before use holds the pin alone; unpinning it removes the key.
+    ok(&mut c, &["RL.PIN", "fresh", "PERMITS", "BLOCK"]);
+    assert_eq!(query::<String>(&mut c, &["TYPE", "fresh"]), "rl-permit");
+    assert_eq!(acquire(&mut c, "fresh", 3)[0], 0);
+    assert_eq!(query::<i64>(&mut c, &["RL.UNPIN", "fresh"]), 1);
+    assert_eq!(query::<i64>(&mut c, &["EXISTS", "fresh"]), 0);
+    // Released permits under a pin keep the key while the pin holds.
+    ok(&mut c, &["RL.PIN", "r", "PERMITS", "1"]);
+    let got = acquire(&mut c, "r", 9);
+    assert_eq!(got[0], 1);
+    assert_eq!(
+        query::<i64>(&mut c, &["RL.RELEASE", "r", &got[1].to_string()]),
+        1
+    );
+    assert_eq!(query::<i64>(&mut c, &["EXISTS", "r"]), 1);
+    assert_eq!(pttl(&mut c, "r"), -1);
+    // The wrong form for each type says which to use.
+    let e = redis::cmd("RL.PIN")
+        .arg(&["s", "5", "5"])
+        .query::<Value>(&mut c)
+        .unwrap_err();
+    assert!(e.to_string().contains("PERMITS n"), "{e}");
+    assert_eq!(take(&mut c, "b", 1.0, 5.0, 1), 1);
+    let e = redis::cmd("RL.PIN")
+        .arg(&["b", "PERMITS", "3"])
+        .query::<Value>(&mut c)
+        .unwrap_err();
+    assert!(e.to_string().contains("token bucket"), "{e}");
+    for bad in [
+        &["x", "PERMITS"][..],
+        &["x", "PERMITS", "0"],
+        &["x", "PERMITS", "10001"],
+    ] {
+        assert!(
+            redis::cmd("RL.PIN")
+                .arg(bad)
+                .query::<Value>(&mut c)
+                .is_err(),
+            "{bad:?}"
+        );
+        assert_eq!(query::<i64>(&mut c, &["EXISTS", "x"]), 0);
+    }
+}
+
+#[test]
+fn semaphore_pins_replicate_persist_and_restore_exactly() {
+    let mut s = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
+    let replica = Server::start(&[]);
+    replicate(&replica, &s);
+    let mut c = s.internal_conn();
+    acquire(&mut c, "a", 5);
+    acquire(&mut c, "a", 5);
+    ok(&mut c, &["RL.PIN", "a", "PERMITS", "3", "PX", "100000000"]);
+    acquire(&mut c, "a", 5);
+    ok(&mut c, &["RL.PIN", "b", "PERMITS", "BLOCK"]);
+    acquire(&mut c, "e", 5);
+    ok(&mut c, &["RL.PIN", "e", "EXEMPT"]);
+    let keys = ["a", "b", "e"];
+    let digests: Vec<String> = keys.iter().map(|k| digest(&mut c, k)).collect();
+    wait_synced(&s, &replica);
+    let mut r = replica.internal_conn();
+    for (k, d) in keys.iter().zip(&digests) {
+        assert_eq!(&digest(&mut r, k), d, "replica, {k}");
+    }
+    let _: String = query(&mut c, &["DEBUG", "RELOAD"]);
+    for (k, d) in keys.iter().zip(&digests) {
+        assert_eq!(&digest(&mut c, k), d, "rdb reload, {k}");
+    }
+    drop(c);
+    s.restart();
+    let c = s.internal_conn();
+    let mut c = s.rewrite_aof_and_restart(c);
+    for (k, d) in keys.iter().zip(&digests) {
+        assert_eq!(&digest(&mut c, k), d, "aof rewrite, {k}");
+    }
+    assert_eq!(info_field(&mut c, "rl", "rl_pinned_keys"), 3);
+    for k in keys {
+        assert_eq!(query::<i64>(&mut c, &["RL.UNPIN", k]), 1);
+    }
+    assert_eq!(info_field(&mut c, "rl", "rl_pinned_keys"), 0);
+    // Forged: a pin's limit out of range, or on BLOCK, is refused and changes nothing.
+    for pin in [
+        &["PIN", "1", "0", "0"][..],
+        &["PIN", "2", "0", "3"],
+        &["PIN", "7", "0", "0"],
+    ] {
+        let r = redis::cmd("RL.SETPERMITS")
+            .arg(&["f", "LASTID", "0"])
+            .arg(pin)
+            .query::<Value>(&mut c);
+        assert!(r.is_err(), "{pin:?}");
+        assert_eq!(query::<i64>(&mut c, &["EXISTS", "f"]), 0);
+    }
 }

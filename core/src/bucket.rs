@@ -1,6 +1,6 @@
 //! A bucket's stored state ([`Bucket`]) and the same bucket refilled to an instant ([`Level`]).
 
-use crate::pin::{Gate, Pin};
+use crate::pin::{Gate, GateCode, Pin};
 use crate::{round, Limit, Nanos};
 
 /// What `RL.MTAKE` decided over several buckets.
@@ -206,9 +206,9 @@ pub struct Level {
     keep_after_write: Nanos,
     /// The version of the limit, stored with the bucket (see [`Bucket::version`]).
     version: u64,
-    /// The pin stored with the bucket, and what it lets through now.
-    pin: Option<Pin>,
-    gate: Gate,
+    /// What the bucket's pin lets through now (the pin itself travels beside the level:
+    /// see [`crate::pin::Opened`]).
+    gate: GateCode,
 }
 
 impl Level {
@@ -224,8 +224,7 @@ impl Level {
                 deficit: 0,
                 keep_after_write: 0,
                 version: 0,
-                pin: None,
-                gate: Gate::Open,
+                gate: GateCode::OPEN,
             };
         };
         if b.limit == limit {
@@ -246,14 +245,17 @@ impl Level {
         }
     }
 
-    /// The same level under `pin`, which lets through what `gate` says.
-    pub fn with_pin(self, pin: Option<Pin>, gate: Gate) -> Level {
-        Level { pin, gate, ..self }
+    /// The same level behind a pin that lets through what `gate` says.
+    pub fn with_gate(self, gate: Gate) -> Level {
+        Level {
+            gate: GateCode::of(gate),
+            ..self
+        }
     }
 
     /// What the pin lets through ([`Gate::Open`]: the level decides).
     pub fn gate(&self) -> Gate {
-        self.gate
+        self.gate.gate()
     }
 
     /// The same level, its limit of version `version` (what the bucket stores).
@@ -278,8 +280,7 @@ impl Level {
             deficit,
             keep_after_write: 0,
             version: 0,
-            pin: None,
-            gate: Gate::Open,
+            gate: GateCode::OPEN,
         }
     }
 
@@ -300,8 +301,7 @@ impl Level {
             deficit: full_at.saturating_sub(at),
             keep_after_write: 0,
             version: 0,
-            pin: None,
-            gate: Gate::Open,
+            gate: GateCode::OPEN,
         }
     }
 
@@ -337,7 +337,7 @@ impl Level {
     /// How long until `n` tokens are there (0 if they are now), or `None` if never (`n > cap`).
     /// Exact: a caller that waits this long finds them, unless someone else took them.
     pub fn wait_for(&self, n: f64) -> Option<Nanos> {
-        match self.gate {
+        match self.gate() {
             Gate::Open => {}
             Gate::Blocked(wait) => return Some(wait.max(1)),
             Gate::Exempt => return self.deficit_allowing(n).map(|_| 0),
@@ -370,8 +370,8 @@ impl Level {
 
     /// Takes `n` tokens if they are all there; otherwise changes nothing.
     pub fn try_take(&mut self, n: f64) -> bool {
-        if self.gate != Gate::Open {
-            return self.gate == Gate::Exempt && self.deficit_allowing(n).is_some();
+        if self.gate != GateCode::OPEN {
+            return self.gate == GateCode::EXEMPT && self.deficit_allowing(n).is_some();
         }
         if !self.has(n) {
             return false;
@@ -383,7 +383,7 @@ impl Level {
     /// Takes as many whole tokens as are there, up to `n`, if that is at least `min`;
     /// returns how many were taken (0 if fewer than `min` were there).
     pub fn take_up_to(&mut self, n: u64, min: u64) -> u64 {
-        match self.gate {
+        match self.gate() {
             Gate::Open => {}
             Gate::Blocked(_) => return 0,
             // All of it, nothing debited (within the cap, as any grant).
@@ -409,7 +409,7 @@ impl Level {
     /// instant back would let a later caller be promised the same instant.
     pub fn credit(&mut self, tokens: f64) {
         // An exempt grant debited nothing: nothing to give back.
-        if self.behind > 0 || self.gate == Gate::Exempt {
+        if self.behind > 0 || self.gate == GateCode::EXEMPT {
             return;
         }
         self.deficit = self
@@ -420,7 +420,7 @@ impl Level {
     /// `RL.REFUND`: gives back up to `n` tokens, as many as the bucket lacks (nothing while
     /// it is in debt: see [`Level::credit`]); returns how many it took back.
     pub fn refund(&mut self, n: u64) -> f64 {
-        if self.behind > 0 || self.gate == Gate::Exempt {
+        if self.behind > 0 || self.gate == GateCode::EXEMPT {
             return 0.0;
         }
         let missing = self.limit.tokens_for(self.deficit);
@@ -435,7 +435,7 @@ impl Level {
     /// changes, and the wait is the one that would have been needed). `None` if `n > cap`.
     pub fn reserve(&mut self, n: f64, max_wait: Nanos) -> Option<(bool, Nanos)> {
         let wait = self.wait_for(n)?;
-        match self.gate {
+        match self.gate() {
             Gate::Open => {}
             // Denied whatever the wait allowed (the pin may be lifted at any time).
             Gate::Blocked(w) => return Some((false, w)),
@@ -452,7 +452,7 @@ impl Level {
     /// meanwhile takes only what it lacks). Returns the tokens taken back, a partly taken
     /// last one counted: `min(n, ceil(missing))`, 0 for a full bucket.
     pub fn credit_up_to(&mut self, n: u64) -> u64 {
-        if self.behind > 0 || self.gate == Gate::Exempt {
+        if self.behind > 0 || self.gate == GateCode::EXEMPT {
             return 0;
         }
         let missing = self.limit.tokens_for(self.deficit).ceil();
@@ -479,7 +479,6 @@ impl Level {
             self.keep_after_write,
         )
         .with_version(self.version)
-        .with_pin(self.pin)
     }
 }
 

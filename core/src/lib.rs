@@ -30,7 +30,7 @@ pub use lease::{
     NO_LEASES,
 };
 pub use limit::{Limit, LimitError, MAX_FILL_SECS, MAX_VALUE, MIN_VALUE};
-pub use permits::{Acquired, Permit, PermitError, PermitTable, MAX_PERMITS};
+pub use permits::{Acquired, Permit, PermitError, PermitPin, PermitTable, MAX_PERMITS};
 pub use share::{Holder, ShareError, ShareReply, ShareRequest, ShareTable, MAX_HOLDERS};
 pub use state::{validate, validate_pin, PinParts, StateError};
 pub use version::{Applied, MAX_VERSION};

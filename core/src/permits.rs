@@ -5,6 +5,7 @@
 //! The limit is an argument of each `RL.ACQUIRE` (like a bucket's rate and cap), so a
 //! config change needs no command of its own.
 
+use crate::pin::{PinKind, BLOCKED_RETRY};
 use crate::Nanos;
 
 /// Most permits one key may hold: far above any real limit of concurrent calls to one
@@ -27,8 +28,28 @@ pub struct Permit {
 pub enum Acquired {
     /// A permit was granted.
     Granted(Permit),
-    /// `limit` permits are live: the earliest frees itself in `retry_after`.
+    /// `limit` permits are live: the earliest frees itself in `retry_after` (or a `BLOCK`
+    /// pin refuses: its time left, or [`BLOCKED_RETRY`]).
     Denied { retry_after: Nanos },
+    /// An `EXEMPT` pin lets the call through: nothing is recorded (permit id 0).
+    Exempt,
+}
+
+/// An operator's pin on a semaphore key (`RL.PIN key PERMITS n|BLOCK|EXEMPT [PX ms]`):
+/// `Rate` here means "at most `limit` permits", whatever limit the callers send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PermitPin {
+    pub kind: PinKind,
+    /// The pinned limit (`Rate`); 0 for `BLOCK` and `EXEMPT`.
+    pub limit: u64,
+    /// When it ends (0: at `RL.UNPIN`).
+    pub until: Nanos,
+}
+
+impl PermitPin {
+    pub fn live_at(&self, now: Nanos) -> bool {
+        self.until == 0 || now < self.until
+    }
 }
 
 /// Why a permit table or request was refused. The texts are the user-facing messages.
@@ -41,6 +62,8 @@ pub enum PermitError {
     Expiry,
     LastId,
     Empty,
+    PinLimit,
+    PinUntil,
 }
 
 impl PermitError {
@@ -52,7 +75,11 @@ impl PermitError {
             PermitError::Order => "permit ids must be unique",
             PermitError::Expiry => "permit expiry must be at most 9223372036854775807",
             PermitError::LastId => "the last permit id must be at most 9223372036854775807",
-            PermitError::Empty => "a permit key holds at least one permit",
+            PermitError::Empty => "a permit key holds at least one permit (or a pin)",
+            PermitError::PinLimit => {
+                "a PERMITS pin's limit must be 1 to 10000 (0 for BLOCK and EXEMPT)"
+            }
+            PermitError::PinUntil => "the pin's end must be at most 9223372036854775807",
         }
     }
 }
@@ -62,6 +89,7 @@ impl PermitError {
 pub struct PermitTable {
     last_id: u64,
     permits: Vec<Permit>,
+    pin: Option<PermitPin>,
 }
 
 impl PermitTable {
@@ -71,10 +99,32 @@ impl PermitTable {
     /// A stored table holds at least one permit: a key whose last permit goes is deleted,
     /// so an empty one is nothing a command leaves (and nothing an AOF rewrite rebuilds).
     pub fn validate(last_id: u64, permits: Vec<Permit>) -> Result<PermitTable, PermitError> {
+        PermitTable::validate_pinned(last_id, permits, None)
+    }
+
+    /// [`PermitTable::validate`] for a table that may hold a pin: then it may hold no
+    /// permit (a key pinned before anyone used it, or whose permits all went).
+    pub fn validate_pinned(
+        last_id: u64,
+        permits: Vec<Permit>,
+        pin: Option<PermitPin>,
+    ) -> Result<PermitTable, PermitError> {
         if last_id > MAX_FIELD {
             return Err(PermitError::LastId);
         }
-        if permits.is_empty() {
+        if let Some(p) = pin {
+            let limit_ok = match p.kind {
+                PinKind::Rate => (1..=MAX_PERMITS as u64).contains(&p.limit),
+                PinKind::Block | PinKind::Exempt => p.limit == 0,
+            };
+            if !limit_ok {
+                return Err(PermitError::PinLimit);
+            }
+            if p.until > MAX_FIELD {
+                return Err(PermitError::PinUntil);
+            }
+        }
+        if permits.is_empty() && pin.is_none() {
             return Err(PermitError::Empty);
         }
         if permits.len() > MAX_PERMITS {
@@ -91,7 +141,42 @@ impl PermitTable {
                 return Err(PermitError::Expiry);
             }
         }
-        Ok(PermitTable { last_id, permits })
+        Ok(PermitTable {
+            last_id,
+            permits,
+            pin,
+        })
+    }
+
+    /// Its pin, live or ended.
+    pub fn pin(&self) -> Option<PermitPin> {
+        self.pin
+    }
+
+    /// Its pin if it still governs at `now`.
+    pub fn live_pin(&self, now: Nanos) -> Option<PermitPin> {
+        self.pin.filter(|p| p.live_at(now))
+    }
+
+    /// Sets (or removes) its pin.
+    pub fn set_pin(&mut self, pin: Option<PermitPin>) {
+        self.pin = pin;
+    }
+
+    /// When the key may go: its last permit's expiry, not before a pin ends, never while a
+    /// pin without an end holds ([`crate::NEVER`]); `None` for a key that holds nothing.
+    pub fn expires_at(&self) -> Option<Nanos> {
+        let permits = self.last_expiry();
+        match self.pin {
+            None => permits,
+            Some(p) if p.until == 0 => Some(crate::NEVER),
+            Some(p) => Some(permits.unwrap_or(0).max(p.until)),
+        }
+    }
+
+    /// Whether the key holds anything at `now` that keeps it: a permit, or a live pin.
+    pub fn holds_anything(&self, now: Nanos) -> bool {
+        !self.permits.is_empty() || self.live_pin(now).is_some()
     }
 
     pub fn last_id(&self) -> u64 {
@@ -129,6 +214,20 @@ impl PermitTable {
         ttl: Nanos,
         now: Nanos,
     ) -> Result<(Acquired, usize), PermitError> {
+        let limit = match self.live_pin(now) {
+            None => limit,
+            Some(p) => match p.kind {
+                PinKind::Rate => p.limit,
+                PinKind::Exempt => return Ok((Acquired::Exempt, 0)),
+                PinKind::Block => {
+                    let retry_after = match p.until {
+                        0 => BLOCKED_RETRY,
+                        until => until - now,
+                    };
+                    return Ok((Acquired::Denied { retry_after }, 0));
+                }
+            },
+        };
         let live = self.in_use(now);
         if live as u64 >= limit {
             let earliest = self
@@ -155,6 +254,8 @@ impl PermitTable {
         };
         self.last_id = id;
         self.permits.push(permit);
+        // A pin that has ended goes with this write.
+        self.pin = self.live_pin(now);
         Ok((Acquired::Granted(permit), pruned))
     }
 

@@ -97,12 +97,41 @@ pub enum Gate {
     Exempt,
 }
 
+/// A [`Gate`] in one word, as a [`Level`] carries it (the hot path copies levels around):
+/// 0 open, `u64::MAX` exempt, any other value a block's wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GateCode(u64);
+
+impl GateCode {
+    pub const OPEN: GateCode = GateCode(0);
+    pub const EXEMPT: GateCode = GateCode(u64::MAX);
+
+    pub fn of(g: Gate) -> GateCode {
+        match g {
+            Gate::Open => GateCode::OPEN,
+            Gate::Exempt => GateCode::EXEMPT,
+            Gate::Blocked(wait) => GateCode(wait.clamp(1, u64::MAX - 1)),
+        }
+    }
+
+    pub fn gate(self) -> Gate {
+        match self.0 {
+            0 => Gate::Open,
+            u64::MAX => Gate::Exempt,
+            wait => Gate::Blocked(wait),
+        }
+    }
+}
+
 /// The outcome of opening a stored bucket for a call.
 pub struct Opened {
     pub level: Level,
     pub applied: Applied,
     /// The kind of the live pin that decides the call, if any.
     pub pinned: Option<PinKind>,
+    /// The pin to store with the level's bucket if the call writes (none: unpinned; an
+    /// ended pin goes at that write).
+    pub pin: Option<Pin>,
 }
 
 /// `stored` refilled to `now` for a call with `limit` at `version`, under its pin if one
@@ -114,6 +143,7 @@ pub fn open(stored: Option<&Bucket>, limit: Limit, version: u64, now: Nanos) -> 
             level,
             applied,
             pinned: None,
+            pin: None,
         };
     };
     let Some(pin) = b.pin() else {
@@ -122,6 +152,7 @@ pub fn open(stored: Option<&Bucket>, limit: Limit, version: u64, now: Nanos) -> 
             level,
             applied,
             pinned: None,
+            pin: None,
         };
     };
     if !pin.live_at(now) {
@@ -131,6 +162,7 @@ pub fn open(stored: Option<&Bucket>, limit: Limit, version: u64, now: Nanos) -> 
             level,
             applied,
             pinned: None,
+            pin: None,
         };
     }
     match pin.kind {
@@ -144,13 +176,12 @@ pub fn open(stored: Option<&Bucket>, limit: Limit, version: u64, now: Nanos) -> 
             } else {
                 Applied::Pinned
             };
-            let level = Level::new(Some(b), b.limit(), now)
-                .with_version(v)
-                .with_pin(Some(Pin { base, ..pin }), Gate::Open);
+            let level = Level::new(Some(b), b.limit(), now).with_version(v);
             Opened {
                 level,
                 applied,
                 pinned: Some(PinKind::Rate),
+                pin: Some(Pin { base, ..pin }),
             }
         }
         PinKind::Block | PinKind::Exempt => {
@@ -166,9 +197,10 @@ pub fn open(stored: Option<&Bucket>, limit: Limit, version: u64, now: Nanos) -> 
                 Level::new(Some(b), b.limit(), now).with_version(b.version())
             };
             Opened {
-                level: level.with_pin(Some(pin), gate),
+                level: level.with_gate(gate),
                 applied: Applied::Pinned,
                 pinned: Some(pin.kind),
+                pin: Some(pin),
             }
         }
     }
@@ -216,8 +248,7 @@ pub fn pinned(
             Some(
                 Level::new(Some(&bare), p.base, now)
                     .with_version(b.version())
-                    .bucket()
-                    .with_pin(None),
+                    .bucket(),
             )
         }
         Some(_) => Some(b.without_pin()),
@@ -270,15 +301,22 @@ pub fn unpinned(stored: &Bucket, now: Nanos) -> Option<Bucket> {
 }
 
 /// A stored bucket refilled to `now` under what governs it then (its pin's gate carried),
-/// for the commands that give no limit (`RL.PEEK`, `RL.REFUND`, `RL.RETURN`); `None` if the
-/// key is as absent (it held only a pin, now ended or never over a bucket).
-pub fn level_of_stored(b: &Bucket, now: Nanos) -> Option<Level> {
+/// for the commands that give no limit (`RL.PEEK`, `RL.REFUND`, `RL.RETURN`), with the pin
+/// to store with it if the call writes; `None` if the key is as absent (it held only a
+/// pin, now ended or never over a bucket).
+pub fn level_of_stored(b: &Bucket, now: Nanos) -> Option<(Level, Option<Pin>)> {
     let Some(pin) = b.pin() else {
-        return Some(Level::new(Some(b), b.limit(), now).with_version(b.version()));
+        return Some((
+            Level::new(Some(b), b.limit(), now).with_version(b.version()),
+            None,
+        ));
     };
     if !pin.live_at(now) {
         let bare = ended(b, &pin)?;
-        return Some(Level::new(Some(&bare), bare.limit(), now).with_version(bare.version()));
+        return Some((
+            Level::new(Some(&bare), bare.limit(), now).with_version(bare.version()),
+            None,
+        ));
     }
     if pin.absent {
         return None;
@@ -288,9 +326,10 @@ pub fn level_of_stored(b: &Bucket, now: Nanos) -> Option<Level> {
         PinKind::Block => Gate::Blocked(pin.left(now).unwrap_or(BLOCKED_RETRY)),
         PinKind::Exempt => Gate::Exempt,
     };
-    Some(
+    Some((
         Level::new(Some(b), b.limit(), now)
             .with_version(b.version())
-            .with_pin(Some(pin), gate),
-    )
+            .with_gate(gate),
+        Some(pin),
+    ))
 }

@@ -81,22 +81,22 @@ proptest! {
                         out += n as f64;
                     }
                     if granted || o.applied.must_write() {
-                        stored = Some(level.bucket());
+                        stored = Some(level.bucket().with_pin(o.pin));
                     }
                 }
                 Op::PinRate { limit, px_ms } => {
                     let until = if px_ms == 0 { 0 } else { now + px_ms * MS };
                     let b = pin::pinned(stored.as_ref(), PinKind::Rate, Some(pins[limit]), until, now);
-                    let l = pin::level_of_stored(&b, now).unwrap();
+                    let (l, _) = pin::level_of_stored(&b, now).unwrap();
                     prop_assert!(l.tokens() <= pins[limit].cap() + 1e-9);
                     stored = Some(b);
                 }
                 Op::Block { px_ms } | Op::Exempt { px_ms } => {
                     let kind = if matches!(op, Op::Block { .. }) { PinKind::Block } else { PinKind::Exempt };
                     let until = if px_ms == 0 { 0 } else { now + px_ms * MS };
-                    let before = stored.and_then(|b| pin::level_of_stored(&b, now)).map(|l| l.tokens());
+                    let before = stored.and_then(|b| pin::level_of_stored(&b, now)).map(|(l, _)| l.tokens());
                     let b = pin::pinned(stored.as_ref(), kind, None, until, now);
-                    let after = pin::level_of_stored(&b, now).map(|l| l.tokens());
+                    let after = pin::level_of_stored(&b, now).map(|(l, _)| l.tokens());
                     // Blocking or exempting moves no token.
                     if let (Some(x), Some(y)) = (before, after) {
                         prop_assert!(y <= x + 1e-6, "{x} -> {y}");
@@ -106,9 +106,9 @@ proptest! {
                 Op::Unpin => {
                     if let Some(b) = stored {
                         if b.pin().is_some_and(|p| p.live_at(now)) {
-                            let before = pin::level_of_stored(&b, now).map(|l| l.tokens());
+                            let before = pin::level_of_stored(&b, now).map(|(l, _)| l.tokens());
                             stored = pin::unpinned(&b, now);
-                            let after = stored.and_then(|b| pin::level_of_stored(&b, now)).map(|l| l.tokens());
+                            let after = stored.and_then(|b| pin::level_of_stored(&b, now)).map(|(l, _)| l.tokens());
                             if let (Some(x), Some(y), Some(p)) = (before, after, b.pin()) {
                                 if p.kind == PinKind::Rate {
                                     prop_assert!(y <= x + 1e-6, "unpin minted: {x} -> {y}");
@@ -143,14 +143,19 @@ fn a_key_pinned_before_use() {
     assert!(pin::level_of_stored(&b, T0 + 1000 * MS).is_none());
 
     let b = pin::pinned(None, PinKind::Rate, Some(small), T0 + 1000 * MS, T0);
-    let mut l = pin::open(Some(&b), caller, 0, T0).level;
+    let o = pin::open(Some(&b), caller, 0, T0);
+    let mut l = o.level;
     assert_eq!(l.tokens(), 5.0);
     assert!(l.try_take(5.0));
-    let b = l.bucket();
+    let b = l.bucket().with_pin(o.pin);
     // The pin ends at T0 + 1 s: 1 token refilled under it, then 10/s under the caller's.
-    let l = pin::open(Some(&b), caller, 0, T0 + 1500 * MS).level;
-    assert!((l.tokens() - 6.0).abs() < 1e-6, "{}", l.tokens());
-    assert!(l.bucket().pin().is_none());
+    let o = pin::open(Some(&b), caller, 0, T0 + 1500 * MS);
+    assert!(
+        (o.level.tokens() - 6.0).abs() < 1e-6,
+        "{}",
+        o.level.tokens()
+    );
+    assert!(o.pin.is_none());
     // A permanent pin keeps the key: no expiry.
     let b = pin::pinned(None, PinKind::Exempt, None, 0, T0);
     assert_eq!(b.expires_at(), rl_core::NEVER);
@@ -169,12 +174,12 @@ fn versions_during_a_rate_pin() {
     let o = pin::open(Some(&b), v2, 2, T0);
     assert_eq!(o.applied, rl_core::Applied::Replaced);
     assert_eq!(o.level.limit(), &pinned);
-    let b = o.level.bucket();
+    let b = o.level.bucket().with_pin(o.pin);
     assert_eq!(b.pin().unwrap().base, v2);
     assert_eq!(b.version(), 2);
     let o = pin::open(Some(&b), v1, 1, T0);
     assert_eq!(o.applied, rl_core::Applied::Pinned);
-    assert_eq!(o.level.bucket().pin().unwrap().base, v2);
+    assert_eq!(o.pin.unwrap().base, v2);
     let after = pin::unpinned(&b, T0).unwrap();
     assert_eq!(after.limit(), v2);
     assert!(after.pin().is_none());

@@ -35,8 +35,14 @@ pub struct BucketEffect<'a> {
 }
 
 impl<'a> BucketEffect<'a> {
-    /// The effect of `bucket` at `key`, its limit written as `rate` and `cap`.
+    /// The effect of `bucket` at `key`, its limit written as `rate` and `cap`. A bucket
+    /// without a pin (the hot path: a pinned bucket's effect carries the stored limit, see
+    /// [`with_stored_limit`], which adds the pin).
     pub fn new(key: Str, bucket: &Bucket, rate: EffectArg<'a>, cap: EffectArg<'a>) -> Self {
+        debug_assert!(
+            bucket.pin().is_none(),
+            "a pinned bucket's effect carries its pin"
+        );
         BucketEffect {
             key,
             full_at: bucket.full_at(),
@@ -45,7 +51,7 @@ impl<'a> BucketEffect<'a> {
             keep_until: bucket.keep_until(),
             keep_after_write: bucket.keep_after_write(),
             version: bucket.version(),
-            pin: bucket.pin(),
+            pin: None,
         }
     }
 
@@ -177,12 +183,15 @@ pub fn with_stored_limit(key: Str, bucket: &Bucket, f: impl FnOnce(&BucketEffect
         stored_number(bucket.limit().rate()),
         stored_number(bucket.limit().cap()),
     );
-    f(&BucketEffect::new(
-        key,
-        bucket,
-        EffectArg::Bytes(rate.as_bytes()),
-        EffectArg::Bytes(cap.as_bytes()),
-    ));
+    f(&BucketEffect {
+        pin: bucket.pin(),
+        ..BucketEffect::new(
+            key,
+            &bucket.without_pin(),
+            EffectArg::Bytes(rate.as_bytes()),
+            EffectArg::Bytes(cap.as_bytes()),
+        )
+    });
 }
 
 /// The text of a stored number that parses back to exactly it: the shortest such form.

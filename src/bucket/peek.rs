@@ -22,10 +22,10 @@ pub fn peek(ctx: Ctx, args: Args) -> Result<Reply> {
     let bucket = state.bucket();
     // The limit it was last written under, or its pin's; a key that holds only a pin is as
     // absent (`RL.PINNED` shows the pin).
-    let Some(level) = rl_core::pin::level_of_stored(&bucket, now) else {
+    let Some((level, pin)) = rl_core::pin::level_of_stored(&bucket, now) else {
         return Ok(Reply::Null);
     };
-    let bucket = level.bucket();
+    let bucket = level.bucket().with_pin(pin);
     let live = state
         .table()
         .map(|t| t.leases().iter().filter(|l| l.expires_at > now));

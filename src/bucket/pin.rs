@@ -5,7 +5,9 @@
 //! Pinning writes the bucket as it stands under the pin (a rate pin's tokens carried over
 //! into the pinned limit) and replicates it as `RL.SETSTATE ... PIN ...`; unpinning writes it
 //! back under the limit callers' calls resolve to. A key that held nothing may be pinned:
-//! it then holds only the pin. Pins apply to buckets; a share or permit key is refused.
+//! it then holds only the pin. Semaphore keys take `RL.PIN key PERMITS n|BLOCK|EXEMPT`
+//! (and `BLOCK`/`EXEMPT` alone on an existing one): see [`crate::semaphore::pin`]. Share
+//! keys are refused.
 
 use crate::args::Args;
 use crate::bucket::effect;
@@ -17,23 +19,46 @@ use crate::ffi::{Ctx, Value};
 use crate::grammar;
 use crate::observe::stats;
 use crate::reply::Reply;
+use crate::semaphore::PermitKey;
 use rl_core::pin::{self, PinKind};
-use rl_core::{Bucket, Limit, Nanos};
+use rl_core::{Bucket, Limit, Nanos, PermitPin};
 
-const NOT_A_BUCKET: &str =
-    "RL.PIN pins bucket keys: this key holds shares or permits, which pins do not cover yet";
+const SHARE_KEY: &str =
+    "RL.PIN pins bucket and semaphore keys: this key holds shares, which pins do not cover yet";
+const PERMITS_NEEDED: &str =
+    "this key is a semaphore (RL.ACQUIRE): pin its concurrency with RL.PIN key PERMITS n";
+const BUCKET_KEY: &str =
+    "this key is a token bucket: RL.PIN key PERMITS ... pins semaphore keys (RL.ACQUIRE)";
 
-/// The bucket of `key`, or the error for a key of another type.
-fn bucket_of<'k>(key: &'k BucketKey) -> Result<Option<StateMut<'k>>> {
-    match key.open_key().value() {
-        Value::Permits(_) | Value::Shares(_) => Err(Error::Invalid(NOT_A_BUCKET)),
-        _ => key.state(),
+/// What a key holds, for the pin commands to pick their type.
+#[derive(PartialEq)]
+enum Holds {
+    Bucket,
+    Permits,
+}
+
+/// What `name` holds (a missing key: a bucket, the default), or the error for a key no
+/// pin covers.
+fn holds(ctx: Ctx, name: crate::ffi::Str) -> Result<Holds> {
+    let key = crate::ffi::OpenKey::open(ctx, name, crate::ffi::Access::Read);
+    match key.value() {
+        Value::Permits(_) => Ok(Holds::Permits),
+        Value::Shares(_) => Err(Error::Invalid(SHARE_KEY)),
+        Value::Other => Err(Error::WrongType),
+        _ => Ok(Holds::Bucket),
     }
+}
+
+/// The bucket of `key` (after [`holds`] said it is one, or none).
+fn bucket_of<'k>(key: &'k BucketKey) -> Result<Option<StateMut<'k>>> {
+    key.state()
 }
 
 /// What `RL.PIN` was asked: the kind, a rate pin's limit, and its length in ms (0: none).
 fn parse(args: &Args) -> Result<(PinKind, Option<Limit>, u64)> {
-    let (kind, limit, from) = if args.is(1, "BLOCK") {
+    let (kind, limit, from) = if args.is(1, "PERMITS") {
+        return Err(Error::Invalid("internal: PERMITS is parsed apart"));
+    } else if args.is(1, "BLOCK") {
         (PinKind::Block, None, 2)
     } else if args.is(1, "EXEMPT") {
         (PinKind::Exempt, None, 2)
@@ -43,16 +68,41 @@ fn parse(args: &Args) -> Result<(PinKind, Option<Limit>, u64)> {
         }
         (PinKind::Rate, Some(grammar::limit(args, 1)?), 3)
     };
-    let ms = match args.len() - from {
-        0 => 0,
-        2 if args.is(from, "PX") => {
-            args.positive(from + 1, "PX must be a positive integer (ms)")?
-        }
-        2 => return Err(args.unknown(from)),
-        1 => return Err(args.unknown(from)),
-        _ => return Err(Error::Arity),
+    Ok((kind, limit, px(args, from)?))
+}
+
+/// `[PX ms]` from argument `from` to the end (0: none).
+fn px(args: &Args, from: usize) -> Result<u64> {
+    match args.len().saturating_sub(from) {
+        0 => Ok(0),
+        2 if args.is(from, "PX") => args.positive(from + 1, "PX must be a positive integer (ms)"),
+        1 | 2 => Err(args.unknown(from)),
+        _ => Err(Error::Arity),
+    }
+}
+
+/// `RL.PIN key PERMITS n|BLOCK|EXEMPT [PX ms]`: the pin of a semaphore key.
+fn parse_permits(args: &Args) -> Result<(PinKind, u64, u64)> {
+    if args.len() < 3 {
+        return Err(Error::Arity);
+    }
+    let (kind, limit) = if args.is(2, "BLOCK") {
+        (PinKind::Block, 0)
+    } else if args.is(2, "EXEMPT") {
+        (PinKind::Exempt, 0)
+    } else {
+        (
+            PinKind::Rate,
+            args.positive(2, "PERMITS takes a positive integer limit, BLOCK or EXEMPT")?,
+        )
     };
-    Ok((kind, limit, ms))
+    Ok((kind, limit, px(args, 3)?))
+}
+
+/// Whether `name` exists (of any type).
+fn key_exists(ctx: Ctx, name: crate::ffi::Str) -> bool {
+    let key = crate::ffi::OpenKey::open(ctx, name, crate::ffi::Access::Read);
+    !matches!(key.value(), Value::Empty)
 }
 
 /// The instant a pin of `ms` set at `now` ends (0: none).
@@ -70,10 +120,33 @@ pub fn pin(ctx: Ctx, args: Args) -> Result<Reply> {
     if !(2..=5).contains(&args.len()) {
         return Err(Error::Arity);
     }
-    let (kind, limit, ms) = parse(&args)?;
-    let now = clock::now();
-    let until = end_of(ms, now)?;
     let name = args.raw(0)?;
+    let holds = holds(ctx, name)?;
+    let now = clock::now();
+    if args.is(1, "PERMITS") {
+        let (kind, limit, ms) = parse_permits(&args)?;
+        if holds == Holds::Bucket && key_exists(ctx, name) {
+            return Err(Error::Invalid(BUCKET_KEY));
+        }
+        let until = end_of(ms, now)?;
+        let key = PermitKey::open(ctx, name);
+        let p = PermitPin { kind, limit, until };
+        return crate::semaphore::pin::pin(ctx, &key, p, now);
+    }
+    let (kind, limit, ms) = parse(&args)?;
+    let until = end_of(ms, now)?;
+    if holds == Holds::Permits {
+        if kind == PinKind::Rate {
+            return Err(Error::Invalid(PERMITS_NEEDED));
+        }
+        let key = PermitKey::open(ctx, name);
+        let p = PermitPin {
+            kind,
+            limit: 0,
+            until,
+        };
+        return crate::semaphore::pin::pin(ctx, &key, p, now);
+    }
     let key = BucketKey::open(ctx, name);
     let state = bucket_of(&key)?;
     let stored: Option<Bucket> = state.as_ref().map(|s| s.bucket());
@@ -90,6 +163,13 @@ pub fn unpin(ctx: Ctx, args: Args) -> Result<Reply> {
     }
     let now = clock::now();
     let name = args.raw(0)?;
+    if holds(ctx, name)? == Holds::Permits {
+        let key = PermitKey::open(ctx, name);
+        let Some(t) = key.table()? else {
+            return Ok(Reply::Int(0));
+        };
+        return crate::semaphore::pin::unpin(ctx, &key, t, now);
+    }
     let key = BucketKey::open(ctx, name);
     let state = bucket_of(&key)?;
     let Some(stored) = state.as_ref().map(|s| s.bucket()) else {
@@ -122,7 +202,14 @@ pub fn pinned(ctx: Ctx, args: Args) -> Result<Reply> {
         return Err(Error::Arity);
     }
     let now = clock::now();
-    let key = BucketKey::open_read(ctx, args.raw(0)?);
+    let name = args.raw(0)?;
+    let key = crate::ffi::OpenKey::open(ctx, name, crate::ffi::Access::Read);
+    if let Value::Permits(t) = key.value() {
+        return Ok(crate::semaphore::pin::describe(t, now));
+    }
+    drop(key);
+    holds(ctx, name)?;
+    let key = BucketKey::open_read(ctx, name);
     let Some(bucket) = bucket_of(&key)?.map(|s| s.bucket()) else {
         return Ok(Reply::Null);
     };

@@ -25,7 +25,7 @@ pub fn refund(ctx: Ctx, args: Args) -> Result<Reply> {
         return Ok(Reply::Double(0.0));
     };
     // Under its pin, if one lives; a key that holds only a pin is full.
-    let Some(mut level) = rl_core::pin::level_of_stored(&bucket, now) else {
+    let Some((mut level, pin)) = rl_core::pin::level_of_stored(&bucket, now) else {
         return Ok(Reply::Double(0.0));
     };
     let credited = level.refund(n);
@@ -34,7 +34,7 @@ pub fn refund(ctx: Ctx, args: Args) -> Result<Reply> {
         return Ok(Reply::Double(0.0));
     }
     stats::REFUNDS.add(1);
-    let after = level.bucket();
+    let after = level.bucket().with_pin(pin);
     let no_leases = state
         .as_ref()
         .and_then(|s| s.table())

@@ -39,13 +39,13 @@ pub fn return_lease(ctx: Ctx, args: Args) -> Result<Reply> {
     // back only what fits below cap: the reply says what it took.
     // Under its pin, if one lives (an exempt bucket takes nothing back: its grants debited
     // nothing).
-    let Some(mut level) = rl_core::pin::level_of_stored(&bucket, now) else {
+    let Some((mut level, pin)) = rl_core::pin::level_of_stored(&bucket, now) else {
         unreachable!("a key that holds only a pin holds no lease");
     };
     let credited = level.credit_up_to(credited);
     stats::RETURNS.add(1);
     stats::TOKENS_RETURNED.add(credited);
-    let bucket = level.bucket();
+    let bucket = level.bucket().with_pin(pin);
     if table.is_empty() && level.reset_after() == 0 && bucket.expires_at() <= now {
         // Full and no lease left: the same as no key at all.
         key.delete();

@@ -42,15 +42,30 @@ unsafe extern "C" fn on_config_change(
     let _ = std::panic::catch_unwind(|| crate::observe::eviction::config_changed(Ctx(ctx)));
 }
 
-/// Subscribes to evictions and config changes, at load. `false` if the server refused the
-/// eviction subscription (config changes are optional: older servers lack the event).
-pub fn subscribe(ctx: Ctx) -> bool {
-    let ok = raw::REDISMODULE_OK as c_int;
-    let evictions = rm!(RedisModule_SubscribeToKeyspaceEvents(
+/// Whether the module listens to evictions (see [`subscribe_evictions`]).
+static EVICTIONS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Listens to evictions from now on (once). A module that listens to any keyspace event
+/// makes the server walk its listeners on every notification of every write command (about
+/// 50 instructions even for an `INCR`), so the module listens only once the server may
+/// evict: at load, or when a config change makes it so. `false` if the server refused.
+pub fn subscribe_evictions(ctx: Ctx) -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    if EVICTIONS.load(Relaxed) {
+        return true;
+    }
+    let ok = rm!(RedisModule_SubscribeToKeyspaceEvents(
         ctx.0,
         raw::REDISMODULE_NOTIFY_EVICTED,
         Some(on_keyspace_event)
-    )) == ok;
+    )) == raw::REDISMODULE_OK as c_int;
+    EVICTIONS.store(ok, Relaxed);
+    ok
+}
+
+/// Subscribes to config changes, at load (optional: older servers lack the event; the
+/// eviction subscription then happens at load only).
+pub fn subscribe(ctx: Ctx) -> bool {
     // The event's handle is a constant of the C header, which the bindings do not carry.
     let config = raw::RedisModuleEvent {
         id: raw::REDISMODULE_EVENT_CONFIG,
@@ -61,5 +76,5 @@ pub fn subscribe(ctx: Ctx) -> bool {
         config,
         Some(on_config_change)
     ));
-    evictions
+    true
 }

@@ -54,7 +54,7 @@ pub use command::{
 };
 pub use config::{register_configs, Config, Kind, Refusal};
 pub use effects::{emit_aof, replicate, Aof, EffectArg};
-pub use events::{eviction_possible, subscribe as subscribe_events};
+pub use events::{eviction_possible, subscribe as subscribe_events, subscribe_evictions};
 pub use info::{register_info, Info};
 pub use key::{Access, KeyKind, OpenKey, Value};
 pub use load::{create_types, log_notice, log_warning};

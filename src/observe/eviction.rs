@@ -100,6 +100,12 @@ pub fn check_policy(ctx: Ctx) {
     if !changed {
         return;
     }
+    if risk && !ffi::subscribe_evictions(ctx) {
+        ffi::log_warning(
+            ctx,
+            "redis-rl: could not listen to evictions: rl_keys_evicted will not count them",
+        );
+    }
     if risk {
         let policy = ffi::server_info_text(c"memory", c"maxmemory_policy", |p| {
             p.unwrap_or("?").to_owned()

@@ -44,24 +44,34 @@ pub fn acquire(ctx: Ctx, args: Args) -> Result<Reply> {
     let existing = key.table()?;
     let is_new = existing.is_none();
     let table = existing.unwrap_or(&mut fresh);
+    let was_pinned = table.pin().is_some();
+    if table.live_pin(now).is_some() {
+        stats::PINNED_DECISIONS.add(1);
+    }
     let (decision, pruned) = table.acquire(limit, ttl, now)?;
     let in_use = table.in_use(now);
-    let Acquired::Granted(permit) = decision else {
-        stats::PERMITS_DENIED.add(1);
-        let Acquired::Denied { retry_after } = decision else {
-            unreachable!()
-        };
-        return Ok(reply(0, 0, in_use, ceil_millis(retry_after)));
+    let permit = match decision {
+        Acquired::Granted(permit) => permit,
+        Acquired::Denied { retry_after } => {
+            stats::PERMITS_DENIED.add(1);
+            return Ok(reply(0, 0, in_use, ceil_millis(retry_after)));
+        }
+        Acquired::Exempt => {
+            // Let through, nothing recorded: permit id 0 (releasing it does nothing).
+            stats::PERMITS_ACQUIRED.add(1);
+            return Ok(reply(1, 0, in_use, 0));
+        }
     };
     stats::PERMITS_ACQUIRED.add(1);
     stats::PERMITS_EXPIRED.add_shared(pruned as u64);
     let last_id = table.last_id();
+    let pin = table.pin();
     if is_new {
         key.create(std::mem::take(table));
     } else {
         semaphore::left(pruned);
         semaphore::entered();
-        key.written(table);
+        key.written(table, was_pinned);
     }
     let change = PermitChange {
         key: name,
@@ -69,6 +79,7 @@ pub fn acquire(ctx: Ctx, args: Args) -> Result<Reply> {
         prune: now,
         drop: None,
         add: Some(permit),
+        pin,
     };
     crate::semaphore::permits(ctx, &change);
     Ok(reply(1, permit.id, in_use, 0))
@@ -126,23 +137,27 @@ pub fn renew(ctx: Ctx, args: Args) -> Result<Reply> {
 fn written(
     ctx: Ctx,
     key: &PermitKey,
-    table: &PermitTable,
+    table: &mut PermitTable,
     now: u64,
     drop: Option<u64>,
     add: Option<rl_core::Permit>,
 ) {
-    if table.permits().is_empty() {
+    if !table.holds_anything(now) {
         key.delete();
         crate::effect::deleted(ctx, key.name());
         return;
     }
-    key.written(table);
+    // A pin that has ended goes with this write.
+    let was_pinned = table.pin().is_some();
+    table.set_pin(table.live_pin(now));
+    key.written(table, was_pinned);
     let change = PermitChange {
         key: key.name(),
         last_id: table.last_id(),
         prune: now,
         drop,
         add,
+        pin: table.pin(),
     };
     crate::semaphore::permits(ctx, &change);
 }

@@ -2,15 +2,19 @@
 //! (`RL.ACQUIRE` / `RL.RELEASE` / `RL.RENEW`). A different type from a bucket, so a
 //! bucket command on a semaphore key (and the reverse) is a `WRONGTYPE` error.
 //!
-//! RDB encoding version 1, per key: `last_id count (id expires_at) * count` (unsigneds).
-//! The key's expiry is its last permit's: when that goes, no permit is held, which is the
-//! same as no key.
+//! RDB encoding version 2, per key: `last_id count (id expires_at) * count pin`
+//! (unsigneds), `pin` 0 for none, else its kind's code followed by `until limit`. Version
+//! 1 (without `pin`) is still read. The key's expiry is its last permit's (not before a
+//! pin ends; none while a pin without an end holds): when that goes, nothing is held,
+//! which is the same as no key.
 //!
-//! Effects: `RL.SETPERMITS key LASTID id [PRUNE t] [DROP id] [ADD id expires_at]` (an ADD
-//! of an existing id replaces its expiry: a renewal). The result is checked by
-//! [`PermitTable::validate`], the same function RDB load uses.
+//! Effects: `RL.SETPERMITS key LASTID id [PRUNE t] [DROP id] [ADD id expires_at] [PIN kind
+//! until limit]` (an ADD of an existing id replaces its expiry: a renewal; without `PIN`
+//! the key is left unpinned). The result is checked by [`PermitTable::validate_pinned`],
+//! the same function RDB load uses.
 
 pub mod acquire;
+pub mod pin;
 pub mod setpermits;
 
 use crate::effect::{Decimal, EffectArgs};
@@ -19,7 +23,7 @@ use crate::ffi::{self, Access, Aof, Ctx, Digest, EffectArg, Io, OpenKey, Str, Va
 use crate::observe::stats;
 use rl_core::{Nanos, Permit, PermitTable, MAX_PERMITS};
 
-pub const ENCODING_VERSION: i32 = 1;
+pub const ENCODING_VERSION: i32 = 2;
 
 pub fn save(io: &Io, t: &PermitTable) {
     io.save_unsigned(t.last_id());
@@ -28,12 +32,20 @@ pub fn save(io: &Io, t: &PermitTable) {
         io.save_unsigned(p.id);
         io.save_unsigned(p.expires_at);
     }
+    match t.pin() {
+        None => io.save_unsigned(0),
+        Some(p) => {
+            io.save_unsigned(p.kind.code());
+            io.save_unsigned(p.until);
+            io.save_unsigned(p.limit);
+        }
+    }
 }
 
 /// Reads one value; `None` for an unknown encoding, an I/O error or a table
 /// [`PermitTable::validate`] refuses.
 pub fn load(io: &Io, encver: i32) -> Option<PermitTable> {
-    if encver != ENCODING_VERSION {
+    if !(1..=ENCODING_VERSION).contains(&encver) {
         return None;
     }
     let last_id = io.load_unsigned();
@@ -50,32 +62,53 @@ pub fn load(io: &Io, encver: i32) -> Option<PermitTable> {
         }
         permits.push(Permit { id, expires_at });
     }
-    let t = PermitTable::validate(last_id, permits).ok()?;
+    let pin = match if encver >= 2 { io.load_unsigned() } else { 0 } {
+        0 => None,
+        code => Some(rl_core::PermitPin {
+            kind: rl_core::pin::PinKind::from_code(code)?,
+            until: io.load_unsigned(),
+            limit: io.load_unsigned(),
+        }),
+    };
+    if io.failed() {
+        return None;
+    }
+    let t = PermitTable::validate_pinned(last_id, permits, pin).ok()?;
     stats::PERMITS_IN_USE.add_shared(t.permits().len() as u64);
+    if t.pin().is_some() {
+        stats::PINNED_KEYS.add_shared(1);
+    }
     Some(t)
 }
 
 pub fn rewrite(aof: &Aof, key: Str, t: &PermitTable) {
     let cmd = c"RL.SETPERMITS";
     let last = EffectArg::Int(t.last_id() as i64);
-    crate::ffi::emit_aof(
-        aof,
-        cmd,
-        &[EffectArg::Str(key), EffectArg::Text(c"LASTID"), last],
-    );
+    // Every line carries the pin: an effect without one leaves the key unpinned.
+    let pin = t.pin().map(PinWords::new);
+    let emit = |more: &[EffectArg]| {
+        let mut args = EffectArgs::new();
+        args.push(EffectArg::Str(key))
+            .push(EffectArg::Text(c"LASTID"))
+            .push(last);
+        for a in more {
+            args.push(*a);
+        }
+        if let Some(p) = &pin {
+            p.push_onto(&mut args);
+        }
+        crate::ffi::emit_aof(aof, cmd, args.get());
+    };
+    if t.permits().is_empty() || pin.is_none() {
+        // A pinned key without permits is the pin alone; otherwise the first ADD makes it.
+        emit(&[]);
+    }
     for p in t.permits() {
-        crate::ffi::emit_aof(
-            aof,
-            cmd,
-            &[
-                EffectArg::Str(key),
-                EffectArg::Text(c"LASTID"),
-                last,
-                EffectArg::Text(c"ADD"),
-                EffectArg::Int(p.id as i64),
-                EffectArg::Int(p.expires_at as i64),
-            ],
-        );
+        emit(&[
+            EffectArg::Text(c"ADD"),
+            EffectArg::Int(p.id as i64),
+            EffectArg::Int(p.expires_at as i64),
+        ]);
     }
     // The key's actual expiry follows (Redis appends PEXPIREAT when it has one).
     crate::ffi::emit_aof(aof, c"PERSIST", &[EffectArg::Str(key)]);
@@ -91,11 +124,21 @@ pub fn digest(md: &Digest, t: &PermitTable) {
         md.add(p.id);
         md.add(p.expires_at);
     }
+    if let Some(p) = t.pin() {
+        // A marker no permit id can be (ids are at most i64::MAX).
+        md.add(u64::MAX);
+        md.add(p.kind.code());
+        md.add(p.until);
+        md.add(p.limit);
+    }
     md.end_sequence();
 }
 
 pub fn freed(t: PermitTable) {
     stats::PERMITS_IN_USE.sub_shared(t.permits().len() as u64);
+    if t.pin().is_some() {
+        stats::PINNED_KEYS.sub_shared(1);
+    }
 }
 
 pub fn unlinked(t: &PermitTable) {
@@ -104,7 +147,26 @@ pub fn unlinked(t: &PermitTable) {
 
 pub fn copied(t: &PermitTable) -> PermitTable {
     stats::PERMITS_IN_USE.add_shared(t.permits().len() as u64);
+    if t.pin().is_some() {
+        stats::PINNED_KEYS.add_shared(1);
+    }
     t.clone()
+}
+
+/// A permit pin as the words of its effect: `PIN kind until limit`.
+pub struct PinWords([Decimal; 3]);
+
+impl PinWords {
+    pub fn new(p: rl_core::PermitPin) -> PinWords {
+        PinWords([p.kind.code(), p.until, p.limit].map(Decimal::new))
+    }
+
+    pub fn push_onto<'a>(&'a self, args: &mut EffectArgs<'a>) {
+        args.push(EffectArg::Text(c"PIN"));
+        for d in &self.0 {
+            args.push(EffectArg::Bytes(d.bytes()));
+        }
+    }
 }
 
 /// A semaphore key opened for one command; closed (and signalled if written) when dropped.
@@ -137,18 +199,28 @@ impl PermitKey {
     /// Stores `t` as the key's value (a new key), with its expiry.
     pub fn create(&self, t: PermitTable) {
         stats::PERMITS_IN_USE.add_shared(t.permits().len() as u64);
-        let expiry = t.last_expiry().unwrap_or(0);
+        let pinned = t.pin().is_some();
+        let expiry = t.expires_at().unwrap_or(0);
         if let Err(t) = self.key.set_permits(t) {
             stats::PERMITS_IN_USE.sub_shared(t.permits().len() as u64);
             return;
         }
+        if pinned {
+            stats::PINNED_KEYS.add_shared(1);
+        }
         self.expire_at(expiry);
     }
 
-    /// After the table was changed in place: the key's expiry follows its last permit, and
-    /// a table left with no permit is no key at all.
-    pub fn written(&self, t: &PermitTable) {
-        match t.last_expiry() {
+    /// After the table was changed in place (`was_pinned`: it held a pin before): the
+    /// key's expiry follows its last permit and its pin, and a table left with nothing is
+    /// no key at all.
+    pub fn written(&self, t: &PermitTable, was_pinned: bool) {
+        match (was_pinned, t.pin().is_some()) {
+            (false, true) => stats::PINNED_KEYS.add_shared(1),
+            (true, false) => stats::PINNED_KEYS.sub_shared(1),
+            _ => {}
+        }
+        match t.expires_at() {
             Some(at) => self.expire_at(at),
             None => self.delete(),
         }
@@ -156,7 +228,11 @@ impl PermitKey {
 
     fn expire_at(&self, at: u64) {
         self.modified.set(true);
-        let ms = rl_core::ceil_millis(at) as i64;
+        let ms = if at == rl_core::NEVER {
+            -1
+        } else {
+            rl_core::ceil_millis(at) as i64
+        };
         if self.key.expire_ms() != ms {
             self.key.set_expire_ms(ms);
         }
@@ -200,6 +276,8 @@ pub struct PermitChange {
     pub prune: Nanos,
     pub drop: Option<u64>,
     pub add: Option<rl_core::Permit>,
+    /// The key's pin after the change (none: unpinned).
+    pub pin: Option<rl_core::PermitPin>,
 }
 
 pub fn permits(ctx: Ctx, c: &PermitChange) {
@@ -219,6 +297,10 @@ pub fn permits(ctx: Ctx, c: &PermitChange) {
                 .push(EffectArg::Bytes(expires_at.bytes()));
         }
         (None, None) => {}
+    }
+    let pin = c.pin.map(PinWords::new);
+    if let Some(p) = &pin {
+        p.push_onto(&mut args);
     }
     ffi::replicate(ctx, c"RL.SETPERMITS", args.get());
 }

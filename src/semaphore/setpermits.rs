@@ -15,7 +15,7 @@ pub fn setpermits(ctx: Ctx, args: Args) -> Result<Reply> {
     if args.len() < 3 {
         return Err(Error::Arity);
     }
-    let (mut last_id, mut prune, mut drop, mut add) = (None, None, None, None);
+    let (mut last_id, mut prune, mut drop, mut add, mut pin) = (None, None, None, None, None);
     let mut i = 1;
     while i < args.len() {
         let int = |j: usize| args.integer(j, "permit fields must be non-negative integers");
@@ -38,6 +38,16 @@ pub fn setpermits(ctx: Ctx, args: Args) -> Result<Reply> {
             seen(drop.is_some())?;
             drop = Some(int(i + 1)?);
             i += 2;
+        } else if args.is(i, "PIN") {
+            seen(pin.is_some())?;
+            let code = int(i + 1)?;
+            pin = Some(rl_core::PermitPin {
+                kind: rl_core::pin::PinKind::from_code(code)
+                    .ok_or(Error::Invalid(rl_core::StateError::PinKind.message()))?,
+                until: int(i + 2)?,
+                limit: int(i + 3)?,
+            });
+            i += 4;
         } else if args.is(i, "ADD") {
             seen(add.is_some())?;
             add = Some(Permit {
@@ -65,7 +75,7 @@ pub fn setpermits(ctx: Ctx, args: Args) -> Result<Reply> {
         next.put(p);
     }
     let (last, list) = next.into_parts();
-    if list.is_empty() {
+    if list.is_empty() && pin.is_none() {
         // No permit left: no key (what the commands leave too).
         if last > i64::MAX as u64 {
             return Err(Error::Invalid(rl_core::PermitError::LastId.message()));
@@ -77,15 +87,17 @@ pub fn setpermits(ctx: Ctx, args: Args) -> Result<Reply> {
         ffi::replicate_verbatim(ctx);
         return Ok(Reply::Ok);
     }
-    let next = PermitTable::validate(last, list).map_err(|e| Error::Invalid(e.message()))?;
+    let next =
+        PermitTable::validate_pinned(last, list, pin).map_err(|e| Error::Invalid(e.message()))?;
     match existing {
         Some(t) => {
             semaphore::left(t.permits().len());
             for _ in next.permits() {
                 semaphore::entered();
             }
+            let was_pinned = t.pin().is_some();
             *t = next;
-            key.written(t);
+            key.written(t, was_pinned);
         }
         None => key.create(next),
     }
