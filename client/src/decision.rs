@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::PinKind;
+
 /// Where a decision was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -37,6 +39,12 @@ pub struct Decision {
     pub limit: f64,
     /// Who decided.
     pub source: Source,
+    /// The kind of the operator's pin (`RL.PIN`) that decided, when one did: `Rate` (the
+    /// pin's limit, not this limiter's, decided), `Block` (denied; `retry_after` is the
+    /// time left of the pin, or a minute for a pin without an end) or `Exempt` (granted,
+    /// nothing debited: never refund it). Only [`Limiter`](crate::Limiter) takes say so
+    /// (the fifth element of `RL.TAKE ... WITHSTATE`); other decisions answer `None`.
+    pub pinned: Option<PinKind>,
 }
 
 /// What a reservation ([`Limiter::reserve`](crate::Limiter::reserve)) decided.
@@ -83,6 +91,7 @@ impl Decision {
             reset_after,
             limit,
             source,
+            pinned: None,
         }
     }
 
@@ -102,6 +111,7 @@ impl Decision {
             reset_after,
             limit,
             source,
+            pinned: None,
         }
     }
 
@@ -112,12 +122,14 @@ impl Decision {
         retry_after: Duration,
         reset_after: Duration,
         limit: f64,
+        pinned: Option<PinKind>,
     ) -> Decision {
-        if granted > 0 {
+        let decision = if granted > 0 {
             Decision::granted(granted, remaining, reset_after, limit, Source::Server)
         } else {
             Decision::denied(remaining, retry_after, reset_after, limit, Source::Server)
-        }
+        };
+        Decision { pinned, ..decision }
     }
 
     /// `Retry-After` in whole seconds, rounded up (a client that waits that long is not
@@ -173,6 +185,7 @@ mod tests {
             reset_after: Duration::from_millis(9_500),
             limit: 100.0,
             source: Source::Server,
+            pinned: None,
         }
     }
 

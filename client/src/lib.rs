@@ -5,6 +5,9 @@
 //!   one limit. Its [`Decision`] carries what an HTTP 429 needs
 //!   ([`Decision::http_headers`]). [`Limiter::reserve`] waits in line instead of being
 //!   denied (`RL.RESERVE`), [`Limiter::refund`] gives unused tokens back.
+//!   [`Limiter::pin`] sets an operator's pin on a key (`RL.PIN`: a rate, a block or an
+//!   exemption that every client's calls on it obey); [`Decision::pinned`] says when one
+//!   decided.
 //! - [`PrefetchLimiter`]: leases tokens in batches and grants locally, renewing ahead with
 //!   jitter, honouring lease expiry and returning leftovers.
 //! - [`Semaphore`]: at most `limit` calls in flight per key, fleet-wide; its [`Permit`]
@@ -41,6 +44,7 @@ mod limiter;
 mod meter;
 mod metrics;
 mod permit;
+mod pin;
 mod prefetch;
 mod protocol;
 mod share;
@@ -56,6 +60,7 @@ pub use lazy::{LazyConfig, LazyConnection};
 pub use limiter::Limiter;
 pub use metrics::{Metrics, MetricsSnapshot, LATENCY_BUCKETS_US};
 pub use permit::{Busy, Permit, Semaphore};
+pub use pin::{PinInfo, PinKind, PinSpec};
 pub use prefetch::PrefetchLimiter;
 pub use rl_core::{Limit, LimitError};
 pub use share::{ShareConfig, ShareInfo, ShareLimiter};

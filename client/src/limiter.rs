@@ -17,7 +17,9 @@ use crate::health::Health;
 use crate::lazy::LazyConnection;
 use crate::prefetch::LATE_REPLY;
 use crate::protocol;
-use crate::{Decision, Error, LimiterConfig, Metrics, Reservation, Source};
+use crate::{
+    Decision, Error, LimiterConfig, Metrics, PinInfo, PinKind, PinSpec, Reservation, Source,
+};
 
 /// Longest wait a reservation may accept (the server's bound): a day.
 const MAX_WAIT: Duration = Duration::from_secs(86_400);
@@ -217,6 +219,7 @@ impl<C: RedisConnection> Limiter<C> {
             r.wait,
             r.reset_after,
             cap,
+            r.pinned,
         ))
     }
 
@@ -355,9 +358,62 @@ impl<C: RedisConnection> Limiter<C> {
         let r = protocol::reserve_reply(value)?;
         let cap = inner.limit.cap();
         Ok(Reservation {
-            decision: Decision::from_server(r.granted, r.remaining, r.wait, r.reset_after, cap),
+            decision: Decision::from_server(
+                r.granted,
+                r.remaining,
+                r.wait,
+                r.reset_after,
+                cap,
+                r.pinned,
+            ),
             wait: r.wait,
         })
+    }
+
+    /// Pins `key` (`RL.PIN`): from now on every command on it, from every client, decides
+    /// under `spec` whatever limit its caller sends: a [`PinSpec::Rate`] limit, every take
+    /// denied ([`PinSpec::Block`]) or every take granted with nothing debited
+    /// ([`PinSpec::Exempt`]). For `duration` (rounded up to a millisecond), or until
+    /// [`unpin`](Self::unpin) when `None`; pinning again replaces the pin. An operator's
+    /// command: the server's ACL must allow `RL.PIN` (`@admin`, never `@ratelimit`). Every
+    /// error is returned; no failure policy applies.
+    pub async fn pin(
+        &self,
+        key: &str,
+        spec: PinSpec,
+        duration: Option<Duration>,
+    ) -> Result<(), Error> {
+        let px = duration.map(crate::pin::px_ms).transpose()?;
+        let value = self
+            .call_with(|backend| protocol::pin_cmd(backend, key, &spec, px))
+            .await?;
+        protocol::ok_reply(value)
+    }
+
+    /// Removes the pin of `key` (`RL.UNPIN`): answers whether a live pin was removed. A rate
+    /// pin's tokens carry over into the callers' limit (clamped to its cap).
+    pub async fn unpin(&self, key: &str) -> Result<bool, Error> {
+        let value = self
+            .call_with(|backend| protocol::key_cmd(backend, "RL.UNPIN", key))
+            .await?;
+        Ok(protocol::integer(value)? > 0)
+    }
+
+    /// The live pin of `key` (`RL.PINNED`), or `None`.
+    pub async fn pinned(&self, key: &str) -> Result<Option<PinInfo>, Error> {
+        let value = self
+            .call_with(|backend| protocol::key_cmd(backend, "RL.PINNED", key))
+            .await?;
+        protocol::pinned_reply(value)
+    }
+
+    /// One call of the command `build` makes for the backend, within the timeout; every
+    /// error returned.
+    async fn call_with(&self, build: impl FnOnce(crate::Backend) -> Cmd) -> Result<Value, Error> {
+        let inner = &self.inner;
+        let deadline = Instant::now() + inner.config.timeout;
+        let backend = inner.backend.get(&inner.conn, inner.config.timeout).await?;
+        call(&inner.conn, &build(backend), left(deadline), &inner.metrics).await
     }
 
     /// Gives back up to `n` tokens of `key` that were taken or reserved but not used (a
@@ -448,7 +504,11 @@ impl<C: RedisConnection> Drop for TakeFlight<C> {
         let (key, n, parse) = (std::mem::take(&mut self.key), self.n, self.parse);
         settle_later(&self.inner, move |limiter| async move {
             match call.await.and_then(parse) {
-                Ok(r) if r.granted > 0 => limiter.give_back(&key, r.granted.min(n)).await,
+                // An exempt grant debited nothing: refunding it could credit tokens never
+                // taken (should the pin end first).
+                Ok(r) if r.granted > 0 && r.pinned != Some(PinKind::Exempt) => {
+                    limiter.give_back(&key, r.granted.min(n)).await
+                }
                 Ok(_) => {}
                 // The reply never came (cut by the connection's response timeout or the
                 // late bound): Redis may have run the take; nothing to refund safely.

@@ -545,7 +545,9 @@ impl<C: RedisConnection> Inner<C> {
             }
         };
         let ask = self.config.batch.max(need);
-        let settling = settle.map(|l| (l.id, l.left));
+        // A lease of id 0 (granted under an `EXEMPT` pin, or a shadow grant) debited
+        // nothing: there is nothing to return, and it is simply dropped.
+        let settling = settle.filter(|l| l.id != 0).map(|l| (l.id, l.left));
         let cmd = lease_cmd(
             backend,
             &self.key,
@@ -667,8 +669,12 @@ impl<C: RedisConnection> Inner<C> {
         }
     }
 
-    /// `RL.RETURN` of a lease's leftover; a failed return counts the lease as lost.
+    /// `RL.RETURN` of a lease's leftover; a failed return counts the lease as lost. A lease
+    /// of id 0 (exempt or shadow) debited nothing: nothing is sent, nothing credited.
     async fn give_back(&self, lease: HeldLease) -> Result<u64, Error> {
+        if lease.id == 0 {
+            return Ok(0);
+        }
         let outcome = async {
             let backend = self
                 .backend
@@ -704,7 +710,7 @@ impl<C: RedisConnection> Drop for Inner<C> {
             .into_iter()
             .flatten()
             // Spent-out leases too: returning closes them, freeing their slot on the key.
-            .filter(|l| l.expires > now)
+            .filter(|l| l.expires > now && l.id != 0)
             .collect();
         if leases.is_empty() {
             return;

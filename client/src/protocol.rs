@@ -7,6 +7,7 @@ use std::time::Duration;
 use redis::{Cmd, Value};
 use rl_core::Limit;
 
+use crate::pin::{PinInfo, PinKind, PinSpec};
 use crate::{Backend, Error};
 
 /// The head of command `name` (`RL.TAKE`...) for `backend`; the caller adds the key and
@@ -256,17 +257,130 @@ pub(crate) struct BucketReply {
     pub(crate) remaining: f64,
     pub(crate) wait: Duration,
     pub(crate) reset_after: Duration,
+    /// The kind of the live pin that decided (`RL.TAKE ... WITHSTATE`'s fifth element).
+    pub(crate) pinned: Option<PinKind>,
 }
 
-/// `[granted, remaining, retry_after_ms, reset_after_ms]`.
+/// `[granted, remaining, retry_after_ms, reset_after_ms]`, and a fifth element, the pin's
+/// kind, when a live pin decided.
 pub(crate) fn take_reply(v: Value) -> Result<BucketReply, Error> {
-    let items = array(v, 4)?;
+    let items = match v {
+        Value::Array(items) if items.len() == 4 || items.len() == 5 => items,
+        other => return Err(bad("expected an array of 4 or 5", &other)),
+    };
+    let pinned = match items.get(4) {
+        None => None,
+        Some(kind) => Some(pin_kind(kind)?),
+    };
     Ok(BucketReply {
         granted: count(&items[0])?,
         remaining: number(&items[1])?,
         wait: Duration::from_millis(count(&items[2])?),
         reset_after: Duration::from_millis(count(&items[3])?),
+        pinned,
     })
+}
+
+/// A pin's kind element (`rate`, `block`, `exempt`).
+fn pin_kind(v: &Value) -> Result<PinKind, Error> {
+    text(v)
+        .and_then(|t| PinKind::parse(&t))
+        .ok_or_else(|| bad("expected a pin kind (rate, block, exempt)", v))
+}
+
+/// A string element (bulk, simple or verbatim).
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        _ => None,
+    }
+}
+
+/// `RL.PIN key rate cap | BLOCK | EXEMPT [PX ms]`.
+pub(crate) fn pin_cmd(backend: Backend, key: &str, spec: &PinSpec, px_ms: Option<u64>) -> Cmd {
+    let mut cmd = head(backend, "RL.PIN");
+    cmd.arg(key);
+    match spec {
+        PinSpec::Rate(limit) => cmd.arg(limit.rate()).arg(limit.cap()),
+        PinSpec::Block => cmd.arg("BLOCK"),
+        PinSpec::Exempt => cmd.arg("EXEMPT"),
+    };
+    if let Some(ms) = px_ms {
+        cmd.arg("PX").arg(ms);
+    }
+    cmd
+}
+
+/// `RL.UNPIN key` or `RL.PINNED key`.
+pub(crate) fn key_cmd(backend: Backend, name: &str, key: &str) -> Cmd {
+    let mut cmd = head(backend, name);
+    cmd.arg(key);
+    cmd
+}
+
+/// `RL.PIN`'s `OK`.
+pub(crate) fn ok_reply(v: Value) -> Result<(), Error> {
+    match v {
+        Value::Okay => Ok(()),
+        Value::SimpleString(s) if s == "OK" => Ok(()),
+        other => Err(bad("expected OK", &other)),
+    }
+}
+
+/// The fields of a map reply (RESP3) or of its flat array (RESP2); `None` for nil.
+fn fields(v: Value, what: &str) -> Result<Option<Vec<(String, Value)>>, Error> {
+    let pairs: Vec<(Value, Value)> = match v {
+        Value::Nil => return Ok(None),
+        Value::Map(pairs) => pairs,
+        Value::Array(items) if items.len() % 2 == 0 => {
+            let mut it = items.into_iter();
+            let mut pairs = Vec::new();
+            while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                pairs.push((k, v));
+            }
+            pairs
+        }
+        other => return Err(bad(&format!("expected {what}'s map"), &other)),
+    };
+    Ok(Some(
+        pairs
+            .into_iter()
+            .filter_map(|(k, v)| text(&k).map(|k| (k, v)))
+            .collect(),
+    ))
+}
+
+/// `RL.PINNED`'s nil, or `kind`, `rate`, `cap` (nil but for a rate pin) and `ms_left` (-1:
+/// until unpinned).
+pub(crate) fn pinned_reply(v: Value) -> Result<Option<PinInfo>, Error> {
+    let Some(fields) = fields(v, "RL.PINNED")? else {
+        return Ok(None);
+    };
+    let get = |name: &str| {
+        fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v)
+            .ok_or_else(|| Error::Reply(format!("RL.PINNED reply without {name}")))
+    };
+    let kind = pin_kind(get("kind")?)?;
+    let limit =
+        match kind {
+            PinKind::Rate => {
+                let (rate, cap) = (number(get("rate")?)?, number(get("cap")?)?);
+                Some(Limit::new(rate, cap).map_err(|e| {
+                    Error::Reply(format!("RL.PINNED: not a limit: {rate} {cap}: {e}"))
+                })?)
+            }
+            _ => None,
+        };
+    let left = match get("ms_left")? {
+        Value::Int(-1) => None,
+        other => Some(Duration::from_millis(count(other)?)),
+    };
+    Ok(Some(PinInfo { kind, limit, left }))
 }
 
 /// `[granted, wait_ms, remaining, reset_after_ms]`.
@@ -277,6 +391,7 @@ pub(crate) fn reserve_reply(v: Value) -> Result<BucketReply, Error> {
         wait: Duration::from_millis(count(&items[1])?),
         remaining: number(&items[2])?,
         reset_after: Duration::from_millis(count(&items[3])?),
+        pinned: None,
     })
 }
 
@@ -447,6 +562,78 @@ mod tests {
         assert_eq!(
             args[4..],
             ["20", "1000", "MIN", "1", "RETURN", "7", "3", "INIT", "0.5", "VERSION", "3"]
+        );
+    }
+
+    #[test]
+    fn a_take_reply_says_the_pin_that_decided() {
+        let four = || {
+            vec![
+                Value::Int(1),
+                Value::Double(4.0),
+                Value::Int(0),
+                Value::Int(2),
+            ]
+        };
+        assert_eq!(take_reply(Value::Array(four())).unwrap().pinned, None);
+        let mut five = four();
+        five.push(Value::BulkString(b"exempt".to_vec()));
+        let r = take_reply(Value::Array(five)).unwrap();
+        assert_eq!((r.granted, r.pinned), (1, Some(PinKind::Exempt)));
+        let mut unknown = four();
+        unknown.push(Value::BulkString(b"paused".to_vec()));
+        assert!(take_reply(Value::Array(unknown)).is_err());
+        let mut six = four();
+        six.extend([Value::SimpleString("rate".into()), Value::Nil]);
+        assert!(take_reply(Value::Array(six)).is_err());
+    }
+
+    #[test]
+    fn pinned_reads_both_protocols() {
+        let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let resp3 = Value::Map(vec![
+            (text("kind"), text("rate")),
+            (text("rate"), Value::Double(500.0)),
+            (text("cap"), Value::Double(250.0)),
+            (text("ms_left"), Value::Int(1200)),
+        ]);
+        let info = pinned_reply(resp3).unwrap().unwrap();
+        assert_eq!(info.kind, PinKind::Rate);
+        assert_eq!(info.limit, Some(Limit::new(500.0, 250.0).unwrap()));
+        assert_eq!(info.left, Some(Duration::from_millis(1200)));
+        let resp2 = Value::Array(vec![
+            text("kind"),
+            text("block"),
+            text("rate"),
+            Value::Nil,
+            text("cap"),
+            Value::Nil,
+            text("ms_left"),
+            Value::Int(-1),
+        ]);
+        let info = pinned_reply(resp2).unwrap().unwrap();
+        assert_eq!(
+            (info.kind, info.limit, info.left),
+            (PinKind::Block, None, None)
+        );
+        assert_eq!(pinned_reply(Value::Nil).unwrap(), None);
+        assert!(pinned_reply(Value::Array(vec![text("kind")])).is_err());
+    }
+
+    #[test]
+    fn pin_commands() {
+        let limit = Limit::new(500.0, 500.0).unwrap();
+        let rate = pin_cmd(Backend::Module, "k", &PinSpec::Rate(limit), Some(600_000));
+        assert_eq!(
+            words(&rate),
+            ["RL.PIN", "k", "500.0", "500.0", "PX", "600000"]
+        );
+        let block = pin_cmd(Backend::Module, "k", &PinSpec::Block, None);
+        assert_eq!(words(&block), ["RL.PIN", "k", "BLOCK"]);
+        let exempt = pin_cmd(Backend::Functions, "k", &PinSpec::Exempt, Some(5));
+        assert_eq!(
+            words(&exempt),
+            ["FCALL", "rl_pin", "1", "k", "EXEMPT", "PX", "5"]
         );
     }
 

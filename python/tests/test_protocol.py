@@ -244,7 +244,9 @@ def _parse(args: List[str], reply: Any) -> Any:
     name = args[0].upper()
     with_state = any(isinstance(a, str) and a.upper() == "WITHSTATE" for a in args)
     if name == "RL.TAKE" and with_state:
-        return list(astuple(p.parse_take(reply)))
+        t = p.parse_take(reply)
+        fields = [t.granted, t.remaining, t.retry_after_ms, t.reset_after_ms]
+        return fields + ([t.pinned] if t.pinned is not None else [])  # a pin's fifth element
     if name == "RL.LEASE":
         return list(astuple(p.parse_lease(reply)))
     if name == "RL.RESERVE":

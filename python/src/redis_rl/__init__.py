@@ -10,6 +10,8 @@
   spent from a local bucket and refreshed in the background: takes never wait for Redis.
 - :func:`permit` / :func:`apermit`: a concurrency limit over ``RL.ACQUIRE``.
 - Middleware: :mod:`redis_rl.asgi` (Starlette/FastAPI) and :mod:`redis_rl.wsgi` (Flask/WSGI).
+- Pins (:mod:`redis_rl.pins`): ``Limiter.pin`` / ``unpin`` / ``pinned``, an operator's
+  limit on one key that every client's calls obey (``RL.PIN``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from .errors import (
 from .limiter import AsyncLimiter, Limiter, amtake, mtake
 from .metrics import Metrics
 from .permit import Permit, apermit, permit
+from .pins import PinInfo, PinSpec
 from .policy import ALLOW, DENY, LAST_KNOWN, FailurePolicy
 from .prefetch import AsyncPrefetchLimiter, PrefetchLimiter
 from .share import AsyncShareLimiter, ShareInfo, ShareLimiter
@@ -66,6 +69,8 @@ __all__ = [
     "Metrics",
     "PeekReply",
     "Permit",
+    "PinInfo",
+    "PinSpec",
     "PermitDenied",
     "PrefetchLimiter",
     "Protocol",

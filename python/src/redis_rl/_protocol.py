@@ -127,6 +127,9 @@ class TakeReply:
     remaining: float
     retry_after_ms: int
     reset_after_ms: int
+    #: The kind of the live pin that decided (``"rate"``, ``"block"``, ``"exempt"``), the
+    #: reply's fifth element; ``None``: no pin decided.
+    pinned: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -177,9 +180,27 @@ class PeekReply:
     version: Optional[int] = None
 
 
+#: A pin's kind as replies name it (bytes or str), to the one ``str`` of each.
+PIN_KINDS: Dict[Union[str, bytes], str] = {k: k for k in ("rate", "block", "exempt")}
+PIN_KINDS.update({k.encode(): k for k in ("rate", "block", "exempt")})
+
+
+def pin_kind(value: Any) -> str:
+    """A pin's kind element (``rate``, ``block``, ``exempt``)."""
+    try:
+        return PIN_KINDS[value]
+    except (KeyError, TypeError):
+        raise ProtocolError(f"expected a pin kind (rate, block, exempt), got {value!r}") from None
+
+
 def parse_take(reply: Any) -> TakeReply:
+    """``[granted, remaining, retry_after_ms, reset_after_ms]``, and the kind of the pin
+    that decided as a fifth element when one did."""
     r = _list(reply, 4, "RL.TAKE WITHSTATE")
-    return TakeReply(to_int(r[0]), to_float(r[1]), to_int(r[2]), to_int(r[3]))
+    if len(r) > 5:
+        raise ProtocolError(f"unexpected RL.TAKE WITHSTATE reply: {reply!r}")
+    pinned = pin_kind(r[4]) if len(r) == 5 else None
+    return TakeReply(to_int(r[0]), to_float(r[1]), to_int(r[2]), to_int(r[3]), pinned)
 
 
 def parse_lease(reply: Any) -> LeaseReply:

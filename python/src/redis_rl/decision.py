@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Dict, NamedTuple
+from typing import Dict, NamedTuple, Optional
 
 
 class Source(enum.Enum):
@@ -49,6 +49,13 @@ class Decision(NamedTuple):
     #: The bucket's capacity (``X-RateLimit-Limit``).
     limit: float = 0.0
     source: Source = Source.SERVER
+    #: The kind of the operator's pin (``RL.PIN``) that decided, when one did: ``"rate"``
+    #: (the pin's limit decided, not the limiter's), ``"block"`` (denied; ``retry_after``
+    #: is the pin's time left, or a minute) or ``"exempt"`` (granted, nothing debited:
+    #: never refund it). Only ``Limiter.take`` says (``RL.TAKE ... WITHSTATE``'s fifth
+    #: element); other decisions have ``None``. Code that builds decisions with
+    #: ``tuple.__new__`` must give all eight fields.
+    pinned: Optional[str] = None
 
     def __bool__(self) -> bool:
         return self.granted

@@ -15,6 +15,7 @@ from typing import Any, Awaitable, Callable, List, Optional, Protocol, Sequence,
 import redis.exceptions
 
 from . import _protocol as p
+from . import pins as _pins
 from ._call import (
     NOT_OUTAGES,
     OUTAGES,
@@ -154,22 +155,28 @@ class _LimiterCore(_Bucket):
             remaining = float(reply[1])
             retry = int(reply[2])
             reset = int(reply[3])
+            pinned = None if len(reply) == 4 else p.parse_take(reply).pinned
         except (TypeError, ValueError, IndexError):
             r = p.parse_take(reply)  # a reply of another shape: parsed, or ProtocolError
-            got, remaining, retry, reset = (
+            got, remaining, retry, reset, pinned = (
                 r.granted,
                 r.remaining,
                 r.retry_after_ms,
                 r.reset_after_ms,
+                r.pinned,
             )
         if self.health.down_until:
             self.answered()
         self.fallback.observe(key, got, remaining)
         if got > 0:
             self.metrics.decided(True, n, False, 1, 1)
-            return _new_decision(Decision, (True, remaining, retry, reset, n, self.cap, _SERVER))
+            return _new_decision(
+                Decision, (True, remaining, retry, reset, n, self.cap, _SERVER, pinned)
+            )
         self.metrics.decided(False, 0, False, 1, 1)
-        return _new_decision(Decision, (False, remaining, retry, reset, 0, self.cap, _SERVER))
+        return _new_decision(
+            Decision, (False, remaining, retry, reset, 0, self.cap, _SERVER, pinned)
+        )
 
     def server_decision(self, key: str, n: int, reply: p.TakeReply) -> Decision:
         self.answered()
@@ -184,6 +191,7 @@ class _LimiterCore(_Bucket):
             n if granted else 0,
             self.cap,
             Source.SERVER,
+            reply.pinned,
         )
 
     def fallback_decision(self, key: str, n: int, calls: int = 0, redis_calls: int = 0) -> Decision:
@@ -386,11 +394,30 @@ class Limiter(_Base):
         key = self._core.key if key is None else key
         return p.parse_peek(self._call(self._protocol().peek(key)))
 
+    # -- pins (redis_rl.pins): an operator's limit on a key, RL.PIN / RL.UNPIN / RL.PINNED --
+
+    def pin(
+        self, spec: _pins.PinSpec, duration: Optional[float] = None, *, key: Optional[str] = None
+    ) -> None:
+        """Pins ``key`` for ``duration`` seconds (``None``: until ``unpin``): see
+        :mod:`redis_rl.pins`. Raises on Redis errors (no failure policy)."""
+        _pins.pin(self, spec, duration, key)
+
+    def unpin(self, *, key: Optional[str] = None) -> bool:
+        """Removes ``key``'s pin: whether a live one was removed."""
+        return _pins.unpin(self, key)
+
+    def pinned(self, *, key: Optional[str] = None) -> Optional[_pins.PinInfo]:
+        """``key``'s live pin, or ``None``."""
+        return _pins.pinned(self, key)
+
 
 def _granted(reply: Any, parse: Callable[[Any], Any]) -> bool:
-    """Whether a reply nobody waited for granted tokens (to refund)."""
+    """Whether a reply nobody waited for granted tokens (to refund). An exempt grant (a
+    live ``EXEMPT`` pin decided) debited nothing: never refunded."""
     try:
-        return bool(parse(reply).granted > 0)
+        r = parse(reply)
+        return bool(r.granted > 0) and getattr(r, "pinned", None) != "exempt"
     except Exception:
         return False
 
@@ -564,6 +591,19 @@ class AsyncLimiter(_Base):
         key = self._core.key if key is None else key
         proto = await self._protocol()
         return p.parse_peek(await self._call(proto.peek(key)))
+
+    # -- pins (redis_rl.pins), as Limiter's --
+
+    async def pin(
+        self, spec: _pins.PinSpec, duration: Optional[float] = None, *, key: Optional[str] = None
+    ) -> None:
+        await _pins.apin(self, spec, duration, key)
+
+    async def unpin(self, *, key: Optional[str] = None) -> bool:
+        return await _pins.aunpin(self, key)
+
+    async def pinned(self, *, key: Optional[str] = None) -> Optional[_pins.PinInfo]:
+        return await _pins.apinned(self, key)
 
 
 def mtake(

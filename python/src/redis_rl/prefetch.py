@@ -43,6 +43,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple, Union
 import redis.exceptions
 
 from . import _protocol as p
+from . import pins as _pins
 from ._call import (
     LATE_LIMIT,
     NOT_OUTAGES,
@@ -267,10 +268,11 @@ class _Core(_Bucket):
                     if n == 1 and total < _CACHED:
                         d = self.ones[total]  # 0 <= threshold < total
                         if d is None:
-                            fields = (True, float(total), 0, 0, 1, self.cap, _LEASE)
+                            fields = (True, float(total), 0, 0, 1, self.cap, _LEASE, None)
                             d = self.ones[total] = _new_decision(Decision, fields)
                         return d
-                    return _new_decision(Decision, (True, float(total), 0, 0, n, self.cap, _LEASE))
+                    fields = (True, float(total), 0, 0, n, self.cap, _LEASE, None)
+                    return _new_decision(Decision, fields)
             return None
         finally:
             lock.release()
@@ -323,7 +325,7 @@ class _Core(_Bucket):
                 else:
                     tally.granted += 1
                 tally.tokens += n
-                d = _new_decision(Decision, (True, float(left), 0, 0, n, self.cap, _LEASE))
+                d = _new_decision(Decision, (True, float(left), 0, 0, n, self.cap, _LEASE, None))
                 return d, renew
             if self.denied(n, t):
                 self.metrics.decided(False, 0, False, calls)
@@ -374,7 +376,8 @@ class _Core(_Bucket):
             self.drop_expired(t)
             settle, self.older = self.older, None
             self.recount()
-            flight = _Flight(need, settle, t, self.generation)
+            # An exempt (id 0) lease is dropped, never settled.
+            flight = _Flight(need, _pins.returnable(settle), t, self.generation)
             self.flight = flight
             return flight, None
 
@@ -426,7 +429,8 @@ class _Core(_Bucket):
                 # call was sent), or after close(): none of it is spent; it goes back.
                 if t >= expires:
                     self.metrics.add("leases_expired")
-                give_back.append(lease)
+                if _pins.returnable(lease):  # not an exempt (id 0) lease
+                    give_back.append(lease)
                 if flight.waiting:
                     flight.decision = Decision(
                         False, float(self.left()), 0, 0, 0, self.cap, Source.SERVER
@@ -516,7 +520,8 @@ class _Core(_Bucket):
     def take_all(self) -> Tuple[Optional[_Lease], Optional[_Lease]]:
         with self.lock:
             self.drop_expired(now())
-            leases = (self.older, self.newer)
+            # Exempt (id 0) leases debited nothing: never returned.
+            leases = (_pins.returnable(self.older), _pins.returnable(self.newer))
             self.older = self.newer = None
             self.recount()
             self.generation += 1

@@ -1,0 +1,203 @@
+"""Pins: an operator's limit on one key (``RL.PIN``), which the server applies to every
+command on that key whatever limit the caller sends.
+
+- ``pin(spec, duration)``: ``rate(r, c)`` decides under that limit, ``BLOCK`` denies every
+  take, ``EXEMPT`` grants every take and debits nothing; for ``duration`` seconds, or until
+  ``unpin``. Pinning again replaces the pin.
+- ``unpin()``: whether a live pin was removed.
+- ``pinned()``: the live pin (:class:`PinInfo`), or ``None``.
+
+A decision a live pin made says so: ``Decision.pinned`` is its kind (``"rate"``,
+``"block"``, ``"exempt"``; ``Limiter.take`` only: ``RL.TAKE ... WITHSTATE`` answers it).
+The limiters expose these as methods (``Limiter.pin`` ...); the functions here take the
+limiter. ``RL.PIN`` and ``RL.UNPIN`` are operators' commands (``@admin``): the ACL user must
+be allowed them (``+rl.pin +rl.unpin +rl.pinned``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Protocol, TypeVar
+
+from . import _protocol as p
+from .errors import ProtocolError
+
+if TYPE_CHECKING:
+    from .limiter import AsyncLimiter, Limiter
+
+#: The kinds of pin, as the server names them.
+RATE = "rate"
+BLOCK_KIND = "block"
+EXEMPT_KIND = "exempt"
+KINDS = (RATE, BLOCK_KIND, EXEMPT_KIND)
+
+
+@dataclass(frozen=True)
+class PinSpec:
+    """What ``pin`` sets: a rate pin's ``rate`` (tokens/s) and ``cap``, or ``BLOCK`` /
+    ``EXEMPT`` (no limit)."""
+
+    kind: str
+    rate: Optional[float] = None
+    cap: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"a pin is one of {', '.join(KINDS)}, not {self.kind!r}")
+        if (self.kind == RATE) != (self.rate is not None and self.cap is not None):
+            raise ValueError("a rate pin needs rate and cap; a block or exempt pin neither")
+        for value in (self.rate, self.cap):
+            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"rate and cap must be positive numbers, not {value!r}")
+
+
+def rate(rate: float, cap: float) -> PinSpec:
+    """A rate pin: every command on the key decides under ``rate`` tokens/s, bursts of
+    ``cap`` (the bucket's tokens carry over, clamped to ``cap``)."""
+    return PinSpec(RATE, float(rate), float(cap))
+
+
+#: Every take, lease and reservation of the key denied (``retry_after`` is the pin's time
+#: left, or a minute for a pin without an end).
+BLOCK = PinSpec(BLOCK_KIND)
+#: Every take, lease and reservation granted, nothing debited (an allow list). Never refund
+#: such a grant.
+EXEMPT = PinSpec(EXEMPT_KIND)
+
+
+@dataclass(frozen=True)
+class PinInfo:
+    """A key's live pin, as ``RL.PINNED`` shows it."""
+
+    kind: str
+    #: A rate pin's limit (``None`` for block and exempt pins).
+    rate: Optional[float]
+    cap: Optional[float]
+    #: Milliseconds left; ``None``: until unpinned.
+    ms_left: Optional[int]
+
+    @property
+    def left(self) -> Optional[float]:
+        """Seconds left (``None``: until unpinned)."""
+        return None if self.ms_left is None else self.ms_left / 1000
+
+
+def px_ms(duration: Optional[float]) -> Optional[int]:
+    """``PX ms`` for a pin of ``duration`` seconds: whole milliseconds rounded up (a pin
+    never ends before the time asked). ``None``: no end."""
+    if duration is None:
+        return None
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)):
+        raise TypeError("duration must be a number of seconds")
+    if not (math.isfinite(duration) and duration > 0):
+        raise ValueError("a pin's duration must be a positive number of seconds")
+    return max(1, math.ceil(duration * 1000))
+
+
+def pin_args(proto: p.Protocol, key: str, spec: PinSpec, ms: Optional[int]) -> p.Args:
+    """``RL.PIN key rate cap | BLOCK | EXEMPT [PX ms]`` (or ``FCALL rl_pin 1 key ...``)."""
+    rest: list[p.Arg] = (
+        [p.num(spec.rate), p.num(spec.cap)]
+        if spec.kind == RATE and spec.rate is not None and spec.cap is not None
+        else [spec.kind.upper()]
+    )
+    if ms is not None:
+        rest += ["PX", ms]
+    return proto._cmd("pin", [key], rest)
+
+
+def key_args(proto: p.Protocol, name: str, key: str) -> p.Args:
+    """``RL.UNPIN key`` or ``RL.PINNED key``."""
+    return proto._cmd(name, [key], [])
+
+
+def check_ok(reply: Any) -> None:
+    if reply is True or p.to_str(reply) == "OK":
+        return
+    raise ProtocolError(f"unexpected RL.PIN reply: {reply!r}")
+
+
+def parse_pinned(reply: Any) -> Optional[PinInfo]:
+    """``RL.PINNED``'s nil, or its map (RESP3) / flat list (RESP2) of ``kind``, ``rate``,
+    ``cap`` (nil but for a rate pin) and ``ms_left`` (-1: until unpinned)."""
+    if reply is None:
+        return None
+    if isinstance(reply, dict):
+        fields = {p.to_str(k): v for k, v in reply.items()}
+    elif isinstance(reply, (list, tuple)) and len(reply) % 2 == 0:
+        fields = {p.to_str(reply[i]): reply[i + 1] for i in range(0, len(reply), 2)}
+    else:
+        raise ProtocolError(f"unexpected RL.PINNED reply: {reply!r}")
+    try:
+        kind = p.pin_kind(fields["kind"])
+        ms_left = p.to_int(fields["ms_left"])
+        limit = (p.to_float(fields["rate"]), p.to_float(fields["cap"])) if kind == RATE else None
+    except (KeyError, ValueError) as e:
+        raise ProtocolError(f"unexpected RL.PINNED reply ({e}): {reply!r}") from None
+    return PinInfo(
+        kind,
+        limit[0] if limit else None,
+        limit[1] if limit else None,
+        None if ms_left < 0 else ms_left,
+    )
+
+
+class _HasId(Protocol):
+    id: int
+
+
+L = TypeVar("L", bound=_HasId)
+
+
+def returnable(lease: Optional[L]) -> Optional[L]:
+    """``lease`` if it may be returned: a lease of id 0 (granted under an ``EXEMPT`` pin, or
+    a shadow grant) debited nothing, and is never settled nor returned."""
+    return lease if lease is not None and lease.id != 0 else None
+
+
+# -- the limiters' methods (sync, then asyncio) --
+
+
+def pin(lim: Limiter, spec: PinSpec, duration: Optional[float], key: Optional[str]) -> None:
+    args = pin_args(lim._protocol(), _key(lim, key), spec, px_ms(duration))
+    check_ok(lim._call(args))
+
+
+def unpin(lim: Limiter, key: Optional[str]) -> bool:
+    return p.to_int(lim._call(key_args(lim._protocol(), "unpin", _key(lim, key)))) > 0
+
+
+def pinned(lim: Limiter, key: Optional[str]) -> Optional[PinInfo]:
+    return parse_pinned(lim._call(key_args(lim._protocol(), "pinned", _key(lim, key))))
+
+
+async def apin(
+    lim: AsyncLimiter, spec: PinSpec, duration: Optional[float], key: Optional[str]
+) -> None:
+    args = pin_args(await lim._protocol(), _key(lim, key), spec, px_ms(duration))
+    check_ok(await lim._call(args))
+
+
+async def aunpin(lim: AsyncLimiter, key: Optional[str]) -> bool:
+    args = key_args(await lim._protocol(), "unpin", _key(lim, key))
+    return p.to_int(await lim._call(args)) > 0
+
+
+async def apinned(lim: AsyncLimiter, key: Optional[str]) -> Optional[PinInfo]:
+    args = key_args(await lim._protocol(), "pinned", _key(lim, key))
+    return parse_pinned(await lim._call(args))
+
+
+def _key(lim: Any, key: Optional[str]) -> str:
+    return str(lim.key) if key is None else key
+
+
+__all__ = [
+    "BLOCK",
+    "EXEMPT",
+    "PinInfo",
+    "PinSpec",
+    "parse_pinned",
+    "rate",
+]
