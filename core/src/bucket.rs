@@ -171,13 +171,19 @@ impl Bucket {
     }
 
     /// When the key may go: full, past `keep_until`, and its pin ended ([`NEVER`] for a
-    /// pin without an end).
+    /// pin without an end). A pin with an end keeps the key until it ends and then as long
+    /// as the bucket it leaves behind needs to fill: a rate pin's tokens carried over into
+    /// the limit it returns to may be far below that limit's cap, and a key that went at
+    /// the pin's end would come back full.
     pub fn expires_at(&self) -> Nanos {
         let at = self.full_at.max(self.keep_until);
         match self.pin {
             None => at,
             Some(p) if p.until == 0 => NEVER,
-            Some(p) => at.max(p.until),
+            Some(p) => {
+                let after = crate::pin::ended(self, &p).map_or(0, |b| b.expires_at());
+                p.until.max(after)
+            }
         }
     }
 
