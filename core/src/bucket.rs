@@ -346,7 +346,9 @@ impl Level {
         match self.gate {
             Gate::Open => {}
             Gate::Blocked(wait) => return Some(wait.max(1)),
-            Gate::Exempt => return self.deficit_allowing(n).map(|_| 0),
+            // Granted at once whatever the bucket underneath holds or was written under:
+            // the caller's `n` was checked against the caller's own limit.
+            Gate::Exempt => return Some(0),
         }
         let wait = |ok| self.deficit.saturating_sub(ok);
         self.deficit_allowing(n).map(|ok| {
@@ -377,7 +379,7 @@ impl Level {
     /// Takes `n` tokens if they are all there; otherwise changes nothing.
     pub fn try_take(&mut self, n: f64) -> bool {
         if self.gate != Gate::Open {
-            return self.gate == Gate::Exempt && self.deficit_allowing(n).is_some();
+            return self.gate == Gate::Exempt;
         }
         if !self.has(n) {
             return false;
@@ -392,11 +394,8 @@ impl Level {
         match self.gate {
             Gate::Open => {}
             Gate::Blocked(_) => return 0,
-            // All of it, nothing debited (within the cap, as any grant).
-            Gate::Exempt => {
-                let got = n.min(self.limit.cap().floor() as u64);
-                return if got >= min.max(1) { got } else { 0 };
-            }
+            // All of it, nothing debited (see `wait_for`).
+            Gate::Exempt => return if n >= min.max(1) { n } else { 0 },
         }
         let mut got = n.min(self.tokens().floor() as u64);
         // `tokens()` and the time check round differently; trust the time check.
