@@ -258,9 +258,17 @@ pub(crate) struct BucketReply {
     pub(crate) reset_after: Duration,
 }
 
-/// `[granted, remaining, retry_after_ms, reset_after_ms]`.
+/// `[granted, remaining, retry_after_ms, reset_after_ms]`, and on a key an operator pinned
+/// (`RL.PIN`) a fifth element, the pin's kind: the decision all the same.
 pub(crate) fn take_reply(v: Value) -> Result<BucketReply, Error> {
-    let items = array(v, 4)?;
+    let items = match v {
+        Value::Array(mut items) if items.len() == 5 => {
+            items.truncate(4);
+            Value::Array(items)
+        }
+        other => other,
+    };
+    let items = array(items, 4)?;
     Ok(BucketReply {
         granted: count(&items[0])?,
         remaining: number(&items[1])?,
