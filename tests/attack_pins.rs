@@ -270,3 +270,187 @@ fn an_exempt_key_grants_what_the_callers_limit_allows() {
     assert_eq!(r[..2], [50, 0], "an exempt lease is the whole of it: {r:?}");
     assert_eq!(digest(&mut c, "x"), before, "nothing debited");
 }
+
+/// States forged with `RL.SETSTATE ... PIN` at the edges the validator accepts (instants at
+/// 0, now and `i64::MAX`, limits from 1e-9 to 1e15, versions at their bound, pins of every
+/// kind, ended or not, with leases), then every command on them: no call hits a caught
+/// panic, and every state a command leaves loads back (`DUMP`/`RESTORE`) to the same bytes.
+#[test]
+fn every_command_on_forged_pinned_states_leaves_a_state_that_loads() {
+    let s = Server::start(&[]);
+    let mut c = s.internal_conn();
+    let now = now_ns();
+    let mut rng = Rng(std::env::var("SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(7));
+    let instants = [
+        0u64,
+        1,
+        now,
+        now - 1_000_000_000,
+        now + 1_000_000_000,
+        now + 3_000_000_000_000_000_000,
+        i64::MAX as u64,
+    ];
+    let limits = [
+        ("0.000000001", "1"),
+        ("0.001", "5"),
+        ("1", "1"),
+        ("1000000", "1000000000"),
+        ("1000000000000000", "1000000000000000"),
+        ("0.5", "1000"),
+    ];
+    let mut checked = 0;
+    for round in 0..400 {
+        let key = format!("f{round}");
+        let (rate, cap) = *rng.pick(&limits);
+        let mut forge: Vec<String> = vec![
+            "RL.SETSTATE".into(),
+            key.clone(),
+            rng.pick(&instants).to_string(),
+            rate.into(),
+            cap.into(),
+        ];
+        if rng.chance(30) {
+            forge.extend([
+                "HOLD".into(),
+                rng.pick(&instants).to_string(),
+                "SPAN".into(),
+                rng.pick(&[0u64, 1_000_000_000, 3_000_000_000_000_000_000])
+                    .to_string(),
+            ]);
+        }
+        if rng.chance(30) {
+            forge.extend([
+                "VERSION".into(),
+                rng.pick(&[1u64, 2, 9_007_199_254_740_991]).to_string(),
+            ]);
+        }
+        let absent = rng.chance(20);
+        let kind = 1 + rng.below(3);
+        let (base_rate, base_cap) = if kind == 1 || rng.chance(10) {
+            *rng.pick(&limits)
+        } else if absent {
+            ("1", "1")
+        } else {
+            (rate, cap)
+        };
+        forge.extend([
+            "PIN".into(),
+            kind.to_string(),
+            rng.pick(&[
+                0u64,
+                1,
+                now + 50_000_000,
+                now + 1_000_000_000,
+                i64::MAX as u64,
+            ])
+            .to_string(),
+            base_rate.into(),
+            base_cap.into(),
+            (absent as u8).to_string(),
+        ]);
+        if rng.chance(30) {
+            forge.extend([
+                "LASTID".into(),
+                "7".into(),
+                "ADD".into(),
+                "7".into(),
+                (1 + rng.below(3)).to_string(),
+                (now + 100_000_000_000).to_string(),
+            ]);
+        }
+        if send(&mut c, &forge).is_err() || query::<i64>(&mut c, &["EXISTS", &key]) == 0 {
+            // Refused, or a state whose key has gone already (full, no pin left).
+            continue;
+        }
+        checked += 1;
+        let (r2, c2) = *rng.pick(&limits);
+        let (r2, c2) = (r2.to_string(), c2.to_string());
+        let n = (1 + rng.below(3)).to_string();
+        let calls: Vec<Vec<String>> = vec![
+            vec!["RL.PEEK".into(), key.clone()],
+            vec!["RL.PINNED".into(), key.clone()],
+            vec![
+                "RL.TAKE".into(),
+                key.clone(),
+                r2.clone(),
+                c2.clone(),
+                n.clone(),
+                "WITHSTATE".into(),
+            ],
+            vec![
+                "RL.TAKE".into(),
+                key.clone(),
+                r2.clone(),
+                c2.clone(),
+                n.clone(),
+                "VERSION".into(),
+                "9007199254740991".into(),
+            ],
+            vec![
+                "RL.LEASE".into(),
+                key.clone(),
+                r2.clone(),
+                c2.clone(),
+                n.clone(),
+                "1000".into(),
+                "RETURN".into(),
+                "7".into(),
+                "1".into(),
+            ],
+            vec!["RL.RETURN".into(), key.clone(), "7".into(), "0".into()],
+            vec!["RL.REFUND".into(), key.clone(), n.clone()],
+            vec![
+                "RL.RESERVE".into(),
+                key.clone(),
+                r2.clone(),
+                c2.clone(),
+                n.clone(),
+                "86400000".into(),
+            ],
+            vec![
+                "RL.MTAKE".into(),
+                n.clone(),
+                key.clone(),
+                r2.clone(),
+                c2.clone(),
+                "other".into(),
+                "1".into(),
+                "10".into(),
+            ],
+            vec!["RL.PIN".into(), key.clone(), r2.clone(), c2.clone()],
+            vec![
+                "RL.PIN".into(),
+                key.clone(),
+                "BLOCK".into(),
+                "PX".into(),
+                "5000".into(),
+            ],
+            vec!["RL.UNPIN".into(), key.clone()],
+        ];
+        // Each call on its own copy of the forged state, then the state it leaves loaded back.
+        let forged = dump(&mut c, &key);
+        for call in calls {
+            let _ = restore_replace(&mut c, &key, &forged).unwrap();
+            let _ = send(&mut c, &call);
+            // Kept from here on (the digest counts whether a key has an expiry, and the
+            // copy below has none); gone already: nothing to load.
+            let _: i64 = query(&mut c, &["PERSIST", &key]);
+            if query::<i64>(&mut c, &["EXISTS", &key]) == 0 {
+                continue;
+            }
+            let payload = dump(&mut c, &key);
+            let r = restore_replace(&mut c, "copy", &payload);
+            assert!(r.is_ok(), "{forge:?} then {call:?}: does not load: {r:?}");
+            assert_eq!(
+                digest(&mut c, "copy"),
+                digest(&mut c, &key),
+                "{forge:?} then {call:?}"
+            );
+        }
+    }
+    assert!(checked > 50, "only {checked} forged states accepted");
+    assert!(!s.log().contains("panicked"), "{}", s.log());
+}
