@@ -513,3 +513,36 @@ fn forged_restore_payloads_of_pinned_buckets_never_hurt_the_server() {
     assert!(!s.exited(), "the server went down: {}", s.log());
     assert!(!s.log().contains("panicked"), "{}", s.log());
 }
+
+/// A rate pin to a very slow limit (1e-9/s: 31 years to fill) that ended keeps its key
+/// only as long as the bucket it returns to needs to fill (a few seconds here), before and
+/// after the key's next write: no caller passes the pinned limit, so its fill time is no
+/// reason to keep an idle key.
+#[test]
+fn an_ended_rate_pin_keeps_its_key_no_longer_than_the_bucket_needs() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let before = server_ms(&mut c);
+    let (taken, pinned): (i64, String) = redis::pipe()
+        .atomic()
+        .cmd("RL.TAKE")
+        .arg(&["k", "1", "10", "1"])
+        .cmd("RL.PIN")
+        .arg(&["k", "0.000000001", "1", "PX", "100"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!((taken, pinned.as_str()), (1, "OK"));
+    let after = server_ms(&mut c);
+    // At most: the pin's 100 ms, then 10 s at 1/s.
+    let at = pexpiretime(&mut c, "k");
+    assert!(
+        at <= after + 100 + 10_000 + 1,
+        "an idle key kept {} ms after the pin was set",
+        at - before
+    );
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    let during = server_ms(&mut c);
+    assert_eq!(take(&mut c, "k", 1.0, 10.0, 1), 1);
+    let after = server_ms(&mut c);
+    assert_expires_in(&mut c, "k", (during, after), 0..=10_000);
+}
