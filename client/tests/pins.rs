@@ -137,15 +137,14 @@ async fn bad_pins_are_errors() {
     let limiter = Limiter::new(server.manager().await, frozen(5.0), patient()).unwrap();
     let zero = limiter.pin("k", PinSpec::Block, Some(Duration::ZERO)).await;
     assert!(matches!(zero, Err(Error::Request(_))), "{zero:?}");
-    // Pins cover bucket keys: a permit key is refused, with the server's reason.
-    let _: redis::Value = redis::cmd("RL.ACQUIRE")
-        .arg("permits")
-        .arg(2)
-        .arg(60_000)
+    // Pins cover bucket and semaphore keys: a share key is refused, with the server's
+    // reason.
+    let _: redis::Value = redis::cmd("RL.SHARE")
+        .arg(&["shares", "10", "10", "h", "5", "1000"])
         .query(&mut server.conn())
         .unwrap();
-    match limiter.pin("permits", PinSpec::Exempt, None).await {
-        Err(Error::Server(text)) => assert!(text.contains("pins bucket keys"), "{text}"),
+    match limiter.pin("shares", PinSpec::Exempt, None).await {
+        Err(Error::Server(text)) => assert!(text.contains("holds shares"), "{text}"),
         other => panic!("expected the server's refusal: {other:?}"),
     }
     let _: () = redis::cmd("SET")

@@ -171,13 +171,19 @@ impl Bucket {
     }
 
     /// When the key may go: full, past `keep_until`, and its pin ended ([`NEVER`] for a
-    /// pin without an end).
+    /// pin without an end). A pin with an end keeps the key until it ends and then as long
+    /// as the bucket it leaves behind needs to fill: a rate pin's tokens carried over into
+    /// the limit it returns to may be far below that limit's cap, and a key that went at
+    /// the pin's end would come back full.
     pub fn expires_at(&self) -> Nanos {
         let at = self.full_at.max(self.keep_until);
         match self.pin {
             None => at,
             Some(p) if p.until == 0 => NEVER,
-            Some(p) => at.max(p.until),
+            Some(p) => {
+                let after = crate::pin::ended(self, &p).map_or(0, |b| b.expires_at());
+                p.until.max(after)
+            }
         }
     }
 
@@ -340,7 +346,9 @@ impl Level {
         match self.gate() {
             Gate::Open => {}
             Gate::Blocked(wait) => return Some(wait.max(1)),
-            Gate::Exempt => return self.deficit_allowing(n).map(|_| 0),
+            // Granted at once whatever the bucket underneath holds or was written under:
+            // the caller's `n` was checked against the caller's own limit.
+            Gate::Exempt => return Some(0),
         }
         let wait = |ok| self.deficit.saturating_sub(ok);
         self.deficit_allowing(n).map(|ok| {
@@ -371,7 +379,7 @@ impl Level {
     /// Takes `n` tokens if they are all there; otherwise changes nothing.
     pub fn try_take(&mut self, n: f64) -> bool {
         if self.gate != GateCode::OPEN {
-            return self.gate == GateCode::EXEMPT && self.deficit_allowing(n).is_some();
+            return self.gate == GateCode::EXEMPT;
         }
         if !self.has(n) {
             return false;
@@ -386,11 +394,8 @@ impl Level {
         match self.gate() {
             Gate::Open => {}
             Gate::Blocked(_) => return 0,
-            // All of it, nothing debited (within the cap, as any grant).
-            Gate::Exempt => {
-                let got = n.min(self.limit.cap().floor() as u64);
-                return if got >= min.max(1) { got } else { 0 };
-            }
+            // All of it, nothing debited (see `wait_for`).
+            Gate::Exempt => return if n >= min.max(1) { n } else { 0 },
         }
         let mut got = n.min(self.tokens().floor() as u64);
         // `tokens()` and the time check round differently; trust the time check.

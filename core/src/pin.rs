@@ -219,10 +219,19 @@ pub fn ended(b: &Bucket, pin: &Pin) -> Option<Bucket> {
             // The level at the pin's end (or at the last write, if later: a clock that
             // stepped), moved to the base limit there.
             let at = pin.until.max(1);
+            let back = Level::new(Some(&bare), pin.base, at)
+                .with_version(b.version())
+                .bucket();
+            // Only the bucket's own hold keeps the key: no caller passes the pinned limit,
+            // so its fill time (31 years at 1e-9/s) is no reason to keep an idle key.
+            let (keep_until, span) = if bare.keep_until() > at {
+                (bare.keep_until(), bare.keep_after_write())
+            } else {
+                (0, 0)
+            };
             Some(
-                Level::new(Some(&bare), pin.base, at)
-                    .with_version(b.version())
-                    .bucket(),
+                Bucket::with_keep(back.full_at(), back.limit(), keep_until, span)
+                    .with_version(b.version()),
             )
         }
         _ => Some(bare),

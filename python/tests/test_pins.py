@@ -172,9 +172,9 @@ def test_bad_pins_are_errors(server: Server, key: str) -> None:
     lim = Limiter(r, key, TINY, 5, timeout=10)
     with pytest.raises(ValueError):
         lim.pin(pins.BLOCK, 0)
-    r.execute_command("RL.ACQUIRE", key + ":permits", 2, 60000)
-    with pytest.raises(ServerError, match="pins bucket keys"):
-        lim.pin(pins.EXEMPT, key=key + ":permits")
+    r.execute_command("RL.SHARE", key + ":shares", 10, 10, "h", 5, 1000)
+    with pytest.raises(ServerError, match="holds shares"):
+        lim.pin(pins.EXEMPT, key=key + ":shares")
     r.set(key + ":plain", "x")
     with pytest.raises(ServerError, match="WRONGTYPE"):
         lim.pinned(key=key + ":plain")

@@ -89,14 +89,8 @@ pub fn lease(ctx: Ctx, args: Args) -> Result<Reply> {
         // An exempt key grants the whole lease and records nothing: there is nothing to
         // return (id 0), and a return could only credit tokens never debited.
         pipeline::count_limit_source(bucket.decided_by);
-        if bucket.pinned.is_some() {
-            namespaces::pinned(ns);
-        }
         namespaces::pinned(ns);
-        let granted = req
-            .n
-            .min(bucket.level.limit().cap().floor() as u64)
-            .max(req.min);
+        let granted = req.n.min(call.limit.cap().floor() as u64).max(req.min);
         pipeline::count(&COUNTERS, ns, name, now, granted, req.shadow);
         return Ok(Reply::ints([granted as i64, 0, req.ttl_ms as i64, 0]));
     }
@@ -114,6 +108,9 @@ pub fn lease(ctx: Ctx, args: Args) -> Result<Reply> {
     };
     let plan = table.plan(&mut bucket.level, &request, now)?;
     pipeline::count_limit_source(bucket.decided_by);
+    if bucket.pinned.is_some() {
+        namespaces::pinned(ns);
+    }
 
     let level = bucket.level;
     let opened = if plan.writes() || bucket.store_even_if_denied {

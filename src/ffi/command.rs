@@ -101,10 +101,14 @@ impl Filter {
 }
 
 unsafe extern "C" fn filter(fctx: *mut raw::RedisModuleCommandFilterCtx) {
-    let _ = std::panic::catch_unwind(|| crate::observe::resetstat::filter(&Filter(fctx)));
+    let _ = std::panic::catch_unwind(|| {
+        crate::observe::eviction::command_started();
+        crate::observe::resetstat::filter(&Filter(fctx))
+    });
 }
 
-/// Registers the `CONFIG RESETSTAT` filter at load.
+/// Registers the command filter at load (`CONFIG RESETSTAT`, and each command's start for
+/// the eviction count).
 pub fn register_filter(ctx: Ctx) -> bool {
     !rm!(RedisModule_RegisterCommandFilter(ctx.0, Some(filter), 0)).is_null()
 }

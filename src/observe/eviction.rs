@@ -48,6 +48,13 @@ pub fn unlinked(key: &[u8]) {
     });
 }
 
+/// A command starts (the command filter): an `rl` key unlinked before it was not evicted
+/// (the server announces an eviction right after the unlink, before any other command),
+/// and a key of another type may take its name, which must not count if evicted later.
+pub fn command_started() {
+    LAST_UNLINKED.with(|last| last.set = false);
+}
+
 /// The server evicted `key` (of any type): counted if it was the `rl` key just unlinked.
 pub fn evicted(ctx: Ctx, key: &[u8]) {
     let ours = LAST_UNLINKED.with(|last| {
