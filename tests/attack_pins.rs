@@ -696,3 +696,50 @@ fn pin_storms_mint_no_tokens() {
         }
     }
 }
+
+/// A replica of a replica applies the effects its master passes on (the internal setters'
+/// check lets the replication link through at every hop), and a promoted replica goes on
+/// from the same pins.
+#[test]
+fn chained_replicas_and_failover_carry_pins() {
+    let a = Server::start(&[]);
+    let b = Server::start(&[]);
+    let cc = Server::start(&[]);
+    replicate(&b, &a);
+    replicate(&cc, &b);
+    let mut m = a.conn();
+    assert_eq!(take(&mut m, "r", 0.001, 100.0, 60), 60);
+    ok(&mut m, &["RL.PIN", "r", "0.001", "7", "PX", "100000000"]);
+    assert_eq!(take(&mut m, "r", 0.001, 100.0, 2), 2);
+    ok(&mut m, &["RL.PIN", "x", "EXEMPT"]);
+    let _: Vec<i64> = query(&mut m, &["RL.LEASE", "l", "0.001", "50", "10", "86400000"]);
+    ok(&mut m, &["RL.PIN", "l", "BLOCK"]);
+    let keys = ["r", "x", "l"];
+    let digests: Vec<String> = keys.iter().map(|k| digest(&mut m, k)).collect();
+    wait_synced(&a, &b);
+    wait_synced(&b, &cc);
+    let mut last = cc.conn();
+    for (k, d) in keys.iter().zip(&digests) {
+        assert_eq!(&digest(&mut last, k), d, "replica of a replica, {k}");
+    }
+    // Failover: the middle replica becomes the master; its replica follows it.
+    drop(m);
+    drop(a);
+    let _: () = query(&mut b.conn(), &["REPLICAOF", "NO", "ONE"]);
+    let mut m = b.conn();
+    assert_eq!(take(&mut m, "r", 0.001, 100.0, 5), 5);
+    assert_eq!(
+        take(&mut m, "r", 0.001, 100.0, 1),
+        0,
+        "the pin's cap of 7 holds"
+    );
+    assert_eq!(query::<i64>(&mut m, &["RL.UNPIN", "l"]), 1);
+    wait_synced(&b, &cc);
+    for k in keys {
+        assert_eq!(
+            digest(&mut last, k),
+            digest(&mut m, k),
+            "after failover, {k}"
+        );
+    }
+}
