@@ -546,3 +546,200 @@ fn an_ended_rate_pin_keeps_its_key_no_longer_than_the_bucket_needs() {
     let after = server_ms(&mut c);
     assert_expires_in(&mut c, "k", (during, after), 0..=10_000);
 }
+
+/// Whether `key` holds a live `EXEMPT` pin now.
+fn exempt(c: &mut Connection, key: &str) -> bool {
+    let v: Value = query(c, &["RL.PINNED", key]);
+    matches!(&v, Value::Array(items) if items.get(1).is_some_and(|k| redis::from_redis_value::<String>(k).is_ok_and(|k| k == "exempt")))
+        || matches!(&v, Value::Map(items) if items.iter().any(|(_, k)| redis::from_redis_value::<String>(k).is_ok_and(|k| k == "exempt")))
+}
+
+/// Slow limits only (at most 0.01 tokens/s: nothing refills during the test), pins of
+/// every kind set, replaced, lifted and ending by themselves between takes, leases
+/// (returned), reservations, refunds of what was taken, versions: what each key lets out
+/// (grants, less what came back) never exceeds the largest cap involved. Exempt grants,
+/// which debit nothing by design, are not counted.
+#[test]
+fn pin_storms_mint_no_tokens() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let keys = ["m0", "m1", "m2"];
+    let limits = [
+        ("0.01", "5"),
+        ("0.001", "20"),
+        ("0.000001", "1"),
+        ("0.005", "12"),
+    ];
+    let cap_max = 20.0;
+    let mut rng = Rng(std::env::var("SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(11));
+    let mut out = [0f64; 3];
+    let mut refundable = [0u64; 3];
+    let mut leases: Vec<(usize, i64, i64)> = Vec::new();
+    let started = std::time::Instant::now();
+    for step in 0..2500 {
+        let k = rng.below(3) as usize;
+        let key = keys[k];
+        let (rate, cap) = *rng.pick(&limits);
+        let n = 1 + rng.below(4);
+        let ns = n.to_string();
+        let version = rng.below(3).to_string();
+        let free = exempt(&mut c, key);
+        match rng.below(10) {
+            0 | 1 => {
+                let r = redis::cmd("RL.TAKE")
+                    .arg(&[key, rate, cap, &ns, "VERSION", &version, "WITHSTATE"])
+                    .query::<Vec<Value>>(&mut c);
+                if let Ok(r) = r {
+                    let granted: u64 = redis::from_redis_value(&r[0]).unwrap();
+                    let pinned = r
+                        .get(4)
+                        .and_then(|p| redis::from_redis_value::<String>(p).ok());
+                    if granted > 0 && pinned.as_deref() != Some("exempt") {
+                        out[k] += granted as f64;
+                        refundable[k] += granted;
+                    }
+                }
+            }
+            2 => {
+                let r = redis::cmd("RL.LEASE")
+                    .arg(&[key, rate, cap, &ns, "100000"])
+                    .query::<Vec<i64>>(&mut c);
+                if let Ok(r) = r {
+                    if r[0] > 0 && r[1] > 0 {
+                        out[k] += r[0] as f64;
+                        leases.push((k, r[1], r[0]));
+                    }
+                }
+            }
+            3 => {
+                if let Some((k, id, got)) = leases.pop() {
+                    let unused = rng.below(got as u64 + 1);
+                    let credited: i64 = query(
+                        &mut c,
+                        &["RL.RETURN", keys[k], &id.to_string(), &unused.to_string()],
+                    );
+                    assert!(credited as u64 <= unused);
+                    out[k] -= credited as f64;
+                }
+            }
+            4 => {
+                if refundable[k] > 0 {
+                    let m = 1 + rng.below(refundable[k]);
+                    let credited: String = query(&mut c, &["RL.REFUND", key, &m.to_string()]);
+                    let credited: f64 = credited.parse().unwrap();
+                    assert!(credited <= m as f64 + 1e-9);
+                    refundable[k] -= m;
+                    out[k] -= credited;
+                }
+            }
+            5 => {
+                let r = redis::cmd("RL.RESERVE")
+                    .arg(&[key, rate, cap, &ns, &rng.below(3000).to_string()])
+                    .query::<Vec<Value>>(&mut c);
+                if let Ok(r) = r {
+                    let granted: u64 = redis::from_redis_value(&r[0]).unwrap();
+                    if granted > 0 && !free {
+                        out[k] += granted as f64;
+                    }
+                }
+            }
+            6 => {
+                let j = (k + 1 + rng.below(2) as usize) % 3;
+                let (r2, c2) = *rng.pick(&limits);
+                let free_j = exempt(&mut c, keys[j]);
+                let r = redis::cmd("RL.MTAKE")
+                    .arg(&[&ns, key, rate, cap, keys[j], r2, c2])
+                    .query::<Vec<Value>>(&mut c);
+                if let Ok(r) = r {
+                    let granted: u64 = redis::from_redis_value(&r[0]).unwrap();
+                    if granted > 0 {
+                        if !free {
+                            out[k] += granted as f64;
+                        }
+                        if !free_j {
+                            out[j] += granted as f64;
+                        }
+                    }
+                }
+            }
+            7 | 8 => {
+                let px = (1 + rng.below(20)).to_string();
+                let (pr, pc) = *rng.pick(&limits);
+                let mut args = vec![key];
+                match rng.below(3) {
+                    0 => args.push("BLOCK"),
+                    1 => args.push("EXEMPT"),
+                    _ => args.extend([pr, pc]),
+                }
+                if rng.chance(70) {
+                    args.extend(["PX", &px]);
+                }
+                let _: String = redis::cmd("RL.PIN").arg(&args).query(&mut c).unwrap();
+            }
+            _ => {
+                let _: i64 = query(&mut c, &["RL.UNPIN", key]);
+            }
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        for (i, o) in out.iter().enumerate() {
+            assert!(
+                *o <= cap_max + 0.01 * elapsed + 1e-6,
+                "step {step}: {} let out {o} tokens (cap at most {cap_max})",
+                keys[i]
+            );
+        }
+        if step % 5 == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+}
+
+/// A replica of a replica applies the effects its master passes on (the internal setters'
+/// check lets the replication link through at every hop), and a promoted replica goes on
+/// from the same pins.
+#[test]
+fn chained_replicas_and_failover_carry_pins() {
+    let a = Server::start(&[]);
+    let b = Server::start(&[]);
+    let cc = Server::start(&[]);
+    replicate(&b, &a);
+    replicate(&cc, &b);
+    let mut m = a.conn();
+    assert_eq!(take(&mut m, "r", 0.001, 100.0, 60), 60);
+    ok(&mut m, &["RL.PIN", "r", "0.001", "7", "PX", "100000000"]);
+    assert_eq!(take(&mut m, "r", 0.001, 100.0, 2), 2);
+    ok(&mut m, &["RL.PIN", "x", "EXEMPT"]);
+    let _: Vec<i64> = query(&mut m, &["RL.LEASE", "l", "0.001", "50", "10", "86400000"]);
+    ok(&mut m, &["RL.PIN", "l", "BLOCK"]);
+    let keys = ["r", "x", "l"];
+    let digests: Vec<String> = keys.iter().map(|k| digest(&mut m, k)).collect();
+    wait_synced(&a, &b);
+    wait_synced(&b, &cc);
+    let mut last = cc.conn();
+    for (k, d) in keys.iter().zip(&digests) {
+        assert_eq!(&digest(&mut last, k), d, "replica of a replica, {k}");
+    }
+    // Failover: the middle replica becomes the master; its replica follows it.
+    drop(m);
+    drop(a);
+    let _: () = query(&mut b.conn(), &["REPLICAOF", "NO", "ONE"]);
+    let mut m = b.conn();
+    assert_eq!(take(&mut m, "r", 0.001, 100.0, 5), 5);
+    assert_eq!(
+        take(&mut m, "r", 0.001, 100.0, 1),
+        0,
+        "the pin's cap of 7 holds"
+    );
+    assert_eq!(query::<i64>(&mut m, &["RL.UNPIN", "l"]), 1);
+    wait_synced(&b, &cc);
+    for k in keys {
+        assert_eq!(
+            digest(&mut last, k),
+            digest(&mut m, k),
+            "after failover, {k}"
+        );
+    }
+}
