@@ -182,7 +182,13 @@ pub fn open<'k>(key: &'k BucketKey, req: &Request, now: Nanos) -> Result<OpenBuc
         ),
         None => {
             let o = level_of(stored.as_ref(), req, now);
-            (o.level, o.applied, o.pinned, o.pin, false)
+            // The pin to store, asked only when one decided (an ended one goes at this
+            // write).
+            let pin = o.pinned.and_then(|_| {
+                let b = stored.as_ref().map(|s| s.bucket());
+                rl_core::pin::kept(b.as_ref(), req.limit, req.version, now)
+            });
+            (o.level, o.applied, o.pinned, pin, false)
         }
     };
     // A new bucket started below full is stored even on a denial: otherwise every call
@@ -211,7 +217,6 @@ fn level_of(state: Option<&StateMut>, req: &Request, now: Nanos) -> rl_core::pin
             level: Level::starting_with(req.limit, tokens, now).with_version(req.version),
             applied: Applied::Created,
             pinned: None,
-            pin: None,
         },
         (state, _) => rl_core::pin::open(
             state.map(|s| s.bucket()).as_ref(),
@@ -244,8 +249,8 @@ impl OpenBucket<'_> {
         if self.replaces_script {
             adopt::replace(ctx, key, name);
         }
-        let bucket = self.level.bucket().with_pin(self.pin);
-        key.store(self.stored.take(), bucket);
+        let bucket = self.level.bucket_with_pin(self.pin);
+        key.store(self.stored.take(), &bucket);
         if self.stored_limit() {
             // The stored (or pinned) limit, not the caller's.
             effect::with_stored_limit(name, &bucket, |e| effect::bucket(ctx, e));
@@ -287,7 +292,7 @@ pub fn store_with_leases(
         stats::TOKENS_RETURNED.add(lease.plan.credited);
     }
     let opened = outcome.opened;
-    let level_bucket = bucket.level.bucket().with_pin(bucket.pin);
+    let level_bucket = bucket.level.bucket_with_pin(bucket.pin);
     let stored_limit = bucket.stored_limit();
     key.store_with_leases(bucket.stored, level_bucket, table);
     if stored_limit {

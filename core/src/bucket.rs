@@ -143,6 +143,12 @@ impl Bucket {
         self.pin
     }
 
+    /// Whether it holds a pin, live or ended (without copying it out: the hot path asks).
+    #[inline]
+    pub fn has_pin(&self) -> bool {
+        self.pin.is_some()
+    }
+
     /// The same bucket holding a limit of version `version`.
     pub fn with_version(self, version: u64) -> Bucket {
         Bucket { version, ..self }
@@ -342,6 +348,7 @@ impl Level {
 
     /// How long until `n` tokens are there (0 if they are now), or `None` if never (`n > cap`).
     /// Exact: a caller that waits this long finds them, unless someone else took them.
+    #[inline]
     pub fn wait_for(&self, n: f64) -> Option<Nanos> {
         match self.gate() {
             Gate::Open => {}
@@ -362,6 +369,7 @@ impl Level {
 
     /// Whether `n` tokens are there now (the same answer as `wait_for(n) == Some(0)`, most
     /// often without its exactly rounded arithmetic).
+    #[inline]
     fn has(&self, n: f64) -> bool {
         let spare = self.limit.cap() - n;
         if spare < 0.0 {
@@ -377,6 +385,7 @@ impl Level {
     }
 
     /// Takes `n` tokens if they are all there; otherwise changes nothing.
+    #[inline]
     pub fn try_take(&mut self, n: f64) -> bool {
         if self.gate != GateCode::OPEN {
             return self.gate == GateCode::EXEMPT;
@@ -468,6 +477,14 @@ impl Level {
     /// Time until the bucket is full again.
     pub fn reset_after(&self) -> Nanos {
         self.behind + self.deficit
+    }
+
+    /// The state to store, with `pin` (see [`crate::pin::Opened`]).
+    #[inline]
+    pub fn bucket_with_pin(&self, pin: Option<Pin>) -> Bucket {
+        let mut b = self.bucket();
+        b.pin = pin;
+        b
     }
 
     /// The state to store.

@@ -129,59 +129,49 @@ pub struct Opened {
     pub applied: Applied,
     /// The kind of the live pin that decides the call, if any.
     pub pinned: Option<PinKind>,
-    /// The pin to store with the level's bucket if the call writes (none: unpinned; an
-    /// ended pin goes at that write).
-    pub pin: Option<Pin>,
 }
 
 /// `stored` refilled to `now` for a call with `limit` at `version`, under its pin if one
-/// lives: the level the call is decided on, and which limit that is.
+/// lives: the level the call is decided on, and which limit that is. The pin to store if
+/// the call writes is [`kept`]'s (asked only when a pin decided: the hot path carries none).
+#[inline]
 pub fn open(stored: Option<&Bucket>, limit: Limit, version: u64, now: Nanos) -> Opened {
-    let Some(b) = stored else {
-        let (level, applied) = version::open(None, limit, version, now);
-        return Opened {
+    let unpinned = |b: Option<&Bucket>| {
+        let (level, applied) = version::open(b, limit, version, now);
+        Opened {
             level,
             applied,
             pinned: None,
-            pin: None,
-        };
+        }
     };
-    let Some(pin) = b.pin() else {
-        let (level, applied) = version::open(Some(b), limit, version, now);
-        return Opened {
-            level,
-            applied,
-            pinned: None,
-            pin: None,
-        };
+    let Some(b) = stored.filter(|b| b.has_pin()) else {
+        return unpinned(stored);
     };
-    if !pin.live_at(now) {
-        let unpinned = ended(b, &pin);
-        let (level, applied) = version::open(unpinned.as_ref(), limit, version, now);
-        return Opened {
-            level,
-            applied,
-            pinned: None,
-            pin: None,
-        };
-    }
-    match pin.kind {
+    open_pinned(b, limit, version, now).unwrap_or_else(|| unpinned(ended_pin(b).as_ref()))
+}
+
+/// `b` without its ended pin (see [`ended`]).
+fn ended_pin(b: &Bucket) -> Option<Bucket> {
+    b.pin().and_then(|p| ended(b, &p))
+}
+
+/// [`open`] on a bucket holding a pin: `None` if the pin has ended.
+fn open_pinned(b: &Bucket, limit: Limit, version: u64, now: Nanos) -> Option<Opened> {
+    let pin = b.pin().filter(|p| p.live_at(now))?;
+    Some(match pin.kind {
         PinKind::Rate => {
             // A newer VERSION replaces the limit the bucket returns to (stored even if the
-            // call is denied); any other call changes nothing of it.
-            let (base, v, applied) =
-                version::resolve(Some((pin.base, b.version())), limit, version);
+            // call is denied: see `kept`); any other call changes nothing of it.
+            let (_, v, applied) = version::resolve(Some((pin.base, b.version())), limit, version);
             let applied = if applied == Applied::Replaced {
                 Applied::Replaced
             } else {
                 Applied::Pinned
             };
-            let level = Level::new(Some(b), b.limit(), now).with_version(v);
             Opened {
-                level,
+                level: Level::new(Some(b), b.limit(), now).with_version(v),
                 applied,
                 pinned: Some(PinKind::Rate),
-                pin: Some(Pin { base, ..pin }),
             }
         }
         PinKind::Block | PinKind::Exempt => {
@@ -200,10 +190,22 @@ pub fn open(stored: Option<&Bucket>, limit: Limit, version: u64, now: Nanos) -> 
                 level: level.with_gate(gate),
                 applied: Applied::Pinned,
                 pinned: Some(pin.kind),
-                pin: Some(pin),
             }
         }
+    })
+}
+
+/// The pin a call with `limit` at `version` on `stored` leaves to store with its bucket
+/// (for a call [`open`] said a live pin decided): a rate pin's base follows a newer
+/// `VERSION`; `None` when no pin lives.
+pub fn kept(stored: Option<&Bucket>, limit: Limit, version: u64, now: Nanos) -> Option<Pin> {
+    let b = stored?;
+    let pin = b.pin().filter(|p| p.live_at(now))?;
+    if pin.kind != PinKind::Rate {
+        return Some(pin);
     }
+    let (base, _, _) = version::resolve(Some((pin.base, b.version())), limit, version);
+    Some(Pin { base, ..pin })
 }
 
 /// The bucket `b` (whose pin `pin` has ended) as it stands without it: a rate pin's tokens

@@ -81,7 +81,8 @@ proptest! {
                         out += n as f64;
                     }
                     if granted || o.applied.must_write() {
-                        stored = Some(level.bucket().with_pin(o.pin));
+                        let kept = pin::kept(stored.as_ref(), callers[caller], version, now);
+                        stored = Some(level.bucket().with_pin(kept));
                     }
                 }
                 Op::PinRate { limit, px_ms } => {
@@ -147,7 +148,7 @@ fn a_key_pinned_before_use() {
     let mut l = o.level;
     assert_eq!(l.tokens(), 5.0);
     assert!(l.try_take(5.0));
-    let b = l.bucket().with_pin(o.pin);
+    let b = l.bucket().with_pin(pin::kept(Some(&b), caller, 0, T0));
     // The pin ends at T0 + 1 s: 1 token refilled under it, then 10/s under the caller's.
     let o = pin::open(Some(&b), caller, 0, T0 + 1500 * MS);
     assert!(
@@ -155,7 +156,8 @@ fn a_key_pinned_before_use() {
         "{}",
         o.level.tokens()
     );
-    assert!(o.pin.is_none());
+    assert!(o.pinned.is_none());
+    assert!(pin::kept(Some(&b), caller, 0, T0 + 1500 * MS).is_none());
     // A permanent pin keeps the key: no expiry.
     let b = pin::pinned(None, PinKind::Exempt, None, 0, T0);
     assert_eq!(b.expires_at(), rl_core::NEVER);
@@ -174,12 +176,12 @@ fn versions_during_a_rate_pin() {
     let o = pin::open(Some(&b), v2, 2, T0);
     assert_eq!(o.applied, rl_core::Applied::Replaced);
     assert_eq!(o.level.limit(), &pinned);
-    let b = o.level.bucket().with_pin(o.pin);
+    let b = o.level.bucket().with_pin(pin::kept(Some(&b), v2, 2, T0));
     assert_eq!(b.pin().unwrap().base, v2);
     assert_eq!(b.version(), 2);
     let o = pin::open(Some(&b), v1, 1, T0);
     assert_eq!(o.applied, rl_core::Applied::Pinned);
-    assert_eq!(o.pin.unwrap().base, v2);
+    assert_eq!(pin::kept(Some(&b), v1, 1, T0).unwrap().base, v2);
     let after = pin::unpinned(&b, T0).unwrap();
     assert_eq!(after.limit(), v2);
     assert!(after.pin().is_none());

@@ -106,33 +106,36 @@ pub fn bucket(ctx: Ctx, h: &BucketEffect) {
     ffi::replicate(ctx, SETSTATE, args.get());
 }
 
-/// A pin as the text of its effect: `PIN kind until base_rate base_cap absent`.
+/// A pin as the words of its effect: `PIN kind until base_rate base_cap absent` (the
+/// integers as integers: one word each, so a pinned bucket's longest effect fits the
+/// effect buffer).
 struct PinText {
-    kind: Decimal,
-    until: Decimal,
+    kind: i64,
+    until: i64,
     base_rate: String,
     base_cap: String,
-    absent: Decimal,
+    absent: i64,
 }
 
 impl PinText {
     fn new(p: Pin) -> PinText {
         PinText {
-            kind: Decimal::new(p.kind.code()),
-            until: Decimal::new(p.until),
+            kind: p.kind.code() as i64,
+            // At most i64::MAX (the validator's bound).
+            until: p.until.min(i64::MAX as u64) as i64,
             base_rate: stored_number(p.base.rate()),
             base_cap: stored_number(p.base.cap()),
-            absent: Decimal::new(p.absent as u64),
+            absent: p.absent as i64,
         }
     }
 
     fn push_onto<'a>(&'a self, args: &mut EffectArgs<'a>) {
         args.push(EffectArg::Text(c"PIN"))
-            .push(EffectArg::Bytes(self.kind.bytes()))
-            .push(EffectArg::Bytes(self.until.bytes()))
+            .push(EffectArg::Int(self.kind))
+            .push(EffectArg::Int(self.until))
             .push(EffectArg::Bytes(self.base_rate.as_bytes()))
             .push(EffectArg::Bytes(self.base_cap.as_bytes()))
-            .push(EffectArg::Bytes(self.absent.bytes()));
+            .push(EffectArg::Int(self.absent));
     }
 }
 

@@ -87,7 +87,8 @@ impl BucketKey {
     }
 
     /// Writes a new bucket state, leaving any leases as they are.
-    pub fn store(&self, state: Option<StateMut>, bucket: Bucket) {
+    pub fn store(&self, state: Option<StateMut>, bucket: &Bucket) {
+        let bucket = *bucket;
         let Some(mut s) = state else {
             return self.put(
                 Stored::new(bucket, LeaseTable::default()),

@@ -151,7 +151,7 @@ pub fn pin(ctx: Ctx, args: Args) -> Result<Reply> {
     let state = bucket_of(&key)?;
     let stored: Option<Bucket> = state.as_ref().map(|s| s.bucket());
     let bucket = pin::pinned(stored.as_ref(), kind, limit, until, now);
-    key.store(state, bucket);
+    key.store(state, &bucket);
     effect::with_stored_limit(name, &bucket, |e| effect::bucket(ctx, e));
     stats::PINS_SET.add(1);
     Ok(Reply::Ok)
@@ -182,7 +182,7 @@ pub fn unpin(ctx: Ctx, args: Args) -> Result<Reply> {
     let leased = state.as_ref().is_some_and(|s| s.table().is_some());
     match pin::unpinned(&stored, now) {
         Some(bucket) if leased || bucket.expires_at() > now => {
-            key.store(state, bucket);
+            key.store(state, &bucket);
             effect::with_stored_limit(name, &bucket, |e| effect::bucket(ctx, e));
         }
         _ => {

@@ -44,7 +44,7 @@ pub fn refund(ctx: Ctx, args: Args) -> Result<Reply> {
         key.delete();
         crate::effect::deleted(ctx, key_name);
     } else {
-        key.store(state, after);
+        key.store(state, &after);
         effect::with_stored_limit(key_name, &after, |head| effect::bucket(ctx, head));
     }
     Ok(Reply::Double(credited))

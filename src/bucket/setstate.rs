@@ -144,7 +144,7 @@ pub fn setstate(ctx: Ctx, args: Args) -> Result<Reply> {
             // A key that holds only a pin holds no leases either.
             return Err(rl_core::StateError::PinAbsent.into());
         }
-        key.store(state, bucket);
+        key.store(state, &bucket);
     } else {
         // The table this effect leaves: the key's own, changed as told (a copy: nothing
         // is changed until the whole result is known to be valid).

@@ -11,7 +11,6 @@
 use super::{Ctx, Str};
 use redis_module::raw::RedisModuleIO;
 use std::ffi::CStr;
-use std::mem::MaybeUninit;
 use std::os::raw::c_char;
 
 const _: () = assert!(std::mem::size_of::<usize>() == 8, "64-bit targets only");
@@ -29,24 +28,23 @@ pub enum EffectArg<'a> {
     Int(i64),
 }
 
-/// The most words an effect may take (the longest one the module sends, a pinned bucket's
-/// `RL.SETSTATE` with its hold and version, uses 27).
-const MAX_WORDS: usize = 32;
+/// The most words an effect may take (the longest ones the module sends, a pinned bucket's
+/// `RL.SETSTATE` with a hold and a version, and `RL.SETSHARES`, use 24 and 22). Kept small:
+/// every grant's effect builds this buffer.
+const MAX_WORDS: usize = 24;
 
-/// The format string and the words of `args`. Only the first `len` words (and the format
-/// up to its NUL) are ever read: the rest is left unwritten, which the hot path's effect
-/// (every grant) would otherwise pay for on each call.
+/// The format string and the words of `args`.
 struct Call {
-    format: [MaybeUninit<u8>; MAX_WORDS + 1],
-    words: [MaybeUninit<usize>; MAX_WORDS],
+    format: [u8; MAX_WORDS + 1],
+    words: [usize; MAX_WORDS],
     len: usize,
 }
 
 impl Call {
     fn new(args: &[EffectArg]) -> Call {
         let mut call = Call {
-            format: [MaybeUninit::uninit(); MAX_WORDS + 1],
-            words: [MaybeUninit::uninit(); MAX_WORDS],
+            format: [0; MAX_WORDS + 1],
+            words: [0; MAX_WORDS],
             len: 0,
         };
         for (i, a) in args.iter().enumerate() {
@@ -57,32 +55,22 @@ impl Call {
                 EffectArg::Int(v) => (b'l', v as usize, None),
             };
             assert!(
-                call.len + 2 <= MAX_WORDS,
+                call.len + 1 + second.is_some() as usize <= MAX_WORDS,
                 "an effect with too many arguments"
             );
-            call.format[i] = MaybeUninit::new(kind);
-            call.words[call.len] = MaybeUninit::new(first);
+            call.format[i] = kind;
+            call.words[call.len] = first;
             call.len += 1;
             if let Some(w) = second {
-                call.words[call.len] = MaybeUninit::new(w);
+                call.words[call.len] = w;
                 call.len += 1;
             }
         }
-        call.format[args.len()] = MaybeUninit::new(0);
         call
     }
 
-    /// The format string: written up to its NUL.
     fn format(&self) -> *const c_char {
         self.format.as_ptr().cast()
-    }
-
-    /// Word `i`, one of the first `len` (written by `new`).
-    fn word(&self, i: usize) -> usize {
-        // The call picks the arm of `len` words: `i` is below it.
-        debug_assert!(i < self.len, "an effect's word past its last");
-        // SAFETY: `new` wrote every word below `len`.
-        unsafe { self.words[i].assume_init() }
     }
 }
 
@@ -90,7 +78,7 @@ impl Call {
 macro_rules! variadic {
     ($f:ident, $a:expr, $b:expr, $fmt:expr, $w:expr, $n:expr; $($k:literal: [$($i:literal)*])*) => {
         match $n {
-            $($k => unsafe { $f($a, $b, $fmt $(, $w.word($i))*) },)*
+            $($k => unsafe { $f($a, $b, $fmt $(, $w[$i])*) },)*
             _ => unreachable!("at most MAX_WORDS words"),
         }
     };
@@ -99,7 +87,7 @@ macro_rules! variadic {
 /// Calls `$f(first, cmd, format, words...)` for the call `$c`.
 macro_rules! call_with_words {
     ($f:ident, $first:expr, $cmd:expr, $c:expr) => {
-        variadic!($f, $first, $cmd, $c.format(), $c, $c.len;
+        variadic!($f, $first, $cmd, $c.format(), $c.words, $c.len;
             0: [] 1: [0] 2: [0 1] 3: [0 1 2] 4: [0 1 2 3] 5: [0 1 2 3 4] 6: [0 1 2 3 4 5]
             7: [0 1 2 3 4 5 6] 8: [0 1 2 3 4 5 6 7] 9: [0 1 2 3 4 5 6 7 8]
             10: [0 1 2 3 4 5 6 7 8 9] 11: [0 1 2 3 4 5 6 7 8 9 10]
@@ -113,15 +101,7 @@ macro_rules! call_with_words {
             21: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20]
             22: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21]
             23: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22]
-            24: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23]
-            25: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24]
-            26: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25]
-            27: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26]
-            28: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27]
-            29: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28]
-            30: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29]
-            31: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30]
-            32: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31])
+            24: [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23])
     };
 }
 
@@ -156,15 +136,26 @@ mod tests {
             EffectArg::Text(c"ADD"),
             EffectArg::Int(-7),
         ]);
-        // SAFETY: `new` wrote the format up to and including its NUL.
-        let format: Vec<u8> = c.format[..4]
-            .iter()
-            .map(|b| unsafe { b.assume_init() })
-            .collect();
-        assert_eq!(format, b"bcl\0");
+        assert_eq!(&c.format[..4], b"bcl\0");
         assert_eq!(c.len, 4);
-        assert_eq!(c.word(0), bytes.as_ptr() as usize);
-        assert_eq!(c.word(1), 3);
-        assert_eq!(c.word(3) as i64, -7);
+        assert_eq!(c.words[0], bytes.as_ptr() as usize);
+        assert_eq!(c.words[1], 3);
+        assert_eq!(c.words[3] as i64, -7);
+    }
+
+    /// A call of exactly `MAX_WORDS` words fits, whatever kinds of arguments end it (the
+    /// longest effect, a pinned bucket's, ends with one-word integers).
+    #[test]
+    fn an_effect_of_exactly_the_most_words_fits() {
+        let bytes = b"9";
+        let mut args = vec![EffectArg::Bytes(bytes); MAX_WORDS / 2 - 1];
+        args.extend([EffectArg::Int(1), EffectArg::Int(2)]);
+        assert_eq!(Call::new(&args).len, MAX_WORDS);
+        let too_many = std::panic::catch_unwind(|| {
+            let mut more = args.clone();
+            more.push(EffectArg::Int(3));
+            Call::new(&more).len
+        });
+        assert!(too_many.is_err());
     }
 }
