@@ -37,6 +37,7 @@ from .errors import (
     ServerError,
 )
 from .limiter import AsyncLimiter, Limiter, amtake, mtake
+from .limits import Limit, parse_limits
 from .metrics import Metrics
 from .permit import Permit, apermit, permit
 from .policy import ALLOW, DENY, LAST_KNOWN, FailurePolicy
@@ -60,6 +61,7 @@ __all__ = [
     "Decision",
     "FailurePolicy",
     "LeaseReply",
+    "Limit",
     "Limiter",
     "LimiterConfig",
     "MTakeReply",
@@ -82,5 +84,6 @@ __all__ = [
     "apermit",
     "mtake",
     "parse_limit",
+    "parse_limits",
     "permit",
 ]

@@ -10,7 +10,18 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Awaitable, Callable, List, Optional, Protocol, Sequence, Tuple, cast
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+)
 
 import redis.exceptions
 
@@ -32,6 +43,7 @@ from ._call import (
 from .config import LimiterConfig, configure
 from .decision import Decision, Source
 from .errors import ProtocolError, ServerError
+from .limits import rate_cap
 from .metrics import Metrics
 from .policy import Fallback, Health
 from .types import AsyncClient, SyncClient
@@ -86,7 +98,8 @@ class _Bucket:
     module's and the prefetching one's): the limit, the backend, counters, health and the
     failure policy's local bucket."""
 
-    def __init__(self, key: str, rate: float, cap: float, config: LimiterConfig) -> None:
+    def __init__(self, key: str, rate: Any, cap: Any, config: LimiterConfig) -> None:
+        rate, cap = rate_cap(rate, cap)  # a limit string ("5/minute") in rate, cap None
         check_limit(rate, cap)
         p.check_version(config.version)
         self.config = config
@@ -254,8 +267,8 @@ class Limiter(_Base):
         self,
         client: SyncClient,
         key: str,
-        rate: float,
-        cap: float,
+        rate: Union[float, str],
+        cap: Optional[float] = None,
         *,
         config: Optional[LimiterConfig] = None,
         **options: Any,
@@ -436,8 +449,8 @@ class AsyncLimiter(_Base):
         self,
         client: AsyncClient,
         key: str,
-        rate: float,
-        cap: float,
+        rate: Union[float, str],
+        cap: Optional[float] = None,
         *,
         config: Optional[LimiterConfig] = None,
         **options: Any,
