@@ -21,7 +21,7 @@ def test_golden_case(case: dict[str, Any]) -> None:
             parse_limits(case["text"])
         assert case["error"] in str(e.value), str(e.value)
         return
-    got = [(x.count, x.period, x.cap) for x in parse_limits(case["text"])]
+    got = [(x.amount, x.period, x.cap) for x in parse_limits(case["text"])]
     assert got == [tuple(float(v) for v in want) for want in case["limits"]]
 
 

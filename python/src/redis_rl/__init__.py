@@ -26,7 +26,7 @@ from ._protocol import (
     ReserveReply,
     TakeReply,
 )
-from .config import LimiterConfig, parse_limit
+from .config import LimiterConfig
 from .decision import Decision, Source
 from .errors import (
     BackendNotFound,
@@ -37,7 +37,7 @@ from .errors import (
     ServerError,
 )
 from .limiter import AsyncLimiter, Limiter, amtake, mtake
-from .limits import Limit, parse_limits
+from .limits import Limit, parse_limit, parse_limits
 from .metrics import Metrics
 from .permit import Permit, apermit, permit
 from .policy import ALLOW, DENY, LAST_KNOWN, FailurePolicy

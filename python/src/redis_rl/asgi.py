@@ -20,9 +20,10 @@ import typing
 from typing import Any, Awaitable, Callable, Dict, List, MutableMapping, Optional, Tuple, Union
 
 from ._protocol import AUTO
-from .config import LimiterConfig, parse_limit
+from .config import LimiterConfig
 from .decision import Decision
 from .limiter import AsyncLimiter
+from .limits import parse_limit
 from .metrics import Metrics
 from .policy import ALLOW, DENY, FailurePolicy
 from .types import AsyncClient

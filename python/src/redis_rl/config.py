@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
 from ._protocol import Backend
-from .limits import parse_limit  # noqa: F401  (its old home: kept importable)
+from .limits import parse_limit as parse_limit  # its old home, kept importable
 from .metrics import Metrics
 from .policy import ALLOW, FailurePolicy
 

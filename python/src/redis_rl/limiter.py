@@ -132,7 +132,7 @@ class _Bucket:
 class _LimiterCore(_Bucket):
     """State shared by the sync and asyncio limiters: limit, policy, health, counters."""
 
-    def __init__(self, key: str, rate: float, cap: float, config: LimiterConfig) -> None:
+    def __init__(self, key: str, rate: Any, cap: Any, config: LimiterConfig) -> None:
         super().__init__(key, rate, cap, config)
         self.policy = config.policy
         self._args: dict[Tuple[str, int], p.Args] = {}

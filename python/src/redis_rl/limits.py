@@ -52,8 +52,14 @@ UNITS = {
     "years": 31_104_000.0,
 }
 #: Units for the normalized text, longest first.
-_NAMES = ((31_104_000.0, "year"), (2_592_000.0, "month"), (86_400.0, "day"), (3600.0, "hour"))
-_NAMES += ((60.0, "minute"), (1.0, "second"))
+_NAMES: Tuple[Tuple[float, str], ...] = (
+    (31_104_000.0, "year"),
+    (2_592_000.0, "month"),
+    (86_400.0, "day"),
+    (3600.0, "hour"),
+    (60.0, "minute"),
+    (1.0, "second"),
+)
 #: Limits per string (each is a bucket; ``RL.MTAKE`` takes 64 at most).
 MAX_LIMITS = 8
 #: 100 years: the longest an empty bucket may take to fill, as the module accepts.
@@ -73,16 +79,16 @@ _HELP = (
 
 
 class Limit(NamedTuple):
-    """One limit of a limit string: ``count`` per ``period`` seconds, bursts of ``cap``."""
+    """One limit of a limit string: ``amount`` per ``period`` seconds, bursts of ``cap``."""
 
-    count: float
+    amount: float
     period: float
     cap: float
 
     @property
     def rate(self) -> float:
         """Tokens per second."""
-        return self.count / self.period
+        return self.amount / self.period
 
     @property
     def suffix(self) -> str:
@@ -97,11 +103,11 @@ class Limit(NamedTuple):
                 every, unit = self.period / seconds, name
                 break
         text = (
-            f"{_num(self.count)}/{unit}"
+            f"{_num(self.amount)}/{unit}"
             if every == 1
-            else f"{_num(self.count)}/{_num(every)} {unit}s"
+            else f"{_num(self.amount)}/{_num(every)} {unit}s"
         )
-        return text if self.cap == self.count else f"{text}, burst {_num(self.cap)}"
+        return text if self.cap == self.amount else f"{text}, burst {_num(self.cap)}"
 
 
 def _num(x: float) -> str:
@@ -125,7 +131,7 @@ def parse_limits(text: str) -> List[Limit]:
             if not limits:
                 raise ValueError(f"not a limit: {text!r} (a burst follows the limit it is for)")
             last = limits[-1]
-            if last.cap != last.count:
+            if last.cap != last.amount:
                 raise ValueError(f"not a limit: {text!r} (two bursts for one limit)")
             cap = float(burst.group("burst"))
             limits[-1] = last._replace(cap=_check_cap(text, cap, last.rate))
