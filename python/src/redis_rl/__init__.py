@@ -9,6 +9,8 @@
 - :class:`ShareLimiter` / :class:`AsyncShareLimiter`: a share of a key's rate (``RL.SHARE``),
   spent from a local bucket and refreshed in the background: takes never wait for Redis.
 - :func:`permit` / :func:`apermit`: a concurrency limit over ``RL.ACQUIRE``.
+- :class:`Rules` / :class:`AsyncRules`: layered limits from one document in Redis,
+  followed live (docs/rules.md; ``python -m redis_rl rules ...``).
 - Middleware: :mod:`redis_rl.asgi` (Starlette/FastAPI) and :mod:`redis_rl.wsgi` (Flask/WSGI).
 """
 
@@ -42,6 +44,8 @@ from .metrics import Metrics
 from .permit import Permit, apermit, permit
 from .policy import ALLOW, DENY, LAST_KNOWN, FailurePolicy
 from .prefetch import AsyncPrefetchLimiter, PrefetchLimiter
+from .rules import AsyncRules, RuleDecision, Rules, RulesMetrics
+from .rules_doc import RulesError, parse_document
 from .share import AsyncShareLimiter, ShareInfo, ShareLimiter
 
 __version__ = "0.1.0"
@@ -55,6 +59,7 @@ __all__ = [
     "MODULE",
     "AsyncLimiter",
     "AsyncPrefetchLimiter",
+    "AsyncRules",
     "AsyncShareLimiter",
     "Backend",
     "BackendNotFound",
@@ -74,6 +79,10 @@ __all__ = [
     "ProtocolError",
     "RedisRLError",
     "ReserveReply",
+    "RuleDecision",
+    "Rules",
+    "RulesError",
+    "RulesMetrics",
     "ServerError",
     "ShareInfo",
     "ShareLimiter",
@@ -83,6 +92,7 @@ __all__ = [
     "amtake",
     "apermit",
     "mtake",
+    "parse_document",
     "parse_limit",
     "parse_limits",
     "permit",
