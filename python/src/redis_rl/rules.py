@@ -583,8 +583,9 @@ class Rules:
 
 
 class AsyncRules:
-    """The asyncio twin of :class:`Rules` (``await AsyncRules.from_redis(client)``); the
-    version is polled by a task started on the first check."""
+    """The asyncio twin of :class:`Rules` (``await AsyncRules.from_redis(client)``, or
+    ``AsyncRules(client, key=...)`` outside a loop: the document is then loaded by the
+    first check); the version is polled by a task started on the first check."""
 
     def __init__(
         self,
@@ -672,6 +673,9 @@ class AsyncRules:
 
     async def check(self, attributes: Mapping[str, Any], cost: int = 1) -> RuleDecision:
         e = self._e
+        if e.document is None:  # made without awaiting from_redis: load on first use
+            assert e.source is not None
+            e.fetched(await aexecute(self.client, *e.source.fetch_args()), first=True)
         self._ensure_task()
         doc = e.document
         assert doc is not None
