@@ -65,12 +65,14 @@ MAX_LIMITS = 8
 #: 100 years: the longest an empty bucket may take to fill, as the module accepts.
 MAX_FILL_SECS = 100.0 * 365.25 * 86_400.0
 
-_NUM = r"\d+(?:\.\d+)?"
+_NUM = r"[0-9]+(?:\.[0-9]+)?"
 _LIMIT = re.compile(
     rf"(?P<count>{_NUM})\s*(?:/|per)\s*(?:(?P<every>{_NUM})\s*)?(?P<unit>[a-z]+)",
-    re.IGNORECASE,
+    re.IGNORECASE | re.ASCII,
 )
-_BURST = re.compile(rf"burst\s*(?P<burst>{_NUM})", re.IGNORECASE)
+_BURST = re.compile(rf"burst\s*(?P<burst>{_NUM})", re.IGNORECASE | re.ASCII)
+#: ASCII whitespace only, as the Rust twin trims.
+_SPACE = " \t\n\r\x0b\x0c"
 _SEPARATORS = re.compile(r"[;,|]")
 _HELP = (
     "write it as '1000/second', '5/minute', '100 per hour', '10/5 seconds', several joined "
@@ -123,7 +125,7 @@ def parse_limits(text: str) -> List[Limit]:
     limits: List[Limit] = []
     periods: List[float] = []
     for raw in _SEPARATORS.split(text):
-        part = raw.strip()
+        part = raw.strip(_SPACE)
         if not part:
             raise ValueError(f"not a limit: {text!r} (an empty part; {_HELP})")
         burst = _BURST.fullmatch(part)
