@@ -41,6 +41,7 @@ from .errors import (
 from .limiter import AsyncLimiter, Limiter, amtake, mtake
 from .limits import Limit, parse_limit, parse_limits
 from .metrics import Metrics
+from .multi import AsyncMultiLimiter, MultiLimiter
 from .permit import Permit, apermit, permit
 from .policy import ALLOW, DENY, LAST_KNOWN, FailurePolicy
 from .prefetch import AsyncPrefetchLimiter, PrefetchLimiter
@@ -58,6 +59,7 @@ __all__ = [
     "LAST_KNOWN",
     "MODULE",
     "AsyncLimiter",
+    "AsyncMultiLimiter",
     "AsyncPrefetchLimiter",
     "AsyncRules",
     "AsyncShareLimiter",
@@ -71,6 +73,7 @@ __all__ = [
     "LimiterConfig",
     "MTakeReply",
     "Metrics",
+    "MultiLimiter",
     "PeekReply",
     "Permit",
     "PermitDenied",
