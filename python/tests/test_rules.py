@@ -495,3 +495,25 @@ def test_seed_end_to_end_flask(server: Server, prefix: str) -> None:
             return resp.status_code, {k.lower(): v for k, v in resp.headers}, resp.get_json()
 
         seed_requests(get, prefix, r)
+
+
+RULE_CASES = json.loads((REPO / "protocol" / "rules_cases.json").read_text())
+
+
+def case_document(name: str) -> str:
+    d = RULE_CASES["documents"][name]
+    return (REPO / d["file"]).read_text() if "file" in d else str(d["text"])
+
+
+@pytest.mark.parametrize("case", RULE_CASES["plans"], ids=lambda c: json.dumps(c["attributes"]))
+def test_golden_plans(case: Dict[str, Any]) -> None:
+    doc = parse_document(case_document(case["document"]))
+    got = [[a.layer.name, [b.key for b in a.buckets]] for a in plan(doc, case["attributes"])]
+    assert got == case["layers"]
+
+
+@pytest.mark.parametrize("case", RULE_CASES["refused"], ids=lambda c: str(c["text"]))
+def test_golden_refusals(case: Dict[str, Any]) -> None:
+    with pytest.raises(RulesError) as e:
+        parse_document(case["text"])
+    assert case["field"] in [p.field for p in e.value.problems], e.value.problems
