@@ -44,6 +44,7 @@ mod metrics;
 mod permit;
 mod prefetch;
 mod protocol;
+pub mod rules;
 mod share;
 mod share_state;
 
@@ -60,6 +61,7 @@ pub use metrics::{Metrics, MetricsSnapshot, LATENCY_BUCKETS_US};
 pub use permit::{Busy, Permit, Semaphore};
 pub use prefetch::PrefetchLimiter;
 pub use rl_core::{Limit, LimitError};
+pub use rules::{RuleDecision, Rules, RulesConfig, RulesError};
 pub use share::{ShareConfig, ShareInfo, ShareLimiter};
 
 /// The redis crate this client is built on, for building connections of the same version.
