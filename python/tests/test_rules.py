@@ -517,3 +517,21 @@ def test_golden_refusals(case: Dict[str, Any]) -> None:
     with pytest.raises(RulesError) as e:
         parse_document(case["text"])
     assert case["field"] in [p.field for p in e.value.problems], e.value.problems
+
+
+def test_rules_metrics_reach_prometheus_client(server: Server, prefix: str) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from redis_rl.prometheus import register_rules
+
+    r = server.client()
+    apply_document(r, doc_text(prefix, "1/day"), f"{prefix}rules")
+    with Rules.from_redis(r, key=f"{prefix}rules") as rules:
+        rules.check({"ip": "m"})
+        rules.check({"ip": "m"})
+        registry = prometheus_client.CollectorRegistry()
+        register_rules(rules.metrics, registry)
+        text = prometheus_client.generate_latest(registry).decode()
+    assert "redis_rl_rules_version 1.0" in text
+    assert 'redis_rl_rules_decisions_total{layer="ip",outcome="granted"} 1.0' in text
+    assert 'redis_rl_rules_decisions_total{layer="ip",outcome="denied"} 1.0' in text
+    assert "redis_rl_rules_refused_documents_total 0.0" in text
