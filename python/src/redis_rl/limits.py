@@ -184,7 +184,7 @@ def _check_cap(text: str, cap: float, rate: float) -> float:
 def parse_limit(text: str) -> Tuple[float, float]:
     """``(rate, cap)`` of a string holding one limit (``"5/minute"``, ``"100 per hour"``,
     ``"10/5 seconds"``, ``"5/minute, burst 10"``); ``rate`` is tokens per second. A string
-    of several limits is refused here: give it where several are taken (``MultiLimit``,
+    of several limits is refused here: give it where several are taken (``MultiLimiter``,
     rules), which enforce them together."""
     limits = parse_limits(text)
     if len(limits) > 1:
