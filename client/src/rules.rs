@@ -48,6 +48,8 @@ pub const DEFAULT_PREFIX: &str = "rl:rules:";
 pub const DEFAULT_CODE: &str = "rate_limit_exceeded";
 /// Buckets in one document at most (one `RL.MTAKE`).
 pub const MAX_BUCKETS: usize = 64;
+/// Bytes in one document at most.
+pub const MAX_TEXT: usize = 1 << 20;
 const LAYER_FIELDS: [&str; 6] = ["name", "match", "key", "limit", "code", "shadow"];
 const TOP_FIELDS: [&str; 3] = ["prefix", "attributes", "layers"];
 
@@ -234,6 +236,10 @@ impl Document {
     pub fn parse(text: &str) -> Result<Document, RulesError> {
         let mut problems = Vec::new();
         let mut bad = |field: String, message: String| problems.push(Problem { field, message });
+        if text.len() > MAX_TEXT {
+            bad("(document)".into(), format!("longer than {MAX_TEXT} bytes"));
+            return Err(RulesError { problems });
+        }
         let data: Yaml = match serde_yaml::from_str(text) {
             Ok(v) => v,
             Err(e) => {
@@ -1124,6 +1130,25 @@ mod tests {
             let field = case["field"].as_str().unwrap();
             assert!(e.problems.iter().any(|p| p.field == field), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn hostile_documents_are_refused() {
+        let mut laughs = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+        let names = "abcdefghij".as_bytes();
+        for w in names.windows(2) {
+            let (prev, name) = (w[0] as char, w[1] as char);
+            let refs = vec![format!("*{prev}"); 10].join(", ");
+            laughs += &format!("{name}: &{name} [{refs}]\n");
+        }
+        laughs += "layers: [{name: a, key: k, limit: 1/s}]\n";
+        assert!(Document::parse(&laughs).is_err());
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(Document::parse(&deep).is_err());
+        let long = format!("layers: []\n{}", "#".repeat(1 << 20));
+        assert!(Document::parse(&long).unwrap_err().problems[0]
+            .message
+            .contains("longer"));
     }
 
     #[test]

@@ -535,3 +535,38 @@ def test_rules_metrics_reach_prometheus_client(server: Server, prefix: str) -> N
     assert 'redis_rl_rules_decisions_total{layer="ip",outcome="granted"} 1.0' in text
     assert 'redis_rl_rules_decisions_total{layer="ip",outcome="denied"} 1.0' in text
     assert "redis_rl_rules_refused_documents_total 0.0" in text
+
+
+def test_hostile_documents_are_refused_quickly() -> None:
+    laughs = "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+    for i, name in enumerate("bcdefghij"):
+        prev = "abcdefghij"[i]
+        laughs += f"{name}: &{name} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
+    laughs += "layers: [{name: a, key: k, limit: 1/s}]\n"
+    with pytest.raises(RulesError, match="unknown field"):
+        parse_document(laughs)  # 10^10 leaves if walked naively
+    with pytest.raises(RulesError, match="nested too deeply"):
+        parse_document("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(RulesError, match="longer than"):
+        parse_document("layers: []\n" + "#" * (1 << 20))
+
+
+def test_a_hostile_stored_document_does_not_stop_the_follower(server: Server, key: str) -> None:
+    rkey = f"{key}:rules"
+    r = server.client()
+    apply_document(r, doc_text(key + ":", "1/day"), rkey)
+    with Rules.from_redis(r, key=rkey, poll_interval=0.02) as rules:
+        r.hset(rkey, mapping={"document": "[" * 100_000 + "]" * 100_000})
+        r.hincrby(rkey, "version", 1)
+        wait_for(lambda: rules.metrics.refused_documents == 1, "the deep document refused")
+        apply_document(r, doc_text(key + ":", "2/day"), rkey)
+        wait_for(lambda: rules.version == 3, "the next good version followed")
+
+
+def test_a_cost_no_layer_can_grant_is_the_callers_error(server: Server, prefix: str) -> None:
+    rules = Rules.from_text(server.client(), doc_text(prefix, "5/day"))
+    with pytest.raises(ValueError, match="exceeds layer ip's cap 5"):
+        rules.check({"ip": "a"}, cost=6)
+    with pytest.raises(ValueError, match="positive integer"):
+        rules.check({"ip": "a"}, cost=0)
+    assert rules.check({"ip": "a"}, cost=5) and not rules.check({"ip": "a"})

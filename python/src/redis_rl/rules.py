@@ -288,7 +288,7 @@ class _Engine:
         v = int(version)
         try:
             doc = parse_document(_text(text) or "", f"{self.source} version {v}")
-        except RulesError as e:
+        except Exception as e:  # RulesError, or anything a hostile document may raise
             if first:
                 raise
             self.refused = v
@@ -429,9 +429,15 @@ def _reset(b: Bucket, left: float) -> int:
 _ERRORS = (redis.exceptions.RedisError, *OUTAGES)
 
 
-def _check_attrs(attrs: Any) -> None:
-    if not isinstance(attrs, Mapping):
-        raise TypeError("check() takes a mapping of request attributes")
+def _check_cost(cost: int, applied: List[Applied]) -> None:
+    """A cost no bucket could ever grant is the caller's error, not Redis's (which would
+    answer an error reply, and fail open)."""
+    if cost.__class__ is not int or cost < 1:
+        raise ValueError("cost must be a positive integer")
+    for a in applied:
+        for b in a.buckets:
+            if cost > b.cap:
+                raise ValueError(f"cost {cost} exceeds layer {a.layer.name}'s cap {b.cap:g}")
 
 
 class Rules:
@@ -499,7 +505,10 @@ class Rules:
 
     def _poll_loop(self) -> None:
         while not self._stop.wait(self._e.poll_interval):
-            self.refresh()
+            try:
+                self.refresh()
+            except Exception:  # the thread must outlive any surprise: it is the follower
+                log.exception("rules: polling failed unexpectedly")
 
     def refresh(self) -> None:
         """Polls the stored version once (the thread does this every ``poll_interval``)."""
@@ -534,6 +543,8 @@ class Rules:
         doc = e.document
         assert doc is not None
         applied = plan(doc, attributes)
+        if cost != 1:
+            _check_cost(cost, applied)
         enforced = [b for a in applied if not a.layer.shadow for b in a.buckets]
         replies: List[Tuple[List[Bucket], p.MTakeReply]] = []
         try:
@@ -646,7 +657,10 @@ class AsyncRules:
     async def _poll_loop(self) -> None:
         while True:
             await asyncio.sleep(self._e.poll_interval)
-            await self.refresh()
+            try:
+                await self.refresh()
+            except Exception:  # the task must outlive any surprise: it is the follower
+                log.exception("rules: polling failed unexpectedly")
 
     async def refresh(self) -> None:
         e = self._e
@@ -680,6 +694,8 @@ class AsyncRules:
         doc = e.document
         assert doc is not None
         applied = plan(doc, attributes)
+        if cost != 1:
+            _check_cost(cost, applied)
         enforced = [b for a in applied if not a.layer.shadow for b in a.buckets]
         replies: List[Tuple[List[Bucket], p.MTakeReply]] = []
         try:

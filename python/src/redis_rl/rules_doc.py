@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Pattern, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Pattern, Sequence, Set, Tuple
 
 import yaml
 
@@ -37,6 +37,8 @@ DEFAULT_PREFIX = "rl:rules:"
 DEFAULT_CODE = "rate_limit_exceeded"
 #: Buckets in one document at most: every layer matching at once must fit one RL.MTAKE.
 MAX_BUCKETS = 64
+#: Characters in one document at most.
+MAX_TEXT = 1 << 20
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _ATTR = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
@@ -161,22 +163,30 @@ def plan(doc: Document, attrs: Mapping[str, Any]) -> List[Applied]:
 
 
 def _lines(
-    node: Any, path: Tuple[Any, ...], out: Dict[Tuple[Any, ...], int], dups: List[Any]
+    node: Any,
+    path: Tuple[Any, ...],
+    out: Dict[Tuple[Any, ...], int],
+    dups: List[Any],
+    walked: Optional[Set[int]] = None,
 ) -> None:
     out[path] = node.start_mark.line + 1
+    walked = set() if walked is None else walked
+    if id(node) in walked:  # an alias: walked once (a "billion laughs" document stays linear)
+        return
+    walked.add(id(node))
     if isinstance(node, yaml.MappingNode):
-        seen = set()
+        names = set()
         for k, v in node.value:
             name = k.value if isinstance(k, yaml.ScalarNode) else str(k)
-            if name in seen:
+            if name in names:
                 dups.append((path, name, k.start_mark.line + 1))
-            seen.add(name)
+            names.add(name)
             sub = (*path, name)
             out[sub] = k.start_mark.line + 1
-            _lines(v, sub, out, dups)
+            _lines(v, sub, out, dups, walked)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _lines(item, (*path, i), out, dups)
+            _lines(item, (*path, i), out, dups, walked)
 
 
 def _field(path: Tuple[Any, ...]) -> str:
@@ -191,11 +201,17 @@ def parse_document(text: str, source: str = "rules") -> Document:
     problem found."""
     lines: Dict[Tuple[Any, ...], int] = {}
     dups: List[Any] = []
+    if len(text) > MAX_TEXT:
+        raise RulesError(
+            [Problem(None, "(document)", f"longer than {MAX_TEXT} characters")], source
+        )
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
         if node is not None:
             _lines(node, (), lines, dups)
+    except RecursionError:
+        raise RulesError([Problem(None, "(document)", "nested too deeply")], source) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         try:  # JSON that YAML refuses (tabs) is still JSON
