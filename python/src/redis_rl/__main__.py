@@ -32,6 +32,10 @@ def _read(path: str) -> str:
         return f.read()
 
 
+def _lines(text: str) -> List[str]:
+    return [line if line.endswith("\n") else line + "\n" for line in text.splitlines(True)]
+
+
 def _report(path: str, e: RulesError) -> None:
     for problem in e.problems:  # path:line: field: what (as compilers write it)
         where = f"{path}:{problem.line}" if problem.line else path
@@ -90,8 +94,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         text = _read(args.file)
         diff = list(
             difflib.unified_diff(
-                (stored or "").splitlines(keepends=True),
-                text.splitlines(keepends=True),
+                _lines(stored or ""),
+                _lines(text),
                 f"{args.key} (version {version})",
                 args.file,
             )
