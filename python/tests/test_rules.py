@@ -18,8 +18,10 @@ import redis
 import redis.asyncio as aredis
 import yaml
 from conftest import REPO, Server, peek_fields, wait_for
+from test_cluster import cluster  # noqa: F401  (the fixture)
 
 from redis_rl import AsyncRules, Rules, RulesError, parse_document
+from redis_rl._protocol import parse_peek
 from redis_rl.rules import apply_document, stored_document
 from redis_rl.rules_doc import plan
 
@@ -541,7 +543,8 @@ def test_hostile_documents_are_refused_quickly() -> None:
     laughs = "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
     for i, name in enumerate("bcdefghij"):
         prev = "abcdefghij"[i]
-        laughs += f"{name}: &{name} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
+        refs = ", ".join([f"*{prev}"] * 10)
+        laughs += f"{name}: &{name} [{refs}]\n"
     laughs += "layers: [{name: a, key: k, limit: 1/s}]\n"
     with pytest.raises(RulesError, match="unknown field"):
         parse_document(laughs)  # 10^10 leaves if walked naively
@@ -570,3 +573,20 @@ def test_a_cost_no_layer_can_grant_is_the_callers_error(server: Server, prefix: 
     with pytest.raises(ValueError, match="positive integer"):
         rules.check({"ip": "a"}, cost=0)
     assert rules.check({"ip": "a"}, cost=5) and not rules.check({"ip": "a"})
+
+
+def test_cluster_takes_slot_by_slot_and_refunds(cluster: list[Server]) -> None:  # noqa: F811
+    from redis.cluster import RedisCluster
+
+    rc = RedisCluster(host="127.0.0.1", port=cluster[0].port)
+    rules = Rules.from_text(rc, small_seed("c:"))
+    ip_key = "c:{global_ip:ip:10.9.0.1}:86400s"
+    user_key = "c:{free_user:user:cf}:86400s"
+    assert rc.keyslot(ip_key) != rc.keyslot(user_key)  # two slots: two RL.MTAKE
+    for _ in range(4):
+        assert rules.check(attrs("10.9.0.1", "cf"))
+    d = rules.check(attrs("10.9.0.1", "cf"))
+    assert (d.granted, d.layer) == (False, "free_user")
+    peek = parse_peek(rc.execute_command("RL.PEEK", ip_key))
+    assert peek is not None and math.floor(peek.tokens) == 4  # the ip grant was given back
+    rc.close()
