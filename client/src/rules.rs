@@ -25,7 +25,7 @@
 //! a new document in whole, keeping the last good one when a stored document is invalid.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -591,7 +591,7 @@ pub struct RulesStats {
     pub reloads: AtomicU64,
     /// Stored documents refused as invalid (the last good one kept).
     pub refused_documents: AtomicU64,
-    /// Polls that failed.
+    /// Polls that failed (Redis down, a wrong type), and absences of the key (once each).
     pub poll_errors: AtomicU64,
     /// Checks let through because Redis failed.
     pub fail_open: AtomicU64,
@@ -645,6 +645,7 @@ pub struct Rules<C: RedisConnection> {
     current: RwLock<Arc<Document>>,
     key: Option<String>,
     refused: Mutex<Option<u64>>,
+    missing: AtomicBool,
     selector: Selector,
     config: RulesConfig,
     metrics: Metrics,
@@ -674,6 +675,7 @@ impl<C: RedisConnection> Rules<C> {
             current: RwLock::new(Arc::new(doc)),
             key,
             refused: Mutex::new(None),
+            missing: AtomicBool::new(false),
             selector: Selector::new(config.backend),
             config,
             metrics: Metrics::new(),
@@ -722,8 +724,13 @@ impl<C: RedisConnection> Rules<C> {
             }
         };
         let Some(v) = bulk_text(&v).and_then(|s| s.parse::<u64>().ok()) else {
+            // The key gone (a restart without persistence): counted once per absence.
+            if !self.missing.swap(true, Relaxed) {
+                self.stats.poll_errors.fetch_add(1, Relaxed);
+            }
             return Ok(false);
         };
+        self.missing.store(false, Relaxed);
         let current = self.document().version;
         let refused = *self.refused.lock().unwrap_or_else(|e| e.into_inner());
         if Some(v) == current || Some(v) == refused {

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 import redis
@@ -317,52 +317,91 @@ def test_async_rules_follow(server: Server, key: str) -> None:
 
 FOLLOWER = """
 import sys, time, redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from redis_rl import Rules
-r = redis.Redis(port=int(sys.argv[1]))
+r = redis.Redis(port=int(sys.argv[1]), socket_timeout=1, retry=Retry(NoBackoff(), 0))
 rules = Rules.from_redis(r, key=sys.argv[2])
 print("ready", rules.version, flush=True)
-want = int(sys.stdin.readline())
-while rules.version != want:
-    time.sleep(0.001)
-print("seen", time.time(), flush=True)
+for line in sys.stdin:
+    word, arg = line.split()
+    if word == "wait":  # until version arg is in force
+        while rules.version != int(arg):
+            time.sleep(0.001)
+        print("seen", time.time(), flush=True)
+    elif word == "until":  # until counter arg moved; then what is in force
+        while not getattr(rules.metrics, arg):
+            time.sleep(0.001)
+        print("state", rules.version, rules.check({"ip": "fleet"}).layer, flush=True)
 """
 
 
-def test_four_processes_follow_an_apply(server: Server, key: str) -> None:
-    """Four processes with the default poll (0.5 s) all take a new version; how long
-    they took is printed (measured, not asserted)."""
-    rkey = f"{key}:rules"
-    r = server.client()
-    apply_document(r, doc_text("p:", "1/day"), rkey)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", FOLLOWER, str(server.port), rkey],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(4)
-    ]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None and proc.stdout.readline().split() == ["ready", "1"]
-        for proc in procs:
+class Fleet:
+    """Processes each following the document under one key (the default 0.5 s poll)."""
+
+    def __init__(self, port: int, key: str, n: int) -> None:
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", FOLLOWER, str(port), key],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(n)
+        ]
+
+    def ask(self, line: str) -> List[List[str]]:
+        for proc in self.procs:
             assert proc.stdin is not None
-            proc.stdin.write("2\n")
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+        return self.read()
+
+    def read(self) -> List[List[str]]:
+        out = []
+        for proc in self.procs:
+            assert proc.stdout is not None
+            out.append(proc.stdout.readline().split())
+        return out
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_four_processes_follow_applies_and_keep_rules_through_breakage(
+    own_server: Server,
+) -> None:
+    """Four processes with the default poll (0.5 s) all take a new version (how long they
+    took is printed: measured, not asserted), keep it through a broken stored document and
+    through Redis restarting empty, and take the next apply."""
+    r = own_server.client()
+    rkey = "rl:rules"
+    apply_document(r, doc_text("p:", "1/day"), rkey)
+    fleet = Fleet(own_server.port, rkey, 4)
+    try:
+        assert fleet.read() == [["ready", "1"]] * 4
+        for proc in fleet.procs:  # the wait starts before the apply
+            assert proc.stdin is not None
+            proc.stdin.write("wait 2\n")
             proc.stdin.flush()
         applied = time.time()
         apply_document(r, doc_text("p:", "2/day"), rkey)
-        delays = []
-        for proc in procs:
-            out, _ = proc.communicate(timeout=30)
-            word, when = out.split()
-            assert word == "seen"
-            delays.append(float(when) - applied)
+        delays = [float(when) - applied for _, when in fleet.read()]
         print(f"4 processes followed an apply after {sorted(round(d, 3) for d in delays)} s")
+
+        r.hset(rkey, mapping={"document": "layers: [{name: broken}]"})
+        r.hincrby(rkey, "version", 1)
+        assert fleet.ask("until refused_documents") == [["state", "2", "ip"]] * 4
+
+        own_server.restart()  # no persistence: the document is gone
+        assert fleet.ask("until poll_errors") == [["state", "2", "ip"]] * 4
+        apply_document(r, doc_text("q:", "5/day"), rkey)
+        assert fleet.ask("wait 1")[0][0] == "seen"
+        assert fleet.ask("until reloads") == [["state", "1", "ip"]] * 4
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+        fleet.close()
 
 
 # -- the command line ------------------------------------------------------------------

@@ -161,7 +161,7 @@ class RulesMetrics:
                 ),
                 (
                     "poll_errors",
-                    "polls of the stored document that failed (Redis down, wrong type)",
+                    "polls that failed (Redis down, a wrong type), absences of the key (once each)",
                 ),
                 ("reloads", "new documents taken into force"),
                 ("fail_open", "checks let through because Redis failed or answered an error"),
@@ -272,8 +272,9 @@ class _Engine:
         """Whether a fetch is due, after ``HGET version`` answered ``reply``."""
         current = self.document.version if self.document is not None else None
         if reply is None:
-            if not self.missing_reported:
+            if not self.missing_reported:  # counted once per absence, as a failed poll
                 self.missing_reported = True
+                self.metrics.add("poll_errors")
                 log.error("rules: %s holds no document; keeping version %s", self.source, current)
             return False
         v = int(reply)
