@@ -629,3 +629,17 @@ def test_cluster_takes_slot_by_slot_and_refunds(cluster: list[Server]) -> None: 
     peek = parse_peek(rc.execute_command("RL.PEEK", ip_key))
     assert peek is not None and math.floor(peek.tokens) == 4  # the ip grant was given back
     rc.close()
+
+
+def test_a_file_is_followed_too(server: Server, prefix: str, tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(doc_text(prefix, "1/day"))
+    with Rules.from_file(server.client(), str(path), poll_interval=0.02) as rules:
+        assert rules.check({"ip": "f"}) and not rules.check({"ip": "f"})
+        path.write_text(doc_text(prefix + "b:", "2/day"))
+        wait_for(lambda: rules.document.prefix == prefix + "b:", "the new file in force")
+        path.write_text("layers: [{name: broken}]\n")
+        wait_for(lambda: rules.metrics.refused_documents == 1, "the broken file refused")
+        path.unlink()
+        wait_for(lambda: rules.metrics.poll_errors == 1, "the missing file seen")
+        assert rules.document.prefix == prefix + "b:" and rules.check({"ip": "f"})

@@ -197,6 +197,24 @@ class RedisSource:
         return f"redis key {self.key!r}"
 
 
+class FileSource:
+    """The document in a file, followed by its modification time and size."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def signature(self) -> Tuple[int, int]:
+        st = os.stat(self.path)
+        return st.st_mtime_ns, st.st_size
+
+    def read(self) -> str:
+        with open(self.path, encoding="utf-8") as f:
+            return f.read()
+
+    def __str__(self) -> str:
+        return f"file {self.path!r}"
+
+
 def _text(x: Any) -> Optional[str]:
     if x is None:
         return None
@@ -231,7 +249,7 @@ def stored_document(
 class _Engine:
     def __init__(
         self,
-        source: Optional[RedisSource],
+        source: Optional[Any],
         poll_interval: float,
         fail_open: bool,
         metrics: Optional[RulesMetrics],
@@ -254,6 +272,41 @@ class _Engine:
         self.refused: Optional[int] = None
         self.missing_reported = False
         self.pid = os.getpid()
+        #: A followed file: the signature in force, and the last one refused.
+        self.file_sig: Optional[Tuple[int, int]] = None
+        self.refused_sig: Optional[Tuple[int, int]] = None
+
+    def follow_file(self, path: str) -> Document:
+        """Starts following ``path``: its document now (raises if invalid)."""
+        src = FileSource(path)
+        sig = src.signature()
+        doc = parse_document(src.read(), path)
+        self.source, self.file_sig = src, sig
+        return doc
+
+    def file_poll(self) -> None:
+        src = self.source
+        assert isinstance(src, FileSource)
+        try:
+            sig = src.signature()
+        except OSError as err:
+            if not self.missing_reported:
+                self.missing_reported = True
+                self.metrics.add("poll_errors")
+                log.error("rules: %s unreadable (%s); keeping the document in force", src, err)
+            return
+        self.missing_reported = False
+        if sig == self.file_sig or sig == self.refused_sig:
+            return
+        try:
+            doc = parse_document(src.read(), src.path)
+        except Exception as err:  # RulesError, a file being rewritten, undecodable bytes
+            self.refused_sig = sig
+            self.metrics.add("refused_documents")
+            log.error("rules: refused %s, keeping the document in force: %s", src, err)
+            return
+        self.file_sig = sig
+        self.install(doc)
 
     # the document
 
@@ -483,9 +536,17 @@ class Rules:
         return cls(client, parse_document(text), key=None, **options)
 
     @classmethod
-    def from_file(cls, client: SyncClient, path: str, **options: Any) -> Rules:
-        with open(path, encoding="utf-8") as f:
-            return cls(client, parse_document(f.read(), path), key=None, **options)
+    def from_file(cls, client: SyncClient, path: str, follow: bool = True, **options: Any) -> Rules:
+        """The document in a file; with ``follow``, a changed file (its modification time
+        or size) is read again every ``poll_interval``, an invalid one refused."""
+        if not follow:
+            with open(path, encoding="utf-8") as f:
+                return cls(client, parse_document(f.read(), path), key=None, **options)
+        engine = _Engine(None, 0.5, True, None, 0.0, p.AUTO)
+        rules = cls(client, engine.follow_file(path), key=None, **options)
+        rules._e.source, rules._e.file_sig = engine.source, engine.file_sig
+        rules._start()
+        return rules
 
     @property
     def document(self) -> Document:
@@ -515,6 +576,9 @@ class Rules:
         """Polls the stored version once (the thread does this every ``poll_interval``)."""
         e = self._e
         if e.source is None:
+            return
+        if isinstance(e.source, FileSource):
+            e.file_poll()
             return
         try:
             if e.polled_version(execute(self.client, *e.source.version_args())):
@@ -632,9 +696,18 @@ class AsyncRules:
         return cls(client, parse_document(text), key=None, **options)
 
     @classmethod
-    def from_file(cls, client: AsyncClient, path: str, **options: Any) -> AsyncRules:
-        with open(path, encoding="utf-8") as f:
-            return cls(client, parse_document(f.read(), path), key=None, **options)
+    def from_file(
+        cls, client: AsyncClient, path: str, follow: bool = True, **options: Any
+    ) -> AsyncRules:
+        """As :meth:`Rules.from_file`; the file is polled by the task the first check
+        starts."""
+        if not follow:
+            with open(path, encoding="utf-8") as f:
+                return cls(client, parse_document(f.read(), path), key=None, **options)
+        engine = _Engine(None, 0.5, True, None, 0.0, p.AUTO)
+        rules = cls(client, engine.follow_file(path), key=None, **options)
+        rules._e.source, rules._e.file_sig = engine.source, engine.file_sig
+        return rules
 
     @property
     def document(self) -> Document:
@@ -666,6 +739,9 @@ class AsyncRules:
     async def refresh(self) -> None:
         e = self._e
         if e.source is None:
+            return
+        if isinstance(e.source, FileSource):
+            e.file_poll()
             return
         try:
             if e.polled_version(await aexecute(self.client, *e.source.version_args())):
