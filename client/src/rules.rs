@@ -571,6 +571,8 @@ pub struct RulesConfig {
     pub cluster: bool,
     /// The server side.
     pub backend: Backend,
+    /// The share of grants written to the decision log (every refusal is), 0 to 1.
+    pub log_grants: f64,
 }
 
 impl Default for RulesConfig {
@@ -580,6 +582,7 @@ impl Default for RulesConfig {
             fail_open: true,
             cluster: false,
             backend: Backend::Module,
+            log_grants: 0.0,
         }
     }
 }
@@ -727,6 +730,7 @@ impl<C: RedisConnection> Rules<C> {
             // The key gone (a restart without persistence): counted once per absence.
             if !self.missing.swap(true, Relaxed) {
                 self.stats.poll_errors.fetch_add(1, Relaxed);
+                tracing::error!(target: "rl_client::rules", key = %key, keeping = ?current_version(self), "the rules key holds no document");
             }
             return Ok(false);
         };
@@ -754,11 +758,13 @@ impl<C: RedisConnection> Rules<C> {
                 *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(doc);
                 *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 self.stats.reloads.fetch_add(1, Relaxed);
+                tracing::info!(target: "rl_client::rules", version, previous = ?current, "rules version in force");
                 Ok(true)
             }
-            Err(_) => {
+            Err(e) => {
                 *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(version);
                 self.stats.refused_documents.fetch_add(1, Relaxed);
+                tracing::error!(target: "rl_client::rules", version, keeping = ?current, error = %e, "refused a stored rules document");
                 Ok(false)
             }
         }
@@ -774,6 +780,33 @@ impl<C: RedisConnection> Rules<C> {
                 let _ = rules.refresh().await; // counted; the current document stays
             }
         })
+    }
+
+    /// The decision log: every refusal and shadow refusal, a sample of grants, one
+    /// `tracing` event each (target `rl_client::rules::decisions`).
+    fn log(&self, d: &RuleDecision, doc: &Document, attrs: &HashMap<String, String>) {
+        let sampled =
+            self.config.log_grants > 0.0 && crate::jitter::unit() < self.config.log_grants;
+        if d.allowed && d.shadow_denied.is_empty() && !sampled {
+            return;
+        }
+        let attr = |k: &str| attrs.get(k).map(String::as_str).unwrap_or("");
+        tracing::info!(
+            target: "rl_client::rules::decisions",
+            decision = if d.allowed { "granted" } else { "denied" },
+            layer = d.layer.as_deref().unwrap_or(""),
+            code = d.code.as_deref().unwrap_or(""),
+            key = d.key.as_deref().unwrap_or(""),
+            remaining = d.remaining,
+            retry_after_ms = d.retry_after.as_millis() as u64,
+            version = doc.version.unwrap_or(0),
+            shadow_denied = ?d.shadow_denied,
+            ip = attr("ip"),
+            user = attr("user"),
+            tier = attr("tier"),
+            path = attr("path"),
+            "rate limit decision"
+        );
     }
 
     fn count(&self, layer: &str, outcome: &'static str) {
@@ -798,11 +831,12 @@ impl<C: RedisConnection> Rules<C> {
                 for s in &d.shadow_denied {
                     self.count(s, "shadow_denied");
                 }
+                self.log(&d, &doc, attrs);
                 Ok(d)
             }
             Err(e) if self.config.fail_open => {
                 self.stats.fail_open.fetch_add(1, Relaxed);
-                let _ = e;
+                tracing::warn!(target: "rl_client::rules", error = %e, "Redis failed; letting the request through");
                 Ok(RuleDecision {
                     allowed: true,
                     layer: None,
@@ -958,6 +992,10 @@ impl<C: RedisConnection> Rules<C> {
             }
         }
     }
+}
+
+fn current_version<C: RedisConnection>(rules: &Rules<C>) -> Option<u64> {
+    rules.document().version
 }
 
 struct MTake {
