@@ -1203,6 +1203,9 @@ mod tests {
         assert!(g("a?c*").matches("abc") && !g("a?c*").matches("ab"));
         assert!(g("*x*y").matches("axxzy") && !g("*x*y").matches("axyz"));
         assert!(g("").matches("") && !g("").matches("a") && g("*").matches(""));
+        let hostile = "a".repeat(20_000);
+        assert!(!g("*a*a*a*a*a*a*b").matches(&hostile)); // linear, not backtracking
+        assert!(g("*a*a*a*a*a*a*b").matches(&(hostile + "b")));
         assert_eq!(slot(b"foo"), 12182);
         assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
     }

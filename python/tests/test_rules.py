@@ -643,3 +643,15 @@ def test_a_file_is_followed_too(server: Server, prefix: str, tmp_path: Path) -> 
         path.unlink()
         wait_for(lambda: rules.metrics.poll_errors == 1, "the missing file seen")
         assert rules.document.prefix == prefix + "b:" and rules.check({"ip": "f"})
+
+
+def test_globs_take_linear_time_on_hostile_paths() -> None:
+    from redis_rl.rules_doc import glob
+
+    g = glob("*a*a*a*a*a*a*b")
+    assert not g.fullmatch("a" * 20_000)  # a backtracking regex would never return
+    assert g.fullmatch("a" * 20_000 + "b")
+    assert glob("/v1/search/*").fullmatch("/v1/search/") and glob("a?c*").fullmatch("abc")
+    assert glob("*x*y").fullmatch("axxzy") and not glob("*x*y").fullmatch("axyz")
+    assert glob("").fullmatch("") and not glob("").fullmatch("a") and glob("*").fullmatch("")
+    assert glob("a.b").fullmatch("a.b") and not glob("a.b").fullmatch("axb")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Pattern, Sequence, Set, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 
 import yaml
 
@@ -68,20 +68,55 @@ class RulesError(ValueError):
         )
 
 
-def glob(pattern: str) -> Pattern[str]:
+class Glob:
     """``*`` any run of characters (``/`` included), ``?`` one character, the rest literal
-    (the Rust client's matcher is the same)."""
-    parts = []
-    for ch in pattern:
-        parts.append(".*" if ch == "*" else "." if ch == "?" else re.escape(ch))
-    return re.compile("".join(parts), re.DOTALL)
+    (the Rust client's matcher is the same). Matching takes time linear in the text times
+    the pattern at worst: a regex would backtrack exponentially on ``*a*a*a*b`` against a
+    long attacker-chosen path."""
+
+    __slots__ = ("literal", "pattern", "prefix")
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        wild = "*" in pattern or "?" in pattern
+        self.literal = None if wild else pattern
+        body = pattern[:-1]
+        self.prefix = (
+            body if pattern.endswith("*") and "*" not in body and "?" not in body else None
+        )
+
+    def fullmatch(self, text: str) -> bool:
+        if self.literal is not None:
+            return text == self.literal
+        if self.prefix is not None:
+            return text.startswith(self.prefix)
+        p, i, j, n, m = self.pattern, 0, 0, len(text), len(self.pattern)
+        star, mark = -1, 0
+        while i < n:
+            if j < m and (p[j] == "?" or (p[j] != "*" and p[j] == text[i])):
+                i += 1
+                j += 1
+            elif j < m and p[j] == "*":
+                star, mark = j, i
+                j += 1
+            elif star >= 0:
+                j = star + 1
+                mark += 1
+                i = mark
+            else:
+                return False
+        return all(c == "*" for c in p[j:])
+
+
+def glob(pattern: str) -> Glob:
+    return Glob(pattern)
 
 
 @dataclass(frozen=True)
 class Layer:
     name: str
     #: ``(attribute, globs)``: every attribute must match one of its globs.
-    match: Tuple[Tuple[str, Tuple[Pattern[str], ...]], ...]
+    match: Tuple[Tuple[str, Tuple[Glob, ...]], ...]
     key: str
     #: The attributes ``key`` names, in order.
     fields: Tuple[str, ...]
@@ -330,7 +365,7 @@ def _layer(
         bad((*path, "shadow"), "true or false")
         ok = False
     match = raw.get("match", {})
-    compiled: List[Tuple[str, Tuple[Pattern[str], ...]]] = []
+    compiled: List[Tuple[str, Tuple[Glob, ...]]] = []
     if match is None:
         match = {}
     if not isinstance(match, dict):
