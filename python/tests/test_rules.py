@@ -655,3 +655,20 @@ def test_globs_take_linear_time_on_hostile_paths() -> None:
     assert glob("*x*y").fullmatch("axxzy") and not glob("*x*y").fullmatch("axyz")
     assert glob("").fullmatch("") and not glob("").fullmatch("a") and glob("*").fullmatch("")
     assert glob("a.b").fullmatch("a.b") and not glob("a.b").fullmatch("axb")
+
+
+def test_no_layer_applies_is_a_grant_without_a_call(server: Server, prefix: str) -> None:
+    text = (
+        f"prefix: '{prefix}'\nlayers:\n"
+        "  - {name: admin, match: {path: '/admin/*'}, key: 'ip:{ip}', limit: 1/day}\n"
+        "  - {name: trial, key: 'ip:{ip}', limit: 1/day, shadow: true}\n"
+    )
+    rules = Rules.from_text(server.client(), text)
+    for _ in range(3):
+        d = rules.check({"ip": "n", "path": "/public"})
+        assert d.granted and d.layer is None and d.source.value == "server" and d.headers() == {}
+    assert rules.metrics.fail_open == 0
+    assert [x.shadow_denied for x in [rules.check({"ip": "m"}), rules.check({"ip": "m"})]] == [
+        (),
+        ("trial",),
+    ]

@@ -366,6 +366,8 @@ class _Engine:
     # deciding
 
     def groups(self, client: Any, buckets: Sequence[Bucket]) -> List[List[Bucket]]:
+        if not buckets:
+            return []
         slot = getattr(client, "keyslot", None)
         if slot is None or len(buckets) < 2:
             return [list(buckets)]
