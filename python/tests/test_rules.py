@@ -19,6 +19,7 @@ import redis.asyncio as aredis
 import yaml
 from conftest import REPO, Server, peek_fields, wait_for
 from test_cluster import cluster  # noqa: F401  (the fixture)
+from test_functions import fserver  # noqa: F401  (the fixture)
 
 from redis_rl import AsyncRules, Rules, RulesError, parse_document
 from redis_rl._protocol import parse_peek
@@ -672,3 +673,32 @@ def test_no_layer_applies_is_a_grant_without_a_call(server: Server, prefix: str)
         (),
         ("trial",),
     ]
+
+
+def test_rules_over_the_functions_library(fserver: Server) -> None:  # noqa: F811
+    text = doc_text("fn:", "2/day") + "  - {name: user, key: 'user:{user}', limit: '1/day'}\n"
+    rules = Rules.from_text(fserver.client(), text)  # auto: no module, the library
+    assert rules.check({"ip": "a", "user": "u"})
+    d = rules.check({"ip": "a", "user": "u"})
+    assert (d.granted, d.layer) == (False, "user")
+    d = rules.check({"ip": "a", "user": "v"})
+    assert d.granted and d.layer in ("ip", "user")
+    assert not rules.check({"ip": "a", "user": "w"}) and rules.metrics.fail_open == 0
+
+
+def test_one_round_trip_per_check_on_one_server(own_server: Server) -> None:
+    r = own_server.client()
+    rules = Rules.from_text(r, small_seed("o:"), backend="module")
+    r.execute_command("CONFIG", "RESETSTAT")
+    d = rules.check(attrs("10.2.0.1", "p", "premium", "/v1/search/q"))  # 3 layers, 4 buckets
+    stats = r.info("commandstats")
+    assert (
+        d.granted
+        and len(plan(rules.document, attrs("10.2.0.1", "p", "premium", "/v1/search/q"))) == 3
+    )
+    calls = {
+        k: v["calls"]
+        for k, v in stats.items()
+        if k not in ("cmdstat_info", "cmdstat_config|resetstat")
+    }
+    assert calls == {"cmdstat_rl.mtake": 1}, calls
