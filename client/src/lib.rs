@@ -45,6 +45,7 @@ mod permit;
 mod prefetch;
 mod protocol;
 pub mod rules;
+mod rules_doc;
 mod share;
 mod share_state;
 
