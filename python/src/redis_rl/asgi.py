@@ -156,7 +156,7 @@ class RateLimitMiddleware:
                     "RateLimitMiddleware needs client= (redis.asyncio), limiter= or rules="
                 )
             if cap is None and not isinstance(rate, str):
-                cap = 2 * rate  # the old defaults: 10/s, bursts of 20
+                cap = 20.0  # the default burst when rate is a number
             chosen = policy if policy is not None else (ALLOW if fail_open else DENY)
             limiter = AsyncLimiter(
                 client,

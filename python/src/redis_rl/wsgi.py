@@ -60,7 +60,7 @@ def _limiter(
     if client is None:
         raise ValueError("needs client= (a redis.Redis) or limiter=")
     if cap is None and not isinstance(rate, str):
-        cap = 2 * rate  # the old defaults: 10/s, bursts of 20
+        cap = 20.0  # the default burst when rate is a number
     chosen = policy if policy is not None else (ALLOW if fail_open else DENY)
     return Limiter(
         client,
