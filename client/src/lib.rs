@@ -41,12 +41,15 @@ mod jitter;
 mod keyed;
 mod lazy;
 mod limiter;
+pub mod limits;
 mod meter;
 mod metrics;
 mod permit;
 mod pin;
 mod prefetch;
 mod protocol;
+pub mod rules;
+mod rules_doc;
 mod share;
 mod share_state;
 
@@ -58,11 +61,13 @@ pub use error::Error;
 pub use keyed::KeyedPrefetcher;
 pub use lazy::{LazyConfig, LazyConnection};
 pub use limiter::Limiter;
+pub use limits::{parse_limit, parse_limits, LimitSpec, LimitStringError};
 pub use metrics::{Metrics, MetricsSnapshot, LATENCY_BUCKETS_US};
 pub use permit::{Busy, Permit, Semaphore};
 pub use pin::{PinInfo, PinKind, PinSpec};
 pub use prefetch::PrefetchLimiter;
 pub use rl_core::{Limit, LimitError};
+pub use rules::{RuleDecision, Rules, RulesConfig, RulesError};
 pub use share::{ShareConfig, ShareInfo, ShareLimiter};
 
 /// The redis crate this client is built on, for building connections of the same version.

@@ -28,9 +28,9 @@ from conftest import FUNCTIONS_LUA, REPO, Server, _check_setup, free_port
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from redis_rl import Metrics
+from redis_rl import Metrics, RulesMetrics
 from redis_rl.exporter import RlCollector, parse_listen
-from redis_rl.prometheus import register
+from redis_rl.prometheus import register, register_rules
 
 DEPLOY = REPO / "deploy"
 RULES = DEPLOY / "prometheus" / "rules.yml"
@@ -313,7 +313,7 @@ def test_rules_check_and_unit_tests() -> None:
     promtool = need("promtool")
     out = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 5 rules found" in out.stdout
+    assert "SUCCESS: 7 rules found" in out.stdout
     out = subprocess.run(
         [promtool, "test", "rules", RULES_TEST.name],
         capture_output=True,
@@ -443,6 +443,9 @@ def test_prometheus_scrapes_the_exporter_and_runs_the_dashboard_and_rules(
     metrics = Metrics()
     register(metrics, registry)  # a Python client's counters, default names
     metrics.decided(True, 1, fallback=True)
+    rules_metrics = RulesMetrics()  # a rules engine's, version 1 in force
+    rules_metrics.version = 1
+    register_rules(rules_metrics, registry)
     app_port = free_port()
     app_server, _ = start_http_server(app_port, addr="127.0.0.1", registry=registry)
     prometheus = None
@@ -474,7 +477,7 @@ def test_prometheus_scrapes_the_exporter_and_runs_the_dashboard_and_rules(
             assert body["data"]["result"], f"dashboard panel {title!r} has no data: {expr}"
         # Each rule's expression is valid PromQL, and every series it reads exists.
         rule_exprs = re.findall(r"expr: \|?\n?((?:\s{10}.*\n)+|.*\n)", RULES.read_text())
-        assert len(rule_exprs) == 5
+        assert len(rule_exprs) == 7
         for expr in rule_exprs:
             assert p.query(expr)["status"] == "success", expr
             # Names given as a regex (the clients' spellings): one of them must exist.

@@ -94,7 +94,7 @@ def test_milliseconds_names_still_work_with_a_warning(server: Server, key: str) 
         ("10/5 seconds", 2.0, 10.0),
         ("2/day", 2 / 86400, 2.0),
         ("5/minute, burst 10", 5 / 60, 10.0),
-        ("5/minute;20", 5 / 60, 20.0),
+        ("5/minute;burst 20", 5 / 60, 20.0),
         ("3/s", 3.0, 3.0),
     ],
 )
@@ -103,7 +103,9 @@ def test_parse_limit(text: str, rate: float, cap: float) -> None:
     assert got == pytest.approx((rate, cap))
 
 
-@pytest.mark.parametrize("text", ["", "5", "5/fortnight", "0/second", "-1/second", "x/second"])
+@pytest.mark.parametrize(
+    "text", ["", "5", "5/fortnight", "0/second", "-1/second", "x/second", "5/minute;20", "5/ms"]
+)
 def test_parse_limit_refuses_what_it_cannot_read(text: str) -> None:
     with pytest.raises(ValueError, match="limit"):
         parse_limit(text)

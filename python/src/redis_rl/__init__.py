@@ -9,6 +9,8 @@
 - :class:`ShareLimiter` / :class:`AsyncShareLimiter`: a share of a key's rate (``RL.SHARE``),
   spent from a local bucket and refreshed in the background: takes never wait for Redis.
 - :func:`permit` / :func:`apermit`: a concurrency limit over ``RL.ACQUIRE``.
+- :class:`Rules` / :class:`AsyncRules`: layered limits from one document in Redis,
+  followed live (docs/rules.md; ``python -m redis_rl rules ...``).
 - Middleware: :mod:`redis_rl.asgi` (Starlette/FastAPI) and :mod:`redis_rl.wsgi` (Flask/WSGI).
 - Pins (:mod:`redis_rl.pins`): ``Limiter.pin`` / ``unpin`` / ``pinned``, an operator's
   limit on one key that every client's calls obey (``RL.PIN``).
@@ -28,7 +30,7 @@ from ._protocol import (
     ReserveReply,
     TakeReply,
 )
-from .config import LimiterConfig, parse_limit
+from .config import LimiterConfig
 from .decision import Decision, Source
 from .errors import (
     BackendNotFound,
@@ -39,11 +41,15 @@ from .errors import (
     ServerError,
 )
 from .limiter import AsyncLimiter, Limiter, amtake, mtake
+from .limits import Limit, parse_limit, parse_limits
 from .metrics import Metrics
+from .multi import AsyncMultiLimiter, MultiLimiter
 from .permit import Permit, apermit, permit
 from .pins import PinInfo, PinSpec
 from .policy import ALLOW, DENY, LAST_KNOWN, FailurePolicy
 from .prefetch import AsyncPrefetchLimiter, PrefetchLimiter
+from .rules import AsyncRules, RuleDecision, Rules, RulesMetrics
+from .rules_doc import RulesError, parse_document
 from .share import AsyncShareLimiter, ShareInfo, ShareLimiter
 
 __version__ = "0.1.0"
@@ -56,17 +62,21 @@ __all__ = [
     "LAST_KNOWN",
     "MODULE",
     "AsyncLimiter",
+    "AsyncMultiLimiter",
     "AsyncPrefetchLimiter",
+    "AsyncRules",
     "AsyncShareLimiter",
     "Backend",
     "BackendNotFound",
     "Decision",
     "FailurePolicy",
     "LeaseReply",
+    "Limit",
     "Limiter",
     "LimiterConfig",
     "MTakeReply",
     "Metrics",
+    "MultiLimiter",
     "PeekReply",
     "Permit",
     "PinInfo",
@@ -77,6 +87,10 @@ __all__ = [
     "ProtocolError",
     "RedisRLError",
     "ReserveReply",
+    "RuleDecision",
+    "Rules",
+    "RulesError",
+    "RulesMetrics",
     "ServerError",
     "ShareInfo",
     "ShareLimiter",
@@ -86,6 +100,8 @@ __all__ = [
     "amtake",
     "apermit",
     "mtake",
+    "parse_document",
     "parse_limit",
+    "parse_limits",
     "permit",
 ]

@@ -1,5 +1,5 @@
 """The settings every limiter has, in one object (as the Rust client's ``LimiterConfig``),
-and the limit-string parser.
+and the limit-string parser (:mod:`redis_rl.limits`).
 
 Durations are in seconds (floats), as the standard library and redis-py take them.
 """
@@ -7,12 +7,12 @@ Durations are in seconds (floats), as the standard library and redis-py take the
 from __future__ import annotations
 
 import dataclasses
-import re
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional
 
 from ._protocol import Backend
+from .limits import parse_limit as parse_limit  # its old home, kept importable
 from .metrics import Metrics
 from .policy import ALLOW, FailurePolicy
 
@@ -121,42 +121,3 @@ def configure(
             raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}")
     base = config if config is not None else LimiterConfig()
     return dataclasses.replace(base, **changes) if changes else base
-
-
-_UNITS = {
-    "s": 1.0,
-    "sec": 1.0,
-    "second": 1.0,
-    "m": 60.0,
-    "min": 60.0,
-    "minute": 60.0,
-    "h": 3600.0,
-    "hour": 3600.0,
-    "d": 86_400.0,
-    "day": 86_400.0,
-}
-_LIMIT = re.compile(
-    r"^\s*(?P<count>\d+(?:\.\d+)?)\s*(?:/|per)\s*(?P<every>\d+(?:\.\d+)?)?\s*"
-    r"(?P<unit>[a-z]+?)s?\s*(?:[,;]\s*(?:burst\s*)?(?P<burst>\d+(?:\.\d+)?)\s*)?$",
-    re.IGNORECASE,
-)
-
-
-def parse_limit(text: str) -> Tuple[float, float]:
-    """``(rate, cap)`` from a limit string as ``limits`` and ``slowapi`` write them:
-    ``"1000/second"``, ``"5/minute"``, ``"100 per hour"``, ``"10/5 seconds"``, with an
-    optional burst (``"5/minute, burst 10"`` or ``"5/minute;10"``). ``rate`` is tokens per
-    second; ``cap`` the burst, by default the count (a full window's worth)."""
-    m = _LIMIT.match(text)
-    unit = _UNITS.get(m.group("unit").lower()) if m else None
-    if m is None or unit is None:
-        raise ValueError(
-            f"not a limit: {text!r} (write it as '1000/second', '5/minute', '100 per hour', "
-            "'10/5 seconds', optionally ', burst 20')"
-        )
-    count = float(m.group("count"))
-    every = float(m.group("every") or 1) * unit
-    if count <= 0 or every <= 0:
-        raise ValueError(f"not a limit: {text!r} (the count and the period must be positive)")
-    burst = float(m.group("burst")) if m.group("burst") else count
-    return count / every, burst

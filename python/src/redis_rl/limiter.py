@@ -10,7 +10,18 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Awaitable, Callable, List, Optional, Protocol, Sequence, Tuple, cast
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+)
 
 import redis.exceptions
 
@@ -33,6 +44,7 @@ from ._call import (
 from .config import LimiterConfig, configure
 from .decision import Decision, Source
 from .errors import ProtocolError, ServerError
+from .limits import rate_cap
 from .metrics import Metrics
 from .policy import Fallback, Health
 from .types import AsyncClient, SyncClient
@@ -87,7 +99,8 @@ class _Bucket:
     module's and the prefetching one's): the limit, the backend, counters, health and the
     failure policy's local bucket."""
 
-    def __init__(self, key: str, rate: float, cap: float, config: LimiterConfig) -> None:
+    def __init__(self, key: str, rate: Any, cap: Any, config: LimiterConfig) -> None:
+        rate, cap = rate_cap(rate, cap)  # a limit string ("5/minute") in rate, cap None
         check_limit(rate, cap)
         p.check_version(config.version)
         self.config = config
@@ -120,7 +133,7 @@ class _Bucket:
 class _LimiterCore(_Bucket):
     """State shared by the sync and asyncio limiters: limit, policy, health, counters."""
 
-    def __init__(self, key: str, rate: float, cap: float, config: LimiterConfig) -> None:
+    def __init__(self, key: str, rate: Any, cap: Any, config: LimiterConfig) -> None:
         super().__init__(key, rate, cap, config)
         self.policy = config.policy
         self._args: dict[Tuple[str, int], p.Args] = {}
@@ -262,8 +275,8 @@ class Limiter(_Base):
         self,
         client: SyncClient,
         key: str,
-        rate: float,
-        cap: float,
+        rate: Union[float, str],
+        cap: Optional[float] = None,
         *,
         config: Optional[LimiterConfig] = None,
         **options: Any,
@@ -463,8 +476,8 @@ class AsyncLimiter(_Base):
         self,
         client: AsyncClient,
         key: str,
-        rate: float,
-        cap: float,
+        rate: Union[float, str],
+        cap: Optional[float] = None,
         *,
         config: Optional[LimiterConfig] = None,
         **options: Any,

@@ -26,6 +26,7 @@ FIELDS = (
     "server_errors",
     "leases_lost",
     "takes_lost",
+    "errors_let_through",
 )
 
 HELP = {
@@ -48,6 +49,7 @@ HELP = {
     "server_errors": "error replies from Redis (and malformed replies): raised, not outages",
     "leases_lost": "lease calls whose outcome is unknown, or leases neither installed nor returned",
     "takes_lost": "late grants nobody waited for that were not refunded in full",
+    "errors_let_through": "error replies a fail-open HTTP integration let the request through on",
 }
 
 
