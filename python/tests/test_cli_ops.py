@@ -26,6 +26,17 @@ def url(server: Server) -> List[str]:
     return ["--redis-url", f"redis://127.0.0.1:{server.port}/0"]
 
 
+def test_python_m_redis_rl_runs_the_operator_commands(
+    server: Server, key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from redis_rl.__main__ import main
+
+    assert main(["pin", key, "--block", *url(server)]) == 0
+    assert main(["pinned", key, *url(server)]) == 0
+    assert "block" in capsys.readouterr().out
+    assert main(["unpin", key, *url(server)]) == 0
+
+
 def test_rates_and_durations_parse() -> None:
     assert _parse_rate("500/s") == (500.0, 500.0)
     assert _parse_rate("100/minute") == (100 / 60, 100.0)
@@ -102,7 +113,7 @@ def test_top_lists_the_keys_denied_most(own_server: Server) -> None:
         (["pin", "k"], "give RATE (like 500/s), or --block, or --exempt"),
         (["pin", "k", "500/s", "--block"], "not both"),
         (["pin", "k", "--exempt", "--cap", "5"], "not both"),
-        (["pin", "k", "500/fortnight"], "RATE must look like"),
+        (["pin", "k", "500/fortnight"], "is not a unit"),
         (["pin", "k", "500/s", "--cap", "0"], "--cap must be a positive number"),
         (["pin", "k", "--block", "--for", "soon"], "--for must look like"),
         (["top", "--count", "0"], "--count must be a positive integer"),

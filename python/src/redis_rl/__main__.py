@@ -1,5 +1,8 @@
-"""``python -m redis_rl rules check|apply|show|diff``: the rules document's command line.
+"""``python -m redis_rl``: the operator's command line. ``rules check|apply|show|diff``
+for the rules document; ``pin``, ``unpin``, ``pinned``, ``top`` for pins and the keys
+denied most (see ``redis_rl.cli_ops``).
 
+    python -m redis_rl pin partner:acme 500/s --for 10m --redis-url redis://localhost:6379
     python -m redis_rl rules check rules.yaml
     python -m redis_rl rules apply rules.yaml --redis-url redis://localhost:6379
     python -m redis_rl rules show --redis-url redis://localhost:6379
@@ -43,6 +46,11 @@ def _report(path: str, e: RulesError) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in and args_in[0] in ("pin", "unpin", "pinned", "top"):
+        from . import cli_ops
+
+        return cli_ops.main(args_in)
     ap = argparse.ArgumentParser(prog="python -m redis_rl", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="area", required=True)
     rules = sub.add_parser("rules", help="the rules document (docs/rules.md)")

@@ -27,7 +27,7 @@ from typing import Any, Callable, List, Optional, Sequence, TextIO, Tuple, cast
 import redis
 
 from . import _protocol as p
-from . import pins
+from . import limits, pins
 
 DEFAULT_URL = "redis://localhost:6379/0"
 
@@ -65,17 +65,9 @@ def _unit(name: str) -> Optional[float]:
 
 # The lead replaces this with redis_rl.limits (the one limit-string parser) at merge.
 def _parse_rate(text: str) -> Tuple[float, float]:
-    """``COUNT/[N]UNIT`` (``500/s``, ``100/minute``, ``30/10s``, ``5000/hour``) as
-    ``(tokens per second, COUNT)``."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*/\s*([0-9]*\.?[0-9]*)\s*([a-zA-Z]+)\s*", text)
-    seconds = _unit(m.group(3)) if m else None
-    if m is None or seconds is None:
-        raise ValueError(f"RATE must look like 500/s, 100/minute or 30/10s, not {text!r}")
-    count = float(m.group(1))
-    window = float(m.group(2)) * seconds if m.group(2) else seconds
-    if not (count > 0 and window > 0 and math.isfinite(count)):
-        raise ValueError(f"RATE must be a positive count per a positive time: {text!r}")
-    return count / window, count
+    """A limit string (``500/s``, ``100/minute``, ``30/10s``, ``500/s, burst 50``), read
+    by the package's one parser, as ``(tokens per second, its count or burst)``."""
+    return limits.parse_limit(text)
 
 
 def _parse_duration(text: str) -> float:
