@@ -29,13 +29,16 @@ RATE, CAP = 1000.0, 1000.0  # the partner quota: 1000 calls/s, burst 1000
 BATCH, TTL_MS = 20, 2000  # PrefetchLimiter
 MAX_WAIT_MS = 100  # RL.RESERVE pacing budget
 PERIOD_MS = 1000  # ShareLimiter refresh period
+PIN_RATE = 500.0  # mid-trace the partner asks for this: an operator pins the shared key
 SEED = 20240611
 
 # The scenario. Times in seconds. Before `scale_at` 8 instances run; 3 of them carry 84 %
 # of the demand. At `scale_at` the autoscaler (reacting to the saturated hot instances)
 # adds 8 more; the hot 3 keep their long-lived connections and 48 % of the demand.
-FULL = dict(duration=12.0, warmup=2.0, scale_at=5.0, kill_at=0.5, stop_at=8.0, stop_for=2.0)
-SMOKE = dict(duration=2.0, warmup=0.5, scale_at=1.0, kill_at=None, stop_at=None, stop_for=0.0)
+FULL = dict(duration=12.0, warmup=2.0, scale_at=5.0, kill_at=0.5, stop_at=8.0, stop_for=2.0,
+            pin_at=7.0)
+SMOKE = dict(duration=2.0, warmup=0.5, scale_at=1.0, kill_at=None, stop_at=None, stop_for=0.0,
+             pin_at=1.0)
 BASE, EXTRA = 8, 8
 HOT = [0, 1, 2]
 DEMAND_BEFORE = {i: (700.0 if i in HOT else 80.0) for i in range(BASE)}  # 2500/s
@@ -133,6 +136,14 @@ def runs_for(smoke):
         ("share", f"(g) RL.SHARE rate shares, period {PERIOD_MS / 1000:g} s (ShareLimiter)",
          ["--approach", "share", "--period-ms", str(PERIOD_MS)], "share"),
     ]
+    # The partner asks for 500/s mid-trace: `RL.PIN` on the shared key, no redeploy. Share
+    # keys cannot be pinned yet (docs/commands.md), so (g) has no such row.
+    runs.append(("pin_take", f"(h) {PIN_RATE:g}/s pinned mid-trace, RL.TAKE per call (Limiter)",
+                 ["--approach", "take"], "pin"))
+    if not smoke:
+        runs.append(("pin_prefetch",
+                     f"(h) {PIN_RATE:g}/s pinned mid-trace, RL.LEASE batch {BATCH} (PrefetchLimiter)",
+                     ["--approach", "prefetch"], "pin"))
     if not smoke:
         for pol, label in (("allow", "Allow (instances=8)"), ("lastknown", "LastKnown"), ("deny", "Deny")):
             runs.append((f"fail_{pol}", f"(f) lease death + Redis stopped 2 s, {label}",
@@ -253,7 +264,33 @@ def analyse(name, label, kind, meta, events, samples, sc):
         res["failure"] = failure_details(meta, events, samples, sends, sc)
     if kind in ("share", "share_failure"):
         res["shares"] = share_details(meta, sc, res.get("failure"))
+    if kind == "pin":
+        res["pin"] = pin_details(meta, sends, dur)
     return res
+
+
+def pin_details(meta, sends, dur):
+    """After the operator's pin at `pinned_s`: how long until every later 1 s window holds
+    at most the pinned rate (5 % and one call of slack: the last lease or two still being
+    spent), the rate after it, and the bound the pin sets: sends since the pin <=
+    pinned cap (its tokens carried over) + pinned rate * t."""
+    at = meta["pinned_us"] / 1e6
+    rate = meta["pin_rate"]
+    n = lambda lo, hi: bisect.bisect_left(sends, hi) - bisect.bisect_left(sends, lo)
+    # Windows start every 10 ms from the pin to the last full second of the run.
+    starts = [at + k / 100 for k in range(int(max(0.0, dur - 1.0 - at) * 100) + 1)]
+    over = [x for x in starts if n(x, x + 1.0) > rate * 1.05 + 1]
+    settled = (max(over) + 0.01 - at) if over else 0.0
+    after = [s for s in sends if s >= at]
+    worst = max(((k + 1) - (rate + rate * (s - at)) for k, s in enumerate(after)), default=0.0)
+    return {
+        "pinned_s": round(at, 3),
+        "rate": rate,
+        "settled_s": round(settled, 2),
+        "rate_after": round(n(at + 1.0, dur) / (dur - at - 1.0), 1) if dur - at > 1.0 else None,
+        "max_1s_after": max((n(x, x + 1.0) for x in starts), default=0),
+        "bound_excess": worst,
+    }
 
 
 def fair_shares(demand, rate):
@@ -407,6 +444,8 @@ def main():
             if kind in ("failure", "share_failure"):
                 cmd += ["--kill-at", str(sc["kill_at"]), "--stop-at", str(sc["stop_at"]),
                         "--stop-for", str(sc["stop_for"])]
+            if kind == "pin":
+                cmd += ["--pin-at", str(sc["pin_at"]), "--pin-rate", str(PIN_RATE)]
             t = time.time()
             subprocess.run(cmd, check=True, timeout=sc["duration"] + 60)
             meta, events, samples = load_run(prefix)
@@ -457,7 +496,15 @@ def check(results, smoke):
             # rate*t, plus a token of rounding per holder.
             if r["bound_excess"] > inst + 1:
                 bad.append(f"{r['name']}: let out {r['bound_excess']:.1f} over cap + rate*t + holders")
-        if r["kind"] in ("central", "lease", "share") and r["sent_total"] == 0:
+        elif r["kind"] == "pin":
+            # Before the pin the quota's bound; after it the pin's: its cap (tokens carried
+            # over) + its rate * t, plus two batches per instance for leases in hand.
+            p = r["pin"]
+            slack = 1.0 if "take" in r["name"] else 2 * BATCH * inst + 1.0
+            if r["bound_excess"] > slack or p["bound_excess"] > slack:
+                bad.append(f"{r['name']}: let out {r['bound_excess']:.1f} over the quota's bound, "
+                           f"{p['bound_excess']:.1f} over the pin's")
+        if r["kind"] in ("central", "lease", "share", "pin") and r["sent_total"] == 0:
             bad.append(f"{r['name']}: nothing sent")
     return bad
 

@@ -28,7 +28,7 @@ def smooth_1s(series):
     return out
 
 
-def plot_partner(results, runs, path, title, failure=False):
+def plot_partner(results, runs, path, title, failure=False, pin=False):
     sc = results["scenario"]
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.9 * len(runs) + 0.6), sharex=True, squeeze=False)
     for ax, r in zip(axes[:, 0], runs):
@@ -37,6 +37,11 @@ def plot_partner(results, runs, path, title, failure=False):
         ax.plot(t, [v * 10 for v in s], color="0.75", lw=0.8, label="per 100 ms (×10)")
         ax.plot([i / 10 + 0.1 for i in range(len(s))], smooth_1s(s), color="C0", lw=1.6, label="last 1 s")
         ax.axhline(RATE, color="red", ls="--", lw=1.2, label="quota 1000/s")
+        if pin and "pin" in r:
+            p = r["pin"]
+            ax.axvline(p["pinned_s"], color="purple", ls="-.", lw=1, label="RL.PIN")
+            ax.hlines(p["rate"], p["pinned_s"], sc["duration"], color="purple", ls="--", lw=1.2,
+                      label=f"pinned {p['rate']:g}/s")
         ax.axvline(sc["scale_at"], color="0.3", ls=":", lw=1)
         ax.axvspan(0, sc["warmup"], color="0.93")
         if failure and "failure" in r:
@@ -54,7 +59,7 @@ def plot_partner(results, runs, path, title, failure=False):
         ax.set_ylabel("calls/s")
         ax.set_title(r["label"], fontsize=9, loc="left")
         ax.grid(alpha=0.3)
-    if failure:
+    if failure or pin:
         axes[-1, 0].legend(fontsize=7, loc="upper center", ncol=3)
     else:
         axes[0, 0].legend(fontsize=7, loc="upper right", ncol=3)
@@ -147,7 +152,12 @@ def write_all(results, root):
     with open(os.path.join(d, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     runs = [r for r in results["runs"] if r["available"]]
-    main = [r for r in runs if r["kind"] not in ("failure", "share_failure")]
+    main = [r for r in runs if r["kind"] not in ("failure", "share_failure", "pin")]
+    pinned = [r for r in runs if r["kind"] == "pin"]
+    if pinned:
+        plot_partner(results, pinned, os.path.join(d, "pins.png"),
+                     f"The partner asks for {pinned[0]['pin']['rate']:g}/s at "
+                     f"{pinned[0]['pin']['pinned_s']:.1f} s: RL.PIN on the shared key", pin=True)
     fail = [r for r in runs if r["kind"] == "failure"]
     share_fail = [r for r in runs if r["kind"] == "share_failure"]
     share = by_name(results).get("share")
@@ -179,7 +189,7 @@ def main_table(results):
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results["runs"]:
-        if r["kind"] in ("failure", "share_failure"):
+        if r["kind"] in ("failure", "share_failure", "pin"):
             continue
         if not r["available"]:
             rows.append(f"| {r['label']} | not available in this build (the server does not know the command) "
@@ -431,6 +441,28 @@ starting from an empty bucket.
 ![share failures](incident/share_failures.png)
 
 {share_failure_table(results)}
+"""
+    pins = [r for r in results["runs"] if r["kind"] == "pin" and r["available"]]
+    if pins:
+        rows = ["| approach | pinned at | until every 1 s window ≤ the pin | rate after | max in any 1 s after | worst of sent − (pin cap + pin rate × t) |",
+                "|---|---:|---:|---:|---:|---:|"]
+        for r in pins:
+            p = r["pin"]
+            rows.append(f"| {r['label']} | {p['pinned_s']:.2f} s | {p['settled_s']:.2f} s | "
+                        f"{f0(p['rate_after'])}/s | {f0(p['max_1s_after'])} | {f1(p['bound_excess'])} |")
+        out += f"""
+## (h) The partner asks for {pins[0]['pin']['rate']:g}/s: a pin, no redeploy
+
+Mid-trace the partner asks for {pins[0]['pin']['rate']:g}/s. An operator runs
+`RL.PIN incident:partner {pins[0]['pin']['rate']:g} {pins[0]['pin']['rate']:g}` (or `python -m redis_rl pin
+incident:partner {pins[0]['pin']['rate']:g}/s`); the instances keep sending their own limit, 1000/s, and
+the key decides under the pin from its next call. A caller of `RL.TAKE` sees it at once; a
+prefetching instance spends the lease it holds first (at most a batch or two per instance).
+`RL.SHARE` keys cannot be pinned yet, so (g) has no such row.
+
+![pins](incident/pins.png)
+
+{chr(10).join(rows)}
 """
     out += f"""
 ## Reproduce

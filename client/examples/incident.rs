@@ -13,6 +13,7 @@
 //!   --policy allow|lastknown|deny  failure policy of take/prefetch (allow uses --share)
 //!   --kill-instance I --kill-at S  instance I stops at S holding its lease (never returned)
 //!   --stop-at S --stop-for S       SIGSTOP redis-server at S, SIGCONT after
+//!   --pin-at S --pin-rate R        at S an operator pins the shared key to R/s, cap R (RL.PIN)
 //! ```
 //!
 //! Writes PREFIX.events.csv (one line per arrival), PREFIX.samples.jsonl (server counters
@@ -57,6 +58,9 @@ struct Args {
     kill_instance: Option<String>,
     kill_at: f64,
     stop_at: Option<f64>,
+    /// When an operator pins the shared key (`RL.PIN KEY rate rate`), and to what rate.
+    pin_at: Option<f64>,
+    pin_rate: f64,
     stop_for: f64,
     lua: String,
     duration: f64,
@@ -82,6 +86,8 @@ fn parse_args() -> Res<Args> {
         kill_instance: None,
         kill_at: f64::INFINITY,
         stop_at: None,
+        pin_at: None,
+        pin_rate: 0.0,
         stop_for: 2.0,
         lua: "scripts/token_bucket.lua".into(),
         duration: 0.0,
@@ -109,6 +115,8 @@ fn parse_args() -> Res<Args> {
             "--kill-instance" => a.kill_instance = Some(v),
             "--kill-at" => a.kill_at = v.parse()?,
             "--stop-at" => a.stop_at = Some(v.parse()?),
+            "--pin-at" => a.pin_at = Some(v.parse()?),
+            "--pin-rate" => a.pin_rate = v.parse()?,
             "--stop-for" => a.stop_for = v.parse()?,
             "--lua" => a.lua = v,
             "--duration" => a.duration = v.parse()?,
@@ -531,6 +539,22 @@ async fn run(args: Args) -> Res<()> {
         })
     });
 
+    // The partner asks for less: an operator pins the shared key, no instance redeploys.
+    let pin_task = args.pin_at.map(|at| {
+        let (url, rate) = (args.redis.clone(), args.pin_rate);
+        tokio::spawn(async move {
+            tokio::time::sleep_until((t0 + Duration::from_secs_f64(at)).into()).await;
+            let mut c = connect(&url).await?;
+            let _: () = redis::cmd("RL.PIN")
+                .arg(KEY)
+                .arg(rate)
+                .arg(rate)
+                .query_async(&mut c)
+                .await?;
+            Ok::<u64, Box<dyn std::error::Error + Send + Sync>>(us(Instant::now()))
+        })
+    });
+
     // Which instance dies: fixed, or (`max`) the one holding the most tokens at kill_at.
     let dead = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
     let started: Vec<u64> = trace
@@ -700,6 +724,13 @@ async fn run(args: Args) -> Res<()> {
     if let Some(t) = stop_task {
         let (stopped, resumed) = t.await?;
         meta.push(format!("\"sigstop_us\":{stopped},\"sigcont_us\":{resumed}"));
+    }
+    if let Some(t) = pin_task {
+        let pinned = t.await?.map_err(|e| e.to_string())?;
+        meta.push(format!(
+            "\"pinned_us\":{pinned},\"pin_rate\":{}",
+            args.pin_rate
+        ));
     }
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     let samples = sampler_task.await??;
