@@ -304,6 +304,19 @@ def test_the_documented_acl_user_reads_everything(own_server: Server) -> None:
     assert no_top[("redis_rl_module_loaded", ())] == 1
 
 
+def test_the_exporter_process_runs_as_the_documented_acl_user(
+    own_server: Server, exporter_factory: Any
+) -> None:
+    """The start-up check must need nothing the documented user lacks (PING included)."""
+    r = own_server.client()
+    traffic(r)
+    r.acl_setuser("rl-exporter", enabled=True, passwords=["+secret"], commands=EXPORTER_ACL)
+    e = exporter_factory(f"redis://rl-exporter:secret@127.0.0.1:{own_server.port}")
+    s, _ = parse(e.scrape() or "")
+    assert s[("redis_rl_up", ())] == 1
+    assert s[("redis_rl_namespace_denied_total", (("namespace", "orders"),))] == 2
+
+
 def need(binary: str) -> str:
     path = shutil.which(binary)
     if path is None:

@@ -412,8 +412,10 @@ def _probe(client: Any) -> Optional[str]:
         return f"login refused ({e}): fix the user and password in --redis-url"
     except (redis.ConnectionError, redis.TimeoutError) as e:
         log.warning("cannot reach the server yet (%s); serving redis_rl_up 0 until it answers", e)
+    except redis.exceptions.NoPermissionError:
+        pass  # logged in; the exporter's user needs no PING (docs/operations.md, its ACL)
     except redis.ResponseError as e:
-        if str(e).startswith(("WRONGPASS", "NOAUTH", "NOPERM")):
+        if str(e).startswith(("WRONGPASS", "NOAUTH")):
             return f"login refused ({e}): fix the user and password in --redis-url, or the ACL"
         return f"PING failed ({e}): is --redis-url a Redis server?"
     except redis.RedisError as e:
