@@ -118,6 +118,36 @@ fn a_bad_value_at_start_is_named_in_the_log_with_its_value() {
     }
 }
 
+/// The typos Redis names only in part (an unknown rl.* name: not at all on Redis 7.0; a bad
+/// mode or yes/no: without the value): the module names the redis.conf line, the config and
+/// the value; a good config file gets no such line.
+#[test]
+fn a_typo_in_redis_conf_is_named_with_its_line_and_value() {
+    for (line, want) in [
+        (
+            "rl.modee shadow",
+            "redis.conf line 3: unknown config 'rl.modee' (value 'shadow')",
+        ),
+        (
+            "rl.mode shadw",
+            "redis.conf line 3: invalid value 'shadw' for rl.mode (accepted: enforce, shadow)",
+        ),
+        (
+            "rl.adopt-script-keys maybe",
+            "invalid value 'maybe' for rl.adopt-script-keys (accepted: yes, no)",
+        ),
+    ] {
+        // try_start_conf puts the loadmodule line first.
+        let Err(log) = Server::try_start_conf(&format!("# a comment\n{line}\n"), &[]) else {
+            panic!("{line} loaded");
+        };
+        assert!(log.contains(want), "{line}: the log lacks {want:?}:\n{log}");
+    }
+    let s = Server::try_start_conf("rl.mode SHADOW\nrl.adopt-script-keys yes\n", &[])
+        .unwrap_or_else(|log| panic!("{log}"));
+    assert!(!s.log().contains("redis-rl: redis.conf"), "{}", s.log());
+}
+
 #[test]
 fn a_bad_number_or_mode_is_refused_and_changes_nothing() {
     let s = Server::start(&[]);

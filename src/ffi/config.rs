@@ -317,6 +317,20 @@ pub fn register_configs(
             return Err(c.name);
         }
     }
+    // Redis 7.0 names no unknown rl.* config, no server a bad mode or yes/no word: the
+    // module reads the config file itself and says which line (the command line is out of
+    // reach: Redis overwrote it with its process title).
+    let file =
+        super::command::server_info_text(c"server", c"config_file", |f| f.map(str::to_string));
+    if let Some(text) = file
+        .flatten()
+        .filter(|f| !f.is_empty())
+        .and_then(|f| std::fs::read(f).ok())
+    {
+        for problem in crate::config::conf_problems(&text) {
+            super::load::log_warning(ctx, &format!("redis-rl: {problem}"));
+        }
+    }
     if rm!(RedisModule_LoadConfigs(ctx.0)) != OK {
         // Redis logged which (a value refused by its own checks or by a setter, which
         // quotes it); the load's line then reads "... the config rl.* value ...".
