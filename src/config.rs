@@ -143,6 +143,62 @@ pub fn module_args_mode(args: &[&[u8]]) -> Result<Option<Mode>, String> {
     Ok(mode)
 }
 
+/// What is wrong with the `rl.*` lines of a redis.conf text, one log line each naming the
+/// line, the config and the value: an unknown `rl.` name (Redis 7.0 names neither, and
+/// stops after the module loaded) or a word `rl.mode` / `rl.adopt-script-keys` does not take
+/// (Redis names the config, not the value). Numbers and the separator are refused, value
+/// quoted, by the configs' setters. Words are split at blanks and unquoted: close enough to
+/// Redis's own split for names and these values.
+pub fn conf_problems(text: &[u8]) -> Vec<String> {
+    let show = |b: &[u8]| String::from_utf8_lossy(&b[..b.len().min(64)]).into_owned();
+    let mut out = Vec::new();
+    for (n, line) in text.split(|&b| b == b'\n').enumerate() {
+        let words: Vec<&[u8]> = line
+            .split(|b| b.is_ascii_whitespace())
+            .filter(|w| !w.is_empty())
+            .map(|w| match w {
+                [b'"', inner @ .., b'"'] | [b'\'', inner @ .., b'\''] => inner,
+                _ => w,
+            })
+            .collect();
+        let Some((name, values)) = words.split_first() else {
+            continue;
+        };
+        let lower = name.to_ascii_lowercase();
+        let Some(short) = lower.strip_prefix(b"rl.") else {
+            continue;
+        };
+        let value = values.iter().map(|v| show(v)).collect::<Vec<_>>().join(" ");
+        let at = format!("redis.conf line {}", n + 1);
+        let Some(c) = CONFIGS.iter().find(|c| c.name.to_bytes() == short) else {
+            let known: Vec<String> = CONFIGS
+                .iter()
+                .map(|c| format!("rl.{}", c.name.to_string_lossy()))
+                .collect();
+            out.push(format!(
+                "{at}: unknown config '{}' (value '{value}'); the rl.* configs are {}",
+                show(name),
+                known.join(", ")
+            ));
+            continue;
+        };
+        let words: Vec<&[u8]> = match &c.kind {
+            Kind::Bool { .. } => vec![b"yes", b"no"],
+            Kind::Enum { names, .. } => names.iter().map(|n| n.to_bytes()).collect(),
+            Kind::Number { .. } | Kind::Bytes { .. } => continue,
+        };
+        if !matches!(values, [v] if words.iter().any(|w| v.eq_ignore_ascii_case(w))) {
+            let words: Vec<String> = words.iter().map(|w| show(w)).collect();
+            out.push(format!(
+                "{at}: invalid value '{value}' for rl.{} (accepted: {})",
+                c.name.to_string_lossy(),
+                words.join(", ")
+            ));
+        }
+    }
+    out
+}
+
 /// The mode's name, for the log and INFO.
 pub fn mode_name() -> &'static str {
     match MODE.get() {
@@ -176,5 +232,30 @@ mod tests {
             let e = module_args_mode(bad).unwrap_err();
             assert!(e.contains("accepted") || e.contains("needs a value"), "{e}");
         }
+    }
+
+    #[test]
+    fn conf_problems_name_the_line_the_config_and_the_value() {
+        let conf = b"port 6379\n# rl.nothing here\nrl.mode shadow\nRL.MODE \"Enforce\"\n\
+            rl.adopt-script-keys YES\nrl.max-namespaces 99999\nrl.modee shadow\n\
+            rl.mode shadw\nrl.adopt-script-keys maybe\nrl.mode\n";
+        let got = conf_problems(conf);
+        assert_eq!(got.len(), 4, "{got:#?}");
+        assert!(
+            got[0].starts_with("redis.conf line 7: unknown config 'rl.modee' (value 'shadow')"),
+            "{}",
+            got[0]
+        );
+        assert!(got[0].ends_with(", rl.mode"), "{}", got[0]);
+        assert_eq!(
+            got[1],
+            "redis.conf line 8: invalid value 'shadw' for rl.mode (accepted: enforce, shadow)"
+        );
+        assert_eq!(
+            got[2],
+            "redis.conf line 9: invalid value 'maybe' for rl.adopt-script-keys \
+             (accepted: yes, no)"
+        );
+        assert!(got[3].starts_with("redis.conf line 10: invalid value ''"));
     }
 }

@@ -37,6 +37,8 @@ RULES = DEPLOY / "prometheus" / "rules.yml"
 RULES_TEST = DEPLOY / "prometheus" / "rules.test.yml"
 DASHBOARD = DEPLOY / "grafana" / "redis-rl.json"
 
+EVICTION_SERIES = {"redis_rl_keys_evicted_total", "redis_rl_eviction_risk"}
+
 Samples = Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]
 
 
@@ -302,6 +304,19 @@ def test_the_documented_acl_user_reads_everything(own_server: Server) -> None:
     assert no_top[("redis_rl_module_loaded", ())] == 1
 
 
+def test_the_exporter_process_runs_as_the_documented_acl_user(
+    own_server: Server, exporter_factory: Any
+) -> None:
+    """The start-up check must need nothing the documented user lacks (PING included)."""
+    r = own_server.client()
+    traffic(r)
+    r.acl_setuser("rl-exporter", enabled=True, passwords=["+secret"], commands=EXPORTER_ACL)
+    e = exporter_factory(f"redis://rl-exporter:secret@127.0.0.1:{own_server.port}")
+    s, _ = parse(e.scrape() or "")
+    assert s[("redis_rl_up", ())] == 1
+    assert s[("redis_rl_namespace_denied_total", (("namespace", "orders"),))] == 2
+
+
 def need(binary: str) -> str:
     path = shutil.which(binary)
     if path is None:
@@ -313,7 +328,7 @@ def test_rules_check_and_unit_tests() -> None:
     promtool = need("promtool")
     out = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 7 rules found" in out.stdout
+    assert "SUCCESS: 10 rules found" in out.stdout
     out = subprocess.run(
         [promtool, "test", "rules", RULES_TEST.name],
         capture_output=True,
@@ -471,13 +486,16 @@ def test_prometheus_scrapes_the_exporter_and_runs_the_dashboard_and_rules(
         # The metrics arrive as exposed: types, labels, values.
         res = p.query('redis_rl_namespace_denied_total{namespace="orders"}')["data"]["result"]
         assert [s["value"][1] for s in res] == ["2"]
+        # A module older than the eviction fields exports no eviction series.
+        absent = set() if "rl_keys_evicted" in r.info("rl") else EVICTION_SERIES
         for title, expr in dashboard_queries():
             body = p.query(as_promql(expr))
             assert body["status"] == "success", (title, expr, body)
-            assert body["data"]["result"], f"dashboard panel {title!r} has no data: {expr}"
+            if not set(re.findall(r"\b(redis_rl_\w+)", expr)) & absent:
+                assert body["data"]["result"], f"dashboard panel {title!r} has no data: {expr}"
         # Each rule's expression is valid PromQL, and every series it reads exists.
         rule_exprs = re.findall(r"expr: \|?\n?((?:\s{10}.*\n)+|.*\n)", RULES.read_text())
-        assert len(rule_exprs) == 7
+        assert len(rule_exprs) == 10
         for expr in rule_exprs:
             assert p.query(expr)["status"] == "success", expr
             # Names given as a regex (the clients' spellings): one of them must exist.
@@ -485,11 +503,132 @@ def test_prometheus_scrapes_the_exporter_and_runs_the_dashboard_and_rules(
                 res = p.query(f'count({{__name__=~"{regex}"}})')["data"]["result"]
                 assert res, f"rules read {regex}, which nothing exposes"
             plain = re.sub(r'\{__name__=~"[^"]+"\}', "", expr)
-            for name in set(re.findall(r"\b(redis_rl_\w+)", plain)):
+            for name in set(re.findall(r"\b(redis_rl_\w+)", plain)) - absent:
                 res = p.query(f"count({name})")["data"]["result"]
                 assert res, f"rules read {name}, which nothing exposes"
     finally:
         if prometheus is not None:
             prometheus.stop()
         app_server.shutdown()
+        server.stop()
+
+
+def run_exporter(*args: str) -> subprocess.CompletedProcess[str]:
+    """The exporter as users start it, expected to stop by itself (the timeout only keeps a
+    regression, an exporter that serves instead of exiting, from hanging the suite)."""
+    return subprocess.run(
+        [sys.executable, "-m", "redis_rl.exporter", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_start_up_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    """What cannot fix itself stops the exporter with one line saying what to do (no
+    traceback), so that a service manager shows the reason and does not restart in a loop
+    around a traceback."""
+    _check_setup()
+    server = Server(tmp_path / "redis")
+    server.client().config_set("requirepass", "right")
+    port = str(server.port)
+    local = f"127.0.0.1:{free_port()}"
+    cases = [
+        (["--redis-url", "http://127.0.0.1:6379"], "bad --redis-url", "redis://"),
+        (["--redis-url", "redis://127.0.0.1:notaport"], "bad --redis-url", "notaport"),
+        (
+            ["--redis-url", f"redis://:wrong@127.0.0.1:{port}", "--listen", local],
+            "login refused",
+            "fix the user and password",
+        ),
+        (
+            ["--redis-url", f"redis://127.0.0.1:{port}", "--listen", local],
+            "login refused",
+            "fix the user and password",
+        ),
+        (  # the port is the server's own: taken
+            ["--redis-url", f"redis://:right@127.0.0.1:{port}", "--listen", f"127.0.0.1:{port}"],
+            "Address already in use",
+            "pick a free HOST:PORT with --listen",
+        ),
+        (
+            [
+                "--redis-url",
+                f"redis://:right@127.0.0.1:{port}",
+                "--listen",
+                "no.such.host.invalid:9188",
+            ],
+            "cannot listen on no.such.host.invalid:9188",
+            "check the HOST:PORT given to --listen",
+        ),
+    ]
+    try:
+        for args, what, todo in cases:
+            out = run_exporter(*args)
+            assert out.returncode == 2, (args, out.stderr)
+            assert "Traceback" not in out.stderr, (args, out.stderr)
+            lines = out.stderr.splitlines()
+            assert len(lines) == 1, (args, out.stderr)
+            assert lines[0].startswith("redis-rl-exporter: "), lines
+            assert what in lines[0] and todo in lines[0], (args, lines[0])
+            assert "wrong" not in lines[0], "the password must stay out of the log"
+    finally:
+        server.stop()
+
+
+def test_a_server_not_up_yet_is_not_fatal(exporter_factory: Any) -> None:
+    """A server down at start (started after the exporter, or restarting) is what
+    redis_rl_up 0 is for: the exporter serves and says once why it sees nothing."""
+    e = exporter_factory(f"redis://127.0.0.1:{free_port()}", "--timeout", "1")
+    assert e.proc.poll() is None
+    s, _ = parse(e.scrape() or "")
+    assert s[("redis_rl_up", ())] == 0
+
+
+def filled_server(tmp_path: Path, policy: str) -> Tuple[Server, redis.Redis]:
+    """A server with ``maxmemory`` and ``policy``, holding 200 drained buckets in namespace
+    ``ev`` (each with a TTL: its time to full), then filled with plain keys until the server
+    evicted some buckets."""
+    _check_setup()
+    server = Server(tmp_path / "redis", extra=["--maxmemory-policy", policy])
+    r = server.client()
+    if "rl_keys_evicted" not in r.info("rl"):
+        server.stop()
+        pytest.skip("this module's INFO rl has no rl_keys_evicted (older than eviction counts)")
+    for i in range(200):
+        assert r.execute_command("RL.TAKE", f"ev:{i}", 0.001, 10, 10) == 10
+    r.config_set("maxmemory", int(r.info("memory")["used_memory"]) + 1_000_000)
+    for i in range(2000):
+        try:
+            r.set(f"filler:{i}", b"x" * 10_000)
+        except redis.exceptions.OutOfMemoryError:
+            break  # volatile-*: nothing with a TTL is left to evict
+        if r.info("stats")["evicted_keys"] >= 20:
+            break
+    assert r.info("stats")["evicted_keys"] > 0, "the server evicted nothing"
+    return server, r
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-random"])
+def test_evictions_are_exported(tmp_path: Path, policy: str) -> None:
+    server, r = filled_server(tmp_path, policy)
+    try:
+        info = r.info("rl")
+        left = sum(1 for i in range(200) if r.exists(f"ev:{i}"))
+        s, types = collect(r)
+        assert types["redis_rl_keys_evicted"] == "counter"
+        assert s[("redis_rl_keys_evicted_total", ())] == info["rl_keys_evicted"] == 200 - left
+        if policy.startswith("volatile-"):  # only keys with a TTL go: all of them buckets
+            assert info["rl_keys_evicted"] == r.info("stats")["evicted_keys"] > 0
+        assert types["redis_rl_eviction_risk"] == "gauge"
+        assert s[("redis_rl_eviction_risk", ())] == info["rl_eviction_risk"] == 1
+        ns = (("namespace", "ev"),)
+        assert s[("redis_rl_namespace_evicted_total", ns)] == 200 - left
+        # CONFIG RESETSTAT zeroes it like the other counters; noeviction clears the risk.
+        r.config_resetstat()
+        r.config_set("maxmemory-policy", "noeviction")
+        s, _ = collect(r)
+        assert s[("redis_rl_keys_evicted_total", ())] == 0
+        assert s[("redis_rl_eviction_risk", ())] == 0
+    finally:
         server.stop()

@@ -62,16 +62,20 @@ fn config<'a>(privdata: *mut c_void) -> &'a Config {
 }
 
 /// Runs a setter: `OK`, or `ERR` with the refusal written where Redis reads it (Redis
-/// frees that string). A panic is a refusal too.
+/// frees that string). A panic is a refusal too. The refusal ends with the value refused,
+/// `shown`: Redis logs a bad redis.conf or command-line value with the config's name and
+/// our text only, so without it a typo in a long config would leave the operator guessing.
 fn apply(
-    r: std::thread::Result<Result<(), Refusal>>,
+    r: std::thread::Result<Result<(), String>>,
     err: *mut *mut raw::RedisModuleString,
+    shown: &str,
 ) -> c_int {
     let why = match r {
         Ok(Ok(())) => return OK,
         Ok(Err(why)) => why,
-        Err(_) => "internal error in redis-rl; the config is unchanged",
+        Err(_) => "internal error in redis-rl; the config is unchanged".to_string(),
     };
+    let why = format!("{why} (got '{shown}')");
     if !err.is_null() {
         let s = rm!(RedisModule_CreateString(
             std::ptr::null_mut(),
@@ -93,16 +97,28 @@ fn get<T>(privdata: *mut c_void, fallback: T, f: impl FnOnce(&Kind) -> Option<T>
         .unwrap_or(fallback)
 }
 
-/// Runs a setter of config `privdata` inside the guard.
+/// Runs a setter of config `privdata` inside the guard; `shown` is the value, as the
+/// refusal quotes it.
 fn set(
     privdata: *mut c_void,
     err: *mut *mut raw::RedisModuleString,
-    f: impl FnOnce(&Kind) -> Option<Result<(), Refusal>>,
+    shown: &str,
+    f: impl FnOnce(&Config) -> Option<Result<(), String>>,
 ) -> c_int {
     let r = catch_unwind(AssertUnwindSafe(|| {
-        f(&config(privdata).kind).unwrap_or(Err("a config of another kind"))
+        f(config(privdata)).unwrap_or_else(|| Err("a config of another kind".to_string()))
     }));
-    apply(r, err)
+    apply(r, err, shown)
+}
+
+/// A value as a refusal quotes it: at most 64 bytes, escaped unless printable UTF-8 (the
+/// log line must not end at a NUL or break at a newline).
+fn shown(value: &[u8]) -> String {
+    let cut = &value[..value.len().min(64)];
+    match std::str::from_utf8(cut) {
+        Ok(s) if !s.chars().any(char::is_control) => s.to_string(),
+        _ => cut.escape_ascii().to_string(),
+    }
 }
 
 unsafe extern "C" fn get_number(_: *const c_char, privdata: *mut c_void) -> c_longlong {
@@ -118,8 +134,18 @@ unsafe extern "C" fn set_number(
     privdata: *mut c_void,
     err: *mut *mut raw::RedisModuleString,
 ) -> c_int {
-    set(privdata, err, |k| match k {
-        Kind::Number { set, .. } => Some(set(val)),
+    set(privdata, err, &val.to_string(), |c| match &c.kind {
+        // Redis checks the bounds it is given itself, but its refusal names neither the
+        // value nor the redis.conf line: the configs are registered with the widest bounds
+        // and checked here.
+        Kind::Number { min, max, set, .. } => Some(if (*min..=*max).contains(&val) {
+            set(val).map_err(String::from)
+        } else {
+            Err(format!(
+                "rl.{} must be an integer from {min} to {max}",
+                c.name.to_string_lossy()
+            ))
+        }),
         _ => None,
     })
 }
@@ -137,8 +163,9 @@ unsafe extern "C" fn set_bool(
     privdata: *mut c_void,
     err: *mut *mut raw::RedisModuleString,
 ) -> c_int {
-    set(privdata, err, |k| match k {
-        Kind::Bool { set, .. } => Some(set(val != 0)),
+    let text = if val != 0 { "yes" } else { "no" };
+    set(privdata, err, text, |c| match &c.kind {
+        Kind::Bool { set, .. } => Some(set(val != 0).map_err(String::from)),
         _ => None,
     })
 }
@@ -156,10 +183,23 @@ unsafe extern "C" fn set_enum(
     privdata: *mut c_void,
     err: *mut *mut raw::RedisModuleString,
 ) -> c_int {
-    set(privdata, err, |k| match k {
-        Kind::Enum { set, .. } => Some(set(val)),
+    let name = match &config(privdata).kind {
+        Kind::Enum { names, values, .. } => values
+            .iter()
+            .position(|v| *v == val)
+            .and_then(|i| names.get(i))
+            .map(|n| n.to_string_lossy().into_owned()),
         _ => None,
-    })
+    };
+    set(
+        privdata,
+        err,
+        &name.unwrap_or_else(|| val.to_string()),
+        |c| match &c.kind {
+            Kind::Enum { set, .. } => Some(set(val).map_err(String::from)),
+            _ => None,
+        },
+    )
 }
 
 /// The string each string getter last returned: Redis copies it and leaves it to the
@@ -196,8 +236,9 @@ unsafe extern "C" fn set_bytes(
     privdata: *mut c_void,
     err: *mut *mut raw::RedisModuleString,
 ) -> c_int {
-    set(privdata, err, |k| match k {
-        Kind::Bytes { set, .. } => Some(set(super::bytes(val))),
+    let value = super::bytes(val);
+    set(privdata, err, &shown(value), |c| match &c.kind {
+        Kind::Bytes { set, .. } => Some(set(value).map_err(String::from)),
         _ => None,
     })
 }
@@ -214,15 +255,14 @@ pub fn register_configs(
         let privdata = c as *const Config as *mut c_void;
         let flags = raw::REDISMODULE_CONFIG_DEFAULT;
         let status = match &c.kind {
-            Kind::Number {
-                default, min, max, ..
-            } => rm!(RedisModule_RegisterNumericConfig(
+            // The bounds are checked in `set_number`.
+            Kind::Number { default, .. } => rm!(RedisModule_RegisterNumericConfig(
                 ctx.0,
                 c.name.as_ptr(),
                 *default,
                 flags,
-                *min,
-                *max,
+                i64::MIN,
+                i64::MAX,
                 Some(get_number),
                 Some(set_number),
                 None,
@@ -277,8 +317,24 @@ pub fn register_configs(
             return Err(c.name);
         }
     }
+    // Redis 7.0 names no unknown rl.* config, no server a bad mode or yes/no word: the
+    // module reads the config file itself and says which line (the command line is out of
+    // reach: Redis overwrote it with its process title).
+    let file =
+        super::command::server_info_text(c"server", c"config_file", |f| f.map(str::to_string));
+    if let Some(text) = file
+        .flatten()
+        .filter(|f| !f.is_empty())
+        .and_then(|f| std::fs::read(f).ok())
+    {
+        for problem in crate::config::conf_problems(&text) {
+            super::load::log_warning(ctx, &format!("redis-rl: {problem}"));
+        }
+    }
     if rm!(RedisModule_LoadConfigs(ctx.0)) != OK {
-        return Err(c"(loading the values)");
+        // Redis logged which (a value refused by its own checks or by a setter, which
+        // quotes it); the load's line then reads "... the config rl.* value ...".
+        return Err(c"* value refused (see the line above)");
     }
     Ok(())
 }

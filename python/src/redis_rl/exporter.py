@@ -16,8 +16,10 @@ What it exposes (docs/operations.md, "Metrics"):
   A replica without the module shows ``redis_rl_module_loaded 0`` next to a master with 1.
 - every counter of ``INFO rl`` as ``redis_rl_<field>_total`` (``rl_denied`` is
   ``redis_rl_denied_total``); the fields that are levels, not counts (``rl_leases_active``,
-  ``rl_permits_in_use``, and any ``*_active`` / ``*_in_use`` field) as gauges
-  ``redis_rl_<field>``; ``rl_mode`` as ``redis_rl_mode{mode="enforce"|"shadow"}`` 1 / 0.
+  ``rl_permits_in_use``, ``rl_share_holders``, ``rl_eviction_risk`` and any ``*_active`` /
+  ``*_in_use`` field) as gauges ``redis_rl_<field>``; ``rl_mode`` as
+  ``redis_rl_mode{mode="enforce"|"shadow"}`` 1 / 0. Eviction: ``redis_rl_keys_evicted_total``
+  and ``redis_rl_eviction_risk`` (a module older than these fields exports neither).
 - per namespace (``RL.STATS``, exact names): ``redis_rl_namespace_<field>_total`` with a
   ``namespace`` label. Bounded by ``rl.max-namespaces`` (at most 1024, plus ``other``).
 - ``RL.TOP``: ``redis_rl_top_denied{key}`` (the decayed denial count) and
@@ -31,6 +33,7 @@ What it exposes (docs/operations.md, "Metrics"):
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import logging
 import os
@@ -78,6 +81,9 @@ INFO_HELP = {
     "limit_stale": "Buckets decided under their stored limit because the call's VERSION was older",
     "limit_conflicts": "Buckets decided under a call's other limit with the same VERSION",
     "adopted": "Lua script hashes converted into buckets",
+    "keys_evicted": "Rate-limit keys (buckets, shares, permits) removed by eviction: each "
+    "came back full, letting more through than its limit",
+    "eviction_risk": "1 if maxmemory is set with a policy that can evict rate-limit keys",
 }
 
 NAMESPACE_HELP = {
@@ -86,12 +92,17 @@ NAMESPACE_HELP = {
     "denied": "Denied calls per namespace",
     "shadow_denied": "Calls that enforce mode would have denied, per namespace",
     "tokens_granted": "Tokens granted per namespace (leased tokens included)",
+    "evicted": "Rate-limit keys removed by eviction, per namespace",
 }
 
 
 def is_gauge(field: str) -> bool:
     """INFO rl fields that are levels rather than counts since the last reset."""
-    return field.endswith("_active") or field.endswith("_in_use") or field == "share_holders"
+    return (
+        field.endswith("_active")
+        or field.endswith("_in_use")
+        or field in ("share_holders", "eviction_risk")
+    )
 
 
 def parse_info(info: Dict[str, Any]) -> Tuple[Dict[str, int], Optional[str]]:
@@ -348,20 +359,70 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         )
         return 2
 
-    client = redis.Redis.from_url(
-        args.redis_url, socket_timeout=args.timeout, socket_connect_timeout=args.timeout
-    )
+    try:
+        client = redis.Redis.from_url(
+            args.redis_url, socket_timeout=args.timeout, socket_connect_timeout=args.timeout
+        )
+    except ValueError as e:
+        return _fatal(
+            f"bad --redis-url {_redacted(args.redis_url)}: {e} "
+            "(redis://[user:password@]host:port/db, rediss://..., unix:///path/redis.sock)"
+        )
+    problem = _probe(client)
+    if problem is not None:
+        return _fatal(f"{_redacted(args.redis_url)}: {problem}")
     registry = CollectorRegistry()
     registry.register(RlCollector(client, top=args.top))
     host, port = args.listen
-    # The server runs on a daemon thread: returning from main stops it.
-    start_http_server(port, addr=host, registry=registry)
+    try:
+        # The server runs on a daemon thread: returning from main stops it.
+        start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        hint = (
+            "another process has this port: stop it or pick a free HOST:PORT with --listen"
+            if e.errno == errno.EADDRINUSE
+            else "check the HOST:PORT given to --listen (an address of this machine)"
+        )
+        return _fatal(f"cannot listen on {host}:{port}: {e.strerror or e}; {hint}")
     log.info("serving http://%s:%d/metrics for %s", host, port, _redacted(args.redis_url))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     return 0
+
+
+def _fatal(message: str) -> int:
+    """A start-up error: one line on stderr that says what to do, and exit status 2."""
+    print(f"redis-rl-exporter: {message}", file=sys.stderr)
+    return 2
+
+
+def _probe(client: Any) -> Optional[str]:
+    """One PING before serving. A server that is down or not up yet is not fatal (the
+    exporter reports ``redis_rl_up 0`` until it answers, as after any outage); what cannot
+    fix itself is: a refused login, a URL naming something that is not a Redis."""
+    try:
+        client.ping()
+    except (
+        redis.AuthenticationError,
+        redis.exceptions.AuthorizationError,
+        redis.exceptions.AuthenticationWrongNumberOfArgsError,
+    ) as e:
+        return f"login refused ({e}): fix the user and password in --redis-url"
+    except (redis.ConnectionError, redis.TimeoutError) as e:
+        log.warning("cannot reach the server yet (%s); serving redis_rl_up 0 until it answers", e)
+    except redis.exceptions.NoPermissionError:
+        pass  # logged in; the exporter's user needs no PING (docs/operations.md, its ACL)
+    except redis.ResponseError as e:
+        if str(e).startswith(("WRONGPASS", "NOAUTH")):
+            return f"login refused ({e}): fix the user and password in --redis-url, or the ACL"
+        return f"PING failed ({e}): is --redis-url a Redis server?"
+    except redis.RedisError as e:
+        return f"PING failed ({e}): is --redis-url a Redis server?"
+    except ValueError as e:  # parts of the URL redis-py checks only when it connects
+        return f"bad --redis-url: {e}"
+    return None
 
 
 def _redacted(url: str) -> str:
