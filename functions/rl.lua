@@ -1888,6 +1888,16 @@ local function rl_share(keys, a)
     if release and not (own and now_us < own.le) then
         return { { double = 0.0 }, { double = 0.0 }, 0, period, live }
     end
+    -- A holder whose last call shrank its share, calling again within that call's hold
+    -- (share.rs shrank_within_hold): answered from its entry, nothing written, so that
+    -- calling sooner than told never keeps its larger old share counted past the hold.
+    if not release and own and now_us < own.le and now_us < own.hu
+            and (own.hr > own.r or own.hb > own.b) then
+        local refresh = ceil((own.hu - now_us) / 1000)
+        if refresh < 10 then refresh = 10 end
+        return { { double = own.r }, { double = own.b }, floor((own.le - now_us) / 1000),
+            refresh, live + 1 }
+    end
     if not own_alive and others >= MAX_HOLDERS then fail(SHARE_ERR.many) end
 
     local srate, sburst, short = 0.0, 0.0, false

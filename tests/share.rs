@@ -1043,3 +1043,38 @@ fn the_longest_period_at_the_largest_limit_does_not_overflow() {
     assert_eq!((a.0, a.2, a.3), (5e14, 10_800_000, 3_600_000));
     assert!(pexpiretime(&mut c, "k") as u64 >= exp);
 }
+
+/// A holder that calls far more often than told (every 120 ms, against `refresh_ms`):
+/// A (wants 900) alone first holds the whole rate; B (100) and C (600) join and call as
+/// told. However often A calls, what it gave up comes free: B and C reach their max-min
+/// shares (100 and 450 of 1,000) and A its 450. Each of A's calls within the hold of
+/// its last decided call is answered from its entry and writes nothing; the calls it
+/// makes after that hold are decided, so its larger old share is held 250 ms, no longer.
+#[test]
+fn an_eager_holder_does_not_starve_the_others() {
+    let s = Server::start(&[]);
+    let (mut a, mut bc) = (s.conn(), s.conn());
+    let call = |c: &mut Connection, id: &str, want: &str| {
+        share(c, &["eager", "1000", "1000", id, want, "1000"])
+    };
+    assert_eq!(call(&mut a, "A", "900").0, 1000.0);
+    let mut next = [0u64; 2];
+    let mut got = [0.0f64; 2];
+    let mut a_rate = 1000.0;
+    let mut a_last = 0;
+    wait_until(30, "B and C at their max-min shares", || {
+        let now = server_ns(&mut bc);
+        for (i, (id, want)) in [("B", "100"), ("C", "600")].iter().enumerate() {
+            if now >= next[i] {
+                let r = call(&mut bc, id, want);
+                got[i] = r.0;
+                next[i] = server_ns(&mut bc) + r.3 as u64 * MS;
+            }
+        }
+        if now >= a_last + 120 * MS {
+            a_rate = call(&mut a, "A", "900").0;
+            a_last = now;
+        }
+        got == [100.0, 450.0] && a_rate == 450.0
+    });
+}

@@ -105,6 +105,14 @@ impl Holder {
         t < self.lease_end
     }
 
+    /// Whether the holder's last call shrank its share and `t` is within that call's
+    /// hold: its old, larger share is still counted.
+    pub fn shrank_within_hold(&self, t: Nanos) -> bool {
+        self.is_live(t)
+            && t < self.held_until
+            && (self.held_rate > self.rate || self.held_burst > self.burst)
+    }
+
     /// Whether the entry no longer counts for anything at `t`.
     pub fn is_dead(&self, t: Nanos) -> bool {
         t >= self.end()
@@ -387,6 +395,33 @@ impl ShareTable {
                     lease_ms: 0,
                     refresh_ms: period_ms,
                     holders: s.live as u64,
+                },
+                written: false,
+                pruned: 0,
+                joined: false,
+                short: false,
+                applied,
+                index: 0,
+                expires_at: 0,
+            });
+        }
+        // A holder whose last call shrank its share, calling again within that call's hold
+        // (sooner than it was told): deciding the call would hold the larger old share
+        // for another HOLD, and a holder calling that often would keep it counted for as
+        // long as it kept calling, starving the others. Its entry already says what it
+        // may use, so the call is answered from it and writes nothing: the share it has,
+        // for what is left of its lease, and to come back when the hold ends. What it gave
+        // up is free when that hold ends, however often it calls.
+        if let Some(h) = own.filter(|h| !req.release && h.shrank_within_hold(now)) {
+            return Ok(Decision {
+                reply: ShareReply {
+                    rate: h.rate,
+                    burst: h.burst,
+                    // Counted from the server's instant: the holder, which counts from
+                    // when it sent the call (no later), stops no later than the entry.
+                    lease_ms: (h.lease_end - now) / MS,
+                    refresh_ms: crate::ceil_millis(h.held_until - now).max(MIN_PERIOD_MS),
+                    holders: (s.live + 1) as u64,
                 },
                 written: false,
                 pruned: 0,
