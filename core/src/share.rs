@@ -872,6 +872,41 @@ mod tests {
     }
 
     #[test]
+    fn a_call_within_the_hold_of_a_shrink_is_answered_from_the_entry() {
+        let l = limit(100.0, 50.0);
+        let mut t = ShareTable::new(l, 0);
+        t.decide(&req("a", 100.0, l), T0).unwrap();
+        t.decide(&req("b", 100.0, l), T0 + MS).unwrap();
+        // a shrinks to half; its 100 is held until T0 + 2 ms + HOLD.
+        let d = t.decide(&req("a", 100.0, l), T0 + 2 * MS).unwrap();
+        assert_eq!(d.reply.rate, 50.0);
+        let before = t.clone();
+        // a again 100 ms later (told to wait 1,000): nothing written, its share for the
+        // rest of its lease, back when the hold ends.
+        let d = t.decide(&req("a", 7.0, l), T0 + 102 * MS).unwrap();
+        assert!(!d.written);
+        assert_eq!(t, before);
+        assert_eq!(
+            d.reply,
+            ShareReply {
+                rate: 50.0,
+                burst: 25.0,
+                lease_ms: 2900,
+                refresh_ms: 150,
+                holders: 2
+            }
+        );
+        // After the hold it is decided: its want of 7 now counts, its 50 is held.
+        let d = t.decide(&req("a", 7.0, l), T0 + 2 * MS + HOLD).unwrap();
+        assert!(d.written);
+        assert_eq!(d.reply.rate, 7.0);
+        assert_eq!(t.holders()[0].held_rate, 50.0);
+        // A call whose share grew holds nothing over it: decided at once.
+        let d = t.decide(&req("b", 100.0, l), T0 + 3 * MS + HOLD).unwrap();
+        assert!(d.written);
+    }
+
+    #[test]
     fn over_subscribed_wants_are_divided_max_min() {
         let l = limit(100.0, 100.0);
         let mut t = ShareTable::new(l, 0);
