@@ -731,3 +731,56 @@ proptest! {
         check_fair(rate, cap, &w, &got)?;
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Holders calling as told (`refresh_ms` after the answer, up to a tenth early),
+    /// settled; then every want steps (up or down, any holder). Within two periods and a
+    /// hold of the step every holder's answer is its max-min share under the new wants
+    /// (the holders cut by the division come back in half a period, the ones far short
+    /// within a quarter, the others once a period), and the bound holds at every call.
+    #[test]
+    fn a_step_in_demand_is_met_within_two_periods_and_a_hold(
+        l in 0usize..3,
+        before in prop::collection::vec(prop_oneof![Just(0.0), 1.0f64..300.0, Just(1e15)], 2..6),
+        after in prop::collection::vec(prop_oneof![Just(0.0), 1.0f64..300.0, Just(1e15)], 6),
+        period_ms in 300u64..1500,
+        step_ms in 0u64..3000,
+        seed in any::<u64>(),
+    ) {
+        let (rate, cap) = LIMITS[l];
+        let limit = Limit::new(rate, cap).unwrap();
+        let mut table = ShareTable::new(limit, 0);
+        let n = before.len();
+        let mut seed = seed | 1;
+        let mut jitter = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            0.9 + 0.1 * (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let period = period_ms * MS;
+        let step = T0 + 4 * LEASE_PERIODS * period + step_ms * MS;
+        let horizon = step + 2 * period + HOLD;
+        let mut next: Vec<Nanos> = (0..n as u64).map(|i| T0 + i).collect();
+        let mut last: Vec<Option<rl_core::ShareReply>> = vec![None; n];
+        loop {
+            let (i, &now) = next.iter().enumerate().min_by_key(|&(_, t)| *t).unwrap();
+            if now > horizon {
+                break;
+            }
+            let want = if now < step { before[i] } else { after[i] };
+            let id = format!("h{i}");
+            let req = ShareRequest::new(id.as_bytes(), want, period_ms, false, limit, 0).unwrap();
+            let d = table.decide(&req, now).unwrap();
+            let (r, b) = committed(&table, now);
+            prop_assert!(r <= exact(rate) && b <= exact(cap), "over the limit");
+            last[i] = Some(d.reply);
+            next[i] = now + (d.reply.refresh_ms as f64 * jitter() * MS as f64) as Nanos;
+        }
+        let w: Vec<(usize, f64)> = (0..n).map(|i| (i, after[i])).collect();
+        let got: Vec<rl_core::ShareReply> = last.iter().map(|r| r.unwrap()).collect();
+        check_fair(rate, cap, &w, &got)?;
+    }
+}
