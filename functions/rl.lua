@@ -1931,7 +1931,7 @@ local function rl_share(keys, a)
         -- Far short (share.rs FAR): below nine tenths of its target.
         far = srate < target * SHARE_FAR or sburst < target_burst * SHARE_FAR
         -- Capped (share.rs): the division gave it less than it wants.
-        capped = target < want * (1.0 - SHORT)
+        capped = live > 0 and target < want * (1.0 - SHORT)
     end
     local lease_us = period * SHARE_LEASE_PERIODS * 1000
     local entry = {

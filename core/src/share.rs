@@ -454,8 +454,8 @@ impl ShareTable {
             // everything, a holder whose demand stepped up), not by a rounding or by the
             // jitter of a measured demand.
             let far = rate < target * FAR || burst < target_burst * FAR;
-            // Capped: the division gave it less than it wants (the others' wants cut it).
-            let capped = target < req.want * (1.0 - SHORT);
+            // Capped: the others' wants cut it below its own.
+            let capped = s.live > 0 && target < req.want * (1.0 - SHORT);
             (rate, burst, short, far, capped)
         };
         let lease = period_ms * LEASE_PERIODS * MS;
