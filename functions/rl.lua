@@ -1858,6 +1858,7 @@ local function rl_share(keys, a)
     local own
     -- One pass over the others, in id order.
     local s_rate, s_burst, live, wants, dead, last_end = 0.0, 0.0, 0, 0.0, 0, 0
+    local least_want = 1 / 0
     -- The sums as share.rs's Sum takes them: plain sums, the sizes of their additions'
     -- rounding errors, and how many terms (raised by their worst rounding if any rounded).
     local lost_rate, lost_burst, counted = 0.0, 0.0, 0
@@ -1879,6 +1880,7 @@ local function rl_share(keys, a)
             if now_us < e.le then
                 live = live + 1
                 wants = wants + e.w
+                if e.w < least_want then least_want = e.w end
             end
         end
     end
@@ -1930,8 +1932,9 @@ local function rl_share(keys, a)
         short = srate < target * (1.0 - SHORT) or sburst < target_burst * (1.0 - SHORT)
         -- Far short (share.rs FAR): below nine tenths of its target.
         far = srate < target * SHARE_FAR or sburst < target_burst * SHARE_FAR
-        -- Capped (share.rs): the division gave it less than it wants.
-        capped = live > 0 and target < want * (1.0 - SHORT)
+        -- Capped (share.rs): cut below its want, and some other live holder wants less
+        -- than it gets.
+        capped = target < want * (1.0 - SHORT) and least_want < target
     end
     local lease_us = period * SHARE_LEASE_PERIODS * 1000
     local entry = {

@@ -348,8 +348,10 @@ pub(crate) struct Demand {
     ticks: VecDeque<(u64, f64)>,
 }
 
-/// Shortest span a sample is taken over: calls closer together keep the last want.
-const MIN_SAMPLE: u64 = 5 * MS;
+/// Shortest span a sample is taken over: calls closer together (a holder sent back soon
+/// to pick up what another frees) keep the last want and go on counting, so that a holder
+/// asking a few times a second is not measured at 0 over a few milliseconds.
+const MIN_SAMPLE: u64 = HOLD;
 /// No call within this long of the last one (its hold), and the span the recent demand is
 /// measured over.
 pub(crate) const SHORTEST: u64 = rl_core::share::SHORTEST_PERIOD_MS * MS;

@@ -454,8 +454,11 @@ impl ShareTable {
             // everything, a holder whose demand stepped up), not by a rounding or by the
             // jitter of a measured demand.
             let far = rate < target * FAR || burst < target_burst * FAR;
-            // Capped: the others' wants cut it below its own.
-            let capped = s.live > 0 && target < req.want * (1.0 - SHORT);
+            // Capped: the others' wants cut it below its own, and some of them want less
+            // than it gets (the wants differ: a hot spot that may move). When every holder
+            // wants more than the level (one hot key, the demand everywhere unlimited),
+            // nobody's want is likely to fall below it: once a period is enough.
+            let capped = target < req.want * (1.0 - SHORT) && s.least_want < target;
             (rate, burst, short, far, capped)
         };
         let lease = period_ms * LEASE_PERIODS * MS;
@@ -613,6 +616,7 @@ impl ShareTable {
             if live {
                 s.live += 1;
                 s.wants += h.want;
+                s.least_want = s.least_want.min(h.want);
             }
         }
         s.rate = rate.up(counted);
@@ -727,6 +731,8 @@ struct Scan {
     /// Live holders among them and the sum of their wants.
     live: usize,
     wants: f64,
+    /// The smallest of their wants (infinite if none is live).
+    least_want: f64,
     dead: usize,
     /// When the last of them ends.
     last_end: Nanos,
@@ -739,6 +745,7 @@ impl Default for Scan {
             burst: 0.0,
             live: 0,
             wants: 0.0,
+            least_want: f64::INFINITY,
             dead: 0,
             last_end: 0,
         }

@@ -317,7 +317,7 @@ def test_want_is_the_demand_since_the_last_call_and_a_stray_is_reported_early() 
     now += 1
     assert d.want(now, 0.0, 0.0) == pytest.approx(1000.0), "a step is in the next want in full"
     d.attempt(1e9)
-    assert d.want(now + MS, 0.0, 0.0) == pytest.approx(1000.0), "calls closer than 5 ms keep it"
+    assert d.want(now + MS, 0.0, 0.0) == pytest.approx(1000.0), "calls closer than 250 ms keep it"
     d = Demand(T0)
     d.attempt(1000)
     now = T0 + 1

@@ -57,8 +57,10 @@ from .types import AsyncClient, SyncClient
 HOLD = 0.25
 #: The server raises a period shorter than this (seconds) to this, and no period beyond it.
 SHORTEST_PERIOD = 0.3
-#: Shortest span a demand sample is taken over: calls closer together keep the last want.
-MIN_SAMPLE = 0.005
+#: Shortest span a demand sample is taken over: calls closer together (a holder sent back
+#: soon to pick up what another frees) keep the last want and go on counting, so that a
+#: holder asking a few times a second is not measured at 0 over a few milliseconds.
+MIN_SAMPLE = 0.25
 #: How often (at least) the refresher looks at the demand between calls (seconds).
 DRIFT_TICK = 0.025
 #: A demand that strayed this far (a fraction of the want it sent) is reported early.
