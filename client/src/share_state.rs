@@ -337,8 +337,8 @@ impl ShareState {
 /// The measured demand: attempted tokens per second (granted and denied) over the span since
 /// the last call, so that a step either way is in the next call's want in full; `want`
 /// adds `headroom`. Between calls the refresh task notes the attempts at each tick, so that
-/// a demand that strays from the one last reported is seen over the latest
-/// [`SHORTEST`] alone ([`Demand::drifted`]) and reported early.
+/// a demand that strays from the one last reported is seen over the latest [`RECENT`]
+/// alone ([`Demand::drifted`]) and reported early.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Demand {
     last: Option<f64>,
@@ -352,9 +352,11 @@ pub(crate) struct Demand {
 /// to pick up what another frees) keep the last want and go on counting, so that a holder
 /// asking a few times a second is not measured at 0 over a few milliseconds.
 const MIN_SAMPLE: u64 = HOLD;
-/// No call within this long of the last one (its hold), and the span the recent demand is
-/// measured over.
+/// No early call within this long of the last one (its hold).
 pub(crate) const SHORTEST: u64 = rl_core::share::SHORTEST_PERIOD_MS * MS;
+/// The span the recent demand is measured over: short, so that a demand that stepped is
+/// reported as its new level rather than a mix of the two.
+const RECENT: u64 = 150 * MS;
 /// A demand that strayed this far (a fraction of the one last reported) is reported early.
 const DRIFT: f64 = 0.25;
 
@@ -372,19 +374,19 @@ impl Demand {
         self.attempted += n;
     }
 
-    /// The demand over the latest [`SHORTEST`] (at least), noting this tick; `None` within
+    /// The demand over the latest [`RECENT`] (at least), noting this tick; `None` within
     /// [`SHORTEST`] of the last call.
     fn recent(&mut self, now: u64, pending: f64) -> Option<f64> {
         let total = self.attempted + pending;
         self.ticks.push_back((now, total));
-        while self.ticks.len() > 1 && now.saturating_sub(self.ticks[1].0) >= SHORTEST {
+        while self.ticks.len() > 1 && now.saturating_sub(self.ticks[1].0) >= RECENT {
             self.ticks.pop_front();
         }
         if now.saturating_sub(self.since) < SHORTEST {
             return None;
         }
         let (mut t, mut n) = self.ticks[0];
-        if now.saturating_sub(t) < SHORTEST {
+        if now.saturating_sub(t) < RECENT {
             (t, n) = (self.since, 0.0);
         }
         Some((total - n) * NANOS_PER_SEC / now.saturating_sub(t).max(1) as f64)
@@ -398,7 +400,7 @@ impl Demand {
     pub(crate) fn drifted(&mut self, now: u64, pending: f64) -> Option<f64> {
         let last = self.last?;
         let rate = self.recent(now, pending)?;
-        let span = SHORTEST as f64 / NANOS_PER_SEC;
+        let span = RECENT as f64 / NANOS_PER_SEC;
         let expected = last * span;
         let gap = (rate - last).abs() * span;
         (gap > DRIFT * expected && gap > 3.0 * expected.sqrt() + 2.0).then_some(rate)

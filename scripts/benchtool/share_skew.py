@@ -5,6 +5,11 @@ steps up takes to get its share, and how many Redis calls that costs.
 
     target/python-venv/bin/python scripts/benchtool/share_skew.py \\
         --url redis://127.0.0.1:PORT/ [--scenario four|seed|moving] [--seconds 12]
+        [--client python|rust] [--backend module|functions]
+
+`--client rust` runs `target/release/examples/share_skew` (`cargo build --release -p
+rl-client --example share_skew`) as each process instead; `--backend functions` makes the
+limiters use the Functions library (`scripts/load-functions`).
 
 Scenarios (rate 1,000/s, cap 1,000, every demand paced evenly, each process counting what
 it was let out in 10 ms bins of a clock the processes share):
@@ -138,7 +143,9 @@ def child(args):
     t0 = time.monotonic() + (args.start - time.time_ns()) / 1e9
     time.sleep(max(0.0, t0 - time.monotonic()))
     # Created at the shared start: the fleet starts together.
-    limiter = redis_rl.ShareLimiter(client, KEY, RATE, CAP, policy=redis_rl.DENY)
+    limiter = redis_rl.ShareLimiter(
+        client, KEY, RATE, CAP, policy=redis_rl.DENY, backend=args.backend
+    )
     nbins = int(args.seconds * 1000 / BIN_MS)
     bins = [0] * nbins
     due = 0.0
@@ -181,9 +188,13 @@ def parent(args):
     start = time.time_ns() + int(args.lead * 1e9)
     common = ["--url", args.url, "--seconds", str(args.seconds), "--scenario", args.scenario,
               "--start", str(start)]  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, __file__, "--child", "--proc", str(i), *common],
-                              stdout=subprocess.PIPE, text=True)
-             for i in range(n)]  # fmt: skip
+    if args.client == "rust":
+        cmds = [[args.rust_bin, args.url, args.scenario, str(i), str(args.seconds), str(start),
+                 args.backend] for i in range(n)]  # fmt: skip
+    else:
+        cmds = [[sys.executable, __file__, "--child", "--proc", str(i), "--backend",
+                 args.backend, *common] for i in range(n)]  # fmt: skip
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True) for c in cmds]
     try:
         time.sleep(max(0, start - time.time_ns()) / 1e9)
         before = share_calls(admin)
@@ -203,6 +214,7 @@ def parent(args):
                 p.kill()
                 p.wait()
     out = analyse(args.scenario, args.seconds, children, after[0] - before, after[1])
+    out["client"], out["backend"] = args.client, args.backend
     print(json.dumps(out))
     return 0 if out["within"] else 1
 
@@ -212,6 +224,9 @@ def main(argv=None):
     ap.add_argument("--url", required=True)
     ap.add_argument("--scenario", default="four", choices=["four", "seed", "moving"])
     ap.add_argument("--seconds", type=float, default=12.0)
+    ap.add_argument("--client", default="python", choices=["python", "rust"])
+    ap.add_argument("--backend", default="module", choices=["module", "functions"])
+    ap.add_argument("--rust-bin", default="target/release/examples/share_skew")
     ap.add_argument("--lead", type=float, default=LEAD_S, help="seconds to the shared start")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--proc", type=int, default=0, help=argparse.SUPPRESS)

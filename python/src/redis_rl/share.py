@@ -63,6 +63,9 @@ SHORTEST_PERIOD = 0.3
 MIN_SAMPLE = 0.25
 #: How often (at least) the refresher looks at the demand between calls (seconds).
 DRIFT_TICK = 0.025
+#: The span the recent demand is measured over (seconds): short, so that a demand that
+#: stepped is reported as its new level rather than a mix of the two.
+RECENT = 0.15
 #: A demand that strayed this far (a fraction of the want it sent) is reported early.
 DRIFT = 0.25
 #: Decisions made from a share carry this source (a share is a lease of a rate).
@@ -288,7 +291,7 @@ class Demand:
     others may be short of, and the server gives a holder more than it wants whenever the
     wants fit the rate). Between calls the refresher notes the attempts at each tick, so
     that a demand that strays from the one last reported is seen over the latest
-    ``SHORTEST_PERIOD`` alone (:meth:`drifted`) and reported early."""
+    ``RECENT`` alone (:meth:`drifted`) and reported early."""
 
     def __init__(self, now: float) -> None:
         self.last: Optional[float] = None
@@ -301,17 +304,17 @@ class Demand:
         self.attempted += n
 
     def recent(self, now: float, pending: float) -> Optional[float]:
-        """The demand over the latest ``SHORTEST_PERIOD`` (at least), noting this tick;
+        """The demand over the latest ``RECENT`` (at least), noting this tick;
         ``None`` within ``SHORTEST_PERIOD`` of the last call (its hold)."""
         total = self.attempted + pending
         ticks = self.ticks
         ticks.append((now, total))
-        while len(ticks) > 1 and now - ticks[1][0] >= SHORTEST_PERIOD:
+        while len(ticks) > 1 and now - ticks[1][0] >= RECENT:
             ticks.popleft()
         if now - self.since < SHORTEST_PERIOD:
             return None
         t, n = ticks[0]
-        if now - t < SHORTEST_PERIOD:
+        if now - t < RECENT:
             t, n = self.since, 0.0
         return (total - n) / (now - t)
 
@@ -326,7 +329,7 @@ class Demand:
         rate = self.recent(now, pending)
         if rate is None:
             return None
-        span = SHORTEST_PERIOD
+        span = RECENT
         expected = self.last * span
         gap = abs(rate - self.last) * span
         if gap > DRIFT * expected and gap > 3.0 * math.sqrt(expected) + 2.0:
