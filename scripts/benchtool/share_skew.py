@@ -91,7 +91,7 @@ def analyse(scenario, seconds, children, server_calls, server_secs):
     within = True
     for w_ms in WINDOWS_MS:
         w = w_ms // BIN_MS
-        best = max(sum(fleet[i : i + w]) for i in range(0, max(1, nbins - w + 1)))
+        best = max(sum(fleet[i : i + w]) for i in range(max(1, nbins - w + 1)))
         bound = CAP + RATE * (w_ms + BIN_MS) / 1000
         within = within and best <= bound
         windows.append([w_ms, best, bound])
