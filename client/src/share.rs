@@ -164,6 +164,8 @@ struct Inner<C: RedisConnection> {
     /// The last call was answered (a stray in demand is no reason to call during an
     /// outage).
     answered_last: AtomicBool,
+    /// The share the last answer granted (tokens per second, as `f64` bits).
+    granted: AtomicU64,
     closed: AtomicBool,
     /// [`ShareLimiter::abandon`]: no refresh, no release.
     abandoned: AtomicBool,
@@ -341,6 +343,7 @@ impl<C: RedisConnection> ShareLimiter<C> {
             demand: Mutex::new((Demand::new(now), 0)),
             early: Mutex::new(None),
             answered_last: AtomicBool::new(false),
+            granted: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),
             refresher: Mutex::new(None),
@@ -579,7 +582,8 @@ impl<C: RedisConnection> Inner<C> {
         let mut demand = lock(&self.demand);
         let total = self.attempted.load(Ordering::Relaxed);
         let (d, counted) = &mut *demand;
-        let recent = d.drifted(now, total.saturating_sub(*counted) as f64);
+        let share = f64::from_bits(self.granted.load(Ordering::Relaxed));
+        let recent = d.drifted(now, total.saturating_sub(*counted) as f64, share);
         drop(demand);
         if recent.is_some() {
             *lock(&self.early) = recent;
@@ -641,6 +645,7 @@ impl<C: RedisConnection> Inner<C> {
                     at,
                     generation,
                 });
+                self.granted.store(r.rate.to_bits(), Ordering::Relaxed);
                 self.answered_last.store(true, Ordering::Release);
                 // When the server says, at most its period (a third of the lease: it raises
                 // a short one, so that no call comes within the previous call's hold). A

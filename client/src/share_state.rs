@@ -396,10 +396,16 @@ impl Demand {
     /// [`DRIFT`] of it and more than chance would (three standard deviations of a Poisson
     /// count over the span): the holder calls early, so that a holder whose demand fell
     /// gives back what it no longer uses and one whose demand rose asks for it, instead of
-    /// waiting a whole period. `pending`: attempts not yet added.
-    pub(crate) fn drifted(&mut self, now: u64, pending: f64) -> Option<f64> {
+    /// waiting a whole period. `pending`: attempts not yet added. Not while both demands
+    /// are well above the holder's `share` (if it has one): its want is then above the division's level
+    /// either way, and reporting it changes nothing (a tight loop's demand swings with the
+    /// CPU it gets).
+    pub(crate) fn drifted(&mut self, now: u64, pending: f64, share: f64) -> Option<f64> {
         let last = self.last?;
         let rate = self.recent(now, pending)?;
+        if 0.0 < share * (1.0 + DRIFT) && share * (1.0 + DRIFT) < rate.min(last) {
+            return None;
+        }
         let span = RECENT as f64 / NANOS_PER_SEC;
         let expected = last * span;
         let gap = (rate - last).abs() * span;
@@ -687,14 +693,18 @@ mod tests {
         let mut pending = 0.0;
         for k in 1..=20u64 {
             pending += 50.0;
-            assert_eq!(d.drifted(now + k * 50 * MS, pending), None, "tick {k}");
+            assert_eq!(
+                d.drifted(now + k * 50 * MS, pending, f64::INFINITY),
+                None,
+                "tick {k}"
+            );
         }
         // The demand falls to 200/s: seen once the recent span is mostly at the new rate,
         // and reported as the recent demand, not the average since the call.
         let mut seen = None;
         for k in 21..=40u64 {
             pending += 10.0;
-            if let Some(r) = d.drifted(now + k * 50 * MS, pending) {
+            if let Some(r) = d.drifted(now + k * 50 * MS, pending, f64::INFINITY) {
                 seen = Some((k, r));
                 break;
             }

@@ -318,16 +318,19 @@ class Demand:
             t, n = self.since, 0.0
         return (total - n) / (now - t)
 
-    def drifted(self, now: float, pending: float) -> Optional[float]:
+    def drifted(self, now: float, pending: float, share: float = math.inf) -> Optional[float]:
         """The recent demand if it strayed from the one the last call reported by more than
         ``DRIFT`` of it and more than chance would (three standard deviations of a Poisson
         count over the span): the holder calls early, so that a holder whose demand fell
         gives back what it no longer uses and one whose demand rose asks for it, instead of
-        waiting a whole period."""
+        waiting a whole period. Not while both demands are well above the holder's
+        ``share`` (if it has one): its want is then above the division's level either way,
+        and reporting it changes nothing (a tight loop's demand swings with the CPU it
+        gets)."""
         if self.last is None:
             return None
         rate = self.recent(now, pending)
-        if rate is None:
+        if rate is None or 0.0 < share * (1.0 + DRIFT) < min(rate, self.last):
             return None
         span = RECENT
         expected = self.last * span
@@ -500,6 +503,8 @@ class _Core:
         self.counted = 0
         self.answered_last = False
         self.early: Optional[float] = None
+        #: The share the last answer granted (tokens per second).
+        self.granted = 0.0
         self.may_hold = False
         self.mail.clear()
 
@@ -533,7 +538,7 @@ class _Core:
         reports the recent demand)."""
         if not self.answered_last:
             return False
-        self.early = self.demand.drifted(now, self.attempted - self.counted)
+        self.early = self.demand.drifted(now, self.attempted - self.counted, self.granted)
         return self.early is not None
 
     def args(self, holder: str, want: float, release: bool = False) -> p.Args:
@@ -580,6 +585,7 @@ class _Core:
             return self.period
         self.may_hold = True
         self.answered_last = True
+        self.granted = grant.rate
         self.post("answered", generation, sent, grant, at)
         return self.next_after(grant)
 
