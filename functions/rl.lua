@@ -1635,6 +1635,7 @@ local SHARE_LEASE_PERIODS = 3
 local SHARE_SHORTEST_PERIOD = 300
 local MAX_HOLDERS = 4096
 local SHORT = 1e-9
+local SHARE_FAR = 0.9
 local SHARE_ERR = {
     holder = 'holder must be 1 to 64 bytes',
     want = 'want must be a finite number from 0 to 1e15',
@@ -1857,6 +1858,7 @@ local function rl_share(keys, a)
     local own
     -- One pass over the others, in id order.
     local s_rate, s_burst, live, wants, dead, last_end = 0.0, 0.0, 0, 0.0, 0, 0
+    local least_want = 1 / 0
     -- The sums as share.rs's Sum takes them: plain sums, the sizes of their additions'
     -- rounding errors, and how many terms (raised by their worst rounding if any rounded).
     local lost_rate, lost_burst, counted = 0.0, 0.0, 0
@@ -1878,6 +1880,7 @@ local function rl_share(keys, a)
             if now_us < e.le then
                 live = live + 1
                 wants = wants + e.w
+                if e.w < least_want then least_want = e.w end
             end
         end
     end
@@ -1888,9 +1891,19 @@ local function rl_share(keys, a)
     if release and not (own and now_us < own.le) then
         return { { double = 0.0 }, { double = 0.0 }, 0, period, live }
     end
+    -- A holder whose last call shrank its share, calling again within that call's hold
+    -- (share.rs shrank_within_hold): answered from its entry, nothing written, so that
+    -- calling sooner than told never keeps its larger old share counted past the hold.
+    if not release and own and now_us < own.le and now_us < own.hu
+            and (own.hr > own.r or own.hb > own.b) then
+        local refresh = ceil((own.hu - now_us) / 1000)
+        if refresh < 10 then refresh = 10 end
+        return { { double = own.r }, { double = own.b }, floor((own.le - now_us) / 1000),
+            refresh, live + 1 }
+    end
     if not own_alive and others >= MAX_HOLDERS then fail(SHARE_ERR.many) end
 
-    local srate, sburst, short = 0.0, 0.0, false
+    local srate, sburst, short, far, capped = 0.0, 0.0, false, false, false
     if not release then
         -- target (share.rs): in proportion to the wants when they fit, else max-min fair.
         local n = live + 1
@@ -1917,6 +1930,11 @@ local function rl_share(keys, a)
         srate = non_negative(math.min(target, free))
         sburst = non_negative(math.min(target_burst, free_burst))
         short = srate < target * (1.0 - SHORT) or sburst < target_burst * (1.0 - SHORT)
+        -- Far short (share.rs FAR): below nine tenths of its target.
+        far = srate < target * SHARE_FAR or sburst < target_burst * SHARE_FAR
+        -- Capped (share.rs): cut below its want, and some other live holder wants less
+        -- than it gets.
+        capped = target < want * (1.0 - SHORT) and least_want < target
     end
     local lease_us = period * SHARE_LEASE_PERIODS * 1000
     local entry = {
@@ -1945,13 +1963,24 @@ local function rl_share(keys, a)
         -- Not within this call's hold if it holds more than the new share.
         local soonest = 10
         if entry.hr > srate or entry.hb > sburst then soonest = SHARE_SHORTEST_PERIOD end
+        -- Far short: back within a quarter period even when nothing frees before.
+        local latest = period
+        if far then latest = math.max(floor(period / 4), soonest) end
         if nx then
             refresh = ceil((nx - now_us) / 1000)
             if refresh < soonest then refresh = soonest
-            elseif refresh > period then refresh = period end
+            elseif refresh > latest then refresh = latest end
         else
             refresh = math.max(floor(period / 4), soonest)
         end
+    elseif capped then
+        -- At its target but wanting more: half a period, not within its hold if it shrank.
+        local soonest = 10
+        if entry.hr > srate or entry.hb > sburst then soonest = SHARE_SHORTEST_PERIOD end
+        refresh = math.max(floor(period / 2), soonest)
+    elseif not (own and now_us < own.le) then
+        -- A newcomer comes back after the shortest period with what it measured.
+        refresh = math.min(period, SHARE_SHORTEST_PERIOD)
     end
     local expires = last_end
     if entry_end(entry) > expires then expires = entry_end(entry) end

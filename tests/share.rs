@@ -61,9 +61,10 @@ fn with_replica() -> (Server, Server) {
 fn a_lone_holder_gets_the_rate_and_a_newcomer_what_is_free() {
     let s = Server::start(&[]);
     let mut c = s.conn();
+    // A newcomer is told to come back after 300 ms, with what it measured by then.
     assert_eq!(
         share(&mut c, &["k", "100", "50", "a", "10", "1000"]),
-        (100.0, 50.0, 3000, 1000, 1)
+        (100.0, 50.0, 3000, 300, 1)
     );
     // Nothing free for b: 0, and told to come back within a period.
     let (rate, burst, lease, refresh, holders) =
@@ -819,7 +820,12 @@ fn flapping_limits_and_a_drop_never_give_more_than_the_limit() {
         let id = format!("h{h}");
         let r = share(&mut c, &["flap", "5", "5", &id, "30", LONG, "VERSION", "1"]);
         assert!(r.0 <= 5.0 && r.1 <= 5.0, "{r:?}");
-        // An old caller is held to the new limit too.
+    }
+    // An old caller is held to the new limit too (once the holds of the calls that shrank
+    // the shares are over: a call within one is answered from its entry).
+    std::thread::sleep(Duration::from_millis(300));
+    for h in 0..8 {
+        let id = format!("h{h}");
         let r = share(&mut c, &["flap", "100", "100", &id, "30", LONG]);
         assert!(r.0 <= 5.0 && r.1 <= 5.0, "stale {r:?}");
     }
@@ -1022,19 +1028,19 @@ fn the_longest_period_at_the_largest_limit_does_not_overflow() {
         &["k", "1e15", "1e15", "a", "1e15", LONG, v[0], v[1]],
     );
     let t1 = server_ns(&mut c);
-    assert_eq!(a, (1e15, 1e15, 10_800_000, 3_600_000, 1));
+    assert_eq!(a, (1e15, 1e15, 10_800_000, 300, 1));
     let exp = pexpiretime(&mut c, "k") as u64;
     assert!(
         (t0 + 10_800_000 * MS).div_ceil(MS) <= exp && exp <= (t1 + 10_800_000 * MS).div_ceil(MS),
         "{exp}"
     );
-    // A newcomer at a raised period gets nothing yet: sent back within its (raised)
-    // period, when a's lease ends being three hours away.
+    // A newcomer at a raised period gets nothing yet: far short, sent back within a
+    // quarter of its (raised) period, a's lease ending three hours away.
     let b = share(
         &mut c,
         &["k", "1e15", "1e15", "b", "1e15", "10", v[0], v[1]],
     );
-    assert_eq!(b, (0.0, 0.0, 900, 300, 2));
+    assert_eq!(b, (0.0, 0.0, 900, 75, 2));
     // a comes down to its fair half (the other half held for a's hold).
     let a = share(
         &mut c,
@@ -1042,4 +1048,39 @@ fn the_longest_period_at_the_largest_limit_does_not_overflow() {
     );
     assert_eq!((a.0, a.2, a.3), (5e14, 10_800_000, 3_600_000));
     assert!(pexpiretime(&mut c, "k") as u64 >= exp);
+}
+
+/// A holder that calls far more often than told (every 120 ms, against `refresh_ms`):
+/// A (wants 900) alone first holds the whole rate; B (100) and C (600) join and call as
+/// told. However often A calls, what it gave up comes free: B and C reach their max-min
+/// shares (100 and 450 of 1,000) and A its 450. Each of A's calls within the hold of
+/// its last decided call is answered from its entry and writes nothing; the calls it
+/// makes after that hold are decided, so its larger old share is held 250 ms, no longer.
+#[test]
+fn an_eager_holder_does_not_starve_the_others() {
+    let s = Server::start(&[]);
+    let (mut a, mut bc) = (s.conn(), s.conn());
+    let call = |c: &mut Connection, id: &str, want: &str| {
+        share(c, &["eager", "1000", "1000", id, want, "1000"])
+    };
+    assert_eq!(call(&mut a, "A", "900").0, 1000.0);
+    let mut next = [0u64; 2];
+    let mut got = [0.0f64; 2];
+    let mut a_rate = 1000.0;
+    let mut a_last = 0;
+    wait_until(30, "B and C at their max-min shares", || {
+        let now = server_ns(&mut bc);
+        for (i, (id, want)) in [("B", "100"), ("C", "600")].iter().enumerate() {
+            if now >= next[i] {
+                let r = call(&mut bc, id, want);
+                got[i] = r.0;
+                next[i] = server_ns(&mut bc) + r.3 as u64 * MS;
+            }
+        }
+        if now >= a_last + 120 * MS {
+            a_rate = call(&mut a, "A", "900").0;
+            a_last = now;
+        }
+        got == [100.0, 450.0] && a_rate == 450.0
+    });
 }

@@ -25,8 +25,10 @@ pub struct ShareConfig {
     /// (server) periods. Between 10 ms and an hour; default 1 s.
     pub period: Duration,
     /// How much more than its measured demand a holder asks for (`want = demand * (1 +
-    /// headroom)`), so that a holder that could use more asks for more. Default 0.25: a
-    /// holder below its share leaves the rest to the others but a fifth of its demand.
+    /// headroom)`). Default 0: while the wants exceed the rate, headroom a holder does not
+    /// use is quota the others are short of (the division is max-min by want); while they
+    /// fit, the server gives every holder more than it wants anyway, and a demand that
+    /// strays from the one reported is reported early.
     pub headroom: f64,
     /// How long the `Allow` policy lets out `rate / holders` (the last known holders) in
     /// one outage once no share may be used; after it, nothing until Redis answers.
@@ -42,7 +44,7 @@ impl Default for ShareConfig {
     fn default() -> Self {
         ShareConfig {
             period: Duration::from_secs(1),
-            headroom: 0.25,
+            headroom: 0.0,
             allow_for: Duration::from_secs(30),
             limiter: LimiterConfig::default(),
         }
@@ -156,6 +158,14 @@ struct Inner<C: RedisConnection> {
     attempted: AtomicU64,
     /// The refresh task's own: the measured demand, and the attempts already counted in it.
     demand: Mutex<(Demand, u64)>,
+    /// The recent demand, when it strayed from the one the last call reported: the next
+    /// call is early, and reports it.
+    early: Mutex<Option<f64>>,
+    /// The last call was answered (a stray in demand is no reason to call during an
+    /// outage).
+    answered_last: AtomicBool,
+    /// The share the last answer granted (tokens per second, as `f64` bits).
+    granted: AtomicU64,
     closed: AtomicBool,
     /// [`ShareLimiter::abandon`]: no refresh, no release.
     abandoned: AtomicBool,
@@ -331,6 +341,9 @@ impl<C: RedisConnection> ShareLimiter<C> {
             id: Mutex::new((id, forks())),
             attempted: AtomicU64::new(0),
             demand: Mutex::new((Demand::new(now), 0)),
+            early: Mutex::new(None),
+            answered_last: AtomicBool::new(false),
+            granted: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),
             refresher: Mutex::new(None),
@@ -495,6 +508,8 @@ impl<C: RedisConnection> Inner<C> {
         lock(&self.mail).clear();
         *lock(&self.id) = (holder.id.clone(), generation);
         *lock(&self.demand) = (Demand::new(now), self.attempted.load(Ordering::Relaxed));
+        *lock(&self.early) = None;
+        self.answered_last.store(false, Ordering::Release);
         drop(holder);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             if !self.closed.load(Ordering::Acquire) && !self.abandoned.load(Ordering::Acquire) {
@@ -556,6 +571,26 @@ impl<C: RedisConnection> Inner<C> {
         self.has_mail.store(true, Ordering::Release);
     }
 
+    /// Whether to call before `refresh_ms` is over: the last call was answered and the
+    /// demand since strayed from what it reported ([`Demand::drifted`]; the next call
+    /// reports the recent demand).
+    fn drifted(&self) -> bool {
+        if !self.answered_last.load(Ordering::Acquire) {
+            return false;
+        }
+        let now = mono_ns();
+        let mut demand = lock(&self.demand);
+        let total = self.attempted.load(Ordering::Relaxed);
+        let (d, counted) = &mut *demand;
+        let share = f64::from_bits(self.granted.load(Ordering::Relaxed));
+        let recent = d.drifted(now, total.saturating_sub(*counted) as f64, share);
+        drop(demand);
+        if recent.is_some() {
+            *lock(&self.early) = recent;
+        }
+        recent.is_some()
+    }
+
     /// One `RL.SHARE` call with the measured demand; answers when to call next.
     async fn refresh(&self) -> Duration {
         let period = self.config.period;
@@ -566,9 +601,10 @@ impl<C: RedisConnection> Inner<C> {
             let (d, counted) = &mut *demand;
             d.attempt(total.saturating_sub(*counted) as f64);
             *counted = total;
-            let tau = period.as_nanos() as u64;
-            d.want(sent, tau, self.config.headroom, self.limit.rate())
+            let early = lock(&self.early).take();
+            d.want(sent, self.config.headroom, self.limit.rate(), early)
         };
+        self.answered_last.store(false, Ordering::Release);
         // Not from `state`, which a taking thread may hold all the time.
         let (id, generation) = lock(&self.id).clone();
         self.post(Event::Sending { sent, generation });
@@ -609,6 +645,8 @@ impl<C: RedisConnection> Inner<C> {
                     at,
                     generation,
                 });
+                self.granted.store(r.rate.to_bits(), Ordering::Relaxed);
+                self.answered_last.store(true, Ordering::Release);
                 // When the server says, at most its period (a third of the lease: it raises
                 // a short one, so that no call comes within the previous call's hold). A
                 // server raises a period to 300 ms and no further, so a longer lease (not
@@ -669,11 +707,36 @@ fn refused(e: &Error) -> bool {
     matches!(e, Error::Redis(r) if r.is_connection_refusal())
 }
 
+/// How often (at least) the refresh task looks at the demand between calls.
+const DRIFT_TICK: Duration = Duration::from_millis(25);
+
 async fn refresh_loop<C: RedisConnection>(weak: Weak<Inner<C>>) {
     let mut next = Duration::ZERO;
     loop {
-        if !next.is_zero() {
-            tokio::time::sleep(next).await;
+        // Until `next`, or sooner if the demand strays (the limiter is not held meanwhile:
+        // one dropped without `close` ends this task at the next tick).
+        let deadline = tokio::time::Instant::now() + next;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let tick = {
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                DRIFT_TICK.max(inner.config.period / 8)
+            };
+            tokio::time::sleep(left.min(tick)).await;
+            let Some(inner) = weak.upgrade() else {
+                return;
+            };
+            if inner.closed.load(Ordering::Acquire) {
+                return;
+            }
+            if inner.drifted() {
+                break;
+            }
         }
         let Some(inner) = weak.upgrade() else {
             return;

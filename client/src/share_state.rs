@@ -3,6 +3,8 @@
 //! enters as monotonic nanoseconds (never the wall clock), so every rule here is tested by
 //! stepping a number.
 
+use std::collections::VecDeque;
+
 use crate::FailurePolicy;
 
 pub(crate) const MS: u64 = 1_000_000;
@@ -332,26 +334,39 @@ impl ShareState {
     }
 }
 
-/// The measured demand: attempted tokens per second (granted and denied), as a moving
-/// average with time constant `tau`, sampled at every call; `want` adds `headroom` so that a
-/// holder that could use more asks for more. After a step in demand, the average covers
-/// `1 - exp(-t / tau)` of the step after `t` (63 % after `tau`, 95 % after `3 tau`).
+/// The measured demand: attempted tokens per second (granted and denied) over the span since
+/// the last call, so that a step either way is in the next call's want in full; `want`
+/// adds `headroom`. Between calls the refresh task notes the attempts at each tick, so that
+/// a demand that strays from the one last reported is seen over the latest [`RECENT`]
+/// alone ([`Demand::drifted`]) and reported early.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Demand {
-    avg: Option<f64>,
+    last: Option<f64>,
     attempted: f64,
     since: u64,
+    /// `(instant, attempts since the last call)` at the refresh task's ticks.
+    ticks: VecDeque<(u64, f64)>,
 }
 
-/// Shortest span a sample is taken over: calls closer together keep the last want.
-const MIN_SAMPLE: u64 = 5 * MS;
+/// Shortest span a sample is taken over: calls closer together (a holder sent back soon
+/// to pick up what another frees) keep the last want and go on counting, so that a holder
+/// asking a few times a second is not measured at 0 over a few milliseconds.
+const MIN_SAMPLE: u64 = HOLD;
+/// No early call within this long of the last one (its hold).
+pub(crate) const SHORTEST: u64 = rl_core::share::SHORTEST_PERIOD_MS * MS;
+/// The span the recent demand is measured over: short, so that a demand that stepped is
+/// reported as its new level rather than a mix of the two.
+const RECENT: u64 = 150 * MS;
+/// A demand that strayed this far (a fraction of the one last reported) is reported early.
+const DRIFT: f64 = 0.25;
 
 impl Demand {
     pub(crate) fn new(now: u64) -> Demand {
         Demand {
-            avg: None,
+            last: None,
             attempted: 0.0,
             since: now,
+            ticks: VecDeque::new(),
         }
     }
 
@@ -359,26 +374,64 @@ impl Demand {
         self.attempted += n;
     }
 
-    /// Closes the sample since the last call and answers `avg * (1 + headroom)`, or
-    /// `initial` before anything was measured.
-    pub(crate) fn want(&mut self, now: u64, tau: u64, headroom: f64, initial: f64) -> f64 {
+    /// The demand over the latest [`RECENT`] (at least), noting this tick; `None` within
+    /// [`SHORTEST`] of the last call.
+    fn recent(&mut self, now: u64, pending: f64) -> Option<f64> {
+        let total = self.attempted + pending;
+        self.ticks.push_back((now, total));
+        while self.ticks.len() > 1 && now.saturating_sub(self.ticks[1].0) >= RECENT {
+            self.ticks.pop_front();
+        }
+        if now.saturating_sub(self.since) < SHORTEST {
+            return None;
+        }
+        let (mut t, mut n) = self.ticks[0];
+        if now.saturating_sub(t) < RECENT {
+            (t, n) = (self.since, 0.0);
+        }
+        Some((total - n) * NANOS_PER_SEC / now.saturating_sub(t).max(1) as f64)
+    }
+
+    /// The recent demand if it strayed from the one the last call reported by more than
+    /// [`DRIFT`] of it and more than chance would (three standard deviations of a Poisson
+    /// count over the span): the holder calls early, so that a holder whose demand fell
+    /// gives back what it no longer uses and one whose demand rose asks for it, instead of
+    /// waiting a whole period. `pending`: attempts not yet added. Not while both demands
+    /// are well above the holder's `share` (if it has one): its want is then above the division's level
+    /// either way, and reporting it changes nothing (a tight loop's demand swings with the
+    /// CPU it gets).
+    pub(crate) fn drifted(&mut self, now: u64, pending: f64, share: f64) -> Option<f64> {
+        let last = self.last?;
+        let rate = self.recent(now, pending)?;
+        if 0.0 < share * (1.0 + DRIFT) && share * (1.0 + DRIFT) < rate.min(last) {
+            return None;
+        }
+        let span = RECENT as f64 / NANOS_PER_SEC;
+        let expected = last * span;
+        let gap = (rate - last).abs() * span;
+        (gap > DRIFT * expected && gap > 3.0 * expected.sqrt() + 2.0).then_some(rate)
+    }
+
+    /// Closes the sample since the last call and answers `sample * (1 + headroom)` (the
+    /// `recent` demand instead, when the call is early for it), or `initial` before
+    /// anything was measured.
+    pub(crate) fn want(
+        &mut self,
+        now: u64,
+        headroom: f64,
+        initial: f64,
+        recent: Option<f64>,
+    ) -> f64 {
         let dt = now.saturating_sub(self.since);
         if dt >= MIN_SAMPLE {
-            let sample = self.attempted * NANOS_PER_SEC / dt as f64;
-            let avg = match self.avg {
-                None => sample,
-                Some(a) => {
-                    let weight = 1.0 - (-(dt as f64) / tau.max(1) as f64).exp();
-                    a + weight * (sample - a)
-                }
-            };
-            self.avg = Some(avg);
+            self.last = Some(recent.unwrap_or(self.attempted * NANOS_PER_SEC / dt as f64));
             self.attempted = 0.0;
             self.since = now;
+            self.ticks.clear();
         }
-        match self.avg {
+        match self.last {
             None => initial,
-            Some(avg) => (avg * (1.0 + headroom)).clamp(0.0, 1e15),
+            Some(d) => (d * (1.0 + headroom)).clamp(0.0, 1e15),
         }
     }
 }
@@ -618,36 +671,47 @@ mod tests {
     }
 
     #[test]
-    fn want_follows_demand_with_headroom() {
-        let tau = S;
+    fn want_is_the_demand_since_the_last_call_and_a_stray_is_reported_early() {
         let mut d = Demand::new(T0);
-        assert_eq!(d.want(T0, tau, 0.5, 123.0), 123.0, "nothing measured yet");
-        // 100 attempts a second for 3 s, sampled every second.
-        let mut now = T0;
-        for _ in 0..3 {
-            d.attempt(100.0);
-            now += S;
-            d.want(now, tau, 0.5, 123.0);
-        }
-        let w = d.want(now, tau, 0.5, 123.0);
-        assert!((w - 150.0).abs() < 1e-6, "{w}");
-        // Demand steps to 1000/s: 63 % of the step after one tau, 95 % after three.
+        assert_eq!(d.want(T0, 0.5, 123.0, None), 123.0, "nothing measured yet");
+        // 100 attempts a second for a second: 100, with headroom 150.
+        d.attempt(100.0);
+        let mut now = T0 + S;
+        assert!((d.want(now, 0.5, 123.0, None) - 150.0).abs() < 1e-6);
+        // A step to 1000/s is in the next want in full.
         d.attempt(1000.0);
         now += S;
-        let w1 = d.want(now, tau, 0.0, 0.0);
-        assert!(
-            (w1 - (100.0 + 900.0 * (1.0 - (-1f64).exp()))).abs() < 1e-6,
-            "{w1}"
-        );
-        for _ in 0..2 {
-            d.attempt(1000.0);
-            now += S;
-            d.want(now, tau, 0.0, 0.0);
-        }
-        let w3 = d.want(now, tau, 0.0, 0.0);
-        assert!(w3 > 100.0 + 0.95 * 900.0 - 1e-6, "{w3}");
+        assert!((d.want(now, 0.0, 0.0, None) - 1000.0).abs() < 1e-6);
         // Calls closer than the shortest sample keep the last want.
         d.attempt(1e9);
-        assert_eq!(d.want(now + MS, tau, 0.0, 0.0), w3);
+        assert!((d.want(now + MS, 0.0, 0.0, None) - 1000.0).abs() < 1e-6);
+        let mut d = Demand::new(T0);
+        d.attempt(1000.0);
+        now = T0 + S;
+        d.want(now, 0.0, 0.0, None);
+        // At 1000/s, ticks every 50 ms: no stray; never within SHORTEST of the call.
+        let mut pending = 0.0;
+        for k in 1..=20u64 {
+            pending += 50.0;
+            assert_eq!(
+                d.drifted(now + k * 50 * MS, pending, f64::INFINITY),
+                None,
+                "tick {k}"
+            );
+        }
+        // The demand falls to 200/s: seen once the recent span is mostly at the new rate,
+        // and reported as the recent demand, not the average since the call.
+        let mut seen = None;
+        for k in 21..=40u64 {
+            pending += 10.0;
+            if let Some(r) = d.drifted(now + k * 50 * MS, pending, f64::INFINITY) {
+                seen = Some((k, r));
+                break;
+            }
+        }
+        let (k, r) = seen.expect("a fall to a fifth is reported");
+        assert!(k <= 26, "within 300 ms of the fall: tick {k}");
+        assert!(r < 750.0, "{r}");
+        assert!((d.want(now + k * 50 * MS, 0.0, 0.0, Some(r)) - r).abs() < 1e-9);
     }
 }

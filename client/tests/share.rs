@@ -428,8 +428,8 @@ async fn skew(side: Side) {
             Duration::from_millis(100),
         ));
     }
-    // Max-min by want: the cold ones get their demand plus headroom (~12.5/s each), the hot
-    // one the rest (~160/s).
+    // Max-min by want: the cold ones get their demand (~10/s each), the hot one the rest
+    // (~170/s).
     eventually(60, "the hot holder's larger share", || {
         let h = hot.share().rate;
         let c: Vec<f64> = cold.iter().map(|c| c.share().rate).collect();

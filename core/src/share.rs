@@ -51,6 +51,10 @@ pub const MAX_WANT: f64 = crate::MAX_VALUE;
 /// short (rounding alone moves a share by a few units in the last place).
 const SHORT: f64 = 1e-9;
 
+/// A holder whose share came out below this fraction of its target is far short: it is
+/// sent back within a quarter period even when nothing frees before.
+const FAR: f64 = 0.9;
+
 /// Largest number a stored time may hold (Redis integers are signed 64-bit).
 const MAX_FIELD: u64 = i64::MAX as u64;
 
@@ -103,6 +107,14 @@ impl Holder {
     /// rate).
     pub fn is_live(&self, t: Nanos) -> bool {
         t < self.lease_end
+    }
+
+    /// Whether the holder's last call shrank its share and `t` is within that call's
+    /// hold: its old, larger share is still counted.
+    pub fn shrank_within_hold(&self, t: Nanos) -> bool {
+        self.is_live(t)
+            && t < self.held_until
+            && (self.held_rate > self.rate || self.held_burst > self.burst)
     }
 
     /// Whether the entry no longer counts for anything at `t`.
@@ -397,12 +409,39 @@ impl ShareTable {
                 expires_at: 0,
             });
         }
+        // A holder whose last call shrank its share, calling again within that call's hold
+        // (sooner than it was told): deciding the call would hold the larger old share
+        // for another HOLD, and a holder calling that often would keep it counted for as
+        // long as it kept calling, starving the others. Its entry already says what it
+        // may use, so the call is answered from it and writes nothing: the share it has,
+        // for what is left of its lease, and to come back when the hold ends. What it gave
+        // up is free when that hold ends, however often it calls.
+        if let Some(h) = own.filter(|h| !req.release && h.shrank_within_hold(now)) {
+            return Ok(Decision {
+                reply: ShareReply {
+                    rate: h.rate,
+                    burst: h.burst,
+                    // Counted from the server's instant: the holder, which counts from
+                    // when it sent the call (no later), stops no later than the entry.
+                    lease_ms: (h.lease_end - now) / MS,
+                    refresh_ms: crate::ceil_millis(h.held_until - now).max(MIN_PERIOD_MS),
+                    holders: (s.live + 1) as u64,
+                },
+                written: false,
+                pruned: 0,
+                joined: false,
+                short: false,
+                applied,
+                index: 0,
+                expires_at: 0,
+            });
+        }
         if own_alive.is_none() && others >= MAX_HOLDERS {
             return Err(ShareError::TooMany);
         }
 
-        let (rate, burst, short) = if req.release {
-            (0.0, 0.0, false)
+        let (rate, burst, short, far, capped) = if req.release {
+            (0.0, 0.0, false, false, false)
         } else {
             let target = self.target(&limit, req, &s, found.ok(), now);
             let target_burst = target * limit.cap() / limit.rate();
@@ -411,7 +450,16 @@ impl ShareTable {
             let rate = non_negative(target.min(free));
             let burst = non_negative(target_burst.min(free_burst));
             let short = rate < target * (1.0 - SHORT) || burst < target_burst * (1.0 - SHORT);
-            (rate, burst, short)
+            // Far short: below nine tenths of its target (a newcomer to a fleet that holds
+            // everything, a holder whose demand stepped up), not by a rounding or by the
+            // jitter of a measured demand.
+            let far = rate < target * FAR || burst < target_burst * FAR;
+            // Capped: the others' wants cut it below its own, and some of them want less
+            // than it gets (the wants differ: a hot spot that may move). When every holder
+            // wants more than the level (one hot key, the demand everywhere unlimited),
+            // nobody's want is likely to fall below it: once a period is enough.
+            let capped = target < req.want * (1.0 - SHORT) && s.least_want < target;
+            (rate, burst, short, far, capped)
         };
         let lease = period_ms * LEASE_PERIODS * MS;
         // The id is allocated only for a new entry (below).
@@ -437,10 +485,35 @@ impl ShareTable {
             } else {
                 MIN_PERIOD_MS
             };
+            // Far short, it comes back within a quarter period even when nothing frees
+            // before: the holders over their targets learn of its want at their next
+            // calls, and it picks up what they give up without waiting a whole period.
+            let latest = if far {
+                (period_ms / 4).max(soonest)
+            } else {
+                period_ms
+            };
             match self.next_release(found.ok(), now) {
                 None => (period_ms / 4).max(soonest),
-                Some(t) => crate::ceil_millis(t - now).clamp(soonest, period_ms),
+                Some(t) => crate::ceil_millis(t - now).clamp(soonest, latest),
             }
+        } else if capped {
+            // At its target but wanting more: its target grows as soon as another holder
+            // wants less (a hot spot that moved), and it learns that only by calling. Half
+            // a period, not within its hold if its share shrank.
+            let soonest = if entry.held_rate > rate || entry.held_burst > burst {
+                SHORTEST_PERIOD_MS
+            } else {
+                MIN_PERIOD_MS
+            };
+            (period_ms / 2).max(soonest)
+        } else if !own.is_some_and(|h| h.is_live(now)) {
+            // A newcomer (a fleet starting together, a restarted instance): its first want
+            // is often a guess (the clients send the whole rate before they have measured
+            // anything), and it may hold everything, the others not yet there. It comes
+            // back after the shortest period with what it measured, so that the division
+            // settles within a fraction of a period instead of one.
+            period_ms.min(SHORTEST_PERIOD_MS)
         } else {
             period_ms
         };
@@ -543,6 +616,7 @@ impl ShareTable {
             if live {
                 s.live += 1;
                 s.wants += h.want;
+                s.least_want = s.least_want.min(h.want);
             }
         }
         s.rate = rate.up(counted);
@@ -657,6 +731,8 @@ struct Scan {
     /// Live holders among them and the sum of their wants.
     live: usize,
     wants: f64,
+    /// The smallest of their wants (infinite if none is live).
+    least_want: f64,
     dead: usize,
     /// When the last of them ends.
     last_end: Nanos,
@@ -669,6 +745,7 @@ impl Default for Scan {
             burst: 0.0,
             live: 0,
             wants: 0.0,
+            least_want: f64::INFINITY,
             dead: 0,
             last_end: 0,
         }
@@ -807,19 +884,17 @@ mod tests {
                 rate: 100.0,
                 burst: 50.0,
                 lease_ms: 3000,
-                refresh_ms: 1000,
+                refresh_ms: SHORTEST_PERIOD_MS,
                 holders: 1
             }
         );
-        assert!(d.written && d.joined && !d.short);
-        // b arrives: nothing is free, so it gets 0 and comes back when something may be.
+        assert!(d.written && d.joined && !d.short, "a newcomer is back soon");
+        // b arrives: nothing is free, so it gets 0; far short, it comes back within a
+        // quarter period though a's lease ends later than that.
         let d = t.decide(&req("b", 10.0, l), T0 + MS).unwrap();
         assert_eq!((d.reply.rate, d.reply.holders), (0.0, 2));
         assert!(d.short);
-        assert_eq!(
-            d.reply.refresh_ms, 1000,
-            "a's lease ends later than a period"
-        );
+        assert_eq!(d.reply.refresh_ms, 250);
         // (a's hold of nothing is no reason to come back sooner.)
         // a refreshes: its target is now half; its old share is held for HOLD.
         let d = t.decide(&req("a", 10.0, l), T0 + 2 * MS).unwrap();
@@ -834,6 +909,61 @@ mod tests {
         assert!(!d.short);
         let (r, b) = t.committed(T0 + 2 * MS + HOLD);
         assert!(r <= 100.0 && b <= 50.0);
+    }
+
+    #[test]
+    fn a_call_within_the_hold_of_a_shrink_is_answered_from_the_entry() {
+        let l = limit(100.0, 50.0);
+        let mut t = ShareTable::new(l, 0);
+        t.decide(&req("a", 100.0, l), T0).unwrap();
+        t.decide(&req("b", 100.0, l), T0 + MS).unwrap();
+        // a shrinks to half; its 100 is held until T0 + 2 ms + HOLD.
+        let d = t.decide(&req("a", 100.0, l), T0 + 2 * MS).unwrap();
+        assert_eq!(d.reply.rate, 50.0);
+        let before = t.clone();
+        // a again 100 ms later (told to wait 1,000): nothing written, its share for the
+        // rest of its lease, back when the hold ends.
+        let d = t.decide(&req("a", 7.0, l), T0 + 102 * MS).unwrap();
+        assert!(!d.written);
+        assert_eq!(t, before);
+        assert_eq!(
+            d.reply,
+            ShareReply {
+                rate: 50.0,
+                burst: 25.0,
+                lease_ms: 2900,
+                refresh_ms: 150,
+                holders: 2
+            }
+        );
+        // After the hold it is decided: its want of 7 now counts, its 50 is held.
+        let d = t.decide(&req("a", 7.0, l), T0 + 2 * MS + HOLD).unwrap();
+        assert!(d.written);
+        assert_eq!(d.reply.rate, 7.0);
+        assert_eq!(t.holders()[0].held_rate, 50.0);
+        // A call whose share grew holds nothing over it: decided at once.
+        let d = t.decide(&req("b", 100.0, l), T0 + 3 * MS + HOLD).unwrap();
+        assert!(d.written);
+    }
+
+    #[test]
+    fn a_holder_cut_by_the_division_comes_back_in_half_a_period() {
+        let l = limit(100.0, 100.0);
+        let mut t = ShareTable::new(l, 0);
+        let mut at = T0;
+        let mut last = Vec::new();
+        for _ in 0..3 {
+            last.clear();
+            for (h, w) in [("a", 80.0), ("b", 80.0), ("c", 10.0)] {
+                last.push(t.decide(&req(h, w, l), at).unwrap().reply);
+                at += MS;
+            }
+            at += HOLD;
+        }
+        // a and b want 80 and get 45 (the level): back in 500 ms, when another's want may
+        // have fallen; c gets all it wants: a period.
+        let got: Vec<(f64, u64)> = last.iter().map(|r| (r.rate, r.refresh_ms)).collect();
+        assert_eq!(got, vec![(45.0, 500), (45.0, 500), (10.0, 1000)]);
     }
 
     #[test]

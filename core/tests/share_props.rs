@@ -634,3 +634,156 @@ proptest! {
         check_uses(&uses, max_lease, true).map_err(TestCaseError::fail)?;
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Eager holders call at arbitrary times (as often as every millisecond, whatever
+    /// `refresh_ms` said, their answers delayed), the others as told; an eager holder
+    /// first holds the whole rate alone. The bound holds at every instant (the shares in
+    /// use, as the holders' rules have them use each answer, never sum above the rate or
+    /// the cap), what a holder gives up comes free within its old lease, and within one
+    /// lease of the others joining (plus twice the longest gap an eager holder leaves
+    /// between its calls, 400 ms), every holder's answer is its max-min share.
+    #[test]
+    fn holders_calling_at_arbitrary_times_keep_the_bound_and_converge_within_a_lease(
+        l in 0usize..3,
+        wants in prop::collection::vec(prop_oneof![Just(0.0), 1.0f64..300.0, Just(1e15)], 2..6),
+        eager in prop::collection::vec(any::<bool>(), 6),
+        gaps in prop::collection::vec(1u64..400, 64),
+        delays in prop::collection::vec((0u64..60, 0u64..60), 64),
+        period_ms in 300u64..1500,
+        join_ms in 0u64..500,
+    ) {
+        let (rate, cap) = LIMITS[l];
+        let limit = Limit::new(rate, cap).unwrap();
+        let mut table = ShareTable::new(limit, 0);
+        let n = wants.len();
+        // Holder 0 is eager and alone first; the others join at `join`.
+        let is_eager = |i: usize| i == 0 || eager[i];
+        let join = T0 + join_ms * MS;
+        let mut sent: Vec<Nanos> = (0..n).map(|i| if i == 0 { T0 } else { join + i as u64 }).collect();
+        let mut decided = sent.clone();
+        let mut current: Vec<Option<usize>> = vec![None; n];
+        let mut last: Vec<Option<rl_core::ShareReply>> = vec![None; n];
+        let mut last_at: Vec<Nanos> = vec![0; n];
+        let mut uses: Vec<Use> = Vec::new();
+        let lease = period_ms * LEASE_PERIODS * MS;
+        // An eager holder may also wait up to 400 ms between calls: it shrinks at its first
+        // call after the join, and the others may be in such a gap when its hold ends.
+        let horizon = join + lease + 2 * 400 * MS;
+        let mut k = 0usize;
+        loop {
+            let (who, &now) = decided.iter().enumerate().min_by_key(|&(_, t)| *t).unwrap();
+            if now > horizon {
+                break;
+            }
+            k += 1;
+            let (d1, d2) = delays[k % delays.len()];
+            let id = format!("h{who}");
+            let req = ShareRequest::new(id.as_bytes(), wants[who], period_ms, false, limit, 0).unwrap();
+            let before = table.clone();
+            let d = table.decide(&req, now).unwrap();
+            let (r1, b1) = committed(&table, now);
+            prop_assert!(r1 <= exact(rate) && b1 <= exact(cap), "server over the limit");
+            if !d.written {
+                prop_assert_eq!(&table, &before);
+            }
+            // No entry holds more than its share past its hold, and a hold never ends
+            // later than the lease it came from allowed.
+            for h in table.holders() {
+                prop_assert!(h.held_until <= now + HOLD);
+            }
+            let s = sent[who];
+            let answer = now + d2 * MS;
+            if let Some(i) = current[who].take() {
+                let stop = answer.min(s + HOLD).max(uses[i].from);
+                uses[i].until = uses[i].until.min(stop);
+            }
+            let lease_got = d.reply.lease_ms * MS;
+            let margin = lease_got / 100 + 10 * MS;
+            if lease_got > margin && answer < s + lease_got - margin {
+                uses.push(Use {
+                    rate: d.reply.rate,
+                    burst: d.reply.burst,
+                    from: answer,
+                    until: s + lease_got - margin,
+                    decided: now,
+                    limit: (rate, cap),
+                });
+                current[who] = Some(uses.len() - 1);
+            }
+            last[who] = Some(d.reply);
+            last_at[who] = now;
+            sent[who] = if is_eager(who) {
+                answer + gaps[k % gaps.len()] * MS
+            } else {
+                answer + d.reply.refresh_ms * MS
+            };
+            decided[who] = sent[who] + d1 * MS;
+        }
+        check_uses(&uses, lease, false).map_err(TestCaseError::fail)?;
+        check_uses(&uses, lease, true).map_err(TestCaseError::fail)?;
+        // Within a lease of the join (and the gaps), every holder is answered its max-min share
+        // (an eager holder's last answer may come from its entry: the same share).
+        let w: Vec<(usize, f64)> = wants.iter().copied().enumerate().collect();
+        let got: Vec<rl_core::ShareReply> = last.iter().map(|r| r.unwrap()).collect();
+        for (i, &at) in last_at.iter().enumerate() {
+            prop_assert!(at + lease >= horizon, "holder {i} last called at {}", at - T0);
+        }
+        check_fair(rate, cap, &w, &got)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Holders calling as told (`refresh_ms` after the answer, up to a tenth early),
+    /// settled; then every want steps (up or down, any holder). Within two periods and a
+    /// hold of the step every holder's answer is its max-min share under the new wants
+    /// (the holders cut by the division come back in half a period, the ones far short
+    /// within a quarter, the others once a period), and the bound holds at every call.
+    #[test]
+    fn a_step_in_demand_is_met_within_two_periods_and_a_hold(
+        l in 0usize..3,
+        before in prop::collection::vec(prop_oneof![Just(0.0), 1.0f64..300.0, Just(1e15)], 2..6),
+        after in prop::collection::vec(prop_oneof![Just(0.0), 1.0f64..300.0, Just(1e15)], 6),
+        period_ms in 300u64..1500,
+        step_ms in 0u64..3000,
+        seed in any::<u64>(),
+    ) {
+        let (rate, cap) = LIMITS[l];
+        let limit = Limit::new(rate, cap).unwrap();
+        let mut table = ShareTable::new(limit, 0);
+        let n = before.len();
+        let mut seed = seed | 1;
+        let mut jitter = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            0.9 + 0.1 * (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let period = period_ms * MS;
+        let step = T0 + 4 * LEASE_PERIODS * period + step_ms * MS;
+        let horizon = step + 2 * period + HOLD;
+        let mut next: Vec<Nanos> = (0..n as u64).map(|i| T0 + i).collect();
+        let mut last: Vec<Option<rl_core::ShareReply>> = vec![None; n];
+        loop {
+            let (i, &now) = next.iter().enumerate().min_by_key(|&(_, t)| *t).unwrap();
+            if now > horizon {
+                break;
+            }
+            let want = if now < step { before[i] } else { after[i] };
+            let id = format!("h{i}");
+            let req = ShareRequest::new(id.as_bytes(), want, period_ms, false, limit, 0).unwrap();
+            let d = table.decide(&req, now).unwrap();
+            let (r, b) = committed(&table, now);
+            prop_assert!(r <= exact(rate) && b <= exact(cap), "over the limit");
+            last[i] = Some(d.reply);
+            next[i] = now + (d.reply.refresh_ms as f64 * jitter() * MS as f64) as Nanos;
+        }
+        let w: Vec<(usize, f64)> = (0..n).map(|i| (i, after[i])).collect();
+        let got: Vec<rl_core::ShareReply> = last.iter().map(|r| r.unwrap()).collect();
+        check_fair(rate, cap, &w, &got)?;
+    }
+}

@@ -557,19 +557,20 @@ def shares():
         s.load_library()
         r2, r3 = s.client(), s.client(protocol=3)
         # A lone holder gets all of the rate and cap; the key expires at its lease end
-        # (3 periods after the call, by the server's clock).
+        # (3 periods after the call, by the server's clock). A newcomer is back in 300 ms.
         got = expires_after(r2, "k", lambda: share(r2, "k", 100, 50, "a", 10, 60000), 180_000)
-        assert got == [b"100", b"50", 180000, 60000, 1], got
-        assert share(r3, "k3", 100, 50, "a", 10, 60000) == [100.0, 50.0, 180000, 60000, 1]
+        assert got == [b"100", b"50", 180000, 300, 1], got
+        assert share(r3, "k3", 100, 50, "a", 10, 60000) == [100.0, 50.0, 180000, 300, 1]
         fields = r2.hgetall("k")
         assert set(fields) == {b"R", b"C", b"61"} and (fields[b"R"], fields[b"C"]) == (b"100", b"50")
         want, rate, burst, lease_end, held_rate, held_burst, held_until = fields[b"61"].split()
         assert (float(want), float(rate), float(burst)) == (10, 100, 50)
         assert (float(held_rate), float(held_burst)) == (0, 0)
         assert int(lease_end) - int(held_until) == 180_000_000 - 250_000  # µs
-        # A newcomer gets what is free (nothing) and is told to come back; after a refresh
-        # halves a's share, a's old share is held 250 ms, then b gets its half.
-        assert share(r2, "k", 100, 50, "b\x00", 10, 60000) == [b"0", b"0", 180000, 60000, 2]
+        # A newcomer gets what is free (nothing) and, far short, is told to come back
+        # within a quarter period; after a refresh halves a's share, a's old share is held
+        # 250 ms, then b gets its half.
+        assert share(r2, "k", 100, 50, "b\x00", 10, 60000) == [b"0", b"0", 180000, 15000, 2]
         assert share(r2, "k", 100, 50, "a", 10, 60000)[:2] == [b"50", b"25"]
         hold = int(r2.hget("k", "61").split()[6])
         g = share(r2, "k", 100, 50, "b\x00", 10, 60000)

@@ -307,26 +307,38 @@ def test_late_posts_and_answers_never_let_out_more_than_the_server_counts() -> N
             last, kept = now, state.bucket.tokens
 
 
-def test_want_follows_demand_with_headroom() -> None:
+def test_want_is_the_demand_since_the_last_call_and_a_stray_is_reported_early() -> None:
     d = Demand(T0)
-    assert d.want(T0, 1.0, 0.5, 123.0) == 123.0, "nothing measured yet: the initial want"
-    now = T0
-    for _ in range(3):
-        d.attempt(100)
-        now += 1
-        d.want(now, 1.0, 0.5, 123.0)
-    assert d.want(now, 1.0, 0.5, 123.0) == pytest.approx(150.0)
+    assert d.want(T0, 0.5, 123.0) == 123.0, "nothing measured yet: the initial want"
+    d.attempt(100)
+    now = T0 + 1
+    assert d.want(now, 0.5, 123.0) == pytest.approx(150.0), "100/s with headroom"
     d.attempt(1000)
     now += 1
-    assert d.want(now, 1.0, 0.0, 0.0) == pytest.approx(100 + 900 * (1 - math.exp(-1)))
-    for _ in range(2):
-        d.attempt(1000)
-        now += 1
-        d.want(now, 1.0, 0.0, 0.0)
-    w3 = d.want(now, 1.0, 0.0, 0.0)
-    assert w3 > 100 + 0.95 * 900 - 1e-6
+    assert d.want(now, 0.0, 0.0) == pytest.approx(1000.0), "a step is in the next want in full"
     d.attempt(1e9)
-    assert d.want(now + MS, 1.0, 0.0, 0.0) == w3, "calls closer than 5 ms keep the want"
+    assert d.want(now + MS, 0.0, 0.0) == pytest.approx(1000.0), "calls closer than 250 ms keep it"
+    d = Demand(T0)
+    d.attempt(1000)
+    now = T0 + 1
+    d.want(now, 0.0, 0.0)
+    # At 1000/s, ticks every 50 ms: no stray; never within 300 ms of the call.
+    pending = 0.0
+    for k in range(1, 21):
+        pending += 50
+        assert d.drifted(now + k * 0.05, pending) is None, k
+    # The demand falls to 200/s: seen within 300 ms, reported as the recent demand.
+    seen = None
+    for k in range(21, 41):
+        pending += 10
+        r = d.drifted(now + k * 0.05, pending)
+        if r is not None:
+            seen = (k, r)
+            break
+    assert seen is not None, "a fall to a fifth is reported"
+    k, r = seen
+    assert k <= 26 and r < 750, seen
+    assert d.want(now + k * 0.05, 0.0, 0.0, r) == pytest.approx(r)
 
 
 def test_replies_are_parsed_in_both_protocols() -> None:

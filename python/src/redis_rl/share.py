@@ -57,8 +57,17 @@ from .types import AsyncClient, SyncClient
 HOLD = 0.25
 #: The server raises a period shorter than this (seconds) to this, and no period beyond it.
 SHORTEST_PERIOD = 0.3
-#: Shortest span a demand sample is taken over: calls closer together keep the last want.
-MIN_SAMPLE = 0.005
+#: Shortest span a demand sample is taken over: calls closer together (a holder sent back
+#: soon to pick up what another frees) keep the last want and go on counting, so that a
+#: holder asking a few times a second is not measured at 0 over a few milliseconds.
+MIN_SAMPLE = 0.25
+#: How often (at least) the refresher looks at the demand between calls (seconds).
+DRIFT_TICK = 0.025
+#: The span the recent demand is measured over (seconds): short, so that a demand that
+#: stepped is reported as its new level rather than a mix of the two.
+RECENT = 0.15
+#: A demand that strayed this far (a fraction of the want it sent) is reported early.
+DRIFT = 0.25
 #: Decisions made from a share carry this source (a share is a lease of a rate).
 SHARE_SOURCE = Source.SHARE
 
@@ -276,34 +285,75 @@ class ShareState:
 
 
 class Demand:
-    """The measured demand: attempted tokens per second (granted and denied), as a moving
-    average with time constant ``tau`` sampled at every call; ``want`` adds ``headroom`` so
-    that a holder that could use more asks for more (63 % of a step after ``tau``, 95 %
-    after ``3 tau``)."""
+    """The measured demand: attempted tokens per second (granted and denied) over the span
+    since the last call, so that a step either way is in the next call's want in full;
+    ``want`` adds ``headroom`` (0 by default: headroom a holder does not use is quota the
+    others may be short of, and the server gives a holder more than it wants whenever the
+    wants fit the rate). Between calls the refresher notes the attempts at each tick, so
+    that a demand that strays from the one last reported is seen over the latest
+    ``RECENT`` alone (:meth:`drifted`) and reported early."""
 
     def __init__(self, now: float) -> None:
-        self.avg: Optional[float] = None
+        self.last: Optional[float] = None
         self.attempted = 0.0
         self.since = now
+        #: ``(time, attempts since the last call)`` at the refresher's ticks.
+        self.ticks: Deque[Tuple[float, float]] = deque()
 
     def attempt(self, n: float) -> None:
         self.attempted += n
 
-    def want(self, now: float, tau: float, headroom: float, initial: float) -> float:
-        """Closes the sample since the last call and answers ``avg * (1 + headroom)``, or
-        ``initial`` before anything was measured."""
+    def recent(self, now: float, pending: float) -> Optional[float]:
+        """The demand over the latest ``RECENT`` (at least), noting this tick;
+        ``None`` within ``SHORTEST_PERIOD`` of the last call (its hold)."""
+        total = self.attempted + pending
+        ticks = self.ticks
+        ticks.append((now, total))
+        while len(ticks) > 1 and now - ticks[1][0] >= RECENT:
+            ticks.popleft()
+        if now - self.since < SHORTEST_PERIOD:
+            return None
+        t, n = ticks[0]
+        if now - t < RECENT:
+            t, n = self.since, 0.0
+        return (total - n) / (now - t)
+
+    def drifted(self, now: float, pending: float, share: float = math.inf) -> Optional[float]:
+        """The recent demand if it strayed from the one the last call reported by more than
+        ``DRIFT`` of it and more than chance would (three standard deviations of a Poisson
+        count over the span): the holder calls early, so that a holder whose demand fell
+        gives back what it no longer uses and one whose demand rose asks for it, instead of
+        waiting a whole period. Not while both demands are well above the holder's
+        ``share`` (if it has one): its want is then above the division's level either way,
+        and reporting it changes nothing (a tight loop's demand swings with the CPU it
+        gets)."""
+        if self.last is None:
+            return None
+        rate = self.recent(now, pending)
+        if rate is None or 0.0 < share * (1.0 + DRIFT) < min(rate, self.last):
+            return None
+        span = RECENT
+        expected = self.last * span
+        gap = abs(rate - self.last) * span
+        if gap > DRIFT * expected and gap > 3.0 * math.sqrt(expected) + 2.0:
+            return rate
+        return None
+
+    def want(
+        self, now: float, headroom: float, initial: float, recent: Optional[float] = None
+    ) -> float:
+        """Closes the sample since the last call and answers ``sample * (1 + headroom)``
+        (the ``recent`` demand instead, when the call is early for it), or ``initial``
+        before anything was measured."""
         dt = max(0.0, now - self.since)
         if dt >= MIN_SAMPLE:
-            sample = self.attempted / dt
-            if self.avg is None:
-                self.avg = sample
-            else:
-                self.avg += (1.0 - math.exp(-dt / max(tau, 1e-9))) * (sample - self.avg)
+            self.last = self.attempted / dt if recent is None else recent
             self.attempted = 0.0
             self.since = now
-        if self.avg is None:
+            self.ticks.clear()
+        if self.last is None:
             return initial
-        return min(1e15, max(0.0, self.avg * (1.0 + headroom)))
+        return min(1e15, max(0.0, self.last * (1.0 + headroom)))
 
 
 class ShareInfo(NamedTuple):
@@ -451,6 +501,10 @@ class _Core:
         self.attempted = 0
         self.demand = Demand(now)
         self.counted = 0
+        self.answered_last = False
+        self.early: Optional[float] = None
+        #: The share the last answer granted (tokens per second).
+        self.granted = 0.0
         self.may_hold = False
         self.mail.clear()
 
@@ -475,7 +529,17 @@ class _Core:
         total = self.attempted
         self.demand.attempt(total - self.counted)
         self.counted = total
-        return self.demand.want(now, self.period, self.headroom, self.rate)
+        early, self.early = self.early, None
+        return self.demand.want(now, self.headroom, self.rate, early)
+
+    def drifted(self, now: float) -> bool:
+        """Whether to call before ``refresh_ms`` is over: the last call was answered and the
+        demand since strayed from what it reported (:meth:`Demand.drifted`; the next call
+        reports the recent demand)."""
+        if not self.answered_last:
+            return False
+        self.early = self.demand.drifted(now, self.attempted - self.counted, self.granted)
+        return self.early is not None
 
     def args(self, holder: str, want: float, release: bool = False) -> p.Args:
         assert self.protocol is not None
@@ -504,6 +568,7 @@ class _Core:
     def outcome(self, sent: float, generation: int, result: Any, at: float) -> float:
         """Posts the outcome of the call sent at ``sent`` (a reply, or the exception as the
         caller classified it); answers the seconds until the next call."""
+        self.answered_last = False
         if isinstance(result, BaseException):
             if isinstance(result, OUTAGES):
                 refused = _never_sent(result)
@@ -519,6 +584,8 @@ class _Core:
             self.post("failed", generation, e)
             return self.period
         self.may_hold = True
+        self.answered_last = True
+        self.granted = grant.rate
         self.post("answered", generation, sent, grant, at)
         return self.next_after(grant)
 
@@ -644,9 +711,16 @@ class _SyncRefresher:
         core, wake = self.core, self.wake
         generation = core.generation
         while not core.closed and generation == core.generation:
-            wait = self.refresh(generation)
-            if wake.wait(wait):
-                return
+            deadline = time.monotonic() + self.refresh(generation)
+            tick = max(DRIFT_TICK, core.period / 8)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                if wake.wait(min(left, tick)):
+                    return
+                if core.drifted(time.monotonic()):
+                    break
 
     def _exchange(self, args: p.Args, sent: float, generation: int) -> Tuple[Any, float]:
         """One call: ``(reply or exception, at)``. A call that outlives the timeout is an
@@ -752,7 +826,7 @@ class ShareLimiter(_Base):
         cap: float,
         *,
         period: float = 1.0,
-        headroom: float = 0.25,
+        headroom: float = 0.0,
         allow_for: float = 30.0,
         config: Optional[LimiterConfig] = None,
         **options: Any,
@@ -835,8 +909,15 @@ class _AsyncRefresher:
     async def _run(self, generation: int) -> None:
         core = self.core
         while not core.closed and generation == core.generation:
-            wait = await self.refresh(generation)
-            await asyncio.sleep(wait)
+            deadline = time.monotonic() + await self.refresh(generation)
+            tick = max(DRIFT_TICK, core.period / 8)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or core.closed:
+                    break
+                await asyncio.sleep(min(left, tick))
+                if core.drifted(time.monotonic()):
+                    break
 
     async def _send(self, args: p.Args) -> Any:
         await self.caller.check()  # credentials, if due
@@ -921,7 +1002,7 @@ class AsyncShareLimiter(_Base):
         cap: float,
         *,
         period: float = 1.0,
-        headroom: float = 0.25,
+        headroom: float = 0.0,
         allow_for: float = 30.0,
         config: Optional[LimiterConfig] = None,
         **options: Any,
