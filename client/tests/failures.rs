@@ -533,10 +533,12 @@ async fn a_half_open_connection_is_detected_and_replaced() {
     assert_eq!(d.unwrap().source, Source::Fallback);
     let (d, _) = timed(prefetch.take(1)).await;
     // Its lease call may already go out on a new connection (the replacement below, racing
-    // this call on a loaded machine): then Redis answers it. Never the frozen one.
+    // this call on a loaded machine): then Redis answers it. Or the limiter's refill ahead,
+    // sent before the freeze, landed first: then the take is served from that lease. Never
+    // an answer from the frozen connection.
     let d = d.unwrap();
     assert!(
-        d.source == Source::Fallback || proxy.accepted() > 1,
+        d.source == Source::Fallback || d.source == Source::Lease || proxy.accepted() > 1,
         "{d:?} with one connection, frozen"
     );
 
