@@ -1734,7 +1734,10 @@ local function rl_mtake(keys, a)
     if granted or shadow then -- SHADOW: a denial answered as a grant
         reply = { n, false, 0 }
     else
-        reply = { 0, keys[worst], ceil_ms(ls, ln) }
+        -- A wait of never (an EXEMPT key asked more than its cap): the module's u64::MAX
+        -- ns, in ms rounded up.
+        local ms = ls >= HUGE_NS * 4 and 18446744073710 or ceil_ms(ls, ln)
+        reply = { 0, keys[worst], ms }
     end
     if ws then
         local rem = {}
