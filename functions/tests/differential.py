@@ -138,7 +138,7 @@ class Pair:
         self.pin_rate = 0.0
         # The slowest rate the pair had (calls' limits and rate pins): a rate pin ends into
         # the limit kept aside, which may be any earlier one of the pair's (versions).
-        self.min_rate = self.rate
+        self.min_rate = self.max_rate = self.rate
         self.pin_ends = []
         self.pin_skew_us = 0.0
 
@@ -154,6 +154,7 @@ class Pair:
         self.old_rates = (self.old_rates + [self.rate])[-3:]
         self.rate, self.cap = limit
         self.min_rate = min(self.min_rate, self.rate)
+        self.max_rate = max(self.max_rate, self.rate)
 
     @property
     def tol_rate(self):
@@ -170,6 +171,7 @@ class Pair:
         self.rate, self.cap = random.choice(
             EXTREME_LIMITS if random.random() < 0.12 else PLAIN_LIMITS)
         self.min_rate = min(getattr(self, "min_rate", self.rate), self.rate)
+        self.max_rate = max(getattr(self, "max_rate", self.rate), self.rate)
 
     @property
     def on_small(self):
@@ -702,11 +704,13 @@ class Runner:
         # pair's); a pin's start and end are the pin call's window apart on the two sides.
         # A pair that had a rate pin may go (at RL.UNPIN, or at its end) from the pinned
         # limit to the one kept aside, any of its earlier limits: the slowest one's time.
-        tols = [(q.off_us + raw_us) * (1.0 if no_limit else
+        tols = [(q.off_us + raw_us) * (1.0 if no_limit and not q.pin_rate else
                                        max(1.0, (q.stored_rate or q.rate)
                                            / min([q.rate, call.meta.get("pin_rate") or q.rate]
                                                  + ([q.min_rate] if q.pin_rate else []))))
-                + q.pin_skew_us
+                # The two sides' pins end that far apart, refilling at whichever rate
+                # follows, converted to whichever limit comes next.
+                + q.pin_skew_us * max(q.max_rate, q.pin_rate) / min(q.min_rate, q.rate)
                 for q in call.keys]
         window_us = max(tols)
         call.tols = tols
