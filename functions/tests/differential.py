@@ -1306,3 +1306,164 @@ def share_edge_cases(server):
 
 def run_shares(server, protocol, ops, seed):
     return ShareRunner(server, protocol, seed, ops).run()
+
+
+# ---------------------------------------------------------------------------------------
+# Pins: fixed sequences on a module key and a library key, every step of each in one MULTI
+# with both keys' PTTL. Replies equal (doubles within 0.05 tokens: rates up to 100 over the
+# calls' windows; milliseconds within 5 ms; lease ids both 0 or both not), PTTL both -1 (a
+# pin without an end) or within 5 ms. The random differential above compares tightly.
+
+PIN_SEQUENCES = [
+    ("BLOCK on an absent key holds only the pin", [
+        ["RL.PIN", "K", "BLOCK"], ["RL.TAKE", "K", "10", "10", "1", "WITHSTATE"],
+        ["RL.TAKE", "K", "10", "10", "1"], ["RL.TAKE", "K", "10", "10", "1", "SHADOW"],
+        ["RL.PEEK", "K"], ["RL.PINNED", "K"], ["RL.LEASE", "K", "10", "10", "2", "100"],
+        ["RL.RESERVE", "K", "10", "10", "1", "1000"], ["RL.MTAKE", "1", "K", "10", "10",
+                                                       "WITHSTATE"],
+        ["RL.REFUND", "K", "1"], ["RL.RETURN", "K", "1", "1"], ["EXISTS", "K"],
+        ["RL.UNPIN", "K"], ["EXISTS", "K"], ["RL.UNPIN", "K"]]),
+    ("EXEMPT on an absent key, ending by itself", [
+        ["RL.PIN", "K", "EXEMPT", "PX", "150"], ["RL.TAKE", "K", "1", "1", "1", "WITHSTATE"],
+        ["RL.TAKE", "K", "1", "1", "1", "WITHSTATE"], ["RL.TAKE", "K", "1", "2", "3", "WITHSTATE"],
+        ["RL.LEASE", "K", "1", "5", "3", "100"], ["RL.LEASE", "K", "1", "5", "9", "100"],
+        ["RL.RESERVE", "K", "1", "5", "5", "0"], ["RL.PEEK", "K"], ["RL.PINNED", "K"],
+        ["SLEEP", "0.2"], ["RL.PINNED", "K"], ["RL.TAKE", "K", "1", "1", "1", "WITHSTATE",
+                                               "INIT", "0"],
+        ["RL.PEEK", "K"]]),
+    ("a rate pin keeps the callers' limit aside; versions during it", [
+        ["RL.TAKE", "K", "10", "100", "50", "VERSION", "1"], ["RL.PIN", "K", "1", "10"],
+        ["RL.PEEK", "K"], ["RL.TAKE", "K", "10", "100", "1", "WITHSTATE", "VERSION", "1"],
+        ["RL.TAKE", "K", "10", "100", "11", "VERSION", "1"],
+        ["RL.TAKE", "K", "20", "50", "1", "WITHSTATE", "VERSION", "2"], ["RL.PEEK", "K"],
+        ["RL.TAKE", "K", "10", "100", "1", "WITHSTATE", "VERSION", "1"],
+        ["RL.PINNED", "K"], ["RL.UNPIN", "K"], ["RL.PEEK", "K"],
+        ["RL.TAKE", "K", "10", "100", "1", "WITHSTATE", "VERSION", "1"], ["RL.UNPIN", "K"]]),
+    ("leases, returns, refunds, reservations and MTAKE under EXEMPT", [
+        ["RL.TAKE", "K", "10", "10", "5"], ["RL.LEASE", "K", "10", "10", "3", "5000"],
+        ["RL.PIN", "K", "EXEMPT"], ["RL.RETURN", "K", "{id}", "3"], ["RL.REFUND", "K", "2"],
+        ["RL.LEASE", "K", "10", "10", "20", "100", "MIN", "2"],
+        ["RL.LEASE", "K", "10", "20", "20", "100", "MIN", "15"],
+        ["RL.RESERVE", "K", "10", "10", "4", "0"], ["RL.RESERVE", "K", "10", "10", "10", "0"],
+        ["RL.MTAKE", "2", "K", "10", "10", "K2", "10", "10", "WITHSTATE"],
+        ["RL.MTAKE", "12", "K", "10", "20", "K2", "10", "20"],
+        ["RL.PEEK", "K"], ["RL.UNPIN", "K"], ["RL.PEEK", "K"]]),
+    ("a rate pin ending by itself carries its tokens over", [
+        ["RL.TAKE", "K", "100", "100", "90"], ["RL.PIN", "K", "5", "5", "PX", "60"],
+        ["RL.TAKE", "K", "100", "100", "1", "WITHSTATE"], ["RL.TAKE", "K", "100", "100", "6"],
+        ["RL.PEEK", "K"], ["SLEEP", "0.1"], ["RL.PEEK", "K"],
+        ["RL.TAKE", "K", "100", "100", "1", "WITHSTATE"], ["RL.PINNED", "K"]]),
+    ("BLOCK over a bucket: a lease returned under it credits, nothing is taken", [
+        ["RL.LEASE", "K", "10", "10", "6", "5000"], ["RL.PIN", "K", "BLOCK", "PX", "5000"],
+        ["RL.LEASE", "K", "10", "10", "1", "1000", "RETURN", "{id}", "4"],
+        ["RL.TAKE", "K", "10", "10", "1", "WITHSTATE"], ["RL.REFUND", "K", "1"],
+        ["RL.RESERVE", "K", "10", "10", "1", "86400000", "SHADOW"],
+        ["RL.MTAKE", "1", "K2", "10", "10", "K", "10", "10"], ["RL.PEEK", "K"],
+        ["RL.PIN", "K", "3", "3"], ["RL.PEEK", "K"], ["RL.PIN", "K", "EXEMPT", "PX", "50"],
+        ["RL.PEEK", "K"], ["RL.UNPIN", "K"], ["RL.PEEK", "K"]]),
+    ("a rate pin on an absent key starts full; errors", [
+        ["RL.PIN", "K", "2", "4", "PX", "10000"], ["RL.PEEK", "K"],
+        ["RL.TAKE", "K", "100", "100", "5"], ["RL.LEASE", "K", "100", "100", "9", "100", "MIN", "5"],
+        ["RL.RESERVE", "K", "100", "100", "5", "10"],
+        ["RL.MTAKE", "5", "K", "100", "100"], ["RL.TAKE", "K", "100", "100", "4", "WITHSTATE"],
+        ["RL.PIN", "K", "2", "4", "PX", "0"], ["RL.PIN", "K", "BLOCK", "PX"],
+        ["RL.UNPIN", "K"], ["EXISTS", "K"]]),
+]
+
+FN_OF = {"RL.TAKE": "rl_take", "RL.LEASE": "rl_lease", "RL.RETURN": "rl_return",
+         "RL.PEEK": "rl_peek", "RL.RESERVE": "rl_reserve", "RL.REFUND": "rl_refund",
+         "RL.PIN": "rl_pin", "RL.UNPIN": "rl_unpin", "RL.PINNED": "rl_pinned"}
+
+
+def _side(step, prefix, tag, lease_id):
+    """The step on one side's keys (`K`, `K2`), module command or library FCALL."""
+    args = [prefix + tag + a if a in ("K", "K2") else (str(lease_id) if a == "{id}" else a)
+            for a in step]
+    if prefix == "m:" or args[0] == "EXISTS":
+        return args
+    if args[0] == "RL.MTAKE":
+        n, rest = args[1], args[2:]
+        keys = rest[0::3][:len(rest) // 3]
+        limits = [x for i in range(len(keys)) for x in rest[3 * i + 1:3 * i + 3]]
+        opts = rest[3 * len(keys):]
+        return ["FCALL", "rl_mtake", len(keys), *keys, n, *limits, *opts]
+    return ["FCALL", FN_OF[args[0]], 1, args[1], *args[2:]]
+
+
+def _same(a, b, where):
+    if isinstance(a, Exception) or isinstance(b, Exception):
+        if str(a) != str(b) or type(a) is not type(b):
+            raise Mismatch(f"{where}: {a!r} vs {b!r}")
+        return
+    if isinstance(a, (dict, list)) and isinstance(b, (dict, list)):
+        a, b = as_map(a) if isinstance(a, dict) else a, as_map(b) if isinstance(b, dict) else b
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            raise Mismatch(f"{where}: fields {sorted(a)} vs {sorted(b)}")
+        for k in a:
+            _same(a[k], b[k], f"{where}.{k!r}")
+        return
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            raise Mismatch(f"{where}: {a!r} vs {b!r}")
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]")
+        return
+    if isinstance(a, int) and isinstance(b, int):
+        if a == b or (a >= 10**12 and b >= 10**12) or (abs(a - b) <= 5 and min(a, b) > 5):
+            return  # lease ids (each side's clock), milliseconds counting down
+        raise Mismatch(f"{where}: {a!r} vs {b!r}")
+    if isinstance(a, bytes) and isinstance(b, bytes):
+        if a == b:
+            return
+        if a[:2] in (b"m:", b"f:") and a[2:] == b[2:]:
+            return  # the denying key, on each side's name
+        try:
+            if abs(float(a) - float(b)) <= 0.05:
+                return
+        except ValueError:
+            pass
+        raise Mismatch(f"{where}: {a!r} vs {b!r}")
+    if isinstance(a, float) or isinstance(b, float):
+        if a is not None and b is not None and abs(float(a) - float(b)) <= 0.05:
+            return
+    if a != b:
+        raise Mismatch(f"{where}: {a!r} vs {b!r}")
+
+
+def pin_sequences(server, protocol):
+    """Each sequence of PIN_SEQUENCES on m:* and f:* keys: equal replies and expiries, and
+    the library's pin-only keys hold the field p alone."""
+    r = server.client(protocol=protocol)
+    steps = 0
+    for n, (about, seq) in enumerate(PIN_SEQUENCES):
+        ids = {"m:": 0, "f:": 0}
+        for k in ("K", "K2"):
+            r.delete(f"m:ps{n}{k}", f"f:ps{n}{k}")
+        for i, step in enumerate(seq):
+            if step[0] == "SLEEP":
+                time.sleep(float(step[1]))
+                continue
+            pipe = r.pipeline(transaction=True)
+            for prefix in ("m:", "f:"):
+                pipe.execute_command(*_side(step, prefix, f"ps{n}", ids[prefix]))
+            pipe.execute_command("PTTL", f"m:ps{n}K")
+            pipe.execute_command("PTTL", f"f:ps{n}K")
+            rm, rf, tm, tf = pipe.execute(raise_on_error=False)
+            where = f"{about}: step {i} {step} (RESP{protocol})"
+            if step[0] in ("RL.PEEK", "RL.PINNED"):  # fields in any order (RESP2: a list)
+                rm, rf = as_map(rm), as_map(rf)
+            _same(rm, rf, where)
+            if (tm == -1) != (tf == -1) or (tm >= 0 and abs(tm - tf) > 5):
+                raise Mismatch(f"{where}: PTTL {tm} vs {tf}")
+            if step[0] == "RL.LEASE" and isinstance(rm, list) and rm[1]:
+                ids["m:"], ids["f:"] = rm[1], rf[1]
+            steps += 1
+    # A key pinned before use holds only the pin (the library: field p alone).
+    r.execute_command("FCALL", "rl_pin", 1, "f:only", "BLOCK")
+    fields = r.hkeys("f:only")
+    assert fields == [b"p"], fields
+    assert r.pttl("f:only") == -1
+    r.execute_command("FCALL", "rl_unpin", 1, "f:only")
+    assert not r.exists("f:only")
+    return steps

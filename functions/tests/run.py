@@ -675,6 +675,13 @@ def differential_all(protocol_list, ops, seed):
             print("   SKIPPED: rl_reserve / rl_refund not compared: the module under test has "
                   "no RL.RESERVE (COMMAND INFO RL.RESERVE is empty); checked alone instead")
         differential.cross_type_checks(s)
+        if has_command(r, "RL.PIN"):
+            for proto in protocol_list:
+                steps = differential.pin_sequences(s, proto)
+                print(f"   pins, RESP{proto}: {steps} fixed steps equal", flush=True)
+        else:
+            print("   SKIPPED: rl_pin not compared in fixed sequences: the module under test "
+                  "has no RL.PIN")
         for proto in protocol_list:
             stats = differential.run(s, proto, with_reserve, ops, seed + proto)
             print(f"   RESP{proto}: {stats.summary()}", flush=True)
@@ -686,11 +693,12 @@ def differential_all(protocol_list, ops, seed):
                 print(f"   shares, RESP{proto}: {summary}", flush=True)
         else:
             print("   SKIPPED: rl_share not compared: the module under test has no RL.SHARE")
-        # The module's own count of how VERSION decided (the library has no counters).
+        # The module's own count of how VERSION and pins decided (the library has no counters).
         info = r.info("everything")
         print("   module, versions: " + ", ".join(
             f"{k} {info.get(k, 0)}" for k in
-            ("rl_limit_replaced", "rl_limit_stale", "rl_limit_conflicts")), flush=True)
+            ("rl_limit_replaced", "rl_limit_stale", "rl_limit_conflicts",
+             "rl_pinned_decisions", "rl_pins_set", "rl_pins_removed")), flush=True)
 
 
 @section("replication: effects reach a replica equal")
