@@ -729,8 +729,16 @@ def replication():
                 fcall(m, "rl_return", [k], leases.pop(k), rnd.randint(0, 5))
             elif roll < 0.9:
                 fcall(m, "rl_mtake", [k], 1, 10, 100)
-            else:
+            elif roll < 0.95:
                 fcall(m, "rl_reserve", [k], 10, 100, 5, 1000)
+            else:
+                # Pins: the field p, PERSIST for a pin without an end, a key of p alone.
+                px = rnd.choice([[], ["PX", "30"], ["PX", "60000"]])
+                pin = rnd.choice([["2", "3"], ["BLOCK"], ["EXEMPT"], None])
+                if pin is None:
+                    fcall(m, "rl_unpin", [k])
+                else:
+                    fcall(m, "rl_pin", [k], *pin, *px)
         # Shares: their effects (HSET of the entry, R C V, HDEL of dead entries, PEXPIREAT).
         skeys = [f"s{i}" for i in range(4)]
         for i in range(300):
@@ -763,6 +771,10 @@ def replication():
         assert fcall(rep, "rl_peek", [k]) is not None
         assert rep.execute_command("FCALL_RO", "rl_peek", 1, k) is not None
         assert "read only" in err(rep, "FCALL", "rl_take", 1, k, 1, 1)
+        fcall(m, "rl_pin", ["pinned"], "BLOCK")
+        wait_for("the replica acknowledged", lambda: m.wait(1, 1000) == 1, 60)
+        assert rep.execute_command("FCALL_RO", "rl_pinned", 1, "pinned") is not None
+        assert rep.hgetall("pinned") == m.hgetall("pinned") and rep.pttl("pinned") == -1
         # The library itself was replicated.
         assert "'rl'" in repr(rep.function_list()) or "b'rl'" in repr(rep.function_list())
 
