@@ -734,7 +734,7 @@ def replication():
             else:
                 # Pins: the field p, PERSIST for a pin without an end, a key of p alone.
                 px = rnd.choice([[], ["PX", "30"], ["PX", "60000"]])
-                pin = rnd.choice([["2", "3"], ["BLOCK"], ["EXEMPT"], None])
+                pin = rnd.choice([["2", "5"], ["BLOCK"], ["EXEMPT"], None])
                 if pin is None:
                     fcall(m, "rl_unpin", [k])
                 else:
