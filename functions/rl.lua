@@ -12,6 +12,9 @@
 --   FCALL rl_reserve 1 key rate cap n max_wait_ms [INIT tokens] [SHADOW] [VERSION v]
 --   FCALL rl_refund  1 key n
 --   FCALL rl_share   1 key rate cap holder want period_ms [RELEASE] [VERSION v]
+--   FCALL rl_pin     1 key rate cap | BLOCK | EXEMPT [PX ms]
+--   FCALL rl_unpin   1 key
+--   FCALL rl_pinned  1 key                        (no-writes: FCALL_RO, replicas)
 --
 -- Same arguments, replies, error texts and arithmetic as the module (core/src/*.rs); see
 -- docs/functions.md for where they differ (reply formatting only).
@@ -35,6 +38,8 @@
 --      idle for the span: a caller still on an old limit finds these tokens, not an absent
 --      key (a full bucket). The stored span is live while h is after the level's instant;
 --      once h has passed, the next write drops both (HDEL h s).
+--   p  the pin (RL.PIN; see "Pins" below), absent when none: a hash without p is an
+--      unpinned bucket, as every hash written before pins
 -- Only an absent key is a full bucket: a hash without `f` (a user's record, the seed
 -- script's `tokens`/`ts`), or whose fields are not what this library writes, is refused
 -- with WRONGTYPE by every function and left as it is (`checked`).
@@ -825,20 +830,16 @@ end
 -- one reads it only if its limit's texts differ from the stored ones (`level_of`): with the
 -- same texts, an older stored version decides under that same limit and keeps its version,
 -- so the plain call's read is the one it was before versions.
--- Every read is HMGET f r c h s x [i l] [v] p: these positions (p, the pin, read last and
--- moved to P).
-local F, R, C, H, S, X, I, LS, V, P = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+-- Every read is HMGET f r c h s x p [i l] [v]: these positions (p, the pin, in the array
+-- part of the reply on every read: a field moved beyond it measured dearer).
+local F, R, C, H, S, X, P, I, LS, V = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 
-local function hmget_bucket(key)
-    local h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p')
-    if not h.err then h[P], h[7] = h[7], nil end
-    return h
-end
+local function hmget_bucket(key) return pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p') end
 
 -- The same with `v`, moved to V.
 local function hmget_versioned(key)
-    local h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'v', 'p')
-    if not h.err then h[V], h[P], h[7], h[8] = h[7], h[8], nil, nil end
+    local h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p', 'v')
+    if not h.err then h[V], h[8] = h[8], nil end
     return h
 end
 
@@ -899,10 +900,9 @@ end
 local function read_leases(key, with_v)
     local h
     if with_v then
-        h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l', 'v', 'p')
+        h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p', 'i', 'l', 'v')
     else
-        h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l', 'p')
-        if not h.err then h[P], h[9] = h[9], nil end
+        h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p', 'i', 'l')
     end
     if h.err then error({ reply = h }, 0) end
     return checked(h, key)
