@@ -1363,7 +1363,8 @@ PIN_SEQUENCES = [
         ["RL.PEEK", "K"], ["RL.UNPIN", "K"], ["RL.PEEK", "K"]]),
     ("a rate pin on an absent key starts full; errors", [
         ["RL.PIN", "K", "2", "4", "PX", "10000"], ["RL.PEEK", "K"],
-        ["RL.TAKE", "K", "100", "100", "5"], ["RL.LEASE", "K", "100", "100", "9", "100", "MIN", "5"],
+        ["RL.TAKE", "K", "100", "100", "5"],
+        ["RL.LEASE", "K", "100", "100", "9", "100", "MIN", "5"],
         ["RL.RESERVE", "K", "100", "100", "5", "10"],
         ["RL.MTAKE", "5", "K", "100", "100"], ["RL.TAKE", "K", "100", "100", "4", "WITHSTATE"],
         ["RL.PIN", "K", "2", "4", "PX", "0"], ["RL.PIN", "K", "BLOCK", "PX"],
