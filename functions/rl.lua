@@ -833,6 +833,8 @@ end
 -- Every read is HMGET f r c h s x p [i l] [v]: these positions (p, the pin, in the array
 -- part of the reply on every read: a field moved beyond it measured dearer).
 local F, R, C, H, S, X, P, I, LS, V = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+-- The pin functions (see "Pins" below), in one table: a chunk may have at most 200 locals.
+local Pn = {}
 
 local function hmget_bucket(key) return pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p') end
 
@@ -874,7 +876,11 @@ local function checked(h, key)
     local ft = h[F]
     if not ft then
         -- A key that holds only a pin (RL.PIN on a key without a bucket) has p alone.
-        if not h[P] then absent(key) end
+        if not h[P] then
+            absent(key)
+        elseif not Pn.parse_pin(h[P]).absent then
+            not_a_bucket('it has a pin over no field f')
+        end
         return h
     end
     if not digits(ft) then not_a_bucket('its field f is not an instant') end
@@ -1180,7 +1186,6 @@ end
 
 -- ---------------------------------------------------------------------------------------
 -- Pins (core/src/pin.rs): RL.PIN's limit on a key, applied by every call on it.
--- (One table of functions: a chunk may have at most 200 locals.)
 --
 -- A pinned bucket keeps its fields (a rate pin's f r c are the bucket under the pinned
 -- limit) and one more, p: "kind until absent [base_rate base_cap]", kind 1 rate, 2 block,
@@ -1189,7 +1194,6 @@ end
 -- bucket returns to, as texts. A hash without p is unpinned: every key written before pins
 -- reads as it did.
 
-local Pn = {}
 Pn.KIND_NAME = { 'rate', 'block', 'exempt' }
 -- BLOCKED_RETRY: the wait a BLOCK without an end answers, as a pair.
 Pn.BLOCKED_S = 60
@@ -1632,8 +1636,8 @@ local function rl_return(keys, a)
     local h = read_leases(key)
     if not h[F] then return 0 end -- no key, or one that holds only a pin
     stored_texts(h[R], h[C]) -- a hash with no valid limit is no bucket
+    if h[P] then Pn.parse_pin(h[P]) end -- nor one with no valid pin
     if not h[LS] then return 0 end
-    if h[P] then Pn.parse_pin(h[P]) end -- a hash with no valid pin is no bucket
     local t = parse_table(h[I], h[LS])
     local _, e = find_live(t, id, now_us)
     if not e then return 0 end

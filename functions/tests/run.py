@@ -426,6 +426,46 @@ def refused_everywhere(r, key, why):
         assert not r.exists("fresh")
 
 
+@section("pins alone: the field p checked, a pin ended goes at the next write")
+def pins_alone():
+    """A hash whose p is not a pin this library writes is refused everywhere, untouched; a
+    key that holds only a pin reads as absent; a pin with PX ends by itself and its field
+    goes at the next write, the key's expiry then its bucket's again."""
+    with Server() as s:
+        s.load_library()
+        r = s.client()
+        for i, bad in enumerate(["x", "4 0 0", "1 0 0", "2 0 0 5 10", "2 -1 0", "3 0 2",
+                                 "1 0 0 x 10", "2 12345678901234567890 0"]):
+            r.hset(f"badpin{i}", mapping={"f": "1", "r": "5", "c": "10", "p": bad})
+            why = "not a valid limit" if "x" in bad[1:] else "its field p is not a pin"
+            refused_everywhere(r, f"badpin{i}", why)
+            for fn in ("rl_pin", "rl_unpin", "rl_pinned"):
+                args = ["BLOCK"] if fn == "rl_pin" else []
+                got = err(r, "FCALL", fn, 1, f"badpin{i}", *args)
+                assert got.startswith("WRONGTYPE"), (fn, bad, got)
+        r.hset("pinover", mapping={"p": "2 0 0"})  # a pin over nothing must say absent
+        refused_everywhere(r, "pinover", "it has a pin over no field f")
+        r.hset("onlypin", mapping={"p": "3 0 1"})
+        assert fcall(r, "rl_peek", ["onlypin"]) is None
+        assert fcall(r, "rl_take", ["onlypin"], 1, 1, 1, "WITHSTATE")[4] == b"exempt"
+        assert fcall(r, "rl_return", ["onlypin"], 1, 1) == 0
+        # PX: ends by itself; the next write drops p and sets the bucket's expiry.
+        fcall(r, "rl_take", ["px"], 1, 10, 5)
+        assert fcall(r, "rl_pin", ["px"], 1, 2, "PX", 50) in (b"OK", "OK", True)
+        assert r.pttl("px") > 0 and r.hexists("px", "p")
+        time.sleep(0.08)
+        assert fcall(r, "rl_pinned", ["px"]) is None
+        assert len(fcall(r, "rl_take", ["px"], 1, 10, 1, "WITHSTATE")) == 4
+        assert not r.hexists("px", "p") and r.pttl("px") > 0
+        # A pin without an end: no expiry, even after PERSIST and a write.
+        fcall(r, "rl_pin", ["forever"], "BLOCK")
+        assert r.pttl("forever") == -1
+        fcall(r, "rl_pin", ["forever"], 5, 5)
+        fcall(r, "rl_take", ["forever"], 1, 1)
+        assert r.pttl("forever") == -1 and fcall(r, "rl_unpin", ["forever"]) == 1
+        assert r.pttl("forever") > 0
+
+
 @section("foreign hashes: a hash that is not a bucket is WRONGTYPE, untouched")
 def foreign_hashes():
     """A hash the library did not write (a user's record, the seed script's bucket) must
@@ -834,6 +874,8 @@ def main():
         forged_hashes()
     if not only or "foreign_hashes" in only:
         foreign_hashes()
+    if not only or "pins_alone" in only:
+        pins_alone()
     if not only or "shadow" in only:
         shadow()
     if not only or "shares" in only:
