@@ -12,6 +12,9 @@
 --   FCALL rl_reserve 1 key rate cap n max_wait_ms [INIT tokens] [SHADOW] [VERSION v]
 --   FCALL rl_refund  1 key n
 --   FCALL rl_share   1 key rate cap holder want period_ms [RELEASE] [VERSION v]
+--   FCALL rl_pin     1 key rate cap | BLOCK | EXEMPT [PX ms]
+--   FCALL rl_unpin   1 key
+--   FCALL rl_pinned  1 key                        (no-writes: FCALL_RO, replicas)
 --
 -- Same arguments, replies, error texts and arithmetic as the module (core/src/*.rs); see
 -- docs/functions.md for where they differ (reply formatting only).
@@ -35,6 +38,8 @@
 --      idle for the span: a caller still on an old limit finds these tokens, not an absent
 --      key (a full bucket). The stored span is live while h is after the level's instant;
 --      once h has passed, the next write drops both (HDEL h s).
+--   p  the pin (RL.PIN; see "Pins" below), absent when none: a hash without p is an
+--      unpinned bucket, as every hash written before pins
 -- Only an absent key is a full bucket: a hash without `f` (a user's record, the seed
 -- script's `tokens`/`ts`), or whose fields are not what this library writes, is refused
 -- with WRONGTYPE by every function and left as it is (`checked`).
@@ -97,6 +102,9 @@ local USAGE = {
     ['RL.RESERVE'] = 'RL.RESERVE key rate cap n max_wait_ms [INIT tokens] [SHADOW] [VERSION v]',
     ['RL.REFUND'] = 'RL.REFUND key n',
     ['RL.SHARE'] = 'RL.SHARE key rate cap holder want period_ms [RELEASE] [VERSION v]',
+    ['RL.PIN'] = 'RL.PIN key rate cap | BLOCK | EXEMPT [PX ms]',
+    ['RL.UNPIN'] = 'RL.UNPIN key',
+    ['RL.PINNED'] = 'RL.PINNED key',
 }
 local function arity(name)
     fail('wrong number of arguments for \'' .. name .. '\' command; usage: ' .. USAGE[name])
@@ -822,15 +830,18 @@ end
 -- one reads it only if its limit's texts differ from the stored ones (`level_of`): with the
 -- same texts, an older stored version decides under that same limit and keeps its version,
 -- so the plain call's read is the one it was before versions.
-local function hmget_bucket(key) return pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x') end
+-- Every read is HMGET f r c h s x p [i l] [v]: these positions (p, the pin, in the array
+-- part of the reply on every read: a field moved beyond it measured dearer).
+local F, R, C, H, S, X, P, I, LS, V = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+-- The pin functions (see "Pins" below), in one table: a chunk may have at most 200 locals.
+local Pn = {}
 
--- Every read is HMGET f r c h s x [i l] [v]: these positions.
-local F, R, C, H, S, X, I, LS, V = 1, 2, 3, 4, 5, 6, 7, 8, 9
+local function hmget_bucket(key) return pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p') end
 
 -- The same with `v`, moved to V.
 local function hmget_versioned(key)
-    local h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'v')
-    if not h.err then h[V], h[7] = h[7], nil end
+    local h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p', 'v')
+    if not h.err then h[V], h[8] = h[8], nil end
     return h
 end
 
@@ -864,7 +875,12 @@ end
 local function checked(h, key)
     local ft = h[F]
     if not ft then
-        absent(key)
+        -- A key that holds only a pin (RL.PIN on a key without a bucket) has p alone.
+        if not h[P] then
+            absent(key)
+        elseif not Pn.parse_pin(h[P]).absent then
+            not_a_bucket('it has a pin over no field f')
+        end
         return h
     end
     if not digits(ft) then not_a_bucket('its field f is not an instant') end
@@ -890,9 +906,9 @@ end
 local function read_leases(key, with_v)
     local h
     if with_v then
-        h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l', 'v')
+        h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p', 'i', 'l', 'v')
     else
-        h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'i', 'l')
+        h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p', 'i', 'l')
     end
     if h.err then error({ reply = h }, 0) end
     return checked(h, key)
@@ -1020,7 +1036,10 @@ local function write(key, h, lv, extra, drop, wv)
     local fs, fn = full_at(lv)
     local args = { key, 'f', instant_text(fs, fn) }
     local k = 3
-    if not (h[F] and h[R] == L.rt and h[C] == L.ct) then
+    -- A stored pin (h[P]): h may be the bucket as it stands without it (`Pn.pin_of`), not
+    -- the stored fields; every field is written, and p as `h.pw` says (nil: it goes).
+    local pinned = h[P]
+    if pinned or not (h[F] and h[R] == L.rt and h[C] == L.ct) then
         args[4] = 'r'; args[5] = L.rt; args[6] = 'c'; args[7] = L.ct
         k = 7
     end
@@ -1034,18 +1053,38 @@ local function write(key, h, lv, extra, drop, wv)
         args[k + 3] = 's'; args[k + 4] = instant_text(lv.ss, lv.sn)
         k = k + 4
     end
+    if h.pw then
+        args[k + 1] = 'p'; args[k + 2] = h.pw
+        k = k + 2
+    end
     if extra then
         for j = 1, #extra do args[k + j] = extra[j] end
     end
     call('HSET', unpack(args))
-    if drop then
-        if not spanned and (h[H] or h[S]) then
+    if drop or pinned then
+        drop = drop or { key }
+        if not spanned and (h[H] or h[S] or pinned) then
             drop[#drop + 1] = 'h'; drop[#drop + 1] = 's'
         end
+        if pinned and not h.pw then drop[#drop + 1] = 'p' end
         if #drop > 1 then call('HDEL', unpack(drop)) end
     elseif not spanned and (h[H] or h[S]) then
         call('HDEL', key, 'h', 's')
     end
+end
+
+-- The expiry after a write: `ms` (expiry_ms), or a pin's end if later, or none for a pin
+-- without an end (the module's key then has no expiry: a pinned key stays while pinned).
+local function expire(key, h, ms)
+    if h.pw then
+        if h.pnone then
+            call('PERSIST', key)
+            return
+        end
+        local pm = ceil_ms(h.pus, h.pun)
+        if pm > ms then ms = pm end
+    end
+    call('PEXPIREAT', key, ms_arg(ms))
 end
 
 -- Writes the bucket (leases untouched). The expiry is set on every write, whatever the
@@ -1060,7 +1099,7 @@ local function store(key, h, lv, wv)
     -- cheaper than setting it (functions/bench.py; docs/functions.md).
     local L = lv.L
     if lv.ss == 0 and lv.sn == 0 and h[F] and not h[X] and not h[H] and not h[S]
-        and h[R] == L.rt and h[C] == L.ct and not wv then
+        and h[R] == L.rt and h[C] == L.ct and not wv and not h[P] then
         -- The hot path: same limit, no span, no lease: f and the expiry (full_at).
         local fs, fn = lv.as + lv.ds, lv.an + lv.dn
         if fn >= G then fs, fn = fs + 1, fn - G end
@@ -1071,7 +1110,7 @@ local function store(key, h, lv, wv)
         return
     end
     write(key, h, lv, nil, nil, wv)
-    call('PEXPIREAT', key, ms_arg(expiry_ms(lv, h[X] and tonumber(h[X]))))
+    expire(key, h, expiry_ms(lv, h[X] and tonumber(h[X])))
 end
 
 -- Lease tables: { last = id, {id, tokens, exp_us}... } from fields i and l.
@@ -1136,13 +1175,152 @@ local function store_leases(key, h, lv, text, x, last, wv)
     local drop = { key }
     if not x and (h[X] or h[LS]) then drop[2] = 'l'; drop[3] = 'x' end
     write(key, h, lv, extra, drop, wv)
-    call('PEXPIREAT', key, ms_arg(expiry_ms(lv, x)))
+    expire(key, h, expiry_ms(lv, x))
 end
 
 -- Writes bucket and table.
 local function store_with_leases(key, h, lv, t, wv)
     local text, x = table_text(t)
     store_leases(key, h, lv, x and text, x, t.last, wv)
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Pins (core/src/pin.rs): RL.PIN's limit on a key, applied by every call on it.
+--
+-- A pinned bucket keeps its fields (a rate pin's f r c are the bucket under the pinned
+-- limit) and one more, p: "kind until absent [base_rate base_cap]", kind 1 rate, 2 block,
+-- 3 exempt; until the end in ns as decimal text (0: at RL.UNPIN); absent 1 for a key that
+-- holds only the pin (then the hash is p alone: no f); a rate pin's base is the limit the
+-- bucket returns to, as texts. A hash without p is unpinned: every key written before pins
+-- reads as it did.
+
+Pn.KIND_NAME = { 'rate', 'block', 'exempt' }
+-- BLOCKED_RETRY: the wait a BLOCK without an end answers, as a pair.
+Pn.BLOCKED_S = 60
+
+function Pn.parse_pin(t)
+    local k, u, ab, rest = t:match('^([123]) (%d+) ([01])(.*)$')
+    if not k or #u > 19 then not_a_bucket('its field p is not a pin') end
+    local pin = { k = tonumber(k), absent = ab == '1', ut = u, none = (u == '0') }
+    pin.us, pin.un = parse_instant(u)
+    if pin.k == 1 then
+        local brt, bct = rest:match('^ (%S+) (%S+)$')
+        if not brt then not_a_bucket('its field p is not a pin') end
+        pin.B = stored_texts(brt, bct)
+    elseif rest ~= '' then
+        not_a_bucket('its field p is not a pin')
+    end
+    return pin
+end
+
+function Pn.pin_text(k, ut, absent, B)
+    local t = fmt('%d %s %s', k, ut, absent and '1' or '0')
+    if B then t = t .. ' ' .. B.rt .. ' ' .. B.ct end
+    return t
+end
+
+function Pn.pin_live(pin, ns, nn) return pin.none or lt(ns, nn, pin.us, pin.un) end
+
+-- The pin carried unchanged by a write (its text `t`).
+function Pn.keep_pin(h, pin, t)
+    h.pw, h.pnone, h.pus, h.pun = t, pin.none, pin.us, pin.un
+end
+
+function Pn.hold_of(h)
+    if h[H] then
+        local hs, hn = parse_instant(h[H])
+        local ss, sn = parse_instant(h[S] or '0')
+        return hs, hn, ss, sn
+    end
+    return 0, 0, 0, 0
+end
+
+-- h (the stored fields) made the bucket as it stands once `pin` ended at `at` (pin.rs
+-- `ended`): a rate pin's tokens carried over into its base at that instant; a key that
+-- held only the pin as absent (h.bare: no INIT applies, as to no stored bucket). h[P]
+-- stays (the stored pin goes at the write).
+function Pn.end_pin(h, pin, as, an)
+    if pin.absent then
+        h[F] = false
+        h.bare = true
+        return
+    end
+    if pin.k ~= 1 then return end
+    local Pl = stored_texts(h[R], h[C])
+    local B = pin.B
+    if B.r == Pl.r and B.c == Pl.c then return end
+    if as == 0 and an == 0 then an = 1 end
+    local fs, fn = parse_instant(h[F])
+    local hs, hn, ss, sn = Pn.hold_of(h)
+    local lv = level_new(fs, fn, Pl, B, as, an, hs, hn, ss, sn)
+    h[F] = instant_text(full_at(lv))
+    h[R], h[C] = B.rt, B.ct
+    if lv.ss ~= 0 or lv.sn ~= 0 then
+        h[H] = instant_text(hold_at(lv))
+        h[S] = instant_text(lv.ss, lv.sn)
+    else
+        h[H], h[S] = false, false
+    end
+end
+
+-- The stored pin of h at now: the live pin (its parsed fields), or nil once h is made the
+-- bucket without an ended one (`Pn.end_pin`).
+function Pn.pin_of(h, ns, nn)
+    local pin = Pn.parse_pin(h[P])
+    if Pn.pin_live(pin, ns, nn) then return pin end
+    Pn.end_pin(h, pin, pin.us, pin.un)
+    return nil
+end
+
+-- The level a call with limit L at version v (nil: 0) is decided on under a live pin
+-- (pin.rs `open`), and the version a write must store (a rate pin: a newer VERSION, which
+-- replaces the limit kept aside, stored even on a denial). Sets the pin a write keeps.
+function Pn.level_pinned(h, pin, L, v, ns, nn, into, key)
+    if pin.k == 1 then
+        local Pl = stored_texts(h[R], h[C])
+        if h[V] == nil then h[V] = call('HGET', key, 'v') end
+        local sv = stored_version(h[V])
+        v = v or 0
+        local base, wv = pin.B, nil
+        if v > sv then base, wv = L, v elseif v == sv then base = L end
+        Pn.keep_pin(h, pin, Pn.pin_text(1, pin.ut, false, base))
+        local fs, fn = parse_instant(h[F])
+        local hs, hn, ss, sn = Pn.hold_of(h)
+        return level_new(fs, fn, Pl, Pl, ns, nn, hs, hn, ss, sn, into), wv
+    end
+    Pn.keep_pin(h, pin, h[P])
+    if pin.absent then return full_level(L, ns, nn, into), nil end
+    local B = stored_texts(h[R], h[C])
+    local fs, fn = parse_instant(h[F])
+    local hs, hn, ss, sn = Pn.hold_of(h)
+    return level_new(fs, fn, B, B, ns, nn, hs, hn, ss, sn, into), nil
+end
+
+-- The level of a stored bucket for the calls that give no limit (RETURN, REFUND, PEEK):
+-- under its live pin (returned, kept by a write), or as it stands without an ended one.
+-- nil: the key holds only a pin (live or ended), as absent.
+function Pn.level_stored_pinned(h, ns, nn)
+    local pin = Pn.pin_of(h, ns, nn)
+    if not h[F] then return nil end
+    if pin then Pn.keep_pin(h, pin, h[P]) end
+    return level_of(h, stored_texts(h[R], h[C]), nil, ns, nn, SCRATCH), pin
+end
+
+-- The wait a caller is told under a live pin for n tokens (Level::wait_for with a gate):
+-- a BLOCK's time left (at least 1 ns; 60 s without an end), nil for an EXEMPT key asked
+-- more than its cap, else the level's own.
+function Pn.pinned_wait(lv, pin, n, ns, nn)
+    if pin and pin.k == 2 then
+        if pin.none then return Pn.BLOCKED_S, 0 end
+        local s, w = sat_sub(pin.us, pin.un, ns, nn)
+        if s == 0 and w == 0 then w = 1 end
+        return s, w
+    end
+    if pin and pin.k == 3 then
+        if sub_down(lv.L.c, n) >= 0 then return 0, 0 end
+        return nil
+    end
+    return wait_for(lv, n)
 end
 
 -- ---------------------------------------------------------------------------------------
@@ -1224,6 +1402,29 @@ local function take_options(a, na, L, N)
     return n, with_state, init, v, shadow
 end
 
+-- RL.TAKE on a key with a live pin: a rate pin decides as the level does, BLOCK denies,
+-- EXEMPT grants without a debit (nothing written); WITHSTATE says which (a fifth element).
+function Pn.take_pinned(key, h, pin, L, n, with_state, v, shadow, ns, nn)
+    local lv, wv = Pn.level_pinned(h, pin, L, v, ns, nn, SCRATCH, key)
+    local granted
+    if pin.k == 1 then
+        if lv.L ~= L and n > lv.L.c then return error_reply('ERR n must not exceed cap') end
+        granted = try_take(lv, n)
+        if granted or wv then store(key, h, lv, wv) end
+    elseif pin.k == 2 then
+        granted = false
+    else
+        granted = sub_down(lv.L.c, n) >= 0
+    end
+    local answered = granted or shadow
+    local reply = answered and n or 0
+    if not with_state then return reply end
+    local retry = 0
+    if not answered then retry = wait_ms(Pn.pinned_wait(lv, pin, n, ns, nn)) end
+    return { reply, { double = signed_tokens(lv) }, retry, ceil_ms(reset_after(lv)),
+        Pn.KIND_NAME[pin.k] }
+end
+
 -- RL.TAKE on `key` once its arguments are parsed and valid. WRONGTYPE, and n above a
 -- stored newer limit's cap, are returned as the reply; a hash that is not a bucket raises
 -- (`stored_texts`).
@@ -1235,9 +1436,12 @@ local function take(key, L, n, with_state, init, v, shadow)
     -- `checked`'s common case inline (this runs on every take): an `f` of digits, no other
     -- field to check.
     local ft = h[F]
-    if not ft or h[H] or h[S] or h[X] or ft == '' or #ft > 19 or sfind(ft, '%D') then
+    if not ft or h[H] or h[S] or h[X] or h[P] or ft == '' or #ft > 19 or sfind(ft, '%D') then
         checked(h, key)
     end
+    local pin = h[P] and Pn.pin_of(h, ns, nn)
+    if pin then return Pn.take_pinned(key, h, pin, L, n, with_state, v, shadow, ns, nn) end
+    if h.bare then init = nil end
     local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
     if lv.L ~= L and n > lv.L.c then return error_reply('ERR n must not exceed cap') end
     local created = (wv or not h[F]) and must_write(h, lv, wv)
@@ -1299,8 +1503,23 @@ end
 local function lease(key, L, n, ttl, min, ret_id, ret_unused, init, v, shadow)
     local ns, nn, now_us = now()
     local h = read_leases(key, v)
-    local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
-    fits_decided(min, lv, L, 'MIN must not exceed cap')
+    local pin = h[P] and Pn.pin_of(h, ns, nn)
+    local lv, wv
+    if pin then
+        lv, wv = Pn.level_pinned(h, pin, L, v, ns, nn, SCRATCH, key)
+        if pin.k == 3 then
+            -- EXEMPT: the whole lease, nothing debited or recorded (id 0: nothing to return).
+            local got = math.min(n, floor(lv.L.c))
+            if got < min then got = min end
+            return { got, 0, ttl, 0 }
+        end
+        if pin.k == 1 then fits_decided(min, lv, L, 'MIN must not exceed cap') end
+    else
+        if h.bare then init = nil end
+        lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
+        fits_decided(min, lv, L, 'MIN must not exceed cap')
+    end
+    local blocked = pin and pin.k == 2
     local created = must_write(h, lv, wv)
     local text, x, last = h[LS], tonumber(h[X]), tonumber(h[I]) or 0
     if x and x <= now_us then text, x = nil, nil end -- every lease in it has expired
@@ -1330,7 +1549,7 @@ local function lease(key, L, n, ttl, min, ret_id, ret_unused, init, v, shadow)
     end
     if returned then credit(lv, returned) end
     local got = 0
-    if live < MAX_LEASES then got = take_up_to(lv, n, min) end
+    if live < MAX_LEASES and not blocked then got = take_up_to(lv, n, min) end
     if got == 0 and live >= MAX_LEASES and not returned then
         fail('too many live leases on this key (at most 1024)')
     end
@@ -1348,7 +1567,7 @@ local function lease(key, L, n, ttl, min, ret_id, ret_unused, init, v, shadow)
     end
     -- SHADOW: a denial answers n under no lease (id 0): nothing recorded, nothing to return.
     if shadow then return { n, 0, ttl, 0 } end
-    return { 0, 0, 0, wait_ms(wait_for(lv, min)) }
+    return { 0, 0, 0, wait_ms(Pn.pinned_wait(lv, pin, min, ns, nn)) }
 end
 
 local function rl_lease(keys, a)
@@ -1415,8 +1634,9 @@ local function rl_return(keys, a)
     local key = keys[1]
     local ns, nn, now_us = now()
     local h = read_leases(key)
-    if not h[F] then return 0 end
+    if not h[F] then return 0 end -- no key, or one that holds only a pin
     stored_texts(h[R], h[C]) -- a hash with no valid limit is no bucket
+    if h[P] then Pn.parse_pin(h[P]) end -- nor one with no valid pin
     if not h[LS] then return 0 end
     local t = parse_table(h[I], h[LS])
     local _, e = find_live(t, id, now_us)
@@ -1425,14 +1645,15 @@ local function rl_return(keys, a)
     local k = find_live(t, id, now_us)
     table.remove(t, k)
     local credited = math.min(unused, e[2])
-    local lv = level_stored(h, ns, nn)
+    local lv, pin
+    if h[P] then lv, pin = Pn.level_stored_pinned(h, ns, nn) else lv = level_stored(h, ns, nn) end
     -- credit_up_to: a bucket that refilled meanwhile takes back only what it lacks, and
-    -- one in debt nothing.
+    -- one in debt nothing (nor one EXEMPT: its grants debited nothing).
     local missing = ceil(tokens_for(lv.L, lv.ds, lv.dn))
-    if lv.bs ~= 0 or lv.bn ~= 0 then missing = 0 end
-    credit(lv, credited)
+    if lv.bs ~= 0 or lv.bn ~= 0 or (pin and pin.k == 3) then missing = 0 end
+    if missing > 0 then credit(lv, credited) end
     credited = math.min(credited, missing)
-    if #t == 0 and gone_at(lv, ns, nn) then
+    if #t == 0 and not pin and gone_at(lv, ns, nn) then
         -- Full, no lease left and past its hold: the same as no key at all.
         call('DEL', key)
     else
@@ -1480,33 +1701,47 @@ local function rl_mtake(keys, a)
     end
 
     local ns, nn = now()
-    local hs, levels, created, wvs = {}, {}, {}, {}
+    local hs, levels, created, wvs, pins = {}, {}, {}, {}, {}
     for j = 1, nk do
         -- Each bucket opened, then n checked against the limit deciding it, in key order
         -- (nothing is written before every bucket passed).
-        hs[j] = read(keys[j], v)
-        local lv, wv = level_of(hs[j], limits[j], init, ns, nn, nil, v, keys[j])
-        fits_decided(n, lv, limits[j], 'n must not exceed cap')
+        local h = read(keys[j], v)
+        hs[j] = h
+        local pin = h[P] and Pn.pin_of(h, ns, nn)
+        local lv, wv
+        if pin then
+            lv, wv = Pn.level_pinned(h, pin, limits[j], v, ns, nn, nil, keys[j])
+            if pin.k == 1 then fits_decided(n, lv, limits[j], 'n must not exceed cap') end
+        else
+            lv, wv = level_of(h, limits[j], not h.bare and init or nil, ns, nn, nil, v, keys[j])
+            fits_decided(n, lv, limits[j], 'n must not exceed cap')
+        end
+        pins[j] = pin or false
         levels[j], wvs[j] = lv, wv
         created[j] = must_write(hs[j], lv, wv)
     end
     local worst, ls, ln = 1, -1, 0
     for j = 1, nk do
         local lv = levels[j]
-        local s, w = wait_for(lv, n)
+        local s, w = Pn.pinned_wait(lv, pins[j] or nil, n, ns, nn)
         if s == nil then s, w = HUGE_NS * 4, 0 end
         if not lt(s, w, ls, ln) then worst, ls, ln = j, s, w end -- the last longest wait
     end
     local granted = ls == 0 and ln == 0
     for j = 1, nk do
-        local debited = granted and try_take(levels[j], n)
+        -- An EXEMPT key is granted without a debit or a write.
+        local exempt = pins[j] and pins[j].k == 3
+        local debited = granted and not exempt and try_take(levels[j], n)
         if debited or created[j] then store(keys[j], hs[j], levels[j], wvs[j]) end
     end
     local reply
     if granted or shadow then -- SHADOW: a denial answered as a grant
         reply = { n, false, 0 }
     else
-        reply = { 0, keys[worst], ceil_ms(ls, ln) }
+        -- A wait of never (an EXEMPT key asked more than its cap): the module's u64::MAX
+        -- ns, in ms rounded up.
+        local ms = ls >= HUGE_NS * 4 and 18446744073710 or ceil_ms(ls, ln)
+        reply = { 0, keys[worst], ms }
     end
     if ws then
         local rem = {}
@@ -1522,10 +1757,17 @@ local function rl_peek(keys, a)
     local ns, nn, now_us = now()
     local h = read_leases(key, true)
     if not h[F] then return false end
-    local lv = level_stored(h, ns, nn)
+    local lv, pin
+    if h[P] then
+        lv, pin = Pn.level_stored_pinned(h, ns, nn)
+        if not lv then return false end
+    else
+        lv = level_stored(h, ns, nn)
+    end
     local B = lv.L
     local leases, held = count_live(parse_table(nil, h[LS]), now_us)
     return { map = {
+        pinned = pin and Pn.KIND_NAME[pin.k] or nil,
         tokens = { double = signed_tokens(lv) },
         rate = { double = B.r },
         cap = { double = B.c },
@@ -1574,17 +1816,28 @@ local function rl_reserve(keys, a)
     local key = keys[1]
     local ns, nn = now()
     local h = read(key, v)
-    local lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
-    fits_decided(n, lv, L, 'n must not exceed cap')
+    local pin = h[P] and Pn.pin_of(h, ns, nn)
+    local lv, wv
+    if pin then
+        lv, wv = Pn.level_pinned(h, pin, L, v, ns, nn, SCRATCH, key)
+        if pin.k == 1 then fits_decided(n, lv, L, 'n must not exceed cap') end
+    else
+        if h.bare then init = nil end
+        lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
+        fits_decided(n, lv, L, 'n must not exceed cap')
+    end
     local created = must_write(h, lv, wv)
-    -- Level::reserve: granted if the wait is at most max_wait (exact, in ns).
-    local ws, wn = wait_for(lv, n)
+    -- Level::reserve: granted if the wait is at most max_wait (exact, in ns); BLOCK denies
+    -- whatever the wait, EXEMPT grants with none (nothing debited or written).
+    local ws, wn = Pn.pinned_wait(lv, pin, n, ns, nn)
+    if ws == nil then fail('n must not exceed cap') end
     local granted = not lt(floor(max_wait / 1000), (max_wait % 1000) * 1e6, ws, wn)
-    if granted then
+    if pin and pin.k ~= 1 then granted = pin.k == 3 end
+    if granted and not (pin and pin.k == 3) then
         local ts, tn = nanos_for(lv.L, n)
         lv.ds, lv.dn = add(lv.ds, lv.dn, ts, tn)
     end
-    if granted or created then store(key, h, lv, wv) end
+    if (granted and not (pin and pin.k == 3)) or created then store(key, h, lv, wv) end
     local got, wait = 0, ceil_ms(ws, wn)
     if granted then got = n elseif shadow then got, wait = n, 0 end
     return { got, wait, { double = signed_tokens(lv) }, ceil_ms(reset_after(lv)) }
@@ -1600,16 +1853,194 @@ local function rl_refund(keys, a)
     local ns, nn = now()
     local h = read_leases(key)
     if not h[F] then return { double = 0 } end
-    local lv = level_stored(h, ns, nn)
-    local credited = refund(lv, n)
+    local lv, pin
+    if h[P] then
+        lv, pin = Pn.level_stored_pinned(h, ns, nn)
+        if not lv then return { double = 0 } end
+    else
+        lv = level_stored(h, ns, nn)
+    end
+    -- EXEMPT: nothing was debited, nothing to give back.
+    local credited = 0
+    if not (pin and pin.k == 3) then credited = refund(lv, n) end
     if not (credited > 0) then return { double = 0 } end
-    if not h[LS] and gone_at(lv, ns, nn) then
+    if not h[LS] and not pin and gone_at(lv, ns, nn) then
         -- Full again, no lease recorded, past its hold: the same as no key.
         call('DEL', key)
     else
         store(key, h, lv)
     end
     return { double = credited }
+end
+
+-- RL.PIN key rate cap | BLOCK | EXEMPT [PX ms] (src/bucket/pin.rs): the bucket as it
+-- stands now (without any earlier pin) pinned, a rate pin's tokens carried over into the
+-- pinned limit. Reply OK.
+Pn.MAX_I64_S, Pn.MAX_I64_N = 9223372036, 854775807
+
+-- The fields of a bucket view h (f r c, h s or none), the pin h.pw (nil: none), and the
+-- key's expiry: the bucket's, a pin's end if later, none for a pin without an end.
+function Pn.write_view(key, h)
+    local args = { key, 'f', h[F], 'r', h[R], 'c', h[C] }
+    if h[H] then
+        args[8] = 'h'; args[9] = h[H]; args[10] = 's'; args[11] = h[S] or '0'
+    end
+    if h.pw then
+        args[#args + 1] = 'p'; args[#args + 1] = h.pw
+    end
+    call('HSET', unpack(args))
+    local del = { key }
+    if not h[H] then del[2] = 'h'; del[3] = 's' end
+    if not h.pw then del[#del + 1] = 'p' end
+    if #del > 1 then call('HDEL', unpack(del)) end
+    local ms = ceil_ms(parse_instant(h[F]))
+    if h[H] then
+        local hm = ceil_ms(parse_instant(h[H]))
+        if hm > ms then ms = hm end
+    end
+    if h[X] then
+        local xm = ceil(tonumber(h[X]) / 1000)
+        if xm > ms then ms = xm end
+    end
+    expire(key, h, ms)
+end
+
+-- h made the bucket as level lv left it (its full instant, limit and hold).
+function Pn.view_of(h, lv)
+    h[F] = instant_text(full_at(lv))
+    h[R], h[C] = lv.L.rt, lv.L.ct
+    if lv.ss ~= 0 or lv.sn ~= 0 then
+        h[H] = instant_text(hold_at(lv))
+        h[S] = instant_text(lv.ss, lv.sn)
+    else
+        h[H], h[S] = false, false
+    end
+end
+
+function Pn.rl_pin(keys, a)
+    local N = 'RL.PIN'
+    local na = #a
+    if #keys ~= 1 or na < 1 or na > 4 then arity(N) end
+    local kind, Lp, from
+    if is(a[1], 'BLOCK') then
+        kind, from = 2, 2
+    elseif is(a[1], 'EXEMPT') then
+        kind, from = 3, 2
+    else
+        if na < 2 then arity(N) end
+        Lp = limit_at(a, 1, N)
+        kind, from = 1, 3
+    end
+    local rest = na + 1 - from
+    local ms = 0
+    if rest == 2 and is(a[from], 'PX') then
+        ms = positive(a, from + 1, N, 'PX must be a positive integer (ms)')
+    elseif rest == 1 or rest == 2 then
+        unknown(a[from])
+    elseif rest ~= 0 then
+        arity(N)
+    end
+    local key = keys[1]
+    local ns, nn = now()
+    local ut, us, un = '0', 0, 0
+    if ms > 0 then
+        us, un = add(ns, nn, floor(ms / 1000), (ms % 1000) * 1e6)
+        if us > Pn.MAX_I64_S or (us == Pn.MAX_I64_S and un > Pn.MAX_I64_N) then
+            fail('PX is too long')
+        end
+        ut = instant_text(us, un)
+    end
+    local h = read_leases(key, true)
+    -- The bucket as it stands now without its old pin (pin.rs `pinned`).
+    if h[P] then
+        local old = Pn.parse_pin(h[P])
+        if not Pn.pin_live(old, ns, nn) then
+            Pn.end_pin(h, old, old.us, old.un)
+        elseif old.absent then
+            h[F] = false
+        elseif old.k == 1 then
+            -- Back under its base, at now: the new pin starts from there.
+            local Pl = stored_texts(h[R], h[C])
+            local B = old.B
+            if B.r == Pl.r and B.c == Pl.c then B = Pl end
+            local fs, fn = parse_instant(h[F])
+            local hs, hn, ss, sn = Pn.hold_of(h)
+            Pn.view_of(h, level_new(fs, fn, Pl, B, ns, nn, hs, hn, ss, sn))
+        end
+    end
+    local pin = { none = ut == '0', us = us, un = un }
+    if h[F] then
+        if kind == 1 then
+            local B = stored_texts(h[R], h[C])
+            local T = Lp
+            if B.r == Lp.r and B.c == Lp.c then T = B end
+            local fs, fn = parse_instant(h[F])
+            local hs, hn, ss, sn = Pn.hold_of(h)
+            Pn.view_of(h, level_new(fs, fn, B, T, ns, nn, hs, hn, ss, sn))
+            Pn.keep_pin(h, pin, Pn.pin_text(1, ut, false, B))
+        else
+            Pn.keep_pin(h, pin, Pn.pin_text(kind, ut, false))
+        end
+        Pn.write_view(key, h)
+    elseif kind == 1 then
+        -- Nothing underneath: a full bucket under the pinned limit.
+        h[F], h[R], h[C], h[H], h[S] = instant_text(ns, nn), Lp.rt, Lp.ct, false, false
+        Pn.keep_pin(h, pin, Pn.pin_text(1, ut, false, Lp))
+        if h[P] then call('DEL', key) end
+        Pn.write_view(key, h)
+    else
+        -- Nothing underneath: the key holds only the pin.
+        if h[P] then call('DEL', key) end
+        Pn.keep_pin(h, pin, Pn.pin_text(kind, ut, true))
+        call('HSET', key, 'p', h.pw)
+        expire(key, h, 0)
+    end
+    return { ok = 'OK' }
+end
+
+-- RL.UNPIN key -> 1 if a live pin was removed, else 0. A rate pin's tokens carry over into
+-- the limit kept aside; a key left full with no lease (or that held only the pin) goes.
+function Pn.rl_unpin(keys, a)
+    if #keys ~= 1 or #a ~= 0 then arity('RL.UNPIN') end
+    local key = keys[1]
+    local ns, nn = now()
+    local h = read_leases(key, true)
+    if not h[P] then return 0 end
+    local pin = Pn.parse_pin(h[P])
+    if not Pn.pin_live(pin, ns, nn) then return 0 end
+    Pn.end_pin(h, pin, ns, nn)
+    local keep = false
+    if h[F] then
+        keep = h[I] or h[LS]
+        local fs, fn = parse_instant(h[F])
+        if lt(ns, nn, fs, fn) then keep = true end
+        if h[H] and lt(ns, nn, parse_instant(h[H])) then keep = true end
+    end
+    if keep then
+        Pn.write_view(key, h)
+    else
+        call('DEL', key)
+    end
+    return 1
+end
+
+-- RL.PINNED key -> nil, or the live pin: kind, rate and cap (a rate pin's; nil otherwise),
+-- ms_left (-1: until RL.UNPIN).
+function Pn.rl_pinned(keys, a)
+    if #keys ~= 1 or #a ~= 0 then arity('RL.PINNED') end
+    local ns, nn = now()
+    local h = read_leases(keys[1], true)
+    if not h[P] then return false end
+    local pin = Pn.parse_pin(h[P])
+    if not Pn.pin_live(pin, ns, nn) then return false end
+    local rate, cap = false, false
+    if pin.k == 1 then
+        local Pl = stored_texts(h[R], h[C])
+        rate, cap = { double = Pl.r }, { double = Pl.c }
+    end
+    local left = -1
+    if not pin.none then left = ceil_ms(sat_sub(pin.us, pin.un, ns, nn)) end
+    return { map = { kind = Pn.KIND_NAME[pin.k], rate = rate, cap = cap, ms_left = left } }
 end
 
 -- ---------------------------------------------------------------------------------------
@@ -2043,6 +2474,13 @@ redis.register_function('rl_mtake', boundary(rl_mtake))
 redis.register_function('rl_reserve', boundary(rl_reserve))
 redis.register_function('rl_refund', boundary(rl_refund))
 redis.register_function('rl_share', boundary(rl_share))
+redis.register_function('rl_pin', boundary(Pn.rl_pin))
+redis.register_function('rl_unpin', boundary(Pn.rl_unpin))
+redis.register_function {
+    function_name = 'rl_pinned',
+    callback = boundary(Pn.rl_pinned),
+    flags = { 'no-writes' },
+}
 redis.register_function {
     function_name = 'rl_peek',
     callback = boundary(rl_peek),

@@ -426,6 +426,46 @@ def refused_everywhere(r, key, why):
         assert not r.exists("fresh")
 
 
+@section("pins alone: the field p checked, a pin ended goes at the next write")
+def pins_alone():
+    """A hash whose p is not a pin this library writes is refused everywhere, untouched; a
+    key that holds only a pin reads as absent; a pin with PX ends by itself and its field
+    goes at the next write, the key's expiry then its bucket's again."""
+    with Server() as s:
+        s.load_library()
+        r = s.client()
+        for i, bad in enumerate(["x", "4 0 0", "1 0 0", "2 0 0 5 10", "2 -1 0", "3 0 2",
+                                 "1 0 0 x 10", "2 12345678901234567890 0"]):
+            r.hset(f"badpin{i}", mapping={"f": "1", "r": "5", "c": "10", "p": bad})
+            why = "not a valid limit" if "x" in bad[1:] else "its field p is not a pin"
+            refused_everywhere(r, f"badpin{i}", why)
+            for fn in ("rl_pin", "rl_unpin", "rl_pinned"):
+                args = ["BLOCK"] if fn == "rl_pin" else []
+                got = err(r, "FCALL", fn, 1, f"badpin{i}", *args)
+                assert got.startswith("WRONGTYPE"), (fn, bad, got)
+        r.hset("pinover", mapping={"p": "2 0 0"})  # a pin over nothing must say absent
+        refused_everywhere(r, "pinover", "it has a pin over no field f")
+        r.hset("onlypin", mapping={"p": "3 0 1"})
+        assert fcall(r, "rl_peek", ["onlypin"]) is None
+        assert fcall(r, "rl_take", ["onlypin"], 1, 1, 1, "WITHSTATE")[4] == b"exempt"
+        assert fcall(r, "rl_return", ["onlypin"], 1, 1) == 0
+        # PX: ends by itself; the next write drops p and sets the bucket's expiry.
+        fcall(r, "rl_take", ["px"], 1, 10, 5)
+        assert fcall(r, "rl_pin", ["px"], 1, 2, "PX", 50) in (b"OK", "OK", True)
+        assert r.pttl("px") > 0 and r.hexists("px", "p")
+        time.sleep(0.08)
+        assert fcall(r, "rl_pinned", ["px"]) is None
+        assert len(fcall(r, "rl_take", ["px"], 1, 10, 1, "WITHSTATE")) == 4
+        assert not r.hexists("px", "p") and r.pttl("px") > 0
+        # A pin without an end: no expiry, even after PERSIST and a write.
+        fcall(r, "rl_pin", ["forever"], "BLOCK")
+        assert r.pttl("forever") == -1
+        fcall(r, "rl_pin", ["forever"], 5, 5)
+        fcall(r, "rl_take", ["forever"], 1, 1)
+        assert r.pttl("forever") == -1 and fcall(r, "rl_unpin", ["forever"]) == 1
+        assert r.pttl("forever") > 0
+
+
 @section("foreign hashes: a hash that is not a bucket is WRONGTYPE, untouched")
 def foreign_hashes():
     """A hash the library did not write (a user's record, the seed script's bucket) must
@@ -676,6 +716,13 @@ def differential_all(protocol_list, ops, seed):
             print("   SKIPPED: rl_reserve / rl_refund not compared: the module under test has "
                   "no RL.RESERVE (COMMAND INFO RL.RESERVE is empty); checked alone instead")
         differential.cross_type_checks(s)
+        if has_command(r, "RL.PIN"):
+            for proto in protocol_list:
+                steps = differential.pin_sequences(s, proto)
+                print(f"   pins, RESP{proto}: {steps} fixed steps equal", flush=True)
+        else:
+            print("   SKIPPED: rl_pin not compared in fixed sequences: the module under test "
+                  "has no RL.PIN")
         for proto in protocol_list:
             stats = differential.run(s, proto, with_reserve, ops, seed + proto)
             print(f"   RESP{proto}: {stats.summary()}", flush=True)
@@ -687,11 +734,12 @@ def differential_all(protocol_list, ops, seed):
                 print(f"   shares, RESP{proto}: {summary}", flush=True)
         else:
             print("   SKIPPED: rl_share not compared: the module under test has no RL.SHARE")
-        # The module's own count of how VERSION decided (the library has no counters).
+        # The module's own count of how VERSION and pins decided (the library has no counters).
         info = r.info("everything")
         print("   module, versions: " + ", ".join(
             f"{k} {info.get(k, 0)}" for k in
-            ("rl_limit_replaced", "rl_limit_stale", "rl_limit_conflicts")), flush=True)
+            ("rl_limit_replaced", "rl_limit_stale", "rl_limit_conflicts",
+             "rl_pinned_decisions", "rl_pins_set", "rl_pins_removed")), flush=True)
 
 
 @section("replication: effects reach a replica equal")
@@ -722,8 +770,16 @@ def replication():
                 fcall(m, "rl_return", [k], leases.pop(k), rnd.randint(0, 5))
             elif roll < 0.9:
                 fcall(m, "rl_mtake", [k], 1, 10, 100)
-            else:
+            elif roll < 0.95:
                 fcall(m, "rl_reserve", [k], 10, 100, 5, 1000)
+            else:
+                # Pins: the field p, PERSIST for a pin without an end, a key of p alone.
+                px = rnd.choice([[], ["PX", "30"], ["PX", "60000"]])
+                pin = rnd.choice([["2", "5"], ["BLOCK"], ["EXEMPT"], None])
+                if pin is None:
+                    fcall(m, "rl_unpin", [k])
+                else:
+                    fcall(m, "rl_pin", [k], *pin, *px)
         # Shares: their effects (HSET of the entry, R C V, HDEL of dead entries, PEXPIREAT).
         skeys = [f"s{i}" for i in range(4)]
         for i in range(300):
@@ -756,6 +812,10 @@ def replication():
         assert fcall(rep, "rl_peek", [k]) is not None
         assert rep.execute_command("FCALL_RO", "rl_peek", 1, k) is not None
         assert "read only" in err(rep, "FCALL", "rl_take", 1, k, 1, 1)
+        fcall(m, "rl_pin", ["pinned"], "BLOCK")
+        wait_for("the replica acknowledged", lambda: m.wait(1, 1000) == 1, 60)
+        assert rep.execute_command("FCALL_RO", "rl_pinned", 1, "pinned") is not None
+        assert rep.hgetall("pinned") == m.hgetall("pinned") and rep.pttl("pinned") == -1
         # The library itself was replicated.
         assert "'rl'" in repr(rep.function_list()) or "b'rl'" in repr(rep.function_list())
 
@@ -815,6 +875,8 @@ def main():
         forged_hashes()
     if not only or "foreign_hashes" in only:
         foreign_hashes()
+    if not only or "pins_alone" in only:
+        pins_alone()
     if not only or "shadow" in only:
         shadow()
     if not only or "shares" in only:
