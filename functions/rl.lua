@@ -102,7 +102,7 @@ local USAGE = {
     ['RL.RESERVE'] = 'RL.RESERVE key rate cap n max_wait_ms [INIT tokens] [SHADOW] [VERSION v]',
     ['RL.REFUND'] = 'RL.REFUND key n',
     ['RL.SHARE'] = 'RL.SHARE key rate cap holder want period_ms [RELEASE] [VERSION v]',
-    ['RL.PIN'] = 'RL.PIN key rate cap | BLOCK | EXEMPT [PX ms]',
+    ['RL.PIN'] = 'RL.PIN key rate cap | BLOCK | EXEMPT | PERMITS n|BLOCK|EXEMPT [PX ms]',
     ['RL.UNPIN'] = 'RL.UNPIN key',
     ['RL.PINNED'] = 'RL.PINNED key',
 }
@@ -1075,16 +1075,43 @@ end
 
 -- The expiry after a write: `ms` (expiry_ms), or a pin's end if later, or none for a pin
 -- without an end (the module's key then has no expiry: a pinned key stays while pinned).
-local function expire(key, h, ms)
+-- A rate pin with an end that returns the bucket to another limit keeps the key until the
+-- bucket it leaves behind is full instead (Bucket::expires_at): `st` is the bucket written
+-- ({fs, fn, L, hs, hn, ss, sn}), `x` its last lease's expiry (us, or nil).
+local function expire(key, h, ms, st, x)
     if h.pw then
         if h.pnone then
             call('PERSIST', key)
             return
         end
         local pm = ceil_ms(h.pus, h.pun)
+        local pin = st and Pn.parse_pin(h.pw)
+        if pin and pin.k == 1 and not pin.absent
+            and not (pin.B.r == st[3].r and pin.B.c == st[3].c) then
+            -- pin.rs `ended`: the level at the pin's end moved to its base there; only the
+            -- bucket's own hold, if it outlives the end, keeps the key besides.
+            local us, un = pin.us, pin.un
+            if us == 0 and un == 0 then un = 1 end
+            local back = level_new(st[1], st[2], st[3], pin.B, us, un, st[4], st[5], st[6], st[7])
+            local es, en = full_at(back)
+            if lt(us, un, st[4], st[5]) and lt(es, en, st[4], st[5]) then es, en = st[4], st[5] end
+            ms = ceil_ms(es, en)
+            if x then
+                local xm = ceil(x / 1000)
+                if xm > ms then ms = xm end
+            end
+        end
         if pm > ms then ms = pm end
     end
     call('PEXPIREAT', key, ms_arg(ms))
+end
+
+-- The bucket level lv writes, as `expire` reads it.
+local function written(lv)
+    local fs, fn = full_at(lv)
+    local hs, hn = 0, 0
+    if lv.ss ~= 0 or lv.sn ~= 0 then hs, hn = hold_at(lv) end
+    return { fs, fn, lv.L, hs, hn, lv.ss, lv.sn }
 end
 
 -- Writes the bucket (leases untouched). The expiry is set on every write, whatever the
@@ -1110,7 +1137,8 @@ local function store(key, h, lv, wv)
         return
     end
     write(key, h, lv, nil, nil, wv)
-    expire(key, h, expiry_ms(lv, h[X] and tonumber(h[X])))
+    local x = h[X] and tonumber(h[X])
+    expire(key, h, expiry_ms(lv, x), h.pw and written(lv), x)
 end
 
 -- Lease tables: { last = id, {id, tokens, exp_us}... } from fields i and l.
@@ -1175,7 +1203,7 @@ local function store_leases(key, h, lv, text, x, last, wv)
     local drop = { key }
     if not x and (h[X] or h[LS]) then drop[2] = 'l'; drop[3] = 'x' end
     write(key, h, lv, extra, drop, wv)
-    expire(key, h, expiry_ms(lv, x))
+    expire(key, h, expiry_ms(lv, x), h.pw and written(lv), x)
 end
 
 -- Writes bucket and table.
@@ -1255,9 +1283,11 @@ function Pn.end_pin(h, pin, as, an)
     local lv = level_new(fs, fn, Pl, B, as, an, hs, hn, ss, sn)
     h[F] = instant_text(full_at(lv))
     h[R], h[C] = B.rt, B.ct
-    if lv.ss ~= 0 or lv.sn ~= 0 then
-        h[H] = instant_text(hold_at(lv))
-        h[S] = instant_text(lv.ss, lv.sn)
+    -- Only the bucket's own hold keeps the key (no caller passes the pinned limit, so its
+    -- fill time is no reason to keep an idle key).
+    if (ss ~= 0 or sn ~= 0) and lt(as, an, hs, hn) then
+        h[H] = instant_text(hs, hn)
+        h[S] = instant_text(ss, sn)
     else
         h[H], h[S] = false, false
     end
@@ -1307,8 +1337,8 @@ function Pn.level_stored_pinned(h, ns, nn)
 end
 
 -- The wait a caller is told under a live pin for n tokens (Level::wait_for with a gate):
--- a BLOCK's time left (at least 1 ns; 60 s without an end), nil for an EXEMPT key asked
--- more than its cap, else the level's own.
+-- a BLOCK's time left (at least 1 ns; 60 s without an end), none for an EXEMPT key (it
+-- grants what the caller's own limit allows, whatever its bucket's), else the level's own.
 function Pn.pinned_wait(lv, pin, n, ns, nn)
     if pin and pin.k == 2 then
         if pin.none then return Pn.BLOCKED_S, 0 end
@@ -1316,10 +1346,7 @@ function Pn.pinned_wait(lv, pin, n, ns, nn)
         if s == 0 and w == 0 then w = 1 end
         return s, w
     end
-    if pin and pin.k == 3 then
-        if sub_down(lv.L.c, n) >= 0 then return 0, 0 end
-        return nil
-    end
+    if pin and pin.k == 3 then return 0, 0 end
     return wait_for(lv, n)
 end
 
@@ -1414,7 +1441,7 @@ function Pn.take_pinned(key, h, pin, L, n, with_state, v, shadow, ns, nn)
     elseif pin.k == 2 then
         granted = false
     else
-        granted = sub_down(lv.L.c, n) >= 0
+        granted = true -- the caller's own cap was checked: n fits it
     end
     local answered = granted or shadow
     local reply = answered and n or 0
@@ -1508,8 +1535,9 @@ local function lease(key, L, n, ttl, min, ret_id, ret_unused, init, v, shadow)
     if pin then
         lv, wv = Pn.level_pinned(h, pin, L, v, ns, nn, SCRATCH, key)
         if pin.k == 3 then
-            -- EXEMPT: the whole lease, nothing debited or recorded (id 0: nothing to return).
-            local got = math.min(n, floor(lv.L.c))
+            -- EXEMPT: the whole lease up to the caller's cap, nothing debited or recorded
+            -- (id 0: nothing to return).
+            local got = math.min(n, floor(L.c))
             if got < min then got = min end
             return { got, 0, ttl, 0 }
         end
@@ -1738,7 +1766,7 @@ local function rl_mtake(keys, a)
     if granted or shadow then -- SHADOW: a denial answered as a grant
         reply = { n, false, 0 }
     else
-        -- A wait of never (an EXEMPT key asked more than its cap): the module's u64::MAX
+        -- A wait of never (a level that cannot hold n): the module's u64::MAX
         -- ns, in ms rounded up.
         local ms = ls >= HUGE_NS * 4 and 18446744073710 or ceil_ms(ls, ln)
         reply = { 0, keys[worst], ms }
@@ -1898,11 +1926,18 @@ function Pn.write_view(key, h)
         local hm = ceil_ms(parse_instant(h[H]))
         if hm > ms then ms = hm end
     end
-    if h[X] then
-        local xm = ceil(tonumber(h[X]) / 1000)
+    local x = h[X] and tonumber(h[X])
+    if x then
+        local xm = ceil(x / 1000)
         if xm > ms then ms = xm end
     end
-    expire(key, h, ms)
+    local st
+    if h.pw then
+        local fs, fn = parse_instant(h[F])
+        local hs, hn, ss, sn = Pn.hold_of(h)
+        st = { fs, fn, stored_texts(h[R], h[C]), hs, hn, ss, sn }
+    end
+    expire(key, h, ms, st, x)
 end
 
 -- h made the bucket as level lv left it (its full instant, limit and hold).
