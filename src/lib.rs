@@ -62,9 +62,19 @@ fn load(ctx: Ctx, args: &[&[u8]]) -> Result<(), String> {
     if !ffi::register_filter(ctx) {
         return Err("could not register the CONFIG RESETSTAT filter".into());
     }
+    // Where the server lets a write open an expired key without deleting it, a bucket
+    // whose time passed is reused in place (see `ffi::OpenKey::open_bucket`).
+    let reuse = if ffi::detect_open_modes() {
+        "reused in place"
+    } else {
+        "deleted by the server, then written anew"
+    };
     ffi::log_notice(
         ctx,
-        &format!("redis-rl: loaded, mode {}", config::mode_name()),
+        &format!(
+            "redis-rl: loaded, mode {}; expired buckets written to are {reuse}",
+            config::mode_name()
+        ),
     );
     Ok(())
 }

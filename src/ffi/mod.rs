@@ -52,7 +52,7 @@ pub use command::{
 pub use config::{register_configs, Config, Kind, Refusal};
 pub use effects::{emit_aof, replicate, Aof, EffectArg};
 pub use info::{register_info, Info};
-pub use key::{Access, KeyKind, OpenKey, Value};
+pub use key::{detect_open_modes, Access, KeyKind, OpenKey, Value};
 pub use load::{create_types, log_notice};
 pub use reply::{reply, reply_error, reply_int, reply_wrong_arity};
 pub use types::{Digest, Io, BUCKET_TYPE, PERMIT_TYPE, SHARE_TYPE};
@@ -189,7 +189,8 @@ pub fn check() -> Result<(), &'static str> {
         RedisModule_LoadConfigs,
         RedisModule_SaveStringBuffer,
         RedisModule_LoadStringBuffer,
-        RedisModule_Free
+        RedisModule_Free,
+        RedisModule_NotifyKeyspaceEvent
     );
     Ok(())
 }
