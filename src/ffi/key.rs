@@ -103,7 +103,8 @@ impl OpenKey {
             return OpenKey::open(ctx, name, Access::Write);
         }
         let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as i32 | modes;
-        let raw_key: *mut raw::RedisModuleKey = rm!(RedisModule_OpenKey(ctx.0, name.0, mode)).cast();
+        let raw_key: *mut raw::RedisModuleKey =
+            rm!(RedisModule_OpenKey(ctx.0, name.0, mode)).cast();
         if raw_key.is_null() {
             return OpenKey::open(ctx, name, Access::Write);
         }
