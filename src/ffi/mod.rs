@@ -50,7 +50,7 @@ pub use command::{
     server_info_text, server_info_u64, set_module_options, Filter,
 };
 pub use config::{register_configs, Config, Kind, Refusal};
-pub use effects::{emit_aof, replicate, Aof, EffectArg};
+pub use effects::{emit_aof, replicate, replicate_head, Aof, EffectArg};
 pub use info::{register_info, Info};
 pub use key::{detect_open_modes, Access, KeyKind, OpenKey, Value};
 pub use load::{create_types, log_notice};
