@@ -93,6 +93,9 @@ impl OpenKey {
     /// The reuse saves the server's delete and add of the key (with its expiry entry) and
     /// the `DEL` in the replication stream and the AOF.
     ///
+    /// A call that ends without writing (a denial, a refused call) leaves the key to the
+    /// server's lazy expiry as before (see `Drop`).
+    ///
     /// "Passed" is the server's own rule (`now > expiry`, in ms), on this module's clock.
     /// On a replica or while loading, where the server never expires keys itself, an
     /// `RL.SETSTATE` into such a key ends exactly as into the key it would find: a compact
@@ -317,5 +320,15 @@ impl OpenKey {
 impl Drop for OpenKey {
     fn drop(&mut self) {
         rm!(RedisModule_CloseKey(self.key));
+        if self.expired.get() {
+            // No write reused the expired bucket: opened the usual way, the server expires
+            // it now as it would have at the first open (deleting it, propagating its
+            // `DEL`, counting and signalling it), so a call that writes nothing changes
+            // nothing else.
+            let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as i32;
+            let again: *mut raw::RedisModuleKey =
+                rm!(RedisModule_OpenKey(self.ctx.0, self.name.0, mode)).cast();
+            rm!(RedisModule_CloseKey(again));
+        }
     }
 }
