@@ -144,6 +144,8 @@ impl OpenKey {
     /// The expired compact bucket this key holds for a write to reuse (see
     /// [`OpenKey::open_bucket`]): a write that stores into it in place calls
     /// [`OpenKey::reused`].
+    // The value is Redis's, not this handle's (as in `value`): borrowed for the command.
+    #[allow(clippy::mut_from_ref)]
     pub fn expired_compact(&self) -> Option<&mut Compact> {
         if !self.expired.get() {
             return None;
@@ -163,7 +165,7 @@ impl OpenKey {
         if self.expired.replace(false) {
             rm!(RedisModule_NotifyKeyspaceEvent(
                 self.ctx.0,
-                raw::REDISMODULE_NOTIFY_EXPIRED as i32,
+                raw::REDISMODULE_NOTIFY_EXPIRED,
                 c"expired".as_ptr(),
                 self.name.0
             ));
