@@ -234,7 +234,10 @@ class Report:
                     continue
                 ok = v / grant <= t["limit"]
                 why = []
+                recorded = self.workload(server, wkey)["parts"]
                 for part in ("type_set", "set_expire", "open_key", "replicate"):
+                    if part not in recorded:
+                        continue
                     pv, pcell, fn = self.part(server, wkey, part)
                     if pv:
                         why.append(f"`{fn}` {pcell}")
