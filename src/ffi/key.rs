@@ -25,7 +25,15 @@ pub fn detect_open_modes() -> bool {
         Some(f) => unsafe { f() },
         None => 0,
     };
-    let modes = if all & wanted == wanted { wanted } else { 0 };
+    // The server's own instant of the command (`RM_CachedMicroseconds`, 7.2+) decides what
+    // has expired, as the server's lazy expiry would.
+    // SAFETY: as above.
+    let cached = unsafe { raw::RedisModule_CachedMicroseconds }.is_some();
+    let modes = if all & wanted == wanted && cached {
+        wanted
+    } else {
+        0
+    };
     REUSE_MODES.store(modes, Ordering::Relaxed);
     modes != 0
 }
@@ -67,6 +75,19 @@ pub struct OpenKey {
     /// The key holds a compact bucket whose expiry has passed, kept (not deleted) so that a
     /// write can reuse it: it reads as empty (see [`OpenKey::open_bucket`]).
     expired: Cell<bool>,
+    /// The kind read at open, until a write changes the key.
+    kind: Cell<Option<KeyKind>>,
+}
+
+/// The server's cached instant of the running command, in ms (only called where
+/// [`detect_open_modes`] found `RM_CachedMicroseconds`).
+fn server_ms() -> i64 {
+    // SAFETY: a function pointer the API table filled at load, checked then.
+    match unsafe { raw::RedisModule_CachedMicroseconds } {
+        // SAFETY: the server's own function, taking nothing.
+        Some(f) => (unsafe { f() }) / 1000,
+        None => (super::realtime() / 1_000_000) as i64,
+    }
 }
 
 impl OpenKey {
@@ -80,6 +101,7 @@ impl OpenKey {
             ctx,
             name,
             expired: Cell::new(false),
+            kind: Cell::new(None),
         }
     }
 
@@ -96,7 +118,8 @@ impl OpenKey {
     /// A call that ends without writing (a denial, a refused call) leaves the key to the
     /// server's lazy expiry as before (see `Drop`).
     ///
-    /// "Passed" is the server's own rule (`now > expiry`, in ms), on this module's clock.
+    /// "Passed" is the server's own rule (`now > expiry`, in ms) at the server's instant of
+    /// the command: a key the server would not have expired is read as it is.
     /// On a replica or while loading, where the server never expires keys itself, an
     /// `RL.SETSTATE` into such a key ends exactly as into the key it would find: a compact
     /// bucket holds no leases, so setting a bucket there equals setting it into no key.
@@ -116,16 +139,18 @@ impl OpenKey {
             ctx,
             name,
             expired: Cell::new(false),
+            kind: Cell::new(None),
         };
         // The expiry of a key that is not there is not asked for (Redis 8 reads it from
         // the key's object).
         let kind = key.kind();
+        key.kind.set(Some(kind));
         if kind == KeyKind::Empty {
             return key;
         }
         if kind == KeyKind::Bucket {
             let at = key.expire_ms();
-            if at < 0 || (super::realtime() / 1_000_000) as i64 <= at {
+            if at < 0 || server_ms() <= at {
                 return key;
             }
             let p = rm!(RedisModule_ModuleTypeGetValue(key.key));
@@ -180,6 +205,9 @@ impl OpenKey {
         if self.expired.get() {
             return KeyKind::Empty;
         }
+        if let Some(k) = self.kind.get() {
+            return k;
+        }
         // The module type first: it is null for any other kind of key, and a key of ours
         // (the common case) then costs one call, not two.
         let t = rm!(RedisModule_ModuleTypeGetType(self.key));
@@ -233,6 +261,7 @@ impl OpenKey {
     pub fn set_bucket(&self, v: Stored) -> bool {
         // An expired value kept for reuse is replaced (and freed) like any value.
         self.reused();
+        self.kind.set(None);
         let p = value::bucket_into_raw(v);
         let ok = rm!(RedisModule_ModuleTypeSetValue(
             self.key,
@@ -248,6 +277,7 @@ impl OpenKey {
 
     /// Stores a permit table as the key's value; gives it back if Redis refused it.
     pub fn set_permits(&self, t: PermitTable) -> Result<(), PermitTable> {
+        self.kind.set(None);
         let p = value::permits_into_raw(t);
         if rm!(RedisModule_ModuleTypeSetValue(
             self.key,
@@ -263,6 +293,7 @@ impl OpenKey {
 
     /// Stores a share table as the key's value; gives it back if Redis refused it.
     pub fn set_shares(&self, t: ShareTable) -> Result<(), ShareTable> {
+        self.kind.set(None);
         let p = value::shares_into_raw(t);
         if rm!(RedisModule_ModuleTypeSetValue(
             self.key,
@@ -287,6 +318,7 @@ impl OpenKey {
 
     pub fn delete(&self) {
         self.expired.set(false);
+        self.kind.set(None);
         rm!(RedisModule_DeleteKey(self.key));
     }
 
