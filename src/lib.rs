@@ -65,9 +65,19 @@ fn load(ctx: Ctx, args: &[&[u8]]) -> Result<(), String> {
     if !ffi::subscribe_events(ctx) {
         return Err("could not subscribe to config changes".into());
     }
+    // Where the server lets a write open an expired key without deleting it, a bucket
+    // whose time passed is reused in place (see `ffi::OpenKey::open_bucket`).
+    let reuse = if ffi::detect_open_modes() {
+        "reused in place"
+    } else {
+        "deleted by the server, then written anew"
+    };
     ffi::log_notice(
         ctx,
-        &format!("redis-rl: loaded, mode {}", config::mode_name()),
+        &format!(
+            "redis-rl: loaded, mode {}; expired buckets written to are {reuse}",
+            config::mode_name()
+        ),
     );
     observe::eviction::check_policy(ctx);
     Ok(())

@@ -23,14 +23,16 @@ scripts/bench --quick           smoke run (BENCH_QUICK=1 too): tiny counts, JSON
                                 are asserted and nothing in the repository is written
 scripts/bench measure [--json PATH]          measure only
 scripts/bench [measure] --only SECTION,...   measure only these sections (throughput, memory,
-                                profile, share, hotkey) and merge them into the existing
+                                profile, share, hotkey, percaller) and merge them into the existing
                                 results JSON (the others, and their dates, stay)
 scripts/bench render [--json PATH] [--out PATH]  render (and check) from an existing JSON
 scripts/bench check [--out PATH]             check a rendered file
 
 Environment: BENCH_QUICK=1 (= --quick), BENCH_PROFILE=0 (skip callgrind),
-BENCH_SERVERS=redis7,redis8,valkey9 (servers profiled), BENCH_OUT=PATH (the Markdown),
-RL_SERVER (the Redis 7.0 server binary for every section).
+BENCH_SERVERS=redis7,redis8,valkey9 (servers profiled and in the per-caller section),
+BENCH_OUT=PATH (the Markdown), RL_SERVER (the Redis 7.0 server binary for every section),
+CELL_MODULE=path/to/libredis_cell.so (redis-cell beside the module in the per-caller section;
+built outside this repository, see docs/performance.md).
 """
 
 

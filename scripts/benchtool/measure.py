@@ -319,7 +319,7 @@ def profile_one(r, binary, flavor, index, workload):
     out = Path(r.tmp) / f"callgrind-{flavor}-{index}.out"
     wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
     server = r.server(binary, f"prof-{flavor}-{workload['key']}", wrapper=wrapper,
-                      ready_timeout=180)  # fmt: skip
+                      ready_timeout=180, extra=["--enable-debug-command", "local"])  # fmt: skip
     calls = r.c.profile_calls
     try:
         argv = subst(workload["args"], server.sha)
@@ -329,7 +329,8 @@ def profile_one(r, binary, flavor, index, workload):
         if workload["rand"]:
             bench += ["-r", str(workload["rand"])]
         # Warm up (first touch of keys, allocator caches), then count only the workload.
-        run(bench + ["-n", str(max(calls // 4, 100))] + argv)
+        warm = calls * workload["warm"] if workload["warm"] else max(calls // 4, 100)
+        run(bench + ["-n", str(warm)] + argv)
         run(["callgrind_control", "-z", str(server.proc.pid)])
         run(bench + ["-n", str(calls)] + argv)
         run(["callgrind_control", "-d", str(server.proc.pid)])
@@ -353,6 +354,58 @@ def profile_server(r, name):
         workloads.append(profile_one(r, binary, info["flavor"], i, w))
     return {"label": info["label"], "flavor": info["flavor"], "binary": binary,
             "version": version, "calls": r.c.profile_calls, "workloads": workloads}
+
+
+# ---------------------------------------------------------------------------------------------
+# The per-caller path side by side: every peer in one server per server kind.
+
+
+def percaller_server(r, name, cell):
+    """Server µs/call of every row of spec.PERCALLER_ROWS on random keys and on one hot key,
+    on one server (medians of the repeats, interleaved)."""
+    binary = resolve_server(name)
+    extra = ["--loadmodule", cell] if cell else []
+    rows = [row for row in spec.PERCALLER_ROWS if cell or not row.get("cell")]
+    samples = {f"{row['key']}_{mode}": [] for row in rows for mode in spec.PERCALLER_MODES}
+    server = r.server(binary, f"percaller-{name}", extra=extra)
+    n = r.c.n_p16
+    try:
+        for rep in range(r.c.repeats):
+            for row in rows:
+                for mode in spec.PERCALLER_MODES:
+                    log(f"  {spec.SERVERS[name]['label']} {rep + 1}/{r.c.repeats}: "
+                        f"{row['label']}, {mode}")  # fmt: skip
+                    server.call("FLUSHALL")
+                    server.call("CONFIG", "RESETSTAT")
+                    args = subst(row["args"], server.sha)
+                    argv = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(server.port), "-c",
+                            str(spec.CLIENTS), "-n", str(n), "-P", "16", "-q"]  # fmt: skip
+                    if mode == "rand":
+                        argv += ["-r", str(spec.RANDOM_KEYS)]
+                    else:
+                        args = [a.replace("__rand_int__", "hot") for a in args]
+                    run(argv + args)
+                    stats = command_stats(server, row["stat"])
+                    if stats["failed_calls"] or stats["calls"] < n:
+                        raise RuntimeError(f"{name} {row['key']} {mode}: {stats}")
+                    samples[f"{row['key']}_{mode}"].append(stats["usec"] / stats["calls"])
+    finally:
+        server.stop()
+    return {"label": spec.SERVERS[name]["label"], "version": run([binary, "--version"]).strip(),
+            "usec": {k: statistics.median(v) for k, v in samples.items()},
+            "samples": samples}  # fmt: skip
+
+
+def percaller_section(r, servers):
+    cell = os.environ.get("CELL_MODULE") or None
+    out = {"calls": r.c.n_p16, "repeats": r.c.repeats, "keys": spec.RANDOM_KEYS,
+           "cell": None, "servers": {}}  # fmt: skip
+    if cell:
+        out["cell"] = {"module": Path(cell).name, "sha256": run(["sha256sum", cell]).split()[0]}
+    for name in servers:
+        log(f"per-caller path on {spec.SERVERS[name]['label']}")
+        out["servers"][name] = percaller_server(r, name, cell)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -590,6 +643,7 @@ def measure(counts, profile=True, servers=("redis7", "redis8", "valkey9"), only=
             "profile": lambda: {name: profile_server(r, name) for name in servers},
             "share": lambda: share_section(r, primary),
             "hotkey": lambda: hotkey_section(r, primary),
+            "percaller": lambda: percaller_section(r, servers),
         }
         for name in spec.SECTIONS:
             if name not in only:

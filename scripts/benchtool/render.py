@@ -212,6 +212,101 @@ class Report:
                            f"{verdict(ok)} | {head}{', '.join(reasons)}{tail} |")  # fmt: skip
         return "\n".join(out)
 
+    def percaller_instr_targets(self):
+        """The per-caller path (a key new, or found expired) against a hot grant, per server."""
+        if not self.r["profiles"]:
+            return "(No profile in this run: `BENCH_PROFILE=0`.)"
+        t = spec.PERCALLER_INSTR
+        out = ["| Per-caller target | server | instructions | ÷ hot grant | | why |",
+               "|---|---|---:|---:|---|---|"]  # fmt: skip
+        for server in self.servers():
+            label = self.r["profiles"][server]["label"]
+            grant, _ = self.instr(server, t["grant"])
+            for wkey in t["workloads"]:
+                name = spec.PROFILE_BY_KEY[wkey]["name"]
+                if not self.has_workload(server, wkey):
+                    out.append(f"| {name} ≤ {t['limit']}x a hot grant | {label} | not measured"
+                               f" | | | |")  # fmt: skip
+                    continue
+                v, cell = self.instr(server, wkey)
+                if v is None or grant is None:
+                    out.append(f"| {name} ≤ {t['limit']}x a hot grant | {label} | {cell} | | | |")
+                    continue
+                ok = v / grant <= t["limit"]
+                why = []
+                recorded = self.workload(server, wkey)["parts"]
+                for part in ("type_set", "set_expire", "open_key", "replicate"):
+                    if part not in recorded:
+                        continue
+                    pv, pcell, fn = self.part(server, wkey, part)
+                    if pv:
+                        why.append(f"`{fn}` {pcell}")
+                out.append(f"| {name} ≤ {t['limit']}x a hot grant | {label} | {cell} | "
+                           f"{v / grant:.2f}x | {verdict(ok)} | {', '.join(why)} |")  # fmt: skip
+        a = t["absolute"]
+        if a["server"] in self.servers() and self.has_workload(a["server"], a["workload"]):
+            v, cell = self.instr(a["server"], a["workload"])
+            if v is not None:
+                name = spec.PROFILE_BY_KEY[a["workload"]]["name"]
+                label = self.r["profiles"][a["server"]]["label"]
+                out.append(f"| {name} ≤ {a['limit']:,} | {label} | {cell} | | "
+                           f"{verdict(v <= a['limit'])} | |")  # fmt: skip
+        return "\n".join(out)
+
+    def percaller_table(self):
+        pc = self.r.get("percaller")
+        if not pc:
+            return "(Not in this results file: `scripts/bench --only percaller`.)"
+        keys = [row["key"] for row in spec.PERCALLER_ROWS]
+        labels = {row["key"]: row["label"] for row in spec.PERCALLER_ROWS}
+        out = ["| Server | keys | " + " | ".join(f"{labels[k]} µs" for k in keys)
+               + " | Lua ÷ `RL.TAKE` | Functions ÷ `RL.TAKE` | redis-cell ÷ `RL.TAKE` "
+               "| `RL.TAKE` ÷ `INCR` |",
+               "|---|---|" + "---:|" * (len(keys) + 4)]  # fmt: skip
+        for name, srv in pc["servers"].items():
+            us = srv["usec"]
+            for mode, text in (("rand", f"{pc['keys']:,} random"), ("hot", "one hot key")):
+                def u(k):
+                    return us.get(f"{k}_{mode}")
+
+                def x(a, b):
+                    return ratio(u(a) / u(b), 2) if u(a) and u(b) else "—"
+
+                cells = [fmt(u(k), 3) for k in keys]
+                out.append(f"| {srv['label']} | {text} | " + " | ".join(cells) +
+                           f" | {x('lua', 'rl')} | {x('fn', 'rl')} | {x('cell', 'rl')} "
+                           f"| {x('rl', 'incr')} |")  # fmt: skip
+        return "\n".join(out)
+
+    def percaller_targets(self):
+        pc = self.r.get("percaller")
+        if not pc:
+            return "(Not in this results file: `scripts/bench --only percaller`.)"
+        out = ["| Per-caller server-time target | server | measured | |", "|---|---|---:|---|"]
+        for t in spec.PERCALLER_TARGETS:
+            for srv in pc["servers"].values():
+                a, b = srv["usec"].get(f"{t['num']}_rand"), srv["usec"].get(f"{t['den']}_rand")
+                if not a or not b:
+                    out.append(f"| {t['label']} {'≥' if t['how'] == 'ge' else '≤'} "
+                               f"{t['limit']}x | {srv['label']} | not measured | |")  # fmt: skip
+                    continue
+                v = a / b
+                ok = v >= t["limit"] if t["how"] == "ge" else v <= t["limit"]
+                out.append(f"| {t['label']} {'≥' if t['how'] == 'ge' else '≤'} {t['limit']}x "
+                           f"| {srv['label']} | {v:.2f}x | {verdict(ok)} |")  # fmt: skip
+        return "\n".join(out)
+
+    def percaller_note(self):
+        pc = self.r.get("percaller")
+        if not pc:
+            return ""
+        cell = pc.get("cell")
+        if not cell:
+            return ("redis-cell was not loaded in this run (`CELL_MODULE` unset): its columns "
+                    "are empty.")
+        return (f"redis-cell: `{cell['module']}` (sha256 `{cell['sha256'][:16]}…`), built outside "
+                f"this repository as [docs/performance.md](docs/performance.md) describes.")
+
     def instr_ratios(self):
         p = self.primary()
         if p is None:
@@ -346,7 +441,7 @@ class Report:
                     for n, key in spec.SECTIONS.items() if self.r.get(key)}  # fmt: skip
         names = {"throughput": "Throughput, latency and server time", "memory": "Memory",
                  "profile": "Profile (callgrind)", "share": "`RL.SHARE` at scale",
-                 "hotkey": "One hot key"}  # fmt: skip
+                 "hotkey": "One hot key", "percaller": "The per-caller path, side by side"}  # fmt: skip
         out = ["| Section | measured (UTC) | module at | load average (1, 5, 15 min): start → end |",
                "|---|---|---|---|"]  # fmt: skip
         for name in spec.SECTIONS:
@@ -522,6 +617,12 @@ class Report:
             "instr_targets": self.instr_targets(),
             "ratio_targets": self.ratio_targets(),
             "instr_ratios": self.instr_ratios(),
+            "percaller_instr_targets": self.percaller_instr_targets(),
+            "percaller_table": self.percaller_table(),
+            "percaller_targets": self.percaller_targets(),
+            "percaller_note": self.percaller_note(),
+            "percaller_calls": f"{(self.r.get('percaller') or {}).get('calls', 0):,}",
+            "percaller_repeats": (self.r.get("percaller") or {}).get("repeats", "—"),
             "throughput_table": self.throughput_table(),
             "commands": self.commands(),
             "memory_table": self.memory_table(),
@@ -576,6 +677,7 @@ def required_tables(n_servers):
             "| Target | server | instructions |": 1,
             "| Ratio | instructions per call |": 1,
             "| Workload | instr/request |": n_servers,
+            "| Per-caller target | server |": 1,
             "| Part | instr/call |": 2,
         })  # fmt: skip
     return req

@@ -90,7 +90,8 @@ def free_port():
 class Server:
     """A server binary with the module loaded, in its own dir under the run's temp dir."""
 
-    def __init__(self, binary, module, lua_script, tmp, name, wrapper=(), ready_timeout=30):
+    def __init__(self, binary, module, lua_script, tmp, name, wrapper=(), ready_timeout=30,
+                 extra=()):
         self.dir = Path(tmp) / name
         self.dir.mkdir()
         self.port = free_port()
@@ -104,6 +105,7 @@ class Server:
             "--dir", str(self.dir),
             "--logfile", str(self.dir / "server.log"),
             "--loadmodule", str(module),
+            *extra,
         ]  # fmt: skip
         self.proc = subprocess.Popen(
             argv, cwd=self.dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -11,6 +11,8 @@ GRANT_LIMIT = ["1000", "1000000000"]
 # One token per 11.6 days: once the single token is taken, every call is denied.
 DENY_LIMIT = ["0.000001", "1"]
 RANDOM_KEYS = 100_000
+# Keys of the profile where every call finds its key expired (see PROFILES).
+EXPIRED_KEYS = 10_000
 LEASE_KEYS = 1_000
 LEASE_TTL_MS = "100"
 SHARE_PERIOD_MS = "3600000"
@@ -210,6 +212,15 @@ PROFILES = [
                 "printf_fp"]),
     dict(key="lua_deny", name="Lua deny", args=[*LUA, "lua:d", *DENY_LIMIT, "1"],
          pre=[[*LUA, "lua:d", *DENY_LIMIT, "1"]], root="lua"),
+    # The per-caller path when every key was used before: 10k keys, all called once in the
+    # warm-up (3x the calls: 99.75% of the keys) with the server's active expiry off, so
+    # that each measured call finds its key expired and not yet deleted (the keys refill in
+    # 1 ms). Redis 8 reuses the value in place (REDISMODULE_OPEN_KEY_ACCESS_EXPIRED); the
+    # other servers delete the key first and add it again.
+    dict(key="rand_expired", name="RL.TAKE, 10k random keys, each found expired",
+         args=["RL.TAKE", "rl:__rand_int__", *GRANT_LIMIT, "1"], rand=EXPIRED_KEYS,
+         warm=3, pre=[["DEBUG", "SET-ACTIVE-EXPIRE", "0"]], root="module",
+         parts=["replicate", "set_expire", "open_key", "limit_parse", "take"]),
 ]  # fmt: skip
 for _p in PROFILES:
     _p.setdefault("rand", None)
@@ -217,6 +228,7 @@ for _p in PROFILES:
     _p.setdefault("parts", [])
     _p.setdefault("absent", [])
     _p.setdefault("same_keys", None)
+    _p.setdefault("warm", None)
 
 PROFILE_BY_KEY = {p["key"]: p for p in PROFILES}
 
@@ -232,6 +244,12 @@ INSTR_TARGETS = [
     dict(workload="lease", limit=10000, label="`RL.LEASE` batch of 20",
          parts=["replicate", "argv", "open_key", "reply_ll"]),
 ]  # fmt: skip
+
+# The per-caller path (a key new or just expired) against a hot grant, instructions inside
+# the command on each server: the workloads held to `limit` x the grant, and the absolute
+# limit of the new-key path on Redis 7.0.
+PERCALLER_INSTR = dict(limit=1.3, workloads=["rand", "rand_expired"], grant="grant",
+                       absolute=dict(server="redis7", workload="rand", limit=8000))
 
 PART_LABELS = {
     "replicate": "`{fn}` (the replicated effect)",
@@ -253,7 +271,7 @@ PART_LABELS = {
 
 # `scripts/bench measure --only ...`: a section name -> its key in the results JSON.
 SECTIONS = {"throughput": "throughput", "memory": "memory", "profile": "profiles",
-            "share": "share", "hotkey": "hotkey"}  # fmt: skip
+            "share": "share", "hotkey": "hotkey", "percaller": "percaller"}  # fmt: skip
 
 # Holders at scale: each wants 10/s of the grant limit's 1000/s (over-subscribed from 101
 # holders: the water level runs), leases of 3 hours; 12-byte ids.
@@ -276,3 +294,32 @@ SHARE_INSTR_TARGET = 2.0
 HOT_LIMIT = (100_000, 10_000)
 HOT_DECISIONS_TARGET = 5_000_000
 HOT_CALLS_TARGET = 20.0
+
+
+# --------------------------------------------------------------------------------------------
+# The per-caller path side by side: every peer in one server per server kind (the module, the
+# Lua script, the Functions library and, with CELL_MODULE=path/to/libredis_cell.so,
+# redis-cell), the same grant limit on 100k random keys (nearly every call finds its key new
+# or expired) and on one hot key; server time from INFO commandstats.
+
+# redis-cell's `max_burst count period` for the grant limit: 1000 per 1 s, cap max_burst + 1.
+CELL_GRANT = ["999999999", "1000", "1"]
+PERCALLER_ROWS = [
+    dict(key="incr", label="`INCR`", args=["INCR", "k:__rand_int__"], stat="incr"),
+    dict(key="rl", label="`RL.TAKE`", args=["RL.TAKE", "rl:__rand_int__", *GRANT_LIMIT, "1"],
+         stat="rl.take"),
+    dict(key="lua", label="Lua script", args=[*LUA, "lua:__rand_int__", *GRANT_LIMIT, "1"],
+         stat="evalsha"),
+    dict(key="fn", label="Functions library", args=[*FN_TAKE, "fn:__rand_int__", *GRANT_LIMIT, "1"],
+         stat="fcall"),
+    dict(key="cell", label="redis-cell", args=["CL.THROTTLE", "cell:__rand_int__", *CELL_GRANT, "1"],
+         stat="cl.throttle", cell=True),
+]  # fmt: skip
+PERCALLER_MODES = ["rand", "hot"]
+# Server time on random keys: redis-cell and the Lua script against RL.TAKE (at least), and
+# RL.TAKE against INCR on the same keys (at most).
+PERCALLER_TARGETS = [
+    dict(label="redis-cell ÷ `RL.TAKE`, random keys", num="cell", den="rl", limit=2.0, how="ge"),
+    dict(label="Lua script ÷ `RL.TAKE`, random keys", num="lua", den="rl", limit=5.0, how="ge"),
+    dict(label="`RL.TAKE` ÷ `INCR`, random keys", num="rl", den="incr", limit=3.0, how="le"),
+]  # fmt: skip

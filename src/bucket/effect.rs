@@ -69,16 +69,16 @@ pub fn bucket(ctx: Ctx, h: &BucketEffect) {
     // `full_at` as text made here and passed as a buffer: Redis builds one string object
     // from it, where an integer argument (`l`) costs it a formatting and two allocations.
     let at = Decimal::new(h.full_at);
+    if !h.has_extras() {
+        ffi::replicate_head(ctx, SETSTATE, h.key, at.bytes(), h.rate, h.cap);
+        return;
+    }
     let head = [
         EffectArg::Str(h.key),
         EffectArg::Bytes(at.bytes()),
         h.rate,
         h.cap,
     ];
-    if !h.has_extras() {
-        ffi::replicate(ctx, SETSTATE, &head);
-        return;
-    }
     // `... [HOLD t SPAN d] [VERSION v]`.
     let (hold, span, version) = (
         Decimal::new(h.keep_until),

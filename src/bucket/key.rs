@@ -1,10 +1,10 @@
 //! Opening a bucket's key and writing it back with its expiry.
 
-use crate::bucket::stored::{self, StateMut, Stored};
+use crate::bucket::stored::{self, Compact, StateMut, Stored};
 use crate::error::{Error, Result};
-use crate::ffi::{Access, Ctx, OpenKey, Str, Value};
+use crate::ffi::{Access, Ctx, MainThread, OpenKey, Str, Value};
 use crate::observe::stats;
-use rl_core::{Bucket, LeaseTable, Nanos};
+use rl_core::{Bucket, LeaseTable, Limit, Nanos};
 
 /// A key opened for one command; closed when dropped.
 ///
@@ -20,18 +20,21 @@ pub struct BucketKey {
 }
 
 impl BucketKey {
+    /// Opens a key to write it. A key whose expiry has passed reads as absent, as always;
+    /// where the server allows it, its value is kept for the write to reuse (see
+    /// [`OpenKey::open_bucket`]).
     pub fn open(ctx: Ctx, name: Str) -> BucketKey {
-        BucketKey::open_with(ctx, name, Access::Write)
+        BucketKey::with(OpenKey::open_bucket(ctx, name))
     }
 
     /// Opens a key only to read it (read-only commands; replicas serve these).
     pub fn open_read(ctx: Ctx, name: Str) -> BucketKey {
-        BucketKey::open_with(ctx, name, Access::Read)
+        BucketKey::with(OpenKey::open(ctx, name, Access::Read))
     }
 
-    fn open_with(ctx: Ctx, name: Str, access: Access) -> BucketKey {
+    fn with(key: OpenKey) -> BucketKey {
         BucketKey {
-            key: OpenKey::open(ctx, name, access),
+            key,
             modified: std::cell::Cell::new(false),
             expiry_before: std::cell::Cell::new(None),
         }
@@ -45,6 +48,23 @@ impl BucketKey {
             Value::Bucket(state) => Ok(Some(state)),
             _ => Err(Error::WrongType),
         }
+    }
+
+    /// Stores a bucket and its leases into a key that holds no bucket (a new key, or one
+    /// whose time passed): into the expired compact bucket in place when the new one is
+    /// compact too (no key added, no value allocated), else as a new value.
+    fn put_new(&self, bucket: Bucket, table: LeaseTable, expires_at: Nanos) {
+        if !stored::ever_leased(&table) {
+            if let Some(c) = compact_of(&bucket) {
+                if let Some(old) = self.key.expired_compact() {
+                    *old = c;
+                    self.key.reused();
+                    return self.expire_at(expires_at);
+                }
+                return self.put(Stored::Compact(Box::new(c)), expires_at);
+            }
+        }
+        self.put(Stored::new(bucket, table), expires_at)
     }
 
     /// Stores a new value (replacing any) and sets the key's expiry.
@@ -90,10 +110,7 @@ impl BucketKey {
     pub fn store(&self, state: Option<StateMut>, bucket: &Bucket) {
         let bucket = *bucket;
         let Some(mut s) = state else {
-            return self.put(
-                Stored::new(bucket, LeaseTable::default()),
-                bucket.expires_at(),
-            );
+            return self.put_new(bucket, LeaseTable::default(), bucket.expires_at());
         };
         let before = expiry_ms(s.expires_at());
         let in_place = match &mut s {
@@ -172,7 +189,7 @@ impl BucketKey {
                 count_limit_change(&c.bucket(), &bucket);
                 self.put(Stored::new(bucket, table), expires);
             }
-            None => self.put(Stored::new(bucket, table), expires),
+            None => self.put_new(bucket, table, expires),
         }
     }
 
@@ -203,6 +220,27 @@ fn count_pin_change(old: &Bucket, new: &Bucket) {
         (true, false) => stats::PINNED_KEYS.sub_shared(1),
         _ => {}
     }
+}
+
+/// The last limit a new compact bucket was made for, with that bucket.
+static LAST_COMPACT: MainThread<Option<(Limit, Compact)>> = MainThread::new(None);
+
+/// The compact form of a new `bucket` ([`Compact::of`]), from the last one made when the
+/// limit is the same: per-caller limits put one limit on many keys, and encoding it costs
+/// more than everything else a new key's value needs.
+fn compact_of(bucket: &Bucket) -> Option<Compact> {
+    LAST_COMPACT.with(|last| {
+        if let Some((limit, c)) = last {
+            if *limit == bucket.limit() {
+                // The same limit: only the instant (and no hold, no version) to check.
+                let mut c = *c;
+                return c.update(bucket).then_some(c);
+            }
+        }
+        let c = Compact::of(bucket)?;
+        *last = Some((bucket.limit(), c));
+        Some(c)
+    })
 }
 
 /// Counts a write that stores a bucket under a limit other than the one it had.

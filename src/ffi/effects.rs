@@ -114,6 +114,33 @@ pub fn replicate(ctx: Ctx, cmd: &CStr, args: &[EffectArg]) {
     let _ = call_with_words!(f, ctx.0, cmd.as_ptr(), call);
 }
 
+/// Sends `cmd key at rate cap` (a take's effect: the hot path) with a fixed format when the
+/// limit is two strings the command holds, without building one argument by argument.
+pub fn replicate_head(ctx: Ctx, cmd: &CStr, key: Str, at: &[u8], rate: EffectArg, cap: EffectArg) {
+    let (EffectArg::Str(rate), EffectArg::Str(cap)) = (rate, cap) else {
+        return replicate(
+            ctx,
+            cmd,
+            &[EffectArg::Str(key), EffectArg::Bytes(at), rate, cap],
+        );
+    };
+    let f = api!(RedisModule_Replicate);
+    // SAFETY: the format names four arguments of these kinds (`b`: a pointer and its
+    // length), each a live string or buffer for the call. The status is ignored, as above.
+    let _ = unsafe {
+        f(
+            ctx.0,
+            cmd.as_ptr(),
+            c"sbss".as_ptr(),
+            key.0,
+            at.as_ptr(),
+            at.len(),
+            rate.0,
+            cap.0,
+        )
+    };
+}
+
 /// The AOF being rewritten.
 pub struct Aof(pub(super) *mut RedisModuleIO);
 

@@ -1,10 +1,42 @@
 //! A key opened for one command: its kind, its value, its expiry.
 
 use super::{bytes, types, value, Ctx, Str};
-use crate::bucket::stored::{StateMut, Stored};
+use crate::bucket::stored::{Compact, StateMut, Stored};
 use redis_module::raw;
 use rl_core::{PermitTable, ShareTable};
+use std::cell::Cell;
 use std::ffi::CStr;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// The extra `OpenKey` mode that hands a module a key whose time has passed instead of
+/// deleting it first (`REDISMODULE_OPEN_KEY_ACCESS_EXPIRED`, Redis 8.0+), or 0 where the
+/// server lacks it: Redis 7.0 has no such mode, and on Redis 7.2 and Valkey 9
+/// (`REDISMODULE_OPEN_KEY_NOEXPIRE` only) an expired key is not deleted but still reads as
+/// empty, and the write that adds the key again deletes it then.
+static REUSE_MODES: AtomicI32 = AtomicI32::new(0);
+
+/// Looks up at load whether this server lets a write reuse an expired bucket's value (see
+/// [`OpenKey::open_bucket`]); returns whether it does.
+pub fn detect_open_modes() -> bool {
+    let wanted = raw::REDISMODULE_OPEN_KEY_ACCESS_EXPIRED as i32;
+    // SAFETY: reading a function pointer the API table filled at load (null before 7.2).
+    let all = match unsafe { raw::RedisModule_GetOpenKeyModesAll } {
+        // SAFETY: the server's own function, taking nothing.
+        Some(f) => unsafe { f() },
+        None => 0,
+    };
+    // The server's own instant of the command (`RM_CachedMicroseconds`, 7.2+) decides what
+    // has expired, as the server's lazy expiry would.
+    // SAFETY: as above.
+    let cached = unsafe { raw::RedisModule_CachedMicroseconds }.is_some();
+    let modes = if all & wanted == wanted && cached {
+        wanted
+    } else {
+        0
+    };
+    REUSE_MODES.store(modes, Ordering::Relaxed);
+    modes != 0
+}
 
 /// What a key holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +72,22 @@ pub struct OpenKey {
     key: *mut raw::RedisModuleKey,
     ctx: Ctx,
     name: Str,
+    /// The key holds a compact bucket whose expiry has passed, kept (not deleted) so that a
+    /// write can reuse it: it reads as empty (see [`OpenKey::open_bucket`]).
+    expired: Cell<bool>,
+    /// The kind read at open, until a write changes the key.
+    kind: Cell<Option<KeyKind>>,
+}
+
+/// The server's cached instant of the running command, in ms (only called where
+/// [`detect_open_modes`] found `RM_CachedMicroseconds`).
+fn server_ms() -> i64 {
+    // SAFETY: a function pointer the API table filled at load, checked then.
+    match unsafe { raw::RedisModule_CachedMicroseconds } {
+        // SAFETY: the server's own function, taking nothing.
+        Some(f) => (unsafe { f() }) / 1000,
+        None => (super::realtime() / 1_000_000) as i64,
+    }
 }
 
 impl OpenKey {
@@ -52,6 +100,100 @@ impl OpenKey {
             key: rm!(RedisModule_OpenKey(ctx.0, name.0, mode as i32)).cast(),
             ctx,
             name,
+            expired: Cell::new(false),
+            kind: Cell::new(None),
+        }
+    }
+
+    /// Opens a key for a write to a bucket. A key whose expiry has passed is, as for any
+    /// write, an absent key; where the server allows it ([`detect_open_modes`]) and the
+    /// key holds a compact bucket, its value is kept for the write to reuse rather than
+    /// deleted by the server's lazy expiry first (which would propagate a `DEL`, then the
+    /// write would add the key again): one effect, no key removed and added. Any other
+    /// expired key is opened again the usual way, so the server expires it as before.
+    ///
+    /// The reuse saves the server's delete and add of the key (with its expiry entry) and
+    /// the `DEL` in the replication stream and the AOF.
+    ///
+    /// A call that ends without writing (a denial, a refused call) leaves the key to the
+    /// server's lazy expiry as before (see `Drop`).
+    ///
+    /// "Passed" is the server's own rule (`now > expiry`, in ms) at the server's instant of
+    /// the command: a key the server would not have expired is read as it is.
+    /// On a replica or while loading, where the server never expires keys itself, an
+    /// `RL.SETSTATE` into such a key ends exactly as into the key it would find: a compact
+    /// bucket holds no leases, so setting a bucket there equals setting it into no key.
+    pub fn open_bucket(ctx: Ctx, name: Str) -> OpenKey {
+        let modes = REUSE_MODES.load(Ordering::Relaxed);
+        if modes == 0 {
+            return OpenKey::open(ctx, name, Access::Write);
+        }
+        let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as i32 | modes;
+        let raw_key: *mut raw::RedisModuleKey =
+            rm!(RedisModule_OpenKey(ctx.0, name.0, mode)).cast();
+        if raw_key.is_null() {
+            return OpenKey::open(ctx, name, Access::Write);
+        }
+        let key = OpenKey {
+            key: raw_key,
+            ctx,
+            name,
+            expired: Cell::new(false),
+            kind: Cell::new(None),
+        };
+        // The expiry of a key that is not there is not asked for (Redis 8 reads it from
+        // the key's object).
+        let kind = key.kind();
+        key.kind.set(Some(kind));
+        if kind == KeyKind::Empty {
+            return key;
+        }
+        if kind == KeyKind::Bucket {
+            let at = key.expire_ms();
+            if at < 0 || server_ms() <= at {
+                return key;
+            }
+            let p = rm!(RedisModule_ModuleTypeGetValue(key.key));
+            // SAFETY: a value of the bucket type (see `value`).
+            if let StateMut::Compact(_) = unsafe { value::bucket_mut(p) } {
+                key.expired.set(true);
+                return key;
+            }
+        }
+        // Another kind (read the usual way: a hash's fields past their time stay hidden),
+        // or an expired bucket with leases, a version or a hold.
+        drop(key);
+        OpenKey::open(ctx, name, Access::Write)
+    }
+
+    /// The expired compact bucket this key holds for a write to reuse (see
+    /// [`OpenKey::open_bucket`]): a write that stores into it in place calls
+    /// [`OpenKey::reused`].
+    // The value is Redis's, not this handle's (as in `value`): borrowed for the command.
+    #[allow(clippy::mut_from_ref)]
+    pub fn expired_compact(&self) -> Option<&mut Compact> {
+        if !self.expired.get() {
+            return None;
+        }
+        let p = rm!(RedisModule_ModuleTypeGetValue(self.key));
+        // SAFETY: checked to be a compact bucket at open; the open key keeps it alive and
+        // this command is its only user.
+        match unsafe { value::bucket_mut(p) } {
+            StateMut::Compact(c) => Some(c),
+            StateMut::Full(_) => None,
+        }
+    }
+
+    /// The expired value was overwritten: the key is live again. Subscribers to keyspace
+    /// events still see it expire, as when the server deleted it.
+    pub fn reused(&self) {
+        if self.expired.replace(false) {
+            rm!(RedisModule_NotifyKeyspaceEvent(
+                self.ctx.0,
+                raw::REDISMODULE_NOTIFY_EXPIRED,
+                c"expired".as_ptr(),
+                self.name.0
+            ));
         }
     }
 
@@ -60,6 +202,12 @@ impl OpenKey {
     }
 
     pub fn kind(&self) -> KeyKind {
+        if self.expired.get() {
+            return KeyKind::Empty;
+        }
+        if let Some(k) = self.kind.get() {
+            return k;
+        }
         // The module type first: it is null for any other kind of key, and a key of ours
         // (the common case) then costs one call, not two.
         let t = rm!(RedisModule_ModuleTypeGetType(self.key));
@@ -111,6 +259,9 @@ impl OpenKey {
     /// Stores a bucket as the key's value (replacing any); `false` if Redis refused it (the
     /// value is then dropped here).
     pub fn set_bucket(&self, v: Stored) -> bool {
+        // An expired value kept for reuse is replaced (and freed) like any value.
+        self.reused();
+        self.kind.set(None);
         let p = value::bucket_into_raw(v);
         let ok = rm!(RedisModule_ModuleTypeSetValue(
             self.key,
@@ -126,6 +277,7 @@ impl OpenKey {
 
     /// Stores a permit table as the key's value; gives it back if Redis refused it.
     pub fn set_permits(&self, t: PermitTable) -> Result<(), PermitTable> {
+        self.kind.set(None);
         let p = value::permits_into_raw(t);
         if rm!(RedisModule_ModuleTypeSetValue(
             self.key,
@@ -141,6 +293,7 @@ impl OpenKey {
 
     /// Stores a share table as the key's value; gives it back if Redis refused it.
     pub fn set_shares(&self, t: ShareTable) -> Result<(), ShareTable> {
+        self.kind.set(None);
         let p = value::shares_into_raw(t);
         if rm!(RedisModule_ModuleTypeSetValue(
             self.key,
@@ -164,6 +317,8 @@ impl OpenKey {
     }
 
     pub fn delete(&self) {
+        self.expired.set(false);
+        self.kind.set(None);
         rm!(RedisModule_DeleteKey(self.key));
     }
 
@@ -199,5 +354,15 @@ impl OpenKey {
 impl Drop for OpenKey {
     fn drop(&mut self) {
         rm!(RedisModule_CloseKey(self.key));
+        if self.expired.get() {
+            // No write reused the expired bucket: opened the usual way, the server expires
+            // it now as it would have at the first open (deleting it, propagating its
+            // `DEL`, counting and signalling it), so a call that writes nothing changes
+            // nothing else.
+            let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as i32;
+            let again: *mut raw::RedisModuleKey =
+                rm!(RedisModule_OpenKey(self.ctx.0, self.name.0, mode)).cast();
+            rm!(RedisModule_CloseKey(again));
+        }
     }
 }

@@ -53,10 +53,10 @@ pub use command::{
     server_info_text, server_info_u64, set_module_options, Filter,
 };
 pub use config::{register_configs, Config, Kind, Refusal};
-pub use effects::{emit_aof, replicate, Aof, EffectArg};
+pub use effects::{emit_aof, replicate, replicate_head, Aof, EffectArg};
 pub use events::{eviction_possible, subscribe as subscribe_events, subscribe_evictions};
 pub use info::{register_info, Info};
-pub use key::{Access, KeyKind, OpenKey, Value};
+pub use key::{detect_open_modes, Access, KeyKind, OpenKey, Value};
 pub use load::{create_types, log_notice, log_warning};
 pub use reply::{reply, reply_error, reply_int, reply_wrong_arity};
 pub use types::{Digest, Io, BUCKET_TYPE, PERMIT_TYPE, SHARE_TYPE};
@@ -195,7 +195,8 @@ pub fn check() -> Result<(), &'static str> {
         RedisModule_LoadStringBuffer,
         RedisModule_Free,
         RedisModule_SubscribeToKeyspaceEvents,
-        RedisModule_SubscribeToServerEvent
+        RedisModule_SubscribeToServerEvent,
+        RedisModule_NotifyKeyspaceEvent
     );
     Ok(())
 }

@@ -159,3 +159,48 @@ class Rendering(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PerCaller(unittest.TestCase):
+    """The per-caller path: its side-by-side table and its targets, met and not met."""
+
+    def with_percaller(self):
+        r = results()
+        us = {"incr_rand": 1.0, "rl_rand": 2.5, "lua_rand": 14.0, "fn_rand": 16.0,
+              "cell_rand": 4.0, "incr_hot": 0.3, "rl_hot": 0.6, "lua_hot": 5.0,
+              "fn_hot": 6.0, "cell_hot": 1.5}  # fmt: skip
+        r["percaller"] = {"calls": 1000, "repeats": 1, "keys": spec.RANDOM_KEYS,
+                          "cell": {"module": "libredis_cell.so", "sha256": "ab" * 32},
+                          "servers": {"redis7": {"label": "Redis 7.0", "version": "v",
+                                                 "usec": us, "samples": {}}}}  # fmt: skip
+        return r
+
+    def test_the_side_by_side_table_and_its_targets(self):
+        text = Report(self.with_percaller()).markdown()
+        self.assertEqual(check_markdown(text, 3), [])
+        self.assertIn("| Redis 7.0 | 100,000 random | 1.000 | 2.500 | 14.000 | 16.000 | 4.000 "
+                      "| 5.60x | 6.40x | 1.60x | 2.50x |", text)  # fmt: skip
+        self.assertIn("| redis-cell ÷ `RL.TAKE`, random keys ≥ 2.0x | Redis 7.0 | 1.60x "
+                      "| **not met** |", text)  # fmt: skip
+        self.assertIn("| Lua script ÷ `RL.TAKE`, random keys ≥ 5.0x | Redis 7.0 | 5.60x "
+                      "| **met** |", text)  # fmt: skip
+        self.assertIn("| `RL.TAKE` ÷ `INCR`, random keys ≤ 3.0x | Redis 7.0 | 2.50x "
+                      "| **met** |", text)  # fmt: skip
+
+    def test_without_redis_cell_its_columns_are_empty(self):
+        r = self.with_percaller()
+        r["percaller"]["cell"] = None
+        for k in ("cell_rand", "cell_hot"):
+            del r["percaller"]["servers"]["redis7"]["usec"][k]
+        text = Report(r).markdown()
+        self.assertIn("| redis-cell ÷ `RL.TAKE`, random keys ≥ 2.0x | Redis 7.0 | not measured",
+                      text)  # fmt: skip
+        self.assertIn("`CELL_MODULE` unset", text)
+
+    def test_the_instruction_targets_are_against_each_servers_grant(self):
+        text = Report(results()).markdown()
+        rows = [ln for ln in text.splitlines() if ln.startswith("| RL.TAKE, ")
+                and "a hot grant" in ln]  # fmt: skip
+        self.assertEqual(len(rows), 6)
+        self.assertEqual(sum(1 for ln in text.splitlines()
+                             if ln.startswith("| RL.TAKE, 100k random keys ≤ 8,000")), 1)  # fmt: skip
