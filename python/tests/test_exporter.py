@@ -150,6 +150,9 @@ def traffic(r: redis.Redis) -> None:
     # A rollout: version 2 stored, a version-1 caller is stale.
     r.execute_command("RL.TAKE", "orders:v", 10, 10, 1, "VERSION", 2)
     r.execute_command("RL.TAKE", "orders:v", 5, 5, 1, "VERSION", 1)
+    # An operator's pin, and a decision it made.
+    r.execute_command("RL.PIN", "orders:pinned", 1, 5)
+    r.execute_command("RL.TAKE", "orders:pinned", 10, 100)
 
 
 def test_share_holders_are_a_gauge(own_server: Server) -> None:
@@ -606,6 +609,9 @@ def filled_server(tmp_path: Path, policy: str) -> Tuple[Server, redis.Redis]:
         if r.info("stats")["evicted_keys"] >= 20:
             break
     assert r.info("stats")["evicted_keys"] > 0, "the server evicted nothing"
+    # Room again (every command runs the eviction loop first): the counts hold still while
+    # they are read, and the policy still evicts (the risk stays).
+    r.config_set("maxmemory", int(r.info("memory")["used_memory"]) + 100_000_000)
     return server, r
 
 
@@ -632,3 +638,22 @@ def test_evictions_are_exported(tmp_path: Path, policy: str) -> None:
         assert s[("redis_rl_eviction_risk", ())] == 0
     finally:
         server.stop()
+
+
+def test_pins_are_exported(own_server: Server) -> None:
+    r = own_server.client()
+    r.execute_command("RL.PIN", "pin:a", 1, 5)
+    r.execute_command("RL.PIN", "pin:b", "BLOCK")
+    for _ in range(3):
+        r.execute_command("RL.TAKE", "pin:a", 10, 100)
+        r.execute_command("RL.TAKE", "pin:b", 10, 100)
+    s, types = collect(r)
+    assert types["redis_rl_pinned_keys"] == "gauge"
+    assert s[("redis_rl_pinned_keys", ())] == 2
+    assert s[("redis_rl_pinned_decisions_total", ())] == 6
+    assert s[("redis_rl_pins_set_total", ())] == 2
+    assert s[("redis_rl_namespace_pinned_total", (("namespace", "pin"),))] == 6
+    r.execute_command("RL.UNPIN", "pin:b")
+    s, _ = collect(r)
+    assert s[("redis_rl_pinned_keys", ())] == 1
+    assert s[("redis_rl_pins_removed_total", ())] == 1

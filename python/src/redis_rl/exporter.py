@@ -84,6 +84,10 @@ INFO_HELP = {
     "keys_evicted": "Rate-limit keys (buckets, shares, permits) removed by eviction: each "
     "came back full, letting more through than its limit",
     "eviction_risk": "1 if maxmemory is set with a policy that can evict rate-limit keys",
+    "pinned_decisions": "Decisions a live pin (RL.PIN) made instead of the caller's limit",
+    "pins_set": "RL.PIN calls",
+    "pins_removed": "RL.UNPIN calls that removed a live pin",
+    "pinned_keys": "Keys holding a pin now",
 }
 
 NAMESPACE_HELP = {
@@ -93,6 +97,7 @@ NAMESPACE_HELP = {
     "shadow_denied": "Calls that enforce mode would have denied, per namespace",
     "tokens_granted": "Tokens granted per namespace (leased tokens included)",
     "evicted": "Rate-limit keys removed by eviction, per namespace",
+    "pinned": "Decisions a live pin made, per namespace",
 }
 
 
@@ -101,7 +106,7 @@ def is_gauge(field: str) -> bool:
     return (
         field.endswith("_active")
         or field.endswith("_in_use")
-        or field in ("share_holders", "eviction_risk")
+        or field in ("share_holders", "eviction_risk", "pinned_keys")
     )
 
 
