@@ -7,6 +7,7 @@ Durations are in seconds (floats), as the standard library and redis-py take the
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import warnings
 from dataclasses import dataclass
@@ -78,6 +79,15 @@ class LimiterConfig:
             raise ValueError("instances must be a positive integer")
         if not 0 <= self.deny_retry_after <= 86_400:
             raise ValueError("deny_retry_after must be between 0 and 86400 seconds")
+        if self.init is not None and not (
+            isinstance(self.init, (int, float))
+            and not isinstance(self.init, bool)
+            and 0 <= self.init < math.inf
+        ):
+            raise ValueError(
+                f"init must be the tokens a new bucket starts with, 0 to cap, not {self.init!r} "
+                "(None: full)"
+            )
         if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
             raise ValueError("batch must be a positive integer")
         if not (0.001 <= self.ttl <= 86_400):
