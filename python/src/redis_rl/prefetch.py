@@ -490,14 +490,22 @@ class _Core(_Bucket):
             self.metrics.add("redis_errors")
             return None
 
-    def stalled(self, flight: _Flight) -> None:
-        """A caller waited for someone else's flight (a renewal) past its timeout: the call
-        is slow, an outage (counted once per flight)."""
+    def judged(self, flight: _Flight, limit: float) -> bool:
+        """Whether a waiter of someone else's ``flight`` may stop waiting for it: it ended,
+        its own caller found it an outage (its timeout, counted there), or it has been in
+        the air ``limit`` seconds (an outage, counted once)."""
+        if flight.done or flight.timed_out:
+            return True
         with self.lock:
-            if not flight.done and not flight.timed_out:
-                flight.timed_out = True
-                self.metrics.add("redis_timeouts")
-                self.metrics.add("redis_errors")
+            if flight.done or flight.timed_out:
+                return True
+            if now() - flight.sent < limit:
+                return False
+            flight.timed_out = True
+            self.metrics.add("redis_timeouts")
+            self.metrics.add("redis_errors")
+            self.health.failed()
+            return True
 
     def cancelled(self, flight: _Flight) -> None:
         """The waiter was cancelled: what the flight spent for it goes back to the lease."""
@@ -539,6 +547,38 @@ def _failed(core: _Core, flight: _Flight, e: BaseException) -> List[_Lease]:
         core.metrics.add("server_errors")
         return core.fail(flight, _as_server_error(e))
     return core.fail(flight, e)
+
+
+#: How often a waiter whose own timeout passed looks whether the call it waits for was
+#: judged (:func:`_outlast`).
+_LOOK = 0.005
+
+
+def _outlast(core: _Core, busy: _Flight) -> None:
+    """A take's wait for another caller's lease call ran out. Only that call is judged an
+    outage (its caller's timeout, a failure on the wire): a wait behind it is not one, it
+    may only mean the CPU was busy elsewhere (the GIL with many threads granting from
+    memory). So the take waits on until the call is judged; raises ``TimeoutError`` when
+    it was judged an outage (the failure policy decides then, as for its caller)."""
+    # Every sync lease call has a caller that judges it (waiting, or making it in its own
+    # thread): the flight limit only bounds a call whose caller is gone.
+    while not busy.event.wait(_LOOK):
+        if core.judged(busy, core.flight_limit):
+            break
+    if not busy.done:
+        raise concurrent.futures.TimeoutError()
+
+
+async def _aoutlast(core: _Core, busy: _Flight) -> None:
+    """:func:`_outlast` for an asyncio take. A renewal runs in the background with no
+    caller to judge it: the call is an outage once in the air for ``timeout`` (as long as
+    its caller would have waited), measured from its sending, not from this take's start."""
+    limit = core.flight_limit if core.timeout is None else core.timeout
+    while not await _landed(busy, now() + _LOOK):
+        if core.judged(busy, limit):
+            break
+    if not busy.done:
+        raise asyncio.TimeoutError()
 
 
 async def _landed(flight: _Flight, deadline: Optional[float]) -> bool:
@@ -696,16 +736,19 @@ class PrefetchLimiter(_Base):
     def _lease(self, n: int, deadline: Optional[float]) -> Decision:
         core = self._core
         self._resolve(deadline)
+        waited = False
         while True:
             flight, busy = core.begin(n)
             if flight is not None:
-                return self._await(flight, deadline)
+                # A take that waited behind another's call gives its own call the whole
+                # timeout: only a call that had it is judged an outage.
+                return self._await(flight, self._call.deadline() if waited else deadline)
+            waited = True
             # Another lease call is in the air: wait for it (within this take's timeout),
             # then look again: its batch, its denial, its error or the outage it found.
             assert busy is not None
             if not busy.event.wait(self._call.remaining(deadline)):
-                core.stalled(busy)
-                raise concurrent.futures.TimeoutError()
+                _outlast(core, busy)
             d = core.after(busy, n)
             if d is not None:
                 return d
@@ -922,15 +965,17 @@ class AsyncPrefetchLimiter(_Base):
     async def _lease(self, n: int, deadline: Optional[float]) -> Decision:
         core = self._core
         await self._resolve(deadline)
+        waited = False
         while True:
             flight, busy = core.begin(n)
             if flight is not None:
-                return await self._await(flight, deadline)
+                # As the sync twin: its own call gets the whole timeout.
+                return await self._await(flight, self._call.deadline() if waited else deadline)
+            waited = True
             # Another lease call is in the air: wait for it (as the sync twin does).
             assert busy is not None
             if not await _landed(busy, deadline):
-                core.stalled(busy)
-                raise asyncio.TimeoutError()
+                await _aoutlast(core, busy)
             d = core.after(busy, n)
             if d is not None:
                 return d
