@@ -28,6 +28,7 @@ from ._call import (
     plain_call,
     resolve_backend,
     server_error,
+    unknown_outcome,
 )
 from .config import LimiterConfig, configure
 from .decision import Decision, Source
@@ -350,7 +351,9 @@ class Limiter(_Base):
                             deadline = call.deadline()
                         late = self._refund_late(key, n, p.parse_take)
                         reply = call(args, deadline, late, count=False)
-                except OUTAGES:
+                except OUTAGES as e:
+                    if unknown_outcome(e):  # it may have run: its grant, if any, is gone
+                        core.metrics.add("takes_lost")
                     core.health.failed()
                     d = core.fallback_decision(key, n, 1, 1)
                 else:
@@ -395,7 +398,9 @@ class Limiter(_Base):
             r = p.parse_reserve(
                 self._call(args, deadline, self._refund_late(key, n, p.parse_reserve))
             )
-        except OUTAGES:
+        except OUTAGES as e:
+            if unknown_outcome(e):  # it may have run: its grant, if any, is gone
+                core.metrics.add("takes_lost")
             core.health.failed()
             return core.fallback_decision(key, n)
         except BaseException as e:
@@ -530,7 +535,9 @@ class AsyncLimiter(_Base):
                     args = core.take_args(proto, key, n)
                     late = self._refund_late(key, n, p.parse_take)
                     reply = await call(args, deadline, late, count=False)
-                except OUTAGES:
+                except OUTAGES as e:
+                    if unknown_outcome(e):  # it may have run: its grant, if any, is gone
+                        core.metrics.add("takes_lost")
                     core.health.failed()
                     d = core.fallback_decision(key, n, 1, 1)
                 else:
@@ -569,7 +576,9 @@ class AsyncLimiter(_Base):
             late = self._refund_late(key, n, p.parse_reserve)
             reply = await self._call(args, deadline, late)
             r = p.parse_reserve(reply)
-        except OUTAGES:
+        except OUTAGES as e:
+            if unknown_outcome(e):  # it may have run: its grant, if any, is gone
+                core.metrics.add("takes_lost")
             core.health.failed()
             return core.fallback_decision(key, n)
         except BaseException as e:

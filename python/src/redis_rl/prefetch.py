@@ -57,6 +57,7 @@ from ._call import (
     execute,
     resolve_backend,
     server_error,
+    unknown_outcome,
 )
 from .config import LimiterConfig, configure
 from .decision import Decision, Source
@@ -466,7 +467,7 @@ class _Core(_Bucket):
                     else:
                         give_back.append(settle)
             else:
-                if isinstance(e, (*TIMEOUTS, asyncio.CancelledError)):
+                if isinstance(e, (*TIMEOUTS, asyncio.CancelledError)) or unknown_outcome(e):
                     self.metrics.add("leases_lost")
                 if not flight.timed_out:
                     self.metrics.add("redis_errors")
