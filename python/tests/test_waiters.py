@@ -129,3 +129,32 @@ def test_async_a_take_that_waited_gives_its_own_call_the_whole_timeout(
         assert m["fallback_decisions"] == 0 and m["redis_timeouts"] == 0, m
 
     asyncio.run(main())
+
+
+def test_async_a_landed_lease_serves_the_line_in_arrival_order(server: Server, key: str) -> None:
+    """Takes waiting for a lease call are served in arrival order: a smaller take behind
+    one the batch cannot serve does not overtake it (it stays in line, not woken)."""
+
+    async def main() -> None:
+        client = AsyncHolding(port=server.port, socket_timeout=5)
+        lim = AsyncPrefetchLimiter(client, key, 1e-6, 100, batch=3, ttl=600, timeout=30)
+        client.hold.clear()
+        first = asyncio.ensure_future(lim.take(1))  # leases 3, keeps 2
+        await asyncio.wait_for(client.held.wait(), 30)
+        client.held.clear()
+        big = asyncio.ensure_future(lim.take(3))  # more than the 2 left: asks Redis next
+        await asyncio.sleep(0)
+        small = asyncio.ensure_future(lim.take(1))  # could be served, but is behind
+        await asyncio.sleep(0)
+        client.hold.set()
+        assert (await first).granted
+        client.hold.clear()
+        await asyncio.wait_for(client.held.wait(), 30)  # the big take's own lease call
+        assert not small.done(), small.result()
+        client.hold.set()
+        d_big, d_small = await asyncio.gather(big, small)
+        await lim.close()
+        assert d_big.granted and d_small.granted, (d_big, d_small)
+        assert lim.metrics.snapshot()["fallback_decisions"] == 0
+
+    asyncio.run(main())

@@ -29,6 +29,7 @@ instance holds at most two live leases. Leases that could be neither installed n
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import math
@@ -38,7 +39,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Deque, Dict, List, Optional, Set, Tuple, Union
 
 import redis.exceptions
 
@@ -522,6 +523,14 @@ class _Core(_Bucket):
                 lease.left += d.tokens
                 self.recount()
 
+    def unspend(self, tokens: int) -> None:
+        """Puts back ``tokens`` granted from a held lease to a take that never got them."""
+        with self.lock:
+            lease = self.newer if self.newer is not None else self.older
+            if lease is not None:
+                lease.left += tokens
+                self.recount()
+
     def take_all(self) -> Tuple[Optional[_Lease], Optional[_Lease]]:
         with self.lock:
             self.drop_expired(now())
@@ -568,18 +577,6 @@ def _outlast(core: _Core, busy: _Flight) -> None:
             break
     if not busy.done:
         raise concurrent.futures.TimeoutError()
-
-
-async def _aoutlast(core: _Core, busy: _Flight) -> None:
-    """:func:`_outlast` for an asyncio take. A renewal runs in the background with no
-    caller to judge it: the call is an outage once in the air for ``timeout`` (as long as
-    its caller would have waited), measured from its sending, not from this take's start."""
-    limit = core.flight_limit if core.timeout is None else core.timeout
-    while not await _landed(busy, now() + _LOOK):
-        if core.judged(busy, limit):
-            break
-    if not busy.done:
-        raise asyncio.TimeoutError()
 
 
 async def _landed(flight: _Flight, deadline: Optional[float]) -> bool:
@@ -924,6 +921,8 @@ class AsyncPrefetchLimiter(_Base):
         self._call = AsyncCaller(client, self._core.timeout, self._core.metrics)
         self._backend = BackendTask()
         self._tasks: Set[asyncio.Task[None]] = set()
+        #: Takes waiting for a lease call in the air, in arrival order (``_in_line``).
+        self._line: Deque[Tuple[int, asyncio.Future[Optional[Decision]]]] = collections.deque()
 
     async def take(self, n: int = 1) -> Decision:
         """As :meth:`PrefetchLimiter.take`: a :class:`Decision`, truthy when granted."""
@@ -972,14 +971,75 @@ class AsyncPrefetchLimiter(_Base):
             if flight is not None:
                 # As the sync twin: its own call gets the whole timeout.
                 return await self._await(flight, self._call.deadline() if waited else deadline)
-            waited = True
-            # Another lease call is in the air: wait for it (as the sync twin does).
+            # Another lease call is in the air: wait in line for what it brings (at the
+            # front when this take was woken from the line to ask Redis).
             assert busy is not None
-            if not await _landed(busy, deadline):
-                await _aoutlast(core, busy)
+            front, waited = waited, True
+            d = await self._in_line(busy, n, deadline, front)
+            if d is not None:
+                return d
             d = core.after(busy, n)
             if d is not None:
                 return d
+
+    async def _in_line(
+        self, busy: _Flight, n: int, deadline: Optional[float], again: bool
+    ) -> Optional[Decision]:
+        """Waits in line (arrival order; ``again``: at the front, a take woken to ask Redis
+        that found another call in the air) until a landed call serves this take: its
+        decision, or ``None`` to look again (its turn to ask Redis, or the call failed).
+        A landing wakes only the takes it can serve, and the first it cannot. As for the
+        sync twin, a take's own wait running out is no outage: only the call's age is
+        (:func:`_aoutlast`). Raises ``asyncio.TimeoutError`` when it was one."""
+        core = self._core
+        fut: asyncio.Future[Optional[Decision]] = asyncio.get_running_loop().create_future()
+        if again:
+            self._line.appendleft((n, fut))
+        else:
+            self._line.append((n, fut))
+        limit = core.flight_limit if core.timeout is None else core.timeout
+        wait = self._remaining(deadline)
+        try:
+            while True:
+                done, _ = await asyncio.wait({fut}, timeout=wait)
+                if done:
+                    return fut.result()
+                if core.judged(busy, limit):
+                    fut.cancel()  # out of line
+                    if not busy.done:
+                        raise asyncio.TimeoutError()
+                    return None  # landed, served by another event loop's flight
+                wait = _LOOK
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                d = fut.result()
+                if d is not None and d.granted:
+                    core.unspend(d.tokens)  # served as it was cancelled: not spent
+            fut.cancel()
+            raise
+
+    def _serve(self, flight: _Flight) -> None:
+        """After a lease call ended: the takes in line it can serve, in arrival order, get
+        their decisions (grants from the held leases, the denial Redis gave); the first it
+        cannot serve is woken to ask Redis; the rest keep waiting. After a failure every
+        take in line looks again (the error, the outage)."""
+        line, core = self._line, self._core
+        while line:
+            n, fut = line[0]
+            if fut.done():  # gave up or cancelled
+                line.popleft()
+                continue
+            if flight.error is not None:
+                line.popleft()
+                fut.set_result(None)
+                continue
+            d, renew = core.decide_locally(n)
+            line.popleft()
+            fut.set_result(d)
+            if renew:
+                self._renew()
+            if d is None:
+                break
 
     def _send(self, flight: _Flight) -> asyncio.Task[None]:
         core = self._core
@@ -1031,6 +1091,7 @@ class AsyncPrefetchLimiter(_Base):
         else:
             give_back = core.land(flight, reply)
         flight.event.set()
+        self._serve(flight)
         for lease in give_back:
             await self._give_back(lease)
 
