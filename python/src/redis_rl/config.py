@@ -97,10 +97,12 @@ class LimiterConfig:
 
     @property
     def ttl_ms(self) -> int:
+        """``ttl`` in whole milliseconds (at least 1), as ``RL.LEASE`` takes it."""
         return max(1, round(self.ttl * 1000))
 
     @property
     def deny_retry_after_ms(self) -> int:
+        """``deny_retry_after`` in milliseconds, the retry hint of a ``DENY`` decision."""
         return round(self.deny_retry_after * 1000)
 
 

@@ -292,6 +292,7 @@ class Limiter(_Base):
         config: Optional[LimiterConfig] = None,
         **options: Any,
     ) -> None:
+        """Arguments as the class docstring says; nothing is sent before the first call."""
         self._core = _LimiterCore(key, rate, cap, configure(config, options, "Limiter"))
         self.client = client
         self._call = SyncCaller(client, self._core.timeout, self._core.metrics)
@@ -480,6 +481,7 @@ class AsyncLimiter(_Base):
         config: Optional[LimiterConfig] = None,
         **options: Any,
     ) -> None:
+        """Arguments as the class docstring says; nothing is sent before the first call."""
         self._core = _LimiterCore(key, rate, cap, configure(config, options, "AsyncLimiter"))
         self.client = client
         self._call = AsyncCaller(client, self._core.timeout, self._core.metrics)
@@ -549,6 +551,7 @@ class AsyncLimiter(_Base):
         return d
 
     async def take_from_server(self, n: int = 1, *, key: Optional[str] = None) -> p.TakeReply:
+        """As :meth:`Limiter.take_from_server`: the bare call, every error raised."""
         core = self._core
         key = core.key if key is None else key
         proto = await self._protocol()
@@ -557,11 +560,14 @@ class AsyncLimiter(_Base):
         )
 
     def headers(self) -> dict[str, str]:
+        """The HTTP headers of the last decision (empty before the first)."""
         return self._last.headers() if self._last is not None else {}
 
     async def reserve(
         self, n: int = 1, max_wait: float = 1.0, *, key: Optional[str] = None
     ) -> Decision:
+        """As :meth:`Limiter.reserve`, sleeping with ``asyncio.sleep``; cancelled during its
+        wait, it gives its tokens back."""
         core = self._core
         check_n(n, core.cap)
         ms = wait_ms(max_wait)
@@ -604,6 +610,7 @@ class AsyncLimiter(_Base):
         return p.to_float(await self._call(proto.refund(key, n)))
 
     async def peek(self, *, key: Optional[str] = None) -> Optional[p.PeekReply]:
+        """As :meth:`Limiter.peek`."""
         key = self._core.key if key is None else key
         proto = await self._protocol()
         return p.parse_peek(await self._call(proto.peek(key)))

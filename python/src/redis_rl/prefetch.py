@@ -690,6 +690,7 @@ class PrefetchLimiter(_Base):
         config: Optional[LimiterConfig] = None,
         **options: Any,
     ) -> None:
+        """Arguments as the class docstring says; nothing is sent before the first call."""
         self._core = _new_core("PrefetchLimiter", key, rate, cap, batch, ttl_ms, config, options)
         self.client = client
         self._call = SyncCaller(client, self._core.timeout, self._core.metrics)
@@ -858,6 +859,7 @@ class PrefetchLimiter(_Base):
         return credited
 
     def __enter__(self) -> PrefetchLimiter:
+        """The limiter itself; leaving the block calls :meth:`close`."""
         return self
 
     def __del__(self) -> None:
@@ -890,6 +892,7 @@ class PrefetchLimiter(_Base):
             return
 
     def __exit__(self, *exc: object) -> None:
+        """Calls :meth:`close` (an outage there is ignored: the leases expire on the server)."""
         with contextlib.suppress(*OUTAGES):  # the leases expire on the server
             self.close()
 
@@ -914,6 +917,7 @@ class AsyncPrefetchLimiter(_Base):
         config: Optional[LimiterConfig] = None,
         **options: Any,
     ) -> None:
+        """Arguments as the class docstring says; nothing is sent before the first call."""
         self._core = _new_core(
             "AsyncPrefetchLimiter", key, rate, cap, batch, ttl_ms, config, options
         )
@@ -1144,8 +1148,10 @@ class AsyncPrefetchLimiter(_Base):
         return credited
 
     async def __aexit__(self, *exc: object) -> None:
+        """Awaits :meth:`close` (an outage there is ignored: the leases expire on the server)."""
         with contextlib.suppress(*OUTAGES):
             await self.close()
 
     async def __aenter__(self) -> AsyncPrefetchLimiter:
+        """The limiter itself; leaving the block awaits :meth:`close`."""
         return self
