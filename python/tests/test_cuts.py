@@ -37,9 +37,10 @@ class DroppingProxy(Proxy):
     def _forward(self, b: socket.socket, data: bytes, to_client: bool) -> None:
         if to_client and self._drop:
             self._drop = False
-            # The connection closes instead of the reply: a peer or middlebox gone.
-            b.shutdown(socket.SHUT_RDWR)
+            # The connection closes instead of the reply: a peer or middlebox gone (set
+            # first: the client may return as soon as it sees the close).
             self.dropped.set()
+            b.shutdown(socket.SHUT_RDWR)
             return
         b.sendall(data)
 
