@@ -579,6 +579,32 @@ def _outlast(core: _Core, busy: _Flight) -> None:
         raise concurrent.futures.TimeoutError()
 
 
+def _settle(core: _Core, fut: asyncio.Future[Optional[Decision]], d: Optional[Decision]) -> None:
+    """Hands ``d`` to a take in line, on its own event loop (a limiter may serve takes of
+    several loops, one per thread); a grant it can no longer take goes back to the lease."""
+
+    def settle() -> None:
+        if fut.done():
+            if d is not None and d.granted:
+                core.unspend(d.tokens)
+        else:
+            fut.set_result(d)
+
+    loop = fut.get_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if loop is running:
+        settle()
+        return
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # that loop is closed: nobody takes it
+        if d is not None and d.granted:
+            core.unspend(d.tokens)
+
+
 async def _landed(flight: _Flight, deadline: Optional[float]) -> bool:
     """Waits until ``flight`` ended or ``deadline``; whether it ended."""
     task = flight.task
@@ -996,12 +1022,22 @@ class AsyncPrefetchLimiter(_Base):
         sync twin, a take's own wait running out is no outage: only the call's age is
         (:func:`_aoutlast`). Raises ``asyncio.TimeoutError`` when it was one."""
         core = self._core
-        fut: asyncio.Future[Optional[Decision]] = asyncio.get_running_loop().create_future()
+        limit = core.flight_limit if core.timeout is None else core.timeout
+        loop = asyncio.get_running_loop()
+        task = busy.task
+        if task is None or task.get_loop() is not loop:
+            # Sent from another event loop (another thread): looked at, not awaited.
+            while not await _landed(busy, now() + _LOOK):
+                if core.judged(busy, limit):
+                    break
+            if not busy.done:
+                raise asyncio.TimeoutError()
+            return None
+        fut: asyncio.Future[Optional[Decision]] = loop.create_future()
         if again:
             self._line.appendleft((n, fut))
         else:
             self._line.append((n, fut))
-        limit = core.flight_limit if core.timeout is None else core.timeout
         wait = self._remaining(deadline)
         try:
             while True:
@@ -1035,11 +1071,11 @@ class AsyncPrefetchLimiter(_Base):
                 continue
             if flight.error is not None:
                 line.popleft()
-                fut.set_result(None)
+                _settle(core, fut, None)
                 continue
             d, renew = core.decide_locally(n)
             line.popleft()
-            fut.set_result(d)
+            _settle(core, fut, d)
             if renew:
                 self._renew()
             if d is None:
