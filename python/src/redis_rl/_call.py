@@ -54,6 +54,19 @@ TIMEOUTS = (redis.exceptions.TimeoutError, asyncio.TimeoutError, concurrent.futu
 #: by the policy (a wrong password must not fail open). Catch them before :data:`OUTAGES`.
 NOT_OUTAGES = (redis.exceptions.AuthenticationError,)
 
+
+def unknown_outcome(e: BaseException) -> bool:
+    """Whether an outage may have struck after the command reached the server: it may have
+    run, its reply lost (a read that timed out, a connection reset or closed mid-reply).
+    Only a failure to connect, or an error reply standing for one (``LOADING``, a refused
+    password), says it was never run. A grant in such a reply is gone: counted as lost."""
+    if isinstance(e, (redis.exceptions.BusyLoadingError, *NOT_OUTAGES)):
+        return False
+    if isinstance(e, (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError)):
+        return "connecting" not in str(e)
+    return False
+
+
 _Work = Tuple[concurrent.futures.Future[Any], Callable[..., Any], Tuple[Any, ...], dict[str, Any]]
 
 

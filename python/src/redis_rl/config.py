@@ -7,6 +7,7 @@ Durations are in seconds (floats), as the standard library and redis-py take the
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
@@ -78,6 +79,15 @@ class LimiterConfig:
             raise ValueError("instances must be a positive integer")
         if not 0 <= self.deny_retry_after <= 86_400:
             raise ValueError("deny_retry_after must be between 0 and 86400 seconds")
+        if self.init is not None and not (
+            isinstance(self.init, (int, float))
+            and not isinstance(self.init, bool)
+            and 0 <= self.init < math.inf
+        ):
+            raise ValueError(
+                f"init must be the tokens a new bucket starts with, 0 to cap, not {self.init!r} "
+                "(None: full)"
+            )
         if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
             raise ValueError("batch must be a positive integer")
         if not (0.001 <= self.ttl <= 86_400):
@@ -87,10 +97,12 @@ class LimiterConfig:
 
     @property
     def ttl_ms(self) -> int:
+        """``ttl`` in whole milliseconds (at least 1), as ``RL.LEASE`` takes it."""
         return max(1, round(self.ttl * 1000))
 
     @property
     def deny_retry_after_ms(self) -> int:
+        """``deny_retry_after`` in milliseconds, the retry hint of a ``DENY`` decision."""
         return round(self.deny_retry_after * 1000)
 
 

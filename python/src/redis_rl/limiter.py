@@ -40,6 +40,7 @@ from ._call import (
     plain_call,
     resolve_backend,
     server_error,
+    unknown_outcome,
 )
 from .config import LimiterConfig, configure
 from .decision import Decision, Source
@@ -58,6 +59,11 @@ def check_limit(rate: float, cap: float) -> None:
     """Refuses a limit the server would refuse on every call."""
     if not (1e-9 <= rate <= 1e15) or not (1e-9 <= cap <= 1e15):
         raise ValueError("rate and cap must be numbers between 1e-9 and 1e15")
+    if cap < 1:
+        raise ValueError(
+            f"cap must be at least 1 (a bucket of {cap} tokens can never grant a take of 1): "
+            "to allow one call every 10 s, write rate=0.1, cap=1"
+        )
     if cap / rate > MAX_FILL_SECS:
         raise ValueError(
             f"cap / rate must be at most 100 years ({MAX_FILL_SECS:.0f} s): "
@@ -66,10 +72,34 @@ def check_limit(rate: float, cap: float) -> None:
 
 
 def check_n(n: int, cap: float) -> None:
+    """Refuses a take that is not a positive int, or one above ``cap``."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError("n must be a positive integer")
     if n > cap:
         raise ValueError("n must not exceed cap (it could never be granted)")
+
+
+#: The longest wait a reservation may ask for (the module's and the Functions' bound): a day.
+MAX_WAIT_SECS = 86_400.0
+
+
+def wait_ms(max_wait: float) -> int:
+    """``max_wait`` seconds as the milliseconds ``RL.RESERVE`` takes; refuses a wait the
+    server would refuse (``nan``, ``inf``, negative, above a day)."""
+    if isinstance(max_wait, bool) or not isinstance(max_wait, (int, float)):
+        raise TypeError(f"max_wait must be seconds as a number, not {max_wait!r}")
+    if not 0 <= max_wait <= MAX_WAIT_SECS:  # false for nan
+        raise ValueError(
+            f"max_wait must be seconds between 0 and {MAX_WAIT_SECS:.0f} (a day), not "
+            f"{max_wait!r}: pass 0 to take only tokens that are there now"
+        )
+    return math.floor(max_wait * 1000)
+
+
+def check_refund(n: int) -> None:
+    """Refuses a refund that is not a positive int (the server would refuse it)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer (the tokens to give back), not {n!r}")
 
 
 #: ``Decision(...)`` without the keyword handling (a named tuple's fields, all given).
@@ -108,6 +138,8 @@ class _Bucket:
         self.rate = float(rate)
         self.cap = float(cap)
         self.timeout = config.timeout
+        if config.init is not None and config.init > cap:
+            raise ValueError(f"init must be at most cap ({cap}), not {config.init}")
         self.init = config.init
         self.version = config.version
         self.backend = config.backend
@@ -281,6 +313,7 @@ class Limiter(_Base):
         config: Optional[LimiterConfig] = None,
         **options: Any,
     ) -> None:
+        """Arguments as the class docstring says; nothing is sent before the first call."""
         self._core = _LimiterCore(key, rate, cap, configure(config, options, "Limiter"))
         self.client = client
         self._call = SyncCaller(client, self._core.timeout, self._core.metrics)
@@ -340,7 +373,9 @@ class Limiter(_Base):
                             deadline = call.deadline()
                         late = self._refund_late(key, n, p.parse_take)
                         reply = call(args, deadline, late, count=False)
-                except OUTAGES:
+                except OUTAGES as e:
+                    if unknown_outcome(e):  # it may have run: its grant, if any, is gone
+                        core.metrics.add("takes_lost")
                     core.health.failed()
                     d = core.fallback_decision(key, n, 1, 1)
                 else:
@@ -372,6 +407,7 @@ class Limiter(_Base):
         go to the failure policy (which never sleeps)."""
         core = self._core
         check_n(n, core.cap)
+        ms = wait_ms(max_wait)
         key = core.key if key is None else key
         core.metrics.add("calls")
         if not core.health.may_call():
@@ -379,12 +415,14 @@ class Limiter(_Base):
         try:
             deadline = self._call.deadline()
             args = self._protocol(deadline).reserve(
-                key, core.rate, core.cap, n, math.floor(max_wait * 1000), core.init, core.version
+                key, core.rate, core.cap, n, ms, core.init, core.version
             )
             r = p.parse_reserve(
                 self._call(args, deadline, self._refund_late(key, n, p.parse_reserve))
             )
-        except OUTAGES:
+        except OUTAGES as e:
+            if unknown_outcome(e):  # it may have run: its grant, if any, is gone
+                core.metrics.add("takes_lost")
             core.health.failed()
             return core.fallback_decision(key, n)
         except BaseException as e:
@@ -399,6 +437,7 @@ class Limiter(_Base):
         """``RL.REFUND``: gives back ``n`` tokens (say the reserved call was never made);
         returns the tokens credited (fewer if the bucket refilled meanwhile, 0 in debt).
         Raises on Redis errors."""
+        check_refund(n)
         key = self._core.key if key is None else key
         return p.to_float(self._call(self._protocol().refund(key, n)))
 
@@ -482,6 +521,7 @@ class AsyncLimiter(_Base):
         config: Optional[LimiterConfig] = None,
         **options: Any,
     ) -> None:
+        """Arguments as the class docstring says; nothing is sent before the first call."""
         self._core = _LimiterCore(key, rate, cap, configure(config, options, "AsyncLimiter"))
         self.client = client
         self._call = AsyncCaller(client, self._core.timeout, self._core.metrics)
@@ -537,7 +577,9 @@ class AsyncLimiter(_Base):
                     args = core.take_args(proto, key, n)
                     late = self._refund_late(key, n, p.parse_take)
                     reply = await call(args, deadline, late, count=False)
-                except OUTAGES:
+                except OUTAGES as e:
+                    if unknown_outcome(e):  # it may have run: its grant, if any, is gone
+                        core.metrics.add("takes_lost")
                     core.health.failed()
                     d = core.fallback_decision(key, n, 1, 1)
                 else:
@@ -549,6 +591,7 @@ class AsyncLimiter(_Base):
         return d
 
     async def take_from_server(self, n: int = 1, *, key: Optional[str] = None) -> p.TakeReply:
+        """As :meth:`Limiter.take_from_server`: the bare call, every error raised."""
         core = self._core
         key = core.key if key is None else key
         proto = await self._protocol()
@@ -557,13 +600,17 @@ class AsyncLimiter(_Base):
         )
 
     def headers(self) -> dict[str, str]:
+        """The HTTP headers of the last decision (empty before the first)."""
         return self._last.headers() if self._last is not None else {}
 
     async def reserve(
         self, n: int = 1, max_wait: float = 1.0, *, key: Optional[str] = None
     ) -> Decision:
+        """As :meth:`Limiter.reserve`, sleeping with ``asyncio.sleep``; cancelled during its
+        wait, it gives its tokens back."""
         core = self._core
         check_n(n, core.cap)
+        ms = wait_ms(max_wait)
         key = core.key if key is None else key
         core.metrics.add("calls")
         if not core.health.may_call():
@@ -571,13 +618,13 @@ class AsyncLimiter(_Base):
         try:
             deadline = self._call.deadline()
             proto = await self._protocol(deadline)
-            args = proto.reserve(
-                key, core.rate, core.cap, n, math.floor(max_wait * 1000), core.init, core.version
-            )
+            args = proto.reserve(key, core.rate, core.cap, n, ms, core.init, core.version)
             late = self._refund_late(key, n, p.parse_reserve)
             reply = await self._call(args, deadline, late)
             r = p.parse_reserve(reply)
-        except OUTAGES:
+        except OUTAGES as e:
+            if unknown_outcome(e):  # it may have run: its grant, if any, is gone
+                core.metrics.add("takes_lost")
             core.health.failed()
             return core.fallback_decision(key, n)
         except BaseException as e:
@@ -596,11 +643,14 @@ class AsyncLimiter(_Base):
         return d
 
     async def refund(self, n: int, *, key: Optional[str] = None) -> float:
+        """As :meth:`Limiter.refund`."""
+        check_refund(n)
         key = self._core.key if key is None else key
         proto = await self._protocol()
         return p.to_float(await self._call(proto.refund(key, n)))
 
     async def peek(self, *, key: Optional[str] = None) -> Optional[p.PeekReply]:
+        """As :meth:`Limiter.peek`."""
         key = self._core.key if key is None else key
         proto = await self._protocol()
         return p.parse_peek(await self._call(proto.peek(key)))

@@ -35,6 +35,7 @@ class Permit:
     permit gone (it outlived its TTL, say while the process was paused)."""
 
     def __init__(self, key: str, permit_id: int, in_use: int, ttl: float) -> None:
+        """A permit as the server granted it (made by :func:`permit` and :func:`apermit`)."""
         self.key = key
         self.id = permit_id
         self.in_use = in_use

@@ -29,6 +29,7 @@ instance holds at most two live leases. Leases that could be neither installed n
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import math
@@ -38,7 +39,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Deque, Dict, List, Optional, Set, Tuple, Union
 
 import redis.exceptions
 
@@ -58,6 +59,7 @@ from ._call import (
     execute,
     resolve_backend,
     server_error,
+    unknown_outcome,
 )
 from .config import LimiterConfig, configure
 from .decision import Decision, Source
@@ -470,7 +472,7 @@ class _Core(_Bucket):
                     else:
                         give_back.append(settle)
             else:
-                if isinstance(e, (*TIMEOUTS, asyncio.CancelledError)):
+                if isinstance(e, (*TIMEOUTS, asyncio.CancelledError)) or unknown_outcome(e):
                     self.metrics.add("leases_lost")
                 if not flight.timed_out:
                     self.metrics.add("redis_errors")
@@ -494,14 +496,22 @@ class _Core(_Bucket):
             self.metrics.add("redis_errors")
             return None
 
-    def stalled(self, flight: _Flight) -> None:
-        """A caller waited for someone else's flight (a renewal) past its timeout: the call
-        is slow, an outage (counted once per flight)."""
+    def judged(self, flight: _Flight, limit: float) -> bool:
+        """Whether a waiter of someone else's ``flight`` may stop waiting for it: it ended,
+        its own caller found it an outage (its timeout, counted there), or it has been in
+        the air ``limit`` seconds (an outage, counted once)."""
+        if flight.done or flight.timed_out:
+            return True
         with self.lock:
-            if not flight.done and not flight.timed_out:
-                flight.timed_out = True
-                self.metrics.add("redis_timeouts")
-                self.metrics.add("redis_errors")
+            if flight.done or flight.timed_out:
+                return True
+            if now() - flight.sent < limit:
+                return False
+            flight.timed_out = True
+            self.metrics.add("redis_timeouts")
+            self.metrics.add("redis_errors")
+            self.health.failed()
+            return True
 
     def cancelled(self, flight: _Flight) -> None:
         """The waiter was cancelled: what the flight spent for it goes back to the lease."""
@@ -515,6 +525,14 @@ class _Core(_Bucket):
             if d is not None and d.granted and held:
                 assert lease is not None
                 lease.left += d.tokens
+                self.recount()
+
+    def unspend(self, tokens: int) -> None:
+        """Puts back ``tokens`` granted from a held lease to a take that never got them."""
+        with self.lock:
+            lease = self.newer if self.newer is not None else self.older
+            if lease is not None:
+                lease.left += tokens
                 self.recount()
 
     def take_all(self) -> Tuple[Optional[_Lease], Optional[_Lease]]:
@@ -544,6 +562,52 @@ def _failed(core: _Core, flight: _Flight, e: BaseException) -> List[_Lease]:
         core.metrics.add("server_errors")
         return core.fail(flight, _as_server_error(e))
     return core.fail(flight, e)
+
+
+#: How often a waiter whose own timeout passed looks whether the call it waits for was
+#: judged (:func:`_outlast`).
+_LOOK = 0.005
+
+
+def _outlast(core: _Core, busy: _Flight) -> None:
+    """A take's wait for another caller's lease call ran out. Only that call is judged an
+    outage (its caller's timeout, a failure on the wire): a wait behind it is not one, it
+    may only mean the CPU was busy elsewhere (the GIL with many threads granting from
+    memory). So the take waits on until the call is judged; raises ``TimeoutError`` when
+    it was judged an outage (the failure policy decides then, as for its caller)."""
+    # Every sync lease call has a caller that judges it (waiting, or making it in its own
+    # thread): the flight limit only bounds a call whose caller is gone.
+    while not busy.event.wait(_LOOK):
+        if core.judged(busy, core.flight_limit):
+            break
+    if not busy.done:
+        raise concurrent.futures.TimeoutError()
+
+
+def _settle(core: _Core, fut: asyncio.Future[Optional[Decision]], d: Optional[Decision]) -> None:
+    """Hands ``d`` to a take in line, on its own event loop (a limiter may serve takes of
+    several loops, one per thread); a grant it can no longer take goes back to the lease."""
+
+    def settle() -> None:
+        if fut.done():
+            if d is not None and d.granted:
+                core.unspend(d.tokens)
+        else:
+            fut.set_result(d)
+
+    loop = fut.get_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if loop is running:
+        settle()
+        return
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # that loop is closed: nobody takes it
+        if d is not None and d.granted:
+            core.unspend(d.tokens)
 
 
 async def _landed(flight: _Flight, deadline: Optional[float]) -> bool:
@@ -657,6 +721,7 @@ class PrefetchLimiter(_Base):
         config: Optional[LimiterConfig] = None,
         **options: Any,
     ) -> None:
+        """Arguments as the class docstring says; nothing is sent before the first call."""
         self._core = _new_core("PrefetchLimiter", key, rate, cap, batch, ttl_ms, config, options)
         self.client = client
         self._call = SyncCaller(client, self._core.timeout, self._core.metrics)
@@ -701,16 +766,19 @@ class PrefetchLimiter(_Base):
     def _lease(self, n: int, deadline: Optional[float]) -> Decision:
         core = self._core
         self._resolve(deadline)
+        waited = False
         while True:
             flight, busy = core.begin(n)
             if flight is not None:
-                return self._await(flight, deadline)
+                # A take that waited behind another's call gives its own call the whole
+                # timeout: only a call that had it is judged an outage.
+                return self._await(flight, self._call.deadline() if waited else deadline)
+            waited = True
             # Another lease call is in the air: wait for it (within this take's timeout),
             # then look again: its batch, its denial, its error or the outage it found.
             assert busy is not None
             if not busy.event.wait(self._call.remaining(deadline)):
-                core.stalled(busy)
-                raise concurrent.futures.TimeoutError()
+                _outlast(core, busy)
             d = core.after(busy, n)
             if d is not None:
                 return d
@@ -822,6 +890,7 @@ class PrefetchLimiter(_Base):
         return credited
 
     def __enter__(self) -> PrefetchLimiter:
+        """The limiter itself; leaving the block calls :meth:`close`."""
         return self
 
     def __del__(self) -> None:
@@ -854,6 +923,7 @@ class PrefetchLimiter(_Base):
             return
 
     def __exit__(self, *exc: object) -> None:
+        """Calls :meth:`close` (an outage there is ignored: the leases expire on the server)."""
         with contextlib.suppress(*OUTAGES):  # the leases expire on the server
             self.close()
 
@@ -878,6 +948,7 @@ class AsyncPrefetchLimiter(_Base):
         config: Optional[LimiterConfig] = None,
         **options: Any,
     ) -> None:
+        """Arguments as the class docstring says; nothing is sent before the first call."""
         self._core = _new_core(
             "AsyncPrefetchLimiter", key, rate, cap, batch, ttl_ms, config, options
         )
@@ -885,6 +956,8 @@ class AsyncPrefetchLimiter(_Base):
         self._call = AsyncCaller(client, self._core.timeout, self._core.metrics)
         self._backend = BackendTask()
         self._tasks: Set[asyncio.Task[None]] = set()
+        #: Takes waiting for a lease call in the air, in arrival order (``_in_line``).
+        self._line: Deque[Tuple[int, asyncio.Future[Optional[Decision]]]] = collections.deque()
 
     async def take(self, n: int = 1) -> Decision:
         """As :meth:`PrefetchLimiter.take`: a :class:`Decision`, truthy when granted."""
@@ -927,18 +1000,91 @@ class AsyncPrefetchLimiter(_Base):
     async def _lease(self, n: int, deadline: Optional[float]) -> Decision:
         core = self._core
         await self._resolve(deadline)
+        waited = False
         while True:
             flight, busy = core.begin(n)
             if flight is not None:
-                return await self._await(flight, deadline)
-            # Another lease call is in the air: wait for it (as the sync twin does).
+                # As the sync twin: its own call gets the whole timeout.
+                return await self._await(flight, self._call.deadline() if waited else deadline)
+            # Another lease call is in the air: wait in line for what it brings (at the
+            # front when this take was woken from the line to ask Redis).
             assert busy is not None
-            if not await _landed(busy, deadline):
-                core.stalled(busy)
-                raise asyncio.TimeoutError()
+            front, waited = waited, True
+            d = await self._in_line(busy, n, deadline, front)
+            if d is not None:
+                return d
             d = core.after(busy, n)
             if d is not None:
                 return d
+
+    async def _in_line(
+        self, busy: _Flight, n: int, deadline: Optional[float], again: bool
+    ) -> Optional[Decision]:
+        """Waits in line (arrival order; ``again``: at the front, a take woken to ask Redis
+        that found another call in the air) until a landed call serves this take: its
+        decision, or ``None`` to look again (its turn to ask Redis, or the call failed).
+        A landing wakes only the takes it can serve, and the first it cannot. As for the
+        sync twin, a take's own wait running out is no outage: only the call's age is
+        (:func:`_aoutlast`). Raises ``asyncio.TimeoutError`` when it was one."""
+        core = self._core
+        limit = core.flight_limit if core.timeout is None else core.timeout
+        loop = asyncio.get_running_loop()
+        task = busy.task
+        if task is None or task.get_loop() is not loop:
+            # Sent from another event loop (another thread): looked at, not awaited.
+            while not await _landed(busy, now() + _LOOK):
+                if core.judged(busy, limit):
+                    break
+            if not busy.done:
+                raise asyncio.TimeoutError()
+            return None
+        fut: asyncio.Future[Optional[Decision]] = loop.create_future()
+        if again:
+            self._line.appendleft((n, fut))
+        else:
+            self._line.append((n, fut))
+        wait = self._remaining(deadline)
+        try:
+            while True:
+                done, _ = await asyncio.wait({fut}, timeout=wait)
+                if done:
+                    return fut.result()
+                if core.judged(busy, limit):
+                    fut.cancel()  # out of line
+                    if not busy.done:
+                        raise asyncio.TimeoutError()
+                    return None  # landed, served by another event loop's flight
+                wait = _LOOK
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                d = fut.result()
+                if d is not None and d.granted:
+                    core.unspend(d.tokens)  # served as it was cancelled: not spent
+            fut.cancel()
+            raise
+
+    def _serve(self, flight: _Flight) -> None:
+        """After a lease call ended: the takes in line it can serve, in arrival order, get
+        their decisions (grants from the held leases, the denial Redis gave); the first it
+        cannot serve is woken to ask Redis; the rest keep waiting. After a failure every
+        take in line looks again (the error, the outage)."""
+        line, core = self._line, self._core
+        while line:
+            n, fut = line[0]
+            if fut.done():  # gave up or cancelled
+                line.popleft()
+                continue
+            if flight.error is not None:
+                line.popleft()
+                _settle(core, fut, None)
+                continue
+            d, renew = core.decide_locally(n)
+            line.popleft()
+            _settle(core, fut, d)
+            if renew:
+                self._renew()
+            if d is None:
+                break
 
     def _send(self, flight: _Flight) -> asyncio.Task[None]:
         core = self._core
@@ -990,6 +1136,7 @@ class AsyncPrefetchLimiter(_Base):
         else:
             give_back = core.land(flight, reply)
         flight.event.set()
+        self._serve(flight)
         for lease in give_back:
             await self._give_back(lease)
 
@@ -1042,8 +1189,10 @@ class AsyncPrefetchLimiter(_Base):
         return credited
 
     async def __aexit__(self, *exc: object) -> None:
+        """Awaits :meth:`close` (an outage there is ignored: the leases expire on the server)."""
         with contextlib.suppress(*OUTAGES):
             await self.close()
 
     async def __aenter__(self) -> AsyncPrefetchLimiter:
+        """The limiter itself; leaving the block awaits :meth:`close`."""
         return self
