@@ -463,6 +463,7 @@ def test_prometheus_scrapes_the_exporter_and_runs_the_dashboard_and_rules(
     metrics.decided(True, 1, fallback=True)
     rules_metrics = RulesMetrics()  # a rules engine's, version 1 in force
     rules_metrics.version = 1
+    rules_metrics.decisions[("api_search", "denied")] = 2
     register_rules(rules_metrics, registry)
     app_port = free_port()
     app_server, _ = start_http_server(app_port, addr="127.0.0.1", registry=registry)
