@@ -380,8 +380,8 @@ there are, so there is no denominator to get wrong.
   Every prefix of the sends stayed within `cap + rate × t + holders` (worst of sent −
   (cap + rate × t): {f1(sh['bound_excess'])}; every local bucket starts empty, so the fleet
   stays about a cap under). With 8 instances the hot ones got the larger shares: the cold
-  ones ask for their demand plus 25 % headroom and the rest goes to the hot, so the
-  headroom the cold ones do not use is what keeps the 8-instance phase at
+  ones ask for their measured demand (no headroom by default, and an early call when it
+  moves) and the rest goes to the hot: the 8-instance phase ran at
   {f0(sh['partner_mean_8'])}/s; after the
   scale-out every instance wants more than 1000/16, so all converge on 62.5/s: within 10 %
   of it **{f1(shd['fair_after_scale_s'])} s** after the scale-out (a newcomer gets what is free at
