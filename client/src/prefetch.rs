@@ -565,13 +565,9 @@ impl<C: RedisConnection> Inner<C> {
         {
             Ok(granted) => granted,
             Err(e) => {
-                let unanswered = match &e {
-                    Error::Timeout(_) => true,
-                    Error::Redis(e) => e.is_timeout(),
-                    _ => false,
-                };
-                if unanswered {
-                    // Never answered: the server may hold a lease for us we cannot return.
+                if e.may_have_run() {
+                    // Unknown outcome (a timeout, a reset after the write): the server may
+                    // hold a lease for us we cannot return.
                     self.metrics.lease_lost();
                 }
                 if e.is_outage() {
