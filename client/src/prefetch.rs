@@ -384,7 +384,12 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
 
     /// Decides on `n` tokens: from the held batch when it has them (no Redis call), else
     /// by an `RL.LEASE` call made for this request, else (an outage) by the failure policy.
-    /// Returns within [`LimiterConfig::timeout`](crate::LimiterConfig::timeout).
+    /// Returns within [`LimiterConfig::timeout`](crate::LimiterConfig::timeout), except a
+    /// take that waited for another take's (or a renewal's) lease call: that call is not
+    /// this take's to judge, so it waits for it (up to the call's own bound, the
+    /// connection's response timeout or at most `max(timeout, 10 s)`) and, if it must then
+    /// ask Redis itself, gives its own call the whole timeout. Waiting takes are served in
+    /// arrival order.
     ///
     /// The lease call runs on its own task: if this future is dropped (a request timeout,
     /// `select!`) or its timeout passes, the call still completes and its tokens are
