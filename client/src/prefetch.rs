@@ -101,8 +101,6 @@ struct Place<'a, C: RedisConnection> {
     id: std::sync::atomic::AtomicU64,
     n: u64,
     wake: Arc<Notify>,
-    /// It stood in line before (and was woken since).
-    stood: AtomicBool,
 }
 
 impl<'a, C: RedisConnection> Place<'a, C> {
@@ -112,12 +110,11 @@ impl<'a, C: RedisConnection> Place<'a, C> {
             id: std::sync::atomic::AtomicU64::new(0),
             n,
             wake: Arc::new(Notify::new()),
-            stood: AtomicBool::new(false),
         }
     }
 
-    /// Stands in line (at the front for its own call, or after being woken: it arrived
-    /// before everyone in line), unless it is there already.
+    /// Stands in line (at the front for its own call, else in arrival order), unless it is
+    /// there already.
     fn enter(&self, state: &mut State, front: bool) {
         let mut id = self.id.load(Ordering::Relaxed);
         if id == 0 {
@@ -132,11 +129,16 @@ impl<'a, C: RedisConnection> Place<'a, C> {
             n: self.n,
             wake: Arc::clone(&self.wake),
         };
-        let stood = self.stood.swap(true, Ordering::Relaxed);
-        if front || stood {
+        if front {
             state.line.push_front(waiter);
         } else {
-            state.line.push_back(waiter);
+            // By arrival: one woken before (and not served) goes back to its place.
+            let at = state
+                .line
+                .iter()
+                .position(|w| w.id > id)
+                .unwrap_or(state.line.len());
+            state.line.insert(at, waiter);
         }
     }
 }
@@ -660,11 +662,11 @@ impl<C: RedisConnection> Inner<C> {
         let woken = state.wake_after(matches!(outcome, Outcome::Granted));
         state.last = outcome;
         drop(state);
-        woken.iter().for_each(|w| w.notify_one());
         // Let go of the limiter before waking its callers: if they drop it, the last
         // handle (which returns the leftovers) is theirs, not this task's.
         let fetched = Arc::clone(&self.fetched);
         drop(self);
+        woken.iter().for_each(|w| w.notify_one());
         fetched.notify_waiters();
     }
 

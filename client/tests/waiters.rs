@@ -122,3 +122,51 @@ async fn a_lease_call_cut_after_its_write_counts_as_lost() {
     assert!((t - 40.0).abs() < 0.1, "server holds {t}");
     assert_eq!(limiter.metrics().snapshot().leases_lost, 1);
 }
+
+/// Takes waiting for one lease call are served in arrival order: with 15 tokens in Redis,
+/// the first 15 takes in line get one each and the later ones are denied. (A
+/// current-thread runtime runs the spawned takes in spawn order: that is their arrival.)
+#[tokio::test(flavor = "current_thread")]
+async fn takes_in_line_are_served_in_arrival_order() {
+    let server = Server::start();
+    let proxy = Proxy::start(server.port).await;
+    let cfg = PrefetchConfig {
+        batch: 10,
+        ttl: Duration::from_secs(60),
+        renew_at: 0.0,
+        jitter: 0.0,
+        limiter: LimiterConfig {
+            // No deadline passes here: only the order is at stake.
+            timeout: Duration::from_secs(60),
+            policy: FailurePolicy::Deny,
+            ..Default::default()
+        },
+    };
+    let quota = Limit::new(0.001, 15.0).unwrap();
+    let limiter = PrefetchLimiter::new(through(&proxy), "k", quota, cfg).unwrap();
+    proxy.hold();
+    let started = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..25)
+        .map(|_| {
+            let limiter = limiter.clone();
+            let started = Arc::clone(&started);
+            tokio::spawn(async move {
+                started.fetch_add(1, Ordering::SeqCst);
+                limiter.take(1).await.unwrap()
+            })
+        })
+        .collect();
+    eventually(30, "every take started", || {
+        started.load(Ordering::SeqCst) == 25
+    })
+    .await;
+    proxy.release();
+    let mut allowed = Vec::new();
+    for task in tasks {
+        let d = task.await.unwrap();
+        assert_ne!(d.source, Source::Fallback);
+        allowed.push(d.allowed);
+    }
+    let expected: Vec<bool> = (0..25).map(|i| i < 15).collect();
+    assert_eq!(allowed, expected);
+}
