@@ -86,6 +86,22 @@ impl Error {
         }
     }
 
+    /// Whether the call's outcome is unknown: it may have run on the server but its reply
+    /// was lost (a timeout, a connection reset or closed after the write). A refused or
+    /// never established connection sent nothing.
+    pub(crate) fn may_have_run(&self) -> bool {
+        match self {
+            Error::Timeout(_) => true,
+            Error::Redis(e) => {
+                e.is_timeout()
+                    || ((e.is_io_error() || e.is_connection_dropped())
+                        && !e.is_connection_refusal()
+                        && !crate::lazy::is_connect_error(e))
+            }
+            _ => false,
+        }
+    }
+
     /// The old name of [`is_outage`](Self::is_outage).
     pub fn is_unavailable(&self) -> bool {
         self.is_outage()

@@ -240,8 +240,15 @@ impl Shared {
     }
 }
 
+const CONNECT_ERROR: &str = "cannot connect to redis";
+
 fn connect_error(why: String) -> RedisError {
-    RedisError::from((ErrorKind::IoError, "cannot connect to redis", why))
+    RedisError::from((ErrorKind::IoError, CONNECT_ERROR, why))
+}
+
+/// Whether `e` is a failure to connect (nothing was sent on it).
+pub(crate) fn is_connect_error(e: &RedisError) -> bool {
+    e.to_string().starts_with(CONNECT_ERROR)
 }
 
 impl ConnectionLike for LazyConnection {

@@ -1,6 +1,7 @@
 //! [`PrefetchLimiter`]: grants from a locally held lease batch, renewed ahead over
 //! `RL.LEASE`, with leftovers settled on renewal and returned on close.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -88,6 +89,82 @@ struct Inner<C: RedisConnection> {
 /// returned), one beyond it is counted in `leases_lost`.
 pub(crate) const LATE_REPLY: Duration = Duration::from_secs(10);
 
+/// How long past a lease call's own bound a take waiting behind it waits at most.
+const LATE_SLACK: Duration = Duration::from_secs(1);
+
+/// A take's place in [`State::line`]. Leaving (returned, timed out, cancelled) it takes
+/// itself out of the line; if no call is in flight then, it wakes the first in line, which
+/// would otherwise wait for a call nobody makes.
+struct Place<'a, C: RedisConnection> {
+    inner: &'a Inner<C>,
+    /// Its number in line, 0 until it first stands in line.
+    id: std::sync::atomic::AtomicU64,
+    n: u64,
+    wake: Arc<Notify>,
+}
+
+impl<'a, C: RedisConnection> Place<'a, C> {
+    fn new(inner: &'a Inner<C>, n: u64) -> Self {
+        Place {
+            inner,
+            id: std::sync::atomic::AtomicU64::new(0),
+            n,
+            wake: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Stands in line (at the front for its own call, else in arrival order), unless it is
+    /// there already.
+    fn enter(&self, state: &mut State, front: bool) {
+        let mut id = self.id.load(Ordering::Relaxed);
+        if id == 0 {
+            state.waiters += 1;
+            id = state.waiters;
+            self.id.store(id, Ordering::Relaxed);
+        } else if state.line.iter().any(|w| w.id == id) {
+            return;
+        }
+        let waiter = Waiter {
+            id,
+            n: self.n,
+            wake: Arc::clone(&self.wake),
+        };
+        if front {
+            state.line.push_front(waiter);
+        } else {
+            // By arrival: one woken before (and not served) goes back to its place.
+            let at = state
+                .line
+                .iter()
+                .position(|w| w.id > id)
+                .unwrap_or(state.line.len());
+            state.line.insert(at, waiter);
+        }
+    }
+}
+
+impl<C: RedisConnection> Drop for Place<'_, C> {
+    fn drop(&mut self) {
+        let id = *self.id.get_mut();
+        if id == 0 {
+            // Never stood in line: served without waiting.
+            return;
+        }
+        let next = {
+            let mut state = lock(&self.inner.state);
+            state.line.retain(|w| w.id != id);
+            if state.fetching {
+                None
+            } else {
+                state.line.pop_front()
+            }
+        };
+        if let Some(next) = next {
+            next.wake.notify_one();
+        }
+    }
+}
+
 /// A lease as the client sees it.
 #[derive(Debug, Clone, Copy)]
 struct HeldLease {
@@ -161,9 +238,41 @@ struct State {
     denied: Option<(u64, Instant)>,
     /// The generation of the lease call already counted as timed out (once per call).
     slow: Option<u64>,
+    /// Takes waiting for a lease call, in arrival order: a landed lease wakes only those it
+    /// can serve, and the first it cannot (which asks Redis next).
+    line: VecDeque<Waiter>,
+    /// Numbers the waiters.
+    waiters: u64,
+}
+
+/// A take waiting in [`State::line`].
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    n: u64,
+    wake: Arc<Notify>,
 }
 
 impl State {
+    /// Takes out of the line those to wake after a lease call ended: with tokens installed,
+    /// those the held tokens serve in order and the first they do not; else everyone (each
+    /// reads the outcome).
+    fn wake_after(&mut self, granted: bool) -> Vec<Arc<Notify>> {
+        if !granted {
+            return self.line.drain(..).map(|w| w.wake).collect();
+        }
+        let mut budget = self.left();
+        let mut woken = Vec::new();
+        while let Some(waiter) = self.line.pop_front() {
+            woken.push(waiter.wake);
+            if waiter.n > budget {
+                break;
+            }
+            budget -= waiter.n;
+        }
+        woken
+    }
+
     fn drop_expired(&mut self, now: Instant, metrics: &Metrics) {
         for slot in [&mut self.older, &mut self.newer] {
             if slot.is_some_and(|l| l.expires <= now) {
@@ -277,7 +386,12 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
 
     /// Decides on `n` tokens: from the held batch when it has them (no Redis call), else
     /// by an `RL.LEASE` call made for this request, else (an outage) by the failure policy.
-    /// Returns within [`LimiterConfig::timeout`](crate::LimiterConfig::timeout).
+    /// Returns within [`LimiterConfig::timeout`](crate::LimiterConfig::timeout), except a
+    /// take that waited for another take's (or a renewal's) lease call: that call is not
+    /// this take's to judge, so it waits for it (up to the call's own bound, the
+    /// connection's response timeout or at most `max(timeout, 10 s)`) and, if it must then
+    /// ask Redis itself, gives its own call the whole timeout. Waiting takes are served in
+    /// arrival order.
     ///
     /// The lease call runs on its own task: if this future is dropped (a request timeout,
     /// `select!`) or its timeout passes, the call still completes and its tokens are
@@ -291,8 +405,12 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
         let inner = &self.inner;
         check_request(n, &inner.limit)?;
         let answer = inner.metrics.answer();
-        let deadline = tokio::time::Instant::now() + inner.config.limiter.timeout;
+        let timeout = inner.config.limiter.timeout;
+        let mut deadline = tokio::time::Instant::now() + timeout;
         let mut asked = false;
+        // This take made a lease call of its own (its deadline was renewed for it).
+        let mut started = false;
+        let place = Place::new(inner, n);
         loop {
             if inner.closed.load(Ordering::Acquire) {
                 answer.errored(&Error::Closed);
@@ -305,42 +423,66 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                 answer.decided(decision.allowed, decision.granted, false);
                 return Ok(decision);
             }
-            let notified = inner.fetched.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
             enum Next {
                 Fallback,
+                Deny,
                 Start(u64),
                 Join(u64),
             }
             let next = {
                 let mut state = lock(&inner.state);
+                let now = tokio::time::Instant::now();
                 if !state.fetching {
-                    if inner.health.may_call() {
+                    if started && now >= deadline {
+                        // Others spent what this take's own call brought, and its time is up.
+                        Next::Deny
+                    } else if inner.health.may_call() {
                         state.fetching = true;
+                        if !started {
+                            // A take that waited behind other calls gives its own the whole
+                            // timeout.
+                            started = true;
+                            deadline = now + timeout;
+                        }
+                        place.enter(&mut state, true);
                         Next::Start(state.generation)
                     } else {
                         Next::Fallback
                     }
                 } else if inner.health.is_down() {
-                    // A probe is in flight: do not wait for a Redis believed down.
+                    // A probe is in flight, or the call's own caller judged it an outage: do
+                    // not wait for a Redis believed down.
                     Next::Fallback
                 } else {
+                    place.enter(&mut state, false);
                     Next::Join(state.generation)
                 }
             };
-            let seen = match next {
+            let (seen, own) = match next {
                 Next::Fallback => return Ok(self.fallback(n, answer)),
-                Next::Join(generation) => generation,
+                Next::Deny => {
+                    let decision = self.denied(Duration::ZERO, Source::Server);
+                    answer.decided(false, 0, false);
+                    return Ok(decision);
+                }
+                Next::Join(generation) => (generation, false),
                 Next::Start(generation) => {
                     if let Some(inline) = Inner::spawn_fetch(inner, n) {
                         inline.await;
                     }
-                    generation
+                    (generation, true)
                 }
             };
             asked = true;
-            let ended = tokio::time::timeout_at(deadline, &mut notified)
+            // Only a call's own caller judges it by its timeout. A take waiting behind
+            // another's call waits for it past its own deadline (a busy process is no
+            // outage), up to the call's own bound: the call ends by then.
+            let until = if own {
+                deadline
+            } else {
+                deadline.max(tokio::time::Instant::now() + inner.late_bound() + LATE_SLACK)
+            };
+            let woken = tokio::time::timeout_at(until, place.wake.notified())
                 .await
                 .is_ok();
             let last = {
@@ -348,19 +490,26 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                 (state.generation != seen).then(|| state.last.clone())
             };
             match last {
-                None if !ended => {
+                None if !woken && own => {
                     // Redis is slow: an outage for this caller and the next ones (the
-                    // call goes on; its outcome ends the outage if it succeeds).
-                    let first = {
+                    // call goes on; its outcome ends the outage if it succeeds). Those
+                    // waiting behind the call learn it now.
+                    let (first, woken) = {
                         let mut state = lock(&inner.state);
-                        state.generation == seen && state.slow.replace(seen) != Some(seen)
+                        let first =
+                            state.generation == seen && state.slow.replace(seen) != Some(seen);
+                        inner.health.failed();
+                        (first, state.wake_after(false))
                     };
                     if first {
                         inner.metrics.slow_call();
                     }
-                    inner.health.failed();
+                    woken.iter().for_each(|w| w.notify_one());
                     return Ok(self.fallback(n, answer));
                 }
+                // Past the call's own bound: unreachable unless the runtime stalls; the
+                // call is not this take's to judge.
+                None if !woken => return Ok(self.fallback(n, answer)),
                 None => continue,
                 Some(Outcome::Outage) => return Ok(self.fallback(n, answer)),
                 Some(Outcome::Failed(failure)) => {
@@ -374,17 +523,7 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                     return Ok(decision);
                 }
                 // Granted or denied: the state says what is there now.
-                Some(_) if tokio::time::Instant::now() < deadline => continue,
-                Some(_) => {
-                    if let Some(decision) = self.decide_locally(n) {
-                        answer.decided(decision.allowed, decision.granted, false);
-                        return Ok(decision);
-                    }
-                    // Others spent what this call's lease brought, and time is up.
-                    let decision = self.denied(Duration::ZERO, Source::Server);
-                    answer.decided(false, 0, false);
-                    return Ok(decision);
-                }
+                Some(_) => continue,
             }
         }
     }
@@ -520,12 +659,14 @@ impl<C: RedisConnection> Inner<C> {
         let mut state = lock(&self.state);
         state.fetching = false;
         state.generation += 1;
+        let woken = state.wake_after(matches!(outcome, Outcome::Granted));
         state.last = outcome;
         drop(state);
         // Let go of the limiter before waking its callers: if they drop it, the last
         // handle (which returns the leftovers) is theirs, not this task's.
         let fetched = Arc::clone(&self.fetched);
         drop(self);
+        woken.iter().for_each(|w| w.notify_one());
         fetched.notify_waiters();
     }
 
@@ -565,13 +706,9 @@ impl<C: RedisConnection> Inner<C> {
         {
             Ok(granted) => granted,
             Err(e) => {
-                let unanswered = match &e {
-                    Error::Timeout(_) => true,
-                    Error::Redis(e) => e.is_timeout(),
-                    _ => false,
-                };
-                if unanswered {
-                    // Never answered: the server may hold a lease for us we cannot return.
+                if e.may_have_run() {
+                    // Unknown outcome (a timeout, a reset after the write): the server may
+                    // hold a lease for us we cannot return.
                     self.metrics.lease_lost();
                 }
                 if e.is_outage() {

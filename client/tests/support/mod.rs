@@ -266,6 +266,7 @@ impl Drop for Plain {
 pub struct Proxy {
     pub port: u16,
     frozen: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    modes: std::sync::Arc<Modes>,
     accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -278,7 +279,12 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let frozen = Arc::new(AtomicU64::new(0));
         let accepted = Arc::new(AtomicU64::new(0));
-        let (f, a) = (Arc::clone(&frozen), Arc::clone(&accepted));
+        let modes = Arc::new(Modes::default());
+        let (f, a, m) = (
+            Arc::clone(&frozen),
+            Arc::clone(&accepted),
+            Arc::clone(&modes),
+        );
         let task = tokio::spawn(async move {
             loop {
                 let Ok((down, _)) = listener.accept().await else {
@@ -287,6 +293,7 @@ impl Proxy {
                 // Connections are numbered from 1; those up to `frozen` are frozen.
                 let number = a.fetch_add(1, Ordering::SeqCst) + 1;
                 let f = Arc::clone(&f);
+                let m = Arc::clone(&m);
                 tokio::spawn(async move {
                     let Ok(up) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
                     else {
@@ -294,8 +301,8 @@ impl Proxy {
                     };
                     let (dr, dw) = down.into_split();
                     let (ur, uw) = up.into_split();
-                    let a = pump(dr, uw, number, Arc::clone(&f));
-                    let b = pump(ur, dw, number, f);
+                    let a = pump(dr, uw, number, Arc::clone(&f), None);
+                    let b = pump(ur, dw, number, f, Some(m));
                     let _ = tokio::join!(a, b);
                 });
             }
@@ -303,6 +310,7 @@ impl Proxy {
         Proxy {
             port,
             frozen,
+            modes,
             accepted,
             task,
         }
@@ -323,6 +331,25 @@ impl Proxy {
         self.frozen.store(n, Ordering::SeqCst);
     }
 
+    /// Replies are held (every connection, new ones too) until [`Proxy::release`]; the
+    /// requests still reach the server.
+    pub fn hold(&self) {
+        self.modes.held.send_replace(true);
+    }
+
+    /// Forwards the held replies and those that follow.
+    pub fn release(&self) {
+        self.modes.held.send_replace(false);
+    }
+
+    /// The next reply on any connection is not forwarded: the connection is closed instead
+    /// (the request reached the server, its reply is lost). Cuts once.
+    pub fn cut_next_reply(&self) {
+        self.modes
+            .cut
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Connections accepted so far.
     pub fn accepted(&self) -> u64 {
         self.accepted.load(std::sync::atomic::Ordering::SeqCst)
@@ -335,11 +362,20 @@ impl Drop for Proxy {
     }
 }
 
+/// What a proxy does to replies.
+#[derive(Default)]
+struct Modes {
+    held: tokio::sync::watch::Sender<bool>,
+    cut: std::sync::atomic::AtomicBool,
+}
+
+/// Forwards `from` to `to`; `replies` for the server-to-client direction.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     number: u64,
     frozen: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    replies: Option<std::sync::Arc<Modes>>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 16 * 1024];
@@ -351,6 +387,15 @@ async fn pump(
         if frozen.load(std::sync::atomic::Ordering::SeqCst) >= number {
             // Half-open: keep both sockets, forward nothing, ever.
             std::future::pending::<()>().await;
+        }
+        if let Some(modes) = &replies {
+            if modes.cut.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                // Close the client's side: it sees the connection end after its write.
+                let _ = to.shutdown().await;
+                return;
+            }
+            let mut held = modes.held.subscribe();
+            let _ = held.wait_for(|held| !held).await;
         }
         if to.write_all(&buf[..read]).await.is_err() {
             return;
