@@ -381,7 +381,7 @@ pub static COMMANDS: &[Spec] = &[
         counted: CallsCounted::Never,
         flags: c"write deny-oom",
         keys: Keys::OneWritten,
-        arity: -5,
+        arity: -4,
         summary: c"Internal: sets a bucket's state (what replicas and the AOF receive)",
         complexity: c"O(L) where L is the number of leases on the key (at most 1024)",
         acl: c"write admin dangerous",

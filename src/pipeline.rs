@@ -250,7 +250,18 @@ impl OpenBucket<'_> {
             adopt::replace(ctx, key, name);
         }
         let bucket = self.level.bucket_with_pin(self.pin);
+        // Under a pin the effect would carry the pinned limit and the pin as text: when
+        // only the fill instant (and the hold) moved, it says just that.
+        let moved_only = self.pinned.is_some()
+            && self
+                .stored
+                .as_ref()
+                .is_some_and(|s| s.bucket().moved(bucket.full_at(), bucket.keep_until()) == bucket);
         key.store(self.stored.take(), &bucket);
+        if moved_only {
+            effect::moved(ctx, name, &bucket);
+            return Ok(());
+        }
         if self.stored_limit() {
             // The stored (or pinned) limit, not the caller's.
             effect::with_stored_limit(name, &bucket, |e| effect::bucket(ctx, e));

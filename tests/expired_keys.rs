@@ -45,36 +45,6 @@ fn cmd(c: &mut redis::Connection, args: &[&str]) -> redis::RedisResult<redis::Va
     cmd.query(c)
 }
 
-/// The RESP commands in the AOF files of `s`.
-fn aof_commands(s: &Server) -> Vec<Vec<String>> {
-    let dir = s.dir.path().join("appendonlydir");
-    let mut text = String::new();
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "aof"))
-        .collect();
-    files.sort();
-    for p in files {
-        text += &String::from_utf8_lossy(&std::fs::read(p).unwrap());
-    }
-    let mut out = Vec::new();
-    let mut lines = text.split("\r\n");
-    while let Some(l) = lines.next() {
-        let Some(n) = l.strip_prefix('*') else {
-            continue;
-        };
-        let n: usize = n.parse().unwrap();
-        let mut c = Vec::new();
-        for _ in 0..n {
-            lines.next();
-            c.push(lines.next().unwrap().to_string());
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// Keys of every kind a write can find expired, each set to go within 30 ms.
 fn first_round(m: &mut redis::Connection) -> Vec<String> {
     let mut keys = Vec::new();

@@ -227,6 +227,108 @@ fn pins_replicate_persist_and_restore_exactly() {
     }
 }
 
+/// A take under a rate pin moves only the instant its bucket is full: its effect says just
+/// that (`RL.SETSTATE key full_at KEEP`), and every copy still ends with the master's
+/// bytes, whatever else the key holds (leases, a version, a pin set before any bucket), and
+/// when a newer version or the pin's end changes more than that.
+#[test]
+fn a_pinned_take_replicates_only_its_fill_instant() {
+    let mut s = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
+    let replica = Server::start(&[]);
+    replicate(&replica, &s);
+    let mut c = s.internal_conn();
+    assert_eq!(take(&mut c, "a", 0.001, 100.0, 10), 10);
+    let _: Vec<i64> = query(&mut c, &["RL.LEASE", "l", "0.001", "50", "10", "86400000"]);
+    let _: Value = query(
+        &mut c,
+        &["RL.TAKE", "v", "0.001", "100", "1", "VERSION", "3"],
+    );
+    let keys = ["a", "l", "v", "new", "ends"];
+    for k in &keys[..4] {
+        ok(&mut c, &["RL.PIN", k, "0.001", "40", "PX", "100000000"]);
+    }
+    ok(&mut c, &["RL.PIN", "ends", "0.001", "40", "PX", "50"]);
+    for k in keys {
+        for _ in 0..4 {
+            assert_eq!(take(&mut c, k, 5.0, 5.0, 2), 2, "{k}");
+        }
+    }
+    // A newer version during the pin changes the limit kept aside: sent in full.
+    let _: Value = query(
+        &mut c,
+        &["RL.TAKE", "v", "0.001", "12", "1", "VERSION", "4"],
+    );
+    assert_eq!(take(&mut c, "v", 5.0, 5.0, 1), 1);
+    // A pin that has ended goes at the next write: sent in full.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(take(&mut c, "ends", 0.001, 40.0, 1), 1);
+    assert_eq!(query::<Value>(&mut c, &["RL.PINNED", "ends"]), Value::Nil);
+
+    let kept: Vec<String> = aof_commands(&s)
+        .into_iter()
+        .filter(|a| a.len() >= 4 && a[0] == "RL.SETSTATE" && a[3] == "KEEP")
+        .map(|a| a[1].clone())
+        .collect();
+    for k in keys {
+        let n = kept.iter().filter(|x| *x == k).count();
+        assert!(n >= 3, "{k}: {n} KEEP effects in {kept:?}");
+    }
+    let digests: Vec<String> = keys.iter().map(|k| digest(&mut c, k)).collect();
+    wait_synced(&s, &replica);
+    let mut r = replica.internal_conn();
+    for (k, d) in keys.iter().zip(&digests) {
+        assert_eq!(&digest(&mut r, k), d, "replica, {k}");
+    }
+    drop(c);
+    s.restart();
+    let mut c = s.internal_conn();
+    for (k, d) in keys.iter().zip(&digests) {
+        assert_eq!(&digest(&mut c, k), d, "aof replay, {k}");
+    }
+
+    // The short form is checked as a state given in full is, and changes nothing when
+    // refused.
+    let refused = |c: &mut Connection, args: &[&str], want: &str| {
+        let before = digest(c, args[1]);
+        let mut cmd = redis::cmd(args[0]);
+        cmd.arg(&args[1..]);
+        let e = cmd.query::<Value>(c).unwrap_err().to_string();
+        assert!(e.contains(want), "{args:?}: {e}");
+        assert_eq!(digest(c, args[1]), before, "{args:?}");
+    };
+    refused(
+        &mut c,
+        &["RL.SETSTATE", "nokey", "5", "KEEP"],
+        "holds a bucket",
+    );
+    assert_eq!(query::<i64>(&mut c, &["EXISTS", "nokey"]), 0);
+    let _: () = query(&mut c, &["SET", "str", "x"]);
+    refused(&mut c, &["RL.SETSTATE", "str", "5", "KEEP"], "WRONGTYPE");
+    refused(
+        &mut c,
+        &["RL.SETSTATE", "a", "18446744073709551615", "KEEP"],
+        "non-negative",
+    );
+    refused(
+        &mut c,
+        &["RL.SETSTATE", "a", "9223372036854775808", "KEEP"],
+        "full_at",
+    );
+    ok(&mut c, &["RL.PIN", "blocked", "BLOCK"]);
+    refused(&mut c, &["RL.SETSTATE", "blocked", "5", "KEEP"], "pin");
+    refused(&mut c, &["RL.SETSTATE", "a", "5", "KEEP", "x"], "");
+    refused(
+        &mut c,
+        &["RL.SETSTATE", "a", "5", "KEEP", "HOLD", "-1"],
+        "HOLD",
+    );
+    refused(
+        &mut c,
+        &["RL.SETSTATE", "a", "5", "KEEP", "HOLD", "1", "x"],
+        "",
+    );
+}
+
 #[test]
 fn unpinning_replicates() {
     let s = Server::start(&[]);

@@ -133,6 +133,16 @@ impl Bucket {
         Bucket { pin, ..self }
     }
 
+    /// The same bucket, full at `full_at` and kept until `keep_until` instead (what a take
+    /// changes).
+    pub fn moved(self, full_at: Nanos, keep_until: Nanos) -> Bucket {
+        Bucket {
+            full_at: full_at.min(MAX_INSTANT),
+            keep_until: keep_until.min(MAX_INSTANT),
+            ..self
+        }
+    }
+
     /// The same bucket without its pin.
     pub fn without_pin(self) -> Bucket {
         Bucket { pin: None, ..self }
@@ -227,6 +237,7 @@ impl Level {
     /// `bucket` refilled to `now` under `limit`; an absent bucket is full. If the bucket was
     /// written under another limit, its tokens carry over, clamped to the new cap. The
     /// bucket's version is kept (see [`Level::with_version`]).
+    #[inline]
     pub fn new(bucket: Option<&Bucket>, limit: Limit, now: Nanos) -> Level {
         let Some(b) = bucket else {
             return Level {
@@ -271,8 +282,10 @@ impl Level {
     }
 
     /// The same level, its limit of version `version` (what the bucket stores).
-    pub fn with_version(self, version: u64) -> Level {
-        Level { version, ..self }
+    #[inline]
+    pub fn with_version(mut self, version: u64) -> Level {
+        self.version = version;
+        self
     }
 
     /// The version of the limit (see [`Bucket::version`]).

@@ -134,6 +134,44 @@ pub struct PinParts {
     pub absent: bool,
 }
 
+impl From<crate::pin::Pin> for PinParts {
+    fn from(p: crate::pin::Pin) -> PinParts {
+        PinParts {
+            kind: p.kind.code(),
+            until: p.until,
+            base_rate: p.base.rate(),
+            base_cap: p.base.cap(),
+            absent: p.absent,
+        }
+    }
+}
+
+/// `bucket` (a valid one, with its lease table `table`) full at `full_at` and kept until
+/// `keep_until` instead, if this module could have written it: every other part stays, and
+/// the whole is checked as [`validate`] and [`validate_pin`] check a state given in full.
+pub fn validate_moved(
+    bucket: &Bucket,
+    table: &LeaseTable,
+    full_at: Nanos,
+    keep_until: Nanos,
+) -> Result<Bucket, StateError> {
+    let limit = bucket.limit();
+    let (moved, _) = validate(
+        full_at,
+        limit.rate(),
+        limit.cap(),
+        keep_until,
+        bucket.keep_after_write(),
+        bucket.version(),
+        0,
+        Vec::new(),
+    )?;
+    match bucket.pin() {
+        Some(p) => validate_pin(moved, table, p.into()),
+        None => Ok(moved),
+    }
+}
+
 /// `bucket` (from [`validate`], with its lease table `table`) pinned as `parts` says, if
 /// this module could have written it.
 pub fn validate_pin(

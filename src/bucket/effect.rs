@@ -3,7 +3,10 @@
 //! A write never replicates the command that made it (its outcome depends on the master's
 //! clock at that instant); it replicates `RL.SETSTATE` with the resulting absolute state:
 //!
-//! `RL.SETSTATE key full_at rate cap [HOLD t SPAN d] [VERSION v] [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
+//! `RL.SETSTATE key full_at rate cap [HOLD t SPAN d] [VERSION v] [PIN kind until base_rate base_cap absent] [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
+//!
+//! or, for a pinned bucket whose write changed nothing but `full_at` and the hold,
+//! `RL.SETSTATE key full_at KEEP [HOLD t]` (applied to the same state the master had).
 //!
 //! The same command rebuilds keys on AOF rewrite, so a replica, an AOF replay and an RDB
 //! load all end with the master's bytes. The key's expiry is not sent: it is a function of
@@ -102,6 +105,25 @@ pub fn bucket(ctx: Ctx, h: &BucketEffect) {
     let pin = h.pin.map(PinText::new);
     if let Some(p) = &pin {
         p.push_onto(&mut args);
+    }
+    ffi::replicate(ctx, SETSTATE, args.get());
+}
+
+/// A write that moved only the instant a pinned bucket is full, and its hold (a take under
+/// a pin: the hot path of a pinned key): `RL.SETSTATE key full_at KEEP [HOLD t]`, every
+/// other part of the stored bucket kept. Its limit and pin, formatted, would cost twice
+/// the decision.
+pub fn moved(ctx: Ctx, key: Str, bucket: &Bucket) {
+    let (at, hold) = (
+        Decimal::new(bucket.full_at()),
+        Decimal::new(bucket.keep_until()),
+    );
+    let mut args = EffectArgs::new();
+    args.push(EffectArg::Str(key))
+        .push(EffectArg::Bytes(at.bytes()))
+        .push(EffectArg::Text(c"KEEP"));
+    if bucket.keep_until() != 0 {
+        args.keyword(c"HOLD", &hold);
     }
     ffi::replicate(ctx, SETSTATE, args.get());
 }

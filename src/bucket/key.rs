@@ -23,6 +23,7 @@ impl BucketKey {
     /// Opens a key to write it. A key whose expiry has passed reads as absent, as always;
     /// where the server allows it, its value is kept for the write to reuse (see
     /// [`OpenKey::open_bucket`]).
+    #[inline]
     pub fn open(ctx: Ctx, name: Str) -> BucketKey {
         BucketKey::with(OpenKey::open_bucket(ctx, name))
     }
@@ -32,6 +33,7 @@ impl BucketKey {
         BucketKey::with(OpenKey::open(ctx, name, Access::Read))
     }
 
+    #[inline]
     fn with(key: OpenKey) -> BucketKey {
         BucketKey {
             key,

@@ -1,6 +1,9 @@
 //! `RL.SETSTATE key full_at rate cap [HOLD t SPAN d] [VERSION v] [PIN kind until base_rate base_cap absent] [LASTID id] [PRUNE t] [DROP id] [ADD id tokens expires_at]`
 //!
 //! The effect replicas and the AOF apply (see [`crate::bucket::effect`]); not meant for clients.
+//! `RL.SETSTATE key full_at KEEP [HOLD t]` moves only the instant the key's bucket is full
+//! and its hold (the effect of a take on a pinned key): the key must hold a bucket.
+//!
 //! It only sets what it is told: no clock is read, so every copy ends with the same bytes.
 //!
 //! The complete resulting state (the bucket given, and the key's lease table changed as
@@ -104,6 +107,9 @@ fn parse_ops(args: &Args) -> Result<TableOps> {
 }
 
 pub fn setstate(ctx: Ctx, args: Args) -> Result<Reply> {
+    if args.is(2, "KEEP") {
+        return moved(ctx, &args);
+    }
     if args.len() < 4 {
         return Err(Error::Arity);
     }
@@ -168,6 +174,31 @@ pub fn setstate(ctx: Ctx, args: Args) -> Result<Reply> {
         let (bucket, table) = validate(last_id, leases)?;
         key.replace(state, bucket, table);
     }
+    ffi::replicate_verbatim(ctx);
+    Ok(Reply::Ok)
+}
+
+/// `RL.SETSTATE key full_at KEEP [HOLD t]`: the stored bucket, full at `full_at` and kept
+/// until `t` (absent: 0), every other part (limit, span, version, pin, leases) kept;
+/// checked as a state given in full is.
+fn moved(ctx: Ctx, args: &Args) -> Result<Reply> {
+    let keep_until = match args.len() {
+        3 => 0,
+        5 if args.is(3, "HOLD") => args.integer(4, "HOLD must be a non-negative integer")?,
+        4 | 5 => return Err(args.unknown(3)),
+        _ => return Err(Error::Arity),
+    };
+    let full_at = args.integer(1, "full_at must be a non-negative integer")?;
+    let key = BucketKey::open(ctx, args.raw(0)?);
+    let Some(state) = key.state()? else {
+        return Err(Error::Invalid(
+            "RL.SETSTATE key full_at KEEP needs a key that holds a bucket",
+        ));
+    };
+    let empty = rl_core::LeaseTable::default();
+    let table = state.table().unwrap_or(&empty);
+    let bucket = rl_core::validate_moved(&state.bucket(), table, full_at, keep_until)?;
+    key.store(Some(state), &bucket);
     ffi::replicate_verbatim(ctx);
     Ok(Reply::Ok)
 }

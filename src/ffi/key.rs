@@ -91,6 +91,7 @@ fn server_ms() -> i64 {
 }
 
 impl OpenKey {
+    #[inline]
     pub fn open(ctx: Ctx, name: Str, access: Access) -> OpenKey {
         let mode = match access {
             Access::Read => raw::REDISMODULE_READ,
@@ -123,11 +124,19 @@ impl OpenKey {
     /// On a replica or while loading, where the server never expires keys itself, an
     /// `RL.SETSTATE` into such a key ends exactly as into the key it would find: a compact
     /// bucket holds no leases, so setting a bucket there equals setting it into no key.
+    #[inline]
     pub fn open_bucket(ctx: Ctx, name: Str) -> OpenKey {
         let modes = REUSE_MODES.load(Ordering::Relaxed);
         if modes == 0 {
             return OpenKey::open(ctx, name, Access::Write);
         }
+        OpenKey::open_keeping_expired(ctx, name, modes)
+    }
+
+    /// [`OpenKey::open_bucket`] where the server has `modes` to open an expired key without
+    /// deleting it.
+    #[inline(never)]
+    fn open_keeping_expired(ctx: Ctx, name: Str, modes: i32) -> OpenKey {
         let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as i32 | modes;
         let raw_key: *mut raw::RedisModuleKey =
             rm!(RedisModule_OpenKey(ctx.0, name.0, mode)).cast();
