@@ -1336,11 +1336,17 @@ function Pn.level_stored_pinned(h, ns, nn)
     return level_of(h, stored_texts(h[R], h[C]), nil, ns, nn, SCRATCH), pin
 end
 
+-- A call needing n tokens at once under a live rate pin whose cap is below them is denied
+-- as a BLOCK denies (pin::over_cap_gate): marked `over` for this call.
+function Pn.mark_over_cap(pin, lv, n)
+    if pin and pin.k == 1 and n > lv.L.c then pin.over = true end
+end
+
 -- The wait a caller is told under a live pin for n tokens (Level::wait_for with a gate):
--- a BLOCK's time left (at least 1 ns; 60 s without an end), none for an EXEMPT key (it
+-- a BLOCK's (or an over-cap call's) time left (at least 1 ns; 60 s without an end), none for an EXEMPT key (it
 -- grants what the caller's own limit allows, whatever its bucket's), else the level's own.
 function Pn.pinned_wait(lv, pin, n, ns, nn)
-    if pin and pin.k == 2 then
+    if pin and (pin.k == 2 or pin.over) then
         if pin.none then return Pn.BLOCKED_S, 0 end
         local s, w = sat_sub(pin.us, pin.un, ns, nn)
         if s == 0 and w == 0 then w = 1 end
@@ -1435,8 +1441,8 @@ function Pn.take_pinned(key, h, pin, L, n, with_state, v, shadow, ns, nn)
     local lv, wv = Pn.level_pinned(h, pin, L, v, ns, nn, SCRATCH, key)
     local granted
     if pin.k == 1 then
-        if lv.L ~= L and n > lv.L.c then return error_reply('ERR n must not exceed cap') end
-        granted = try_take(lv, n)
+        Pn.mark_over_cap(pin, lv, n)
+        granted = not pin.over and try_take(lv, n)
         if granted or wv then store(key, h, lv, wv) end
     elseif pin.k == 2 then
         granted = false
@@ -1541,13 +1547,13 @@ local function lease(key, L, n, ttl, min, ret_id, ret_unused, init, v, shadow)
             if got < min then got = min end
             return { got, 0, ttl, 0 }
         end
-        if pin.k == 1 then fits_decided(min, lv, L, 'MIN must not exceed cap') end
+        Pn.mark_over_cap(pin, lv, min)
     else
         if h.bare then init = nil end
         lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
         fits_decided(min, lv, L, 'MIN must not exceed cap')
     end
-    local blocked = pin and pin.k == 2
+    local blocked = pin and (pin.k == 2 or pin.over)
     local created = must_write(h, lv, wv)
     local text, x, last = h[LS], tonumber(h[X]), tonumber(h[I]) or 0
     if x and x <= now_us then text, x = nil, nil end -- every lease in it has expired
@@ -1739,7 +1745,7 @@ local function rl_mtake(keys, a)
         local lv, wv
         if pin then
             lv, wv = Pn.level_pinned(h, pin, limits[j], v, ns, nn, nil, keys[j])
-            if pin.k == 1 then fits_decided(n, lv, limits[j], 'n must not exceed cap') end
+            Pn.mark_over_cap(pin, lv, n)
         else
             lv, wv = level_of(h, limits[j], not h.bare and init or nil, ns, nn, nil, v, keys[j])
             fits_decided(n, lv, limits[j], 'n must not exceed cap')
@@ -1848,7 +1854,7 @@ local function rl_reserve(keys, a)
     local lv, wv
     if pin then
         lv, wv = Pn.level_pinned(h, pin, L, v, ns, nn, SCRATCH, key)
-        if pin.k == 1 then fits_decided(n, lv, L, 'n must not exceed cap') end
+        Pn.mark_over_cap(pin, lv, n)
     else
         if h.bare then init = nil end
         lv, wv = level_of(h, L, init, ns, nn, SCRATCH, v, key)
@@ -1860,7 +1866,7 @@ local function rl_reserve(keys, a)
     local ws, wn = Pn.pinned_wait(lv, pin, n, ns, nn)
     if ws == nil then fail('n must not exceed cap') end
     local granted = not lt(floor(max_wait / 1000), (max_wait % 1000) * 1e6, ws, wn)
-    if pin and pin.k ~= 1 then granted = pin.k == 3 end
+    if pin and (pin.k ~= 1 or pin.over) then granted = pin.k == 3 end
     if granted and not (pin and pin.k == 3) then
         local ts, tn = nanos_for(lv.L, n)
         lv.ds, lv.dn = add(lv.ds, lv.dn, ts, tn)

@@ -195,10 +195,17 @@ pub fn open<'k>(key: &'k BucketKey, req: &Request, now: Nanos) -> Result<OpenBuc
     // would start it afresh and it would never fill.
     let store_even_if_denied = !replaces_script
         && ((stored.is_none() && level.reset_after() > 0) || decided_by.must_write());
-    if decided_by == Applied::Stale || pinned == Some(PinKind::Rate) {
-        // Decided under the stored, newer limit or a pinned one (every other outcome
-        // decides under the call's own, which the request was checked against already).
+    let mut level = level;
+    if decided_by == Applied::Stale {
+        // Decided under the stored, newer limit (every other outcome decides under the
+        // call's own, which the request was checked against already, or a pinned one).
         crate::grammar::fits(req.needs, level.limit(), req.needs_too_much)?;
+    } else if pinned == Some(PinKind::Rate) {
+        let b = stored.as_ref().map(|s| s.bucket());
+        let gate = rl_core::pin::over_cap_gate(b.as_ref(), req.needs as f64, now);
+        if gate != Gate::Open {
+            level = level.with_gate(gate);
+        }
     }
     Ok(OpenBucket {
         stored,

@@ -72,6 +72,70 @@ fn a_rate_pin_decides_whatever_the_caller_sends_and_says_so() {
     assert!(pttl(&mut c, "k") > 0);
 }
 
+/// A call needing more at once than a rate pin's cap is denied until the pin ends, as a
+/// block would deny it, not refused with an error a client would count as an outage (and
+/// let through, failing open): its own limit allowed it.
+#[test]
+fn a_call_above_a_rate_pins_cap_is_denied_until_the_pin_ends() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    assert_eq!(take(&mut c, "k", 0.001, 100.0, 10), 10);
+    ok(&mut c, &["RL.PIN", "k", "0.001", "5"]);
+    ok(&mut c, &["RL.PIN", "t", "0.001", "5", "PX", "100000"]);
+    let before = digest(&mut c, "k");
+    let r = take_state(&mut c, "k", "0.001", "100", 6);
+    assert_eq!(int(&r[0]), 0);
+    assert_eq!(
+        int(&r[2]),
+        60_000,
+        "no end: retry in a minute, as BLOCK says"
+    );
+    assert_eq!(text(&r[4]), "rate");
+    let r = take_state(&mut c, "t", "0.001", "100", 6);
+    assert_eq!(int(&r[0]), 0);
+    assert!(
+        (99_000..=100_000).contains(&int(&r[2])),
+        "the pin's time left: {r:?}"
+    );
+    let r: Vec<Value> = query(
+        &mut c,
+        &["RL.RESERVE", "k", "0.001", "100", "6", "86400000"],
+    );
+    assert_eq!((int(&r[0]), int(&r[1])), (0, 60_000));
+    let r: Vec<i64> = query(
+        &mut c,
+        &["RL.LEASE", "k", "0.001", "100", "9", "1000", "MIN", "6"],
+    );
+    assert_eq!(r[0], 0);
+    let r: Vec<Value> = query(
+        &mut c,
+        &["RL.MTAKE", "6", "k", "0.001", "100", "other", "1", "100"],
+    );
+    assert_eq!(
+        (int(&r[0]), text(&r[1]), int(&r[2])),
+        (0, "k".into(), 60_000)
+    );
+    assert_eq!(digest(&mut c, "k"), before, "a denial changes nothing");
+    assert_eq!(query::<i64>(&mut c, &["EXISTS", "other"]), 0);
+    // What fits the pinned cap is decided as usual.
+    assert_eq!(take(&mut c, "k", 0.001, 100.0, 5), 5);
+    // Once the pin is gone the caller's own limit decides again.
+    assert_eq!(query::<i64>(&mut c, &["RL.UNPIN", "t"]), 1);
+    assert_eq!(
+        take(&mut c, "t", 0.001, 100.0, 6),
+        6,
+        "nothing was taken under the pin"
+    );
+    assert_eq!(query::<i64>(&mut c, &["RL.UNPIN", "k"]), 1);
+    assert_eq!(
+        take(&mut c, "k", 0.001, 100.0, 1),
+        0,
+        "the pin's tokens carried over"
+    );
+    let counted: String = redis::cmd("INFO").arg("rl").query(&mut c).unwrap();
+    assert!(counted.contains("rl_pinned_decisions:"), "{counted}");
+}
+
 #[test]
 fn block_and_exempt() {
     let s = Server::start(&[]);

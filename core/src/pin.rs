@@ -195,6 +195,25 @@ fn open_pinned(b: &Bucket, limit: Limit, version: u64, now: Nanos) -> Option<Ope
     })
 }
 
+/// The gate for a call that needs `needs` tokens at once on `stored`, when its live rate pin
+/// decides the call: a pinned cap below them grants nothing while the pin lives, so the
+/// call is denied as a `BLOCK` would deny it (told the pin's time left), not refused with an
+/// error: the caller's own limit allowed it, and a client must not take the operator's pin
+/// for an outage.
+pub fn over_cap_gate(stored: Option<&Bucket>, needs: f64, now: Nanos) -> Gate {
+    let live = stored.and_then(|b| {
+        b.pin()
+            .filter(|p| p.kind == PinKind::Rate && p.live_at(now))
+            .map(|p| (b, p))
+    });
+    match live {
+        Some((b, p)) if needs > b.limit().cap() => {
+            Gate::Blocked(p.left(now).unwrap_or(BLOCKED_RETRY))
+        }
+        _ => Gate::Open,
+    }
+}
+
 /// The pin a call with `limit` at `version` on `stored` leaves to store with its bucket
 /// (for a call [`open`] said a live pin decided): a rate pin's base follows a newer
 /// `VERSION`; `None` when no pin lives.

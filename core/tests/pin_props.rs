@@ -190,3 +190,38 @@ fn versions_during_a_rate_pin() {
     assert_eq!(o.applied, rl_core::Applied::Stale);
     assert!(o.level.tokens() <= 10.0);
 }
+
+/// A call needing more at once than a live rate pin's cap is blocked for the pin's time
+/// left (a minute without an end), and only then: within the cap, after the pin's end, or
+/// under another kind of pin the gate stays open.
+#[test]
+fn a_call_above_a_rate_pins_cap_waits_for_the_pin_to_end() {
+    let caller = Limit::new(10.0, 100.0).unwrap();
+    let small = Limit::new(1.0, 5.0).unwrap();
+    let ends = pin::pinned(None, PinKind::Rate, Some(small), T0 + 1000 * MS, T0);
+    assert_eq!(
+        pin::over_cap_gate(Some(&ends), 6.0, T0 + 250 * MS),
+        Gate::Blocked(750 * MS)
+    );
+    assert_eq!(pin::over_cap_gate(Some(&ends), 5.0, T0), Gate::Open);
+    assert_eq!(
+        pin::over_cap_gate(Some(&ends), 6.0, T0 + 1000 * MS),
+        Gate::Open
+    );
+    let forever = pin::pinned(None, PinKind::Rate, Some(small), 0, T0);
+    assert_eq!(
+        pin::over_cap_gate(Some(&forever), 6.0, T0),
+        Gate::Blocked(pin::BLOCKED_RETRY)
+    );
+    let exempt = pin::pinned(None, PinKind::Exempt, None, 0, T0);
+    assert_eq!(pin::over_cap_gate(Some(&exempt), 6.0, T0), Gate::Open);
+    assert_eq!(pin::over_cap_gate(None, 6.0, T0), Gate::Open);
+    let unpinned = pin::open(None, caller, 0, T0).level.bucket();
+    assert_eq!(pin::over_cap_gate(Some(&unpinned), 600.0, T0), Gate::Open);
+    // The level a blocked call sees grants nothing and says how long.
+    let mut l = pin::open(Some(&forever), caller, 0, T0)
+        .level
+        .with_gate(pin::over_cap_gate(Some(&forever), 6.0, T0));
+    assert!(!l.try_take(6.0));
+    assert_eq!(l.wait_for(6.0), Some(pin::BLOCKED_RETRY));
+}

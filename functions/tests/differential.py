@@ -1363,6 +1363,18 @@ PIN_SEQUENCES = [
         ["RL.MTAKE", "1", "K2", "10", "10", "K", "10", "10"], ["RL.PEEK", "K"],
         ["RL.PIN", "K", "3", "3"], ["RL.PEEK", "K"], ["RL.PIN", "K", "EXEMPT", "PX", "50"],
         ["RL.PEEK", "K"], ["RL.UNPIN", "K"], ["RL.PEEK", "K"]]),
+    ("a rate pin's cap below what a call needs denies it until the pin ends", [
+        ["RL.TAKE", "K", "10", "10", "3"], ["RL.PIN", "K", "1", "4"],
+        ["RL.TAKE", "K", "10", "10", "5", "WITHSTATE"], ["RL.TAKE", "K", "10", "10", "5"],
+        ["RL.TAKE", "K", "10", "10", "5", "SHADOW"],
+        ["RL.LEASE", "K", "10", "10", "9", "100", "MIN", "5"],
+        ["RL.LEASE", "K", "10", "10", "9", "100", "MIN", "2"],
+        ["RL.RESERVE", "K", "10", "10", "5", "86400000"],
+        ["RL.RESERVE", "K", "10", "10", "5", "86400000", "SHADOW"],
+        ["RL.MTAKE", "5", "K", "10", "10", "K2", "10", "10", "WITHSTATE"],
+        ["RL.TAKE", "K", "10", "20", "5", "WITHSTATE", "VERSION", "1"], ["RL.PEEK", "K"],
+        ["RL.TAKE", "K", "10", "10", "1", "WITHSTATE"], ["RL.UNPIN", "K"],
+        ["RL.TAKE", "K", "10", "10", "5", "WITHSTATE"], ["RL.PEEK", "K"]]),
     ("a rate pin on an absent key starts full; errors", [
         ["RL.PIN", "K", "2", "4", "PX", "10000"], ["RL.PEEK", "K"],
         ["RL.TAKE", "K", "100", "100", "5"],
