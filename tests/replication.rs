@@ -175,37 +175,6 @@ fn workload(m: &mut Connection) -> Vec<String> {
     keys
 }
 
-fn aof_text(s: &Server) -> String {
-    let dir = s.dir.path().join("appendonlydir");
-    let mut text = String::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.extension().is_some_and(|x| x == "aof") {
-            text += &String::from_utf8_lossy(&std::fs::read(p).unwrap());
-        }
-    }
-    text
-}
-
-/// The RESP commands in `aof` (arrays of bulk strings).
-fn commands(aof: &str) -> Vec<Vec<String>> {
-    let mut out = Vec::new();
-    let mut lines = aof.split("\r\n");
-    while let Some(l) = lines.next() {
-        let Some(n) = l.strip_prefix('*') else {
-            continue;
-        };
-        let n: usize = n.parse().unwrap();
-        let mut cmd = Vec::new();
-        for _ in 0..n {
-            lines.next(); // $len
-            cmd.push(lines.next().unwrap().to_string());
-        }
-        out.push(cmd);
-    }
-    out
-}
-
 #[test]
 fn lease_and_permit_effects_reach_replica_and_aof_exactly() {
     let master = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
@@ -222,7 +191,7 @@ fn lease_and_permit_effects_reach_replica_and_aof_exactly() {
 
     // Every effect in the AOF: its numbers plain decimal, within i64.
     let _: String = query(&mut m, &["CONFIG", "SET", "appendfsync", "always"]);
-    let cmds = commands(&aof_text(&master));
+    let cmds = aof_commands(&master);
     let mut seen = (0, 0);
     for c in &cmds {
         let name = c[0].to_ascii_uppercase();

@@ -496,7 +496,44 @@ def _check_cost(cost: int, applied: List[Applied]) -> None:
                 raise ValueError(f"cost {cost} exceeds layer {a.layer.name}'s cap {b.cap:g}")
 
 
-class Rules:
+def _read_file(path: str, follow: bool) -> Tuple[Document, Optional[_Engine]]:
+    """The document in the file at ``path``, and (with ``follow``) the engine that read it,
+    which knows the file's signature from that reading."""
+    if not follow:
+        with open(path, encoding="utf-8") as f:
+            return parse_document(f.read(), path), None
+    reader = _Engine(None, 0.5, True, None, 0.0, p.AUTO)
+    return reader.follow_file(path), reader
+
+
+class _RulesView:
+    """What :class:`Rules` and :class:`AsyncRules` show alike."""
+
+    _e: _Engine
+
+    @property
+    def document(self) -> Document:
+        """The document in force."""
+        assert self._e.document is not None
+        return self._e.document
+
+    @property
+    def version(self) -> Optional[int]:
+        """The document's ``version``."""
+        return self.document.version
+
+    @property
+    def metrics(self) -> RulesMetrics:
+        """The counters of this engine's decisions."""
+        return self._e.metrics
+
+    def _follow_file(self, reader: Optional[_Engine]) -> None:
+        """Polls the file ``reader`` read (if any) from now on, from that reading."""
+        if reader is not None:
+            self._e.source, self._e.file_sig = reader.source, reader.file_sig
+
+
+class Rules(_RulesView):
     """Layered limits from a document in Redis (or given), followed live by a background
     thread. ``check(attributes)`` returns a :class:`RuleDecision`.
 
@@ -541,27 +578,12 @@ class Rules:
     def from_file(cls, client: SyncClient, path: str, follow: bool = True, **options: Any) -> Rules:
         """The document in a file; with ``follow``, a changed file (its modification time
         or size) is read again every ``poll_interval``, an invalid one refused."""
-        if not follow:
-            with open(path, encoding="utf-8") as f:
-                return cls(client, parse_document(f.read(), path), key=None, **options)
-        engine = _Engine(None, 0.5, True, None, 0.0, p.AUTO)
-        rules = cls(client, engine.follow_file(path), key=None, **options)
-        rules._e.source, rules._e.file_sig = engine.source, engine.file_sig
-        rules._start()
+        document, reader = _read_file(path, follow)
+        rules = cls(client, document, key=None, **options)
+        rules._follow_file(reader)
+        if reader is not None:
+            rules._start()
         return rules
-
-    @property
-    def document(self) -> Document:
-        assert self._e.document is not None
-        return self._e.document
-
-    @property
-    def version(self) -> Optional[int]:
-        return self.document.version
-
-    @property
-    def metrics(self) -> RulesMetrics:
-        return self._e.metrics
 
     def _start(self) -> None:
         self._thread = threading.Thread(target=self._poll_loop, name="redis-rl-rules", daemon=True)
@@ -660,7 +682,7 @@ class Rules:
         self.close()
 
 
-class AsyncRules:
+class AsyncRules(_RulesView):
     """The asyncio twin of :class:`Rules` (``await AsyncRules.from_redis(client)``, or
     ``AsyncRules(client, key=...)`` outside a loop: the document is then loaded by the
     first check); the version is polled by a task started on the first check."""
@@ -703,26 +725,10 @@ class AsyncRules:
     ) -> AsyncRules:
         """As :meth:`Rules.from_file`; the file is polled by the task the first check
         starts."""
-        if not follow:
-            with open(path, encoding="utf-8") as f:
-                return cls(client, parse_document(f.read(), path), key=None, **options)
-        engine = _Engine(None, 0.5, True, None, 0.0, p.AUTO)
-        rules = cls(client, engine.follow_file(path), key=None, **options)
-        rules._e.source, rules._e.file_sig = engine.source, engine.file_sig
+        document, reader = _read_file(path, follow)
+        rules = cls(client, document, key=None, **options)
+        rules._follow_file(reader)
         return rules
-
-    @property
-    def document(self) -> Document:
-        assert self._e.document is not None
-        return self._e.document
-
-    @property
-    def version(self) -> Optional[int]:
-        return self.document.version
-
-    @property
-    def metrics(self) -> RulesMetrics:
-        return self._e.metrics
 
     def _ensure_task(self) -> None:
         if self._e.source is None:
