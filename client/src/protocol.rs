@@ -129,30 +129,13 @@ pub(crate) fn peek_cmd(backend: Backend, key: &str) -> Cmd {
 
 /// `RL.PEEK`'s tokens: `None` for a missing key; the map (or flat array) otherwise.
 pub(crate) fn peek_reply(v: Value) -> Result<Option<f64>, Error> {
-    let pairs: Vec<(Value, Value)> = match v {
-        Value::Nil => return Ok(None),
-        Value::Map(pairs) => pairs,
-        Value::Array(items) if items.len() % 2 == 0 => {
-            let mut it = items.into_iter();
-            let mut pairs = Vec::new();
-            while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                pairs.push((k, v));
-            }
-            pairs
-        }
-        other => return Err(bad("expected RL.PEEK's map", &other)),
+    let Some(fields) = fields(v, "RL.PEEK")? else {
+        return Ok(None);
     };
-    for (k, v) in &pairs {
-        let name = match k {
-            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-            Value::SimpleString(s) => s.clone(),
-            _ => continue,
-        };
-        if name == "tokens" {
-            return number(v).map(Some);
-        }
+    match fields.iter().find(|(k, _)| k == "tokens") {
+        Some((_, v)) => number(v).map(Some),
+        None => Err(Error::Reply("RL.PEEK reply without tokens".into())),
     }
-    Err(Error::Reply("RL.PEEK reply without tokens".into()))
 }
 
 /// `RL.MTAKE n key rate cap [key rate cap ...] [INIT tokens] [VERSION v]` (or `FCALL rl_mtake N keys.. n

@@ -112,6 +112,21 @@ pub struct RuleDecision {
 }
 
 impl RuleDecision {
+    /// Granted with no layer deciding: none applied, or Redis failed (`fallback`).
+    fn no_layer(shadow_denied: Vec<String>, fallback: bool) -> RuleDecision {
+        RuleDecision {
+            allowed: true,
+            layer: None,
+            code: None,
+            key: None,
+            remaining: 0.0,
+            limit: 0.0,
+            retry_after: Duration::ZERO,
+            shadow_denied,
+            fallback,
+        }
+    }
+
     /// The 429 body: `{"code", "layer", "retry_after"}` (whole seconds, at least 1).
     pub fn body(&self) -> String {
         let q = |s: &Option<String>| match s {
@@ -322,17 +337,7 @@ impl<C: RedisConnection> Rules<C> {
             Err(e) if self.config.fail_open => {
                 self.stats.fail_open.fetch_add(1, Relaxed);
                 tracing::warn!(target: "rl_client::rules", error = %e, "Redis failed; letting the request through");
-                Ok(RuleDecision {
-                    allowed: true,
-                    layer: None,
-                    code: None,
-                    key: None,
-                    remaining: 0.0,
-                    limit: 0.0,
-                    retry_after: Duration::ZERO,
-                    shadow_denied: Vec::new(),
-                    fallback: true,
-                })
+                Ok(RuleDecision::no_layer(Vec::new(), true))
             }
             Err(e) => Err(e),
         }
@@ -392,17 +397,7 @@ impl<C: RedisConnection> Rules<C> {
             }
         }
         Ok(match best {
-            None => RuleDecision {
-                allowed: true,
-                layer: None,
-                code: None,
-                key: None,
-                remaining: 0.0,
-                limit: 0.0,
-                retry_after: Duration::ZERO,
-                shadow_denied,
-                fallback: false,
-            },
+            None => RuleDecision::no_layer(shadow_denied, false),
             Some((left, a, b)) => RuleDecision {
                 allowed: true,
                 layer: Some(a.layer.name.clone()),
