@@ -780,7 +780,8 @@ fn run(
                         let exists: bool = redis::cmd("EXISTS").arg(key).query(c).unwrap();
                         if v != redis::Value::Nil || !exists {
                             problems.push(format!(
-                                "{key}: RL.PEEK {v:?} (exists: {exists}), want a key that holds only its pin"
+                                "{key}: RL.PEEK {v:?} (exists: {exists}), \
+                                 want a key that holds only its pin"
                             ));
                         }
                     } else {

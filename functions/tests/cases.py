@@ -322,8 +322,10 @@ def expiry(r, key, want, w):
     if pin and pin["until"] == 0:
         # A key never expires while pinned without an end.
         got = r.execute_command("PEXPIRETIME", key)
-        return [] if got == -1 else [f"{key}: expires {got - w.base_us // 1000} ms after the "
-                                     "base, want no expiry while pinned"]
+        if got == -1:
+            return []
+        return [(f"{key}: expires {got - w.base_us // 1000} ms after the base, "
+                 "want no expiry while pinned")]
     if pin and pin.get("absent"):
         last = pin["until"]
     elif want.get("type") == "share":
