@@ -165,6 +165,7 @@ fn matches(want: &J, got: &V, w: &Window) -> bool {
             let as_f64 = |v: &V| text(v).and_then(|t| t.parse::<f64>().ok());
             match (tag, got) {
                 ("error", V::Err(e)) => x.as_str() == Some(e.as_str()),
+                ("simple", V::Simple(t)) => x.as_str() == Some(t.as_str()),
                 ("double", V::Double(d)) => *d == num(x),
                 ("tokens", V::Double(d)) => w.tokens_close(num(x), *d),
                 ("double_text", V::Bulk(_)) => as_f64(got) == Some(num(x)),
@@ -324,12 +325,24 @@ fn set_state(c: &mut Connection, key: &str, s: &J, base_us: i64) {
         }
         return;
     }
+    let pin = field("pin");
+    // A key that holds only a pin stores an empty bucket: full_at 0 (absolute), limit 1 1.
+    let absent = pin.is_some_and(|p| p["absent"] == J::Bool(true));
+    let (full_at, rate, cap) = if absent {
+        ("0".to_string(), "1".to_string(), "1".to_string())
+    } else {
+        (
+            (base_ns + int(&s["full_at"])).to_string(),
+            s["rate"].as_str().unwrap().to_string(),
+            s["cap"].as_str().unwrap().to_string(),
+        )
+    };
     let mut head = vec![
         "RL.SETSTATE".to_string(),
         key.into(),
-        (base_ns + int(&s["full_at"])).to_string(),
-        s["rate"].as_str().unwrap().into(),
-        s["cap"].as_str().unwrap().into(),
+        full_at,
+        rate.clone(),
+        cap.clone(),
     ];
     if let Some(span) = field("span") {
         head.extend([
@@ -341,6 +354,18 @@ fn set_state(c: &mut Connection, key: &str, s: &J, base_us: i64) {
     }
     if let Some(v) = field("version") {
         head.extend(["VERSION".into(), int(v).to_string()]);
+    }
+    if let Some(p) = pin {
+        let until = int(&p["until"]);
+        let text = |f: &str, or: &str| p.get(f).and_then(J::as_str).unwrap_or(or).to_string();
+        head.extend([
+            "PIN".into(),
+            pin_code(p).to_string(),
+            if until == 0 { 0 } else { base_ns + until }.to_string(),
+            text("base_rate", &rate),
+            text("base_cap", &cap),
+            u8::from(absent).to_string(),
+        ]);
     }
     let mut first = head.clone();
     if let Some(id) = field("last_id") {
@@ -363,6 +388,21 @@ fn set_state(c: &mut Connection, key: &str, s: &J, base_us: i64) {
             .query(c)
             .unwrap_or_else(|e| panic!("{call:?}: {e}"));
     }
+}
+
+/// A case's pin kind as its code (effects, RL.SETSTATE).
+fn pin_code(p: &J) -> u8 {
+    match p["kind"].as_str().unwrap() {
+        "rate" => 1,
+        "block" => 2,
+        "exempt" => 3,
+        k => panic!("pin kind {k}"),
+    }
+}
+
+/// A case's pin if it lives at the call (`until` 0: no end; negative: it ended before).
+fn live_pin(s: &J) -> Option<&J> {
+    s.get("pin").filter(|p| int(&p["until"]) >= 0)
 }
 
 /// A share entry's number as text (JSON writes whole numbers without a point).
@@ -514,11 +554,23 @@ fn peek_problems(key: &str, v: redis::Value, s: &J, w: &Window) -> Option<String
     let redis::Value::Array(items) = v else {
         return Some(format!("{key}: RL.PEEK {v:?}, want a bucket"));
     };
-    let field = |name: &str| -> f64 {
-        let at = items
+    let at_of = |name: &str| {
+        items
             .iter()
+            .step_by(2)
             .position(|x| redis::from_redis_value::<String>(x).is_ok_and(|t| t == name))
-            .unwrap();
+            .map(|i| 2 * i)
+    };
+    // RL.PEEK names the pin that decides, and only then.
+    let pinned = at_of("pinned").map(|at| redis::from_redis_value::<String>(&items[at + 1]).ok());
+    let want_pinned = live_pin(s).map(|p| p["kind"].as_str().unwrap().to_string());
+    if pinned != want_pinned.clone().map(Some) {
+        return Some(format!(
+            "{key}: RL.PEEK {items:?}, want pinned {want_pinned:?}"
+        ));
+    }
+    let field = |name: &str| -> f64 {
+        let at = at_of(name).unwrap();
         redis::from_redis_value::<String>(&items[at + 1])
             .unwrap()
             .parse()
@@ -549,6 +601,55 @@ fn peek_problems(key: &str, v: redis::Value, s: &J, w: &Window) -> Option<String
         && w.tokens_close(tokens, field("tokens"))
         && (reset - w.drift_ms() - 1..=reset + 1).contains(&(field("reset_after_ms") as i64));
     (!ok).then(|| format!("{key}: RL.PEEK {items:?}, want the state {s}"))
+}
+
+/// What `RL.PINNED` must answer for a bucket state: nil without a live pin, else its kind,
+/// a rate pin's limit (the bucket's), and the time left (-1: no end).
+fn pinned_problems(key: &str, v: redis::Value, s: &J, w: &Window) -> Option<String> {
+    let Some(p) = live_pin(s) else {
+        return (v != redis::Value::Nil).then(|| format!("{key}: RL.PINNED {v:?}, want nil"));
+    };
+    let pairs: Vec<(String, redis::Value)> = match &v {
+        redis::Value::Map(m) => m.clone(),
+        redis::Value::Array(a) => a.chunks(2).map(|x| (x[0].clone(), x[1].clone())).collect(),
+        _ => return Some(format!("{key}: RL.PINNED {v:?}, want the pin {p}")),
+    }
+    .into_iter()
+    .map(|(k, v)| (redis::from_redis_value::<String>(&k).unwrap(), v))
+    .collect();
+    let get = |f: &str| pairs.iter().find(|(k, _)| k == f).map(|(_, v)| v.clone());
+    let number = |f: &str| {
+        get(f).and_then(|x| match x {
+            redis::Value::Double(d) => Some(d),
+            x => redis::from_redis_value::<String>(&x).ok()?.parse().ok(),
+        })
+    };
+    let kind = p["kind"].as_str().unwrap();
+    let limit_ok = if kind == "rate" {
+        number("rate") == s["rate"].as_str().unwrap().parse().ok()
+            && number("cap") == s["cap"].as_str().unwrap().parse().ok()
+    } else {
+        get("rate") == Some(redis::Value::Nil) && get("cap") == Some(redis::Value::Nil)
+    };
+    let until = int(&p["until"]);
+    let left = match get("ms_left") {
+        Some(redis::Value::Int(ms)) => ms,
+        _ => i64::MIN,
+    };
+    let left_ok = if until == 0 {
+        left == -1
+    } else {
+        let ms = (until + 999_999) / 1_000_000;
+        (ms - w.drift_ms() - 1..=ms + 1).contains(&left)
+    };
+    let ok = pairs.len() == 4
+        && get("kind")
+            .and_then(|k| redis::from_redis_value::<String>(&k).ok())
+            .as_deref()
+            == Some(kind)
+        && limit_ok
+        && left_ok;
+    (!ok).then(|| format!("{key}: RL.PINNED {v:?}, want the pin {p}"))
 }
 
 fn digest_or_none(c: &mut Connection, key: &str) -> Option<String> {
@@ -584,6 +685,8 @@ fn earliest_us(case: &J) -> i64 {
                     .filter_map(|f| s.get(*f))
                     .map(int),
             );
+            // A pin's end.
+            at.extend(s.get("pin").map(|p| int(&p["until"])));
             // A share entry's lease end and hold end.
             for h in s.get("holders").and_then(J::as_array).into_iter().flatten() {
                 at.extend([int(&h[4]), int(&h[7])]);
@@ -666,11 +769,25 @@ fn run(
                 "bucket" => {
                     // RL.PEEK reads the clock later still: widen the window to then.
                     let v: redis::Value = redis::cmd("RL.PEEK").arg(key).query(c).unwrap();
+                    let pinned: redis::Value = redis::cmd("RL.PINNED").arg(key).query(c).unwrap();
                     let peeked = Window {
                         drift_us: server_us(c) - base_us + 1,
                         ..w
                     };
-                    problems.extend(peek_problems(key, v, st, &peeked))
+                    let bare = st.get("pin").is_some_and(|p| p["absent"] == J::Bool(true));
+                    if bare {
+                        // The key holds only its pin: RL.PEEK shows a full bucket (nil).
+                        let exists: bool = redis::cmd("EXISTS").arg(key).query(c).unwrap();
+                        if v != redis::Value::Nil || !exists {
+                            problems.push(format!(
+                                "{key}: RL.PEEK {v:?} (exists: {exists}), \
+                                 want a key that holds only its pin"
+                            ));
+                        }
+                    } else {
+                        problems.extend(peek_problems(key, v, st, &peeked));
+                    }
+                    problems.extend(pinned_problems(key, pinned, st, &peeked));
                 }
                 "share" => problems.extend(share_problems(c, key, st, &w)),
                 _ => {

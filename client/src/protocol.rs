@@ -678,6 +678,7 @@ mod tests {
                     };
                     match tag.as_str() {
                         "double" | "tokens" => Value::Double(x.as_f64().unwrap()),
+                        "simple" => Value::SimpleString(x.as_str().unwrap().into()),
                         "double_text" | "tokens_text" => {
                             Value::BulkString(x.as_f64().unwrap().to_string().into_bytes())
                         }
@@ -693,15 +694,38 @@ mod tests {
             }
         }
 
-        /// The numbers a case's RESP3 reply says, in wire order (ids on the base).
+        /// A pin's kind as a number here (the replies name it).
+        fn kind_code(kind: PinKind) -> f64 {
+            match kind {
+                PinKind::Rate => 1.0,
+                PinKind::Block => 2.0,
+                PinKind::Exempt => 3.0,
+            }
+        }
+
+        /// The numbers a case's RESP3 reply says, in wire order (ids on the base; a pin's
+        /// kind as its code).
         fn want(j: &J) -> Vec<f64> {
             match j {
                 J::Number(n) => vec![n.as_f64().unwrap()],
+                J::String(s) if ["rate", "block", "exempt"].contains(&s.as_str()) => {
+                    vec![kind_code(
+                        pin_kind(&Value::BulkString(s.clone().into_bytes())).unwrap(),
+                    )]
+                }
                 J::Array(items) => items.iter().flat_map(want).collect(),
                 J::Object(o) => {
                     let (tag, x) = o.iter().next().unwrap();
                     match tag.as_str() {
                         "id" => vec![(BASE_US + x.as_i64().unwrap()) as f64],
+                        // RL.PINNED's map: kind, a rate pin's limit, ms_left (-1: no end).
+                        "map" | "pairs" if x.as_array().unwrap().iter().any(|p| p[0] == "kind") => {
+                            ["kind", "rate", "cap", "ms_left"]
+                                .iter()
+                                .filter_map(|f| x.as_array().unwrap().iter().find(|p| p[0] == *f))
+                                .flat_map(|p| want(&p[1]))
+                                .collect()
+                        }
                         // RL.PEEK's map: the client reads the tokens.
                         "map" | "pairs" => x
                             .as_array()
@@ -710,6 +734,7 @@ mod tests {
                             .filter(|p| p[0] == "tokens")
                             .flat_map(|p| want(&p[1]))
                             .collect(),
+                        "simple" => vec![],
                         _ => vec![x.as_f64().unwrap()],
                     }
                 }
@@ -726,12 +751,23 @@ mod tests {
             let with_state = args.iter().any(|a| a.eq_ignore_ascii_case("WITHSTATE"));
             Some(match args[0].as_str() {
                 "RL.TAKE" if with_state => take_reply(v).map(|r| {
-                    vec![
+                    let mut got = vec![
                         r.granted as f64,
                         r.remaining,
                         secs(r.wait),
                         secs(r.reset_after),
-                    ]
+                    ];
+                    got.extend(r.pinned.map(kind_code));
+                    got
+                }),
+                "RL.PIN" => ok_reply(v).map(|()| vec![]),
+                "RL.PINNED" => pinned_reply(v).map(|p| {
+                    p.map_or(vec![], |p| {
+                        let mut got = vec![kind_code(p.kind)];
+                        got.extend(p.limit.iter().flat_map(|l| [l.rate(), l.cap()]));
+                        got.push(p.left.map_or(-1.0, secs));
+                        got
+                    })
                 }),
                 "RL.RESERVE" => reserve_reply(v).map(|r| {
                     vec![
@@ -770,7 +806,7 @@ mod tests {
                 "RL.MTAKE" => mtake_reply(v).map(|g| vec![g as f64]),
                 "RL.PEEK" => peek_reply(v).map(|t| t.into_iter().collect()),
                 "RL.REFUND" => credited(v).map(|c| vec![c]),
-                "RL.TAKE" | "RL.RETURN" | "RL.RELEASE" | "RL.RENEW" => {
+                "RL.TAKE" | "RL.RETURN" | "RL.RELEASE" | "RL.RENEW" | "RL.UNPIN" => {
                     integer(v).map(|i| vec![i as f64])
                 }
                 _ => return None,

@@ -9,7 +9,12 @@
 //! the new state's `full_at` (or that the key goes). `RL.SHARE` cases (any form) are decided
 //! by [`ShareTable::decide`] on the case's table: the reply, whether it writes, the whole new
 //! table, the key's expiry (its last entry's end) and the effect's numbers, all exact.
+//! Pins (`pins.json`): `RL.PIN key rate cap|BLOCK|EXEMPT [PX ms]`, `RL.UNPIN key`,
+//! `RL.PINNED key`, and the plain `RL.TAKE` on a pinned bucket (a state's `pin`), decided by
+//! [`rl_core::pin`] as the module's glue uses it: the reply (the pin's kind too), whether it
+//! writes, and the whole bucket left (instants, limit, hold, pin), exact.
 
+use rl_core::pin::{self, Gate, Pin, PinKind};
 use rl_core::{
     ceil_millis, version, Bucket, Holder, Level, Limit, Nanos, ShareRequest, ShareTable,
 };
@@ -23,18 +28,33 @@ const NOW: Nanos = 1_700_000_000_000_000_000;
 enum R {
     Int(i64),
     Double(f64),
+    Text(String),
+    Nil,
     Row(Vec<R>),
+    /// A map's pairs, sorted by name (any order on the wire).
+    Map(Vec<(String, R)>),
+}
+
+fn map(mut pairs: Vec<(String, R)>) -> R {
+    pairs.sort_by(|a, b| a.0.cmp(&b.0));
+    R::Map(pairs)
 }
 
 fn plain(j: &J) -> R {
     match j {
         J::Number(n) => R::Int(n.as_i64().unwrap()),
+        J::String(t) => R::Text(t.clone()),
+        J::Null => R::Nil,
         J::Array(items) => R::Row(items.iter().map(plain).collect()),
         J::Object(o) => {
             let (tag, x) = o.iter().next().unwrap();
             match tag.as_str() {
                 "tokens" | "double" => R::Double(x.as_f64().unwrap()),
                 "ms" => R::Int(x.as_i64().unwrap()),
+                "simple" => R::Text(x.as_str().unwrap().into()),
+                "map" => map((x.as_array().unwrap().iter())
+                    .map(|p| (p[0].as_str().unwrap().into(), plain(&p[1])))
+                    .collect()),
                 _ => panic!("{tag} in a core case"),
             }
         }
@@ -46,22 +66,153 @@ fn number(j: &J) -> f64 {
     j.as_str().unwrap().parse().unwrap()
 }
 
+/// An instant relative to [`NOW`] as an absolute one.
+fn at(j: &J) -> Nanos {
+    (NOW as i64 + j.as_i64().unwrap()) as Nanos
+}
+
 fn bucket(s: &J) -> Option<Bucket> {
     if s.is_null() {
         return None;
     }
-    for f in ["version", "hold", "span", "leases", "last_id", "type"] {
+    for f in ["version", "leases", "last_id", "type"] {
         assert!(s.get(f).is_none(), "core cases are plain buckets: {s}");
     }
+    if let Some(p) = s.get("pin").filter(|p| p["absent"] == J::Bool(true)) {
+        // A key that holds only its pin: the placeholder bucket the module stores.
+        let one = Limit::new(1.0, 1.0).unwrap();
+        return Some(Bucket::new(0, one).with_pin(Some(pin_of(p, one))));
+    }
     let limit = Limit::new(number(&s["rate"]), number(&s["cap"])).unwrap();
-    let full_at = NOW as i64 + s["full_at"].as_i64().unwrap();
-    Some(Bucket::new(full_at as Nanos, limit))
+    let (hold, span) = match s.get("span") {
+        Some(span) => (at(&s["hold"]), span.as_u64().unwrap()),
+        None => (0, 0),
+    };
+    let b = Bucket::with_keep(at(&s["full_at"]), limit, hold, span);
+    Some(b.with_pin(s.get("pin").map(|p| pin_of(p, limit))))
+}
+
+/// A state's pin (`base_rate`, `base_cap` absent: the bucket's own `limit`).
+fn pin_of(p: &J, limit: Limit) -> Pin {
+    let kind = match p["kind"].as_str().unwrap() {
+        "rate" => PinKind::Rate,
+        "block" => PinKind::Block,
+        _ => PinKind::Exempt,
+    };
+    let base = match (p.get("base_rate"), p.get("base_cap")) {
+        (Some(r), Some(c)) => Limit::new(number(r), number(c)).unwrap(),
+        _ => limit,
+    };
+    let until = p["until"].as_i64().unwrap();
+    Pin {
+        kind,
+        until: if until == 0 { 0 } else { at(&p["until"]) },
+        base,
+        absent: p["absent"] == J::Bool(true),
+    }
+}
+
+/// `RL.PINNED`'s reply for `b` at [`NOW`] (as src/bucket/pin.rs `describe`).
+fn pinned_reply(b: Option<&Bucket>) -> R {
+    let Some((b, p)) = b.and_then(|b| b.pin().filter(|p| p.live_at(NOW)).map(|p| (b, p))) else {
+        return R::Nil;
+    };
+    let (rate, cap) = match p.kind {
+        PinKind::Rate => (R::Double(b.limit().rate()), R::Double(b.limit().cap())),
+        _ => (R::Nil, R::Nil),
+    };
+    let left = p.left(NOW).map_or(-1, |ns| ceil_millis(ns) as i64);
+    map(vec![
+        ("kind".into(), R::Text(p.kind.name().into())),
+        ("rate".into(), rate),
+        ("cap".into(), cap),
+        ("ms_left".into(), R::Int(left)),
+    ])
+}
+
+/// Decides a pin command or a take on a pinned key: the reply, and the bucket to store
+/// (`Some(None)`: the key goes; `None`: nothing written). `None` for another command.
+fn decide_pinned(a: &[&str], state: Option<Bucket>) -> Option<(R, Option<Option<Bucket>>)> {
+    let ok = R::Text("OK".into());
+    Some(match a[0] {
+        "RL.PIN" => {
+            let (kind, limit, rest) = match a[2] {
+                "BLOCK" => (PinKind::Block, None, 3),
+                "EXEMPT" => (PinKind::Exempt, None, 3),
+                r => (
+                    PinKind::Rate,
+                    Some(Limit::new(r.parse().unwrap(), a[3].parse().unwrap()).unwrap()),
+                    4,
+                ),
+            };
+            let until = match &a[rest..] {
+                [] => 0,
+                ["PX", ms] => NOW + ms.parse::<u64>().unwrap() * 1_000_000,
+                other => panic!("RL.PIN options {other:?}"),
+            };
+            let b = pin::pinned(state.as_ref(), kind, limit, until, NOW);
+            (ok, Some(Some(b)))
+        }
+        "RL.UNPIN" => match state.filter(|b| b.pin().is_some_and(|p| p.live_at(NOW))) {
+            None => (R::Int(0), None),
+            // No leases in core cases: a bucket full again is no key.
+            Some(b) => match pin::unpinned(&b, NOW).filter(|b| b.expires_at() > NOW) {
+                Some(b) => (R::Int(1), Some(Some(b))),
+                None => (R::Int(1), Some(None)),
+            },
+        },
+        "RL.PINNED" => (pinned_reply(state.as_ref()), None),
+        "RL.TAKE" if state.is_some_and(|b| b.has_pin()) => {
+            // src/pipeline.rs `open` and src/bucket/take.rs, on a stored pinned bucket.
+            let with_state = a.last() == Some(&"WITHSTATE");
+            let words = a.len() - usize::from(with_state);
+            assert!((4..=5).contains(&words), "a plain RL.TAKE: {a:?}");
+            let n: u64 = if words == 5 { a[4].parse().unwrap() } else { 1 };
+            let limit = Limit::new(a[2].parse().unwrap(), a[3].parse().unwrap()).unwrap();
+            let o = pin::open(state.as_ref(), limit, 0, NOW);
+            let mut level = o.level;
+            if o.pinned == Some(PinKind::Rate) {
+                let gate = pin::over_cap_gate(state.as_ref(), n as f64, NOW);
+                if gate != Gate::Open {
+                    level = level.with_gate(gate);
+                }
+            }
+            let granted = level.try_take(n as f64);
+            let got = if granted { n as i64 } else { 0 };
+            let writes = (granted && level.gate() != Gate::Exempt) || o.applied.must_write();
+            let kept = o
+                .pinned
+                .and_then(|_| pin::kept(state.as_ref(), limit, 0, NOW));
+            let reply = if with_state {
+                let retry = if granted {
+                    0
+                } else {
+                    level.wait_for(n as f64).map_or(0, ceil_millis)
+                };
+                let mut row = vec![
+                    R::Int(got),
+                    R::Double(level.signed_tokens()),
+                    R::Int(retry as i64),
+                    R::Int(ceil_millis(level.reset_after()) as i64),
+                ];
+                row.extend(o.pinned.map(|k| R::Text(k.name().into())));
+                R::Row(row)
+            } else {
+                R::Int(got)
+            };
+            (reply, writes.then(|| Some(level.bucket_with_pin(kept))))
+        }
+        _ => return None,
+    })
 }
 
 /// Decides a case: the reply, and the bucket to store (`Some(None)`: the key goes; `None`:
 /// nothing written).
 fn decide(args: &[String], state: Option<Bucket>) -> (R, Option<Option<Bucket>>) {
     let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    if let Some(decided) = decide_pinned(&a, state) {
+        return decided;
+    }
     let limit = |i: usize| Limit::new(a[i].parse().unwrap(), a[i + 1].parse().unwrap()).unwrap();
     match a[0] {
         "RL.TAKE" => {
@@ -310,6 +461,18 @@ fn core_decides_every_core_case_exactly() {
                 ));
             }
             let after = &case["after"][key];
+            let pins = args[0].contains("PIN")
+                || [&case["state"][key], after]
+                    .iter()
+                    .any(|s| s.get("pin").is_some());
+            if pins {
+                // The whole bucket left: instants, limit, hold and pin, exact.
+                let got = written.unwrap_or(before);
+                let want = bucket(after);
+                if got != want {
+                    problems.push(format!("bucket {got:?}, want {want:?} (NOW = {NOW})"));
+                }
+            }
             let after_full_at = after
                 .get("full_at")
                 .and_then(J::as_i64)
@@ -318,7 +481,7 @@ fn core_decides_every_core_case_exactly() {
                 Some(b) => b.map(|b| b.full_at() as i64),
                 None => before.map(|b| b.full_at() as i64),
             };
-            if got != after_full_at {
+            if !pins && got != after_full_at {
                 problems.push(format!(
                     "full_at {got:?}, want {after_full_at:?} (NOW = {NOW})"
                 ));

@@ -32,7 +32,14 @@ FUNCTIONS = {
     "RL.REFUND": "rl_refund",
     "RL.SHARE": "rl_share",
     "RL.MTAKE": "rl_mtake",
+    "RL.PIN": "rl_pin",
+    "RL.UNPIN": "rl_unpin",
+    "RL.PINNED": "rl_pinned",
 }
+
+# A pin's kind as the library stores it (field p), and back.
+PIN_CODES = {"rate": "1", "block": "2", "exempt": "3"}
+PIN_KINDS = {v: k for k, v in PIN_CODES.items()}
 
 
 OPTIONS = ("WITHSTATE", "INIT", "SHADOW", "VERSION")
@@ -145,6 +152,9 @@ def match(want, got, w, where="reply"):
         return [] if got is None else bad
     if isinstance(want, bool):
         return bad
+    if isinstance(want, dict) and "simple" in want:
+        # A status reply: redis-py hands FCALL's over as bytes (RESP2) or str (RESP3).
+        return [] if text(got) == want["simple"] else bad
     if isinstance(want, int):
         return [] if isinstance(got, int) and got == want else bad
     if isinstance(want, str):
@@ -194,9 +204,31 @@ def lease_text(leases, base_us, base_ns):
     )
 
 
+def pin_until(p, base_ns):
+    """A case's pin end as stored: absolute ns, 0 for none."""
+    return 0 if p["until"] == 0 else base_ns + p["until"]
+
+
+def pin_field(s, base_ns):
+    """The library's field p for a state's pin (functions/rl.lua `Pn.parse_pin`):
+    `kind until absent`, and for a rate pin the limit it returns to."""
+    p = s["pin"]
+    t = f"{PIN_CODES[p['kind']]} {pin_until(p, base_ns)} {1 if p.get('absent') else 0}"
+    if p["kind"] == "rate":
+        t += f" {p.get('base_rate', s['rate'])} {p.get('base_cap', s['cap'])}"
+    return t
+
+
 def set_bucket_hash(r, key, s, base_us):
     """The library's hash for a bucket state (functions/rl.lua's fields)."""
     base_ns = base_us * 1000
+    if s.get("pin", {}).get("absent"):
+        # A key that holds only its pin: the field p alone, kept while the pin lives.
+        r.hset(key, "p", pin_field(s, base_ns))
+        until = pin_until(s["pin"], base_ns)
+        if until:
+            r.pexpireat(key, math.ceil(until / 1e6))
+        return
     fields = {"f": str(base_ns + s["full_at"]), "r": s["rate"], "c": s["cap"]}
     if s.get("version"):
         fields["v"] = str(s["version"])
@@ -208,9 +240,15 @@ def set_bucket_hash(r, key, s, base_us):
     if s.get("span"):
         fields["h"] = str(base_ns + s["hold"])
         fields["s"] = str(s["span"])
+    if "pin" in s:
+        fields["p"] = pin_field(s, base_ns)
     r.hset(key, mapping=fields)
     ends = [base_ns + s["full_at"], base_ns + s.get("hold", 0)]
     ends += [base_ns + e for _, _, e in s.get("leases", [])]
+    if "pin" in s:
+        if s["pin"]["until"] == 0:
+            return  # a pin without an end: no expiry
+        ends.append(pin_until(s["pin"], base_ns))
     r.pexpireat(key, math.ceil(max(ends) / 1e6))
 
 
@@ -280,24 +318,55 @@ def compare_share(want, got, w, where):
 def expiry(r, key, want, w):
     """The key expires when its state's last instant passes (rounded up to a millisecond):
     a share's last entry end; a bucket's full_at, hold or last lease end."""
-    if want.get("type") == "share":
+    pin = want.get("pin")
+    if pin and pin["until"] == 0:
+        # A key never expires while pinned without an end.
+        got = r.execute_command("PEXPIRETIME", key)
+        if got == -1:
+            return []
+        return [(f"{key}: expires {got - w.base_us // 1000} ms after the base, "
+                 "want no expiry while pinned")]
+    if pin and pin.get("absent"):
+        last = pin["until"]
+    elif want.get("type") == "share":
         last = max(max(h[4], h[7]) for h in want["holders"])
     else:
         ends = [want["full_at"]] + [e for _, _, e in want.get("leases", [])]
         last = max(ends + ([want["hold"]] if want.get("span") else []))
+        if pin:
+            last = max(last, pin["until"])
     lo = math.ceil((w.base_ns + last - 1000) / 1e6)
     hi = math.ceil((w.base_ns + last + w.drift_ns + 1000) / 1e6)
     got = r.execute_command("PEXPIRETIME", key)
     if lo <= got <= hi:
         return []
+    if pin and pin["kind"] == "rate" and got > hi and not pin.get("absent"):
+        # A rate pin that ends keeps the key until the bucket it leaves under the limit it
+        # returns to is full (functions/rl.lua `expire`): later than the state's instants.
+        return []
     return [f"{key}: expires {got - w.base_us // 1000} ms after the base, "
             f"want its last end {last} ns"]
+
+
+def pin_of_field(t, w):
+    """The library's field p as a case's pin (until relative to the base)."""
+    code, until, absent, *base = t.split(" ")
+    p = {"kind": PIN_KINDS[code], "until": 0 if until == "0" else int(until) - w.base_ns}
+    if base:
+        p["base_rate"], p["base_cap"] = base
+    if absent == "1":
+        p["absent"] = True
+    return p
 
 
 def bucket_of_hash(h, w):
     """A stored hash as a case's bucket state, relative to the base."""
     h = {text(k): text(v) for k, v in h.items()}
+    if "f" not in h and "p" in h:
+        return {"pin": pin_of_field(h["p"], w)} if len(h) == 1 else {"fields": h}
     s = {"full_at": int(h["f"]) - w.base_ns, "rate": h["r"], "cap": h["c"]}
+    if "p" in h:
+        s["pin"] = pin_of_field(h["p"], w)
     if "v" in h:
         s["version"] = int(h["v"])
     if "i" in h:
@@ -320,11 +389,36 @@ def at_close(want, got, w):
     return want - 1000 <= got <= want + w.drift_ns + 1000
 
 
+def pins_equal(want, got, w):
+    """A case's pin and one read back: kind, end (within the window), whether the key holds
+    only the pin, and a rate pin's limit it returns to (the library keeps none for the
+    others)."""
+    if (want is None) != (got is None):
+        return False
+    if want is None:
+        return True
+    if want["kind"] != got["kind"] or bool(want.get("absent")) != bool(got.get("absent")):
+        return False
+    if (want["until"] == 0) != (got["until"] == 0):
+        return False
+    if want["until"] and not at_close(want["until"], got["until"], w):
+        return False
+    if want["kind"] == "rate":
+        return all(
+            float(want.get(f"base_{f}", "nan")) == float(got[f"base_{f}"]) for f in ("rate", "cap")
+        )
+    return True
+
+
 def compare_bucket(want, got, w, where):
     """A bucket state read back against the case's (instants within the window)."""
     bad = [f"{where}: want {want}, got {got}"]
     if got is None:
         return bad
+    if not pins_equal(want.get("pin"), got.get("pin"), w):
+        return bad
+    if want.get("pin", {}).get("absent"):
+        return [] if set(got) == {"pin"} else bad
     if not at_close(want["full_at"], got["full_at"], w):
         return bad
     for f in ("rate", "cap"):
@@ -367,6 +461,7 @@ def earliest_us(case):
             if not s:
                 continue
             at += [s[f] for f in ("full_at", "hold") if f in s]
+            at += [s["pin"]["until"]] if "pin" in s else []
             at += [item[-1] for item in s.get("leases", []) + s.get("permits", [])]
             at += [t for h in s.get("holders", []) for t in (h[4], h[7])]
     at = [t for t in at if t > 0]

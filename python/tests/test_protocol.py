@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Tuple
 import pytest
 
 from redis_rl import _protocol as p
+from redis_rl import pins
 from redis_rl.decision import Decision, Source
 from redis_rl.errors import BackendNotFound
 from redis_rl.policy import DENY, FailurePolicy, Fallback, LocalBucket
@@ -211,6 +212,8 @@ def _reply(j: Any) -> Any:
     if isinstance(j, list):
         return [_reply(x) for x in j]
     ((tag, x),) = j.items()
+    if tag == "simple":  # a status reply: redis-py hands FCALL's and RL.PIN's over as bytes
+        return x.encode()
     if tag in ("double", "tokens"):
         return float(x)
     if tag in ("double_text", "tokens_text"):
@@ -236,6 +239,8 @@ def _plain(j: Any) -> Any:
             return BASE_US + x
         if tag == "map":
             return {k: _plain(v) for k, v in x}
+        if tag == "simple":
+            return j
         return x
     return j
 
@@ -260,7 +265,23 @@ def _parse(args: List[str], reply: Any) -> Any:
         return row + ([m.remaining] if m.remaining is not None else [])
     if name == "RL.PEEK":
         peeked = p.parse_peek(reply)
-        return None if peeked is None else asdict(peeked)
+        if peeked is None:
+            return None
+        fields = asdict(peeked)
+        # The pin that decides, a field only then: read as the client reads a pin's kind.
+        raw = reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2]))
+        if b"pinned" in raw:
+            fields["pinned"] = p.pin_kind(raw[b"pinned"])
+        return fields
+    if name == "RL.PIN":
+        pins.check_ok(reply)
+        return {"simple": "OK"}
+    if name == "RL.PINNED":
+        info = pins.parse_pinned(reply)
+        if info is None:
+            return None
+        ms_left = -1 if info.ms_left is None else info.ms_left
+        return {"kind": info.kind, "rate": info.rate, "cap": info.cap, "ms_left": ms_left}
     if name == "RL.SHARE":
         g = parse_share(reply)
         return [g.rate, g.burst, round(g.lease * 1000), round(g.refresh * 1000), g.holders]
