@@ -2,7 +2,8 @@
 //! settings but the failure policy, `Deny`) created at the fleet's shared start, taking one
 //! token at a time at this process's paced demand, counting what it was let out in 10 ms
 //! bins. Prints one JSON line, the one the Python child prints (`bins` as `[[bin, n], ...]`,
-//! `redis_calls`, `fallback_decisions`, `late_start_ms`, `redis_timeouts`).
+//! `redis_calls`, `fallback_decisions`, `late_start_ms`, `redis_timeouts`, and the calls'
+//! `latency_buckets` (`rl_client::LATENCY_BUCKETS_US`)).
 //!
 //!     share_skew URL SCENARIO PROC SECONDS START_NS [module|functions]
 //!
@@ -91,12 +92,13 @@ fn main() -> Res<()> {
         .map(|(i, n)| format!("[{i},{n}]"))
         .collect();
     println!(
-        "{{\"bins\":[{}],\"redis_calls\":{},\"fallback_decisions\":{},\"late_start_ms\":{:.1},\"redis_timeouts\":{}}}",
+        "{{\"bins\":[{}],\"redis_calls\":{},\"fallback_decisions\":{},\"late_start_ms\":{:.1},\"redis_timeouts\":{},\"latency_buckets\":{:?}}}",
         nonzero.join(","),
         m.redis_calls,
         m.fallback_decisions,
         late_ms,
-        m.redis_timeouts
+        m.redis_timeouts,
+        m.latency_buckets
     );
     Ok(())
 }

@@ -135,6 +135,7 @@ def analyse(scenario, seconds, children, server_calls, server_secs):
         # The start-up: the latest a process made its limiter after the shared start (the
         # Python processes report it), and the latest a process was first let out a token.
         "late_start_ms": max((c.get("late_start_ms", 0.0) for c in children), default=0.0),
+        "late_starts_ms": sorted(round(c.get("late_start_ms", 0.0)) for c in children),
         # Takes the processes made against what their paced demands asked for (a process
         # short of CPU makes them late, in bursts its local bucket cannot hold).
         "attempts": sum(c.get("attempts", 0) for c in children),
@@ -145,6 +146,10 @@ def analyse(scenario, seconds, children, server_calls, server_secs):
         "fallback_decisions": sum(c["fallback_decisions"] for c in children),
         # Calls that outlived the client's timeout (the Python processes report them).
         "redis_timeouts": sum(c.get("redis_timeouts", 0) for c in children),
+        # The Rust processes' calls by latency (rl_client's LATENCY_BUCKETS_US: 0.25 ms to
+        # 250 ms, then slower), added up.
+        "latency_buckets": [sum(b) for b in zip(*(c["latency_buckets"] for c in children
+                                                  if "latency_buckets" in c))] or None,  # fmt: skip
     }
 
 
