@@ -86,6 +86,12 @@ def analyse(scenario, seconds, children, server_calls, server_secs):
         per.append(b)
     fleet = [sum(p[i] for p in per) for i in range(nbins)]
     per_sec = [sum(fleet[i : i + 1000 // BIN_MS]) for i in range(0, nbins, 1000 // BIN_MS)]
+    # The same seconds counted from when the latest process made its limiter: a process
+    # that came up, or got a CPU, late (a loaded machine) shifts the fleet's start.
+    late = max((c.get("late_start_ms", 0.0) for c in children), default=0.0)
+    shift = int(round(late / BIN_MS))
+    after = [sum(fleet[i : i + 1000 // BIN_MS])
+             for i in range(shift, nbins - 1000 // BIN_MS + 1, 1000 // BIN_MS)]  # fmt: skip
     steady = per_sec[2:]
     utilisation = sum(steady) / (RATE * len(steady)) if steady else 0.0
     windows = []
@@ -127,6 +133,8 @@ def analyse(scenario, seconds, children, server_calls, server_secs):
         "utilisation": utilisation,
         "second_second": per_sec[1] / RATE if len(per_sec) > 1 else None,
         "third_second": per_sec[2] / RATE if len(per_sec) > 2 else None,
+        "second_after_start": after[1] / RATE if len(after) > 1 else None,
+        "third_after_start": after[2] / RATE if len(after) > 2 else None,
         "windows": windows,
         "within": within,
         "converge_ms": converge,

@@ -34,6 +34,21 @@ class SkewTest(unittest.TestCase):
         kids = [{"bins": [[50, 3000]], "redis_calls": 0, "fallback_decisions": 0}]
         self.assertFalse(sk.analyse("four", 4.0, kids, 0, 4.0)["within"])
 
+    def test_a_late_process_shifts_the_start(self):
+        # Both let out 500/s from 0.5 s (one made its limiter 500 ms late): the 2nd and 3rd
+        # seconds from the shared start hold 1000 each, and so do those from the late start,
+        # but the first from the late start is whole while the first from 0 is half.
+        kids = [{"bins": [[i, 5] for i in range(50, 400)], "redis_calls": 1,
+                 "fallback_decisions": 0, "late_start_ms": ms} for ms in (0.0, 500.0)]  # fmt: skip
+        out = sk.analyse("four", 4.0, kids, 2, 4.0)
+        self.assertEqual(out["per_second"], [500, 1000, 1000, 1000])
+        self.assertEqual(out["late_start_ms"], 500.0)
+        self.assertEqual(out["first_grant_ms"], 500)
+        self.assertEqual((out["second_after_start"], out["third_after_start"]), (1.0, 1.0))
+        kids[1]["late_start_ms"] = 1500.0  # the seconds from 1.5 s: 1.5-2.5, 2.5-3.5
+        out = sk.analyse("four", 4.0, kids, 2, 4.0)
+        self.assertEqual((out["second_after_start"], out["third_after_start"]), (1.0, None))
+
     def test_convergence_after_a_move(self):
         # Process 1 becomes hot at 3 s and lets out its share (400/s) from 3.5 s on.
         bins = [[i, 4] for i in range(350, 600)]
@@ -59,7 +74,7 @@ class SkewSection(unittest.TestCase):
 
     def test_the_table_and_its_targets(self):
         text = Report(results()).markdown()
-        self.assertIn("| Python, module | four | **80.0 %** | 80 % | 80 % | 0 / 0 ms |  | 8.0 | 800, 800, "
+        self.assertIn("| Python, module | four | **80.0 %** | 80 % | 80 % | 0 / 0 ms | 80 % / 80 % |  | 8.0 | 800, 800, "
                       "800, 800, 800, 800, 800, 800, 800, 800, 800, 800 | 1,600 ÷ 3,010 in 2000 ms "
                       "| 2.00 1.50 1.00 → 2.50 1.60 1.00 |", text)  # fmt: skip
         self.assertIn("| Rust, module | moving | ", text)
