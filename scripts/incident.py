@@ -44,6 +44,21 @@ HOT = [0, 1, 2]
 DEMAND_BEFORE = {i: (700.0 if i in HOT else 80.0) for i in range(BASE)}  # 2500/s
 DEMAND_AFTER = {i: (400.0 if i in HOT else 100.0) for i in range(BASE + EXTRA)}  # 2500/s
 
+# (i) The hot spot moves: the seed's 8 instances, one of them hot (the seed's 700/s), the
+# other 7 at the seed's 80/s (1,260/s in all against 1,000/s), the hot one moving to the
+# next instance every `move_every` seconds; no scale-out. Its own trace, from the same seed.
+MOVING_FULL = dict(duration=15.0, warmup=2.0, move_every=3.0)
+MOVING_SMOKE = dict(duration=3.0, warmup=0.5, move_every=1.0)
+MOVING_HOT, MOVING_COLD = 700.0, 80.0
+# A moved hot spot has converged when its new instance lets out this much of its max-min
+# share in a `CONVERGE_WINDOW` window (the skew bench's measure, scripts/benchtool/share_skew.py).
+CONVERGE_FRACTION, CONVERGE_WINDOW = 0.95, 0.2
+# Windows the moving run's let-out is checked in against `cap + rate * t + holders`.
+WINDOWS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+# Utilisation the moving run is held to while anyone is short (reported, not asserted:
+# it depends on timing).
+UTILISATION_TARGET = 0.97
+
 # Commands that are central limiter calls (INFO commandstats names).
 CENTRAL = ("evalsha", "rl.take", "rl.lease", "rl.return", "rl.reserve", "rl.share")
 
@@ -60,6 +75,38 @@ def make_trace(sc, path):
             rate = demand.get(inst, 0.0)
             if rate <= 0:
                 continue
+            t = start
+            while True:
+                t += rng.expovariate(rate)
+                if t >= end:
+                    break
+                rows.append((int(t * 1e6), inst))
+    rows.sort()
+    with open(path, "w") as f:
+        f.write("t_us,instance\n")
+        for t, i in rows:
+            f.write(f"{t},{i}\n")
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    return len(rows), digest
+
+
+def moving_demand(sc, inst, t):
+    """Instance `inst`'s demand at `t` in the moving run: hot while it holds the hot spot."""
+    hot = int(t // sc["move_every"]) % BASE
+    return MOVING_HOT if inst == hot else MOVING_COLD
+
+
+def make_moving_trace(sc, path):
+    """Poisson arrivals per instance for (i), piecewise-constant between moves, from SEED."""
+    rng = random.Random(SEED)
+    rows = []
+    moves = int(sc["duration"] / sc["move_every"]) + 1
+    for inst in range(BASE):
+        for k in range(moves):
+            start = k * sc["move_every"]
+            end = min(sc["duration"], start + sc["move_every"])
+            rate = moving_demand(sc, inst, start)
             t = start
             while True:
                 t += rng.expovariate(rate)
@@ -138,6 +185,10 @@ def runs_for(smoke):
     ]
     # The partner asks for 500/s mid-trace: `RL.PIN` on the shared key, no redeploy. Share
     # keys cannot be pinned yet (docs/commands.md), so (g) has no such row.
+    # The hot instance moves every few seconds (its own trace and scenario: `MOVING_*`).
+    runs.append(("share_moving",
+                 f"(i) RL.SHARE, the hot instance moves every {(MOVING_SMOKE if smoke else MOVING_FULL)['move_every']:g} s (ShareLimiter)",
+                 ["--approach", "share", "--period-ms", str(PERIOD_MS)], "share_moving"))
     runs.append(("pin_take", f"(h) {PIN_RATE:g}/s pinned mid-trace, RL.TAKE per call (Limiter)",
                  ["--approach", "take"], "pin"))
     if not smoke:
@@ -212,13 +263,14 @@ def analyse(name, label, kind, meta, events, samples, sc):
     if events is None:
         res["available"] = False
         return res
-    dur, warm, scale = sc["duration"], sc["warmup"], sc["scale_at"]
+    # The moving run (i) has no scale-out: `scale` is None there.
+    dur, warm, scale = sc["duration"], sc["warmup"], sc.get("scale_at")
     sends = sorted(e[4] / 1e6 for e in events if e[5] == "G")
     n = lambda lo, hi: bisect.bisect_left(sends, hi) - bisect.bisect_left(sends, lo)
     res["sent_total"] = len(sends)
     res["partner_mean"] = n(warm, dur) / (dur - warm)
-    res["partner_mean_8"] = n(warm, scale) / (scale - warm)
-    res["partner_mean_16"] = n(scale, dur) / (dur - scale)
+    res["partner_mean_8"] = n(warm, scale) / (scale - warm) if scale else None
+    res["partner_mean_16"] = n(scale, dur) / (dur - scale) if scale else None
     res["partner_max_1s"] = max_window(sends, warm, dur)
     res["partner_first_1s"] = n(0.0, 1.0) if dur >= 1.0 else None
     res["over_issue_max_1s"] = res["partner_max_1s"] - RATE
@@ -238,7 +290,7 @@ def analyse(name, label, kind, meta, events, samples, sc):
     res["fallback_granted"] = sum(1 for e in events if e[5] == "G" and e[6] == "F")
     res["per_instance_sent_16"] = {}
     for e in events:
-        if e[5] == "G" and e[4] / 1e6 >= scale:
+        if scale is not None and e[5] == "G" and e[4] / 1e6 >= scale:
             res["per_instance_sent_16"][e[0]] = res["per_instance_sent_16"].get(e[0], 0) + 1
     calls, usec, cpu = central_series(samples, warm, dur)
     res["central_calls_per_s"] = calls
@@ -266,7 +318,64 @@ def analyse(name, label, kind, meta, events, samples, sc):
         res["shares"] = share_details(meta, sc, res.get("failure"))
     if kind == "pin":
         res["pin"] = pin_details(meta, sends, dur)
+    if kind == "share_moving":
+        res["shares"] = {"series": [[round(r["t"] / 1e6, 2), r["rates"]] for r in meta.get("shares", [])]}
+        res["moving"] = moving_details(meta, events, sends, sc, len({e[0] for e in events}))
     return res
+
+
+def worst_windows(sends, holders):
+    """`[[w, most sent in any w seconds, cap + rate * w + holders], ...]` (sends sorted)."""
+    out = []
+    for w in WINDOWS_S:
+        most = max((bisect.bisect_left(sends, x + w) - k for k, x in enumerate(sends)), default=0)
+        out.append([w, most, CAP + RATE * w + holders])
+    return out
+
+
+def moving_details(meta, events, sends, sc, holders):
+    """(i): the fleet's let-out per second, the utilisation from the warm-up on, the time
+    after each move until the newly hot instance lets out `CONVERGE_FRACTION` of its max-min
+    share in a `CONVERGE_WINDOW`, and the most let out in every window against its bound."""
+    dur, warm, every = sc["duration"], sc["warmup"], sc["move_every"]
+    n = lambda xs, lo, hi: bisect.bisect_left(xs, hi) - bisect.bisect_left(xs, lo)
+    per_second = [n(sends, k, k + 1) for k in range(int(dur))]
+    per_inst = {}
+    for e in events:
+        if e[5] == "G":
+            per_inst.setdefault(e[0], []).append(e[4] / 1e6)
+    for v in per_inst.values():
+        v.sort()
+    converge = []
+    k = 1
+    while k * every < dur - 0.5:
+        t = k * every
+        hot = k % BASE
+        demand = {i: moving_demand(sc, i, t) for i in range(BASE)}
+        target = fair_shares(demand, RATE)[hot] * CONVERGE_WINDOW * CONVERGE_FRACTION
+        mine = per_inst.get(hot, [])
+        got = None
+        x = t
+        while x + CONVERGE_WINDOW <= min(dur, t + every) + 1e-9:
+            if n(mine, x, x + CONVERGE_WINDOW) >= target:
+                got = round(x + CONVERGE_WINDOW - t, 2)
+                break
+            x += 0.01
+        converge.append({"at_s": t, "instance": hot, "after_s": got})
+        k += 1
+    windows = worst_windows(sends, holders)
+    return {
+        "scenario": sc,
+        "demand": {"hot": MOVING_HOT, "cold": MOVING_COLD, "total": MOVING_HOT + MOVING_COLD * (BASE - 1)},
+        "fair_hot": fair_shares({i: moving_demand(sc, i, 0) for i in range(BASE)}, RATE)[0],
+        "per_second": per_second,
+        "utilisation": n(sends, warm, dur) / (RATE * (dur - warm)),
+        "target": UTILISATION_TARGET,
+        "converge": converge,
+        "windows": windows,
+        "within": all(most <= bound for _, most, bound in windows),
+        "holders": holders,
+    }
 
 
 def pin_details(meta, sends, dur):
@@ -413,14 +522,20 @@ def main():
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--plots", action="store_true")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--only", default=None, help="comma-separated run names (development)")
+    ap.add_argument("--only", default=None, help="comma-separated run names")
+    ap.add_argument("--merge", default=None,
+                    help="a results.json whose runs of the same names the new ones replace "
+                         "(the others, and their run's details, stay)")
     a = ap.parse_args()
     sc = SMOKE if a.smoke else FULL
+    msc = MOVING_SMOKE if a.smoke else MOVING_FULL
     work = os.path.join(ROOT, "target", "incident-smoke" if a.smoke else "incident")
     os.makedirs(work, exist_ok=True)
     trace = os.path.join(work, "trace.csv")
     arrivals, digest = make_trace(sc, trace)
     print(f"trace: {arrivals} arrivals over {sc['duration']} s, seed {SEED}, sha256 {digest[:16]}")
+    moving_trace = os.path.join(work, "moving_trace.csv")
+    moving_arrivals, moving_digest = make_moving_trace(msc, moving_trace)
     results = {
         "machine": machine(), "module": a.module, "scenario": sc, "seed": SEED,
         "trace_sha256": digest, "arrivals": arrivals,
@@ -429,34 +544,55 @@ def main():
         "demand_per_s": {"before": DEMAND_BEFORE, "after": DEMAND_AFTER}, "runs": [],
     }
     only = set(a.only.split(",")) if a.only else None
+    known = {name for name, _, _, _ in runs_for(a.smoke)}
+    if only and not only <= known:
+        sys.exit(f"--only: unknown run(s) {', '.join(sorted(only - known))} (known: {', '.join(sorted(known))})")
     for name, label, extra, kind in runs_for(a.smoke):
         if only and name not in only:
             continue
         r = Redis(a.module)
         try:
             prefix = os.path.join(work, name)
-            cmd = [a.driver, "--trace", trace, "--redis", r.url(), "--out", prefix,
+            moving = kind == "share_moving"
+            run_sc = dict(msc, scale_at=None) if moving else sc
+            cmd = [a.driver, "--trace", moving_trace if moving else trace, "--redis", r.url(),
+                   "--out", prefix,
                    "--rate", str(RATE), "--cap", str(CAP), "--batch", str(BATCH),
                    "--ttl-ms", str(TTL_MS), "--max-wait-ms", str(MAX_WAIT_MS),
-                   "--scale-at", str(sc["scale_at"]), "--base-instances", str(BASE),
+                   "--scale-at", str(run_sc["scale_at"] or run_sc["duration"]),
+                   "--base-instances", str(BASE),
                    "--lua", os.path.join(ROOT, "scripts", "token_bucket.lua"),
-                   "--duration", str(sc["duration"] + 0.5)] + extra
+                   "--duration", str(run_sc["duration"] + 0.5)] + extra
             if kind in ("failure", "share_failure"):
                 cmd += ["--kill-at", str(sc["kill_at"]), "--stop-at", str(sc["stop_at"]),
                         "--stop-for", str(sc["stop_for"])]
             if kind == "pin":
                 cmd += ["--pin-at", str(sc["pin_at"]), "--pin-rate", str(PIN_RATE)]
             t = time.time()
-            subprocess.run(cmd, check=True, timeout=sc["duration"] + 60)
+            at = machine() if moving else None
+            subprocess.run(cmd, check=True, timeout=run_sc["duration"] + 60)
             meta, events, samples = load_run(prefix)
-            res = analyse(name, label, kind, meta, events, samples, sc)
+            res = analyse(name, label, kind, meta, events, samples, run_sc)
             res["wall_s"] = round(time.time() - t, 1)
+            if moving:
+                # Its own trace, and its own run's details (it may be run alone and merged).
+                res["trace"] = {"arrivals": moving_arrivals, "sha256": moving_digest, "seed": SEED}
+                res["machine"] = at
             results["runs"].append(res)
             if res["available"]:
                 print(f"  {name}: partner mean {res['partner_mean']:.0f}/s, max 1 s {res['partner_max_1s']}, "
                       f"central {res['central_calls_per_s']:.0f}/s, bound excess {res['bound_excess']:.1f}")
+            if res.get("moving"):
+                mv = res["moving"]
+                print(f"  {name}: per second {mv['per_second']}, utilisation {100 * mv['utilisation']:.1f} %, "
+                      f"converged after each move {[c['after_s'] for c in mv['converge']]} s")
         finally:
             r.close()
+    if a.merge:
+        base = json.load(open(a.merge))
+        new_runs = {r["name"]: r for r in results["runs"]}
+        merged = [new_runs.pop(r["name"], r) for r in base["runs"]]
+        results = dict(base, runs=merged + list(new_runs.values()))
     out = a.out or os.path.join(work, "results.json")
     with open(out, "w") as f:
         json.dump(results, f, indent=1, sort_keys=False)
@@ -478,8 +614,9 @@ def check(results, smoke):
     for r in results["runs"]:
         if not r["available"]:
             continue
-        if r["arrivals"] != results["arrivals"]:
-            bad.append(f"{r['name']}: replayed {r['arrivals']} arrivals of {results['arrivals']}")
+        want = r["trace"]["arrivals"] if "trace" in r else results["arrivals"]
+        if r["arrivals"] != want:
+            bad.append(f"{r['name']}: replayed {r['arrivals']} arrivals of {want}")
         if r["kind"] == "local" and r["name"] == "local_static":
             # (a) the over-issue must show: after the scale-out the fleet sends > quota.
             if not r["partner_mean_16"] > 1.1 * RATE:
@@ -496,6 +633,13 @@ def check(results, smoke):
             # rate*t, plus a token of rounding per holder.
             if r["bound_excess"] > inst + 1:
                 bad.append(f"{r['name']}: let out {r['bound_excess']:.1f} over cap + rate*t + holders")
+        elif r["kind"] == "share_moving":
+            # As (g), and in every window of 50 ms to 2 s as well as every prefix.
+            if r["bound_excess"] > inst + 1:
+                bad.append(f"{r['name']}: let out {r['bound_excess']:.1f} over cap + rate*t + holders")
+            for w, most, bound in r["moving"]["windows"]:
+                if most > bound:
+                    bad.append(f"{r['name']}: {most} let out in {w:g} s, over cap + rate*t + holders = {bound:g}")
         elif r["kind"] == "pin":
             # Before the pin the quota's bound; after it the pin's: its cap (tokens carried
             # over) + its rate * t, plus two batches per instance for leases in hand.
@@ -504,7 +648,7 @@ def check(results, smoke):
             if r["bound_excess"] > slack or p["bound_excess"] > slack:
                 bad.append(f"{r['name']}: let out {r['bound_excess']:.1f} over the quota's bound, "
                            f"{p['bound_excess']:.1f} over the pin's")
-        if r["kind"] in ("central", "lease", "share", "pin") and r["sent_total"] == 0:
+        if r["kind"] in ("central", "lease", "share", "share_moving", "pin") and r["sent_total"] == 0:
             bad.append(f"{r['name']}: nothing sent")
     return bad
 

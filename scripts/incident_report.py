@@ -134,6 +134,110 @@ def plot_shares(results, r, path):
     plt.close(fig)
 
 
+def plot_moving(r, path):
+    """(i): the fleet's let-out (per 100 ms and over the last 1 s) against the quota and the
+    97 % target, and each instance's share, the hot spot's moves marked."""
+    mv = r["moving"]
+    sc = mv["scenario"]
+    every, dur = sc["move_every"], sc["duration"]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    s = r["series_sent_100ms"]
+    top.plot([i / 10 + 0.05 for i in range(len(s))], [v * 10 for v in s], color="0.75", lw=0.8,
+             label="per 100 ms (×10)")
+    top.plot([i / 10 + 0.1 for i in range(len(s))], smooth_1s(s), color="C0", lw=1.6, label="last 1 s")
+    top.axhline(RATE, color="red", ls="--", lw=1.2, label="quota 1000/s")
+    top.axhline(RATE * mv["target"], color="C2", ls=":", lw=1.2, label=f"{100 * mv['target']:.0f} %")
+    top.axvspan(0, sc["warmup"], color="0.93")
+    top.set_ylim(0, 1600)
+    top.set_ylabel("sent to the partner, calls/s")
+    top.set_title(f"{r['label']}: {100 * mv['utilisation']:.1f} % of the quota from "
+                  f"{sc['warmup']:g} s on", fontsize=9, loc="left")
+    top.legend(fontsize=7, loc="lower right", ncol=4)
+    series = r["shares"]["series"]
+    n = max((len(rates) for _, rates in series), default=0)
+    for i in range(n):
+        pts = [(t, rates[i]) for t, rates in series if rates[i] is not None]
+        if pts:
+            bottom.plot([p[0] for p in pts], [p[1] for p in pts], lw=1, color=f"C{i % 10}",
+                        label=f"instance {i}")
+    bottom.axhline(mv["fair_hot"], color="0.4", ls="--", lw=0.8,
+                   label=f"the hot one's fair share: {mv['fair_hot']:.0f}/s")
+    bottom.set_ylabel("share, tokens/s")
+    bottom.set_xlabel(f"seconds (dotted: the hot spot moves to the next instance, every {every:g} s)")
+    bottom.legend(fontsize=6, loc="upper right", ncol=5)
+    for ax in (top, bottom):
+        k = 1
+        while k * every < dur:
+            ax.axvline(k * every, color="0.3", ls=":", lw=1)
+            k += 1
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def moving_section(r):
+    """(i): the page's section for the moving hot spot, from its own run."""
+    mv = r["moving"]
+    sc = mv["scenario"]
+    m = r["machine"]
+    every = sc["move_every"]
+    secs = " | ".join(f"{k}–{k + 1} s" for k in range(len(mv["per_second"])))
+    rows = [f"| | {secs} |", "|---|" + "---:|" * len(mv["per_second"]),
+            "| sent to the partner | " + " | ".join(f0(x) for x in mv["per_second"]) + " |"]
+    conv = ", ".join(f"{c['after_s']:.2f} s" if c["after_s"] is not None else "not within the move"
+                     for c in mv["converge"])
+    windows = ["| window | most sent | bound `cap + rate × t + holders` |", "|---:|---:|---:|"]
+    for w, most, bound in mv["windows"]:
+        label = f"{w * 1000:g} ms" if w < 1 else f"{w:g} s"
+        windows.append(f"| {label} | {f0(most)} | {f0(bound)}{'' if most <= bound else ' (EXCEEDED)'} |")
+    ok = [c["after_s"] for c in mv["converge"] if c["after_s"] is not None]
+    why = ""
+    if mv["utilisation"] < mv["target"]:
+        shift = mv["fair_hot"] - mv["demand"]["cold"]
+        why = f"""- **Why under the target**: a move shifts {shift:.0f}/s of share from one holder to another,
+  and until both have called the cooled holder holds share it no longer uses while the heated
+  one is refused: the seconds after each move in the table. The shares plot shows the steps:
+  the cooled holder's first early report measures a span that still holds some of its old
+  demand (it gives back part of its share), a second report comes no sooner than 300 ms
+  later; the heated holder is cut to what is free at its early call and comes back for the
+  rest. A move every {every:g} s that takes about a second to absorb costs about
+  {shift:.0f}/s × 1 s ÷ {every:g} s ≈ {100 * shift / every / RATE:.0f} % of the quota; the skew
+  bench's moving case (4 processes, 900/s and 200/s: 200/s shifts) loses less.
+"""
+    return f"""
+## (i) The hot spot moves (RL.SHARE)
+
+The seed's 8 instances, one of them hot at the seed's {mv['demand']['hot']:g}/s and the other 7 at
+{mv['demand']['cold']:g}/s ({mv['demand']['total']:,.0f}/s in all against 1000/s, so someone is always short); every
+{every:g} s the hot spot moves to the next instance (instance 0 first, then 1, 2, ...). No
+scale-out. Its own trace, from the same seed and generator ({r['trace']['arrivals']:,} arrivals over
+{sc['duration']:g} s, sha256 `{r['trace']['sha256'][:16]}…`), replayed with the same driver and
+`ShareLimiter` settings as (g) (period 1 s, default settings). Max-min fair, the hot instance
+gets {mv['fair_hot']:.0f}/s and every other its 80/s. Its own run: {m['date_utc']}, commit
+`{m['commit']}`, load average {m['load_average_at_start'][0]} when it started.
+
+![moving hot spot](incident/share_moving.png)
+
+{chr(10).join(rows)}
+
+- **Utilisation** from {sc['warmup']:g} s on: **{100 * mv['utilisation']:.1f} %** of the quota
+  (target ≥ {100 * mv['target']:.0f} % while anyone is short). The first second is low because
+  every local bucket starts empty (the bound needs it).
+- **Converged** (the newly hot instance lets out {100 * 0.95:.0f} % of its {mv['fair_hot']:.0f}/s in a
+  200 ms window) after each move: {conv}{f' (median {sorted(ok)[len(ok) // 2]:.2f} s)' if ok else ''}. The
+  instance that cooled reports its fall early (its demand strayed by more than a quarter) and
+  gives its share back; the one that heated asks for its new demand early, at most 300 ms
+  after its last call.
+{why}- **Redis calls**: {f1(r['central_calls_per_s'])}/s `RL.SHARE` for the 8 instances, against
+  8/s for one call per instance per period: the early calls after each move.
+- **The bound**: every prefix of the sends within `cap + rate × t + holders` (worst of sent −
+  (cap + rate × t): {f1(r['bound_excess'])}), and every window:
+
+{chr(10).join(windows)}
+"""
+
+
 def f0(x):
     return "–" if x is None else f"{x:,.0f}"
 
@@ -152,7 +256,10 @@ def write_all(results, root):
     with open(os.path.join(d, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     runs = [r for r in results["runs"] if r["available"]]
-    main = [r for r in runs if r["kind"] not in ("failure", "share_failure", "pin")]
+    main = [r for r in runs if r["kind"] not in ("failure", "share_failure", "pin", "share_moving")]
+    moving = [r for r in runs if r["kind"] == "share_moving"]
+    if moving:
+        plot_moving(moving[0], os.path.join(d, "share_moving.png"))
     pinned = [r for r in runs if r["kind"] == "pin"]
     if pinned:
         plot_partner(results, pinned, os.path.join(d, "pins.png"),
@@ -189,7 +296,7 @@ def main_table(results):
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results["runs"]:
-        if r["kind"] in ("failure", "share_failure", "pin"):
+        if r["kind"] in ("failure", "share_failure", "pin", "share_moving"):
             continue
         if not r["available"]:
             rows.append(f"| {r['label']} | not available in this build (the server does not know the command) "
@@ -268,7 +375,7 @@ def markdown(results):
     out = f"""# The incident, replayed
 
 Regenerated by `scripts/incident` (a few minutes, loopback only). Every number on this page
-comes from one run: **{m['date_utc']}**, {m['cpu']}, {m['cores']} cores shared with other
+comes from one run (but (i), the moving hot spot, which gives its own): **{m['date_utc']}**, {m['cpu']}, {m['cores']} cores shared with other
 work, Linux {m['kernel']}, {m['redis']}, module `{os.path.basename(results['module'])}`,
 commit `{m['commit']}`, load average {m.get('load_average_at_start', ['?'])[0]} when it started. Absolute latencies and CPU figures vary from run to run on a shared
 machine; the partner-side counts and the bounds do not depend on timing.
@@ -464,16 +571,22 @@ prefetching instance spends the lease it holds first (at most a batch or two per
 
 {chr(10).join(rows)}
 """
+    mv = R.get("share_moving")
+    if mv and mv["available"] and "moving" in mv:
+        out += moving_section(mv)
     out += f"""
 ## Reproduce
 
     scripts/incident            # full run, regenerates this page, the plots and results.json
+    scripts/incident --only share_moving   # one run (here (i)), merged into results.json;
+                                           # this page and the plots re-rendered from it
     scripts/incident --smoke    # 10 s: the pipeline and the bounds, no plots (CI)
 
 The smoke run checks: (a) the local split's over-issue is visible after the scale-out
 (> 1.1 × quota); (b)(c)(e) the sends never exceed `cap + rate × t` (+1 for rounding); (d)
-never more than `cap + rate × t + 2 × batch × instances`; (g) never more than
-`cap + rate × t + holders`; every arrival replayed. It exits
+never more than `cap + rate × t + 2 × batch × instances`; (g) and (i) never more than
+`cap + rate × t + holders` ((i) in every window of 50 ms to 2 s too; its smoke run moves
+the hot spot every second for 3 s); every arrival replayed. It exits
 non-zero on a violation. Plots use matplotlib from PyPI in `target/incident-venv`, pinned
 in `scripts/incident-requirements.txt`.
 """

@@ -2,7 +2,8 @@
 //! settings but the failure policy, `Deny`) created at the fleet's shared start, taking one
 //! token at a time at this process's paced demand, counting what it was let out in 10 ms
 //! bins. Prints one JSON line, the one the Python child prints (`bins` as `[[bin, n], ...]`,
-//! `redis_calls`, `fallback_decisions`).
+//! `redis_calls`, `fallback_decisions`, `late_start_ms`, `redis_timeouts`, and the calls'
+//! `latency_buckets` (`rl_client::LATENCY_BUCKETS_US`)).
 //!
 //!     share_skew URL SCENARIO PROC SECONDS START_NS [module|functions]
 //!
@@ -53,6 +54,10 @@ fn main() -> Res<()> {
     let wall = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
     std::thread::sleep(Duration::from_nanos(start_wall.saturating_sub(wall)));
     let t0 = Instant::now();
+    // How late this process made its limiter after the shared start (it came up, or was
+    // scheduled, late): `late_start_ms`.
+    let woke = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
+    let late_ms = woke.saturating_sub(start_wall) as f64 / 1e6;
     let mut config = ShareConfig::default();
     config.limiter.policy = FailurePolicy::Deny;
     if argv.get(5).map(String::as_str) == Some("functions") {
@@ -87,10 +92,13 @@ fn main() -> Res<()> {
         .map(|(i, n)| format!("[{i},{n}]"))
         .collect();
     println!(
-        "{{\"bins\":[{}],\"redis_calls\":{},\"fallback_decisions\":{}}}",
+        "{{\"bins\":[{}],\"redis_calls\":{},\"fallback_decisions\":{},\"late_start_ms\":{:.1},\"redis_timeouts\":{},\"latency_buckets\":{:?}}}",
         nonzero.join(","),
         m.redis_calls,
-        m.fallback_decisions
+        m.fallback_decisions,
+        late_ms,
+        m.redis_timeouts,
+        m.latency_buckets
     );
     Ok(())
 }

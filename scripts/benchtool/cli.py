@@ -23,8 +23,8 @@ scripts/bench --quick           smoke run (BENCH_QUICK=1 too): tiny counts, JSON
                                 are asserted and nothing in the repository is written
 scripts/bench measure [--json PATH]          measure only
 scripts/bench [measure] --only SECTION,...   measure only these sections (throughput, memory,
-                                profile, share, hotkey, percaller) and merge them into the existing
-                                results JSON (the others, and their dates, stay)
+                                profile, share, hotkey, skew, percaller) and merge them into
+                                the existing results JSON (the others, and their dates, stay)
 scripts/bench render [--json PATH] [--out PATH]  render (and check) from an existing JSON
 scripts/bench check [--out PATH]             check a rendered file
 

@@ -573,6 +573,75 @@ def hotkey_section(r, binary):
 
 
 # ---------------------------------------------------------------------------------------------
+# RL.SHARE under skew: fleets of ShareLimiter processes with skewed demand (share_skew.py).
+
+
+def rust_share_skew(quick):
+    """Builds client/examples/share_skew.rs as rust_share_bench builds its twin."""
+    profile = [] if quick else ["--release"]
+    log(f"building the share_skew example (cargo build {' '.join(profile)} -p rl-client "
+        f"--example share_skew)")  # fmt: skip
+    subprocess.run(["cargo", "build", *profile, "-p", "rl-client", "--example", "share_skew",
+                    "--quiet"], cwd=ROOT, check=True)  # fmt: skip
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    if not target.is_absolute():
+        target = ROOT / target
+    return target / ("debug" if quick else "release") / "examples" / "share_skew"
+
+
+def parse_skew(text):
+    """The JSON object share_skew.py prints last, checked for the fields the report needs."""
+    lines = [ln for ln in text.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise ValueError(f"no JSON object in the skew bench's output: {text[-300:]!r}")
+    v = json.loads(lines[-1])
+    need = ["scenario", "procs", "seconds", "rate", "per_second", "utilisation",
+            "second_second", "third_second", "windows", "within", "converge_ms",
+            "server_calls_per_s", "client", "backend"]  # fmt: skip
+    missing = [k for k in need if k not in v]
+    if missing:
+        raise ValueError(f"skew bench output without {', '.join(missing)}: {lines[-1][:300]}")
+    return v
+
+
+def skew_run(r, binary, python, rust, case):
+    client, backend, scenario = case
+    server = r.server(binary, f"skew-{client}-{backend}-{scenario}")
+    argv = [str(python), str(ROOT / "scripts" / "benchtool" / "share_skew.py"),
+            "--url", f"redis://127.0.0.1:{server.port}/", "--scenario", scenario,
+            "--seconds", str(r.c.skew_seconds), "--client", client, "--backend", backend,
+            "--rust-bin", str(rust), "--lead", "2" if r.c.quick else "4"]  # fmt: skip
+    try:
+        load_before = os.getloadavg()
+        # Its exit status is read below, with its output.
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=False,
+                              timeout=120 + 2 * r.c.skew_seconds)  # fmt: skip
+        load_after = os.getloadavg()
+    finally:
+        server.stop()
+    try:
+        v = parse_skew(done.stdout)
+    except ValueError as e:
+        raise RuntimeError(f"skew bench {case} (exit {done.returncode}): {e}\n"
+                           f"{done.stderr[-2000:]}") from None  # fmt: skip
+    if not v["within"]:
+        # Recorded, not raised: the report marks it and its check fails.
+        log(f"skew bench {case}: LET-OUT OVER ITS BOUND: {v['windows']}")
+    v["load_before"], v["load_after"] = list(load_before), list(load_after)
+    return v
+
+
+def skew_section(r, binary):
+    python = python_env()
+    rust = rust_share_skew(r.c.quick) if any(c[0] == "rust" for c in r.c.skew_cases) else None
+    runs = []
+    for case in r.c.skew_cases:
+        log(f"skew: {', '.join(case)}, {r.c.skew_seconds} s")
+        runs.append(skew_run(r, binary, python, rust, case))
+    return {"seconds": r.c.skew_seconds, "runs": runs, "cpus": os.cpu_count()}
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def machine():
@@ -643,6 +712,7 @@ def measure(counts, profile=True, servers=("redis7", "redis8", "valkey9"), only=
             "profile": lambda: {name: profile_server(r, name) for name in servers},
             "share": lambda: share_section(r, primary),
             "hotkey": lambda: hotkey_section(r, primary),
+            "skew": lambda: skew_section(r, primary),
             "percaller": lambda: percaller_section(r, servers),
         }
         for name in spec.SECTIONS:

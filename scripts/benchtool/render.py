@@ -441,7 +441,8 @@ class Report:
                     for n, key in spec.SECTIONS.items() if self.r.get(key)}  # fmt: skip
         names = {"throughput": "Throughput, latency and server time", "memory": "Memory",
                  "profile": "Profile (callgrind)", "share": "`RL.SHARE` at scale",
-                 "hotkey": "One hot key", "percaller": "The per-caller path, side by side"}  # fmt: skip
+                 "hotkey": "One hot key", "skew": "`RL.SHARE` under skew",
+                 "percaller": "The per-caller path, side by side"}  # fmt: skip
         out = ["| Section | measured (UTC) | module at | load average (1, 5, 15 min): start → end |",
                "|---|---|---|---|"]  # fmt: skip
         for name in spec.SECTIONS:
@@ -591,6 +592,88 @@ class Report:
             f"{verdict(calls <= spec.HOT_CALLS_TARGET)} |",
         ])  # fmt: skip
 
+    # -- RL.SHARE under skew ---------------------------------------------------------------------
+
+    SKEW_LABELS = {("python", "module"): "Python, module", ("rust", "module"): "Rust, module",
+                   ("python", "functions"): "Python, Functions",
+                   ("rust", "functions"): "Rust, Functions"}  # fmt: skip
+
+    def skew_table(self):
+        skew = self.r.get("skew")
+        if not skew:
+            return "(Not in this results file: `scripts/bench --only skew`.)"
+        out = ["| client, backend | scenario | utilisation | 2nd s | 3rd s | latest process: "
+               "limiter made / first token | 2nd s / 3rd s from its start | converge after a move "
+               "| Redis calls/s | let-out per second | most in any window ÷ its bound | load "
+               "average (1, 5, 15 min): start → end |",
+               "|---|---|---:|---:|---:|---:|---:|---|---:|---|---:|---|"]  # fmt: skip
+        for v in skew["runs"]:
+            label = self.SKEW_LABELS.get((v["client"], v["backend"]),
+                                         f"{v['client']}, {v['backend']}")  # fmt: skip
+            conv = ", ".join("never" if c is None else f"{c / 1000:.2f} s"
+                             for c in v["converge_ms"])  # fmt: skip
+            worst = max(v["windows"], key=lambda w: w[1] / w[2])
+            window = f"{worst[1]:,} ÷ {worst[2]:,.0f} in {worst[0]} ms"
+            if not v["within"]:
+                window += " (EXCEEDED)"
+            per_s = ", ".join(f"{x:,}" for x in v["per_second"])
+            out.append(
+                f"| {label} | {v['scenario']} | **{100 * v['utilisation']:.1f} %** | "
+                f"{pct(v['second_second'])} | {pct(v['third_second'])} | "
+                f"{fmt(v.get('late_start_ms'))} / {fmt(v.get('first_grant_ms'))} ms | "
+                f"{pct(v.get('second_after_start'))} / {pct(v.get('third_after_start'))} | {conv} | "
+                f"{fmt(v['server_calls_per_s'], 1)} | {per_s} | {window} | "
+                f"{loads(v.get('load_before'), v.get('load_after'))} |")  # fmt: skip
+        return "\n".join(out)
+
+    def skew_targets(self):
+        skew = self.r.get("skew")
+        if not skew:
+            return ""
+        out = ["| Skew target | runs | met in | worst |", "|---|---:|---:|---|"]
+        runs = skew["runs"]
+
+        def row(label, values, ok, show):
+            values = [x for x in values if x is not None]
+            if not values:
+                return
+            met = sum(1 for x in values if ok(x))
+            worst = min(values, key=lambda x: (ok(x), -x if show == "ms" else x))
+            if show == "ms":
+                cell = "never" if worst == float("inf") else f"{worst / 1000:.2f} s"
+            else:
+                cell = pct(worst, 1)
+            out.append(f"| {label} | {len(values)} | {met} | {cell} |")
+
+        row(f"utilisation ≥ {100 * spec.SKEW_UTILISATION_TARGET:.0f} % of the rate (from the "
+            f"3rd second on, while the demands exceed it)",
+            [v["utilisation"] for v in runs], lambda x: x >= spec.SKEW_UTILISATION_TARGET, "pct")
+        row(f"a fleet starting together: ≥ {100 * spec.SKEW_SECOND_TARGET:.0f} % in its 2nd second",
+            [v["second_second"] for v in runs], lambda x: x >= spec.SKEW_SECOND_TARGET, "pct")
+        row(f"… and ≥ {100 * spec.SKEW_THIRD_TARGET:.0f} % in its 3rd",
+            [v["third_second"] for v in runs], lambda x: x >= spec.SKEW_THIRD_TARGET, "pct")
+        row(f"the same, counted from the latest process's start: ≥ "
+            f"{100 * spec.SKEW_SECOND_TARGET:.0f} % in the 2nd second",
+            [v.get("second_after_start") for v in runs], lambda x: x >= spec.SKEW_SECOND_TARGET,
+            "pct")  # fmt: skip
+        row(f"… and ≥ {100 * spec.SKEW_THIRD_TARGET:.0f} % in the 3rd",
+            [v.get("third_after_start") for v in runs], lambda x: x >= spec.SKEW_THIRD_TARGET,
+            "pct")  # fmt: skip
+        row(f"a moved hot spot at 95 % of its share within {spec.SKEW_CONVERGE_TARGET_MS} ms "
+            f"(each move)",
+            [float("inf") if c is None else c for v in runs for c in v["converge_ms"]],
+            lambda x: x <= spec.SKEW_CONVERGE_TARGET_MS, "ms")  # fmt: skip
+        return "\n".join(out)
+
+    def skew_note(self):
+        skew = self.r.get("skew")
+        if not skew:
+            return ""
+        sec = (self.r.get("sections") or {}).get("skew") or {}
+        return (f"Measured {sec.get('date', '(date not recorded)')} UTC, {skew['seconds']:g} s a "
+                f"case, {skew['cpus']} CPUs shared with other work (each case's load is in its "
+                f"row).")  # fmt: skip
+
     # -- the whole file -------------------------------------------------------------------------
 
     def markdown(self):
@@ -638,6 +721,9 @@ class Report:
             "hot_table": self.hot_table(),
             "hot_windows": self.hot_windows(),
             "hot_targets": self.hot_targets(),
+            "skew_table": self.skew_table(),
+            "skew_targets": self.skew_targets(),
+            "skew_note": self.skew_note(),
             "hot_rate": f"{spec.HOT_LIMIT[0]:,}", "hot_cap": f"{spec.HOT_LIMIT[1]:,}",
             "share_calls": f"{scale[0]['calls']:,}" if scale else "—",
             "share_batches": len(scale[0]["batches"]) if scale else "—",
@@ -646,6 +732,10 @@ class Report:
         }  # fmt: skip
         text = string.Template(TEMPLATE.read_text()).substitute(values)
         return text.rstrip() + "\n"
+
+
+def pct(x, digits=0):
+    return "—" if x is None else f"{100 * x:.{digits}f} %"
 
 
 def loads(start, end):
@@ -670,6 +760,8 @@ def required_tables(n_servers):
         "| Client | processes |": 1,
         "| Window | bound `cap": 1,
         "| Hot key target (Rust,": 1,
+        "| client, backend | scenario |": 1,
+        "| Skew target | runs |": 1,
     }
     if n_servers:
         req.update({
@@ -691,7 +783,7 @@ def check_markdown(text, n_servers):
         if found != count:
             problems.append(f"table {header!r}: {found} found, {count} expected")
     if "EXCEEDED" in text:
-        problems.append("a hot-key let-out is over its bound (see the One hot key section)")
+        problems.append("a let-out is over its bound (see the One hot key and skew sections)")
     if MISSING in text:
         problems.append(f"{text.count(MISSING)} {MISSING} marker(s): a named function is not in "
                         f"the profile (renamed or inlined? update scripts/benchtool/spec.py)")

@@ -21,7 +21,8 @@ it was let out in 10 ms bins of a clock the processes share):
 
 Every process creates its limiter at the shared start (a fleet starting together) and
 closes it at the end. The parent prints one JSON object: let-out per second of the fleet,
-the utilisation over the steady seconds (from the third on) against the rate, the most let
+the utilisation over the steady seconds (from the third on) against the rate, how late the
+processes started and were first let out a token, the most let
 out in any window of 50 ms to 2 s against `cap + rate * t` (`within`), the time after
 each demand step until the process that stepped up lets out 95 % of its max-min share
 in a 200 ms window (`converge_ms`), and `RL.SHARE` calls per second at the server.
@@ -85,6 +86,12 @@ def analyse(scenario, seconds, children, server_calls, server_secs):
         per.append(b)
     fleet = [sum(p[i] for p in per) for i in range(nbins)]
     per_sec = [sum(fleet[i : i + 1000 // BIN_MS]) for i in range(0, nbins, 1000 // BIN_MS)]
+    # The same seconds counted from when the latest process made its limiter: a process
+    # that came up, or got a CPU, late (a loaded machine) shifts the fleet's start.
+    late = max((c.get("late_start_ms", 0.0) for c in children), default=0.0)
+    shift = int(round(late / BIN_MS))
+    after = [sum(fleet[i : i + 1000 // BIN_MS])
+             for i in range(shift, nbins - 1000 // BIN_MS + 1, 1000 // BIN_MS)]  # fmt: skip
     steady = per_sec[2:]
     utilisation = sum(steady) / (RATE * len(steady)) if steady else 0.0
     windows = []
@@ -126,12 +133,31 @@ def analyse(scenario, seconds, children, server_calls, server_secs):
         "utilisation": utilisation,
         "second_second": per_sec[1] / RATE if len(per_sec) > 1 else None,
         "third_second": per_sec[2] / RATE if len(per_sec) > 2 else None,
+        "second_after_start": after[1] / RATE if len(after) > 1 else None,
+        "third_after_start": after[2] / RATE if len(after) > 2 else None,
         "windows": windows,
         "within": within,
         "converge_ms": converge,
         "server_calls_per_s": server_calls / server_secs if server_secs else None,
         "client_calls": sum(c["redis_calls"] for c in children),
+        # The start-up: the latest a process made its limiter after the shared start (the
+        # Python processes report it), and the latest a process was first let out a token.
+        "late_start_ms": max((c.get("late_start_ms", 0.0) for c in children), default=0.0),
+        "late_starts_ms": sorted(round(c.get("late_start_ms", 0.0)) for c in children),
+        # Takes the processes made against what their paced demands asked for (a process
+        # short of CPU makes them late, in bursts its local bucket cannot hold).
+        "attempts": sum(c.get("attempts", 0) for c in children),
+        "demanded": round(sum(demand_at(scenario, i, 0) for i in range(len(children)))
+                          * seconds) if scenario != "moving" else None,  # fmt: skip
+        "first_grant_ms": max((min((i for i, n in c["bins"] if n), default=nbins) * BIN_MS
+                               for c in children), default=None),  # fmt: skip
         "fallback_decisions": sum(c["fallback_decisions"] for c in children),
+        # Calls that outlived the client's timeout (the Python processes report them).
+        "redis_timeouts": sum(c.get("redis_timeouts", 0) for c in children),
+        # The Rust processes' calls by latency (rl_client's LATENCY_BUCKETS_US: 0.25 ms to
+        # 250 ms, then slower), added up.
+        "latency_buckets": [sum(b) for b in zip(*(c["latency_buckets"] for c in children
+                                                  if "latency_buckets" in c))] or None,  # fmt: skip
     }
 
 
@@ -142,7 +168,9 @@ def child(args):
     client = redis.Redis.from_url(args.url)
     t0 = time.monotonic() + (args.start - time.time_ns()) / 1e9
     time.sleep(max(0.0, t0 - time.monotonic()))
-    # Created at the shared start: the fleet starts together.
+    # Created at the shared start: the fleet starts together (a process that came up, or was
+    # scheduled, after it starts late: `late_start_ms`).
+    late_start = max(0.0, time.monotonic() - t0)
     limiter = redis_rl.ShareLimiter(
         client, KEY, RATE, CAP, policy=redis_rl.DENY, backend=args.backend
     )
@@ -168,7 +196,10 @@ def child(args):
     limiter.close()
     nonzero = [[i, n] for i, n in enumerate(bins) if n]
     print(json.dumps({"bins": nonzero, "redis_calls": counts["redis_calls"],
-                      "fallback_decisions": counts["fallback_decisions"]}), flush=True)  # fmt: skip
+                      "fallback_decisions": counts["fallback_decisions"],
+                      "late_start_ms": late_start * 1000,
+                      "attempts": made, "granted": sum(bins),
+                      "redis_timeouts": counts["redis_timeouts"]}), flush=True)  # fmt: skip
 
 
 def share_calls(admin):

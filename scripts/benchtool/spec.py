@@ -39,6 +39,10 @@ class Counts:
         # One hot key: processes of each client, and how long they take.
         self.hot_procs = 2 if quick else 8
         self.hot_seconds = 1 if quick else 10
+        # RL.SHARE under skew (benchtool/share_skew.py): how long each case runs, and which
+        # cases (client, backend, scenario) run; the smoke run one per client and backend.
+        self.skew_seconds = 3 if quick else 12
+        self.skew_cases = SKEW_CASES_QUICK if quick else SKEW_CASES
 
     def as_dict(self):
         return dict(vars(self))
@@ -271,7 +275,8 @@ PART_LABELS = {
 
 # `scripts/bench measure --only ...`: a section name -> its key in the results JSON.
 SECTIONS = {"throughput": "throughput", "memory": "memory", "profile": "profiles",
-            "share": "share", "hotkey": "hotkey", "percaller": "percaller"}  # fmt: skip
+            "share": "share", "hotkey": "hotkey", "skew": "skew",
+            "percaller": "percaller"}  # fmt: skip
 
 # Holders at scale: each wants 10/s of the grant limit's 1000/s (over-subscribed from 101
 # holders: the water level runs), leases of 3 hours; 12-byte ids.
@@ -294,6 +299,21 @@ SHARE_INSTR_TARGET = 2.0
 HOT_LIMIT = (100_000, 10_000)
 HOT_DECISIONS_TARGET = 5_000_000
 HOT_CALLS_TARGET = 20.0
+
+
+# RL.SHARE under skew (scripts/benchtool/share_skew.py): (client, backend, scenario) per case.
+SKEW_CASES = [(client, "module", scenario) for client in ("python", "rust")
+              for scenario in ("four", "seed", "moving")]
+SKEW_CASES += [("python", "functions", scenario) for scenario in ("four", "seed", "moving")]
+SKEW_CASES_QUICK = [("python", "module", "four"), ("rust", "module", "moving"),
+                    ("python", "functions", "four")]
+# What each case is held to (the targets): the fleet's let-out from its third
+# second on, and in its second and third seconds, as a fraction of the rate; a moved hot
+# spot at its share within one period (the bench's 1 s).
+SKEW_UTILISATION_TARGET = 0.97
+SKEW_SECOND_TARGET = 0.70
+SKEW_THIRD_TARGET = 0.95
+SKEW_CONVERGE_TARGET_MS = 1000
 
 
 # --------------------------------------------------------------------------------------------

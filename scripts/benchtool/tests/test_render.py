@@ -5,7 +5,7 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
-from benchtool import spec
+from benchtool import share_skew, spec
 from benchtool.callgrind import Callgrind
 from benchtool.measure import analyse_profile, legacy_sections, merge, parse_hot
 from benchtool.render import MISSING, Report, check_markdown
@@ -72,7 +72,25 @@ def results(servers=("redis7", "redis8", "valkey9")):
                              "bytes_per_holder": 104.0, "usage": 84 * h}
                             for h, us in ((1000, 24.0), (4096, 40.0))]},
         "hotkey": {"rust": hot("rust", 5_900_000), "python": hot("python", 300_000), "cpus": 2},
+        "skew": {"seconds": 12.0, "cpus": 2,
+                 "runs": [skew("python", "module", "four"), skew("rust", "module", "moving"),
+                          skew("python", "functions", "seed")]},
     }  # fmt: skip
+
+
+def skew(client, backend, scenario):
+    """A skew case as share_skew.py reports it: every process at 1000/s ÷ processes, evenly
+    (the moving case: at its share from 500 ms after each move)."""
+    n = len(share_skew.demands(scenario))
+    bins = [[i, 10 // n if scenario != "moving" else 3] for i in range(1200)]
+    kids = [{"bins": bins, "redis_calls": 10, "fallback_decisions": 0} for _ in range(n)]
+    if scenario == "moving":
+        kids[1] = {"bins": [[i, 4] for i in range(350, 600)], "redis_calls": 10,
+                   "fallback_decisions": 0}  # fmt: skip
+    v = share_skew.analyse(scenario, 12.0, kids, 96, 12.0)
+    v["client"], v["backend"] = client, backend
+    v["load_before"], v["load_after"] = [2.0, 1.5, 1.0], [2.5, 1.6, 1.0]
+    return v
 
 
 def hot(client, per_s, seconds=10):
