@@ -212,6 +212,37 @@ class Report:
                            f"{verdict(ok)} | {head}{', '.join(reasons)}{tail} |")  # fmt: skip
         return "\n".join(out)
 
+    def pin_instr_targets(self):
+        """What pins cost: a pinned grant against an unpinned one (each server), and the
+        unpinned grant and deny against their cost before pins (Redis 7.0)."""
+        if not self.r["profiles"]:
+            return "(No profile in this run: `BENCH_PROFILE=0`.)"
+        t = spec.PIN_INSTR
+        out = ["| Pin target | server | instructions | limit | |",
+               "|---|---|---:|---:|---|"]  # fmt: skip
+        for server in self.servers():
+            label = self.r["profiles"][server]["label"]
+            name = spec.PROFILE_BY_KEY[t["pinned"]]["name"]
+            grant, _ = self.instr(server, t["grant"])
+            if not self.has_workload(server, t["pinned"]) or grant is None:
+                out.append(f"| {name} ≤ a grant + {t['extra']} | {label} | not measured | | |")
+                continue
+            v, cell = self.instr(server, t["pinned"])
+            limit = grant + t["extra"]
+            ok = v is not None and v <= limit
+            out.append(f"| {name} ≤ a grant + {t['extra']} | {label} | {cell} | {limit:,.0f} | "
+                       f"{verdict(ok)} |")  # fmt: skip
+        if t["server"] in self.servers():
+            label = self.r["profiles"][t["server"]]["label"]
+            for wkey, before in t["before"].items():
+                v, cell = self.instr(t["server"], wkey)
+                name = spec.PROFILE_BY_KEY[wkey]["name"]
+                limit = before + t["allow"]
+                ok = v is not None and v <= limit
+                out.append(f"| {name}, unpinned, ≤ {before:,} before pins + {t['allow']} | "
+                           f"{label} | {cell} | {limit:,} | {verdict(ok)} |")  # fmt: skip
+        return "\n".join(out)
+
     def percaller_instr_targets(self):
         """The per-caller path (a key new, or found expired) against a hot grant, per server."""
         if not self.r["profiles"]:
@@ -701,6 +732,7 @@ class Report:
             "ratio_targets": self.ratio_targets(),
             "instr_ratios": self.instr_ratios(),
             "percaller_instr_targets": self.percaller_instr_targets(),
+            "pin_instr_targets": self.pin_instr_targets(),
             "percaller_table": self.percaller_table(),
             "percaller_targets": self.percaller_targets(),
             "percaller_note": self.percaller_note(),

@@ -225,6 +225,11 @@ PROFILES = [
          args=["RL.TAKE", "rl:__rand_int__", *GRANT_LIMIT, "1"], rand=EXPIRED_KEYS,
          warm=3, pre=[["DEBUG", "SET-ACTIVE-EXPIRE", "0"]], root="module",
          parts=["replicate", "set_expire", "open_key", "limit_parse", "take"]),
+    # A grant on a key an operator pinned (RL.PIN) to the callers' own limit: what deciding
+    # under a pin adds to a grant (its effect says only what moved).
+    dict(key="pinned", name="RL.TAKE grant, pinned key",
+         args=["RL.TAKE", "rl:p", *GRANT_LIMIT, "1"], pre=[["RL.PIN", "rl:p", *GRANT_LIMIT]],
+         root="module", parts=["replicate", "open_key", "set_expire", "limit_parse", "take"]),
 ]  # fmt: skip
 for _p in PROFILES:
     _p.setdefault("rand", None)
@@ -254,6 +259,12 @@ INSTR_TARGETS = [
 # limit of the new-key path on Redis 7.0.
 PERCALLER_INSTR = dict(limit=1.3, workloads=["rand", "rand_expired"], grant="grant",
                        absolute=dict(server="redis7", workload="rand", limit=8000))
+
+# What pins may cost (issue: pins): a grant on a pinned key at most `extra` instructions
+# over an unpinned grant on the same server, and the unpinned grant and deny at most
+# `allow` over what they cost before pins (`before`: Redis 7.0, commit 90c1518).
+PIN_INSTR = dict(pinned="pinned", grant="grant", extra=300, allow=60, server="redis7",
+                 before=dict(grant=6174, deny=2285))
 
 PART_LABELS = {
     "replicate": "`{fn}` (the replicated effect)",

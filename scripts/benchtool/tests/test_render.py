@@ -222,3 +222,23 @@ class PerCaller(unittest.TestCase):
         self.assertEqual(len(rows), 6)
         self.assertEqual(sum(1 for ln in text.splitlines()
                              if ln.startswith("| RL.TAKE, 100k random keys ≤ 8,000")), 1)  # fmt: skip
+
+    def test_the_pin_targets_are_against_each_servers_grant_and_the_cost_before_pins(self):
+        res = results()
+        text = Report(res).markdown()
+        rows = [ln for ln in text.splitlines() if ln.startswith("| RL.TAKE grant, pinned key ≤")]
+        self.assertEqual(len(rows), 3)
+        grant = next(w for w in res["profiles"]["redis7"]["workloads"] if w["key"] == "grant")
+        limit = f"{grant['instr'] + spec.PIN_INSTR['extra']:,.0f}"
+        self.assertIn(f"| {limit} |", rows[0])
+        before = [ln for ln in text.splitlines() if "before pins +" in ln]
+        self.assertEqual(len(before), 2)
+        self.assertIn("| 2,345 |", before[1])
+        # A results file measured before the pinned workload existed says so.
+        for w in res["profiles"]["redis8"]["workloads"]:
+            if w["key"] == "pinned":
+                res["profiles"]["redis8"]["workloads"].remove(w)
+                break
+        text = Report(res).markdown()
+        self.assertIn("| RL.TAKE grant, pinned key ≤ a grant + 300 | Redis 8.2 | not measured",
+                      text)  # fmt: skip
