@@ -75,7 +75,9 @@ const STATS_ARGS: &[ArgDoc] = &[ArgDoc {
 }];
 const PIN_ARGS: &[ArgDoc] = &[
     KEY,
-    ArgDoc::string(c"rate cap | BLOCK | EXEMPT | PERMITS n|BLOCK|EXEMPT | SHARES rate cap|BLOCK|EXEMPT"),
+    ArgDoc::string(
+        c"rate cap | BLOCK | EXEMPT | PERMITS n|BLOCK|EXEMPT | SHARES rate cap|BLOCK|EXEMPT",
+    ),
     ArgDoc::integer(c"ms").after(c"PX"),
 ];
 const TOP_ARGS: &[ArgDoc] = &[ArgDoc::integer(c"count").optional()];

@@ -303,7 +303,11 @@ fn pins_refuse_mismatched_types_and_bad_input() {
             .arg(&[key, "SHARES", "BLOCK"])
             .query::<Value>(&mut c)
             .unwrap_err();
-        let want = if key == "str" { "WRONGTYPE" } else { "not a share key" };
+        let want = if key == "str" {
+            "WRONGTYPE"
+        } else {
+            "not a share key"
+        };
         assert!(e.to_string().contains(want), "{e}");
     }
     let e = redis::cmd("RL.PIN")

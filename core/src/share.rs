@@ -1528,4 +1528,161 @@ mod tests {
             assert_eq!(Some(d.expires_at), t.last_end());
         }
     }
+
+    fn pin(kind: PinKind, l: Option<Limit>, until: Nanos) -> SharePin {
+        SharePin::new(kind, l, until).unwrap()
+    }
+
+    #[test]
+    fn a_rate_pin_divides_its_limit_and_keeps_the_callers_for_after() {
+        let l = limit(100.0, 10.0);
+        let mut t = ShareTable::new(l, 0);
+        t.decide(&req("a", 100.0, l), T0).unwrap();
+        t.set_pin(Some(pin(PinKind::Rate, Some(limit(10.0, 1.0)), 0)), T0 + MS);
+        // a still holds 100 (counted until its lease ends): b gets nothing...
+        let d = t.decide(&req("b", 100.0, l), T0 + 2 * MS).unwrap();
+        assert_eq!(
+            (d.reply.rate, d.pinned, d.applied),
+            (0.0, Some(PinKind::Rate), Applied::Pinned)
+        );
+        assert_eq!(d.expires_at, NEVER);
+        // ...and once a's old share has gone (a lease), the two share the pinned 10.
+        let mut at = T0 + 3000 * MS + HOLD;
+        let (mut da, mut db) = (None, None);
+        for _ in 0..3 {
+            da = Some(t.decide(&req("a", 100.0, l), at).unwrap().reply);
+            db = Some(t.decide(&req("b", 100.0, l), at + 1).unwrap().reply);
+            assert!(t.committed(at + 1).0 <= 10.0);
+            at += HOLD + 2;
+        }
+        let (da, db) = (da.unwrap(), db.unwrap());
+        assert_eq!((da.rate, db.rate), (5.0, 5.0));
+        assert_eq!((da.burst, db.burst), (0.5, 0.5));
+        // The callers' limit is the table's own all along.
+        assert_eq!(t.limit(), l);
+    }
+
+    #[test]
+    fn block_answers_a_zero_share_and_writes_nothing_until_it_ends() {
+        let l = limit(100.0, 10.0);
+        let mut t = ShareTable::new(l, 0);
+        t.decide(&req("a", 50.0, l), T0).unwrap();
+        t.set_pin(Some(pin(PinKind::Block, None, T0 + 500 * MS)), T0 + MS);
+        let before = t.clone();
+        let d = t.decide(&req("a", 50.0, l), T0 + 100 * MS).unwrap();
+        assert!(!d.written);
+        assert_eq!(t, before);
+        assert_eq!(
+            (
+                d.reply.rate,
+                d.reply.burst,
+                d.reply.lease_ms,
+                d.reply.refresh_ms
+            ),
+            (0.0, 0.0, 0, 400),
+            "called again when the pin ends"
+        );
+        assert_eq!(d.pinned, Some(PinKind::Block));
+        // A release still gives the share up.
+        assert!(t.decide(&release("a", l), T0 + 200 * MS).unwrap().written);
+        // Ended: decided as before, the pin dropped at the write.
+        let d = t.decide(&req("b", 1.0, l), T0 + 500 * MS + HOLD).unwrap();
+        assert_eq!((d.pinned, d.reply.rate), (None, 100.0));
+        assert_eq!(t.pin(), None);
+        assert_eq!(Some(d.expires_at), t.last_end());
+        // Without an end: a period.
+        t.set_pin(Some(pin(PinKind::Block, None, 0)), T0 + 600 * MS);
+        let d = t.decide(&req("b", 1.0, l), T0 + 601 * MS).unwrap();
+        assert_eq!(d.reply.refresh_ms, 1000);
+    }
+
+    #[test]
+    fn exempt_answers_the_callers_limit_for_no_longer_than_the_pin() {
+        let l = limit(100.0, 10.0);
+        let mut t = ShareTable::new(l, 0);
+        t.set_pin(Some(pin(PinKind::Exempt, None, T0 + 1234 * MS)), T0);
+        let d = t.decide(&req("a", 5.0, l), T0).unwrap();
+        assert!(!d.written);
+        assert_eq!(
+            (
+                d.reply.rate,
+                d.reply.burst,
+                d.reply.lease_ms,
+                d.reply.refresh_ms
+            ),
+            (100.0, 10.0, 1234, 1000)
+        );
+        let d = t.decide(&req("a", 5.0, l), T0 + 1000 * MS + 1).unwrap();
+        assert_eq!((d.reply.lease_ms, d.reply.refresh_ms), (233, 234));
+    }
+
+    #[test]
+    fn a_key_pinned_before_any_holder_takes_the_first_callers_limit() {
+        let p = pin(PinKind::Rate, Some(limit(8.0, 8.0)), 0);
+        let mut t = ShareTable::validate_pinned(8.0, 8.0, 0, Vec::new(), Some(p)).unwrap();
+        assert_eq!(t.expires_at(), NEVER);
+        let l = limit(100.0, 100.0);
+        let d = t
+            .decide(
+                &ShareRequest::new(b"a", 100.0, 1000, false, l, 3).unwrap(),
+                T0,
+            )
+            .unwrap();
+        assert_eq!((d.reply.rate, t.limit(), t.version()), (8.0, l, 3));
+        // Without the pin and without entries it is no table.
+        assert_eq!(
+            ShareTable::validate_pinned(8.0, 8.0, 0, Vec::new(), None).unwrap_err(),
+            LoadError::Share(ShareError::Empty)
+        );
+    }
+
+    #[test]
+    fn pins_and_their_effects_are_checked() {
+        let l = limit(1.0, 1.0);
+        for bad in [
+            SharePin {
+                kind: PinKind::Rate,
+                until: 0,
+                limit: None,
+            },
+            SharePin {
+                kind: PinKind::Block,
+                until: 0,
+                limit: Some(l),
+            },
+            SharePin {
+                kind: PinKind::Exempt,
+                until: u64::MAX,
+                limit: None,
+            },
+        ] {
+            assert_eq!(
+                SharePin::new(bad.kind, bad.limit, bad.until),
+                Err(ShareError::Pin)
+            );
+            assert!(ShareTable::validate_pinned(1.0, 1.0, 0, Vec::new(), Some(bad)).is_err());
+            let mut t = ShareTable::new(l, 0);
+            t.decide(&req("a", 1.0, l), T0).unwrap();
+            let before = t.clone();
+            assert_eq!(
+                t.apply_pinned(l, 0, Some(T0), None, Some(bad)),
+                Err(ShareError::Pin)
+            );
+            assert_eq!(t, before);
+        }
+        // An unpin that would leave nothing is refused (the master deletes the key).
+        let mut t = ShareTable::new(l, 0);
+        t.decide(&req("a", 1.0, l), T0).unwrap();
+        let end = t.last_end().unwrap();
+        let before = t.clone();
+        assert_eq!(
+            t.apply_pinned(l, 0, Some(end), None, None),
+            Err(ShareError::Empty)
+        );
+        assert_eq!(t, before);
+        assert_eq!(
+            t.apply_pinned(l, 0, Some(end - 1), None, None),
+            Ok((0, false))
+        );
+    }
 }

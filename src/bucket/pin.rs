@@ -63,7 +63,9 @@ fn bucket_of<'k>(key: &'k BucketKey) -> Result<Option<StateMut<'k>>> {
 /// length in ms (0: none).
 fn parse(args: &Args, at: usize) -> Result<(PinKind, Option<Limit>, u64)> {
     let (kind, limit, from) = if args.is(at, "PERMITS") || args.is(at, "SHARES") {
-        return Err(Error::Invalid("internal: PERMITS and SHARES are parsed apart"));
+        return Err(Error::Invalid(
+            "internal: PERMITS and SHARES are parsed apart",
+        ));
     } else if args.is(at, "BLOCK") {
         (PinKind::Block, None, at + 1)
     } else if args.is(at, "EXEMPT") {

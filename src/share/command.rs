@@ -128,7 +128,14 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
         None => Reply::row(row),
         Some(kind) => {
             let [a, b, c, e, f] = row;
-            Reply::row([a, b, c, e, f, Scalar::Text(crate::bucket::pin::kind_name(kind))])
+            Reply::row([
+                a,
+                b,
+                c,
+                e,
+                f,
+                Scalar::Text(crate::bucket::pin::kind_name(kind)),
+            ])
         }
     })
 }

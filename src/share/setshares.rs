@@ -14,7 +14,8 @@ use rl_core::ShareTable;
 
 const FIELDS: &str =
     "a share entry is want,rate,burst,lease_end,held_rate,held_burst,held_until (times as integers)";
-const PIN: &str = "a share key's pin is 0 (none), kind,until (2 BLOCK, 3 EXEMPT) or 1,until,rate,cap";
+const PIN: &str =
+    "a share key's pin is 0 (none), kind,until (2 BLOCK, 3 EXEMPT) or 1,until,rate,cap";
 
 pub fn setshares(ctx: Ctx, args: Args) -> Result<Reply> {
     if !(6..=8).contains(&args.len()) {
@@ -26,9 +27,9 @@ pub fn setshares(ctx: Ctx, args: Args) -> Result<Reply> {
     // 6 arguments: the pin alone; 7: an entry, no pin (as before pins); 8: both.
     let entry = match args.len() {
         6 => None,
-        _ => Some(
-            share::parse_entry(args.bytes(5)?, args.bytes(6)?).ok_or(Error::Invalid(FIELDS))?,
-        ),
+        _ => {
+            Some(share::parse_entry(args.bytes(5)?, args.bytes(6)?).ok_or(Error::Invalid(FIELDS))?)
+        }
     };
     let pin = match args.len() {
         6 => share::parse_pin(args.bytes(5)?).ok_or(Error::Invalid(PIN))?,
