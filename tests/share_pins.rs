@@ -583,3 +583,85 @@ fn a_fleet_under_pin_changes_reaches_the_pinned_total_within_a_lease() {
     }
     assert!(checked > 0);
 }
+
+/// A chain of replicas and a failover carry share pins: the promoted replica decides under
+/// the pin (a holder gets no more than the pinned rate minus what is counted), and its own
+/// replica stays identical.
+#[test]
+fn chained_replicas_and_failover_carry_share_pins() {
+    let a = Server::start(&[]);
+    let b = Server::start(&[]);
+    let cc = Server::start(&[]);
+    replicate(&b, &a);
+    replicate(&cc, &b);
+    let mut m = a.conn();
+    share(&mut m, &["r", "100", "10", "a", "100", LONG]);
+    ok(&mut m, &["RL.PIN", "r", "10", "1", "PX", "100000000"]);
+    ok(&mut m, &["RL.PIN", "x", "SHARES", "EXEMPT"]);
+    share(&mut m, &["bl", "100", "10", "a", "100", LONG]);
+    ok(&mut m, &["RL.PIN", "bl", "BLOCK"]);
+    let keys = ["r", "x", "bl"];
+    let digests: Vec<String> = keys.iter().map(|k| digest(&mut m, k)).collect();
+    wait_synced(&a, &b);
+    wait_synced(&b, &cc);
+    let mut last = cc.conn();
+    for (k, d) in keys.iter().zip(&digests) {
+        assert_eq!(&digest(&mut last, k), d, "replica of a replica, {k}");
+        assert_eq!(pexpiretime(&mut last, k), pexpiretime(&mut m, k), "{k}");
+    }
+    drop(m);
+    drop(a);
+    let _: () = query(&mut b.conn(), &["REPLICAOF", "NO", "ONE"]);
+    let mut m = b.conn();
+    // a still holds 100 (counted until its lease ends): b's holder gets none of the 10.
+    let r = share(&mut m, &["r", "100", "10", "b", "100", LONG]);
+    assert_eq!((num(&r[0]), kind(&r).as_deref()), (0.0, Some("rate")));
+    let r = share(&mut m, &["x", "100", "10", "b", "100", LONG]);
+    assert_eq!(kind(&r).as_deref(), Some("exempt"));
+    let r = share(&mut m, &["bl", "100", "10", "a", "100", LONG]);
+    assert_eq!((num(&r[0]), kind(&r).as_deref()), (0.0, Some("block")));
+    assert_eq!(query::<i64>(&mut m, &["RL.UNPIN", "bl"]), 1);
+    wait_synced(&b, &cc);
+    for k in keys {
+        assert_eq!(
+            digest(&mut last, k),
+            digest(&mut m, k),
+            "after failover, {k}"
+        );
+        assert_eq!(pexpiretime(&mut last, k), pexpiretime(&mut m, k), "{k}");
+    }
+}
+
+/// Pins with an end on share keys expire by themselves while holders call, with active
+/// expiry on: the master and its replica end with the same keys, values and expiries, and
+/// a key that held only the pin is gone from both.
+#[test]
+fn share_pins_ending_by_themselves_leave_the_replica_identical() {
+    let s = Server::start(&[]);
+    let replica = Server::start(&[]);
+    replicate(&replica, &s);
+    let mut c = s.conn();
+    ok(&mut c, &["RL.PIN", "alone", "SHARES", "BLOCK", "PX", "50"]);
+    share(&mut c, &["k", "100", "10", "a", "10", "300"]);
+    ok(&mut c, &["RL.PIN", "k", "5", "5", "PX", "100"]);
+    for i in 0..20 {
+        let holder = format!("h{}", i % 3);
+        let _ = share(&mut c, &["k", "100", "10", &holder, "10", "300"]);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    wait_until(10, "the pin-only key gone", || {
+        query::<i64>(&mut c, &["EXISTS", "alone"]) == 0
+    });
+    // The rate pin ended: the next write drops it and decides under the callers' limit.
+    let r = share(&mut c, &["k", "100", "10", "h9", "10", "300"]);
+    assert_eq!(r.len(), 5, "{r:?}");
+    assert_eq!(query::<Value>(&mut c, &["RL.PINNED", "k"]), Value::Nil);
+    let d = digest(&mut c, "k");
+    let e = pexpiretime(&mut c, "k");
+    wait_synced(&s, &replica);
+    let mut r = replica.conn();
+    assert_eq!(digest(&mut r, "k"), d);
+    assert_eq!(pexpiretime(&mut r, "k"), e);
+    assert_eq!(query::<i64>(&mut r, &["EXISTS", "alone"]), 0);
+    assert_eq!(info_field(&mut c, "rl", "rl_pinned_keys"), 0);
+}
