@@ -38,10 +38,10 @@ pub enum Scalar {
     Text(&'static CStr),
 }
 
-/// Up to six scalars (see [`Reply::Row`]).
+/// Up to five scalars (see [`Reply::Row`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Row {
-    items: [Scalar; 6],
+    items: [Scalar; 5],
     len: usize,
 }
 
@@ -52,11 +52,11 @@ impl Row {
 }
 
 impl Reply {
-    /// An array of up to six scalars (more is a bug: a panic, which the boundary answers
+    /// An array of up to five scalars (more is a bug: a panic, which the boundary answers
     /// with an error).
     pub fn row<const N: usize>(values: [Scalar; N]) -> Reply {
         let mut row = Row {
-            items: [Scalar::Null; 6],
+            items: [Scalar::Null; 5],
             len: N,
         };
         row.items[..N].copy_from_slice(&values);

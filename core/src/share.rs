@@ -490,20 +490,23 @@ impl ShareTable {
             resolve(Some((self.limit, self.version)), req.limit, req.version)
         };
         // A live pin decides; the callers' limit is kept (a newer VERSION replaces it) for
-        // when the pin ends. An ended pin goes at this call's write.
-        let pin = self.live_pin(now).copied();
-        let pinned = pin.map(|p| p.kind);
-        let applied = match pin {
-            Some(_) if applied != Applied::Replaced => Applied::Pinned,
-            _ => applied,
-        };
-        if let Some(p) = pin.filter(|p| p.kind != PinKind::Rate && !req.release) {
-            return Ok(self.gated(&p, limit, req, applied, now));
-        }
-        // The rate and cap divided among the holders.
-        let divided = match pin.and_then(|p| p.limit) {
-            Some(l) => l,
-            None => limit,
+        // when the pin ends. An ended pin goes at this call's write. (One test of the
+        // stored pin on the common, unpinned path.)
+        let (pin, pinned, applied, divided) = match &self.pin {
+            None => (None, None, applied, limit),
+            Some(p) => {
+                let pin = Some(*p).filter(|p| p.live_at(now));
+                let applied = match pin {
+                    Some(_) if applied != Applied::Replaced => Applied::Pinned,
+                    _ => applied,
+                };
+                if let Some(p) = pin.filter(|p| p.kind != PinKind::Rate && !req.release) {
+                    return Ok(self.gated(&p, limit, req, applied, now));
+                }
+                // The rate and cap divided among the holders.
+                let divided = pin.and_then(|p| p.limit).unwrap_or(limit);
+                (pin, pin.map(|p| p.kind), applied, divided)
+            }
         };
         let found = self.find(req.holder);
         let own = found.ok().map(|i| &self.holders[i]);
@@ -655,11 +658,16 @@ impl ShareTable {
             holders: (s.live + usize::from(!req.release)) as u64,
         };
 
-        let expires_at = keep_until(pin.as_ref(), s.last_end.max(entry.end()));
+        let mut expires_at = s.last_end.max(entry.end());
+        if self.pin.is_some() {
+            expires_at = keep_until(pin.as_ref(), expires_at);
+        }
         // Nothing can fail from here on.
         self.limit = limit;
         self.version = version;
-        self.pin = pin;
+        if self.pin.is_some() {
+            self.pin = pin;
+        }
         let pruned = if s.dead > 0 || own.is_some_and(|h| h.is_dead(now)) {
             self.prune(now)
         } else {

@@ -91,8 +91,10 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
             );
         } else {
             share::moved(d.pruned, usize::from(d.joined));
-            // An ended pin goes at a write.
-            share::pinned_keys(had_pin, table.pin().is_some());
+            if had_pin {
+                // An ended pin goes at a write.
+                share::pinned_keys(true, table.pin().is_some());
+            }
             key.expire_at(d.expires_at);
         }
     }
@@ -117,25 +119,23 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
             top::denied(name.bytes(), now);
         }
     }
-    let row = [
+    if let Some(kind) = d.pinned {
+        // Six elements, the pin's kind last: an array (the inline row holds five, and the
+        // unpinned replies stay as they were).
+        return Ok(Reply::Array(vec![
+            Reply::Double(r.rate),
+            Reply::Double(r.burst),
+            Reply::Int(r.lease_ms as i64),
+            Reply::Int(r.refresh_ms as i64),
+            Reply::Int(r.holders as i64),
+            Reply::Text(crate::bucket::pin::kind_name(kind)),
+        ]));
+    }
+    Ok(Reply::row([
         Scalar::Double(r.rate),
         Scalar::Double(r.burst),
         Scalar::Int(r.lease_ms as i64),
         Scalar::Int(r.refresh_ms as i64),
         Scalar::Int(r.holders as i64),
-    ];
-    Ok(match d.pinned {
-        None => Reply::row(row),
-        Some(kind) => {
-            let [a, b, c, e, f] = row;
-            Reply::row([
-                a,
-                b,
-                c,
-                e,
-                f,
-                Scalar::Text(crate::bucket::pin::kind_name(kind)),
-            ])
-        }
-    })
+    ]))
 }
