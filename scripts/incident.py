@@ -137,7 +137,7 @@ def runs_for(smoke):
          ["--approach", "share", "--period-ms", str(PERIOD_MS)], "share"),
     ]
     # The partner asks for 500/s mid-trace: `RL.PIN` on the shared key, no redeploy. Share
-    # keys cannot be pinned yet (docs/commands.md), so (g) has no such row.
+    # keys can be pinned too (docs/share.md), but (g) has no such row yet.
     runs.append(("pin_take", f"(h) {PIN_RATE:g}/s pinned mid-trace, RL.TAKE per call (Limiter)",
                  ["--approach", "take"], "pin"))
     if not smoke:
