@@ -665,3 +665,30 @@ fn share_pins_ending_by_themselves_leave_the_replica_identical() {
     assert_eq!(query::<i64>(&mut r, &["EXISTS", "alone"]), 0);
     assert_eq!(info_field(&mut c, "rl", "rl_pinned_keys"), 0);
 }
+
+/// A replica that attaches after the keys were pinned gets them by a full sync (the RDB
+/// encoding 2 over the wire): the same values and expiries.
+#[test]
+fn a_full_sync_carries_share_pins() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    share(&mut c, &["r", "100", "10", "a", "100", LONG]);
+    ok(&mut c, &["RL.PIN", "r", "10", "1", "PX", "100000000"]);
+    ok(&mut c, &["RL.PIN", "only", "SHARES", "BLOCK"]);
+    share(&mut c, &["e", "1e-9", "1e-9", "a", "0", "300"]);
+    ok(&mut c, &["RL.PIN", "e", "EXEMPT", "PX", "100000"]);
+    let keys = ["r", "only", "e"];
+    let before: Vec<(String, i64)> = keys
+        .iter()
+        .map(|k| (digest(&mut c, k), pexpiretime(&mut c, k)))
+        .collect();
+    let replica = Server::start(&[]);
+    replicate(&replica, &s);
+    wait_synced(&s, &replica);
+    let mut r = replica.conn();
+    for (k, (d, e)) in keys.iter().zip(&before) {
+        assert_eq!(&digest(&mut r, k), d, "{k}");
+        assert_eq!(pexpiretime(&mut r, k), *e, "{k}");
+    }
+    assert_eq!(info_field(&mut r, "rl", "rl_pinned_keys"), 3);
+}
