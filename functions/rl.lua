@@ -12,7 +12,7 @@
 --   FCALL rl_reserve 1 key rate cap n max_wait_ms [INIT tokens] [SHADOW] [VERSION v]
 --   FCALL rl_refund  1 key n
 --   FCALL rl_share   1 key rate cap holder want period_ms [RELEASE] [VERSION v]
---   FCALL rl_pin     1 key rate cap | BLOCK | EXEMPT [PX ms]
+--   FCALL rl_pin     1 key [SHARES] rate cap | BLOCK | EXEMPT [PX ms]
 --   FCALL rl_unpin   1 key
 --   FCALL rl_pinned  1 key                        (no-writes: FCALL_RO, replicas)
 --
@@ -102,7 +102,7 @@ local USAGE = {
     ['RL.RESERVE'] = 'RL.RESERVE key rate cap n max_wait_ms [INIT tokens] [SHADOW] [VERSION v]',
     ['RL.REFUND'] = 'RL.REFUND key n',
     ['RL.SHARE'] = 'RL.SHARE key rate cap holder want period_ms [RELEASE] [VERSION v]',
-    ['RL.PIN'] = 'RL.PIN key rate cap | BLOCK | EXEMPT | PERMITS n|BLOCK|EXEMPT [PX ms]',
+    ['RL.PIN'] = 'RL.PIN key rate cap | BLOCK | EXEMPT | PERMITS n|BLOCK|EXEMPT | SHARES rate cap|BLOCK|EXEMPT [PX ms]',
     ['RL.UNPIN'] = 'RL.UNPIN key',
     ['RL.PINNED'] = 'RL.PINNED key',
 }
@@ -1961,7 +1961,11 @@ end
 function Pn.rl_pin(keys, a)
     local N = 'RL.PIN'
     local na = #a
-    if #keys ~= 1 or na < 1 or na > 4 then arity(N) end
+    if #keys ~= 1 or na < 1 or na > 5 then arity(N) end
+    -- A share key (or SHARES): see "Pins on share keys" below.
+    local shares = is(a[1], 'SHARES')
+    if shares or Pn.share_hash(keys[1]) then return Pn.rl_pin_share(keys[1], a, shares) end
+    if na > 4 then arity(N) end
     local kind, Lp, from
     if is(a[1], 'BLOCK') then
         kind, from = 2, 2
@@ -2044,6 +2048,7 @@ end
 function Pn.rl_unpin(keys, a)
     if #keys ~= 1 or #a ~= 0 then arity('RL.UNPIN') end
     local key = keys[1]
+    if Pn.share_hash(key) then return Pn.rl_unpin_share(key) end
     local ns, nn = now()
     local h = read_leases(key, true)
     if not h[P] then return 0 end
@@ -2069,6 +2074,7 @@ end
 -- ms_left (-1: until RL.UNPIN).
 function Pn.rl_pinned(keys, a)
     if #keys ~= 1 or #a ~= 0 then arity('RL.PINNED') end
+    if Pn.share_hash(keys[1]) then return Pn.rl_pinned_share(keys[1]) end
     local ns, nn = now()
     local h = read_leases(keys[1], true)
     if not h[P] then return false end
@@ -2097,8 +2103,13 @@ end
 --         instant here is a whole µs, so µs compare as the module's ns do). The field
 --         names are the ids in hex: their order as Lua compares strings is the ids' byte
 --         order, the module's order (sums are taken in it, rounded as the module does).
+--   P     a pin (RL.PIN on a share key, share.rs SharePin): "kind until" (2 BLOCK, 3
+--         EXEMPT) or "1 until rt ct" (a rate pin and its limit's texts), until in µs (0:
+--         at RL.UNPIN). A hash with P may hold no entry (a key pinned before any holder;
+--         then R C are a placeholder the first call replaces). Absent: unpinned.
 -- The key expires (PEXPIREAT) at ceil_ms of the latest entry end (max(lease_end,
--- held_until)), set on every write: when the last lease or hold ends.
+-- held_until)), set on every write: when the last lease or hold ends; under a live pin
+-- not before its end, and never (PERSIST) while a pin without an end holds.
 
 local SHARE_HOLD_US = 250000
 local SHARE_LEASE_PERIODS = 3
@@ -2219,13 +2230,14 @@ end
 -- and the entries sorted by field name (the ids' byte order), each {k, w, r, b, le, hr, hb,
 -- hu} (k the field name, instants µs).
 local function share_entries(all, key)
-    local rt, ct, vt, bad = nil, nil, nil, nil
+    local rt, ct, vt, pt, bad = nil, nil, nil, nil, nil
     local names, by, n = {}, {}, 0
     for j = 1, #all, 2 do
         local k, val = all[j], all[j + 1]
         if k == 'R' then rt = val
         elseif k == 'C' then ct = val
         elseif k == 'V' then vt = val
+        elseif k == 'P' then pt = val
         elseif k == 'f' then
             error({ reply = error_reply('WRONGTYPE the hash at this key is a bucket of this '
                 .. 'library, not a rate share') }, 0)
@@ -2251,7 +2263,8 @@ local function share_entries(all, key)
     end
     if bad then not_a_share(bad) end
     if not (rt and ct) then not_a_share('no fields R, C') end
-    if n == 0 then not_a_share('no holder') end
+    local pin = pt and Pn.parse_share_pin(pt)
+    if n == 0 and not pin then not_a_share('no holder') end
     local B = known_limit(rt, ct)
     if not B then
         local rate, cap = parse_number(rt), parse_number(ct)
@@ -2269,8 +2282,29 @@ local function share_entries(all, key)
     table.sort(names)
     local list = {}
     for j = 1, n do list[j] = by[names[j]] end
-    return B, vt, list
+    return B, vt, list, pin
 end
+
+-- A share hash's P (see above): {k, u (µs, 0: no end), ut (its text), L (a rate pin's
+-- limit)}, or WRONGTYPE for anything this library does not write.
+function Pn.parse_share_pin(t)
+    local k, u, rest = t:match('^([123]) (%d+)(.*)$')
+    if not k or #u > 16 then not_a_share('its field P is not a pin') end
+    local pin = { k = tonumber(k), u = tonumber(u), ut = u }
+    if pin.k == 1 then
+        local rt, ct = rest:match('^ (%S+) (%S+)$')
+        local rate, cap = rt and parse_number(rt), ct and parse_number(ct)
+        if not (rate and cap and in_range(rate) and in_range(cap) and cap / rate <= MAX_FILL_SECS) then
+            not_a_share('its field P is not a pin')
+        end
+        pin.L = make_limit(rate, cap, rt, ct)
+    elseif rest ~= '' then
+        not_a_share('its field P is not a pin')
+    end
+    return pin
+end
+
+function Pn.share_pin_live(pin, now_us) return pin.u == 0 or now_us < pin.u end
 
 local function fmt_double(x) return fmt('%.17g', x) end
 
@@ -2312,12 +2346,13 @@ local function rl_share(keys, a)
     local _, _, now_us = now()
     local all = pcall_r('HGETALL', key)
     if all.err then return all end
-    local B, vt, list = nil, nil, {}
+    local B, vt, list, pin = nil, nil, {}, nil
     local exists = #all > 0
-    if exists then B, vt, list = share_entries(all, key) end
-    -- version.rs resolve: which limit decides, at which version.
+    if exists then B, vt, list, pin = share_entries(all, key) end
+    -- version.rs resolve: which limit decides, at which version (a key pinned before any
+    -- holder: the call's, as for a new key).
     local D, dv = L, v
-    if exists then
+    if exists and #list > 0 then
         local sv = vt and tonumber(vt) or 0
         if v < sv then D, dv = B, sv
         elseif v == sv then
@@ -2325,7 +2360,11 @@ local function rl_share(keys, a)
             if B.r == L.r and B.c == L.c then D = B end
         end
     end
+    -- A live pin decides (share.rs decide): a rate pin's limit is divided, D is kept.
+    local live_pin = pin and Pn.share_pin_live(pin, now_us) and pin or nil
+    local pk = live_pin and Pn.KIND_NAME[live_pin.k] or nil
     local rate, cap = D.r, D.c
+    if live_pin and live_pin.k == 1 then rate, cap = live_pin.L.r, live_pin.L.c end
     local id = hex(holder)
     local own
     -- One pass over the others, in id order.
@@ -2360,8 +2399,23 @@ local function rl_share(keys, a)
     if lost_burst ~= 0 then s_burst = mul_up(s_burst, 1 + counted * 2 ^ -52) end
     local others = #list - dead - (own and 1 or 0)
     local own_alive = own and now_us < entry_end(own) and own or nil
+    if live_pin and live_pin.k ~= 1 and not release then
+        -- share.rs gated: BLOCK a zero share, EXEMPT the callers' limit for no longer than
+        -- the pin; nothing written; called again in a period or at the pin's end.
+        local holders = live + ((own and now_us < own.le) and 1 or 0)
+        local refresh, lease = period, period * SHARE_LEASE_PERIODS
+        if live_pin.u ~= 0 then
+            local left = live_pin.u - now_us
+            refresh = math.max(1, math.min(period, ceil(left / 1000)))
+            lease = math.min(lease, floor(left / 1000))
+        end
+        if live_pin.k == 2 then
+            return { { double = 0.0 }, { double = 0.0 }, 0, refresh, holders, pk }
+        end
+        return { { double = D.r }, { double = D.c }, lease, refresh, holders, pk }
+    end
     if release and not (own and now_us < own.le) then
-        return { { double = 0.0 }, { double = 0.0 }, 0, period, live }
+        return Pn.pinned_reply({ { double = 0.0 }, { double = 0.0 }, 0, period, live }, pk)
     end
     -- A holder whose last call shrank its share, calling again within that call's hold
     -- (share.rs shrank_within_hold): answered from its entry, nothing written, so that
@@ -2370,8 +2424,8 @@ local function rl_share(keys, a)
             and (own.hr > own.r or own.hb > own.b) then
         local refresh = ceil((own.hu - now_us) / 1000)
         if refresh < 10 then refresh = 10 end
-        return { { double = own.r }, { double = own.b }, floor((own.le - now_us) / 1000),
-            refresh, live + 1 }
+        return Pn.pinned_reply({ { double = own.r }, { double = own.b },
+            floor((own.le - now_us) / 1000), refresh, live + 1 }, pk)
     end
     if not own_alive and others >= MAX_HOLDERS then fail(SHARE_ERR.many) end
 
@@ -2469,6 +2523,10 @@ local function rl_share(keys, a)
         args[#args + 1] = 'V'; args[#args + 1] = fmt('%d', dv)
     end
     call('HSET', unpack(args))
+    -- A key pinned before any holder takes the call's version, 0 included; an ended pin
+    -- goes at the write.
+    if dv == 0 and vt then call('HDEL', key, 'V') end
+    if pin and not live_pin then call('HDEL', key, 'P') end
     if dead > 0 then
         local drop = { key }
         for k = 1, #list do
@@ -2477,12 +2535,154 @@ local function rl_share(keys, a)
         end
         call('HDEL', unpack(drop))
     end
-    call('PEXPIREAT', key, ms_arg(ceil(expires / 1000)))
+    Pn.share_expire(key, live_pin, expires)
     local lease_ms = 0
     if not release then lease_ms = period * SHARE_LEASE_PERIODS end
     local holders = live
     if not release then holders = holders + 1 end
-    return { { double = srate }, { double = sburst }, lease_ms, refresh, holders }
+    return Pn.pinned_reply({ { double = srate }, { double = sburst }, lease_ms, refresh, holders },
+        pk)
+end
+
+-- A reply with the pin's kind appended when a live pin decided (share.rs `pinned`).
+function Pn.pinned_reply(r, pk)
+    if pk then r[6] = pk end
+    return r
+end
+
+-- The key's expiry (share.rs keep_until): its last entry's end `last_us`, not before a live
+-- pin's end, never while a pin without an end holds.
+function Pn.share_expire(key, pin, last_us)
+    if pin and pin.u == 0 then
+        call('PERSIST', key)
+        return
+    end
+    if pin and pin.u > last_us then last_us = pin.u end
+    call('PEXPIREAT', key, ms_arg(ceil(last_us / 1000)))
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Pins on share keys (src/share/pin.rs): RL.PIN key [SHARES] rate cap|BLOCK|EXEMPT [PX ms],
+-- RL.UNPIN, RL.PINNED. Setting or removing a pin drops the entries dead then and changes
+-- nothing else.
+
+-- Whether the hash at key is a share (it has R); false for anything else, errors included.
+function Pn.share_hash(key)
+    local r = pcall_r('HEXISTS', key, 'R')
+    return r == 1
+end
+
+local NOT_SHARES = 'this key is not a share key: RL.PIN key SHARES ... pins share keys '
+    .. '(RL.SHARE) or a key that holds nothing'
+local SHARE_KEY = 'this key holds shares (RL.SHARE): pin it with RL.PIN key rate '
+    .. 'cap|BLOCK|EXEMPT [PX ms]'
+
+-- The entries of the share at key dead at now_us dropped (HDEL); returns the list left (or
+-- nil for no key), its last end, and the table's parts.
+function Pn.share_pruned(key, now_us)
+    local all = pcall_r('HGETALL', key)
+    if all.err then error({ reply = all }, 0) end
+    if #all == 0 then return nil end
+    local B, vt, list, pin = share_entries(all, key)
+    local drop, left, last = { key }, {}, 0
+    for k = 1, #list do
+        local e = list[k]
+        if now_us >= entry_end(e) then
+            drop[#drop + 1] = e.k
+        else
+            left[#left + 1] = e
+            if entry_end(e) > last then last = entry_end(e) end
+        end
+    end
+    if #drop > 1 then call('HDEL', unpack(drop)) end
+    return left, last, pin
+end
+
+function Pn.rl_pin_share(key, a, shares)
+    local N = 'RL.PIN'
+    local na = #a
+    if shares then
+        local t = pcall_r('TYPE', key)
+        t = type(t) == 'table' and t.ok or t
+        if t ~= 'none' and not Pn.share_hash(key) then
+            if t ~= 'hash' then
+                error({ reply = error_reply('WRONGTYPE Operation against a key holding the '
+                    .. 'wrong kind of value') }, 0)
+            end
+            fail(NOT_SHARES)
+        end
+    end
+    local at = shares and 2 or 1
+    if a[at] and (is(a[at], 'PERMITS') or is(a[at], 'SHARES')) then fail(SHARE_KEY) end
+    local kind, Lp, from
+    if a[at] and is(a[at], 'BLOCK') then
+        kind, from = 2, at + 1
+    elseif a[at] and is(a[at], 'EXEMPT') then
+        kind, from = 3, at + 1
+    else
+        if na < at + 1 then arity(N) end
+        Lp = limit_at(a, at, N)
+        kind, from = 1, at + 2
+    end
+    local rest = na + 1 - from
+    local ms = 0
+    if rest == 2 and is(a[from], 'PX') then
+        ms = positive(a, from + 1, N, 'PX must be a positive integer (ms)')
+    elseif rest == 1 or rest == 2 then
+        unknown(a[from])
+    elseif rest ~= 0 then
+        arity(N)
+    end
+    local _, _, now_us = now()
+    local u = 0
+    if ms > 0 then
+        -- The module's end in ns must fit an i64.
+        if ms > (9223372036854775 - now_us) / 1000 then fail('PX is too long') end
+        u = now_us + ms * 1000
+    end
+    local text = fmt('%d %d', kind, u)
+    if Lp then text = text .. ' ' .. Lp.rt .. ' ' .. Lp.ct end
+    local list, last = Pn.share_pruned(key, now_us)
+    if list then
+        call('HSET', key, 'P', text)
+    else
+        -- The pin alone, with a placeholder limit (a rate pin's own, else 1 1).
+        local rt, ct = '1', '1'
+        if Lp then rt, ct = Lp.rt, Lp.ct end
+        call('HSET', key, 'R', rt, 'C', ct, 'P', text)
+        last = 0
+    end
+    Pn.share_expire(key, { u = u }, last)
+    return { ok = 'OK' }
+end
+
+function Pn.rl_unpin_share(key)
+    local _, _, now_us = now()
+    local all = pcall_r('HGET', key, 'P')
+    if not all or type(all) == 'table' then return 0 end
+    local pin = Pn.parse_share_pin(all)
+    if not Pn.share_pin_live(pin, now_us) then return 0 end
+    local list, last = Pn.share_pruned(key, now_us)
+    if #list == 0 then
+        call('DEL', key)
+    else
+        call('HDEL', key, 'P')
+        Pn.share_expire(key, nil, last)
+    end
+    return 1
+end
+
+function Pn.rl_pinned_share(key)
+    local _, _, now_us = now()
+    local t = pcall_r('HGET', key, 'P')
+    if not t or type(t) == 'table' then return false end
+    local pin = Pn.parse_share_pin(t)
+    if not Pn.share_pin_live(pin, now_us) then return false end
+    local rate, cap = false, false
+    if pin.L then rate, cap = { double = pin.L.r }, { double = pin.L.c } end
+    local left = -1
+    if pin.u ~= 0 then left = ceil((pin.u - now_us) / 1000) end
+    return { map = { kind = Pn.KIND_NAME[pin.k], rate = rate, cap = cap, ms_left = left } }
 end
 
 -- ---------------------------------------------------------------------------------------

@@ -184,7 +184,7 @@ def runs_for(smoke):
          ["--approach", "share", "--period-ms", str(PERIOD_MS)], "share"),
     ]
     # The partner asks for 500/s mid-trace: `RL.PIN` on the shared key, no redeploy. Share
-    # keys cannot be pinned yet (docs/commands.md), so (g) has no such row.
+    # keys can be pinned too (docs/share.md), but (g) has no such row yet.
     # The hot instance moves every few seconds (its own trace and scenario: `MOVING_*`).
     runs.append(("share_moving",
                  f"(i) RL.SHARE, the hot instance moves every {(MOVING_SMOKE if smoke else MOVING_FULL)['move_every']:g} s (ShareLimiter)",

@@ -565,7 +565,8 @@ Mid-trace the partner asks for {pins[0]['pin']['rate']:g}/s. An operator runs
 incident:partner {pins[0]['pin']['rate']:g}/s`); the instances keep sending their own limit, 1000/s, and
 the key decides under the pin from its next call. A caller of `RL.TAKE` sees it at once; a
 prefetching instance spends the lease it holds first (at most a batch or two per instance).
-`RL.SHARE` keys cannot be pinned yet, so (g) has no such row.
+`RL.SHARE` keys can be pinned too (a `ShareLimiter` picks the pin up at its next share call:
+see docs/share.md), but (g) has no such row yet.
 
 ![pins](incident/pins.png)
 

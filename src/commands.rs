@@ -75,7 +75,9 @@ const STATS_ARGS: &[ArgDoc] = &[ArgDoc {
 }];
 const PIN_ARGS: &[ArgDoc] = &[
     KEY,
-    ArgDoc::string(c"rate cap | BLOCK | EXEMPT | PERMITS n|BLOCK|EXEMPT"),
+    ArgDoc::string(
+        c"rate cap | BLOCK | EXEMPT | PERMITS n|BLOCK|EXEMPT | SHARES rate cap|BLOCK|EXEMPT",
+    ),
     ArgDoc::integer(c"ms").after(c"PX"),
 ];
 const TOP_ARGS: &[ArgDoc] = &[ArgDoc::integer(c"count").optional()];
@@ -111,6 +113,7 @@ const SETSHARES_ARGS: &[ArgDoc] = &[
     ArgDoc::integer(c"prune_at"),
     ArgDoc::string(c"holder"),
     ArgDoc::string(c"want,rate,burst,lease_end,held_rate,held_burst,held_until"),
+    ArgDoc::string(c"pin").optional(),
 ];
 
 /// Every command, as Redis is told about it (registered in this order at load).
@@ -293,8 +296,8 @@ pub static COMMANDS: &[Spec] = &[
         counted: CallsCounted::Never,
         flags: c"write deny-oom",
         keys: Keys::OneWritten,
-        arity: 8,
-        summary: c"Internal: sets a share key's limit and one holder (what replicas and the AOF receive)",
+        arity: -7,
+        summary: c"Internal: sets a share key's limit, one holder and its pin (what replicas and the AOF receive)",
         complexity: c"O(H) where H is the number of holders on the key (at most 4096)",
         acl: c"write admin dangerous",
         internal: true,
@@ -310,7 +313,7 @@ pub static COMMANDS: &[Spec] = &[
         flags: c"write deny-oom",
         keys: Keys::OneWritten,
         arity: -3,
-        summary: c"Pins a key's limit (rate cap, BLOCK, EXEMPT; PERMITS n on a semaphore key), applied by every command on it whatever limit the caller sends",
+        summary: c"Pins a key's limit (rate cap, BLOCK, EXEMPT; PERMITS n on a semaphore key; SHARES on a share key), applied by every command on it whatever limit the caller sends",
         complexity: c"O(1)",
         acl: c"write admin",
         internal: false,

@@ -453,16 +453,29 @@ fn forged_pins_are_refused_by_the_one_validator() {
 }
 
 #[test]
-fn pins_refuse_share_keys_and_bad_input() {
+fn pins_refuse_mismatched_types_and_bad_input() {
     let mut s = Server::start(&[]);
     let mut c = s.conn();
     let _: Value = query(&mut c, &["RL.SHARE", "sh", "10", "10", "h", "5", "1000"]);
+    let _: Value = query(&mut c, &["RL.TAKE", "b", "1", "10"]);
     let _: () = query(&mut c, &["SET", "str", "x"]);
     let e = redis::cmd("RL.PIN")
-        .arg(&["sh", "BLOCK"])
+        .arg(&["sh", "PERMITS", "3"])
         .query::<Value>(&mut c)
         .unwrap_err();
     assert!(e.to_string().contains("holds shares"), "{e}");
+    for key in ["b", "str"] {
+        let e = redis::cmd("RL.PIN")
+            .arg(&[key, "SHARES", "BLOCK"])
+            .query::<Value>(&mut c)
+            .unwrap_err();
+        let want = if key == "str" {
+            "WRONGTYPE"
+        } else {
+            "not a share key"
+        };
+        assert!(e.to_string().contains(want), "{e}");
+    }
     let e = redis::cmd("RL.PIN")
         .arg(&["str", "BLOCK"])
         .query::<Value>(&mut c)
@@ -476,6 +489,12 @@ fn pins_refuse_share_keys_and_bad_input() {
         &["k", "10"],
         &["k", "10", "10", "PX", "-1"],
         &["k", "10", "10", "PX", "99999999999999999"],
+        &["k", "SHARES"],
+        &["k", "SHARES", "10"],
+        &["k", "SHARES", "0", "10"],
+        &["k", "SHARES", "BLOCK", "PX", "0"],
+        &["k", "SHARES", "10", "10", "PX", "1", "x"],
+        &["k", "SHARES", "PERMITS", "3"],
     ] {
         let r = redis::cmd("RL.PIN").arg(bad).query::<Value>(&mut c);
         assert!(r.is_err(), "{bad:?}: {r:?}");

@@ -419,7 +419,7 @@ struct Entry {
     times: [i64; 2],
 }
 
-/// A share key's stored table read from its DUMP payload (the module's RDB encoding,
+/// A share key's stored table read from its DUMP payload (the module's RDB encoding 2,
 /// src/share/mod.rs): (rate, cap, version, entries).
 fn dumped_share(c: &mut Connection, key: &str) -> Option<(f64, f64, u64, Vec<Entry>)> {
     let payload: Option<Vec<u8>> = redis::cmd("DUMP").arg(key).query(c).unwrap();
@@ -488,6 +488,8 @@ fn dumped_share(c: &mut Connection, key: &str) -> Option<(f64, f64, u64, Vec<Ent
             times: [lease_end, held_until],
         });
     }
+    // Encoding 2: the pin (0: none; the cases pin no share key).
+    assert_eq!(uint(item(2, &mut at)), 0, "{key}: DUMP: a pin");
     assert_eq!(len(&mut at), 0, "{key}: DUMP: no EOF opcode");
     Some((rate, cap, version, entries))
 }

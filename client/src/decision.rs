@@ -42,8 +42,10 @@ pub struct Decision {
     /// The kind of the operator's pin (`RL.PIN`) that decided, when one did: `Rate` (the
     /// pin's limit, not this limiter's, decided), `Block` (denied; `retry_after` is the
     /// time left of the pin, or a minute for a pin without an end) or `Exempt` (granted,
-    /// nothing debited: never refund it). Only [`Limiter`](crate::Limiter) takes say so
-    /// (the fifth element of `RL.TAKE ... WITHSTATE`); other decisions answer `None`.
+    /// nothing debited: never refund it). [`Limiter`](crate::Limiter) takes say so (the
+    /// fifth element of `RL.TAKE ... WITHSTATE`), and
+    /// [`ShareLimiter`](crate::ShareLimiter) takes (the pin behind its last share: `Block`
+    /// denied locally, `Exempt` granted uncounted); other decisions answer `None`.
     pub pinned: Option<PinKind>,
 }
 

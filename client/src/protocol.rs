@@ -432,16 +432,22 @@ pub(crate) struct ShareReply {
     pub(crate) lease_ms: u64,
     pub(crate) refresh_ms: u64,
     pub(crate) holders: u64,
+    /// The kind of the pin that decided (a sixth element), if one did.
+    pub(crate) pinned: Option<PinKind>,
 }
 
 pub(crate) fn share_reply(v: Value) -> Result<ShareReply, Error> {
-    let items = array(v, 5)?;
+    let items = match v {
+        Value::Array(items) if items.len() == 5 || items.len() == 6 => items,
+        other => return Err(bad("expected an array of 5 or 6", &other)),
+    };
     let reply = ShareReply {
         rate: number(&items[0])?,
         burst: number(&items[1])?,
         lease_ms: count(&items[2])?,
         refresh_ms: count(&items[3])?,
         holders: count(&items[4])?,
+        pinned: items.get(5).map(pin_kind).transpose()?,
     };
     if !(reply.rate >= 0.0
         && reply.burst >= 0.0

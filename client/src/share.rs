@@ -84,6 +84,11 @@ pub struct ShareInfo {
     pub holders: u64,
     /// Whether the failure policy is deciding (Redis down and no usable share).
     pub fallback: bool,
+    /// The kind of the operator's pin (`RL.PIN`) that decided the last answer: `Rate` (the
+    /// pin's limit is divided), `Block` (no share: every take denied until a call finds
+    /// the pin gone) or `Exempt` (every take granted, counted nowhere, until that answer's
+    /// lease ends, never after the pin's end); `None` without one.
+    pub pinned: Option<crate::PinKind>,
 }
 
 /// A limiter of one key shared by a fleet at a fixed rate, where each instance holds a
@@ -377,6 +382,7 @@ impl<C: RedisConnection> ShareLimiter<C> {
             tokens: view.2,
             holders: holder.state.last().map_or(0, |g| g.holders),
             fallback: holder.state.in_fallback(),
+            pinned: holder.state.last().and_then(|g| g.pinned),
         }
     }
 
@@ -427,13 +433,11 @@ impl<C: RedisConnection> ShareLimiter<C> {
         let cap = inner.limit.cap();
         let reset_after = Duration::from_nanos(local.reset_after);
         if local.allowed {
-            return Ok(Decision::granted(
-                n,
-                local.remaining,
-                reset_after,
-                cap,
-                source,
-            ));
+            let d = Decision::granted(n, local.remaining, reset_after, cap, source);
+            return Ok(Decision {
+                pinned: local.pinned,
+                ..d
+            });
         }
         let retry_after = match local.wait {
             Some(ns) => Duration::from_nanos(ns),
@@ -442,13 +446,11 @@ impl<C: RedisConnection> ShareLimiter<C> {
             }
             None => inner.config.period,
         };
-        Ok(Decision::denied(
-            local.remaining,
-            retry_after,
-            reset_after,
-            cap,
-            source,
-        ))
+        let d = Decision::denied(local.remaining, retry_after, reset_after, cap, source);
+        Ok(Decision {
+            pinned: local.pinned,
+            ..d
+        })
     }
 
     /// Stops refreshing and never releases, as a holder whose process died: the share
@@ -638,6 +640,7 @@ impl<C: RedisConnection> Inner<C> {
                     lease: r.lease_ms.saturating_mul(MS),
                     refresh: r.refresh_ms.saturating_mul(MS),
                     holders: r.holders,
+                    pinned: r.pinned,
                 };
                 self.post(Event::Answered {
                     sent,

@@ -110,6 +110,9 @@ pub(crate) struct Grant {
     pub(crate) lease: u64,
     pub(crate) refresh: u64,
     pub(crate) holders: u64,
+    /// The kind of the operator's pin that decided: `Block` answers no share (every take
+    /// denied), `Exempt` a share whose takes are all granted and counted nowhere.
+    pub(crate) pinned: Option<crate::PinKind>,
 }
 
 /// What the failure policy lets out while the share cannot be used and Redis is down.
@@ -137,6 +140,8 @@ pub(crate) struct Local {
     /// Until `n` tokens are there (`None`: not at the present share).
     pub(crate) wait: Option<u64>,
     pub(crate) reset_after: u64,
+    /// The kind of the pin behind the last answer, if one decided it.
+    pub(crate) pinned: Option<crate::PinKind>,
 }
 
 /// The policy settings the state needs.
@@ -265,7 +270,14 @@ impl ShareState {
         self.allow_spent = false;
         self.last = Some(grant);
         if now < lease_end {
-            self.bucket.set(grant.rate, grant.burst, now);
+            // An exempt answer counts nothing: the bucket is not filled from it.
+            let exempt = grant.pinned == Some(crate::PinKind::Exempt);
+            let (rate, burst) = if exempt {
+                (0.0, 0.0)
+            } else {
+                (grant.rate, grant.burst)
+            };
+            self.bucket.set(rate, burst, now);
             self.share = Some(grant);
             self.lease_end = lease_end;
         } else {
@@ -296,6 +308,23 @@ impl ShareState {
             // slow call): denied, not a policy decision.
             By::Share
         };
+        let pinned = match (self.share, by) {
+            (Some(g), _) => g.pinned,
+            // A block answers no share at all: the last answer says it was a pin.
+            (None, By::Share) => self.last.and_then(|g| g.pinned),
+            (None, By::Fallback) => None,
+        };
+        if pinned == Some(crate::PinKind::Exempt) && self.share.is_some() {
+            // Exempt: granted, nothing counted, until the answer's lease ends.
+            return Local {
+                allowed: true,
+                by,
+                remaining: self.bucket.tokens(),
+                wait: Some(0),
+                reset_after: 0,
+                pinned,
+            };
+        }
         let allowed =
             (self.share.is_some() || self.fallback.is_some()) && self.bucket.try_take(n, now);
         Local {
@@ -308,6 +337,7 @@ impl ShareState {
                 self.bucket.wait_for(n)
             },
             reset_after: self.bucket.reset_after(),
+            pinned,
         }
     }
 
@@ -450,7 +480,39 @@ mod tests {
             lease: 3 * S,
             refresh: S,
             holders: 2,
+            pinned: None,
         }
+    }
+
+    #[test]
+    fn exempt_grants_without_counting_and_block_denies_saying_so() {
+        use crate::PinKind;
+        let p = policy(FailurePolicy::Deny);
+        let mut st = ShareState::new(T0);
+        st.sending(T0);
+        let exempt = Grant {
+            pinned: Some(PinKind::Exempt),
+            ..grant(100.0, 10.0)
+        };
+        st.answered(T0, exempt, T0 + 1);
+        for i in 0..1000 {
+            let d = st.decide(1.0, T0 + 2 + i, false, &p);
+            assert!(d.allowed && d.pinned == Some(PinKind::Exempt));
+        }
+        // Its lease over: nothing.
+        assert!(!st.decide(1.0, T0 + 3 * S, false, &p).allowed);
+        st.sending(T0 + 3 * S);
+        let block = Grant {
+            lease: 0,
+            pinned: Some(PinKind::Block),
+            ..grant(0.0, 0.0)
+        };
+        st.answered(T0 + 3 * S, block, T0 + 3 * S + 1);
+        let d = st.decide(1.0, T0 + 3 * S + 2, false, &p);
+        assert!(!d.allowed && d.by == By::Share && d.pinned == Some(PinKind::Block));
+        st.sending(T0 + 4 * S);
+        st.answered(T0 + 4 * S, grant(10.0, 2.0), T0 + 4 * S + 1);
+        assert_eq!(st.decide(1.0, T0 + 4 * S + 2, false, &p).pinned, None);
     }
 
     fn policy(policy: FailurePolicy) -> Policy {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rl_client::{
-    Backend, Error, FailurePolicy, Limit, LimiterConfig, ShareConfig, ShareLimiter, Source,
+    Backend, Error, FailurePolicy, Limit, LimiterConfig, PinKind, ShareConfig, ShareLimiter, Source,
 };
 use support::{eventually, Server};
 
@@ -821,4 +821,71 @@ async fn flapping_demand_at_mixed_short_periods_stays_within_the_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flapping_demand_at_mixed_short_periods_on_the_functions_backend() {
     flapping_mixed_periods(Side::Functions).await;
+}
+
+/// An operator pins the key (BLOCK, EXEMPT, a rate, then unpins it): the holder picks each
+/// up at its next call, and its decisions say which pin decided.
+async fn follow_pins(side: Side) {
+    let server = start(side);
+    let limit = Limit::new(1000.0, 50.0).unwrap();
+    let h = holder_on(&server, limit, FailurePolicy::Deny, side);
+    let pin = |what: &[&str]| {
+        let mut cmd = match side {
+            Side::Module => redis::cmd("RL.PIN"),
+            Side::Functions => {
+                let mut c = redis::cmd("FCALL");
+                c.arg("rl_pin").arg(1);
+                c
+            }
+        };
+        let _: redis::Value = cmd.arg(KEY).arg(what).query(&mut server.conn()).unwrap();
+    };
+    eventually(60, "a share", || h.share().rate > 0.0).await;
+    pin(&["BLOCK"]);
+    eventually(60, "the block", || h.share().pinned == Some(PinKind::Block)).await;
+    let d = h.try_take(1).unwrap();
+    assert!(!d.allowed && d.pinned == Some(PinKind::Block));
+    pin(&["EXEMPT"]);
+    eventually(60, "the exemption", || {
+        h.share().pinned == Some(PinKind::Exempt)
+    })
+    .await;
+    // Far beyond the cap: an exempt holder counts nothing.
+    for _ in 0..500 {
+        let d = h.try_take(1).unwrap();
+        assert!(d.allowed && d.pinned == Some(PinKind::Exempt));
+    }
+    pin(&["10", "5"]);
+    eventually(60, "the rate pin", || {
+        let s = h.share();
+        s.pinned == Some(PinKind::Rate) && s.rate == 10.0 && s.burst == 5.0
+    })
+    .await;
+    let mut cmd = match side {
+        Side::Module => redis::cmd("RL.UNPIN"),
+        Side::Functions => {
+            let mut c = redis::cmd("FCALL");
+            c.arg("rl_unpin").arg(1);
+            c
+        }
+    };
+    let removed: i64 = cmd.arg(KEY).query(&mut server.conn()).unwrap();
+    assert_eq!(removed, 1);
+    eventually(60, "the unpin", || {
+        let s = h.share();
+        s.pinned.is_none() && s.rate == 1000.0
+    })
+    .await;
+    h.close().await.unwrap();
+    only_functions(&server, side);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_on_the_key_is_picked_up_at_the_next_call() {
+    follow_pins(Side::Module).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_on_the_key_is_picked_up_at_the_next_call_on_the_functions_backend() {
+    follow_pins(Side::Functions).await;
 }

@@ -31,7 +31,7 @@ pub use lease::{
 };
 pub use limit::{Limit, LimitError, MAX_FILL_SECS, MAX_VALUE, MIN_VALUE};
 pub use permits::{Acquired, Permit, PermitError, PermitPin, PermitTable, MAX_PERMITS};
-pub use share::{Holder, ShareError, ShareReply, ShareRequest, ShareTable, MAX_HOLDERS};
+pub use share::{Holder, ShareError, SharePin, ShareReply, ShareRequest, ShareTable, MAX_HOLDERS};
 pub use state::{validate, validate_moved, validate_pin, PinParts, StateError};
 pub use version::{Applied, MAX_VERSION};
 

@@ -17,10 +17,20 @@
 //! (a lone holder gets all of it), else max-min fair by want (water-filling); bursts follow
 //! the rates (`burst = rate * cap / rate_limit`). A holder gets `min(its target, what is
 //! free)`; one that got less calls again sooner (`refresh_ms`).
+//!
+//! Pins (`RL.PIN`, see [`SharePin`]): a rate pin divides the pinned rate and cap instead of
+//! the callers' limit (which the table keeps, following `VERSION`s, for when the pin
+//! ends); the commitments stay counted as they are, so a pin's start, change or end never
+//! gives out more than the limit that governs next minus what holders may still be using.
+//! `BLOCK` answers every call a zero share and `EXEMPT` the callers' whole limit, marked
+//! so that the holders' limiters grant without counting; neither writes. A pinned table
+//! may hold no entry (a key pinned before any holder came), and never expires while its
+//! pin lives.
 
+use crate::pin::PinKind;
 use crate::round::{add_up, sub_down};
 use crate::version::{resolve, Applied, MAX_VERSION};
-use crate::{Limit, Nanos};
+use crate::{Limit, Nanos, NEVER};
 
 const MS: Nanos = 1_000_000;
 
@@ -57,6 +67,53 @@ const FAR: f64 = 0.9;
 
 /// Largest number a stored time may hold (Redis integers are signed 64-bit).
 const MAX_FIELD: u64 = i64::MAX as u64;
+
+/// An operator's pin on a share key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SharePin {
+    pub kind: PinKind,
+    /// When it ends (0: at `RL.UNPIN`).
+    pub until: Nanos,
+    /// A rate pin's limit (the rate and cap divided among the holders); `None` for
+    /// `BLOCK` and `EXEMPT`.
+    pub limit: Option<Limit>,
+}
+
+impl SharePin {
+    /// A pin of `kind` (a rate pin needs `limit`, the others take none) until `until`.
+    pub fn new(kind: PinKind, limit: Option<Limit>, until: Nanos) -> Result<SharePin, ShareError> {
+        let p = SharePin { kind, until, limit };
+        p.check()?;
+        Ok(p)
+    }
+
+    /// Whether the pin still governs at `now`.
+    pub fn live_at(&self, now: Nanos) -> bool {
+        self.until == 0 || now < self.until
+    }
+
+    /// Time left at `now` (`None`: no end).
+    pub fn left(&self, now: Nanos) -> Option<Nanos> {
+        (self.until != 0).then(|| self.until.saturating_sub(now))
+    }
+
+    fn check(&self) -> Result<(), ShareError> {
+        if self.until > MAX_FIELD || (self.kind == PinKind::Rate) != self.limit.is_some() {
+            return Err(ShareError::Pin);
+        }
+        Ok(())
+    }
+}
+
+/// When a key whose entries end last at `last_end` may go under `pin`: never while a pin
+/// without an end holds, not before a pin's end, else at its last entry's end.
+pub fn keep_until(pin: Option<&SharePin>, last_end: Nanos) -> Nanos {
+    match pin {
+        None => last_end,
+        Some(p) if p.until == 0 => NEVER,
+        Some(p) => p.until.max(last_end),
+    }
+}
 
 /// One holder's entry.
 #[derive(Debug, Clone, PartialEq)]
@@ -158,6 +215,7 @@ pub enum ShareError {
     Field,
     Time,
     Version,
+    Pin,
 }
 
 impl ShareError {
@@ -174,6 +232,9 @@ impl ShareError {
                 "share times must be at most 9223372036854775807 (and a hold's end above 0)"
             }
             ShareError::Version => "VERSION must be an integer from 0 to 9007199254740991",
+            ShareError::Pin => {
+                "a share key's pin is a kind (1 rate with its limit, 2 BLOCK, 3 EXEMPT) and an end of at most 9223372036854775807"
+            }
         }
     }
 }
@@ -270,8 +331,11 @@ pub struct Decision {
     pub applied: Applied,
     /// The holder's entry (an index into [`ShareTable::holders`]), if written.
     pub index: usize,
-    /// When the last entry ends, if written: the key's expiry.
+    /// When the key may go, if written: its last entry's end, or later under a pin
+    /// ([`keep_until`]; [`NEVER`] while a pin without an end holds).
     pub expires_at: Nanos,
+    /// The kind of the live pin that decided the call, if one did.
+    pub pinned: Option<PinKind>,
 }
 
 /// The holders of one key and its limit.
@@ -280,6 +344,7 @@ pub struct ShareTable {
     limit: Limit,
     version: u64,
     holders: Vec<Holder>,
+    pin: Option<SharePin>,
 }
 
 impl ShareTable {
@@ -290,6 +355,7 @@ impl ShareTable {
             limit,
             version,
             holders: Vec::new(),
+            pin: None,
         }
     }
 
@@ -301,11 +367,26 @@ impl ShareTable {
         version: u64,
         holders: Vec<Holder>,
     ) -> Result<ShareTable, LoadError> {
+        ShareTable::validate_pinned(rate, cap, version, holders, None)
+    }
+
+    /// [`ShareTable::validate`] for a table that may hold a pin: one with a pin may hold
+    /// no entry (a key pinned before any holder came).
+    pub fn validate_pinned(
+        rate: f64,
+        cap: f64,
+        version: u64,
+        holders: Vec<Holder>,
+        pin: Option<SharePin>,
+    ) -> Result<ShareTable, LoadError> {
         let limit = Limit::new(rate, cap).map_err(LoadError::Limit)?;
         if version > MAX_VERSION {
             return Err(LoadError::Share(ShareError::Version));
         }
-        if holders.is_empty() {
+        if let Some(p) = &pin {
+            p.check().map_err(LoadError::Share)?;
+        }
+        if holders.is_empty() && pin.is_none() {
             return Err(LoadError::Share(ShareError::Empty));
         }
         if holders.len() > MAX_HOLDERS {
@@ -321,7 +402,34 @@ impl ShareTable {
             limit,
             version,
             holders,
+            pin,
         })
+    }
+
+    /// The stored pin (it may have ended: it goes at the key's next write).
+    pub fn pin(&self) -> Option<&SharePin> {
+        self.pin.as_ref()
+    }
+
+    /// The pin that governs at `now`, if any.
+    pub fn live_pin(&self, now: Nanos) -> Option<&SharePin> {
+        self.pin.as_ref().filter(|p| p.live_at(now))
+    }
+
+    /// Pins the table (`RL.PIN`; `None`: `RL.UNPIN`) at `now`, dropping the entries dead
+    /// then. Nothing else changes: what holders were given stays counted until it ends,
+    /// so the bound holds under whatever limit governs next. Returns the entries dropped.
+    /// An unpinned table left with no entry is no key: the caller deletes it.
+    pub fn set_pin(&mut self, pin: Option<SharePin>, now: Nanos) -> usize {
+        let pruned = self.prune(now);
+        self.pin = pin;
+        pruned
+    }
+
+    /// When the key may go ([`keep_until`]): [`NEVER`] while a pin without an end holds;
+    /// 0 for a table with nothing in it.
+    pub fn expires_at(&self) -> Nanos {
+        keep_until(self.pin.as_ref(), self.last_end().unwrap_or(0))
     }
 
     pub fn limit(&self) -> Limit {
@@ -381,6 +489,25 @@ impl ShareTable {
         } else {
             resolve(Some((self.limit, self.version)), req.limit, req.version)
         };
+        // A live pin decides; the callers' limit is kept (a newer VERSION replaces it) for
+        // when the pin ends. An ended pin goes at this call's write. (One test of the
+        // stored pin on the common, unpinned path.)
+        let (pin, pinned, applied, divided) = match &self.pin {
+            None => (None, None, applied, limit),
+            Some(p) => {
+                let pin = Some(*p).filter(|p| p.live_at(now));
+                let applied = match pin {
+                    Some(_) if applied != Applied::Replaced => Applied::Pinned,
+                    _ => applied,
+                };
+                if let Some(p) = pin.filter(|p| p.kind != PinKind::Rate && !req.release) {
+                    return Ok(self.gated(&p, limit, req, applied, now));
+                }
+                // The rate and cap divided among the holders.
+                let divided = pin.and_then(|p| p.limit).unwrap_or(limit);
+                (pin, pin.map(|p| p.kind), applied, divided)
+            }
+        };
         let found = self.find(req.holder);
         let own = found.ok().map(|i| &self.holders[i]);
         let own_alive = own.filter(|h| !h.is_dead(now));
@@ -407,6 +534,7 @@ impl ShareTable {
                 applied,
                 index: 0,
                 expires_at: 0,
+                pinned,
             });
         }
         // A holder whose last call shrank its share, calling again within that call's hold
@@ -434,6 +562,7 @@ impl ShareTable {
                 applied,
                 index: 0,
                 expires_at: 0,
+                pinned,
             });
         }
         if own_alive.is_none() && others >= MAX_HOLDERS {
@@ -443,10 +572,10 @@ impl ShareTable {
         let (rate, burst, short, far, capped) = if req.release {
             (0.0, 0.0, false, false, false)
         } else {
-            let target = self.target(&limit, req, &s, found.ok(), now);
-            let target_burst = target * limit.cap() / limit.rate();
-            let free = sub_down(limit.rate(), s.rate);
-            let free_burst = sub_down(limit.cap(), s.burst);
+            let target = self.target(&divided, req, &s, found.ok(), now);
+            let target_burst = target * divided.cap() / divided.rate();
+            let free = sub_down(divided.rate(), s.rate);
+            let free_burst = sub_down(divided.cap(), s.burst);
             let rate = non_negative(target.min(free));
             let burst = non_negative(target_burst.min(free_burst));
             let short = rate < target * (1.0 - SHORT) || burst < target_burst * (1.0 - SHORT);
@@ -529,10 +658,16 @@ impl ShareTable {
             holders: (s.live + usize::from(!req.release)) as u64,
         };
 
-        let expires_at = s.last_end.max(entry.end());
+        let mut expires_at = s.last_end.max(entry.end());
+        if self.pin.is_some() {
+            expires_at = keep_until(pin.as_ref(), expires_at);
+        }
         // Nothing can fail from here on.
         self.limit = limit;
         self.version = version;
+        if self.pin.is_some() {
+            self.pin = pin;
+        }
         let pruned = if s.dead > 0 || own.is_some_and(|h| h.is_dead(now)) {
             self.prune(now)
         } else {
@@ -566,7 +701,55 @@ impl ShareTable {
             applied,
             index,
             expires_at,
+            pinned,
         })
+    }
+
+    /// A call (not a `RELEASE`) on a key under a `BLOCK` or `EXEMPT` pin `p`, with the
+    /// callers' limit `limit`: answered, nothing written. `BLOCK`: a zero share, and to
+    /// call again in a period or when the pin ends if sooner. `EXEMPT`: the callers' whole
+    /// limit, for a lease that ends no later than the pin (the holders' limiters, told the
+    /// pin's kind, grant without counting meanwhile). The holders' entries stay as they
+    /// are: what they were given before stays counted until it ends.
+    fn gated(
+        &self,
+        p: &SharePin,
+        limit: Limit,
+        req: &ShareRequest,
+        applied: Applied,
+        now: Nanos,
+    ) -> Decision {
+        let period_ms = effective_period_ms(req.period_ms);
+        let left = p.left(now);
+        // Called again when the pin ends, if sooner than a period.
+        let refresh_ms = left.map_or(period_ms, |ns| crate::ceil_millis(ns).clamp(1, period_ms));
+        let (rate, burst, lease_ms) = match p.kind {
+            PinKind::Exempt => {
+                let lease = period_ms * LEASE_PERIODS;
+                // Never past the pin's end: counted from the server's instant, and the
+                // holder counts from when it sent the call (no later).
+                let lease = left.map_or(lease, |ns| (ns / MS).min(lease));
+                (limit.rate(), limit.cap(), lease)
+            }
+            _ => (0.0, 0.0, 0),
+        };
+        Decision {
+            reply: ShareReply {
+                rate,
+                burst,
+                lease_ms,
+                refresh_ms,
+                holders: self.live(now) as u64,
+            },
+            written: false,
+            pruned: 0,
+            joined: false,
+            short: false,
+            applied,
+            index: 0,
+            expires_at: 0,
+            pinned: Some(p.kind),
+        }
     }
 
     /// The earliest instant after `now` at which another entry's commitment drops (a
@@ -664,10 +847,9 @@ impl ShareTable {
         req.want.min(level)
     }
 
-    /// Applies one effect (`RL.SETSHARES`): the limit, the entries dead at `prune`
-    /// dropped (none end at 0: `Some(0)` drops nothing), `entry` set. Every check runs first (the entry's own, the table's size),
-    /// so an error changes nothing; the result is a table [`ShareTable::validate`]
-    /// accepts. Returns (entries pruned, whether the entry is new).
+    /// Applies one effect (`RL.SETSHARES` without a pin): the limit, the entries dead at
+    /// `prune` dropped (none end at 0: `Some(0)` drops nothing), `entry` set, no pin (see
+    /// [`ShareTable::apply_pinned`]). Returns (entries pruned, whether the entry is new).
     pub fn apply(
         &mut self,
         limit: Limit,
@@ -675,20 +857,48 @@ impl ShareTable {
         prune: Option<Nanos>,
         entry: Holder,
     ) -> Result<(usize, bool), ShareError> {
+        self.apply_pinned(limit, version, prune, Some(entry), None)
+    }
+
+    /// Applies one effect: the limit, the entries dead at `prune` dropped, `entry` set (if
+    /// any), the pin set to `pin`. Every check runs first (the entry's own, the pin's, the
+    /// table's size, a table left with nothing), so an error changes nothing; the result
+    /// is a table [`ShareTable::validate_pinned`] accepts. Returns (entries pruned,
+    /// whether the entry is new).
+    pub fn apply_pinned(
+        &mut self,
+        limit: Limit,
+        version: u64,
+        prune: Option<Nanos>,
+        entry: Option<Holder>,
+        pin: Option<SharePin>,
+    ) -> Result<(usize, bool), ShareError> {
         if version > MAX_VERSION {
             return Err(ShareError::Version);
         }
-        entry.check()?;
-        let found = self.find(&entry.id);
-        if found.is_err() {
-            let dead = prune.map_or(0, |t| self.holders.iter().filter(|h| h.is_dead(t)).count());
-            if self.holders.len() - dead >= MAX_HOLDERS {
-                return Err(ShareError::TooMany);
+        if let Some(p) = &pin {
+            p.check()?;
+        }
+        let dead = || prune.map_or(0, |t| self.holders.iter().filter(|h| h.is_dead(t)).count());
+        match &entry {
+            Some(e) => {
+                e.check()?;
+                if self.find(&e.id).is_err() && self.holders.len() - dead() >= MAX_HOLDERS {
+                    return Err(ShareError::TooMany);
+                }
             }
+            None if pin.is_none() && self.holders.len() == dead() => {
+                return Err(ShareError::Empty);
+            }
+            None => {}
         }
         self.limit = limit;
         self.version = version;
+        self.pin = pin;
         let pruned = prune.map_or(0, |t| self.prune(t));
+        let Some(entry) = entry else {
+            return Ok((pruned, false));
+        };
         match self.find(&entry.id) {
             Ok(i) => {
                 self.holders[i] = entry;
@@ -702,8 +912,8 @@ impl ShareTable {
     }
 
     /// The parts, to store.
-    pub fn into_parts(self) -> (Limit, u64, Vec<Holder>) {
-        (self.limit, self.version, self.holders)
+    pub fn into_parts(self) -> (Limit, u64, Vec<Holder>, Option<SharePin>) {
+        (self.limit, self.version, self.holders, self.pin)
     }
 }
 
@@ -1325,5 +1535,162 @@ mod tests {
             assert_eq!(replica, t);
             assert_eq!(Some(d.expires_at), t.last_end());
         }
+    }
+
+    fn pin(kind: PinKind, l: Option<Limit>, until: Nanos) -> SharePin {
+        SharePin::new(kind, l, until).unwrap()
+    }
+
+    #[test]
+    fn a_rate_pin_divides_its_limit_and_keeps_the_callers_for_after() {
+        let l = limit(100.0, 10.0);
+        let mut t = ShareTable::new(l, 0);
+        t.decide(&req("a", 100.0, l), T0).unwrap();
+        t.set_pin(Some(pin(PinKind::Rate, Some(limit(10.0, 1.0)), 0)), T0 + MS);
+        // a still holds 100 (counted until its lease ends): b gets nothing...
+        let d = t.decide(&req("b", 100.0, l), T0 + 2 * MS).unwrap();
+        assert_eq!(
+            (d.reply.rate, d.pinned, d.applied),
+            (0.0, Some(PinKind::Rate), Applied::Pinned)
+        );
+        assert_eq!(d.expires_at, NEVER);
+        // ...and once a's old share has gone (a lease), the two share the pinned 10.
+        let mut at = T0 + 3000 * MS + HOLD;
+        let (mut da, mut db) = (None, None);
+        for _ in 0..3 {
+            da = Some(t.decide(&req("a", 100.0, l), at).unwrap().reply);
+            db = Some(t.decide(&req("b", 100.0, l), at + 1).unwrap().reply);
+            assert!(t.committed(at + 1).0 <= 10.0);
+            at += HOLD + 2;
+        }
+        let (da, db) = (da.unwrap(), db.unwrap());
+        assert_eq!((da.rate, db.rate), (5.0, 5.0));
+        assert_eq!((da.burst, db.burst), (0.5, 0.5));
+        // The callers' limit is the table's own all along.
+        assert_eq!(t.limit(), l);
+    }
+
+    #[test]
+    fn block_answers_a_zero_share_and_writes_nothing_until_it_ends() {
+        let l = limit(100.0, 10.0);
+        let mut t = ShareTable::new(l, 0);
+        t.decide(&req("a", 50.0, l), T0).unwrap();
+        t.set_pin(Some(pin(PinKind::Block, None, T0 + 500 * MS)), T0 + MS);
+        let before = t.clone();
+        let d = t.decide(&req("a", 50.0, l), T0 + 100 * MS).unwrap();
+        assert!(!d.written);
+        assert_eq!(t, before);
+        assert_eq!(
+            (
+                d.reply.rate,
+                d.reply.burst,
+                d.reply.lease_ms,
+                d.reply.refresh_ms
+            ),
+            (0.0, 0.0, 0, 400),
+            "called again when the pin ends"
+        );
+        assert_eq!(d.pinned, Some(PinKind::Block));
+        // A release still gives the share up.
+        assert!(t.decide(&release("a", l), T0 + 200 * MS).unwrap().written);
+        // Ended: decided as before, the pin dropped at the write.
+        let d = t.decide(&req("b", 1.0, l), T0 + 500 * MS + HOLD).unwrap();
+        assert_eq!((d.pinned, d.reply.rate), (None, 100.0));
+        assert_eq!(t.pin(), None);
+        assert_eq!(Some(d.expires_at), t.last_end());
+        // Without an end: a period.
+        t.set_pin(Some(pin(PinKind::Block, None, 0)), T0 + 600 * MS);
+        let d = t.decide(&req("b", 1.0, l), T0 + 601 * MS).unwrap();
+        assert_eq!(d.reply.refresh_ms, 1000);
+    }
+
+    #[test]
+    fn exempt_answers_the_callers_limit_for_no_longer_than_the_pin() {
+        let l = limit(100.0, 10.0);
+        let mut t = ShareTable::new(l, 0);
+        t.set_pin(Some(pin(PinKind::Exempt, None, T0 + 1234 * MS)), T0);
+        let d = t.decide(&req("a", 5.0, l), T0).unwrap();
+        assert!(!d.written);
+        assert_eq!(
+            (
+                d.reply.rate,
+                d.reply.burst,
+                d.reply.lease_ms,
+                d.reply.refresh_ms
+            ),
+            (100.0, 10.0, 1234, 1000)
+        );
+        let d = t.decide(&req("a", 5.0, l), T0 + 1000 * MS + 1).unwrap();
+        assert_eq!((d.reply.lease_ms, d.reply.refresh_ms), (233, 234));
+    }
+
+    #[test]
+    fn a_key_pinned_before_any_holder_takes_the_first_callers_limit() {
+        let p = pin(PinKind::Rate, Some(limit(8.0, 8.0)), 0);
+        let mut t = ShareTable::validate_pinned(8.0, 8.0, 0, Vec::new(), Some(p)).unwrap();
+        assert_eq!(t.expires_at(), NEVER);
+        let l = limit(100.0, 100.0);
+        let d = t
+            .decide(
+                &ShareRequest::new(b"a", 100.0, 1000, false, l, 3).unwrap(),
+                T0,
+            )
+            .unwrap();
+        assert_eq!((d.reply.rate, t.limit(), t.version()), (8.0, l, 3));
+        // Without the pin and without entries it is no table.
+        assert_eq!(
+            ShareTable::validate_pinned(8.0, 8.0, 0, Vec::new(), None).unwrap_err(),
+            LoadError::Share(ShareError::Empty)
+        );
+    }
+
+    #[test]
+    fn pins_and_their_effects_are_checked() {
+        let l = limit(1.0, 1.0);
+        for bad in [
+            SharePin {
+                kind: PinKind::Rate,
+                until: 0,
+                limit: None,
+            },
+            SharePin {
+                kind: PinKind::Block,
+                until: 0,
+                limit: Some(l),
+            },
+            SharePin {
+                kind: PinKind::Exempt,
+                until: u64::MAX,
+                limit: None,
+            },
+        ] {
+            assert_eq!(
+                SharePin::new(bad.kind, bad.limit, bad.until),
+                Err(ShareError::Pin)
+            );
+            assert!(ShareTable::validate_pinned(1.0, 1.0, 0, Vec::new(), Some(bad)).is_err());
+            let mut t = ShareTable::new(l, 0);
+            t.decide(&req("a", 1.0, l), T0).unwrap();
+            let before = t.clone();
+            assert_eq!(
+                t.apply_pinned(l, 0, Some(T0), None, Some(bad)),
+                Err(ShareError::Pin)
+            );
+            assert_eq!(t, before);
+        }
+        // An unpin that would leave nothing is refused (the master deletes the key).
+        let mut t = ShareTable::new(l, 0);
+        t.decide(&req("a", 1.0, l), T0).unwrap();
+        let end = t.last_end().unwrap();
+        let before = t.clone();
+        assert_eq!(
+            t.apply_pinned(l, 0, Some(end), None, None),
+            Err(ShareError::Empty)
+        );
+        assert_eq!(t, before);
+        assert_eq!(
+            t.apply_pinned(l, 0, Some(end - 1), None, None),
+            Ok((0, false))
+        );
     }
 }

@@ -8,7 +8,8 @@
 
 use num_rational::BigRational;
 use proptest::prelude::*;
-use rl_core::share::{HOLD, LEASE_PERIODS};
+use rl_core::pin::PinKind;
+use rl_core::share::{SharePin, HOLD, LEASE_PERIODS};
 use rl_core::{Limit, Nanos, ShareRequest, ShareTable};
 
 const MS: Nanos = 1_000_000;
@@ -785,5 +786,318 @@ proptest! {
         let w: Vec<(usize, f64)> = (0..n).map(|i| (i, after[i])).collect();
         let got: Vec<rl_core::ShareReply> = last.iter().map(|r| r.unwrap()).collect();
         check_fair(rate, cap, &w, &got)?;
+    }
+}
+
+/// Limits at the extremes a key may hold, for pins and callers alike.
+const PIN_LIMITS: [(f64, f64); 5] = [
+    (100.0, 40.0),
+    (0.3, 0.001),
+    (1e15, 1e15),
+    (1e-9, 1e-9),
+    (1e15, 1e-9),
+];
+
+#[derive(Debug, Clone)]
+enum PinAct {
+    Call {
+        want: f64,
+        period_ms: u64,
+    },
+    Release,
+    Die,
+    Limit {
+        which: usize,
+        version: u64,
+    },
+    /// `which` < 5: a rate pin to `PIN_LIMITS[which]`; 5 `BLOCK`; 6 `EXEMPT`. `px_ms` 0: no end.
+    Pin {
+        which: usize,
+        px_ms: u64,
+    },
+    Unpin,
+}
+
+fn pin_act() -> impl Strategy<Value = PinAct> {
+    prop_oneof![
+        8 => (prop_oneof![Just(0.0), 0.0f64..300.0, Just(1e15)], prop_oneof![Just(10u64), 10u64..2000])
+            .prop_map(|(want, period_ms)| PinAct::Call { want, period_ms }),
+        1 => Just(PinAct::Release),
+        1 => Just(PinAct::Die),
+        1 => (0usize..5, 0u64..4).prop_map(|(which, version)| PinAct::Limit { which, version }),
+        2 => (0usize..7, prop_oneof![Just(0u64), 1u64..3000]).prop_map(|(which, px_ms)| PinAct::Pin { which, px_ms }),
+        1 => Just(PinAct::Unpin),
+    ]
+}
+
+fn share_pin(which: usize, until: Nanos) -> SharePin {
+    match which {
+        0..5 => {
+            let (r, c) = PIN_LIMITS[which];
+            SharePin::new(PinKind::Rate, Some(Limit::new(r, c).unwrap()), until).unwrap()
+        }
+        5 => SharePin::new(PinKind::Block, None, until).unwrap(),
+        _ => SharePin::new(PinKind::Exempt, None, until).unwrap(),
+    }
+}
+
+/// What a stored table reloads as (RDB, RESTORE): the one validator's answer.
+fn reloaded(t: &ShareTable) -> ShareTable {
+    let (l, v, h, p) = t.clone().into_parts();
+    ShareTable::validate_pinned(l.rate(), l.cap(), v, h, p).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    /// Pins set, replaced, ended by `PX` and removed among holders' calls, limit changes
+    /// and deaths, at extreme limits, with calls delayed both ways; the key expires at its
+    /// expiry as Redis would expire it. The shares holders may count (an `EXEMPT` answer
+    /// counts nothing, by the operator's choice) never sum above the largest limit that
+    /// governed a decision within a lease before (so within one lease of a pin they are
+    /// within the pinned total); the server never raises what it counts above the limit
+    /// that governs; a live pin keeps the key; a replica applying the effects and a reload
+    /// of every state give the same table.
+    #[test]
+    fn pins_flapping_at_extremes_keep_the_bound_and_replicas_agree(
+        holders in 1usize..6,
+        first in 0usize..5,
+        events in prop::collection::vec(
+            (0u64..400, 0usize..6, 0u64..600, 0u64..600, pin_act()), 1..150),
+    ) {
+        let (mut rate, mut cap) = PIN_LIMITS[first];
+        let mut version = 0u64;
+        let mut table: Option<ShareTable> = None;
+        let mut replica: Option<ShareTable> = None;
+        let mut sims = vec![Sim::default(); holders];
+        let mut uses: Vec<Use> = Vec::new();
+        let mut now = T0;
+        let mut max_lease = HOLD;
+        for (gap_ms, who, d1_ms, d2_ms, act) in events {
+            now += gap_ms * MS;
+            // Redis expires the key at its expiry (the replica with its master).
+            if table.as_ref().is_some_and(|t| t.expires_at() <= now) {
+                prop_assert!(table.as_ref().unwrap().live_pin(now).is_none(), "a pinned key expired");
+                table = None;
+                replica = None;
+            }
+            let who = who % holders;
+            let (period_ms, want, release) = match act {
+                PinAct::Limit { which, version: v } => {
+                    (rate, cap) = PIN_LIMITS[which];
+                    version = v;
+                    continue;
+                }
+                PinAct::Die => {
+                    sims[who].dead = true;
+                    continue;
+                }
+                PinAct::Pin { which, px_ms } => {
+                    let p = share_pin(which, if px_ms == 0 { 0 } else { now + px_ms * MS });
+                    let t = match table.as_mut() {
+                        Some(t) => {
+                            t.set_pin(Some(p), now);
+                            t
+                        }
+                        None => {
+                            let l = p.limit.unwrap_or(Limit::new(1.0, 1.0).unwrap());
+                            table = Some(ShareTable::validate_pinned(l.rate(), l.cap(), 0, vec![], Some(p)).unwrap());
+                            replica = Some(ShareTable::new(l, 0));
+                            table.as_mut().unwrap()
+                        }
+                    };
+                    let r = replica.as_mut().unwrap();
+                    r.apply_pinned(t.limit(), t.version(), Some(now), None, t.pin().copied()).unwrap();
+                    prop_assert_eq!(&*r, &*t);
+                    prop_assert!(t.expires_at() > now);
+                    continue;
+                }
+                PinAct::Unpin => {
+                    if let Some(t) = table.as_mut().filter(|t| t.live_pin(now).is_some()) {
+                        t.set_pin(None, now);
+                        if t.holders().is_empty() {
+                            // The key is deleted (and so on the replica).
+                            table = None;
+                            replica = None;
+                        } else {
+                            let r = replica.as_mut().unwrap();
+                            r.apply_pinned(t.limit(), t.version(), Some(now), None, None).unwrap();
+                            prop_assert_eq!(&*r, &*t);
+                        }
+                    }
+                    continue;
+                }
+                PinAct::Call { want, period_ms } => (period_ms, want, false),
+                PinAct::Release => (100, 0.0, true),
+            };
+            let sim = &mut sims[who];
+            if sim.dead || sim.ready_at > now {
+                continue;
+            }
+            let s = now.saturating_sub(d1_ms * MS).max(sim.ready_at);
+            let answer = now + d2_ms * MS;
+            let id = format!("holder-{who}");
+            let limit = Limit::new(rate, cap).unwrap();
+            let req = ShareRequest::new(id.as_bytes(), want, period_ms, release, limit, version)
+                .unwrap();
+            let t = table.get_or_insert_with(|| ShareTable::new(limit, version));
+            let r = replica.get_or_insert_with(|| ShareTable::new(limit, version));
+            let before = t.clone();
+            let pin = t.live_pin(now).copied();
+            let d = t.decide(&req, now).unwrap();
+            prop_assert_eq!(d.pinned, pin.map(|p| p.kind));
+            // The limit that governed: the pin's, else the callers' (resolved).
+            let governed = match pin.and_then(|p| p.limit) {
+                Some(l) => (l.rate(), l.cap()),
+                None => (t.limit().rate(), t.limit().cap()),
+            };
+            let (r0, b0) = committed(&before, now);
+            let (r1, b1) = committed(t, now);
+            prop_assert!(r1 <= exact(governed.0).max(r0.clone()), "server rates {} > {}", r1, governed.0);
+            prop_assert!(b1 <= exact(governed.1).max(b0.clone()), "server bursts {} > {}", b1, governed.1);
+            if !d.written {
+                prop_assert_eq!(&*t, &before);
+            } else {
+                let e = t.holders()[d.index].clone();
+                r.apply_pinned(t.limit(), t.version(), Some(now), Some(e), t.pin().copied()).unwrap();
+                prop_assert_eq!(&*r, &*t);
+                prop_assert_eq!(t.expires_at(), d.expires_at);
+                prop_assert!(t.pin().is_none_or(|p| p.live_at(now)), "an ended pin outlived a write");
+            }
+            if t.holders().is_empty() && t.pin().is_none() {
+                // A call that wrote nothing on a key that did not exist: none is stored.
+                table = None;
+                replica = None;
+            } else {
+                prop_assert_eq!(&reloaded(t), &*t);
+            }
+            let blocked = pin.is_some_and(|p| p.kind == PinKind::Block) && !release;
+            if blocked {
+                prop_assert_eq!((d.reply.rate, d.reply.burst, d.reply.lease_ms), (0.0, 0.0, 0));
+            }
+            if let Some(i) = sim.current.take() {
+                let stop = answer.min(s + HOLD).max(uses[i].from);
+                uses[i].until = uses[i].until.min(stop);
+            }
+            sim.ready_at = answer;
+            let exempt = pin.is_some_and(|p| p.kind == PinKind::Exempt) && !release;
+            if exempt {
+                // Uncounted by the holder; never past the pin's end.
+                let until = pin.unwrap().until;
+                prop_assert!(until == 0 || now + d.reply.lease_ms * MS <= until);
+                continue;
+            }
+            let lease = d.reply.lease_ms * MS;
+            max_lease = max_lease.max(lease);
+            let margin = lease / 100 + 10 * MS;
+            if lease > 0 && answer < s + lease - margin.min(lease) {
+                uses.push(Use {
+                    rate: d.reply.rate,
+                    burst: d.reply.burst,
+                    from: answer,
+                    until: s + lease - margin.min(lease),
+                    decided: now,
+                    limit: governed,
+                });
+                sim.current = Some(uses.len() - 1);
+            }
+        }
+        check_uses(&uses, max_lease, false).map_err(TestCaseError::fail)?;
+        check_uses(&uses, max_lease, true).map_err(TestCaseError::fail)?;
+    }
+
+    /// A settled fleet calling as told (up to a tenth early); an operator pins the key to
+    /// a lower limit (or `BLOCK`s it) at `pin_at`. From one lease after the pin (the
+    /// holders' margins included) the shares in use sum to at most the pinned rate and
+    /// cap, and the server's counted total is within them; once the pin is removed the
+    /// holders are back under the callers' limit, never above it.
+    #[test]
+    fn holders_reach_the_pinned_total_within_one_lease(
+        l in 0usize..3,
+        p in 0usize..6,
+        wants in prop::collection::vec(prop_oneof![Just(0.0), 1.0f64..300.0, Just(1e15)], 1..6),
+        period_ms in 300u64..1500,
+        pin_ms in 0u64..3000,
+        seed in any::<u64>(),
+    ) {
+        let (rate, cap) = LIMITS[l];
+        let limit = Limit::new(rate, cap).unwrap();
+        let pin = share_pin(p, 0);
+        let pinned = pin.limit.map_or((0.0, 0.0), |l| (l.rate(), l.cap()));
+        let mut table = ShareTable::new(limit, 0);
+        let n = wants.len();
+        let mut seed = seed | 1;
+        let mut jitter = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            0.9 + 0.1 * (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let period = period_ms * MS;
+        let lease = period * LEASE_PERIODS;
+        let pin_at = T0 + 2 * lease + pin_ms * MS;
+        let unpin_at = pin_at + 2 * lease;
+        let horizon = unpin_at + 2 * lease;
+        let mut next: Vec<Nanos> = (0..n as u64).map(|i| T0 + i).collect();
+        let mut current: Vec<Option<usize>> = vec![None; n];
+        let mut uses: Vec<Use> = Vec::new();
+        let (mut pinned_yet, mut unpinned_yet) = (false, false);
+        loop {
+            let (i, &now) = next.iter().enumerate().min_by_key(|&(_, t)| *t).unwrap();
+            if now > horizon {
+                break;
+            }
+            if !pinned_yet && now >= pin_at {
+                table.set_pin(Some(pin), pin_at);
+                pinned_yet = true;
+            }
+            if !unpinned_yet && now >= unpin_at {
+                table.set_pin(None, unpin_at);
+                unpinned_yet = true;
+            }
+            let id = format!("h{i}");
+            let req = ShareRequest::new(id.as_bytes(), wants[i], period_ms, false, limit, 0).unwrap();
+            let d = table.decide(&req, now).unwrap();
+            let (r, b) = committed(&table, now);
+            if now >= pin_at + lease + HOLD && now < unpin_at {
+                prop_assert!(r <= exact(pinned.0) && b <= exact(pinned.1), "over the pin {} > {}", r, pinned.0);
+            }
+            prop_assert!(r <= exact(rate.max(pinned.0)) && b <= exact(cap.max(pinned.1)));
+            // The holder uses its answer from when it comes (decided now, no delay here)
+            // until its lease ends less its margin; the old one stops now.
+            if let Some(k) = current[i].take() {
+                uses[k].until = uses[k].until.min(now.max(uses[k].from));
+            }
+            let lease_got = d.reply.lease_ms * MS;
+            let margin = lease_got / 100 + 10 * MS;
+            if lease_got > margin {
+                uses.push(Use {
+                    rate: d.reply.rate,
+                    burst: d.reply.burst,
+                    from: now,
+                    until: now + lease_got - margin,
+                    decided: now,
+                    limit: (rate, cap),
+                });
+                current[i] = Some(uses.len() - 1);
+            }
+            next[i] = now + (d.reply.refresh_ms.max(1) as f64 * jitter() * MS as f64) as Nanos;
+        }
+        // Every instant from one lease after the pin to its removal: within the pin.
+        let mut instants: Vec<Nanos> = uses.iter().map(|u| u.from).collect();
+        instants.extend(uses.iter().map(|u| u.until.saturating_sub(1)));
+        instants.push(pin_at + lease);
+        for &t in instants.iter().filter(|&&t| t >= pin_at + lease && t < unpin_at) {
+            let live = uses.iter().filter(|u| u.from <= t && t < u.until);
+            let (sr, sb) = live.fold((zero(), zero()), |(r, b), u| (r + exact(u.rate), b + exact(u.burst)));
+            prop_assert!(sr <= exact(pinned.0) && sb <= exact(pinned.1),
+                "at {} ms after the pin: {} > {}", (t - pin_at) / MS, sr, pinned.0);
+        }
+        // After the unpin, within a lease, within the callers' limit again.
+        for &t in instants.iter().filter(|&&t| t >= unpin_at + lease) {
+            let live = uses.iter().filter(|u| u.from <= t && t < u.until);
+            let (sr, sb) = live.fold((zero(), zero()), |(r, b), u| (r + exact(u.rate), b + exact(u.burst)));
+            prop_assert!(sr <= exact(rate) && sb <= exact(cap));
+        }
     }
 }

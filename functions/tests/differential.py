@@ -1136,6 +1136,7 @@ class ShareRunner:
         self.ops = ops
         self.pairs = [SharePair() for _ in range(4)]
         self.calls = self.errors = self.shorts = self.releases = self.equal = 0
+        self.pins = self.pinned = 0
         self.straddles = []
 
     def gen(self, p):
@@ -1158,10 +1159,87 @@ class ShareRunner:
         random.shuffle(opts) if "VERSION" not in opts else None
         return args + opts, False
 
+    def pin_step(self, p):
+        """RL.PIN (rate cap, BLOCK, EXEMPT; maybe PX; SHARES where the key may not exist
+        yet), RL.UNPIN or RL.PINNED on a share pair: the same replies (RL.PINNED's ms_left
+        within the tolerance), the same expiries."""
+        choice = random.random()
+        if choice < 0.25:
+            cmd, fn, what = "RL.UNPIN", "rl_unpin", []
+        elif choice < 0.4:
+            cmd, fn, what = "RL.PINNED", "rl_pinned", []
+        else:
+            cmd, fn = "RL.PIN", "rl_pin"
+            kind = random.random()
+            if kind < 0.3:
+                what = [random.choice(["BLOCK", "block"])]
+            elif kind < 0.5:
+                what = ["EXEMPT"]
+            else:
+                rate, cap = random.choice(SHARE_LIMITS)
+                what = [spell(rate), spell(cap)]
+            if self.r.exists(p.m) == 0 or random.random() < 0.3:
+                what = ["SHARES", *what]
+            px = random.choice(PIN_PX)
+            if px:
+                what += ["PX", str(px)]
+        pipe = self.r.pipeline(transaction=True)
+        pipe.execute_command("TIME")
+        pipe.execute_command("HGET", p.f, "P")
+        calls = [[cmd, p.m, *what], ["FCALL", fn, 1, p.f, *what]]
+        first_module = random.random() < 0.5
+        for c in (calls if first_module else calls[::-1]):
+            pipe.execute_command(*c)
+        pipe.execute_command("TIME")
+        pipe.execute_command("PEXPIRETIME", p.m)
+        pipe.execute_command("PEXPIRETIME", p.f)
+        out = pipe.execute(raise_on_error=False)
+        t0, pin_before, a, b, t1, em, ef = out
+        rm, rf = (a, b) if first_module else (b, a)
+        if t0 == t1:
+            t1 = self.r.time()
+        window = (t1[0] - t0[0]) * 1e6 + (t1[1] - t0[1]) + 2
+        tol = window + p.max_window_us
+        self.pins += 1
+        call_us = t0[0] * 1e6 + t0[1]
+        near = False
+        if pin_before:
+            until = int(pin_before.split()[1])
+            near = until != 0 and call_us - tol <= until <= call_us + tol
+        try:
+            if isinstance(rm, Exception) or isinstance(rf, Exception):
+                if str(rm) != str(rf):
+                    raise Mismatch(f"errors differ: {rm!r} vs {rf!r}")
+                return
+            if cmd == "RL.PINNED" and rm and rf:
+                def fields(x):
+                    d = {(k.decode() if isinstance(k, bytes) else k): v
+                         for k, v in as_map(x).items()}
+                    return {k: v if v is None or k in ("kind", "ms_left") else as_float(v)
+                            for k, v in d.items()}
+                mm, mf = fields(rm), fields(rf)
+                lm, lf = mm.pop("ms_left"), mf.pop("ms_left")
+                if mm != mf:
+                    raise Mismatch(f"pinned {mm!r} vs {mf!r}")
+                if lm != lf and abs(lm - lf) > 1 + tol / 1000:
+                    raise Mismatch(f"ms_left {lm} vs {lf}")
+            elif rm != rf:
+                raise Mismatch(f"{rm!r} vs {rf!r}")
+            if em != ef and abs(em - ef) > 1 + tol / 1000:
+                raise Mismatch(f"expiry {em} vs {ef}")
+        except Mismatch as e:
+            if near:
+                self.straddles.append(f"{cmd} {what}: {e}")
+                self.pairs[self.pairs.index(p)] = SharePair()
+                return
+            raise Mismatch(f"{cmd} {what} (protocol {self.protocol}): {e}") from None
+
     def step(self):
         if random.random() < 0.06:
             time.sleep(random.choice([0.01, 0.05, 0.26]))  # holds (250 ms) and leases lapse
         p = random.choice(self.pairs)
+        if random.random() < 0.07:
+            return self.pin_step(p)
         args, bad = self.gen(p)
         first_module = random.random() < 0.5
         pipe = self.r.pipeline(transaction=not bad)
@@ -1195,7 +1273,9 @@ class ShareRunner:
         if isinstance(before, dict):
             before = [x for kv in before.items() for x in kv]
         for k, v in zip(before[::2], before[1::2]):
-            if k not in (b"R", b"C", b"V"):
+            if k == b"P":
+                ends.append(int(v.split()[1]))  # a pin's end
+            elif k not in (b"R", b"C", b"V"):
                 parts = v.split()
                 ends += [int(parts[3]), int(parts[6])]
         call_us = t0[0] * 1e6 + t0[1]
@@ -1215,6 +1295,7 @@ class ShareRunner:
                            f"{rf!r}\n  library state before: {before!r}") from None
         p.max_window_us = max(p.max_window_us, window)
         self.equal += 1
+        self.pinned += len(rm) > 5
         self.shorts += rm[3] < max(300, int(args[4]))  # periods under 300 ms are raised
         self.releases += any(str(x).upper() == "RELEASE" for x in args)
 
@@ -1230,6 +1311,9 @@ class ShareRunner:
             raise Mismatch(f"lease_ms / holders {rm[2]}, {rm[4]} vs {rf[2]}, {rf[4]}")
         if rm[3] != rf[3] and abs(rm[3] - rf[3]) > 1 + tol / 1000:
             raise Mismatch(f"refresh_ms {rm[3]} vs {rf[3]}")
+        # The pin's kind, only when a pin decided.
+        if rm[5:] != rf[5:]:
+            raise Mismatch(f"pin {rm[5:]!r} vs {rf[5:]!r}")
 
     def run(self):
         random.seed(self.rng.random())
@@ -1244,7 +1328,8 @@ class ShareRunner:
         assert rate < MAX_SHARE_STRADDLE_RATE, f"straddles {rate:.4%} >= 2%"
         return (f"{self.calls} pairs; {self.errors} error replies compared; "
                 f"{self.equal} replies equal, {self.shorts} short, {self.releases} "
-                f"releases; straddles {len(self.straddles)} ({100 * rate:.3f}%)")
+                f"releases, {self.pinned} decided by a pin; {self.pins} pin calls; "
+                f"straddles {len(self.straddles)} ({100 * rate:.3f}%)")
 
 
 def share_cross_type_checks(server):

@@ -92,6 +92,24 @@ def test_block_and_exempt(server: Server, key: str) -> None:
     assert code == 0 and out.startswith(f"{key}: exempt, ") and out.endswith(" left\n")
 
 
+def test_share_keys_are_pinned_before_and_after_their_first_holder(
+    server: Server, key: str
+) -> None:
+    r = server.client()
+    assert run("pin", key, "5/s", "--shares", *url(server))[0] == 0
+    rate, burst, _, _, _, kind = r.execute_command("RL.SHARE", key, 100, 100, "h", 100, 1000)
+    assert (float(rate), float(burst), kind) == (5.0, 5.0, b"rate")
+    # An existing share key needs no flag; a bucket refuses it.
+    assert run("pin", key, "--block", *url(server))[0] == 0
+    *_, kind = r.execute_command("RL.SHARE", key, 100, 100, "h", 100, 1000)
+    assert kind == b"block"
+    assert run("pinned", key, *url(server))[1].startswith(f"{key}: block, ")
+    assert run("unpin", key, *url(server)) == (0, f"{key}: unpinned\n", "")
+    r.execute_command("RL.TAKE", key + "b", 1, 1)
+    code, _, err = run("pin", key + "b", "--block", "--shares", *url(server))
+    assert code == 4 and "not a share key" in err, err
+
+
 def test_top_lists_the_keys_denied_most(own_server: Server) -> None:
     r = own_server.client()
     assert run("top", *url(own_server)) == (0, "no key denied lately\n", "")

@@ -172,9 +172,13 @@ def test_bad_pins_are_errors(server: Server, key: str) -> None:
     lim = Limiter(r, key, TINY, 5, timeout=10)
     with pytest.raises(ValueError):
         lim.pin(pins.BLOCK, 0)
+    # A share key is pinned as any (RL.SHARE's reply then names the pin).
     r.execute_command("RL.SHARE", key + ":shares", 10, 10, "h", 5, 1000)
-    with pytest.raises(ServerError, match="holds shares"):
-        lim.pin(pins.EXEMPT, key=key + ":shares")
+    lim.pin(pins.EXEMPT, key=key + ":shares")
+    info = lim.pinned(key=key + ":shares")
+    assert info is not None and info.kind == "exempt"
+    reply = r.execute_command("RL.SHARE", key + ":shares", 10, 10, "h", 5, 1000)
+    assert reply[5] == b"exempt"
     r.set(key + ":plain", "x")
     with pytest.raises(ServerError, match="WRONGTYPE"):
         lim.pinned(key=key + ":plain")

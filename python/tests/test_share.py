@@ -349,6 +349,35 @@ def test_replies_are_parsed_in_both_protocols() -> None:
             parse_share(bad)
 
 
+def test_pinned_replies_are_parsed_and_the_state_follows_the_pin() -> None:
+    assert parse_share([b"0", b"0", 0, 1000, 2, b"block"]) == Grant(0.0, 0.0, 0.0, 1.0, 2, "block")
+    assert parse_share([5.0, 1.0, 3000, 1000, 2, "rate"]).pinned == "rate"
+    for bad in ([1, 1, 1, 1, 1, b"other"], [1, 1, 1, 1, 1, b"rate", 1]):
+        with pytest.raises(ServerError):
+            parse_share(bad)
+    s = ShareState(T0)
+    # Exempt: every take granted, nothing counted, until the lease ends.
+    s.sending(T0)
+    s.answered(T0, Grant(100.0, 10.0, 3.0, 1.0, 1, "exempt"), T0 + MS)
+    for i in range(1000):
+        d = s.decide(1, T0 + 2 * MS + i * 1e-6, False, policy(DENY))
+        assert d.granted and d.pinned == "exempt"
+    assert not s.decide(1, T0 + 3.0, False, policy(DENY)).granted
+    # Block: a zero share, every take denied, the pin said.
+    s.sending(T0 + 3.0)
+    s.answered(T0 + 3.0, Grant(0.0, 0.0, 0.0, 1.0, 1, "block"), T0 + 3.0 + MS)
+    d = s.decide(1, T0 + 3.0 + 2 * MS, False, policy(DENY))
+    assert not d.granted and not d.fallback and d.pinned == "block"
+    # A rate pin: its share, spent as any (the bucket starts from what was left: none).
+    s.sending(T0 + 4.0)
+    s.answered(T0 + 4.0, Grant(10.0, 2.0, 3.0, 1.0, 1, "rate"), T0 + 4.0 + MS)
+    d = s.decide(1, T0 + 4.2, False, policy(DENY))
+    assert d.granted and d.pinned == "rate"
+    s.sending(T0 + 5.0)
+    s.answered(T0 + 5.0, Grant(10.0, 2.0, 3.0, 1.0, 1), T0 + 5.0 + MS)
+    assert s.decide(1, T0 + 5.2, False, policy(DENY)).pinned is None
+
+
 def test_bad_settings_are_refused() -> None:
     r = redis.Redis(port=1)
     for kwargs in ({"period": 0.001}, {"headroom": -1.0}, {"allow_for": math.inf}):
@@ -839,3 +868,45 @@ def test_the_hot_key_bench_lets_out_only_shares_while_its_calls_time_out(
     wait_for(lambda: lim.take().granted)
     assert lim.take().source == Source.SHARE
     lim.close()
+
+
+def follow_pins(admin: Any, lim: ShareLimiter, key: str, fcall: bool) -> None:
+    """An operator pins the key: the limiter picks each pin up at its next call."""
+
+    def pin(*what: Any) -> None:
+        if fcall:
+            admin.execute_command("FCALL", "rl_pin", 1, key, *what)
+        else:
+            admin.execute_command("RL.PIN", key, *what)
+
+    wait_for(lambda: lim.share().rate > 0)
+    pin("BLOCK")
+    wait_for(lambda: lim.share().pinned == "block")
+    d = lim.take()
+    assert not d and d.pinned == "block" and d.source == Source.SHARE
+    pin("EXEMPT")
+    wait_for(lambda: lim.share().pinned == "exempt")
+    # Far beyond the cap (50): an exempt holder counts nothing.
+    for _ in range(500):
+        d = lim.take()
+        assert d and d.pinned == "exempt"
+    pin("10", "5")
+    wait_for(lambda: lim.share().pinned == "rate" and lim.share().rate == 10)
+    assert lim.share().burst == 5
+    if fcall:
+        admin.execute_command("FCALL", "rl_unpin", 1, key)
+    else:
+        admin.execute_command("RL.UNPIN", key)
+    wait_for(lambda: lim.share().pinned is None and lim.share().rate == 1000)
+
+
+def test_a_pin_on_the_key_is_picked_up_at_the_next_call(server: Server, key: str) -> None:
+    with ShareLimiter(server.client(), key, 1000, 50, period=PERIOD, timeout=5) as lim:
+        follow_pins(server.client(), lim, key, fcall=False)
+
+
+def test_a_pin_on_the_key_is_picked_up_at_the_next_call_functions(
+    fserver: Server, key: str
+) -> None:
+    with ShareLimiter(fserver.client(), key, 1000, 50, period=PERIOD, timeout=5) as lim:
+        follow_pins(fserver.client(), lim, key, fcall=True)

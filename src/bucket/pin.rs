@@ -7,7 +7,8 @@
 //! back under the limit callers' calls resolve to. A key that held nothing may be pinned:
 //! it then holds only the pin. Semaphore keys take `RL.PIN key PERMITS n|BLOCK|EXEMPT`
 //! (and `BLOCK`/`EXEMPT` alone on an existing one): see [`crate::semaphore::pin`]. Share
-//! keys are refused.
+//! keys take the bucket's syntax, and `RL.PIN key SHARES rate cap|BLOCK|EXEMPT [PX ms]`
+//! pins a key before any holder came: see [`crate::share::pin`].
 
 use crate::args::Args;
 use crate::bucket::effect;
@@ -20,11 +21,14 @@ use crate::grammar;
 use crate::observe::stats;
 use crate::reply::Reply;
 use crate::semaphore::PermitKey;
+use crate::share::ShareKey;
 use rl_core::pin::{self, PinKind};
 use rl_core::{Bucket, Limit, Nanos, PermitPin};
 
 const SHARE_KEY: &str =
-    "RL.PIN pins bucket and semaphore keys: this key holds shares, which pins do not cover yet";
+    "this key holds shares (RL.SHARE): pin it with RL.PIN key rate cap|BLOCK|EXEMPT [PX ms]";
+const NOT_SHARES: &str =
+    "this key is not a share key: RL.PIN key SHARES ... pins share keys (RL.SHARE) or a key that holds nothing";
 const PERMITS_NEEDED: &str =
     "this key is a semaphore (RL.ACQUIRE): pin its concurrency with RL.PIN key PERMITS n";
 const BUCKET_KEY: &str =
@@ -35,6 +39,7 @@ const BUCKET_KEY: &str =
 enum Holds {
     Bucket,
     Permits,
+    Shares,
 }
 
 /// What `name` holds (a missing key: a bucket, the default), or the error for a key no
@@ -43,7 +48,7 @@ fn holds(ctx: Ctx, name: crate::ffi::Str) -> Result<Holds> {
     let key = crate::ffi::OpenKey::open(ctx, name, crate::ffi::Access::Read);
     match key.value() {
         Value::Permits(_) => Ok(Holds::Permits),
-        Value::Shares(_) => Err(Error::Invalid(SHARE_KEY)),
+        Value::Shares(_) => Ok(Holds::Shares),
         Value::Other => Err(Error::WrongType),
         _ => Ok(Holds::Bucket),
     }
@@ -54,19 +59,22 @@ fn bucket_of<'k>(key: &'k BucketKey) -> Result<Option<StateMut<'k>>> {
     key.state()
 }
 
-/// What `RL.PIN` was asked: the kind, a rate pin's limit, and its length in ms (0: none).
-fn parse(args: &Args) -> Result<(PinKind, Option<Limit>, u64)> {
-    let (kind, limit, from) = if args.is(1, "PERMITS") {
-        return Err(Error::Invalid("internal: PERMITS is parsed apart"));
-    } else if args.is(1, "BLOCK") {
-        (PinKind::Block, None, 2)
-    } else if args.is(1, "EXEMPT") {
-        (PinKind::Exempt, None, 2)
+/// What `RL.PIN` was asked, from argument `at`: the kind, a rate pin's limit, and its
+/// length in ms (0: none).
+fn parse(args: &Args, at: usize) -> Result<(PinKind, Option<Limit>, u64)> {
+    let (kind, limit, from) = if args.is(at, "PERMITS") || args.is(at, "SHARES") {
+        return Err(Error::Invalid(
+            "internal: PERMITS and SHARES are parsed apart",
+        ));
+    } else if args.is(at, "BLOCK") {
+        (PinKind::Block, None, at + 1)
+    } else if args.is(at, "EXEMPT") {
+        (PinKind::Exempt, None, at + 1)
     } else {
-        if args.len() < 3 {
+        if args.len() < at + 2 {
             return Err(Error::Arity);
         }
-        (PinKind::Rate, Some(grammar::limit(args, 1)?), 3)
+        (PinKind::Rate, Some(grammar::limit(args, at)?), at + 2)
     };
     Ok((kind, limit, px(args, from)?))
 }
@@ -117,12 +125,29 @@ fn end_of(ms: u64, now: Nanos) -> Result<Nanos> {
 }
 
 pub fn pin(ctx: Ctx, args: Args) -> Result<Reply> {
-    if !(2..=5).contains(&args.len()) {
+    if !(2..=6).contains(&args.len()) {
         return Err(Error::Arity);
     }
     let name = args.raw(0)?;
     let holds = holds(ctx, name)?;
     let now = clock::now();
+    let shares = args.is(1, "SHARES");
+    if shares || holds == Holds::Shares {
+        if holds != Holds::Shares && key_exists(ctx, name) {
+            return Err(Error::Invalid(NOT_SHARES));
+        }
+        let at = 1 + usize::from(shares);
+        if args.is(at, "PERMITS") || args.is(at, "SHARES") {
+            return Err(Error::Invalid(SHARE_KEY));
+        }
+        let (kind, limit, ms) = parse(&args, at)?;
+        let p = crate::share::pin::of(kind, limit, end_of(ms, now)?)?;
+        let key = ShareKey::open(ctx, name);
+        return crate::share::pin::pin(ctx, &key, p, now);
+    }
+    if args.len() > 5 {
+        return Err(Error::Arity);
+    }
     if args.is(1, "PERMITS") {
         let (kind, limit, ms) = parse_permits(&args)?;
         if holds == Holds::Bucket && key_exists(ctx, name) {
@@ -133,7 +158,7 @@ pub fn pin(ctx: Ctx, args: Args) -> Result<Reply> {
         let p = PermitPin { kind, limit, until };
         return crate::semaphore::pin::pin(ctx, &key, p, now);
     }
-    let (kind, limit, ms) = parse(&args)?;
+    let (kind, limit, ms) = parse(&args, 1)?;
     let until = end_of(ms, now)?;
     if holds == Holds::Permits {
         if kind == PinKind::Rate {
@@ -163,7 +188,11 @@ pub fn unpin(ctx: Ctx, args: Args) -> Result<Reply> {
     }
     let now = clock::now();
     let name = args.raw(0)?;
-    if holds(ctx, name)? == Holds::Permits {
+    let holds = holds(ctx, name)?;
+    if holds == Holds::Shares {
+        return crate::share::pin::unpin(ctx, &ShareKey::open(ctx, name), now);
+    }
+    if holds == Holds::Permits {
         let key = PermitKey::open(ctx, name);
         let Some(t) = key.table()? else {
             return Ok(Reply::Int(0));
@@ -204,8 +233,10 @@ pub fn pinned(ctx: Ctx, args: Args) -> Result<Reply> {
     let now = clock::now();
     let name = args.raw(0)?;
     let key = crate::ffi::OpenKey::open(ctx, name, crate::ffi::Access::Read);
-    if let Value::Permits(t) = key.value() {
-        return Ok(crate::semaphore::pin::describe(t, now));
+    match key.value() {
+        Value::Permits(t) => return Ok(crate::semaphore::pin::describe(t, now)),
+        Value::Shares(t) => return Ok(crate::share::pin::describe(t, now)),
+        _ => {}
     }
     drop(key);
     holds(ctx, name)?;

@@ -89,7 +89,7 @@ counters! {
     PINNED_DECISIONS: "Decisions a live pin made (RL.PIN: the pinned limit, BLOCK or EXEMPT) instead of the caller's limit.",
     PINS_SET: "RL.PIN calls (a pin set or replaced).",
     PINS_REMOVED: "RL.UNPIN calls that removed a pin.",
-    PINNED_KEYS: "Bucket keys holding a pin now (one that ended leaves at the key's next write).",
+    PINNED_KEYS: "Bucket, share and semaphore keys holding a pin now (one that ended leaves at the key's next write).",
     KEYS_EVICTED: "rl keys (bucket, share, permit) the server evicted under maxmemory: each came back full (a bucket) or without its holders on its next use.",
 }
 

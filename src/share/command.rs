@@ -3,7 +3,9 @@
 //! again every `period_ms` (see [`rl_core::share`]).
 //!
 //! Reply: `[rate, burst, lease_ms, refresh_ms, holders]` (rate and burst doubles, the rest
-//! integers). A `RELEASE` of a holder without a live lease writes nothing.
+//! integers), and a sixth element, the kind of the pin (`rate`, `block`, `exempt`), only
+//! when a live pin decided. A `RELEASE` of a holder without a live lease writes nothing;
+//! neither does a call under `BLOCK` or `EXEMPT`.
 
 use crate::args::Args;
 use crate::clock;
@@ -59,14 +61,23 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
             &mut fresh
         }
     };
+    let had_pin = table.pin().is_some();
     let d = table.decide(&req, now).map_err(invalid)?;
     let r = d.reply;
+    if d.pinned.is_some() {
+        stats::PINNED_DECISIONS.add(1);
+        namespaces::pinned(ns);
+    }
     if d.written {
-        crate::pipeline::count_limit_source(d.applied);
+        // Under a pin (counted above) only a replaced limit is counted besides.
+        if d.pinned.is_none() || d.applied == Applied::Replaced {
+            crate::pipeline::count_limit_source(d.applied);
+        }
         // Queued now, sent after the command: the table is still at hand here.
         let limit = match d.applied {
-            // Decided under the stored limit: the effect carries it, not the caller's.
-            Applied::Stale => LimitText::Stored,
+            // Decided under the stored limit (a pinned call may have been stale): the
+            // effect carries it, not the caller's.
+            Applied::Stale | Applied::Pinned => LimitText::Stored,
             _ => LimitText::Args {
                 rate: rate_arg,
                 cap: cap_arg,
@@ -80,6 +91,10 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
             );
         } else {
             share::moved(d.pruned, usize::from(d.joined));
+            if had_pin {
+                // An ended pin goes at a write.
+                share::pinned_keys(true, table.pin().is_some());
+            }
             key.expire_at(d.expires_at);
         }
     }
@@ -103,6 +118,18 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
         if outcome == Outcome::Denied {
             top::denied(name.bytes(), now);
         }
+    }
+    if let Some(kind) = d.pinned {
+        // Six elements, the pin's kind last: an array (the inline row holds five, and the
+        // unpinned replies stay as they were).
+        return Ok(Reply::Array(vec![
+            Reply::Double(r.rate),
+            Reply::Double(r.burst),
+            Reply::Int(r.lease_ms as i64),
+            Reply::Int(r.refresh_ms as i64),
+            Reply::Int(r.holders as i64),
+            Reply::Text(crate::bucket::pin::kind_name(kind)),
+        ]));
     }
     Ok(Reply::row([
         Scalar::Double(r.rate),

@@ -2,28 +2,36 @@
 //! (`RL.SHARE`). A type of its own, so a bucket or semaphore command on a share key (and
 //! the reverse) is a `WRONGTYPE` error.
 //!
-//! RDB encoding version 1, per key: `rate cap version count` then per holder `id want
+//! RDB encoding version 2, per key: `rate cap version count` then per holder `id want
 //! rate burst lease_end held_rate held_burst held_until` (doubles, unsigneds, the id a
-//! string). The key's expiry is its last entry's end ([`ShareTable::last_end`]).
+//! string), then the pin: `kind` (0: none; 1 rate, 2 BLOCK, 3 EXEMPT) and, with one,
+//! `until` and (a rate pin) its `rate cap`. Version 1 (no pin) still loads. The key's
+//! expiry is its last entry's end, later under a pin ([`ShareTable::expires_at`]).
 //!
 //! Effects: `RL.SETSHARES key rate cap version prune_at holder
-//! want,rate,burst,lease_end,held_rate,held_burst,held_until`: the limit, the entries ended
-//! at `prune_at` dropped (0 on AOF rewrite: no entry ends at 0), one entry set (its numbers
-//! in one argument: see [`EntryText`]). Positional, so that each call's effect makes as
-//! few objects in the server as it can. Checked by [`ShareTable::apply`], which runs the checks RDB load runs
-//! ([`ShareTable::validate`]) before anything changes.
+//! want,rate,burst,lease_end,held_rate,held_burst,held_until [pin]`: the limit, the
+//! entries ended at `prune_at` dropped (0 on AOF rewrite: no entry ends at 0), one entry
+//! set (its numbers in one argument: see [`EntryText`]), and the key's pin: `pin` is
+//! `kind,until` (`BLOCK` 2, `EXEMPT` 3) or `1,until,rate,cap`, and without it the key has
+//! none (so effects from before pins still apply). `RL.SETSHARES key rate cap version
+//! prune_at pin` sets the pin alone (`0`: none), for `RL.PIN`/`RL.UNPIN` and a pinned key
+//! with no holder. Positional, so that each call's effect makes as few objects in the
+//! server as it can. Checked by [`ShareTable::apply_pinned`], which runs the checks RDB
+//! load runs ([`ShareTable::validate_pinned`]) before anything changes.
 
 pub mod command;
+pub mod pin;
 pub mod setshares;
 
 use crate::error::{Error, Result};
 use crate::ffi::{Access, Aof, Ctx, Digest, EffectArg, Io, OpenKey, Str, Value};
 use crate::number::Num;
 use crate::observe::stats;
-use rl_core::share::{Holder, MAX_HOLDER_LEN};
-use rl_core::{Nanos, ShareTable, MAX_HOLDERS};
+use rl_core::pin::PinKind;
+use rl_core::share::{Holder, SharePin, MAX_HOLDER_LEN};
+use rl_core::{Limit, Nanos, ShareTable, MAX_HOLDERS};
 
-pub const ENCODING_VERSION: i32 = 1;
+pub const ENCODING_VERSION: i32 = 2;
 
 pub fn save(io: &Io, t: &ShareTable) {
     io.save_double(t.limit().rate());
@@ -40,12 +48,23 @@ pub fn save(io: &Io, t: &ShareTable) {
         io.save_double(h.held_burst);
         io.save_unsigned(h.held_until);
     }
+    match t.pin() {
+        None => io.save_unsigned(0),
+        Some(p) => {
+            io.save_unsigned(p.kind.code());
+            io.save_unsigned(p.until);
+            if let Some(l) = p.limit {
+                io.save_double(l.rate());
+                io.save_double(l.cap());
+            }
+        }
+    }
 }
 
 /// Reads one value; `None` for an unknown encoding, an I/O error or a table
 /// [`ShareTable::validate`] refuses.
 pub fn load(io: &Io, encver: i32) -> Option<ShareTable> {
-    if encver != ENCODING_VERSION {
+    if !(1..=ENCODING_VERSION).contains(&encver) {
         return None;
     }
     let rate = io.load_double();
@@ -75,9 +94,106 @@ pub fn load(io: &Io, encver: i32) -> Option<ShareTable> {
         }
         holders.push(h);
     }
-    let t = ShareTable::validate(rate, cap, version, holders).ok()?;
+    let pin = if encver >= 2 { load_pin(io)? } else { None };
+    let t = ShareTable::validate_pinned(rate, cap, version, holders, pin).ok()?;
     stats::SHARE_HOLDERS.add_shared(t.holders().len() as u64);
+    pinned_keys(false, t.pin().is_some());
     Some(t)
+}
+
+/// The pin after the holders (encoding 2): `Some(None)` for none, `None` for a bad one.
+fn load_pin(io: &Io) -> Option<Option<SharePin>> {
+    let code = io.load_unsigned();
+    if io.failed() {
+        return None;
+    }
+    if code == 0 {
+        return Some(None);
+    }
+    let kind = PinKind::from_code(code)?;
+    let until = io.load_unsigned();
+    let limit = if kind == PinKind::Rate {
+        let (rate, cap) = (io.load_double(), io.load_double());
+        Some(Limit::new(rate, cap).ok()?)
+    } else {
+        None
+    };
+    if io.failed() {
+        return None;
+    }
+    SharePin::new(kind, limit, until).ok().map(Some)
+}
+
+/// Counts a key's pin coming (`after`) or going (`before`) in the pinned-keys gauge.
+pub fn pinned_keys(before: bool, after: bool) {
+    match (before, after) {
+        (false, true) => stats::PINNED_KEYS.add_shared(1),
+        (true, false) => stats::PINNED_KEYS.sub_shared(1),
+        _ => {}
+    }
+}
+
+/// A pin as the last argument of its effect: `kind,until` or `1,until,rate,cap`; `0` for
+/// none.
+pub struct PinText {
+    buf: [u8; 4 * 41],
+    len: usize,
+}
+
+impl PinText {
+    pub fn new(pin: Option<&SharePin>) -> PinText {
+        let mut t = PinText {
+            buf: [0; 4 * 41],
+            len: 0,
+        };
+        let Some(p) = pin else {
+            t.push(b"0");
+            return t;
+        };
+        t.push(Num::int(p.kind.code()).bytes());
+        t.push(Num::int(p.until).bytes());
+        if let Some(l) = p.limit {
+            t.push(Num::new(l.rate()).bytes());
+            t.push(Num::new(l.cap()).bytes());
+        }
+        t
+    }
+
+    fn push(&mut self, b: &[u8]) {
+        if self.len > 0 {
+            self.buf[self.len] = b',';
+            self.len += 1;
+        }
+        self.buf[self.len..self.len + b.len()].copy_from_slice(b);
+        self.len += b.len();
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// Reads a pin's text (see [`PinText`]): `Some(None)` for `0`, `None` for anything this
+/// module does not write.
+pub fn parse_pin(text: &[u8]) -> Option<Option<SharePin>> {
+    use crate::args::{parse_integer, parse_number};
+    if text == b"0" {
+        return Some(None);
+    }
+    let mut fields = text.split(|&c| c == b',');
+    let kind = PinKind::from_code(parse_integer(fields.next()?)?)?;
+    let until = parse_integer(fields.next()?)?;
+    let limit = if kind == PinKind::Rate {
+        let rate = parse_number(fields.next()?)?;
+        let cap = parse_number(fields.next()?)?;
+        Some(Limit::new(rate, cap).ok()?)
+    } else {
+        None
+    };
+    if fields.next().is_some() {
+        return None;
+    }
+    SharePin::new(kind, limit, until).ok().map(Some)
 }
 
 /// An entry's numbers as one argument, `want,rate,burst,lease_end,held_rate,held_burst,
@@ -211,15 +327,14 @@ pub enum LimitText {
     Stored,
 }
 
-/// The effect that sets `table`'s limit and the entry of `holder` (its id: a Redis string
-/// where the caller has one) to the numbers `entry`, dropping entries ended at `prune`
-/// first.
+/// The effect that sets `table`'s limit, the entry of `holder` (its id: a Redis string
+/// where the caller has one) to the numbers `entry` (none: the pin alone), and the
+/// table's pin, dropping entries ended at `prune` first.
 fn with_effect(
     table: &ShareTable,
     key: Str,
     limit: LimitText,
-    holder: EffectArg,
-    entry: &EntryText,
+    entry: Option<(EffectArg, &EntryText)>,
     prune: Option<Nanos>,
     send: impl FnOnce(&[EffectArg]),
 ) {
@@ -231,7 +346,9 @@ fn with_effect(
         )),
     };
     let (version, at) = (Num::int(table.version()), Num::int(prune.unwrap_or(0)));
-    let mut args = [EffectArg::Int(0); 7];
+    // An entry without a pin leaves no pin: only a pinned table pays for the text.
+    let pin = (entry.is_none() || table.pin().is_some()).then(|| PinText::new(table.pin()));
+    let mut args = [EffectArg::Int(0); 8];
     let mut len = 0;
     let mut push = |a| {
         args[len] = a;
@@ -250,12 +367,18 @@ fn with_effect(
     }
     push(EffectArg::Bytes(version.bytes()));
     push(EffectArg::Bytes(at.bytes()));
-    push(holder);
-    push(EffectArg::Bytes(entry.bytes()));
+    if let Some((holder, entry)) = entry {
+        push(holder);
+        push(EffectArg::Bytes(entry.bytes()));
+    }
+    if let Some(p) = &pin {
+        push(EffectArg::Bytes(p.bytes()));
+    }
     send(&args[..len]);
 }
 
-/// Replicates what a call did: the limit, entries ended at `now` dropped, entry `index`.
+/// Replicates what a call did: the limit, entries ended at `now` dropped, entry `index`,
+/// the pin.
 pub fn propagate(
     ctx: Ctx,
     key: Str,
@@ -265,24 +388,42 @@ pub fn propagate(
     index: usize,
     now: Nanos,
 ) {
+    let entry = EntryText::recent(&table.holders()[index]);
     with_effect(
         table,
         key,
         limit,
-        EffectArg::Str(holder),
-        &EntryText::recent(&table.holders()[index]),
+        Some((EffectArg::Str(holder), &entry)),
         Some(now),
         |args| crate::ffi::replicate(ctx, c"RL.SETSHARES", args),
     );
 }
 
+/// Replicates a pin set or removed at `now` (entries ended then dropped).
+pub fn propagate_pin(ctx: Ctx, key: Str, table: &ShareTable, now: Nanos) {
+    with_effect(table, key, LimitText::Stored, None, Some(now), |args| {
+        crate::ffi::replicate(ctx, c"RL.SETSHARES", args)
+    });
+}
+
 pub fn rewrite(aof: &Aof, key: Str, t: &ShareTable) {
+    if t.holders().is_empty() {
+        // A pinned key with no holder: the pin alone.
+        with_effect(t, key, LimitText::Stored, None, None, |args| {
+            crate::ffi::emit_aof(aof, c"RL.SETSHARES", args)
+        });
+    }
     for h in t.holders() {
         let entry = EntryText::new(h);
         let holder = EffectArg::Bytes(&h.id);
-        with_effect(t, key, LimitText::Stored, holder, &entry, None, |args| {
-            crate::ffi::emit_aof(aof, c"RL.SETSHARES", args)
-        });
+        with_effect(
+            t,
+            key,
+            LimitText::Stored,
+            Some((holder, &entry)),
+            None,
+            |args| crate::ffi::emit_aof(aof, c"RL.SETSHARES", args),
+        );
     }
     // The key's actual expiry follows (Redis appends PEXPIREAT when it has one).
     crate::ffi::emit_aof(aof, c"PERSIST", &[EffectArg::Str(key)]);
@@ -311,11 +452,22 @@ pub fn digest(md: &Digest, t: &ShareTable) {
         md.add(h.lease_end);
         md.add(h.held_until);
     }
+    if let Some(p) = t.pin() {
+        // A marker no holder's id length can be (at most 64).
+        md.add(u64::MAX);
+        md.add(p.kind.code());
+        md.add(p.until);
+        if let Some(l) = p.limit {
+            md.add(l.rate().to_bits());
+            md.add(l.cap().to_bits());
+        }
+    }
     md.end_sequence();
 }
 
 pub fn freed(t: ShareTable) {
     stats::SHARE_HOLDERS.sub_shared(t.holders().len() as u64);
+    pinned_keys(t.pin().is_some(), false);
 }
 
 pub fn unlinked(t: &ShareTable) {
@@ -324,6 +476,7 @@ pub fn unlinked(t: &ShareTable) {
 
 pub fn copied(t: &ShareTable) -> ShareTable {
     stats::SHARE_HOLDERS.add_shared(t.holders().len() as u64);
+    pinned_keys(false, t.pin().is_some());
     t.clone()
 }
 
@@ -357,19 +510,37 @@ impl ShareKey {
     /// Stores `t` as the key's value (a new key), expiring at `expires_at`.
     pub fn create(&self, t: ShareTable, expires_at: Nanos) {
         let n = t.holders().len() as u64;
+        let pinned = t.pin().is_some();
         stats::SHARE_HOLDERS.add_shared(n);
         if self.key.set_shares(t).is_err() {
             stats::SHARE_HOLDERS.sub_shared(n);
             return;
         }
+        pinned_keys(false, pinned);
         self.expire_at(expires_at);
     }
 
-    /// After the table was changed in place: the key expires when its last entry ends
-    /// (set without reading the old expiry: every write moves it, almost always).
+    /// After the table was changed in place: the key expires when its last entry ends,
+    /// or later under a pin ([`rl_core::NEVER`]: not while it holds). Set without reading
+    /// the old expiry: every write moves it, almost always.
     pub fn expire_at(&self, at: Nanos) {
         self.modified.set(true);
-        self.key.set_expire_ms(rl_core::ceil_millis(at) as i64);
+        let ms = if at == rl_core::NEVER {
+            -1
+        } else {
+            rl_core::ceil_millis(at) as i64
+        };
+        self.key.set_expire_ms(ms);
+    }
+
+    pub fn delete(&self) {
+        self.modified.set(true);
+        self.key.delete();
+    }
+
+    /// The key's name (for effects).
+    pub fn name(&self) -> Str {
+        self.key.name()
     }
 }
 

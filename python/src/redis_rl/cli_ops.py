@@ -142,6 +142,11 @@ def _parser() -> argparse.ArgumentParser:
     pin.add_argument(
         "--for", dest="duration", metavar="DURATION", help="end it after 30s, 10m, 2h, 1d..."
     )
+    pin.add_argument(
+        "--shares",
+        action="store_true",
+        help="KEY is an RL.SHARE key that may not exist yet (an existing one needs no flag)",
+    )
 
     for name, what in (("unpin", "remove KEY's pin"), ("pinned", "show KEY's live pin")):
         cmd = sub.add_parser(name, parents=[common], help=what, description=what)
@@ -211,7 +216,7 @@ def _pin(client: redis.Redis, url: str, a: argparse.Namespace, out: TextIO) -> i
         ms = pins.px_ms(_parse_duration(a.duration)) if a.duration is not None else None
     except ValueError as e:
         raise _Fail(USAGE, f"pin: {e}") from None
-    args = pins.pin_args(p.Protocol(p.MODULE), a.key, spec, ms)
+    args = pins.pin_args(p.Protocol(p.MODULE), a.key, spec, ms, shares=a.shares)
     pins.check_ok(_run(client, url, *args))
     until = f"for {_human(ms)}" if ms is not None else "until unpinned"
     print(f"{a.key}: pinned ({what}) {until}", file=out)

@@ -52,8 +52,10 @@ class Decision(NamedTuple):
     #: The kind of the operator's pin (``RL.PIN``) that decided, when one did: ``"rate"``
     #: (the pin's limit decided, not the limiter's), ``"block"`` (denied; ``retry_after``
     #: is the pin's time left, or a minute) or ``"exempt"`` (granted, nothing debited:
-    #: never refund it). Only ``Limiter.take`` says (``RL.TAKE ... WITHSTATE``'s fifth
-    #: element); other decisions have ``None``. Code that builds decisions with
+    #: never refund it). ``Limiter.take`` says (``RL.TAKE ... WITHSTATE``'s fifth
+    #: element), and a ``ShareLimiter``'s takes (the pin behind its last share: ``"block"``
+    #: denied locally, ``"exempt"`` granted uncounted); other decisions have ``None``. Code
+    #: that builds decisions with
     #: ``tuple.__new__`` must give all eight fields.
     pinned: Optional[str] = None
 

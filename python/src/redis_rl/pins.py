@@ -95,13 +95,19 @@ def px_ms(duration: Optional[float]) -> Optional[int]:
     return max(1, math.ceil(duration * 1000))
 
 
-def pin_args(proto: p.Protocol, key: str, spec: PinSpec, ms: Optional[int]) -> p.Args:
-    """``RL.PIN key rate cap | BLOCK | EXEMPT [PX ms]`` (or ``FCALL rl_pin 1 key ...``)."""
+def pin_args(
+    proto: p.Protocol, key: str, spec: PinSpec, ms: Optional[int], shares: bool = False
+) -> p.Args:
+    """``RL.PIN key [SHARES] rate cap | BLOCK | EXEMPT [PX ms]`` (or ``FCALL rl_pin 1 key
+    ...``). ``shares``: the key is (or will be, when nothing is there yet) a share key
+    (``RL.SHARE``); an existing share key is pinned without it too."""
     rest: list[p.Arg] = (
         [p.num(spec.rate), p.num(spec.cap)]
         if spec.kind == RATE and spec.rate is not None and spec.cap is not None
         else [spec.kind.upper()]
     )
+    if shares:
+        rest.insert(0, "SHARES")
     if ms is not None:
         rest += ["PX", ms]
     return proto._cmd("pin", [key], rest)

@@ -11,6 +11,13 @@ The holder's rules (docs/share.md) as this client keeps them, on ``time.monotoni
 4. One call at a time per holder; the next after ``refresh_ms``.
 5. ``close()`` gives the share back (``RELEASE``).
 
+An operator's pin (``RL.PIN``) on the key is picked up at the next call (at most a period
+away): the server then divides the pinned limit (``rate``), answers a zero share
+(``block``: every take is denied locally until a call finds the pin gone) or the key's
+whole limit marked ``exempt`` (every take is granted without counting until that answer's
+lease ends, which is never after the pin's end). ``Decision.pinned`` and
+``ShareInfo.pinned`` say which.
+
 The pure parts (:class:`LocalBucket`, :class:`ShareState`, :class:`Demand`) take the time
 as an argument; the limiters are thin glue around them.
 """
@@ -133,6 +140,9 @@ class Grant(NamedTuple):
     lease: float
     refresh: float
     holders: int
+    #: The kind of the operator's pin that decided (``"rate"``, ``"block"``, ``"exempt"``),
+    #: or ``None``.
+    pinned: Optional[str] = None
 
 
 class Local(NamedTuple):
@@ -145,6 +155,8 @@ class Local(NamedTuple):
     #: Seconds until ``n`` tokens are there (``None``: not at the present share).
     wait: Optional[float]
     reset_after: float
+    #: The kind of the pin behind the share used (see :class:`Grant`).
+    pinned: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -234,7 +246,9 @@ class ShareState:
         self.allow_spent = False
         self.last = grant
         if now < lease_end:
-            self.bucket.set(grant.rate, grant.burst, now)
+            # An exempt answer counts nothing: the bucket is not filled from it.
+            exempt = grant.pinned == "exempt"
+            self.bucket.set(0.0 if exempt else grant.rate, 0.0 if exempt else grant.burst, now)
             self.share = grant
             self.lease_end = lease_end
         else:  # arrived too late to be used at all
@@ -255,15 +269,24 @@ class ShareState:
         if self.share is None and down:
             self._fall_back(now, policy)
         fallback = self.share is None and (down or self.fallback_until is not None)
-        granted = (
-            self.share is not None or self.fallback_until is not None
-        ) and self.bucket.try_take(n, now)
+        share = self.share
+        if share is not None and share.pinned == "exempt":
+            # Exempt: granted, nothing counted, until the answer's lease ends.
+            return Local(True, False, self.bucket.tokens, 0.0, 0.0, share.pinned)
+        granted = (share is not None or self.fallback_until is not None) and self.bucket.try_take(
+            n, now
+        )
+        # A block answers no share at all (lease 0): the last answer says it was a pin.
+        pinned = share.pinned if share is not None else None
+        if share is None and not fallback and self.last is not None:
+            pinned = self.last.pinned
         return Local(
             granted,
             fallback,
             self.bucket.tokens,
             0.0 if granted else self.bucket.wait_for(n),
             self.bucket.reset_after(),
+            pinned,
         )
 
     def _fall_back(self, now: float, p: SharePolicy) -> None:
@@ -368,17 +391,22 @@ class ShareInfo(NamedTuple):
     holders: int
     #: Whether the failure policy is deciding.
     fallback: bool
+    #: The kind of the operator's pin that decided the last answer (``"rate"``,
+    #: ``"block"``, ``"exempt"``), or ``None``.
+    pinned: Optional[str] = None
 
 
 def parse_share(reply: Any) -> Grant:
-    """``[rate, burst, lease_ms, refresh_ms, holders]`` (doubles as bytes under RESP2)."""
-    if not isinstance(reply, (list, tuple)) or len(reply) != 5:
+    """``[rate, burst, lease_ms, refresh_ms, holders]`` (doubles as bytes under RESP2), and
+    the kind of the pin that decided as a sixth element when one did."""
+    if not isinstance(reply, (list, tuple)) or len(reply) not in (5, 6):
         raise ProtocolError(f"unexpected RL.SHARE reply: {reply!r}")
     rate, burst = p.to_float(reply[0]), p.to_float(reply[1])
     lease, refresh, holders = p.to_int(reply[2]), p.to_int(reply[3]), p.to_int(reply[4])
     if not (0.0 <= rate < math.inf and 0.0 <= burst < math.inf) or min(lease, refresh) < 0:
         raise ProtocolError(f"RL.SHARE: a share must be finite and >= 0: {reply!r}")
-    return Grant(rate, burst, lease / 1000, refresh / 1000, holders)
+    pinned = p.pin_kind(reply[5]) if len(reply) == 6 else None
+    return Grant(rate, burst, lease / 1000, refresh / 1000, holders, pinned)
 
 
 def share_args(
@@ -638,14 +666,14 @@ class _Core:
         source = Source.FALLBACK if d.fallback else SHARE_SOURCE
         reset = math.ceil(d.reset_after * 1000)
         if d.granted:
-            return Decision(True, d.remaining, 0, reset, n, self.cap, source)
+            return Decision(True, d.remaining, 0, reset, n, self.cap, source, d.pinned)
         if d.wait is not None:
             retry = max(1, math.ceil(d.wait * 1000))
         elif d.fallback and self.policy.policy.kind == "deny":
             retry = self.config.deny_retry_after_ms
         else:
             retry = self.period_ms
-        return Decision(False, d.remaining, retry, reset, 0, self.cap, source)
+        return Decision(False, d.remaining, retry, reset, 0, self.cap, source, d.pinned)
 
     def info(self) -> ShareInfo:
         with self.lock:
@@ -654,7 +682,12 @@ class _Core:
             rate, burst, tokens = self.state.peek(time.monotonic())
             last = self.state.last
             return ShareInfo(
-                rate, burst, tokens, last.holders if last else 0, self.state.in_fallback
+                rate,
+                burst,
+                tokens,
+                last.holders if last else 0,
+                self.state.in_fallback,
+                last.pinned if last else None,
             )
 
 
