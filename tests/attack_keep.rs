@@ -1,0 +1,298 @@
+//! Hostile review of the short effect of a pinned take (`RL.SETSTATE key full_at KEEP [HOLD
+//! t]`, applied to the state a copy already holds) and of the denial of a call needing more
+//! than a live rate pin's cap, on real servers: every copy (replicas, chained replicas, a
+//! promoted replica, AOF replay and rewrite, RDB reload) must end with the master's bytes,
+//! whatever happens to the key between two takes; forged short effects change nothing.
+
+mod support;
+
+use support::*;
+
+fn ints(v: &Value) -> Vec<i64> {
+    match v {
+        Value::Array(items) => items
+            .iter()
+            .map(|x| redis::from_redis_value::<i64>(x).unwrap_or(i64::MIN))
+            .collect(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Sends one command; refusals are fine, a caught panic is not.
+fn send(c: &mut Connection, args: &[String]) -> redis::RedisResult<Value> {
+    let r = redis::cmd(&args[0]).arg(&args[1..]).query::<Value>(c);
+    if let Err(e) = &r {
+        let text = e.to_string();
+        assert!(
+            !text.contains("internal error") && !text.contains("panic"),
+            "{args:?} hit a caught panic: {text}"
+        );
+    }
+    r
+}
+
+fn s(x: &str) -> String {
+    x.to_string()
+}
+
+/// The replication stream and the AOF must never carry an effect a copy refuses: the
+/// server logs each such error (Redis and Valkey: "== CRITICAL == This replica is sending
+/// an error to its master").
+fn assert_no_stream_errors(server: &Server, what: &str) {
+    let log = server.log();
+    assert!(
+        !log.contains("CRITICAL") && !log.contains("panicked"),
+        "{what}: {log}"
+    );
+}
+
+const KEYS: [&str; 5] = ["k0", "k1", "k2", "k3", "k4"];
+
+/// Digests of every key in dbs 0 and 1, as clients see them (a key past its time reads as
+/// absent on every copy).
+fn digests(c: &mut Connection) -> Vec<String> {
+    let mut out = Vec::new();
+    for db in ["0", "1"] {
+        let _: () = query(c, &["SELECT", db]);
+        for k in KEYS {
+            out.push(format!("{db}/{k} {}", digest(c, k)));
+        }
+    }
+    let _: () = query(c, &["SELECT", "0"]);
+    out
+}
+
+/// One random step of the storm on master connection `c`. Callers mostly pass each key's
+/// own limit (so takes under a rate pin move only the fill instant and send the short
+/// effect); between them the key is pinned, unpinned, versioned, leased, refunded,
+/// renamed, copied, moved, swapped, restored, its expiry changed, taken in MULTI and in
+/// scripts, and forged short effects are sent.
+fn step(c: &mut Connection, rng: &mut Rng, leases: &mut Vec<(String, i64)>, version: &mut u64) {
+    let key = rng.pick(&KEYS).to_string();
+    let other = rng.pick(&KEYS).to_string();
+    // Slow limits: nothing expires during the run (full in hours), so every copy compares
+    // like with like.
+    let (rate, cap) = if rng.chance(85) {
+        (s("0.001"), s("500"))
+    } else {
+        let (r, c) = *rng.pick(&[("0.002", "20"), ("0.001", "8"), ("0.0005", "100")]);
+        (s(r), s(c))
+    };
+    let n = (1 + rng.below(6)).to_string();
+    let mut args: Vec<String> = match rng.below(30) {
+        0..=9 => vec![s("RL.TAKE"), key, rate, cap, n],
+        10 => vec![s("RL.TAKE"), key, rate, cap, n, s("WITHSTATE")],
+        11 => {
+            if other == key {
+                vec![s("RL.TAKE"), key, rate, cap, n]
+            } else {
+                vec![s("RL.MTAKE"), n, key, rate.clone(), cap.clone(), other, rate, cap]
+            }
+        }
+        12 => vec![s("RL.RESERVE"), key, rate, cap, n, rng.below(5000).to_string()],
+        13 => {
+            let mut a = vec![s("RL.LEASE"), key, rate, cap, n, s("86400000")];
+            if rng.chance(50) {
+                a.push(s("MIN"));
+                a.push((1 + rng.below(4)).to_string());
+            }
+            a
+        }
+        14 => match leases.pop() {
+            Some((k, id)) => vec![s("RL.RETURN"), k, id.to_string(), rng.below(4).to_string()],
+            None => vec![s("RL.REFUND"), key, n],
+        },
+        15 => vec![s("RL.REFUND"), key, n],
+        16 | 17 => {
+            let mut a = vec![s("RL.PIN"), key];
+            match rng.below(6) {
+                0 => a.push(s("BLOCK")),
+                1 => a.push(s("EXEMPT")),
+                _ => {
+                    let (r, c) = *rng.pick(&[("0.001", "3"), ("0.002", "400"), ("0.0005", "100")]);
+                    a.push(s(r));
+                    a.push(s(c));
+                }
+            }
+            match rng.below(4) {
+                0 => {
+                    a.push(s("PX"));
+                    a.push((1 + rng.below(20)).to_string());
+                }
+                1 => {
+                    a.push(s("PX"));
+                    a.push(s("100000000"));
+                }
+                _ => {}
+            }
+            a
+        }
+        18 => vec![s("RL.UNPIN"), key],
+        19 => vec![s("RENAME"), key, other],
+        20 => vec![s("COPY"), key, other, s("REPLACE")],
+        21 => vec![s("MOVE"), key, s("1")],
+        22 => vec![s("SWAPDB"), s("0"), s("1")],
+        23 => {
+            // DUMP and RESTORE under another name, with the same absolute expiry.
+            let payload: Option<Vec<u8>> = redis::cmd("DUMP").arg(&key).query(c).unwrap();
+            let at: i64 = query(c, &["PEXPIRETIME", &key]);
+            if let Some(p) = payload {
+                let mut cmd = redis::cmd("RESTORE");
+                cmd.arg(&other).arg(at.max(0)).arg(p).arg("REPLACE");
+                if at > 0 {
+                    cmd.arg("ABSTTL");
+                }
+                let _ = cmd.query::<Value>(c);
+            }
+            return;
+        }
+        24 => {
+            if rng.chance(50) {
+                vec![s("PERSIST"), key]
+            } else {
+                vec![s("PEXPIRE"), key, s("900000000")]
+            }
+        }
+        25 => {
+            // Two takes and an unpin in one transaction.
+            let _ = redis::pipe()
+                .atomic()
+                .cmd("RL.TAKE")
+                .arg(&[&key, &rate, &cap, "1"])
+                .cmd("RL.TAKE")
+                .arg(&[&key, &rate, &cap, &n])
+                .cmd(if rng.chance(30) { "RL.UNPIN" } else { "RL.PEEK" })
+                .arg(&key)
+                .query::<Value>(c);
+            return;
+        }
+        26 => vec![
+            s("EVAL"),
+            s("redis.call('RL.TAKE', KEYS[1], ARGV[1], ARGV[2], 1) \
+               return redis.call('RL.TAKE', KEYS[1], ARGV[1], ARGV[2], ARGV[3])"),
+            s("1"),
+            key,
+            rate,
+            cap,
+            n,
+        ],
+        27 => {
+            // A forged short effect: valid or not, it must leave a state every copy takes.
+            let now = now_ns();
+            let full_at = match rng.below(4) {
+                0 => "0".to_string(),
+                1 => (now + rng.below(1 << 40)).to_string(),
+                2 => "9223372036854775808".to_string(),
+                _ => "x".to_string(),
+            };
+            let mut a = vec![s("RL.SETSTATE"), key, full_at, s("KEEP")];
+            match rng.below(4) {
+                0 => {
+                    a.push(s("HOLD"));
+                    a.push((now + rng.below(1 << 40)).to_string());
+                }
+                1 => {
+                    a.push(s("HOLD"));
+                    a.push(s("-1"));
+                }
+                2 => a.push(s("HOLD")),
+                _ => {}
+            }
+            a
+        }
+        28 => vec![s("DEL"), key],
+        _ => vec![s("RL.PEEK"), key],
+    };
+    if rng.chance(10) && ["RL.TAKE", "RL.LEASE", "RL.RESERVE"].contains(&args[0].as_str()) {
+        // Versions only grow (an older one is stale: decided under the stored limit).
+        if rng.chance(30) {
+            *version += 1;
+        }
+        args.push(s("VERSION"));
+        args.push(version.to_string());
+    }
+    if let Ok(v) = send(c, &args) {
+        if args[0] == "RL.LEASE" {
+            let r = ints(&v);
+            if r[0] > 0 && r[1] > 0 {
+                leases.push((args[1].clone(), r[1]));
+            }
+        }
+    }
+}
+
+fn keep_effects(s: &Server) -> usize {
+    aof_commands(s)
+        .iter()
+        .filter(|a| a.len() >= 4 && a[0] == "RL.SETSTATE" && a[3] == "KEEP")
+        .count()
+}
+
+/// A storm of pinned takes between every kind of change to their keys, on a master with a
+/// replica, a replica of that replica, then the replica promoted (the old master its
+/// replica) and the storm going on there: every copy, the AOF replayed and rewritten, and an
+/// RDB reload end with the same bytes, and no copy logs an error on the replication stream.
+#[test]
+fn pinned_takes_between_every_kind_of_change_leave_every_copy_identical() {
+    let aof = ["--appendonly", "yes", "--aof-use-rdb-preamble", "no"];
+    let mut m = Server::start(&aof);
+    let mut r1 = Server::start(&aof);
+    let r2 = Server::start(&[]);
+    replicate(&r1, &m);
+    replicate(&r2, &r1);
+    let mut c = m.internal_conn();
+    no_active_expire(&mut c);
+    let mut rng = Rng(std::env::var("SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x2545_f491_4f6c_dd1d));
+    let mut leases = Vec::new();
+    let mut version = 1;
+    for i in 0..6000 {
+        step(&mut c, &mut rng, &mut leases, &mut version);
+        if i == 3000 {
+            // An RDB reload on the master alone (not replicated): what it loads is what
+            // the copies hold, or the next short effect lands on different states.
+            let _: String = query(&mut c, &["DEBUG", "RELOAD"]);
+        }
+        if i == 4500 {
+            let _: String = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
+        }
+    }
+    let want = digests(&mut c);
+    wait_synced(&m, &r1);
+    wait_synced(&r1, &r2);
+    let kept = keep_effects(&r1);
+    assert!(kept > 300, "the storm sent few short effects: {kept}");
+    assert_eq!(digests(&mut r1.conn()), want, "replica");
+    assert_eq!(digests(&mut r2.conn()), want, "replica of the replica");
+
+    // Failover: the replica takes over, the old master follows it.
+    let _: () = query(&mut r1.conn(), &["REPLICAOF", "NO", "ONE"]);
+    replicate(&m, &r1);
+    let mut c = r1.internal_conn();
+    no_active_expire(&mut c);
+    for _ in 0..4000 {
+        step(&mut c, &mut rng, &mut leases, &mut version);
+    }
+    let want = digests(&mut c);
+    let all = dataset_digest(&mut c);
+    wait_synced(&r1, &m);
+    wait_synced(&r1, &r2);
+    assert_eq!(digests(&mut m.conn()), want, "old master, now a replica");
+    assert_eq!(digests(&mut r2.conn()), want, "replica of the promoted one");
+    assert_eq!(dataset_digest(&mut m.conn()), all);
+    for (s, what) in [(&m, "old master"), (&r1, "promoted"), (&r2, "chained")] {
+        assert_no_stream_errors(s, what);
+    }
+    let _: String = query(&mut c, &["DEBUG", "RELOAD"]);
+    assert_eq!(dataset_digest(&mut c), all, "rdb reload");
+    drop(c);
+    r1.restart();
+    let c = r1.conn();
+    assert_eq!(digests(&mut r1.conn()), want, "aof replay");
+    let mut c = r1.rewrite_aof_and_restart(c);
+    assert_eq!(dataset_digest(&mut c), all, "aof rewrite");
+    assert_no_stream_errors(&r1, "aof load");
+    m.kill();
+}
