@@ -86,10 +86,26 @@ fn step(c: &mut Connection, rng: &mut Rng, leases: &mut Vec<(String, i64)>, vers
             if other == key {
                 vec![s("RL.TAKE"), key, rate, cap, n]
             } else {
-                vec![s("RL.MTAKE"), n, key, rate.clone(), cap.clone(), other, rate, cap]
+                vec![
+                    s("RL.MTAKE"),
+                    n,
+                    key,
+                    rate.clone(),
+                    cap.clone(),
+                    other,
+                    rate,
+                    cap,
+                ]
             }
         }
-        12 => vec![s("RL.RESERVE"), key, rate, cap, n, rng.below(5000).to_string()],
+        12 => vec![
+            s("RL.RESERVE"),
+            key,
+            rate,
+            cap,
+            n,
+            rng.below(5000).to_string(),
+        ],
         13 => {
             let mut a = vec![s("RL.LEASE"), key, rate, cap, n, s("86400000")];
             if rng.chance(50) {
@@ -161,7 +177,11 @@ fn step(c: &mut Connection, rng: &mut Rng, leases: &mut Vec<(String, i64)>, vers
                 .arg(&[&key, &rate, &cap, "1"])
                 .cmd("RL.TAKE")
                 .arg(&[&key, &rate, &cap, &n])
-                .cmd(if rng.chance(30) { "RL.UNPIN" } else { "RL.PEEK" })
+                .cmd(if rng.chance(30) {
+                    "RL.UNPIN"
+                } else {
+                    "RL.PEEK"
+                })
                 .arg(&key)
                 .query::<Value>(c);
             return;
@@ -295,4 +315,228 @@ fn pinned_takes_between_every_kind_of_change_leave_every_copy_identical() {
     assert_eq!(dataset_digest(&mut c), all, "aof rewrite");
     assert_no_stream_errors(&r1, "aof load");
     m.kill();
+}
+
+/// The server's process id.
+fn pid(server: &Server) -> u64 {
+    info_field(&mut server.conn(), "server", "process_id")
+}
+
+/// A process stopped (`SIGSTOP`) until this is dropped (`SIGCONT`, also when a test
+/// fails): a replica stopped reads its stream only once resumed.
+struct Stopped(u64);
+
+impl Stopped {
+    fn new(pid: u64) -> Stopped {
+        signal(pid, "-STOP");
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal(self.0, "-CONT");
+    }
+}
+
+fn signal(pid: u64, sig: &str) {
+    let st = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+/// A pinned take in the same transaction as a `PEXPIRE` of a second: the master decides both at
+/// one instant (the key is there), but a replica reading the stream later, and an AOF
+/// replayed later, find the key past that expiry when the short effect comes. It must
+/// apply there all the same (the copy holds what the master held), not fail with "needs a
+/// key that holds a bucket": an error on the replication stream, or an AOF that no longer
+/// loads.
+#[test]
+fn a_short_effect_finds_its_key_on_copies_that_read_it_after_its_expiry() {
+    let mut m = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
+    let r = Server::start(&[]);
+    replicate(&r, &m);
+    let mut c = m.conn();
+    no_active_expire(&mut c);
+    assert_eq!(take(&mut c, "k", 0.001, 500.0, 1), 1);
+    let _: () = query(&mut c, &["RL.PIN", "k", "0.001", "100"]);
+    wait_synced(&m, &r);
+    let stopped = Stopped::new(pid(&r));
+    // The master's transaction decides both at one instant, long before the second passes
+    // (the take must see the key: checked below by the effect it sent).
+    let (_, taken): (i64, i64) = redis::pipe()
+        .atomic()
+        .cmd("PEXPIRE")
+        .arg(&["k", "1000"])
+        .cmd("RL.TAKE")
+        .arg(&["k", "0.001", "500", "2"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(taken, 2);
+    let effects = aof_commands(&m);
+    assert!(
+        effects
+            .iter()
+            .any(|a| a.len() >= 4 && a[0] == "RL.SETSTATE" && a[3] == "KEEP"),
+        "the take found no pinned key: {:?}",
+        effects.last()
+    );
+    let want = digest(&mut c, "k");
+    assert_ne!(want, "0".repeat(40));
+    // The replica reads the stream once the expiry it carries has passed.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    drop(stopped);
+    wait_synced(&m, &r);
+    assert_eq!(digest(&mut r.conn(), "k"), want, "replica");
+    assert_no_stream_errors(&r, "replica");
+    drop(c);
+    m.restart();
+    assert_eq!(digest(&mut m.conn(), "k"), want, "aof replay");
+}
+
+/// Forged short effects on keys of every type and every kind of pin: each is refused
+/// with an error and changes nothing, or leaves a state every copy takes (the replica
+/// applies it verbatim, an RDB reload and DUMP/RESTORE load it); none hits a panic.
+#[test]
+fn forged_short_effects_error_and_change_nothing_or_leave_a_loadable_state() {
+    let s = Server::start(&["--rl.adopt-script-keys", "yes"]);
+    let r = Server::start(&[]);
+    replicate(&r, &s);
+    let mut c = s.internal_conn();
+    no_active_expire(&mut c);
+    let now = now_ns();
+    let setup: &[&[&str]] = &[
+        &["SET", "str", "x"],
+        &["HSET", "script", "tokens", "5", "ts", "1700000000"],
+        &["HSET", "hash", "f", "v"],
+        &["RPUSH", "list", "a"],
+        &["SADD", "set", "a"],
+        &["ZADD", "zset", "1", "a"],
+        &["XADD", "stream", "*", "f", "v"],
+        &["RL.ACQUIRE", "permits", "5", "100000"],
+        &["RL.SHARE", "share", "10", "10", "h", "5", "100000"],
+        &["RL.TAKE", "compact", "0.001", "500", "3"],
+        &["RL.TAKE", "versioned", "0.001", "500", "3", "VERSION", "2"],
+        &["RL.LEASE", "leased", "0.001", "500", "3", "86400000"],
+        &["RL.TAKE", "rate", "0.001", "500", "3"],
+        &["RL.PIN", "rate", "0.001", "30"],
+        &["RL.TAKE", "ends", "0.001", "500", "3"],
+        &["RL.PIN", "ends", "0.001", "30", "PX", "100000000"],
+        &["RL.LEASE", "leasedpin", "0.001", "500", "3", "86400000"],
+        &["RL.PIN", "leasedpin", "0.001", "30"],
+        &["RL.TAKE", "blocked", "0.001", "500", "3"],
+        &["RL.PIN", "blocked", "BLOCK"],
+        &["RL.TAKE", "exempt", "0.001", "500", "3"],
+        &["RL.PIN", "exempt", "EXEMPT", "PX", "100000000"],
+        &["RL.PIN", "onlypin", "BLOCK"],
+        &["RL.PIN", "onlyexempt", "EXEMPT"],
+        &["RL.PIN", "ratenew", "0.001", "30"],
+        &["RL.TAKE", "ended", "0.001", "500", "3"],
+        &["RL.PIN", "ended", "0.001", "30", "PX", "1"],
+    ];
+    for a in setup {
+        let _: Value = query(&mut c, a);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let keys = [
+        "missing",
+        "str",
+        "script",
+        "hash",
+        "list",
+        "set",
+        "zset",
+        "stream",
+        "permits",
+        "share",
+        "compact",
+        "versioned",
+        "leased",
+        "rate",
+        "ends",
+        "leasedpin",
+        "blocked",
+        "exempt",
+        "onlypin",
+        "onlyexempt",
+        "ratenew",
+        "ended",
+    ];
+    let t = (now + 5_000_000_000).to_string();
+    let forms: Vec<Vec<String>> = [
+        vec!["0", "KEEP"],
+        vec![&t, "KEEP"],
+        vec![&t, "keep"],
+        vec![&t, "KEEP", "HOLD", &t],
+        vec![&t, "KEEP", "hold", "0"],
+        vec!["0", "KEEP", "HOLD", "0"],
+        vec![&t, "KEEP", "HOLD"],
+        vec![&t, "KEEP", "HOLD", "-1"],
+        vec![&t, "KEEP", "HOLD", "9223372036854775808"],
+        vec![&t, "KEEP", "HOLD", "18446744073709551616"],
+        vec![&t, "KEEP", "HOLD", "1.5"],
+        vec![&t, "KEEP", "HOLD", &t, "HOLD", &t],
+        vec![&t, "KEEP", "SPAN", &t],
+        vec![&t, "KEEP", "x"],
+        vec![&t, "KEEP", "HOLD", &t, "x"],
+        vec!["-1", "KEEP"],
+        vec!["1e3", "KEEP"],
+        vec!["", "KEEP"],
+        vec!["9223372036854775807", "KEEP"],
+        vec!["9223372036854775808", "KEEP"],
+        vec!["18446744073709551615", "KEEP"],
+        vec![&t, "KEEP", "VERSION", "3"],
+        vec![&t, "KEEP", "PIN", "1", "0", "1", "1", "0"],
+    ]
+    .iter()
+    .map(|f| f.iter().map(|x| x.to_string()).collect())
+    .collect();
+    let mut accepted = 0;
+    for k in keys {
+        for f in &forms {
+            // A key past its time (an accepted `0 KEEP` makes it so) goes when looked at.
+            let _: i64 = query(&mut c, &["EXISTS", k]);
+            let before = digest(&mut c, k);
+            let ttl_before: i64 = query(&mut c, &["PEXPIRETIME", k]);
+            let mut args = vec!["RL.SETSTATE".to_string(), k.to_string()];
+            args.extend(f.iter().cloned());
+            match send(&mut c, &args) {
+                Ok(_) => accepted += 1,
+                Err(_) => {
+                    assert_eq!(digest(&mut c, k), before, "{args:?} changed the key");
+                    let ttl: i64 = query(&mut c, &["PEXPIRETIME", k]);
+                    assert_eq!(ttl, ttl_before, "{args:?} changed the expiry");
+                }
+            }
+        }
+    }
+    assert!(accepted > 0);
+    let all = dataset_digest(&mut c);
+    wait_synced(&s, &r);
+    assert_eq!(dataset_digest(&mut r.conn()), all, "replica");
+    assert_no_stream_errors(&r, "replica");
+    for k in keys {
+        let d = digest(&mut c, k);
+        let payload: Option<Vec<u8>> = redis::cmd("DUMP").arg(k).query(&mut c).unwrap();
+        if let Some(p) = payload {
+            // The digest covers the expiry: the copy gets the same one.
+            let at: i64 = query(&mut c, &["PEXPIRETIME", k]);
+            let copy = format!("{k}:copy");
+            let mut restore = redis::cmd("RESTORE");
+            restore.arg(&copy).arg(at.max(0)).arg(p);
+            if at > 0 {
+                restore.arg("ABSTTL");
+            }
+            let _: () = restore
+                .query(&mut c)
+                .unwrap_or_else(|e| panic!("RESTORE of {k}: {e}"));
+            assert_eq!(digest(&mut c, &copy), d, "{k}");
+            let _: i64 = query(&mut c, &["DEL", &copy]);
+        }
+    }
+    let _: String = query(&mut c, &["DEBUG", "RELOAD"]);
+    assert_eq!(dataset_digest(&mut c), all, "rdb reload");
+    assert!(!s.log().contains("panicked"));
 }
