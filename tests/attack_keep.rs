@@ -540,3 +540,120 @@ fn forged_short_effects_error_and_change_nothing_or_leave_a_loadable_state() {
     assert_eq!(dataset_digest(&mut c), all, "rdb reload");
     assert!(!s.log().contains("panicked"));
 }
+
+fn info_rl(c: &mut Connection, field: &str) -> u64 {
+    info_field(c, "rl", field)
+}
+
+/// A call needing more than a live rate pin's cap is a pinned denial in every count (the
+/// command's denials, the pinned decisions, the namespace's denied and pinned, `RL.TOP`),
+/// never an error, a shadow denial when it says `SHADOW`; it writes nothing (no effect in
+/// the AOF, the same bytes), but a newer `VERSION`, which replaces the limit the pin
+/// returns to, and it mints nothing.
+#[test]
+fn an_over_cap_call_is_a_pinned_denial_that_writes_nothing() {
+    let s = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
+    let mut c = s.conn();
+    no_active_expire(&mut c);
+    assert_eq!(take(&mut c, "ns:k", 0.001, 100.0, 1), 1);
+    let _: () = query(&mut c, &["RL.PIN", "ns:k", "0.001", "4"]);
+    let _: Vec<i64> = query(
+        &mut c,
+        &["RL.LEASE", "ns:l", "0.001", "100", "2", "86400000"],
+    );
+    let _: () = query(&mut c, &["RL.PIN", "ns:l", "0.001", "4", "PX", "100000000"]);
+    let _: () = query(&mut c, &["CONFIG", "RESETSTAT"]);
+    let effects = aof_commands(&s).len();
+    let (dk, dl) = (digest(&mut c, "ns:k"), digest(&mut c, "ns:l"));
+    let calls: &[&[&str]] = &[
+        &["RL.TAKE", "ns:k", "0.001", "100", "5"],
+        &[
+            "RL.TAKE",
+            "ns:k",
+            "0.001",
+            "100",
+            "5",
+            "WITHSTATE",
+            "VERSION",
+            "0",
+        ],
+        &["RL.RESERVE", "ns:k", "0.001", "100", "5", "86400000"],
+        &["RL.LEASE", "ns:l", "0.001", "100", "9", "1000", "MIN", "5"],
+        &[
+            "RL.MTAKE", "5", "ns:k", "0.001", "100", "ns:l", "0.001", "100",
+        ],
+        &["RL.TAKE", "ns:l", "0.001", "100", "5", "SHADOW"],
+    ];
+    let replies: Vec<Value> = calls.iter().map(|a| query(&mut c, a)).collect();
+    assert_eq!(replies[0], Value::Int(0));
+    assert_eq!(ints(&replies[1])[2], 60_000);
+    assert_eq!(ints(&replies[2])[..2], [0, 60_000]);
+    assert_eq!(ints(&replies[3])[0], 0);
+    assert_eq!(
+        replies[5],
+        Value::Int(5),
+        "SHADOW answers a denial as a grant"
+    );
+    assert_eq!(aof_commands(&s).len(), effects, "a denial wrote an effect");
+    assert_eq!(digest(&mut c, "ns:k"), dk);
+    assert_eq!(digest(&mut c, "ns:l"), dl);
+    assert_eq!(info_rl(&mut c, "rl_errors"), 0);
+    assert_eq!(info_rl(&mut c, "rl_denied"), 2);
+    assert_eq!(info_rl(&mut c, "rl_reserve_denied"), 1);
+    assert_eq!(info_rl(&mut c, "rl_leases_denied"), 1);
+    assert_eq!(info_rl(&mut c, "rl_mtake_denied"), 1);
+    assert_eq!(info_rl(&mut c, "rl_shadow_denied"), 1);
+    assert_eq!(info_rl(&mut c, "rl_pinned_decisions"), 7);
+    let ns: std::collections::HashMap<String, u64> =
+        redis::cmd("RL.STATS").arg("ns").query(&mut c).unwrap();
+    assert_eq!(ns["calls"], 6, "{ns:?}");
+    assert_eq!(ns["denied"], 5, "{ns:?}");
+    assert_eq!(ns["shadow_denied"], 1, "{ns:?}");
+    // Decisions, not calls: RL.MTAKE made one on each of its two pinned keys.
+    assert_eq!(ns["pinned"], 7, "{ns:?}");
+    let top: Value = query(&mut c, &["RL.TOP"]);
+    assert!(format!("{top:?}").contains("ns:k"), "{top:?}");
+
+    // A newer VERSION over the cap: denied, the limit the pin returns to replaced (and
+    // sent in full); once the pin goes the bucket holds at most the pinned cap's tokens.
+    let r: Value = query(
+        &mut c,
+        &[
+            "RL.TAKE",
+            "ns:k",
+            "0.001",
+            "200",
+            "5",
+            "WITHSTATE",
+            "VERSION",
+            "7",
+        ],
+    );
+    assert_eq!(ints(&r)[..3], [0, 4, 60_000]);
+    let last = aof_commands(&s).pop().unwrap();
+    assert!(last.contains(&"PIN".to_string()), "{last:?}");
+    assert_eq!(query::<i64>(&mut c, &["RL.UNPIN", "ns:k"]), 1);
+    let r: Value = query(
+        &mut c,
+        &[
+            "RL.TAKE",
+            "ns:k",
+            "0.001",
+            "200",
+            "5",
+            "WITHSTATE",
+            "VERSION",
+            "7",
+        ],
+    );
+    assert_eq!(ints(&r)[0], 0, "tokens minted: {r:?}");
+    let peek: std::collections::HashMap<String, Value> =
+        redis::cmd("RL.PEEK").arg("ns:k").query(&mut c).unwrap();
+    let num = |k: &str| redis::from_redis_value::<f64>(&peek[k]).unwrap();
+    assert_eq!(
+        num("cap"),
+        200.0,
+        "the version kept aside governs: {peek:?}"
+    );
+    assert!(num("tokens") < 4.01, "tokens minted: {peek:?}");
+}
