@@ -241,11 +241,16 @@ fn step(c: &mut Connection, rng: &mut Rng, leases: &mut Vec<(String, i64)>, vers
     }
 }
 
+/// The short effects in the AOF files of `s`: the arguments `KEEP`, counted in the bytes (a
+/// `RESTORE` payload may hold a CRLF, which a line-by-line reading takes for the end of an
+/// argument; no other argument here is `KEEP`).
 fn keep_effects(s: &Server) -> usize {
-    aof_commands(s)
-        .iter()
-        .filter(|a| a.len() >= 4 && a[0] == "RL.SETSTATE" && a[3] == "KEEP")
-        .count()
+    let keep = b"\r\n$4\r\nKEEP\r\n";
+    std::fs::read_dir(s.dir.path().join("appendonlydir"))
+        .unwrap()
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .map(|b| b.windows(keep.len()).filter(|w| w == keep).count())
+        .sum()
 }
 
 /// A storm of pinned takes between every kind of change to their keys, on a master with a
@@ -254,9 +259,9 @@ fn keep_effects(s: &Server) -> usize {
 /// RDB reload end with the same bytes, and no copy logs an error on the replication stream.
 #[test]
 fn pinned_takes_between_every_kind_of_change_leave_every_copy_identical() {
-    let aof = ["--appendonly", "yes", "--aof-use-rdb-preamble", "no"];
-    let mut m = Server::start(&aof);
-    let mut r1 = Server::start(&aof);
+    // The master's AOF rewrites into an RDB preamble, the replica's into commands.
+    let mut m = Server::start(&["--appendonly", "yes"]);
+    let mut r1 = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
     let r2 = Server::start(&[]);
     replicate(&r1, &m);
     replicate(&r2, &r1);
@@ -314,7 +319,12 @@ fn pinned_takes_between_every_kind_of_change_leave_every_copy_identical() {
     let mut c = r1.rewrite_aof_and_restart(c);
     assert_eq!(dataset_digest(&mut c), all, "aof rewrite");
     assert_no_stream_errors(&r1, "aof load");
-    m.kill();
+    // The old master's AOF (rewritten in the middle of the storm, then fed by the promoted
+    // replica's stream) replayed on its own.
+    let _: () = query(&mut m.conn(), &["REPLICAOF", "NO", "ONE"]);
+    m.restart();
+    assert_eq!(digests(&mut m.conn()), want, "old master's aof replay");
+    assert_no_stream_errors(&m, "old master's aof load");
 }
 
 /// The server's process id.
@@ -375,13 +385,11 @@ fn a_short_effect_finds_its_key_on_copies_that_read_it_after_its_expiry() {
         .query(&mut c)
         .unwrap();
     assert_eq!(taken, 2);
-    let effects = aof_commands(&m);
-    assert!(
-        effects
-            .iter()
-            .any(|a| a.len() >= 4 && a[0] == "RL.SETSTATE" && a[3] == "KEEP"),
+    assert_eq!(
+        keep_effects(&m),
+        1,
         "the take found no pinned key: {:?}",
-        effects.last()
+        aof_commands(&m).last()
     );
     let want = digest(&mut c, "k");
     assert_ne!(want, "0".repeat(40));
@@ -656,4 +664,40 @@ fn an_over_cap_call_is_a_pinned_denial_that_writes_nothing() {
         "the version kept aside governs: {peek:?}"
     );
     assert!(num("tokens") < 4.01, "tokens minted: {peek:?}");
+}
+
+/// A pinned key migrated (`MIGRATE`) to a server with a replica, then taken there: the
+/// short effects land on the state the replica got from the migration.
+#[test]
+fn short_effects_after_a_migration_land_on_the_migrated_state() {
+    let a = Server::start(&[]);
+    let mut b = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
+    let rb = Server::start(&[]);
+    replicate(&rb, &b);
+    let mut ca = a.conn();
+    let _: Vec<i64> = query(&mut ca, &["RL.LEASE", "p", "0.001", "500", "3", "86400000"]);
+    let _: Value = query(
+        &mut ca,
+        &["RL.TAKE", "p", "0.001", "500", "1", "VERSION", "4"],
+    );
+    let _: () = query(&mut ca, &["RL.PIN", "p", "0.001", "40", "PX", "100000000"]);
+    assert_eq!(take(&mut ca, "p", 0.001, 500.0, 2), 2);
+    let port = b.port.to_string();
+    let _: () = query(&mut ca, &["MIGRATE", "127.0.0.1", &port, "p", "0", "5000"]);
+    let mut cb = b.conn();
+    for _ in 0..5 {
+        let r: i64 = query(
+            &mut cb,
+            &["RL.TAKE", "p", "0.001", "500", "2", "VERSION", "4"],
+        );
+        assert_eq!(r, 2);
+    }
+    assert_eq!(keep_effects(&b), 5);
+    let want = digest(&mut cb, "p");
+    wait_synced(&b, &rb);
+    assert_eq!(digest(&mut rb.conn(), "p"), want, "replica");
+    assert_no_stream_errors(&rb, "replica");
+    drop(cb);
+    b.restart();
+    assert_eq!(digest(&mut b.conn(), "p"), want, "aof replay");
 }
