@@ -701,3 +701,22 @@ fn short_effects_after_a_migration_land_on_the_migrated_state() {
     b.restart();
     assert_eq!(digest(&mut b.conn(), "p"), want, "aof replay");
 }
+
+/// The short form is as closed to clients as the full one: a user allowed every
+/// command but `CONFIG`, or `RL.SETSTATE` explicitly (`+rl.setstate`) but not `CONFIG
+/// SET`, cannot move a pinned bucket's fill instant with it (it would refill the bucket).
+#[test]
+fn clients_that_may_not_set_state_cannot_send_the_short_form() {
+    let s = Server::start(&[]);
+    let mut admin = s.conn();
+    assert_eq!(take(&mut admin, "k", 0.001, 500.0, 400), 400);
+    let _: () = query(&mut admin, &["RL.PIN", "k", "0.001", "500"]);
+    let before = digest(&mut admin, "k");
+    let keep: &[&str] = &["RL.SETSTATE", "k", "0", "KEEP"];
+    for rules in ["~* +@all -config", "~* +rl.setstate +rl.take"] {
+        let mut u = as_user(&s, "u", rules);
+        let r = redis::cmd(keep[0]).arg(&keep[1..]).query::<Value>(&mut u);
+        assert!(r.is_err(), "{rules}: {r:?}");
+    }
+    assert_eq!(digest(&mut admin, "k"), before);
+}
