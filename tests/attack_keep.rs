@@ -201,7 +201,11 @@ fn step(c: &mut Connection, rng: &mut Rng, leases: &mut Vec<(String, i64)>, vers
         }
         26 => vec![
             s("EVAL"),
-            s("redis.call('RL.TAKE', KEYS[1], ARGV[1], ARGV[2], 1) \
+            // In db 1 first (the script's effects carry their db), then in the caller's.
+            s("redis.call('SELECT', 1) \
+               redis.call('RL.TAKE', KEYS[1], ARGV[1], ARGV[2], 1) \
+               redis.call('SELECT', 0) \
+               redis.call('RL.TAKE', KEYS[1], ARGV[1], ARGV[2], 1) \
                return redis.call('RL.TAKE', KEYS[1], ARGV[1], ARGV[2], ARGV[3])"),
             s("1"),
             key,
