@@ -642,32 +642,46 @@ pub fn no_active_expire(c: &mut Connection) {
         .unwrap();
 }
 
-/// The RESP commands in the AOF files of `s`.
+/// The RESP commands in the AOF files of `s` (arguments read by their lengths: a binary
+/// `RESTORE` payload may hold line ends), each argument as text (lossy).
 pub fn aof_commands(s: &Server) -> Vec<Vec<String>> {
     let dir = s.dir.path().join("appendonlydir");
-    let mut text = String::new();
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "aof"))
         .collect();
     files.sort();
+    let mut bytes = Vec::new();
     for p in files {
-        text += &String::from_utf8_lossy(&std::fs::read(p).unwrap());
+        bytes.extend(std::fs::read(p).unwrap());
     }
+    // The number after a one-byte marker at `at`, up to its CRLF; the position after it.
+    let number = |at: usize| -> (usize, usize) {
+        let end = at + bytes[at..].windows(2).position(|w| w == b"\r\n").unwrap();
+        let n = std::str::from_utf8(&bytes[at + 1..end])
+            .unwrap()
+            .parse()
+            .unwrap();
+        (n, end + 2)
+    };
     let mut out = Vec::new();
-    let mut lines = text.split("\r\n");
-    while let Some(l) = lines.next() {
-        let Some(n) = l.strip_prefix('*') else {
+    let mut at = 0;
+    while at < bytes.len() {
+        // An RDB preamble or anything else before a command: skip a byte.
+        if bytes[at] != b'*' {
+            at += 1;
             continue;
-        };
-        let n: usize = n.parse().unwrap();
-        let mut c = Vec::new();
+        }
+        let (n, mut next) = number(at);
+        let mut c = Vec::with_capacity(n);
         for _ in 0..n {
-            lines.next();
-            c.push(lines.next().unwrap().to_string());
+            let (len, body) = number(next);
+            c.push(String::from_utf8_lossy(&bytes[body..body + len]).into_owned());
+            next = body + len + 2;
         }
         out.push(c);
+        at = next;
     }
     out
 }
