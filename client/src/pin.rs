@@ -6,42 +6,7 @@ use std::time::Duration;
 use rl_core::Limit;
 
 /// The kind of a live pin, as the server names it (`rate`, `block`, `exempt`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PinKind {
-    /// Decided under the pin's own rate and cap.
-    Rate,
-    /// Denied: every take, lease and reservation of the key.
-    Block,
-    /// Granted, nothing debited (an allow list). Never refund or return such a grant.
-    Exempt,
-}
-
-impl PinKind {
-    /// The name the server uses in replies.
-    pub fn name(self) -> &'static str {
-        match self {
-            PinKind::Rate => "rate",
-            PinKind::Block => "block",
-            PinKind::Exempt => "exempt",
-        }
-    }
-
-    /// The kind a reply names (`None`: not a kind this client knows).
-    pub fn parse(name: &str) -> Option<PinKind> {
-        match name {
-            "rate" => Some(PinKind::Rate),
-            "block" => Some(PinKind::Block),
-            "exempt" => Some(PinKind::Exempt),
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for PinKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use rl_core::pin::PinKind;
 
 /// What [`Limiter::pin`](crate::Limiter::pin) sets on a key.
 #[derive(Debug, Clone, Copy, PartialEq)]

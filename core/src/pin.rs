@@ -19,22 +19,32 @@
 use crate::version::{self, Applied};
 use crate::{Bucket, Level, Limit, Nanos};
 
-/// What a pin does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a pin does, as replies name it (`rate`, `block`, `exempt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PinKind {
     /// Decide under the pinned limit (the bucket's own limit while the pin lives).
     Rate,
+    /// Denied: every take, lease and reservation of the key.
     Block,
+    /// Granted, nothing debited (an allow list). Never refund or return such a grant.
     Exempt,
 }
 
 impl PinKind {
+    /// The name replies use.
     pub fn name(self) -> &'static str {
         match self {
             PinKind::Rate => "rate",
             PinKind::Block => "block",
             PinKind::Exempt => "exempt",
         }
+    }
+
+    /// The kind a reply names (`None`: not a kind known here).
+    pub fn parse(name: &str) -> Option<PinKind> {
+        [PinKind::Rate, PinKind::Block, PinKind::Exempt]
+            .into_iter()
+            .find(|k| k.name() == name)
     }
 
     /// The code in effects and RDB.
@@ -53,6 +63,12 @@ impl PinKind {
             3 => Some(PinKind::Exempt),
             _ => None,
         }
+    }
+}
+
+impl std::fmt::Display for PinKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
