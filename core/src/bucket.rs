@@ -77,6 +77,17 @@ pub const MAX_INSTANT: Nanos = i64::MAX as Nanos;
 /// bucket can hold.
 pub const NEVER: Nanos = u64::MAX;
 
+/// A key's expiry (ms) for a state that may go at `at`: rounded up to milliseconds so the
+/// key never goes before its state is done, and none (`-1`, what Redis reports for a key
+/// without one) for [`NEVER`].
+pub fn expiry_ms(at: Nanos) -> i64 {
+    if at == NEVER {
+        -1
+    } else {
+        crate::ceil_millis(at) as i64
+    }
+}
+
 /// The state of one bucket: the instant it is full again and the exact limit it was last
 /// written under.
 ///

@@ -24,7 +24,7 @@ mod state;
 pub mod top;
 pub mod version;
 
-pub use bucket::{take_all, AllOrNothing, Bucket, Level, NEVER};
+pub use bucket::{expiry_ms, take_all, AllOrNothing, Bucket, Level, NEVER};
 pub use lease::{
     Lease, LeaseError, LeaseOutcome, LeasePlan, LeaseRequest, LeaseTable, Settled, MAX_LEASES,
     NO_LEASES,

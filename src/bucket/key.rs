@@ -4,6 +4,7 @@ use crate::bucket::stored::{self, Compact, StateMut, Stored};
 use crate::error::{Error, Result};
 use crate::ffi::{Access, Ctx, MainThread, OpenKey, Str, Value};
 use crate::observe::stats;
+use rl_core::expiry_ms;
 use rl_core::{Bucket, LeaseTable, Limit, Nanos};
 
 /// A key opened for one command; closed when dropped.
@@ -249,16 +250,5 @@ fn compact_of(bucket: &Bucket) -> Option<Compact> {
 fn count_limit_change(old: &Bucket, new: &Bucket) {
     if old.limit() != new.limit() {
         stats::LIMIT_CHANGES.add(1);
-    }
-}
-
-/// The key's expiry (ms) for a state that may go at `at`: rounded up to Redis's
-/// milliseconds so the key never goes before the bucket is full, and none (`-1`, what
-/// Redis reports for a key without one) for a pin without an end.
-fn expiry_ms(at: Nanos) -> i64 {
-    if at == rl_core::NEVER {
-        -1
-    } else {
-        rl_core::ceil_millis(at) as i64
     }
 }

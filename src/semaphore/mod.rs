@@ -228,11 +228,7 @@ impl PermitKey {
 
     fn expire_at(&self, at: u64) {
         self.modified.set(true);
-        let ms = if at == rl_core::NEVER {
-            -1
-        } else {
-            rl_core::ceil_millis(at) as i64
-        };
+        let ms = rl_core::expiry_ms(at);
         if self.key.expire_ms() != ms {
             self.key.set_expire_ms(ms);
         }

@@ -133,32 +133,23 @@ pub fn pinned_keys(before: bool, after: bool) {
     }
 }
 
-/// A pin as the last argument of its effect: `kind,until` or `1,until,rate,cap`; `0` for
-/// none.
-pub struct PinText {
-    buf: [u8; 4 * 41],
+/// Numbers joined by commas into one effect argument, in `N` bytes (41 per number: the
+/// longest plain decimal text of one): each argument of an effect costs the server an
+/// object to make and free.
+pub struct Joined<const N: usize> {
+    buf: [u8; N],
     len: usize,
 }
 
-impl PinText {
-    pub fn new(pin: Option<&SharePin>) -> PinText {
-        let mut t = PinText {
-            buf: [0; 4 * 41],
+impl<const N: usize> Joined<N> {
+    fn empty() -> Self {
+        Joined {
+            buf: [0; N],
             len: 0,
-        };
-        let Some(p) = pin else {
-            t.push(b"0");
-            return t;
-        };
-        t.push(Num::int(p.kind.code()).bytes());
-        t.push(Num::int(p.until).bytes());
-        if let Some(l) = p.limit {
-            t.push(Num::new(l.rate()).bytes());
-            t.push(Num::new(l.cap()).bytes());
         }
-        t
     }
 
+    /// Appends one field (after a comma unless it is the first).
     fn push(&mut self, b: &[u8]) {
         if self.len > 0 {
             self.buf[self.len] = b',';
@@ -170,6 +161,27 @@ impl PinText {
 
     pub fn bytes(&self) -> &[u8] {
         &self.buf[..self.len]
+    }
+}
+
+/// A pin as the last argument of its effect: `kind,until` or `1,until,rate,cap`; `0` for
+/// none.
+pub type PinText = Joined<{ 4 * 41 }>;
+
+impl PinText {
+    pub fn new(pin: Option<&SharePin>) -> PinText {
+        let mut t = PinText::empty();
+        let Some(p) = pin else {
+            t.push(b"0");
+            return t;
+        };
+        t.push(Num::int(p.kind.code()).bytes());
+        t.push(Num::int(p.until).bytes());
+        if let Some(l) = p.limit {
+            t.push(Num::new(l.rate()).bytes());
+            t.push(Num::new(l.cap()).bytes());
+        }
+        t
     }
 }
 
@@ -197,12 +209,8 @@ pub fn parse_pin(text: &[u8]) -> Option<Option<SharePin>> {
 }
 
 /// An entry's numbers as one argument, `want,rate,burst,lease_end,held_rate,held_burst,
-/// held_until`: plain decimal text a reader can follow, in one string (each argument of an
-/// effect costs the server an object to make and free).
-pub struct EntryText {
-    buf: [u8; 7 * 41],
-    len: usize,
-}
+/// held_until`: plain decimal text a reader can follow, in one string.
+pub type EntryText = Joined<{ 7 * 41 }>;
 
 impl EntryText {
     pub fn new(h: &Holder) -> EntryText {
@@ -217,10 +225,7 @@ impl EntryText {
     }
 
     fn build(h: &Holder, recent: Option<&mut RecentEntry>) -> EntryText {
-        let mut t = EntryText {
-            buf: [0; 7 * 41],
-            len: 0,
-        };
+        let mut t = EntryText::empty();
         let (given, held) = match recent {
             Some(r) => (Some(&mut r.given), Some(&mut r.held)),
             None => (None, None),
@@ -249,20 +254,6 @@ impl EntryText {
             r.buf[..text.len()].copy_from_slice(text);
             (r.bits, r.len) = (bits, text.len());
         }
-    }
-
-    /// Appends one field (after a comma unless it is the first).
-    fn push(&mut self, b: &[u8]) {
-        if self.len > 0 {
-            self.buf[self.len] = b',';
-            self.len += 1;
-        }
-        self.buf[self.len..self.len + b.len()].copy_from_slice(b);
-        self.len += b.len();
-    }
-
-    pub fn bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
     }
 }
 
@@ -525,11 +516,7 @@ impl ShareKey {
     /// the old expiry: every write moves it, almost always.
     pub fn expire_at(&self, at: Nanos) {
         self.modified.set(true);
-        let ms = if at == rl_core::NEVER {
-            -1
-        } else {
-            rl_core::ceil_millis(at) as i64
-        };
+        let ms = rl_core::expiry_ms(at);
         self.key.set_expire_ms(ms);
     }
 
