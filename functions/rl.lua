@@ -1222,6 +1222,19 @@ end
 -- bucket returns to, as texts. A hash without p is unpinned: every key written before pins
 -- reads as it did.
 
+-- `[PX ms]` from argument `from` to the last (`na`): the pin's length in ms, 0 for none.
+function Pn.px(a, na, from, N)
+    local rest = na + 1 - from
+    if rest == 2 and is(a[from], 'PX') then
+        return positive(a, from + 1, N, 'PX must be a positive integer (ms)')
+    elseif rest == 1 or rest == 2 then
+        unknown(a[from])
+    elseif rest ~= 0 then
+        arity(N)
+    end
+    return 0
+end
+
 Pn.KIND_NAME = { 'rate', 'block', 'exempt' }
 -- BLOCKED_RETRY: the wait a BLOCK without an end answers, as a pair.
 Pn.BLOCKED_S = 60
@@ -1976,15 +1989,7 @@ function Pn.rl_pin(keys, a)
         Lp = limit_at(a, 1, N)
         kind, from = 1, 3
     end
-    local rest = na + 1 - from
-    local ms = 0
-    if rest == 2 and is(a[from], 'PX') then
-        ms = positive(a, from + 1, N, 'PX must be a positive integer (ms)')
-    elseif rest == 1 or rest == 2 then
-        unknown(a[from])
-    elseif rest ~= 0 then
-        arity(N)
-    end
+    local ms = Pn.px(a, na, from, N)
     local key = keys[1]
     local ns, nn = now()
     local ut, us, un = '0', 0, 0
@@ -2624,15 +2629,7 @@ function Pn.rl_pin_share(key, a, shares)
         Lp = limit_at(a, at, N)
         kind, from = 1, at + 2
     end
-    local rest = na + 1 - from
-    local ms = 0
-    if rest == 2 and is(a[from], 'PX') then
-        ms = positive(a, from + 1, N, 'PX must be a positive integer (ms)')
-    elseif rest == 1 or rest == 2 then
-        unknown(a[from])
-    elseif rest ~= 0 then
-        arity(N)
-    end
+    local ms = Pn.px(a, na, from, N)
     local _, _, now_us = now()
     local u = 0
     if ms > 0 then
