@@ -36,6 +36,7 @@ from ._call import (
     aexecute,
     aplain_call,
     aresolve_backend,
+    close_soon,
     execute,
     plain_call,
     resolve_backend,
@@ -316,8 +317,24 @@ class Limiter(_Base):
         """Arguments as the class docstring says; nothing is sent before the first call."""
         self._core = _LimiterCore(key, rate, cap, configure(config, options, "Limiter"))
         self.client = client
-        self._call = SyncCaller(client, self._core.timeout, self._core.metrics)
+        core = self._core
+        self._call = SyncCaller(client, core.timeout, core.metrics, own=core.config.own_pool)
+        if self._call.own is not None:  # closed with the limiter, or when it is dropped
+            weakref.finalize(self, self._call.own.close)
         self._last: Optional[Decision] = None
+
+    def close(self) -> None:
+        """Closes the connections of the limiter's own pool (see the README's *Timeouts*:
+        a later call opens a new one). The client passed in is left open."""
+        self._call.close()
+
+    def __enter__(self) -> Limiter:
+        """The limiter itself; leaving the block calls :meth:`close`."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Calls :meth:`close`."""
+        self.close()
 
     def _protocol(self, deadline: Optional[float] = None) -> p.Protocol:
         core = self._core
@@ -524,9 +541,25 @@ class AsyncLimiter(_Base):
         """Arguments as the class docstring says; nothing is sent before the first call."""
         self._core = _LimiterCore(key, rate, cap, configure(config, options, "AsyncLimiter"))
         self.client = client
-        self._call = AsyncCaller(client, self._core.timeout, self._core.metrics)
+        core = self._core
+        self._call = AsyncCaller(client, core.timeout, core.metrics, own=core.config.own_pool)
+        if self._call.own is not None:  # closed with the limiter, or when it is dropped
+            weakref.finalize(self, close_soon, self._call.own)
         self._backend = BackendTask()
         self._last: Optional[Decision] = None
+
+    async def aclose(self) -> None:
+        """Closes the connections of the limiter's own pool (a later call opens a new one).
+        The client passed in is left open."""
+        await self._call.aclose()
+
+    async def __aenter__(self) -> AsyncLimiter:
+        """The limiter itself; leaving the block awaits :meth:`aclose`."""
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Awaits :meth:`aclose`."""
+        await self.aclose()
 
     async def _protocol(self, deadline: Optional[float] = None) -> p.Protocol:
         core = self._core

@@ -724,7 +724,10 @@ class PrefetchLimiter(_Base):
         """Arguments as the class docstring says; nothing is sent before the first call."""
         self._core = _new_core("PrefetchLimiter", key, rate, cap, batch, ttl_ms, config, options)
         self.client = client
-        self._call = SyncCaller(client, self._core.timeout, self._core.metrics)
+        core = self._core
+        self._call = SyncCaller(client, core.timeout, core.metrics, own=core.config.own_pool)
+        if self._call.own is not None:  # closed with the limiter, or when it is dropped
+            weakref.finalize(self, self._call.own.close)
         at_exit.add(self)  # alive at exit (a module-level limiter): gives back then
 
     def take(self, n: int = 1) -> Decision:
@@ -826,7 +829,7 @@ class PrefetchLimiter(_Base):
                 # Credentials first if due (the pooled path): a refusal is a ServerError, not
                 # a lease call redis-py retries past the timeout (an outage, failing open).
                 self._call.check()
-                reply = p.parse_lease(execute(self.client, *args))
+                reply = p.parse_lease(self._call.send(args))
             except BaseException as e:
                 give_back = _failed(core, flight, e)
             else:
@@ -841,7 +844,7 @@ class PrefetchLimiter(_Base):
         try:
             assert core.protocol is not None
             core.metrics.add("redis_calls")
-            execute(self.client, *core.protocol.return_(core.key, lease.id, lease.left))
+            self._call.send(core.protocol.return_(core.key, lease.id, lease.left))
             core.returned(lease)
         except Exception:
             core.metrics.add("leases_lost")
@@ -885,6 +888,7 @@ class PrefetchLimiter(_Base):
                 if lease.left > 0:
                     core.metrics.add("leases_lost")
                 failure = failure or e
+        self._call.close()
         if failure is not None:
             raise failure
         return credited
