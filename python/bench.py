@@ -4,7 +4,9 @@ Starts its own redis-server with the module on a Unix socket in a temp dir and m
 in one process on one connection, microseconds per call of:
 
 - the raw ``RL.TAKE key rate cap 1 WITHSTATE`` through redis-py (sync and asyncio), and
-  ``Limiter.take()`` / ``AsyncLimiter.take()``, which make exactly that call;
+  ``Limiter.take()`` / ``AsyncLimiter.take()``, which make exactly that call, over the Unix
+  socket and over TCP, with the recommended client and with redis-py's defaults (no
+  socket timeout, retries on), and once through the client (``own_pool=False``);
 - ``PrefetchLimiter.take()`` / ``AsyncPrefetchLimiter.take()`` (batch 20; most takes are
   served from memory, one ``RL.LEASE`` per ~20), and a ``PrefetchLimiter.take()`` served
   from memory only (a batch no round spends);
@@ -20,8 +22,8 @@ not the time spent waiting for a core): on a shared machine the CPU figures and 
 ratios are the ones that hold from run to run. The last column pairs each round's row
 with its raw call in the same round and reports the median of those ratios: the
 figure least moved by neighbours. The bucket never runs dry: every decision is a grant.
-The clients are set up as the README recommends (socket timeouts within the limiter's
-timeout, retries off), so the limiters call redis-py in the calling thread or task.
+The limiters make their calls on a connection pool of their own, in the calling thread or
+task, whatever the client's settings (``own_pool=False``: through the client).
 """
 
 from __future__ import annotations
@@ -163,6 +165,10 @@ def run(
     limiter_tcp = Limiter(rt, "bench:take-tcp", RATE, CAP, backend="module")
     limiter_default = Limiter(rd, "bench:take-default", RATE, CAP, backend="module")
     limiter_default_tcp = Limiter(rdt, "bench:take-default-tcp", RATE, CAP, backend="module")
+    # Through the client (no pool of the limiter's own): a worker thread per take.
+    limiter_client_tcp = Limiter(
+        rdt, "bench:take-client-tcp", RATE, CAP, backend="module", own_pool=False
+    )
 
     loop = asyncio.new_event_loop()
     ar = aredis.Redis(
@@ -179,6 +185,9 @@ def run(
     alimiter_tcp = AsyncLimiter(art, "bench:atake-tcp", RATE, CAP, backend="module")
     alimiter_default = AsyncLimiter(ard, "bench:atake-default", RATE, CAP, backend="module")
     alimiter_default_tcp = AsyncLimiter(ardt, "bench:atake-dtcp", RATE, CAP, backend="module")
+    alimiter_client_tcp = AsyncLimiter(
+        ardt, "bench:atake-ctcp", RATE, CAP, backend="module", own_pool=False
+    )
     aprefetch = AsyncPrefetchLimiter(ar, "bench:aprefetch", RATE, CAP, batch=BATCH)
     araw = ("RL.TAKE", "bench:araw", "1000000000", "1000000000000", 1, "WITHSTATE")
 
@@ -189,6 +198,7 @@ def run(
         ("raw-tcp", lambda: rt.execute_command(*raw)),
         ("limiter-tcp", limiter_tcp.take),
         ("limiter-default-tcp", limiter_default_tcp.take),
+        ("limiter-client-tcp", limiter_client_tcp.take),
         ("prefetch", prefetch.take),
         ("memory", memory.take),
         ("lua", lambda: r.evalsha(sha, 1, "bench:lua", RATE, CAP, 1)),
@@ -200,6 +210,7 @@ def run(
         ("araw-tcp", lambda: art.execute_command(*araw)),
         ("alimiter-tcp", alimiter_tcp.take),
         ("alimiter-default-tcp", alimiter_default_tcp.take),
+        ("alimiter-client-tcp", alimiter_client_tcp.take),
         ("aprefetch", aprefetch.take),
     ]
     if only is not None:
@@ -218,9 +229,15 @@ def run(
     prefetch.close()
     memory.close()
     loop.run_until_complete(aprefetch.close())
-    for lim in (limiter, limiter_tcp, limiter_default, limiter_default_tcp):
+    for lim in (limiter, limiter_tcp, limiter_default, limiter_default_tcp, limiter_client_tcp):
         lim.close()
-    for alim in (alimiter, alimiter_tcp, alimiter_default, alimiter_default_tcp):
+    for alim in (
+        alimiter,
+        alimiter_tcp,
+        alimiter_default,
+        alimiter_default_tcp,
+        alimiter_client_tcp,
+    ):
         loop.run_until_complete(alim.aclose())
     for client in (ar, art, ard, ardt):
         loop.run_until_complete(client.aclose())
@@ -248,12 +265,14 @@ def report(samples: Dict[str, List[Sample]], version: str, seconds: float, round
         ("raw `RL.TAKE ... WITHSTATE` (redis-py), TCP", "raw-tcp", None),
         ("`Limiter.take()`, TCP", "limiter-tcp", "raw-tcp"),
         ("`Limiter.take()`, TCP, `redis.Redis()` defaults", "limiter-default-tcp", "raw-tcp"),
+        ("same, `own_pool=False` (through the client)", "limiter-client-tcp", "raw-tcp"),
         ("raw `RL.TAKE ... WITHSTATE` (redis.asyncio)", "araw", None),
         ("`AsyncLimiter.take()`", "alimiter", "araw"),
         ("`AsyncLimiter.take()`, `redis.asyncio.Redis()` defaults", "alimiter-default", "araw"),
         ("raw `RL.TAKE ... WITHSTATE` (redis.asyncio), TCP", "araw-tcp", None),
         ("`AsyncLimiter.take()`, TCP", "alimiter-tcp", "araw-tcp"),
         ("`AsyncLimiter.take()`, TCP, defaults", "alimiter-default-tcp", "araw-tcp"),
+        ("same, `own_pool=False` (through the client)", "alimiter-client-tcp", "araw-tcp"),
         (f"`PrefetchLimiter.take()`, batch {BATCH}", "prefetch", "raw"),
         (f"`AsyncPrefetchLimiter.take()`, batch {BATCH}", "aprefetch", "araw"),
         ("`PrefetchLimiter.take()` from memory (no renewal)", "memory", "raw"),

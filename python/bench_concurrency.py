@@ -5,6 +5,10 @@ stay 0 with a healthy Redis: fallback decisions and timeouts; threads also repor
 grants against the bound ``cap + rate * t``.
 
     python python/bench_concurrency.py [--seconds 4] [--threads 64,256] [--tasks 16,1000]
+        [--own-pool on|off|both]
+
+``--own-pool off`` makes the threads' limiters call through the client (``own_pool=False``,
+as before the limiters had a connection pool of their own); ``both`` runs each way.
 """
 
 from __future__ import annotations
@@ -48,9 +52,9 @@ def _spin(lim: PrefetchLimiter, stop: threading.Event, granted: list[int], i: in
     granted[i] = g
 
 
-def threads(port: int, n: int, seconds: float) -> None:
+def threads(port: int, n: int, seconds: float, own_pool: bool = True) -> None:
     for name, client in clients(port).items():
-        lim = PrefetchLimiter(client, f"t{n}{name}", RATE, CAP, policy=ALLOW)
+        lim = PrefetchLimiter(client, f"t{n}{name}", RATE, CAP, policy=ALLOW, own_pool=own_pool)
         stop = threading.Event()
         granted = [0] * n
 
@@ -66,7 +70,8 @@ def threads(port: int, n: int, seconds: float) -> None:
         m = lim.metrics.snapshot()
         lim.close()
         print(
-            f"{n:4} threads, {name:17} granted {sum(granted):6} (bound {CAP + RATE * t:6.0f}) "
+            f"{n:4} threads, {name:17} own pool {'on ' if own_pool else 'off'} "
+            f"granted {sum(granted):6} (bound {CAP + RATE * t:6.0f}) "
             f"leases {m['leases']:5} fallback {m['fallback_decisions']:6} "
             f"timeouts {m['redis_timeouts']}"
         )
@@ -105,11 +110,14 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--threads", default="64,256")
     ap.add_argument("--tasks", default="16,1000")
+    ap.add_argument("--own-pool", choices=["on", "off", "both"], default="on")
     args = ap.parse_args()
+    owns = {"on": [True], "off": [False], "both": [False, True]}[args.own_pool]
     server = Server(Path(tempfile.mkdtemp()) / "redis")
     try:
         for n in (int(x) for x in args.threads.split(",") if x):
-            threads(server.port, n, args.seconds)
+            for own in owns:
+                threads(server.port, n, args.seconds, own)
         for n in (int(x) for x in args.tasks.split(",") if x):
             asyncio.run(tasks(server.port, n, args.seconds))
     finally:

@@ -302,6 +302,11 @@ class Limiter(_Base):
     Redis failures and calls slower than ``timeout`` seconds go to ``policy``; Redis is
     asked again after ``probe_interval`` seconds (one caller probes, the others decide
     locally), and the first answer ends the outage.
+
+    Calls go on a connection pool of the limiter's own (the client's connection settings,
+    ``timeout`` as the socket timeout, no retries; ``own_pool=False``: through the client):
+    a reply later than ``timeout`` is cut off and its grant counted in ``takes_lost``.
+    ``close()`` (or a ``with`` block) closes the pool; the client is left open.
     """
 
     def __init__(

@@ -700,11 +700,12 @@ class PrefetchLimiter(_Base):
     to ``policy`` (its local budget: the limit divided by ``instances``); an error reply
     raises :class:`ServerError`.
 
-    Lease calls run on the shared call pool: give the client a ``socket_timeout`` well
-    above ``timeout`` (say 2 s) so that a late reply is still read, installed or returned.
-    A client that cannot outlive ``timeout`` by itself (the fast path, see ``SyncCaller``)
-    makes them in the calling thread: a reply later than its socket timeout is cut off
-    (counted in ``leases_lost``).
+    Lease calls run in the calling thread on a connection pool of the limiter's own (the
+    client's settings, ``timeout`` as the socket timeout, no retries; ``close()`` closes
+    it): a reply later than ``timeout`` is cut off (counted in ``leases_lost``). With
+    ``own_pool=False`` and a client whose ``socket_timeout`` is well above ``timeout`` (say
+    2 s) they run on the shared call pool instead, and a late reply is still read,
+    installed or returned.
     """
 
     _call: SyncCaller
