@@ -101,6 +101,8 @@ class CallPool:
     def submit(
         self, fn: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[Any]:
+        """Runs ``fn(*args, **kwargs)`` on an idle thread (a new one if none is idle, up to
+        ``MAX_THREADS``); answers its future."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
             self._work.put((future, fn, args, kwargs))
@@ -113,6 +115,7 @@ class CallPool:
 
     @property
     def threads(self) -> int:
+        """The pool's threads right now (running or idle)."""
         return self._threads
 
     def drain(self, timeout: float) -> bool:
@@ -194,6 +197,7 @@ def _pool() -> CallPool:
 
 
 def now() -> float:
+    """The monotonic clock every deadline here is on."""
     return time.monotonic()
 
 
@@ -492,6 +496,7 @@ class _Caller:
         self.checks_passed = 0
 
     def deadline(self) -> Optional[float]:
+        """When a call starting now must end (``None``: no timeout)."""
         return None if self.timeout is None else now() + self.timeout
 
     def failed(self, passed: int) -> None:
@@ -586,6 +591,7 @@ class SyncCaller(_Caller):
         return execute(self.client, *args, **options)
 
     def remaining(self, deadline: Optional[float]) -> Optional[float]:
+        """Seconds left until ``deadline`` (never negative); the whole timeout without one."""
         if deadline is None:
             return self.timeout
         return max(0.0, deadline - now())
@@ -1041,6 +1047,8 @@ async def aresolve_backend(
     backend: str,
     deadline: Optional[float] = None,
 ) -> p.Protocol:
+    """The asyncio twin of :func:`resolve_backend` (an asyncio cluster client learns its nodes
+    first)."""
     if backend != p.AUTO:
         return p.Protocol(backend)
     if hasattr(client, "nodes_manager") and asyncio.iscoroutinefunction(

@@ -265,6 +265,7 @@ class _Views:
 
     @property
     def key(self) -> str:
+        """The key ``take`` uses when none is passed."""
         return self._core.key
 
     @property
@@ -274,14 +275,17 @@ class _Views:
 
     @property
     def rate(self) -> float:
+        """The refill rate, tokens per second."""
         return self._core.rate
 
     @property
     def cap(self) -> float:
+        """The burst: the most tokens the bucket holds."""
         return self._core.cap
 
     @property
     def metrics(self) -> Metrics:
+        """The counters this limiter adds to (see :class:`Metrics`)."""
         return self._core.metrics
 
     @property
@@ -698,12 +702,15 @@ class AsyncLimiter(_Base):
     async def pin(
         self, spec: _pins.PinSpec, duration: Optional[float] = None, *, key: Optional[str] = None
     ) -> None:
+        """As :meth:`Limiter.pin`."""
         await _pins.apin(self, spec, duration, key)
 
     async def unpin(self, *, key: Optional[str] = None) -> bool:
+        """As :meth:`Limiter.unpin`."""
         return await _pins.aunpin(self, key)
 
     async def pinned(self, *, key: Optional[str] = None) -> Optional[_pins.PinInfo]:
+        """As :meth:`Limiter.pinned`."""
         return await _pins.apinned(self, key)
 
 
