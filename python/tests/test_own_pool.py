@@ -258,3 +258,31 @@ def test_clients_that_cannot_be_copied_keep_their_own_path(server: Server, key: 
     for client in (custom, traced):  # still limited, on the client's path
         assert Limiter(client, key, TINY, CAP).take().source is Source.SERVER
     assert Limiter(server.client(), key, TINY, CAP, timeout=None)._call.own is None
+
+
+def test_limiters_on_one_client_share_one_own_pool(server: Server, key: str) -> None:
+    """Limiters on one client with one timeout share their own pool (many limiters are not
+    many connections each); it closes with the last of them."""
+    name = "own-shared"
+    r = redis.Redis(port=server.port, client_name=name)
+    a = Limiter(r, key, TINY, CAP)
+    b = PrefetchLimiter(r, key + ":b", TINY, CAP)
+    other = Limiter(r, key, TINY, CAP, timeout=1.0)  # another timeout: a pool of its own
+    assert a._call.own.pool is b._call.own.pool
+    assert other._call.own.pool is not a._call.own.pool
+    for lim in (a, b, a, b):
+        assert lim.take().source in (Source.SERVER, Source.LEASE)
+    assert _connections(server, name) == 1
+    a.close()
+    a.close()  # once only: b's pool stays open
+    assert _connections(server, name) == 1
+    leases = b.metrics["leases"]
+    assert b.take(CAP // 2).granted  # more than held: a lease call
+    assert b.metrics["leases"] == leases + 1
+    b.close()
+    assert _connections(server, name) == 0
+    assert other.take().source is Source.SERVER
+    assert _connections(server, name) == 1
+    del other
+    gc.collect()
+    wait_for(lambda: _connections(server, name) == 0, "the last pool closed")

@@ -163,9 +163,10 @@ def _forget_pool_in_child() -> None:
     """A forked child (a gunicorn or multiprocessing worker) inherits the pool object but
     none of its threads: work submitted to it would never run and every call would time
     out. The child starts a pool of its own on first use instead."""
-    global _the_pool, _pool_lock
+    global _the_pool, _pool_lock, _own_lock
     _the_pool = None
     _pool_lock = threading.Lock()  # the parent may have held it while forking
+    _own_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -356,6 +357,55 @@ def own_pool(client: Any, timeout: Optional[float]) -> Any:
         return pools[0](connection_class=cls, max_connections=OWN_MAX_CONNECTIONS, **settings)
     except Exception:  # settings this version of redis-py cannot copy: the client's path
         return None
+
+
+_own_lock = threading.Lock()
+#: The own pools in use, per client pool and timeout, with how many callers use each: the
+#: limiters built on one client with one timeout share one pool (as they would share the
+#: client's), so that many limiters do not mean many connections each.
+_own_pools: weakref.WeakKeyDictionary[Any, dict[float, list[Any]]] = weakref.WeakKeyDictionary()
+
+
+def shared_own_pool(client: Any, timeout: Optional[float]) -> Any:
+    """:func:`own_pool` for ``client`` and ``timeout``, shared with the other callers on the
+    same client pool and timeout; every caller that gets one hands it back with
+    :func:`let_go`. ``None`` where :func:`own_pool` answers ``None``."""
+    user = getattr(client, "connection_pool", None)
+    if timeout is None or user is None:
+        return None
+    with _own_lock:
+        entry = _own_pools.get(user, {}).get(timeout)
+        if entry is not None:
+            entry[1] += 1
+            return entry[0]
+    pool = own_pool(client, timeout)
+    if pool is None:
+        return None
+    with _own_lock:
+        by_timeout = _own_pools.setdefault(user, {})
+        entry = by_timeout.get(timeout)
+        if entry is not None:  # another caller made one meanwhile (this one never connected)
+            entry[1] += 1
+            return entry[0]
+        by_timeout[timeout] = [pool, 1]
+    return pool
+
+
+def let_go(client: Any, timeout: float, pool: Any) -> bool:
+    """A caller is done with ``pool`` (from :func:`shared_own_pool`): whether it was the
+    last, so that its connections are to be closed."""
+    user = getattr(client, "connection_pool", None)
+    with _own_lock:
+        by_timeout = _own_pools.get(user) if user is not None else None
+        entry = by_timeout.get(timeout) if by_timeout is not None else None
+        if entry is None or entry[0] is not pool:
+            return True
+        entry[1] -= 1
+        if entry[1] > 0:
+            return False
+        assert by_timeout is not None
+        del by_timeout[timeout]
+        return True
 
 
 def not_sent(e: BaseException) -> BaseException:
@@ -552,12 +602,13 @@ class SyncCaller(_Caller):
     ) -> None:
         #: ``own``: calls go on a pool of the caller's own (:func:`own_pool`) where the
         #: client's settings can be copied, whatever its timeouts and retries.
-        pool = own_pool(client, timeout) if own else None
+        pool = shared_own_pool(client, timeout) if own else None
         self.own = (
             None
             if pool is None or timeout is None
             else OwnPool(pool, timeout, getattr(client, "response_callbacks", None))
         )
+        self._let_go = False
         worst = worst_case(client)
         self.direct = (
             timeout is None or self.own is not None or (worst is not None and worst <= timeout)
@@ -565,9 +616,14 @@ class SyncCaller(_Caller):
         super().__init__(client, timeout, metrics, checks=not self.direct)  # the pooled path
 
     def close(self) -> None:
-        """Closes the caller's own pool, if it has one."""
-        if self.own is not None:
-            self.own.close()
+        """Lets go of the caller's own pool, if it has one, and closes its connections if
+        no other caller uses it (once; a later call opens a connection again)."""
+        own = self.own
+        if own is None or self._let_go:
+            return
+        self._let_go = True
+        if let_go(self.client, own.timeout, own.pool):
+            own.close()
 
     def send(self, args: p.Args) -> Any:
         """The call in this thread, on the own pool if there is one, else on the client (no
@@ -754,7 +810,8 @@ class AsyncCaller(_Caller):
         #: ``own``: calls go on a pool of the caller's own (:func:`own_pool`) where the
         #: client's settings can be copied, whatever its timeouts and retries: the wire
         #: judges each call, in the caller's task.
-        pool = own_pool(client, timeout) if own else None
+        pool = shared_own_pool(client, timeout) if own else None
+        self._let_go = False
         # Credentials are checked without retries (:func:`acheck_credentials`) before the
         # first call and the first after an outage, as for :class:`SyncCaller` (an own
         # pool has no retries: a refusal is its answer).
@@ -778,10 +835,25 @@ class AsyncCaller(_Caller):
         self._pool = pool if pool is not None else (_own_pool(client) if self.bounded else None)
         self._pool_wants_name = self._pool is not None and _takes_command_name(self._pool)
 
+    def let_go(self) -> bool:
+        """Lets go of the own pool (once): whether its connections are to be closed (no
+        other caller uses it)."""
+        if self.own is None or self._let_go or self.timeout is None:
+            return False
+        self._let_go = True
+        return let_go(self.client, self.timeout, self.own)
+
     async def aclose(self) -> None:
-        """Closes the connections of the own pool, if there is one."""
-        if self.own is not None:
-            await self.own.disconnect()
+        """Lets go of the own pool, if there is one, and closes its connections if no other
+        caller uses it."""
+        own = self.own
+        if own is not None and self.let_go():
+            await own.disconnect()
+
+    def close_soon(self) -> None:
+        """:meth:`aclose` from a finalizer (see :func:`close_soon`)."""
+        if self.let_go():
+            close_soon(self.own)
 
     async def check(self) -> None:
         """As :meth:`SyncCaller.check`."""

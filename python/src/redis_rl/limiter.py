@@ -36,7 +36,6 @@ from ._call import (
     aexecute,
     aplain_call,
     aresolve_backend,
-    close_soon,
     execute,
     plain_call,
     resolve_backend,
@@ -329,12 +328,13 @@ class Limiter(_Base):
         core = self._core
         self._call = SyncCaller(client, core.timeout, core.metrics, own=core.config.own_pool)
         if self._call.own is not None:  # closed with the limiter, or when it is dropped
-            weakref.finalize(self, self._call.own.close)
+            weakref.finalize(self, self._call.close)
         self._last: Optional[Decision] = None
 
     def close(self) -> None:
-        """Closes the connections of the limiter's own pool (see the README's *Timeouts*:
-        a later call opens a new one). The client passed in is left open."""
+        """Closes the connections of the limiter's own pool, once no other limiter on the
+        same client and timeout shares it (a later call opens a connection again). The
+        client passed in is left open."""
         self._call.close()
 
     def __enter__(self) -> Limiter:
@@ -553,13 +553,12 @@ class AsyncLimiter(_Base):
         core = self._core
         self._call = AsyncCaller(client, core.timeout, core.metrics, own=core.config.own_pool)
         if self._call.own is not None:  # closed with the limiter, or when it is dropped
-            weakref.finalize(self, close_soon, self._call.own)
+            weakref.finalize(self, self._call.close_soon)
         self._backend = BackendTask()
         self._last: Optional[Decision] = None
 
     async def aclose(self) -> None:
-        """Closes the connections of the limiter's own pool (a later call opens a new one).
-        The client passed in is left open."""
+        """As :meth:`Limiter.close`."""
         await self._call.aclose()
 
     async def __aenter__(self) -> AsyncLimiter:

@@ -728,7 +728,7 @@ class PrefetchLimiter(_Base):
         core = self._core
         self._call = SyncCaller(client, core.timeout, core.metrics, own=core.config.own_pool)
         if self._call.own is not None:  # closed with the limiter, or when it is dropped
-            weakref.finalize(self, self._call.own.close)
+            weakref.finalize(self, self._call.close)
         at_exit.add(self)  # alive at exit (a module-level limiter): gives back then
 
     def take(self, n: int = 1) -> Decision:
