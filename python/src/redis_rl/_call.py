@@ -311,6 +311,25 @@ def _pool_internals(pool_class: Any, connection_class: Any) -> frozenset[str]:
     return keys
 
 
+_kept: dict[Any, Any] = {}
+
+
+def _keeping_timeout(cls: Any) -> Any:
+    """``cls`` keeping the socket timeout it is given: redis-py 5.0's Unix-socket connection
+    sets it, then its base class's ``__init__`` sets it back to ``None`` (no timeout)."""
+    kept: Any = _kept.get(cls)
+    if kept is None:
+
+        class Kept(cls):  # type: ignore[misc]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self.socket_timeout = kwargs.get("socket_timeout")
+
+        Kept.__name__ = Kept.__qualname__ = cls.__name__
+        kept = _kept[cls] = Kept
+    return kept
+
+
 def own_pool(client: Any, timeout: Optional[float]) -> Any:
     """A connection pool of a limiter's own: ``client``'s connection settings (host and
     port or Unix socket, password, username, db, TLS, client name...), but ``timeout`` as
@@ -350,10 +369,14 @@ def own_pool(client: Any, timeout: Optional[float]) -> Any:
         if "retry_on_error" in settings:
             settings["retry_on_error"] = []
         try:
-            cls(**settings)  # refused settings show here, not on the first call
+            probe = cls(**settings)  # refused settings show here, not on the first call
         except TypeError:  # a connection class without a connect timeout of its own
             del settings["socket_connect_timeout"]
-            cls(**settings)
+            probe = cls(**settings)
+        if getattr(probe, "socket_timeout", timeout) != timeout:
+            cls = _keeping_timeout(cls)
+            if cls(**settings).socket_timeout != timeout:
+                return None
         return pools[0](connection_class=cls, max_connections=OWN_MAX_CONNECTIONS, **settings)
     except Exception:  # settings this version of redis-py cannot copy: the client's path
         return None
