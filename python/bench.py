@@ -4,7 +4,9 @@ Starts its own redis-server with the module on a Unix socket in a temp dir and m
 in one process on one connection, microseconds per call of:
 
 - the raw ``RL.TAKE key rate cap 1 WITHSTATE`` through redis-py (sync and asyncio), and
-  ``Limiter.take()`` / ``AsyncLimiter.take()``, which make exactly that call;
+  ``Limiter.take()`` / ``AsyncLimiter.take()``, which make exactly that call, over the Unix
+  socket and over TCP, with the recommended client and with redis-py's defaults (no
+  socket timeout, retries on), and once through the client (``own_pool=False``);
 - ``PrefetchLimiter.take()`` / ``AsyncPrefetchLimiter.take()`` (batch 20; most takes are
   served from memory, one ``RL.LEASE`` per ~20), and a ``PrefetchLimiter.take()`` served
   from memory only (a batch no round spends);
@@ -20,8 +22,8 @@ not the time spent waiting for a core): on a shared machine the CPU figures and 
 ratios are the ones that hold from run to run. The last column pairs each round's row
 with its raw call in the same round and reports the median of those ratios: the
 figure least moved by neighbours. The bucket never runs dry: every decision is a grant.
-The clients are set up as the README recommends (socket timeouts within the limiter's
-timeout, retries off), so the limiters call redis-py in the calling thread or task.
+The limiters make their calls on a connection pool of their own, in the calling thread or
+task, whatever the client's settings (``own_pool=False``: through the client).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import asyncio
 import datetime
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -100,25 +103,32 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         sock = os.path.join(tmp, "redis.sock")
+        port = free_port()
         proc = subprocess.Popen(
-            [args.server, "--port", "0", "--unixsocket", sock, "--save", "", "--dir", tmp,
-             "--loadmodule", args.module],
+            [args.server, "--port", str(port), "--bind", "127.0.0.1", "--unixsocket", sock,
+             "--save", "", "--dir", tmp, "--loadmodule", args.module],
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
         try:
             only = set(args.rows.split(",")) if args.rows else None
-            samples, version = run(sock, args.seconds, args.rounds, only)
+            samples, version = run(sock, port, args.seconds, args.rounds, only)
         finally:
             proc.terminate()
             proc.wait()
     report(samples, version, args.seconds, args.rounds)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 Row = Tuple[str, Callable[[], object]]
 
 
 def run(
-    sock: str, seconds: float, rounds: int, only: Optional[Set[str]] = None
+    sock: str, port: int, seconds: float, rounds: int, only: Optional[Set[str]] = None
 ) -> Tuple[Dict[str, List[Sample]], str]:
     # The recommended setup: the client cannot outlive the limiters' timeout (0.2 s) by
     # itself (socket and connect timeouts 0.1 s, retries off).
@@ -128,6 +138,12 @@ def run(
         socket_connect_timeout=0.1,
         retry=Retry(NoBackoff(), 0),
     )
+    # The same over TCP, and redis-py's defaults (no socket timeout, retries on) on both.
+    rt = redis.Redis(
+        port=port, socket_timeout=0.1, socket_connect_timeout=0.1, retry=Retry(NoBackoff(), 0)
+    )
+    rd = redis.Redis(unix_socket_path=sock)
+    rdt = redis.Redis(port=port)
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -146,6 +162,13 @@ def run(
         r, "bench:memory", RATE, CAP, batch=10_000_000, ttl=3600, backend="module"
     )
     raw = ("RL.TAKE", "bench:raw", "1000000000", "1000000000000", 1, "WITHSTATE")
+    limiter_tcp = Limiter(rt, "bench:take-tcp", RATE, CAP, backend="module")
+    limiter_default = Limiter(rd, "bench:take-default", RATE, CAP, backend="module")
+    limiter_default_tcp = Limiter(rdt, "bench:take-default-tcp", RATE, CAP, backend="module")
+    # Through the client (no pool of the limiter's own): a worker thread per take.
+    limiter_client_tcp = Limiter(
+        rdt, "bench:take-client-tcp", RATE, CAP, backend="module", own_pool=False
+    )
 
     loop = asyncio.new_event_loop()
     ar = aredis.Redis(
@@ -155,12 +178,27 @@ def run(
         retry=AsyncRetry(NoBackoff(), 0),
     )
     alimiter = AsyncLimiter(ar, "bench:atake", RATE, CAP, backend="module")
+    art = aredis.Redis(
+        port=port, socket_timeout=0.1, socket_connect_timeout=0.1, retry=AsyncRetry(NoBackoff(), 0)
+    )
+    ard, ardt = aredis.Redis(unix_socket_path=sock), aredis.Redis(port=port)
+    alimiter_tcp = AsyncLimiter(art, "bench:atake-tcp", RATE, CAP, backend="module")
+    alimiter_default = AsyncLimiter(ard, "bench:atake-default", RATE, CAP, backend="module")
+    alimiter_default_tcp = AsyncLimiter(ardt, "bench:atake-dtcp", RATE, CAP, backend="module")
+    alimiter_client_tcp = AsyncLimiter(
+        ardt, "bench:atake-ctcp", RATE, CAP, backend="module", own_pool=False
+    )
     aprefetch = AsyncPrefetchLimiter(ar, "bench:aprefetch", RATE, CAP, batch=BATCH)
     araw = ("RL.TAKE", "bench:araw", "1000000000", "1000000000000", 1, "WITHSTATE")
 
     sync_rows: List[Row] = [
         ("raw", lambda: r.execute_command(*raw)),
         ("limiter", limiter.take),
+        ("limiter-default", limiter_default.take),
+        ("raw-tcp", lambda: rt.execute_command(*raw)),
+        ("limiter-tcp", limiter_tcp.take),
+        ("limiter-default-tcp", limiter_default_tcp.take),
+        ("limiter-client-tcp", limiter_client_tcp.take),
         ("prefetch", prefetch.take),
         ("memory", memory.take),
         ("lua", lambda: r.evalsha(sha, 1, "bench:lua", RATE, CAP, 1)),
@@ -168,6 +206,11 @@ def run(
     async_rows: List[Tuple[str, Callable[[], Awaitable[object]]]] = [
         ("araw", lambda: ar.execute_command(*araw)),
         ("alimiter", alimiter.take),
+        ("alimiter-default", alimiter_default.take),
+        ("araw-tcp", lambda: art.execute_command(*araw)),
+        ("alimiter-tcp", alimiter_tcp.take),
+        ("alimiter-default-tcp", alimiter_default_tcp.take),
+        ("alimiter-client-tcp", alimiter_client_tcp.take),
         ("aprefetch", aprefetch.take),
     ]
     if only is not None:
@@ -186,7 +229,18 @@ def run(
     prefetch.close()
     memory.close()
     loop.run_until_complete(aprefetch.close())
-    loop.run_until_complete(ar.aclose())
+    for lim in (limiter, limiter_tcp, limiter_default, limiter_default_tcp, limiter_client_tcp):
+        lim.close()
+    for alim in (
+        alimiter,
+        alimiter_tcp,
+        alimiter_default,
+        alimiter_default_tcp,
+        alimiter_client_tcp,
+    ):
+        loop.run_until_complete(alim.aclose())
+    for client in (ar, art, ard, ardt):
+        loop.run_until_complete(client.aclose())
     loop.close()
     calls = prefetch.metrics["redis_calls"]
     print(f"(PrefetchLimiter made {calls} Redis calls in all.)", file=sys.stderr)
@@ -198,7 +252,7 @@ def report(samples: Dict[str, List[Sample]], version: str, seconds: float, round
     print(
         f"{datetime.date.today()}, Redis {version}, Python {platform.python_version()}, "
         f"redis-py {redis.__version__}, {os.cpu_count()} cores ({platform.machine()}), "
-        f"load average {load:.1f}, Unix socket, one connection, "
+        f"load average {load:.1f}, Unix socket (TCP: loopback), one connection, "
         f"best of {rounds} rounds of {seconds:g} s per row"
     )
     print()
@@ -207,8 +261,18 @@ def report(samples: Dict[str, List[Sample]], version: str, seconds: float, round
     rows: List[Tuple[str, str, Any]] = [
         ("raw `RL.TAKE ... WITHSTATE` (redis-py)", "raw", None),
         ("`Limiter.take()`", "limiter", "raw"),
+        ("`Limiter.take()`, client `redis.Redis()` defaults", "limiter-default", "raw"),
+        ("raw `RL.TAKE ... WITHSTATE` (redis-py), TCP", "raw-tcp", None),
+        ("`Limiter.take()`, TCP", "limiter-tcp", "raw-tcp"),
+        ("`Limiter.take()`, TCP, `redis.Redis()` defaults", "limiter-default-tcp", "raw-tcp"),
+        ("same, `own_pool=False` (through the client)", "limiter-client-tcp", "raw-tcp"),
         ("raw `RL.TAKE ... WITHSTATE` (redis.asyncio)", "araw", None),
         ("`AsyncLimiter.take()`", "alimiter", "araw"),
+        ("`AsyncLimiter.take()`, `redis.asyncio.Redis()` defaults", "alimiter-default", "araw"),
+        ("raw `RL.TAKE ... WITHSTATE` (redis.asyncio), TCP", "araw-tcp", None),
+        ("`AsyncLimiter.take()`, TCP", "alimiter-tcp", "araw-tcp"),
+        ("`AsyncLimiter.take()`, TCP, defaults", "alimiter-default-tcp", "araw-tcp"),
+        ("same, `own_pool=False` (through the client)", "alimiter-client-tcp", "araw-tcp"),
         (f"`PrefetchLimiter.take()`, batch {BATCH}", "prefetch", "raw"),
         (f"`AsyncPrefetchLimiter.take()`, batch {BATCH}", "aprefetch", "araw"),
         ("`PrefetchLimiter.take()` from memory (no renewal)", "memory", "raw"),

@@ -889,3 +889,83 @@ async fn a_pin_on_the_key_is_picked_up_at_the_next_call() {
 async fn a_pin_on_the_key_is_picked_up_at_the_next_call_on_the_functions_backend() {
     follow_pins(Side::Functions).await;
 }
+
+/// `tasks` tokio tasks on one holder for `seconds`, each taking one token and yielding
+/// (a request handler's pace): (decisions, grants with their intervals, the elapsed
+/// seconds from the first share, the limiter's fallback decisions).
+async fn many_tasks(
+    server: &Server,
+    key: &str,
+    tasks: usize,
+    seconds: f64,
+    config: ShareConfig,
+) -> (u64, Vec<(u64, u64)>, u64, u64) {
+    let limit = Limit::new(2000.0, 200.0).unwrap();
+    let l = Arc::new(ShareLimiter::from_client(server.client(), key, limit, config).unwrap());
+    eventually(60, "a share", || l.share().rate > 0.0).await;
+    let start = micros_now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (l, stop) = (l.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut decided, mut grants) = (0u64, Vec::new());
+                while !stop.load(Ordering::Relaxed) {
+                    let asked = micros_now();
+                    let d = l.take(1).await.unwrap();
+                    decided += 1;
+                    if d.allowed {
+                        grants.push((asked, micros_now()));
+                    }
+                    tokio::task::yield_now().await;
+                }
+                (decided, grants)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut decided, mut grants) = (0, Vec::new());
+    for h in handles {
+        let (d, g) = h.await.unwrap();
+        decided += d;
+        grants.extend(g);
+    }
+    let fallback = l.metrics().snapshot().fallback_decisions;
+    l.close().await.unwrap();
+    (decided, grants, start, fallback)
+}
+
+/// A thousand tasks on one holder with a healthy Redis: the refresh task keeps its share
+/// (no decision from the failure policy) and the grants stay within `cap + rate * t`. The
+/// timeout is generous: only a refresh starved by the takes, not a slow machine, could
+/// fall back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_tasks_on_one_holder_never_fall_back() {
+    let server = Server::start();
+    let mut config = config(FailurePolicy::Deny);
+    config.period = Duration::from_millis(100); // many refreshes during the run
+    let (decided, mut grants, start, fallback) =
+        many_tasks(&server, "many", 1000, 3.0, config).await;
+    assert_eq!(fallback, 0, "decisions from the failure policy");
+    assert!(decided > grants.len() as u64, "the bucket never ran dry");
+    assert_within_bound(&mut grants, start, 2000.0, 200.0, 1.0);
+}
+
+/// Decisions per second at 16 and at 1000 tasks on one holder (default settings); run with
+/// `--ignored --nocapture` (a measurement, not a test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn measure_many_tasks_on_one_holder() {
+    let server = Server::start();
+    for tasks in [16, 1000] {
+        let config = ShareConfig::default();
+        let key = format!("measure{tasks}");
+        let (decided, grants, _, fallback) = many_tasks(&server, &key, tasks, 4.0, config).await;
+        println!(
+            "{tasks:5} tasks: {:.0} decisions/s, {} granted, {fallback} fallback decisions",
+            decided as f64 / 4.0,
+            grants.len()
+        );
+    }
+}

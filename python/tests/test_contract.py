@@ -138,8 +138,9 @@ def test_sync_timed_out_take_installs_its_lease(server: Server, key: str) -> Non
     """The pool call outlives the caller's timeout and installs its lease when it lands."""
     r = server.client(socket_timeout=10)
     lim = PrefetchLimiter(
-        r, key, TINY, 100, batch=10, renew_at=0.0, timeout=0.2, policy=DENY, backend="module"
-    )
+        r, key, TINY, 100, batch=10, renew_at=0.0, timeout=0.2, policy=DENY, backend="module",
+        own_pool=False,
+    )  # fmt: skip
     pause(server, 1000)
     d = lim.decide()
     assert d.source is Source.FALLBACK and not d.granted
@@ -161,7 +162,7 @@ def test_lease_landing_after_its_ttl_is_returned(server: Server, key: str, kind:
     if kind == "sync":
         lim: Any = PrefetchLimiter(
             server.client(socket_timeout=10), key, TINY, 100, batch=10, ttl=0.3,
-            timeout=0.2, backend="module",
+            timeout=0.2, backend="module", own_pool=False,
         )  # fmt: skip
         lim.decide()
     else:
@@ -198,7 +199,11 @@ ASYNC_SETUPS = {
         "retry": AsyncRetry(NoBackoff(), 0),
     },
     "retries": {"socket_timeout": 10},
+    "own-pool": {"socket_timeout": 10},
 }
+#: Whether the limiter makes its calls on a pool of its own ("own-pool": the client's
+#: settings, the limiter's timeout, no retries: in the caller's task, as "own-timeouts").
+OWN = {"own-timeouts": False, "retries": False, "own-pool": True}
 
 
 @pytest.mark.parametrize("setup", list(ASYNC_SETUPS))
@@ -209,13 +214,13 @@ def test_async_limiter_cancelled_takes_are_refunded(server: Server, key: str, se
 
     async def run() -> None:
         r = aredis.Redis(port=proxy.port, **ASYNC_SETUPS[setup])
-        lim = AsyncLimiter(r, key, TINY, 10, timeout=10, backend="module")
-        assert (lim._call._pool is not None) == (setup == "own-timeouts")
+        lim = AsyncLimiter(r, key, TINY, 10, timeout=10, backend="module", own_pool=OWN[setup])
+        assert (lim._call._pool is not None) == (setup != "retries")
         assert (await lim.take(1)).granted  # the credentials checked
         await lim.refund(1)
         # Three connections made first: a take that makes one would have its handshake's
         # reply held, and be cancelled before it sent anything.
-        pool = r.connection_pool
+        pool = lim._call._pool or r.connection_pool
         name = ("PING",) if _takes_command_name(pool) else ()
         for c in [await pool.get_connection(*name) for _ in range(3)]:
             await pool.release(c)
@@ -252,7 +257,7 @@ def test_async_take_cancelled_at_each_turn_is_cancelled_and_loses_nothing(
 
     async def run() -> None:
         r = aredis.Redis(port=server.port, **ASYNC_SETUPS[setup])
-        lim = AsyncLimiter(r, key, TINY, 100, timeout=10, backend="module")
+        lim = AsyncLimiter(r, key, TINY, 100, timeout=10, backend="module", own_pool=OWN[setup])
         granted = 0
         for k in range(40):
             take = asyncio.ensure_future(
@@ -269,7 +274,7 @@ def test_async_take_cancelled_at_each_turn_is_cancelled_and_loses_nothing(
             await await_for(lambda: not lim._call._late, "the cancelled takes' replies")
         state = await lim.peek()
         assert math.floor(100 if state is None else state.tokens) == 100 - granted
-        assert not r.connection_pool._in_use_connections
+        assert not (lim._call._pool or r.connection_pool)._in_use_connections
         assert lim.metrics["takes_lost"] == 0
         adds_up(lim.metrics)
         await r.aclose()
@@ -390,7 +395,7 @@ def test_async_take_cancelled_with_half_its_reply_read_is_refunded(
 
 def test_sync_limiter_timed_out_take_is_refunded(server: Server, key: str) -> None:
     r = server.client(socket_timeout=10)  # above the limiter's timeout: the pool path
-    lim = Limiter(r, key, TINY, 10, timeout=0.2, policy=DENY, backend="module")
+    lim = Limiter(r, key, TINY, 10, timeout=0.2, policy=DENY, backend="module", own_pool=False)
     pause(server, 1000)
     d = lim.take(3)
     assert d.source is Source.FALLBACK and not d.granted
@@ -433,7 +438,10 @@ def test_late_reserve_into_debt_is_counted_lost(server: Server, key: str, kind: 
     admin = server.client()
     admin.execute_command("RL.TAKE", key, 1, 10, 10)  # empty: the reserve lands in debt
     if kind == "sync":
-        lim = Limiter(server.client(socket_timeout=10), key, 1, 10, timeout=0.2, backend="module")
+        lim = Limiter(
+            server.client(socket_timeout=10), key, 1, 10, timeout=0.2, backend="module",
+            own_pool=False,
+        )  # fmt: skip
         pause(server, 1000)
         assert lim.reserve(5, max_wait=60).source is Source.FALLBACK
         wait_for(lambda: lim.metrics["takes_lost"] == 1, "the refused refund")
@@ -442,7 +450,7 @@ def test_late_reserve_into_debt_is_counted_lost(server: Server, key: str, kind: 
 
         async def run() -> Metrics:
             r = aredis.Redis(port=server.port, socket_timeout=10)
-            lim = AsyncLimiter(r, key, 1, 10, timeout=0.2, backend="module")
+            lim = AsyncLimiter(r, key, 1, 10, timeout=0.2, backend="module", own_pool=False)
             await r.ping()  # connected (a limiter's call could time out on a busy machine)
             pause(server, 1000)
             assert (await lim.reserve(5, max_wait=60)).source is Source.FALLBACK
@@ -794,7 +802,7 @@ def test_a_call_waiting_for_a_pooled_connection_returns_within_its_timeout(
     if kind == "sync":
         pool = redis.BlockingConnectionPool(port=server.port, max_connections=1, **fast)
         r = redis.Redis(connection_pool=pool, retry=NO_RETRY)
-        lim = Limiter(r, key, TINY, 10, timeout=0.2, policy=DENY, backend="module")
+        lim = Limiter(r, key, TINY, 10, timeout=0.2, policy=DENY, backend="module", own_pool=False)
         held = pool.get_connection(*(("PING",) if _takes_command_name(pool) else ()))
         start = time.monotonic()
         d = lim.take()
@@ -806,7 +814,9 @@ def test_a_call_waiting_for_a_pooled_connection_returns_within_its_timeout(
         async def run() -> tuple[Any, float, Metrics]:
             pool = aredis.BlockingConnectionPool(port=server.port, max_connections=1, **fast)
             ar = aredis.Redis(connection_pool=pool, retry=AsyncRetry(NoBackoff(), 0))
-            lim = AsyncLimiter(ar, key, TINY, 10, timeout=0.2, policy=DENY, backend="module")
+            lim = AsyncLimiter(
+                ar, key, TINY, 10, timeout=0.2, policy=DENY, backend="module", own_pool=False
+            )
             name = ("PING",) if _takes_command_name(pool) else ()
             held = await pool.get_connection(*name)
             start = time.monotonic()
@@ -835,7 +845,15 @@ def test_every_call_returns_within_its_timeout(debug_server: Server, key: str) -
         Limiter(short, key + ":a", TINY, 10, timeout=timeout, policy=DENY),  # backend auto
         Limiter(slow, key + ":b", TINY, 10, timeout=timeout, policy=DENY, backend="module"),
         PrefetchLimiter(
-            slow, key + ":c", TINY, 10, batch=5, timeout=timeout, policy=DENY, backend="module"
+            slow,
+            key + ":c",
+            TINY,
+            10,
+            batch=5,
+            timeout=timeout,
+            policy=DENY,
+            backend="module",
+            own_pool=False,  # the client's path: the late lease is read and given back
         ),
     ]
     sleeper = sleep_server(debug_server, 5)

@@ -204,8 +204,12 @@ def test_apermit(server: Server, key: str) -> None:
 def test_client_without_socket_timeout_still_times_out(server: Server, key: str) -> None:
     # The limiter's own timeout applies when the client has none (worker-thread path); a
     # generous one, so that a busy machine does not turn the server's answer into a fallback.
-    lim = Limiter(redis.Redis(port=server.port), key, RATE, CAP, timeout=10)
+    lim = Limiter(redis.Redis(port=server.port), key, RATE, CAP, timeout=10, own_pool=False)
     assert not lim._call.direct
+    assert lim.take().source is Source.SERVER
+    # By default the limiter's own pool has the timeout as its socket timeout: direct.
+    lim = Limiter(redis.Redis(port=server.port), key, RATE, CAP, timeout=10)
+    assert lim._call.direct and lim._call.own is not None
     assert lim.take().source is Source.SERVER
 
 

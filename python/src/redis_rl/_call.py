@@ -101,6 +101,8 @@ class CallPool:
     def submit(
         self, fn: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[Any]:
+        """Runs ``fn(*args, **kwargs)`` on an idle thread (a new one if none is idle, up to
+        ``MAX_THREADS``); answers its future."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
             self._work.put((future, fn, args, kwargs))
@@ -113,6 +115,7 @@ class CallPool:
 
     @property
     def threads(self) -> int:
+        """The pool's threads right now (running or idle)."""
         return self._threads
 
     def drain(self, timeout: float) -> bool:
@@ -160,9 +163,10 @@ def _forget_pool_in_child() -> None:
     """A forked child (a gunicorn or multiprocessing worker) inherits the pool object but
     none of its threads: work submitted to it would never run and every call would time
     out. The child starts a pool of its own on first use instead."""
-    global _the_pool, _pool_lock
+    global _the_pool, _pool_lock, _own_lock
     _the_pool = None
     _pool_lock = threading.Lock()  # the parent may have held it while forking
+    _own_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -194,6 +198,7 @@ def _pool() -> CallPool:
 
 
 def now() -> float:
+    """The monotonic clock every deadline here is on."""
     return time.monotonic()
 
 
@@ -268,6 +273,218 @@ def _unretried_connection(client: Any, retry: Any) -> Any:
     if connection_class is None or not isinstance(kwargs, dict):
         return None
     return connection_class(**{**kwargs, "retry": retry})
+
+
+#: What a limiter's own pool copies from its client's: the plain redis-py client, pool and
+#: connection classes (sync, then asyncio). Anything else (a cluster or Sentinel client, a
+#: pool or connection class of the user's own, an instrumented ``execute_command``) keeps
+#: the client's own path.
+_PLAIN_SYNC: Tuple[Any, Any, Any] = (
+    redis.Redis.execute_command,
+    (redis.ConnectionPool, redis.BlockingConnectionPool),
+    (redis.Connection, redis.SSLConnection, redis.UnixDomainSocketConnection),
+)
+_PLAIN_ASYNC: Tuple[Any, Any, Any] = (
+    redis.asyncio.Redis.execute_command,
+    (redis.asyncio.ConnectionPool, redis.asyncio.BlockingConnectionPool),
+    (
+        redis.asyncio.Connection,
+        redis.asyncio.SSLConnection,
+        redis.asyncio.UnixDomainSocketConnection,
+    ),
+)
+
+#: A limiter's own pool opens a connection per caller at once (a thread, a task), never
+#: makes one wait for another's: "too many connections" would be a false outage.
+OWN_MAX_CONNECTIONS = 1 << 16
+
+#: What a new pool adds to its connections' settings itself (handlers and registries tied
+#: to that pool, the settings it started with), per (pool class, connection class).
+_internals: dict[Tuple[Any, Any], frozenset[str]] = {}
+
+
+def _pool_internals(pool_class: Any, connection_class: Any) -> frozenset[str]:
+    keys = _internals.get((pool_class, connection_class))
+    if keys is None:
+        keys = frozenset(pool_class(connection_class=connection_class).connection_kwargs)
+        _internals[(pool_class, connection_class)] = keys
+    return keys
+
+
+_kept: dict[Any, Any] = {}
+
+
+def _keeping_timeout(cls: Any) -> Any:
+    """``cls`` keeping the socket timeout it is given: redis-py 5.0's Unix-socket connection
+    sets it, then its base class's ``__init__`` sets it back to ``None`` (no timeout)."""
+    kept: Any = _kept.get(cls)
+    if kept is None:
+
+        class Kept(cls):  # type: ignore[misc]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self.socket_timeout = kwargs.get("socket_timeout")
+
+        Kept.__name__ = Kept.__qualname__ = cls.__name__
+        kept = _kept[cls] = Kept
+    return kept
+
+
+def own_pool(client: Any, timeout: Optional[float]) -> Any:
+    """A connection pool of a limiter's own: ``client``'s connection settings (host and
+    port or Unix socket, password, username, db, TLS, client name...), but ``timeout`` as
+    the socket timeout (and at most the connect timeout) and no retries. A call on it goes
+    to the wire in the caller's thread or task and the wire judges it: a reply later than
+    ``timeout`` is cut off (an outage, its grant lost). ``None`` for a client whose
+    connections cannot be copied (see ``_PLAIN_SYNC``), or no ``timeout``."""
+    if timeout is None:
+        return None
+    if isinstance(client, redis.asyncio.Redis):
+        plain, pools, connections = _PLAIN_ASYNC
+        retry: Any = AsyncRetry(NoBackoff(), 0)
+    elif isinstance(client, redis.Redis):
+        plain, pools, connections = _PLAIN_SYNC
+        retry = Retry(NoBackoff(), 0)
+    else:
+        return None
+    pool = getattr(client, "connection_pool", None)
+    cls: Any = getattr(pool, "connection_class", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if (
+        type(client).execute_command is not plain
+        or type(pool) not in pools
+        or cls not in connections
+        or not isinstance(kwargs, dict)
+    ):
+        return None
+    try:
+        internals = _pool_internals(pools[0], cls)
+        settings = {k: v for k, v in kwargs.items() if k not in internals}
+        settings["socket_timeout"] = timeout
+        connect = settings.get("socket_connect_timeout")
+        settings["socket_connect_timeout"] = timeout if connect is None else min(connect, timeout)
+        settings["retry"] = retry
+        if "retry_on_timeout" in settings:
+            settings["retry_on_timeout"] = False
+        if "retry_on_error" in settings:
+            settings["retry_on_error"] = []
+        try:
+            probe = cls(**settings)  # refused settings show here, not on the first call
+        except TypeError:  # a connection class without a connect timeout of its own
+            del settings["socket_connect_timeout"]
+            probe = cls(**settings)
+        if getattr(probe, "socket_timeout", timeout) != timeout:
+            cls = _keeping_timeout(cls)
+            if cls(**settings).socket_timeout != timeout:
+                return None
+        return pools[0](connection_class=cls, max_connections=OWN_MAX_CONNECTIONS, **settings)
+    except Exception:  # settings this version of redis-py cannot copy: the client's path
+        return None
+
+
+_own_lock = threading.Lock()
+#: The own pools in use, per client pool and timeout, with how many callers use each: the
+#: limiters built on one client with one timeout share one pool (as they would share the
+#: client's), so that many limiters do not mean many connections each.
+_own_pools: weakref.WeakKeyDictionary[Any, dict[float, list[Any]]] = weakref.WeakKeyDictionary()
+
+
+def shared_own_pool(client: Any, timeout: Optional[float]) -> Any:
+    """:func:`own_pool` for ``client`` and ``timeout``, shared with the other callers on the
+    same client pool and timeout; every caller that gets one hands it back with
+    :func:`let_go`. ``None`` where :func:`own_pool` answers ``None``."""
+    user = getattr(client, "connection_pool", None)
+    if timeout is None or user is None:
+        return None
+    with _own_lock:
+        entry = _own_pools.get(user, {}).get(timeout)
+        if entry is not None:
+            entry[1] += 1
+            return entry[0]
+    pool = own_pool(client, timeout)
+    if pool is None:
+        return None
+    with _own_lock:
+        by_timeout = _own_pools.setdefault(user, {})
+        entry = by_timeout.get(timeout)
+        if entry is not None:  # another caller made one meanwhile (this one never connected)
+            entry[1] += 1
+            return entry[0]
+        by_timeout[timeout] = [pool, 1]
+    return pool
+
+
+def let_go(client: Any, timeout: float, pool: Any) -> bool:
+    """A caller is done with ``pool`` (from :func:`shared_own_pool`): whether it was the
+    last, so that its connections are to be closed."""
+    user = getattr(client, "connection_pool", None)
+    with _own_lock:
+        by_timeout = _own_pools.get(user) if user is not None else None
+        entry = by_timeout.get(timeout) if by_timeout is not None else None
+        if entry is None or entry[0] is not pool:
+            return True
+        entry[1] -= 1
+        if entry[1] > 0:
+            return False
+        assert by_timeout is not None
+        del by_timeout[timeout]
+        return True
+
+
+def not_sent(e: BaseException) -> BaseException:
+    """A failure to get a connected connection from a pool, as the error to raise: the
+    command was never sent, so the message says "connecting" (:func:`unknown_outcome`:
+    nothing lost). A refusal of the credentials that redis.asyncio wraps in a bare
+    ``ConnectionError`` (a Unix socket) is raised as itself (an error reply, no outage)."""
+    if isinstance(e.__cause__, NOT_OUTAGES) and not isinstance(e, NOT_OUTAGES):
+        return e.__cause__
+    if isinstance(e, (*NOT_OUTAGES, redis.exceptions.BusyLoadingError)) or "connecting" in str(e):
+        return e
+    if isinstance(e, (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError)):
+        try:
+            return type(e)(f"{e} (connecting: the command was not sent)")
+        except Exception:  # a subclass that wants other arguments
+            return e
+    return e
+
+
+class OwnPool:
+    """Sends one command at a time on a limiter's own pool (:func:`own_pool`), in the
+    caller's thread: a connection from the pool (connected if new: the connect timeout
+    and each reply of the handshake within the timeout), the command, its reply within
+    the timeout, the connection back. A read that fails or times out closes its
+    connection (the reply is never read: its grant is lost, the caller counts it)."""
+
+    def __init__(self, pool: Any, timeout: float, callbacks: Any) -> None:
+        self.pool = pool
+        self.timeout = timeout
+        #: The client's reply parsers by command name (as its ``execute_command`` applies).
+        self.callbacks = callbacks if isinstance(callbacks, dict) else {}
+        self._named = _takes_command_name(pool)
+
+    def __call__(self, args: p.Args) -> Any:
+        pool = self.pool
+        try:
+            conn = pool.get_connection(args[0]) if self._named else pool.get_connection()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+            raise not_sent(e) from e
+        try:
+            conn.send_command(*args)
+            reply = conn.read_response()
+        except redis.exceptions.ResponseError:
+            pool.release(conn)  # an error reply, read whole: the connection is ready
+            raise
+        except BaseException:
+            conn.disconnect()  # the reply, if any, may still come on it
+            pool.release(conn)
+            raise
+        pool.release(conn)
+        parse = self.callbacks.get(args[0])
+        return reply if parse is None else parse(reply)
+
+    def close(self) -> None:
+        """Closes the pool's connections (a later call opens a new one)."""
+        self.pool.disconnect()
 
 
 def check_credentials(client: Any) -> None:
@@ -352,6 +569,7 @@ class _Caller:
         self.checks_passed = 0
 
     def deadline(self) -> Optional[float]:
+        """When a call starting now must end (``None``: no timeout)."""
         return None if self.timeout is None else now() + self.timeout
 
     def failed(self, passed: int) -> None:
@@ -370,6 +588,8 @@ class _Caller:
             plain = _plain(e)
             plain.__cause__ = e
             e = plain
+        if isinstance(e.__cause__, NOT_OUTAGES) and not isinstance(e, NOT_OUTAGES):
+            e = e.__cause__  # a refusal redis.asyncio wrapped in a bare ConnectionError
         if isinstance(e, NOT_OUTAGES):
             self.metrics.add("server_errors")
             raise server_error(e) from e
@@ -400,10 +620,40 @@ class SyncCaller(_Caller):
     password rotation): a refusal is a :class:`ServerError`, never an outage.
     """
 
-    def __init__(self, client: Any, timeout: Optional[float], metrics: Metrics) -> None:
+    def __init__(
+        self, client: Any, timeout: Optional[float], metrics: Metrics, own: bool = False
+    ) -> None:
+        #: ``own``: calls go on a pool of the caller's own (:func:`own_pool`) where the
+        #: client's settings can be copied, whatever its timeouts and retries.
+        pool = shared_own_pool(client, timeout) if own else None
+        self.own = (
+            None
+            if pool is None or timeout is None
+            else OwnPool(pool, timeout, getattr(client, "response_callbacks", None))
+        )
+        self._let_go = False
         worst = worst_case(client)
-        self.direct = timeout is None or (worst is not None and worst <= timeout)
+        self.direct = (
+            timeout is None or self.own is not None or (worst is not None and worst <= timeout)
+        )
         super().__init__(client, timeout, metrics, checks=not self.direct)  # the pooled path
+
+    def close(self) -> None:
+        """Lets go of the caller's own pool, if it has one, and closes its connections if
+        no other caller uses it (once; a later call opens a connection again)."""
+        own = self.own
+        if own is None or self._let_go:
+            return
+        self._let_go = True
+        if let_go(self.client, own.timeout, own.pool):
+            own.close()
+
+    def send(self, args: p.Args) -> Any:
+        """The call in this thread, on the own pool if there is one, else on the client (no
+        timeout of ours, no counting)."""
+        if self.own is not None:
+            return self.own(args)
+        return execute(self.client, *args)
 
     def check(self) -> None:
         """Checks the credentials if due (:func:`check_credentials`; raises the refusal).
@@ -420,6 +670,7 @@ class SyncCaller(_Caller):
         return execute(self.client, *args, **options)
 
     def remaining(self, deadline: Optional[float]) -> Optional[float]:
+        """Seconds left until ``deadline`` (never negative); the whole timeout without one."""
         if deadline is None:
             return self.timeout
         return max(0.0, deadline - now())
@@ -443,6 +694,8 @@ class SyncCaller(_Caller):
         passed = self.checks_passed
         try:
             if self.direct:
+                if self.own is not None and not options:
+                    return self.own(args)
                 return execute(self.client, *args, **options)
             future = _pool().submit(self._send, args, options)
             try:
@@ -460,6 +713,8 @@ class SyncCaller(_Caller):
         """The call in this thread, for a caller whose client bounds it (``direct``): no
         pool, no timer. Not counted in ``redis_calls`` (the caller counts it)."""
         try:
+            if self.own is not None:
+                return self.own(args)
             return self.client.execute_command(*args)
         except BaseException as e:
             self.sort(e, self.checks_passed)
@@ -543,6 +798,27 @@ def _takes_command_name(pool: Any) -> bool:
     return bool(params) and params[0].default is inspect.Parameter.empty
 
 
+#: Closings scheduled by :func:`close_soon`, held until done.
+_closing: set[asyncio.Future[Any]] = set()
+
+
+def close_soon(pool: Any) -> None:
+    """Closes an asyncio pool's connections from a finalizer (an asyncio limiter dropped
+    without ``aclose()``): on the running event loop if there is one, else left to the
+    connections' own finalizers."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    task = loop.create_task(pool.disconnect())
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
+async def _ignore(reply: Any) -> None:
+    """A late reply nobody has a use for (a call without a late handler)."""
+
+
 def _expire(waiter: asyncio.Future[Any]) -> None:
     if not waiter.done():
         waiter.set_exception(asyncio.TimeoutError())
@@ -551,19 +827,56 @@ def _expire(waiter: asyncio.Future[Any]) -> None:
 class AsyncCaller(_Caller):
     """Sends commands on an asyncio client, each within ``timeout`` seconds."""
 
-    def __init__(self, client: Any, timeout: Optional[float], metrics: Metrics) -> None:
+    def __init__(
+        self, client: Any, timeout: Optional[float], metrics: Metrics, own: bool = False
+    ) -> None:
+        #: ``own``: calls go on a pool of the caller's own (:func:`own_pool`) where the
+        #: client's settings can be copied, whatever its timeouts and retries: the wire
+        #: judges each call, in the caller's task.
+        pool = shared_own_pool(client, timeout) if own else None
+        self._let_go = False
         # Credentials are checked without retries (:func:`acheck_credentials`) before the
-        # first call and the first after an outage, as for :class:`SyncCaller`.
-        super().__init__(client, timeout, metrics, checks=True)
+        # first call and the first after an outage, as for :class:`SyncCaller` (an own
+        # pool has no retries: a refusal is its answer).
+        super().__init__(client, timeout, metrics, checks=pool is None)
         self._late: set[asyncio.Future[Any]] = set()
+        #: Where calls go: a client on the own pool, else the client.
+        self.sender = client
+        if pool is not None:
+            self.sender = redis.asyncio.Redis(
+                connection_pool=pool, retry=AsyncRetry(NoBackoff(), 0)
+            )
+        self.own = pool
         worst = worst_case(client)
         #: The client cannot take longer than the timeout by itself (socket timeouts, no
         #: retries): no timer of our own.
-        self.bounded = timeout is None or (worst is not None and worst <= timeout)
+        self.bounded = (
+            timeout is None or pool is not None or (worst is not None and worst <= timeout)
+        )
         #: Where calls with a late handler run in the caller's own task (:meth:`_pooled`):
-        #: the pool of a plain client whose own timeouts bound the call.
-        self._pool = _own_pool(client) if self.bounded else None
+        #: the own pool, else the pool of a plain client whose own timeouts bound the call.
+        self._pool = pool if pool is not None else (_own_pool(client) if self.bounded else None)
         self._pool_wants_name = self._pool is not None and _takes_command_name(self._pool)
+
+    def let_go(self) -> bool:
+        """Lets go of the own pool (once): whether its connections are to be closed (no
+        other caller uses it)."""
+        if self.own is None or self._let_go or self.timeout is None:
+            return False
+        self._let_go = True
+        return let_go(self.client, self.timeout, self.own)
+
+    async def aclose(self) -> None:
+        """Lets go of the own pool, if there is one, and closes its connections if no other
+        caller uses it."""
+        own = self.own
+        if own is not None and self.let_go():
+            await own.disconnect()
+
+    def close_soon(self) -> None:
+        """:meth:`aclose` from a finalizer (see :func:`close_soon`)."""
+        if self.let_go():
+            close_soon(self.own)
 
     async def check(self) -> None:
         """As :meth:`SyncCaller.check`."""
@@ -577,7 +890,7 @@ class AsyncCaller(_Caller):
         if self._check:
             await self.check()
         try:
-            return await self.client.execute_command(*args, **options)
+            return await self.sender.execute_command(*args, **options)
         except redis.exceptions.RedisClusterException as e:
             raise _plain(e) from e
 
@@ -591,7 +904,7 @@ class AsyncCaller(_Caller):
         try:
             if self._check:
                 await self.check()
-            reply = await self.client.execute_command(*args, **options)
+            reply = await self.sender.execute_command(*args, **options)
         except Exception as e:
             error: BaseException = e
             if isinstance(e, redis.exceptions.RedisClusterException):
@@ -626,24 +939,23 @@ class AsyncCaller(_Caller):
             cancels = task.cancelling()
         if self._check:
             await self.check()
-        if self._pool_wants_name:
-            conn = await pool.get_connection(args[0])
-        else:
-            conn = await pool.get_connection()
+        try:
+            if self._pool_wants_name:
+                conn = await pool.get_connection(args[0])
+            else:
+                conn = await pool.get_connection()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+            raise not_sent(e) from e
         sent = False
         try:
             packed = conn.pack_command(*args)
             if (len(packed[0]) if len(packed) == 1 else sum(map(len, packed))) > _UNPAUSED:
                 reply = _TOO_BIG
-            elif task is not None:
-                await conn.send_packed_command(packed)
-                sent = True
-                if task.cancelling() > cancels:  # swallowed by a wait_for: raised after all
-                    raise asyncio.CancelledError
-                reply = await conn.read_response(disconnect_on_error=False)
             else:
                 await conn.send_packed_command(packed)
                 sent = True
+                if task is not None and task.cancelling() > cancels:
+                    raise asyncio.CancelledError  # swallowed by a wait_for: raised after all
                 reply = await conn.read_response(disconnect_on_error=False)
         except asyncio.CancelledError:
             if sent:
@@ -723,6 +1035,14 @@ class AsyncCaller(_Caller):
         passed = self.checks_passed
         try:
             if late is None:
+                if (
+                    self.own is not None
+                    and not options
+                    and args[0] not in self.client.response_callbacks
+                ):
+                    reply = await self._pooled(self.own, args, _ignore)
+                    if reply is not _TOO_BIG:
+                        return reply
                 call = self._send(args, options)
                 if self.bounded:  # the client's own timeouts end the call in time
                     return await call
@@ -822,6 +1142,8 @@ async def aresolve_backend(
     backend: str,
     deadline: Optional[float] = None,
 ) -> p.Protocol:
+    """The asyncio twin of :func:`resolve_backend` (an asyncio cluster client learns its nodes
+    first)."""
     if backend != p.AUTO:
         return p.Protocol(backend)
     if hasattr(client, "nodes_manager") and asyncio.iscoroutinefunction(

@@ -24,7 +24,8 @@ class HasHeaders(Protocol):
     remaining: float
     retry_after_ms: int
 
-    def headers(self) -> dict[str, str]: ...
+    def headers(self) -> dict[str, str]:
+        """The rate-limit headers of this decision (empty: none to send)."""
 
 
 def _rank(d: HasHeaders) -> Tuple[int, float]:
@@ -33,6 +34,8 @@ def _rank(d: HasHeaders) -> Tuple[int, float]:
 
 
 def tightest(decisions: Iterable[Optional[HasHeaders]]) -> Optional[HasHeaders]:
+    """Of several decisions, the one whose headers a response carries: a refusal first, else the one
+    with the fewest tokens left (``None`` if none has headers)."""
     best: Optional[HasHeaders] = None
     for d in decisions:
         if d is not None and d.headers() and (best is None or _rank(d) < _rank(best)):

@@ -94,6 +94,8 @@ def _version(rest: List[Arg], version: Optional[int]) -> None:
 
 
 def to_int(value: Any) -> int:
+    """A reply field as an ``int`` (RESP2 sends numbers as integers or strings); else
+    :class:`ProtocolError`."""
     if isinstance(value, (int, float)):
         return int(value)
     if isinstance(value, (bytes, str)):
@@ -102,6 +104,8 @@ def to_int(value: Any) -> int:
 
 
 def to_float(value: Any) -> float:
+    """A reply field as a ``float`` (a double in RESP3, a string in RESP2); else
+    :class:`ProtocolError`."""
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, (bytes, str)):
@@ -110,6 +114,7 @@ def to_float(value: Any) -> float:
 
 
 def to_str(value: Any) -> str:
+    """A reply field as text (bytes decoded as UTF-8, undecodable bytes replaced)."""
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return str(value)
@@ -204,21 +209,27 @@ def parse_take(reply: Any) -> TakeReply:
 
 
 def parse_lease(reply: Any) -> LeaseReply:
+    """An ``RL.LEASE`` reply (the Functions' ``rl_lease`` alike) as a :class:`LeaseReply`; else
+    :class:`ProtocolError`."""
     r = _list(reply, 4, "RL.LEASE")
     return LeaseReply(to_int(r[0]), to_int(r[1]), to_int(r[2]), to_int(r[3]))
 
 
 def parse_reserve(reply: Any) -> ReserveReply:
+    """An ``RL.RESERVE`` reply as a :class:`ReserveReply`; else :class:`ProtocolError`."""
     r = _list(reply, 4, "RL.RESERVE")
     return ReserveReply(to_int(r[0]), to_int(r[1]), to_float(r[2]), to_int(r[3]))
 
 
 def parse_acquire(reply: Any) -> AcquireReply:
+    """An ``RL.ACQUIRE`` reply as an :class:`AcquireReply`; else :class:`ProtocolError`."""
     r = _list(reply, 4, "RL.ACQUIRE")
     return AcquireReply(bool(to_int(r[0])), to_int(r[1]), to_int(r[2]), to_int(r[3]))
 
 
 def parse_mtake(reply: Any) -> MTakeReply:
+    """An ``RL.MTAKE`` reply as an :class:`MTakeReply` (``remaining`` only with ``WITHSTATE``); else
+    :class:`ProtocolError`."""
     r = _list(reply, 3, "RL.MTAKE")
     remaining = [to_float(x) for x in r[3]] if len(r) > 3 and r[3] is not None else None
     denied_by = None if r[1] is None else to_str(r[1])
@@ -226,6 +237,8 @@ def parse_mtake(reply: Any) -> MTakeReply:
 
 
 def parse_peek(reply: Any) -> Optional[PeekReply]:
+    """An ``RL.PEEK`` reply (a map in RESP3, a flat list in RESP2) as a :class:`PeekReply`; ``None``
+    for a missing key (a full bucket)."""
     if reply is None:
         return None
     fields: Dict[str, Any] = {}
@@ -286,6 +299,8 @@ def functions_present(reply: Any) -> bool:
 
 
 def decide_backend(has_module: bool, has_functions: bool) -> str:
+    """The backend to use given what the server has: the module first, else the Functions library,
+    else :class:`BackendNotFound` naming the fix."""
     if has_module:
         return MODULE
     if has_functions:
@@ -316,6 +331,8 @@ class Protocol:
         init: Optional[float] = None,
         version: Optional[int] = None,
     ) -> Args:
+        """The arguments of a take: ``RL.TAKE key rate cap n [WITHSTATE] [INIT t] [VERSION v]`` (or
+        its ``FCALL``)."""
         rest: List[Arg] = [num(rate), num(cap), n]
         if withstate:
             rest.append("WITHSTATE")
@@ -336,6 +353,8 @@ class Protocol:
         init: Optional[float] = None,
         version: Optional[int] = None,
     ) -> Args:
+        """The arguments of ``RL.LEASE key rate cap n ttl_ms`` with ``MIN``, ``SETTLE id unused``,
+        ``INIT`` and ``VERSION`` where given."""
         rest: List[Arg] = [num(rate), num(cap), n, ttl_ms]
         if min_tokens != 1:
             rest += ["MIN", min_tokens]
@@ -347,9 +366,12 @@ class Protocol:
         return self._cmd("lease", [key], rest)
 
     def return_(self, key: str, lease_id: int, unused: int) -> Args:
+        """The arguments of ``RL.RETURN key lease_id unused``: a lease's leftovers back to the
+        bucket."""
         return self._cmd("return", [key], [lease_id, unused])
 
     def peek(self, key: str) -> Args:
+        """The arguments of ``RL.PEEK key``."""
         return self._cmd("peek", [key], [])
 
     def mtake(
@@ -360,6 +382,8 @@ class Protocol:
         init: Optional[float] = None,
         version: Optional[int] = None,
     ) -> Args:
+        """The arguments of ``RL.MTAKE``: ``n`` from every ``(key, rate, cap)`` bucket or from
+        none."""
         opts: List[Arg] = []
         if withstate:
             opts.append("WITHSTATE")
@@ -386,6 +410,8 @@ class Protocol:
         init: Optional[float] = None,
         version: Optional[int] = None,
     ) -> Args:
+        """The arguments of ``RL.RESERVE key rate cap n max_wait_ms`` (``INIT``, ``VERSION`` where
+        given)."""
         rest: List[Arg] = [num(rate), num(cap), n, max_wait_ms]
         if init is not None:
             rest += ["INIT", num(init)]
@@ -393,13 +419,17 @@ class Protocol:
         return self._cmd("reserve", [key], rest)
 
     def refund(self, key: str, n: int) -> Args:
+        """The arguments of ``RL.REFUND key n``."""
         return self._cmd("refund", [key], [n])
 
     def acquire(self, key: str, limit: int, ttl_ms: int) -> Args:
+        """The arguments of ``RL.ACQUIRE key limit ttl_ms``: one of ``limit`` concurrency slots."""
         return self._cmd("acquire", [key], [limit, ttl_ms])
 
     def release(self, key: str, permit_id: int) -> Args:
+        """The arguments of ``RL.RELEASE key permit_id``."""
         return self._cmd("release", [key], [permit_id])
 
     def renew(self, key: str, permit_id: int, ttl_ms: int) -> Args:
+        """The arguments of ``RL.RENEW key permit_id ttl_ms``."""
         return self._cmd("renew", [key], [permit_id, ttl_ms])

@@ -76,6 +76,8 @@ def by_route(scope: Scope) -> Optional[str]:
 
 
 def too_many_body(d: Decision) -> bytes:
+    """The JSON body of a 429 answer: ``{"error": {"code": "rate_limit_exceeded", "retry_after":
+    N}}``."""
     return json.dumps(
         {"error": {"code": "rate_limit_exceeded", "retry_after": d.retry_after_secs}}
     ).encode()

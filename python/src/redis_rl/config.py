@@ -57,6 +57,16 @@ class LimiterConfig:
     renew_at: float = 0.2
     #: ... plus up to this share, drawn anew per lease (a fleet does not renew in step).
     jitter: float = 0.1
+    #: Make calls on a connection pool of the limiter's own: the client's connection
+    #: settings, ``timeout`` as the socket timeout, no retries (``Limiter``,
+    #: ``AsyncLimiter``, ``PrefetchLimiter``). Each call then goes to the wire in the
+    #: caller's thread or task whatever the client's timeouts and retries, and a reply
+    #: later than ``timeout`` is cut off (counted in ``takes_lost`` / ``leases_lost``).
+    #: ``False``: calls go through the client passed in, and a reply later than
+    #: ``timeout`` is still read (a grant refunded, a lease installed or returned), at the
+    #: cost of a worker thread or task per call when the client may outlive ``timeout``.
+    #: Clients whose connections cannot be copied use theirs either way (see the README).
+    own_pool: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.backend, Backend):
@@ -94,6 +104,8 @@ class LimiterConfig:
             raise ValueError("ttl must be between 0.001 and 86400 seconds")
         if not (0.0 <= self.renew_at < 1.0) or not (0.0 <= self.jitter <= 1.0):
             raise ValueError("renew_at must be in [0, 1) and jitter in [0, 1]")
+        if not isinstance(self.own_pool, bool):
+            raise TypeError(f"own_pool must be True or False, not {self.own_pool!r}")
 
     @property
     def ttl_ms(self) -> int:

@@ -21,10 +21,13 @@ class Source(enum.Enum):
 
 
 def ceil_secs(ms: int) -> int:
+    """Milliseconds as whole seconds, rounded up (a ``Retry-After`` never says too early); negative
+    counts as 0."""
     return -(-max(0, ms) // 1000)
 
 
 def format_limit(cap: float) -> str:
+    """A cap for the ``X-RateLimit-Limit`` header: an integer without ``.0``, else the float."""
     if float(cap).is_integer() and abs(cap) < 1e15:
         return str(int(cap))
     return repr(float(cap))

@@ -181,6 +181,8 @@ class RlCollector:
             return None
 
     def collect(self) -> Iterator[Any]:
+        """One scrape: ``redis_rl_up`` and the server's figures, or ``redis_rl_up 0`` alone when the
+        server cannot be read (logged)."""
         from prometheus_client.core import GaugeMetricFamily
 
         up = GaugeMetricFamily("redis_rl_up", "1 if the last scrape reached the server")
@@ -317,6 +319,8 @@ def parse_listen(listen: str) -> Tuple[str, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``redis-rl-exporter`` (each option also from its environment
+    variable)."""
     p = argparse.ArgumentParser(
         prog="redis-rl-exporter",
         description="Prometheus exporter for redis-rl (INFO rl, RL.STATS, RL.TOP).",
@@ -350,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs the exporter until interrupted; answers the exit status (2 for a bad option or a missing
+    ``prometheus_client``)."""
     args = build_parser().parse_args(argv)
     if not 0 <= args.top <= TOP_MAX:
         print(f"--top must be 0 to {TOP_MAX}", file=sys.stderr)

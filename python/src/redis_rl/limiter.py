@@ -264,6 +264,7 @@ class _Views:
 
     @property
     def key(self) -> str:
+        """The key ``take`` uses when none is passed."""
         return self._core.key
 
     @property
@@ -273,14 +274,17 @@ class _Views:
 
     @property
     def rate(self) -> float:
+        """The refill rate, tokens per second."""
         return self._core.rate
 
     @property
     def cap(self) -> float:
+        """The burst: the most tokens the bucket holds."""
         return self._core.cap
 
     @property
     def metrics(self) -> Metrics:
+        """The counters this limiter adds to (see :class:`Metrics`)."""
         return self._core.metrics
 
     @property
@@ -301,6 +305,11 @@ class Limiter(_Base):
     Redis failures and calls slower than ``timeout`` seconds go to ``policy``; Redis is
     asked again after ``probe_interval`` seconds (one caller probes, the others decide
     locally), and the first answer ends the outage.
+
+    Calls go on a connection pool of the limiter's own (the client's connection settings,
+    ``timeout`` as the socket timeout, no retries; ``own_pool=False``: through the client):
+    a reply later than ``timeout`` is cut off and its grant counted in ``takes_lost``.
+    ``close()`` (or a ``with`` block) closes the pool; the client is left open.
     """
 
     def __init__(
@@ -316,8 +325,25 @@ class Limiter(_Base):
         """Arguments as the class docstring says; nothing is sent before the first call."""
         self._core = _LimiterCore(key, rate, cap, configure(config, options, "Limiter"))
         self.client = client
-        self._call = SyncCaller(client, self._core.timeout, self._core.metrics)
+        core = self._core
+        self._call = SyncCaller(client, core.timeout, core.metrics, own=core.config.own_pool)
+        if self._call.own is not None:  # closed with the limiter, or when it is dropped
+            weakref.finalize(self, self._call.close)
         self._last: Optional[Decision] = None
+
+    def close(self) -> None:
+        """Closes the connections of the limiter's own pool, once no other limiter on the
+        same client and timeout shares it (a later call opens a connection again). The
+        client passed in is left open."""
+        self._call.close()
+
+    def __enter__(self) -> Limiter:
+        """The limiter itself; leaving the block calls :meth:`close`."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Calls :meth:`close`."""
+        self.close()
 
     def _protocol(self, deadline: Optional[float] = None) -> p.Protocol:
         core = self._core
@@ -524,9 +550,24 @@ class AsyncLimiter(_Base):
         """Arguments as the class docstring says; nothing is sent before the first call."""
         self._core = _LimiterCore(key, rate, cap, configure(config, options, "AsyncLimiter"))
         self.client = client
-        self._call = AsyncCaller(client, self._core.timeout, self._core.metrics)
+        core = self._core
+        self._call = AsyncCaller(client, core.timeout, core.metrics, own=core.config.own_pool)
+        if self._call.own is not None:  # closed with the limiter, or when it is dropped
+            weakref.finalize(self, self._call.close_soon)
         self._backend = BackendTask()
         self._last: Optional[Decision] = None
+
+    async def aclose(self) -> None:
+        """As :meth:`Limiter.close`."""
+        await self._call.aclose()
+
+    async def __aenter__(self) -> AsyncLimiter:
+        """The limiter itself; leaving the block awaits :meth:`aclose`."""
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Awaits :meth:`aclose`."""
+        await self.aclose()
 
     async def _protocol(self, deadline: Optional[float] = None) -> p.Protocol:
         core = self._core
@@ -660,12 +701,15 @@ class AsyncLimiter(_Base):
     async def pin(
         self, spec: _pins.PinSpec, duration: Optional[float] = None, *, key: Optional[str] = None
     ) -> None:
+        """As :meth:`Limiter.pin`."""
         await _pins.apin(self, spec, duration, key)
 
     async def unpin(self, *, key: Optional[str] = None) -> bool:
+        """As :meth:`Limiter.unpin`."""
         return await _pins.aunpin(self, key)
 
     async def pinned(self, *, key: Optional[str] = None) -> Optional[_pins.PinInfo]:
+        """As :meth:`Limiter.pinned`."""
         return await _pins.apinned(self, key)
 
 

@@ -95,6 +95,7 @@ class Metrics:
                     self._pending.remove(entry)
 
     def add(self, field: str, value: int = 1) -> None:
+        """Adds ``value`` to the counter ``field`` (thread-safe)."""
         with self._lock:
             self._values[field] += value
 
@@ -129,6 +130,7 @@ class Metrics:
         return self._values["fallback_decisions"]
 
     def snapshot(self) -> Dict[str, int]:
+        """Every counter's value now, as a dict (the limiters' pending counts added first)."""
         if self._pending:
             self._collect()
         with self._lock:

@@ -115,13 +115,18 @@ class MultiLimiter:
 
     @property
     def limits(self) -> List[Limit]:
+        """The limits enforced together, one bucket each."""
         return list(self._m.limits)
 
     @property
     def metrics(self) -> Metrics:
+        """The counters this limiter adds to."""
         return self._m.metrics
 
     def take(self, n: int = 1, *, key: Optional[str] = None) -> Decision:
+        """Takes ``n`` from every limit's bucket or from none (one ``RL.MTAKE``); an outage
+        is let through or refused as ``fail_open`` says, an error reply raises
+        :class:`ServerError`."""
         m = self._m
         buckets = m.buckets(key)
         try:
@@ -151,13 +156,16 @@ class AsyncMultiLimiter:
 
     @property
     def limits(self) -> List[Limit]:
+        """As :attr:`MultiLimiter.limits`."""
         return list(self._m.limits)
 
     @property
     def metrics(self) -> Metrics:
+        """As :attr:`MultiLimiter.metrics`."""
         return self._m.metrics
 
     async def take(self, n: int = 1, *, key: Optional[str] = None) -> Decision:
+        """As :meth:`MultiLimiter.take`."""
         m = self._m
         buckets = m.buckets(key)
         try:

@@ -119,6 +119,8 @@ def key_args(proto: p.Protocol, name: str, key: str) -> p.Args:
 
 
 def check_ok(reply: Any) -> None:
+    """Accepts ``RL.PIN``'s ``OK`` (``True`` from redis-py's callback); else
+    :class:`ProtocolError`."""
     if reply is True or p.to_str(reply) == "OK":
         return
     raise ProtocolError(f"unexpected RL.PIN reply: {reply!r}")
@@ -166,31 +168,38 @@ def returnable(lease: Optional[L]) -> Optional[L]:
 
 
 def pin(lim: Limiter, spec: PinSpec, duration: Optional[float], key: Optional[str]) -> None:
+    """``Limiter.pin``: ``RL.PIN`` on ``key`` (the limiter's own by default) for ``duration``
+    seconds (``None``: until unpinned)."""
     args = pin_args(lim._protocol(), _key(lim, key), spec, px_ms(duration))
     check_ok(lim._call(args))
 
 
 def unpin(lim: Limiter, key: Optional[str]) -> bool:
+    """``Limiter.unpin``: ``RL.UNPIN``; whether a live pin was removed."""
     return p.to_int(lim._call(key_args(lim._protocol(), "unpin", _key(lim, key)))) > 0
 
 
 def pinned(lim: Limiter, key: Optional[str]) -> Optional[PinInfo]:
+    """``Limiter.pinned``: ``RL.PINNED``; the live pin, or ``None``."""
     return parse_pinned(lim._call(key_args(lim._protocol(), "pinned", _key(lim, key))))
 
 
 async def apin(
     lim: AsyncLimiter, spec: PinSpec, duration: Optional[float], key: Optional[str]
 ) -> None:
+    """The asyncio twin of :func:`pin`."""
     args = pin_args(await lim._protocol(), _key(lim, key), spec, px_ms(duration))
     check_ok(await lim._call(args))
 
 
 async def aunpin(lim: AsyncLimiter, key: Optional[str]) -> bool:
+    """The asyncio twin of :func:`unpin`."""
     args = key_args(await lim._protocol(), "unpin", _key(lim, key))
     return p.to_int(await lim._call(args)) > 0
 
 
 async def apinned(lim: AsyncLimiter, key: Optional[str]) -> Optional[PinInfo]:
+    """The asyncio twin of :func:`pinned`."""
     args = key_args(await lim._protocol(), "pinned", _key(lim, key))
     return parse_pinned(await lim._call(args))
 

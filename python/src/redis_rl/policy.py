@@ -38,6 +38,8 @@ class FailurePolicy:
 
     @classmethod
     def allow(cls, share: float = 1.0) -> FailurePolicy:
+        """``ALLOW`` with its local budget at ``share`` of the limit (``instances`` sets it for
+        you)."""
         return cls("allow", share)
 
 
@@ -47,6 +49,7 @@ DENY = FailurePolicy("deny")
 
 
 def now() -> float:
+    """The monotonic clock the health and the local buckets run on."""
     return time.monotonic()
 
 
@@ -102,6 +105,7 @@ class Meter:
         return self.total / span
 
     def add(self, tokens: int, t: float) -> None:
+        """Counts ``tokens`` granted at time ``t`` (in slots of ``SLOT`` seconds)."""
         if self.first is None:
             self.first = t
         events = self.events
@@ -114,6 +118,8 @@ class Meter:
         self.last_add = t
 
     def rate(self, t: float) -> Optional[float]:
+        """Tokens per second granted over the last ``WINDOW`` seconds at ``t``; after a pause, the
+        rate as of the last grant; ``None`` before any."""
         if self.first is None:
             return None
         if self.events and self.events[-1][0] < t - self.WINDOW:
@@ -137,9 +143,12 @@ class Health:
 
     @property
     def down(self) -> bool:
+        """Whether an outage is in force (calls decided locally until a probe answers)."""
         return self.down_until != 0.0
 
     def may_call(self) -> bool:
+        """Whether this caller may ask Redis: always while healthy; during an outage one caller per
+        ``probe_interval`` (the probe), the others decide locally."""
         if self.down_until == 0.0:
             return True
         with self._lock:
@@ -152,6 +161,7 @@ class Health:
             return False
 
     def failed(self) -> None:
+        """An outage: Redis is asked again (one probe) after ``probe_interval``."""
         with self._lock:
             self.down_until = now() + self.probe_interval
 
@@ -318,6 +328,8 @@ class Fallback:
         return entry.local
 
     def decide(self, key: str, n: int) -> Decision:
+        """The failure policy's decision for a take of ``n`` on ``key`` during an outage (``DENY``:
+        refused; else from the key's local bucket)."""
         if self.policy.kind == "deny":
             return Decision(False, 0.0, self.deny_retry_after_ms, 0, 0, self.cap, Source.FALLBACK)
         with self._lock:

@@ -700,11 +700,12 @@ class PrefetchLimiter(_Base):
     to ``policy`` (its local budget: the limit divided by ``instances``); an error reply
     raises :class:`ServerError`.
 
-    Lease calls run on the shared call pool: give the client a ``socket_timeout`` well
-    above ``timeout`` (say 2 s) so that a late reply is still read, installed or returned.
-    A client that cannot outlive ``timeout`` by itself (the fast path, see ``SyncCaller``)
-    makes them in the calling thread: a reply later than its socket timeout is cut off
-    (counted in ``leases_lost``).
+    Lease calls run in the calling thread on a connection pool of the limiter's own (the
+    client's settings, ``timeout`` as the socket timeout, no retries; ``close()`` closes
+    it): a reply later than ``timeout`` is cut off (counted in ``leases_lost``). With
+    ``own_pool=False`` and a client whose ``socket_timeout`` is well above ``timeout`` (say
+    2 s) they run on the shared call pool instead, and a late reply is still read,
+    installed or returned.
     """
 
     _call: SyncCaller
@@ -724,7 +725,10 @@ class PrefetchLimiter(_Base):
         """Arguments as the class docstring says; nothing is sent before the first call."""
         self._core = _new_core("PrefetchLimiter", key, rate, cap, batch, ttl_ms, config, options)
         self.client = client
-        self._call = SyncCaller(client, self._core.timeout, self._core.metrics)
+        core = self._core
+        self._call = SyncCaller(client, core.timeout, core.metrics, own=core.config.own_pool)
+        if self._call.own is not None:  # closed with the limiter, or when it is dropped
+            weakref.finalize(self, self._call.close)
         at_exit.add(self)  # alive at exit (a module-level limiter): gives back then
 
     def take(self, n: int = 1) -> Decision:
@@ -826,7 +830,7 @@ class PrefetchLimiter(_Base):
                 # Credentials first if due (the pooled path): a refusal is a ServerError, not
                 # a lease call redis-py retries past the timeout (an outage, failing open).
                 self._call.check()
-                reply = p.parse_lease(execute(self.client, *args))
+                reply = p.parse_lease(self._call.send(args))
             except BaseException as e:
                 give_back = _failed(core, flight, e)
             else:
@@ -841,7 +845,7 @@ class PrefetchLimiter(_Base):
         try:
             assert core.protocol is not None
             core.metrics.add("redis_calls")
-            execute(self.client, *core.protocol.return_(core.key, lease.id, lease.left))
+            self._call.send(core.protocol.return_(core.key, lease.id, lease.left))
             core.returned(lease)
         except Exception:
             core.metrics.add("leases_lost")
@@ -885,6 +889,7 @@ class PrefetchLimiter(_Base):
                 if lease.left > 0:
                     core.metrics.add("leases_lost")
                 failure = failure or e
+        self._call.close()
         if failure is not None:
             raise failure
         return credited

@@ -20,6 +20,8 @@ class MetricsCollector:
         self.prefix = prefix
 
     def collect(self) -> Iterator[Any]:
+        """The counters as Prometheus counters ``<prefix>_<field>`` (``prometheus_client`` calls
+        this at each scrape)."""
         from prometheus_client.core import CounterMetricFamily
 
         for field, value in self.metrics.snapshot().items():
@@ -49,6 +51,8 @@ class RulesCollector:
         self.prefix = prefix
 
     def collect(self) -> Iterator[Any]:
+        """The rules' version, age and counters as Prometheus metrics (``prometheus_client`` calls
+        this at each scrape)."""
         import time
 
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily

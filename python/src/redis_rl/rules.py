@@ -81,6 +81,7 @@ class RuleDecision(NamedTuple):
 
     @property
     def retry_after(self) -> float:
+        """``retry_after_ms`` in seconds."""
         return self.retry_after_ms / 1000
 
     @property
@@ -125,6 +126,8 @@ class RulesMetrics:
         self._labels: set[str] = set()
 
     def label(self, layer: Optional[str]) -> str:
+        """The ``layer`` label for ``layer`` (``_none`` for no layer; ``_other`` past
+        ``MAX_LAYER_LABELS`` distinct ones, so a document cannot blow up the series)."""
         if layer is None:
             return "_none"
         if layer in self._labels:
@@ -135,15 +138,18 @@ class RulesMetrics:
         return layer
 
     def decided(self, layer: Optional[str], outcome: str) -> None:
+        """Counts one decision of ``layer`` with ``outcome``."""
         with self._lock:
             k = (self.label(layer), outcome)
             self.decisions[k] = self.decisions.get(k, 0) + 1
 
     def add(self, field: str) -> None:
+        """Adds one to the counter ``field``."""
         with self._lock:
             setattr(self, field, getattr(self, field) + 1)
 
     def to_prometheus(self, prefix: str = "redis_rl_rules") -> str:
+        """Every figure in the Prometheus text format, names starting with ``prefix``."""
         now = time.time()
         with self._lock:
             out = [
@@ -188,9 +194,11 @@ class RedisSource:
         self.key = key
 
     def version_args(self) -> Tuple[Any, ...]:
+        """The command that reads the document's version (polled)."""
         return ("HGET", self.key, "version")
 
     def fetch_args(self) -> Tuple[Any, ...]:
+        """The command that reads the whole document (when its version changed)."""
         return ("HMGET", self.key, "version", "document", "updated_at")
 
     def __str__(self) -> str:
@@ -204,10 +212,12 @@ class FileSource:
         self.path = path
 
     def signature(self) -> Tuple[int, int]:
+        """What says the file changed: its modification time and size."""
         st = os.stat(self.path)
         return st.st_mtime_ns, st.st_size
 
     def read(self) -> str:
+        """The file's text."""
         with open(self.path, encoding="utf-8") as f:
             return f.read()
 
@@ -519,12 +529,12 @@ class _RulesView:
 
     @property
     def version(self) -> Optional[int]:
-        """The document's ``version``."""
+        """The version of the document in force (``None``: unversioned)."""
         return self.document.version
 
     @property
     def metrics(self) -> RulesMetrics:
-        """The counters of this engine's decisions."""
+        """The rules' counters (see :class:`RulesMetrics`)."""
         return self._e.metrics
 
     def _follow_file(self, reader: Optional[_Engine]) -> None:
@@ -611,6 +621,7 @@ class Rules(_RulesView):
             e.poll_failed(err)
 
     def close(self) -> None:
+        """Stops the thread that polls for a new document."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
@@ -710,6 +721,8 @@ class AsyncRules(_RulesView):
     async def from_redis(
         cls, client: AsyncClient, key: str = "rl:rules", **options: Any
     ) -> AsyncRules:
+        """Rules read from the Redis hash ``key`` (awaited: the first document is loaded before it
+        returns), polled for changes."""
         rules = cls(client, key=key, **options)
         rules._e.fetched(await aexecute(client, *rules._e.source.fetch_args()), first=True)  # type: ignore[union-attr]
         rules._ensure_task()
@@ -717,6 +730,7 @@ class AsyncRules(_RulesView):
 
     @classmethod
     def from_text(cls, client: AsyncClient, text: str, **options: Any) -> AsyncRules:
+        """Rules from a YAML document's text (no polling)."""
         return cls(client, parse_document(text), key=None, **options)
 
     @classmethod
@@ -745,6 +759,8 @@ class AsyncRules(_RulesView):
                 log.exception("rules: polling failed unexpectedly")
 
     async def refresh(self) -> None:
+        """Polls the source once: loads a new document if its version changed (a failure is counted,
+        the document in force stays)."""
         e = self._e
         if e.source is None:
             return
@@ -758,6 +774,7 @@ class AsyncRules(_RulesView):
             e.poll_failed(err)
 
     async def close(self) -> None:
+        """Stops the polling task."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -771,6 +788,8 @@ class AsyncRules(_RulesView):
         return e.protocol
 
     async def check(self, attributes: Mapping[str, Any], cost: int = 1) -> RuleDecision:
+        """As :meth:`Rules.check`: the decision of every layer matching ``attributes``, ``cost``
+        tokens from each enforced bucket or from none."""
         e = self._e
         if e.document is None:  # made without awaiting from_redis: load on first use
             assert e.source is not None

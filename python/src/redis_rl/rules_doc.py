@@ -86,6 +86,7 @@ class Glob:
         )
 
     def fullmatch(self, text: str) -> bool:
+        """Whether ``text`` matches the whole pattern (``*`` any run, ``?`` one character)."""
         if self.literal is not None:
             return text == self.literal
         if self.prefix is not None:
@@ -109,6 +110,7 @@ class Glob:
 
 
 def glob(pattern: str) -> Glob:
+    """A :class:`Glob` for ``pattern``."""
     return Glob(pattern)
 
 
@@ -127,6 +129,8 @@ class Layer:
     line: Optional[int]
 
     def matches(self, attrs: Mapping[str, Any]) -> bool:
+        """Whether every attribute this layer matches on is present and matches one of its
+        patterns."""
         for attr, globs in self.match:
             value = attrs.get(attr)
             if value is None:
@@ -401,5 +405,6 @@ def _layer(
 
 
 def load_document(path: str) -> Document:
+    """The rules document in the YAML file at ``path`` (refused with the line at fault)."""
     with open(path, encoding="utf-8") as f:
         return parse_document(f.read(), path)

@@ -113,6 +113,7 @@ class LocalBucket:
         self.tokens = min(self.tokens, self.burst)
 
     def try_take(self, n: float, now: float) -> bool:
+        """Takes ``n`` if the bucket holds them at ``now`` (refilled by time first)."""
         self.advance(now)
         if self.tokens >= n:
             self.tokens -= n
@@ -202,6 +203,7 @@ class ShareState:
 
     @property
     def in_fallback(self) -> bool:
+        """Whether the failure policy decides (no live share from Redis)."""
         return self.fallback_until is not None
 
     def settle(self, now: float) -> None:
@@ -324,6 +326,8 @@ class Demand:
         self.ticks: Deque[Tuple[float, float]] = deque()
 
     def attempt(self, n: float) -> None:
+        """Counts ``n`` tokens asked for (granted or not): the demand the next ``want`` is measured
+        from."""
         self.attempted += n
 
     def recent(self, now: float, pending: float) -> Optional[float]:
@@ -420,6 +424,7 @@ def share_args(
     release: bool = False,
     version: Optional[int] = None,
 ) -> p.Args:
+    """The arguments of ``RL.SHARE key rate cap holder want period_ms [RELEASE] [VERSION v]``."""
     rest: list[p.Arg] = [p.num(rate), p.num(cap), holder, p.num(want), period_ms]
     if release:
         rest.append("RELEASE")
@@ -716,6 +721,7 @@ class _Base(_Views):
 
     @property
     def period(self) -> float:
+        """Seconds between share renewals."""
         return self._core.period
 
     @property
@@ -1064,11 +1070,13 @@ class AsyncShareLimiter(_Base):
         return core.take(n)
 
     def share(self) -> ShareInfo:
+        """As :meth:`ShareLimiter.share`."""
         self._core.adopt_fork()
         return self._core.info()
 
     @property
     def holder_id(self) -> str:
+        """As :attr:`ShareLimiter.holder_id`."""
         self._core.adopt_fork()
         return self._core.id
 

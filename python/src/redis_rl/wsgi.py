@@ -31,6 +31,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def by_remote_addr(environ: Environ) -> Optional[str]:
+    """The default key: the client's address (``REMOTE_ADDR``; ``unknown`` without one)."""
     return str(environ.get("REMOTE_ADDR") or "unknown")
 
 
@@ -81,6 +82,8 @@ AttributesFunc = Callable[[Environ], Mapping[str, Any]]
 
 
 def request_attributes(environ: Environ) -> Dict[str, Any]:
+    """The attributes rules match a WSGI request on: ``ip``, ``path``, ``method`` and ``host`` when
+    sent."""
     attrs: Dict[str, Any] = {
         "ip": by_remote_addr(environ),
         "path": environ.get("PATH_INFO", ""),
