@@ -557,9 +557,13 @@ async fn a_half_open_connection_is_detected_and_replaced() {
     .await;
     println!("half-open connection replaced after {back:?}");
     assert!(proxy.accepted() >= 2, "a new connection");
-    // The lease call sent on the silent connection never got its answer: counted.
+    // A lease call that timed out on the silent connection never got its answer: counted.
+    // (On a loaded machine the take above may be served from a refill that landed before
+    // the freeze, or by a new connection: then no lease call need have timed out.)
     let m = prefetch.metrics().snapshot();
-    assert!(m.leases_lost >= 1, "{m:?}");
+    if m.redis_timeouts > 0 {
+        assert!(m.leases_lost >= 1, "{m:?}");
+    }
     assert_adds_up(&m);
 }
 
