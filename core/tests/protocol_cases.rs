@@ -436,7 +436,8 @@ fn share_pin_case(case: &J, args: &[String]) -> Vec<String> {
         problems.push(format!("reply {reply:?}, want {}", case["resp3"]));
     }
     let effect = case["effect"].as_array().unwrap();
-    if written.is_some() != !effect.is_empty() {
+    let writes_in_case = !effect.is_empty();
+    if written.is_some() != writes_in_case {
         problems.push(format!(
             "writes: {}, the case's effect: {effect:?}",
             written.is_some()
