@@ -12,7 +12,11 @@
 //! Pins (`pins.json`): `RL.PIN key rate cap|BLOCK|EXEMPT [PX ms]`, `RL.UNPIN key`,
 //! `RL.PINNED key`, and the plain `RL.TAKE` on a pinned bucket (a state's `pin`), decided by
 //! [`rl_core::pin`] as the module's glue uses it: the reply (the pin's kind too), whether it
-//! writes, and the whole bucket left (instants, limit, hold, pin), exact.
+//! writes, and the whole bucket left (instants, limit, hold, pin), exact. Pins on share keys
+//! (`share_pins.json`: a share state's `pin`, `RL.PIN key [SHARES] ...`, `RL.UNPIN`,
+//! `RL.PINNED`): as src/share/pin.rs uses [`ShareTable`]: the reply, the whole table left
+//! (pin included), and the effect's limit and pin (or `DEL`), exact; `RL.SHARE` on a pinned
+//! table answers the pin's kind as a sixth element and carries the pin in its effect.
 
 use rl_core::pin::{self, Gate, Pin, PinKind};
 use rl_core::share::SharePin;
