@@ -298,6 +298,27 @@ fn set_state(c: &mut Connection, key: &str, s: &J, base_us: i64) {
         // call expires the key before the rest are in (a case may hold ended entries).
         let mut holders = s["holders"].as_array().unwrap().clone();
         holders.sort_by_key(|h| std::cmp::Reverse(int(&h[4]).max(int(&h[7]))));
+        let head = [
+            "RL.SETSHARES".to_string(),
+            key.into(),
+            s["rate"].as_str().unwrap().into(),
+            s["cap"].as_str().unwrap().into(),
+            field("version").map_or(0, int).to_string(),
+            "0".into(),
+        ];
+        // The key's pin, in every call (a call without it leaves none), or alone.
+        let pin = field("pin").map(|p| share_pin_text(p, base_ns));
+        if holders.is_empty() {
+            let mut call = head.to_vec();
+            call.push(
+                pin.clone()
+                    .expect("a share state without holders has a pin"),
+            );
+            let _: () = redis::cmd(&call[0])
+                .arg(&call[1..])
+                .query(c)
+                .unwrap_or_else(|e| panic!("{call:?}: {e}"));
+        }
         for h in holders {
             let fields = [
                 share_number(&h[1]),
@@ -308,16 +329,9 @@ fn set_state(c: &mut Connection, key: &str, s: &J, base_us: i64) {
                 share_number(&h[6]),
                 (base_ns + int(&h[7])).to_string(),
             ];
-            let call = [
-                "RL.SETSHARES".to_string(),
-                key.into(),
-                s["rate"].as_str().unwrap().into(),
-                s["cap"].as_str().unwrap().into(),
-                field("version").map_or(0, int).to_string(),
-                "0".into(),
-                h[0].as_str().unwrap().into(),
-                fields.join(","),
-            ];
+            let mut call = head.to_vec();
+            call.extend([h[0].as_str().unwrap().to_string(), fields.join(",")]);
+            call.extend(pin.clone());
             let _: () = redis::cmd(&call[0])
                 .arg(&call[1..])
                 .query(c)
@@ -400,6 +414,25 @@ fn pin_code(p: &J) -> u8 {
     }
 }
 
+/// A share state's pin as `RL.SETSHARES` takes it: `kind,until` or `1,until,rate,cap`
+/// (until absolute, 0: no end).
+fn share_pin_text(p: &J, base_ns: i64) -> String {
+    let until = int(&p["until"]);
+    let mut t = format!(
+        "{},{}",
+        pin_code(p),
+        if until == 0 { 0 } else { base_ns + until }
+    );
+    if pin_code(p) == 1 {
+        t += &format!(
+            ",{},{}",
+            p["rate"].as_str().unwrap(),
+            p["cap"].as_str().unwrap()
+        );
+    }
+    t
+}
+
 /// A case's pin if it lives at the call (`until` 0: no end; negative: it ended before).
 fn live_pin(s: &J) -> Option<&J> {
     s.get("pin").filter(|p| int(&p["until"]) >= 0)
@@ -421,7 +454,7 @@ struct Entry {
 
 /// A share key's stored table read from its DUMP payload (the module's RDB encoding 2,
 /// src/share/mod.rs): (rate, cap, version, entries).
-fn dumped_share(c: &mut Connection, key: &str) -> Option<(f64, f64, u64, Vec<Entry>)> {
+fn dumped_share(c: &mut Connection, key: &str) -> Option<(f64, f64, u64, Vec<Entry>, DumpedPin)> {
     let payload: Option<Vec<u8>> = redis::cmd("DUMP").arg(key).query(c).unwrap();
     let payload = payload?;
     let b = &payload[..payload.len() - 10];
@@ -488,16 +521,24 @@ fn dumped_share(c: &mut Connection, key: &str) -> Option<(f64, f64, u64, Vec<Ent
             times: [lease_end, held_until],
         });
     }
-    // Encoding 2: the pin (0: none; the cases pin no share key).
-    assert_eq!(uint(item(2, &mut at)), 0, "{key}: DUMP: a pin");
+    // Encoding 2: the pin: its kind (0: none), end, and a rate pin's limit.
+    let code = uint(item(2, &mut at));
+    let pin = (code != 0).then(|| {
+        let until = uint(item(2, &mut at)) as i64;
+        let limit = (code == 1).then(|| (double(item(4, &mut at)), double(item(4, &mut at))));
+        (code, until, limit)
+    });
     assert_eq!(len(&mut at), 0, "{key}: DUMP: no EOF opcode");
-    Some((rate, cap, version, entries))
+    Some((rate, cap, version, entries, pin))
 }
+
+/// A share key's stored pin: kind code, end (absolute ns, 0: none), a rate pin's limit.
+type DumpedPin = Option<(u64, i64, Option<(f64, f64)>)>;
 
 /// What a share key must hold for a share state at the call's time: its limit, version
 /// and entries exact (instants within the window), and its expiry at its last entry's end.
 fn share_problems(c: &mut Connection, key: &str, s: &J, w: &Window) -> Option<String> {
-    let Some((rate, cap, version, got)) = dumped_share(c, key) else {
+    let Some((rate, cap, version, got, pin)) = dumped_share(c, key) else {
         return Some(format!("{key}: not a share key, want the state {s}"));
     };
     let want: Vec<&J> = s["holders"].as_array().unwrap().iter().collect();
@@ -515,6 +556,31 @@ fn share_problems(c: &mut Connection, key: &str, s: &J, w: &Window) -> Option<St
         && version == s.get("version").map_or(0, |v| int(v) as u64)
         && want.len() == got.len()
         && want.iter().zip(&got).all(|(h, e)| entry_ok(h, e));
+    let want_pin = s.get("pin");
+    let pin_ok = match (want_pin, pin) {
+        (None, None) => true,
+        (Some(p), Some((code, until, limit))) => {
+            let want_until = int(&p["until"]);
+            let limit_want = (pin_code(p) == 1).then(|| {
+                let f = |n: &str| p[n].as_str().unwrap().parse::<f64>().unwrap();
+                (f("rate"), f("cap"))
+            });
+            code == u64::from(pin_code(p))
+                && limit == limit_want
+                && if want_until == 0 {
+                    until == 0
+                } else {
+                    w.at_close(want_until, until - w.base_ns())
+                }
+        }
+        _ => false,
+    };
+    if !pin_ok {
+        return Some(format!(
+            "{key}: stored pin {pin:?} (until: base + {} ns), want {want_pin:?}",
+            pin.map_or(0, |p| p.1 - w.base_ns())
+        ));
+    }
     if !ok {
         let got: Vec<String> = got
             .iter()
@@ -532,13 +598,20 @@ fn share_problems(c: &mut Connection, key: &str, s: &J, w: &Window) -> Option<St
             "{key}: stored limit {rate} {cap} version {version} entries {got:?}, want the state {s}"
         ));
     }
-    // The key expires when its last entry ends (rounded up to a millisecond).
+    // The key expires when its last entry ends (rounded up to a millisecond); pinned, never
+    // while the pin has no end, else not before the pin's end.
+    let expiry: i64 = redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap();
+    if want_pin.is_some_and(|p| int(&p["until"]) == 0) {
+        return (expiry != -1).then(|| {
+            format!("{key}: expires at {expiry} ms, want no expiry while pinned without an end")
+        });
+    }
     let last = want
         .iter()
         .map(|h| int(&h[4]).max(int(&h[7])))
+        .chain(want_pin.map(|p| int(&p["until"])))
         .max()
         .unwrap();
-    let expiry: i64 = redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap();
     let (lo, hi) = (
         (w.base_ns() + last - 1000 + 999_999) / 1_000_000,
         (w.base_ns() + last + w.drift_ns() + 1000 + 999_999) / 1_000_000,
@@ -627,9 +700,10 @@ fn pinned_problems(key: &str, v: redis::Value, s: &J, w: &Window) -> Option<Stri
         })
     };
     let kind = p["kind"].as_str().unwrap();
+    // A share key's rate pin has its own limit; a bucket's is the bucket's.
+    let limit = |f: &str| p.get(f).unwrap_or(&s[f]).as_str().unwrap().parse().ok();
     let limit_ok = if kind == "rate" {
-        number("rate") == s["rate"].as_str().unwrap().parse().ok()
-            && number("cap") == s["cap"].as_str().unwrap().parse().ok()
+        number("rate") == limit("rate") && number("cap") == limit("cap")
     } else {
         get("rate") == Some(redis::Value::Nil) && get("cap") == Some(redis::Value::Nil)
     };
@@ -791,7 +865,15 @@ fn run(
                     }
                     problems.extend(pinned_problems(key, pinned, st, &peeked));
                 }
-                "share" => problems.extend(share_problems(c, key, st, &w)),
+                "share" => {
+                    let pinned: redis::Value = redis::cmd("RL.PINNED").arg(key).query(c).unwrap();
+                    let read = Window {
+                        drift_us: server_us(c) - base_us + 1,
+                        ..w
+                    };
+                    problems.extend(share_problems(c, key, st, &w));
+                    problems.extend(pinned_problems(key, pinned, st, &read));
+                }
                 _ => {
                     let exists: bool = redis::cmd("EXISTS").arg(key).query(c).unwrap();
                     if !exists {

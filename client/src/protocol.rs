@@ -800,13 +800,15 @@ mod tests {
                     ]
                 }),
                 "RL.SHARE" => share_reply(v).map(|r| {
-                    vec![
+                    let mut got = vec![
                         r.rate,
                         r.burst,
                         r.lease_ms as f64,
                         r.refresh_ms as f64,
                         r.holders as f64,
-                    ]
+                    ];
+                    got.extend(r.pinned.map(kind_code));
+                    got
                 }),
                 "RL.MTAKE" if with_state => return None,
                 "RL.MTAKE" => mtake_reply(v).map(|g| vec![g as f64]),

@@ -12,9 +12,14 @@
 //! Pins (`pins.json`): `RL.PIN key rate cap|BLOCK|EXEMPT [PX ms]`, `RL.UNPIN key`,
 //! `RL.PINNED key`, and the plain `RL.TAKE` on a pinned bucket (a state's `pin`), decided by
 //! [`rl_core::pin`] as the module's glue uses it: the reply (the pin's kind too), whether it
-//! writes, and the whole bucket left (instants, limit, hold, pin), exact.
+//! writes, and the whole bucket left (instants, limit, hold, pin), exact. Pins on share keys
+//! (`share_pins.json`: a share state's `pin`, `RL.PIN key [SHARES] ...`, `RL.UNPIN`,
+//! `RL.PINNED`): as src/share/pin.rs uses [`ShareTable`]: the reply, the whole table left
+//! (pin included), and the effect's limit and pin (or `DEL`), exact; `RL.SHARE` on a pinned
+//! table answers the pin's kind as a sixth element and carries the pin in its effect.
 
 use rl_core::pin::{self, Gate, Pin, PinKind};
+use rl_core::share::SharePin;
 use rl_core::{
     ceil_millis, version, Bucket, Holder, Level, Limit, Nanos, ShareRequest, ShareTable,
 };
@@ -299,7 +304,181 @@ fn share_table(s: &J) -> Option<ShareTable> {
         return None;
     }
     let version = s.get("version").map_or(0, |v| v.as_u64().unwrap());
-    Some(ShareTable::validate(number(&s["rate"]), number(&s["cap"]), version, holders(s)).unwrap())
+    let pin = s.get("pin").map(share_pin);
+    Some(
+        ShareTable::validate_pinned(
+            number(&s["rate"]),
+            number(&s["cap"]),
+            version,
+            holders(s),
+            pin,
+        )
+        .unwrap(),
+    )
+}
+
+/// A share state's pin (`until` relative, 0: no end; a rate pin's own `rate`, `cap`).
+fn share_pin(p: &J) -> SharePin {
+    let (kind, limit) = match p["kind"].as_str().unwrap() {
+        "rate" => (
+            PinKind::Rate,
+            Some(Limit::new(number(&p["rate"]), number(&p["cap"])).unwrap()),
+        ),
+        "block" => (PinKind::Block, None),
+        _ => (PinKind::Exempt, None),
+    };
+    let until = match p["until"].as_i64().unwrap() {
+        0 => 0,
+        _ => at(&p["until"]),
+    };
+    SharePin::new(kind, limit, until).unwrap()
+}
+
+/// A pin as its effect's last argument (src/share/mod.rs `PinText`): `0`, `kind,until`
+/// or `1,until,rate,cap`.
+fn share_pin_text(p: Option<&SharePin>) -> Vec<String> {
+    let Some(p) = p else {
+        return vec!["0".into()];
+    };
+    let mut t = vec![p.kind.code().to_string(), p.until.to_string()];
+    if let Some(l) = p.limit {
+        t.extend([l.rate().to_string(), l.cap().to_string()]);
+    }
+    t
+}
+
+/// Whether an effect's pin argument (`{"fields": [...]}`, or `"0"`) is `got`.
+fn same_pin_arg(want: Option<&J>, got: &[String]) -> bool {
+    match want {
+        Some(J::String(t)) => got == [t.clone()],
+        Some(w) => {
+            let w = w["fields"].as_array().unwrap();
+            w.len() == got.len() && w.iter().zip(got).all(|(w, g)| same_arg(w, g))
+        }
+        None => false,
+    }
+}
+
+/// Whether a case is about a share key (`RL.PIN key SHARES`, or a share state).
+fn is_share_case(case: &J, a: &[String]) -> bool {
+    let key = &a[1];
+    a.get(2).is_some_and(|x| x == "SHARES")
+        || [&case["state"][key], &case["after"][key]]
+            .iter()
+            .any(|s| s.get("type").and_then(J::as_str) == Some("share"))
+}
+
+/// Decides `RL.PIN`, `RL.UNPIN`, `RL.PINNED` on a share key at [`NOW`] as src/share/pin.rs
+/// does: the problems found (the reply, the table left, exact; the effect's pin).
+fn share_pin_case(case: &J, args: &[String]) -> Vec<String> {
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let key = a[1];
+    let before = share_table(&case["state"][key]);
+    let ok = R::Text("OK".into());
+    // The reply, and the table written (`Some(None)`: the key deleted; `None`: nothing).
+    let (reply, written): (R, Option<Option<ShareTable>>) = match a[0] {
+        "RL.PIN" => {
+            let at = usize::from(a[2] == "SHARES") + 2;
+            let (kind, limit, rest) = match a[at] {
+                "BLOCK" => (PinKind::Block, None, at + 1),
+                "EXEMPT" => (PinKind::Exempt, None, at + 1),
+                r => (
+                    PinKind::Rate,
+                    Some(Limit::new(r.parse().unwrap(), a[at + 1].parse().unwrap()).unwrap()),
+                    at + 2,
+                ),
+            };
+            let until = match &a[rest..] {
+                [] => 0,
+                ["PX", ms] => NOW + ms.parse::<u64>().unwrap() * 1_000_000,
+                other => panic!("RL.PIN options {other:?}"),
+            };
+            let p = SharePin::new(kind, limit, until).unwrap();
+            let t = match before.clone() {
+                // The limit is a placeholder: the first holder's call sets the callers'.
+                None => {
+                    let l = limit.unwrap_or_else(|| Limit::new(1.0, 1.0).unwrap());
+                    ShareTable::validate_pinned(l.rate(), l.cap(), 0, Vec::new(), Some(p)).unwrap()
+                }
+                Some(mut t) => {
+                    t.set_pin(Some(p), NOW);
+                    t
+                }
+            };
+            (ok, Some(Some(t)))
+        }
+        "RL.UNPIN" => match before.clone().filter(|t| t.live_pin(NOW).is_some()) {
+            None => (R::Int(0), None),
+            Some(mut t) => {
+                t.set_pin(None, NOW);
+                (R::Int(1), Some((!t.holders().is_empty()).then_some(t)))
+            }
+        },
+        "RL.PINNED" => {
+            let reply = match before.as_ref().and_then(|t| t.live_pin(NOW)) {
+                None => R::Nil,
+                Some(p) => {
+                    let (rate, cap) = match p.limit {
+                        Some(l) => (R::Double(l.rate()), R::Double(l.cap())),
+                        None => (R::Nil, R::Nil),
+                    };
+                    let left = p.left(NOW).map_or(-1, |ns| ceil_millis(ns) as i64);
+                    map(vec![
+                        ("kind".into(), R::Text(p.kind.name().into())),
+                        ("rate".into(), rate),
+                        ("cap".into(), cap),
+                        ("ms_left".into(), R::Int(left)),
+                    ])
+                }
+            };
+            (reply, None)
+        }
+        other => panic!("no share core form for {other}"),
+    };
+    let mut problems = Vec::new();
+    if reply != plain(&case["resp3"]) {
+        problems.push(format!("reply {reply:?}, want {}", case["resp3"]));
+    }
+    let effect = case["effect"].as_array().unwrap();
+    let writes_in_case = !effect.is_empty();
+    if written.is_some() != writes_in_case {
+        problems.push(format!(
+            "writes: {}, the case's effect: {effect:?}",
+            written.is_some()
+        ));
+    }
+    let got = written.clone().unwrap_or(before);
+    let after = share_table(&case["after"][key]);
+    if got != after {
+        problems.push(format!(
+            "table {got:?}, want {:?} (NOW = {NOW})",
+            case["after"][key]
+        ));
+    }
+    // The effect of a pin set or removed: the limit, version, now, the pin (or DEL).
+    if let Some(w) = written {
+        let same = match &w {
+            None => effect.len() == 1 && effect[0] == serde_json::json!(["DEL", key]),
+            Some(t) => {
+                let e = effect[0].as_array().unwrap();
+                let head = [
+                    t.limit().rate().to_string(),
+                    t.limit().cap().to_string(),
+                    t.version().to_string(),
+                    NOW.to_string(),
+                ];
+                effect.len() == 1
+                    && e.len() == 7
+                    && e[0] == "RL.SETSHARES"
+                    && e[2..6].iter().zip(&head).all(|(w, g)| same_arg(w, g))
+                    && same_pin_arg(e.get(6), &share_pin_text(t.pin()))
+            }
+        };
+        if !same {
+            problems.push(format!("effect {effect:?}, the table written {w:?}"));
+        }
+    }
+    problems
 }
 
 /// Whether one argument of an effect is `want` (a number's text equal as a number, an
@@ -340,13 +519,16 @@ fn share_case(case: &J, args: &[String]) -> Vec<String> {
         .unwrap_or_else(|| ShareTable::new(limit, version));
     let d = table.decide(&req, NOW).unwrap();
     let r = d.reply;
-    let reply = R::Row(vec![
+    let mut row = vec![
         R::Double(r.rate),
         R::Double(r.burst),
         R::Int(r.lease_ms as i64),
         R::Int(r.refresh_ms as i64),
         R::Int(r.holders as i64),
-    ]);
+    ];
+    // The kind of the live pin that decided, a sixth element only then.
+    row.extend(d.pinned.map(|k| R::Text(k.name().into())));
+    let reply = R::Row(row);
     let mut problems = Vec::new();
     if reply != plain(&case["resp3"]) {
         problems.push(format!("reply {reply:?}, want {}", case["resp3"]));
@@ -372,11 +554,11 @@ fn share_case(case: &J, args: &[String]) -> Vec<String> {
         ));
     }
     if d.written {
-        if Some(d.expires_at) != table.last_end() {
+        if d.expires_at != table.expires_at() {
             problems.push(format!(
-                "expires at {}, its last end {:?}",
+                "expires at {}, its last end (or its pin's) {:?}",
                 d.expires_at,
-                table.last_end()
+                table.expires_at()
             ));
         }
         // The effect: the limit, the version, ended entries dropped at now, the entry set.
@@ -399,11 +581,17 @@ fn share_case(case: &J, args: &[String]) -> Vec<String> {
         ];
         let e = effect[0].as_array().unwrap();
         let want_fields = e[7]["fields"].as_array().unwrap();
+        // A pinned table's entry carries the pin (an unpinned one none).
+        let pin_ok = match table.pin() {
+            None => e.len() == 8,
+            Some(p) => e.len() == 9 && same_pin_arg(e.get(8), &share_pin_text(Some(p))),
+        };
         let same = effect.len() == 1
             && e[0] == "RL.SETSHARES"
             && e[2..7].iter().zip(&got).all(|(w, g)| same_arg(w, g))
             && want_fields.len() == 7
-            && want_fields.iter().zip(&fields).all(|(w, g)| same_arg(w, g));
+            && want_fields.iter().zip(&fields).all(|(w, g)| same_arg(w, g))
+            && pin_ok;
         if !same {
             problems.push(format!(
                 "effect {effect:?}, the entry written {got:?} {fields:?}"
@@ -435,8 +623,13 @@ fn core_decides_every_core_case_exactly() {
                 .iter()
                 .map(|a| a.as_str().expect("core cases have plain arguments").into())
                 .collect();
-            if args[0] == "RL.SHARE" {
-                let problems = share_case(case, &args);
+            let share_pin = args[0] != "RL.SHARE" && is_share_case(case, &args);
+            if args[0] == "RL.SHARE" || share_pin {
+                let problems = if share_pin {
+                    share_pin_case(case, &args)
+                } else {
+                    share_case(case, &args)
+                };
                 if !problems.is_empty() {
                     failures.push(format!(
                         "{}: {}: {problems:?}",

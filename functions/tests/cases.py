@@ -271,8 +271,34 @@ def set_share_hash(r, key, s, base_us):
         nums = [f"{float(x):.17g}" for x in (want, rate, burst, held_rate, held_burst)]
         fields[id_.encode().hex()] = " ".join([*nums[:3], str(le), *nums[3:], str(hu)])
         ends.append(max(le, hu))
+    pin = s.get("pin")
+    if pin:
+        fields["P"] = share_pin_field(pin, base_ns)
     r.hset(key, mapping=fields)
+    if pin and pin["until"] == 0:
+        return  # a pin without an end: no expiry
+    if pin:
+        ends.append(share_us(base_ns, pin["until"]))
     r.pexpireat(key, math.ceil(max(ends) / 1000))
+
+
+def share_pin_field(p, base_ns):
+    """The library's field P for a share state's pin (functions/rl.lua
+    `Pn.parse_share_pin`): `kind until` (µs, 0: no end), and a rate pin's own limit."""
+    until = 0 if p["until"] == 0 else share_us(base_ns, p["until"])
+    t = f"{PIN_CODES[p['kind']]} {until}"
+    if p["kind"] == "rate":
+        t += f" {p['rate']} {p['cap']}"
+    return t
+
+
+def share_pin_of_field(t, w):
+    """The library's field P as a case's pin (until relative to the base, ns)."""
+    code, until, *limit = t.split(" ")
+    p = {"kind": PIN_KINDS[code], "until": 0 if until == "0" else int(until) * 1000 - w.base_ns}
+    if limit:
+        p["rate"], p["cap"] = limit
+    return p
 
 
 def share_of_hash(h, w):
@@ -285,7 +311,9 @@ def share_of_hash(h, w):
     if "V" in h:
         s["version"] = int(h["V"])
     holders = []
-    for k in sorted(f for f in h if f not in ("R", "C", "V")):
+    if "P" in h:
+        s["pin"] = share_pin_of_field(h["P"], w)
+    for k in sorted(f for f in h if f not in ("R", "C", "V", "P")):
         want, rate, burst, le, hr, hb, hu = h[k].split(" ")
         holders.append([bytes.fromhex(k).decode(), float(want), float(rate), float(burst),
                         int(le) * 1000 - w.base_ns, float(hr), float(hb),
@@ -305,6 +333,16 @@ def compare_share(want, got, w, where):
             return bad
     if want.get("version", 0) != got.get("version", 0):
         return bad
+    wp, gp = want.get("pin"), got.get("pin")
+    if (wp is None) != (gp is None):
+        return bad
+    if wp is not None:
+        if wp["kind"] != gp["kind"] or (wp["until"] == 0) != (gp["until"] == 0):
+            return bad
+        if wp["until"] and not at_close(wp["until"], gp["until"], w):
+            return bad
+        if wp["kind"] == "rate" and any(float(wp[f]) != float(gp[f]) for f in ("rate", "cap")):
+            return bad
     if len(want["holders"]) != len(got["holders"]):
         return bad
     for wh, gh in zip(want["holders"], got["holders"]):
@@ -329,7 +367,8 @@ def expiry(r, key, want, w):
     if pin and pin.get("absent"):
         last = pin["until"]
     elif want.get("type") == "share":
-        last = max(max(h[4], h[7]) for h in want["holders"])
+        # Not before a live pin's end (functions/rl.lua `Pn.share_expire`).
+        last = max([max(h[4], h[7]) for h in want["holders"]] + ([pin["until"]] if pin else []))
     else:
         ends = [want["full_at"]] + [e for _, _, e in want.get("leases", [])]
         last = max(ends + ([want["hold"]] if want.get("span") else []))

@@ -284,7 +284,8 @@ def _parse(args: List[str], reply: Any) -> Any:
         return {"kind": info.kind, "rate": info.rate, "cap": info.cap, "ms_left": ms_left}
     if name == "RL.SHARE":
         g = parse_share(reply)
-        return [g.rate, g.burst, round(g.lease * 1000), round(g.refresh * 1000), g.holders]
+        row = [g.rate, g.burst, round(g.lease * 1000), round(g.refresh * 1000), g.holders]
+        return row + ([g.pinned] if g.pinned is not None else [])  # a pin's sixth element
     if name == "RL.REFUND":
         return p.to_float(reply)
     return p.to_int(reply)
