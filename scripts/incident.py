@@ -396,9 +396,17 @@ def pin_details(meta, sends, dur):
     settled = (max(over) + 0.01 - at) if over else 0.0
     after = [s for s in sends if s >= at]
     worst = max(((k + 1) - (rate + rate * (s - at)) for k, s in enumerate(after)), default=0.0)
+    # The partner's rate in 100 ms steps from the pin: the first step at most the pinned
+    # rate (same slack), and the lowest in the 2 s after the pin (a share key undershoots
+    # while the shares given before the pin are still counted).
+    steps = [n(at + k / 10, at + (k + 1) / 10) * 10 for k in range(int(max(0.0, dur - at) * 10))]
+    first_low = next((k for k, v in enumerate(steps) if v <= rate * 1.05 + 10), None)
     return {
         "pinned_s": round(at, 3),
         "rate": rate,
+        "first_100ms_within_s": round((first_low + 1) / 10, 1) if first_low is not None else None,
+        "min_100ms_2s_after": min(steps[:20], default=None),
+        "series_100ms_after": steps[:20],
         "settled_s": round(settled, 2),
         "rate_after": round(n(at + 1.0, dur) / (dur - at - 1.0), 1) if dur - at > 1.0 else None,
         "max_1s_after": max((n(x, x + 1.0) for x in starts), default=0),
@@ -597,7 +605,8 @@ def main():
             if kind == "pin":
                 cmd += ["--pin-at", str(sc["pin_at"]), "--pin-rate", str(PIN_RATE)]
             t = time.time()
-            at = machine() if moving else None
+            # (i) and (h) may be run alone and merged: they keep their own run's details.
+            at = machine() if moving or kind == "pin" else None
             subprocess.run(cmd, check=True, timeout=run_sc["duration"] + 60)
             meta, events, samples = load_run(prefix)
             res = analyse(name, label, kind, meta, events, samples, run_sc)
@@ -605,6 +614,7 @@ def main():
             if moving:
                 # Its own trace, and its own run's details (it may be run alone and merged).
                 res["trace"] = {"arrivals": moving_arrivals, "sha256": moving_digest, "seed": SEED}
+            if at:
                 res["machine"] = at
             results["runs"].append(res)
             if res["available"]:
