@@ -587,6 +587,7 @@ shares it gave before the pin until they end (one lease, three periods: docs/sha
     scripts/incident            # full run, regenerates this page, the plots and results.json
     scripts/incident --only share_moving   # one run (here (i)), merged into results.json;
                                            # this page and the plots re-rendered from it
+    scripts/incident --only pin_take,pin_prefetch,pin_share   # (h), the same way
     scripts/incident --smoke    # 10 s: the pipeline and the bounds, no plots (CI)
 
 The smoke run checks: (a) the local split's over-issue is visible after the scale-out
