@@ -183,18 +183,20 @@ def runs_for(smoke):
         ("share", f"(g) RL.SHARE rate shares, period {PERIOD_MS / 1000:g} s (ShareLimiter)",
          ["--approach", "share", "--period-ms", str(PERIOD_MS)], "share"),
     ]
-    # The partner asks for 500/s mid-trace: `RL.PIN` on the shared key, no redeploy. Share
-    # keys can be pinned too (docs/share.md), but (g) has no such row yet.
     # The hot instance moves every few seconds (its own trace and scenario: `MOVING_*`).
     runs.append(("share_moving",
                  f"(i) RL.SHARE, the hot instance moves every {(MOVING_SMOKE if smoke else MOVING_FULL)['move_every']:g} s (ShareLimiter)",
                  ["--approach", "share", "--period-ms", str(PERIOD_MS)], "share_moving"))
     runs.append(("pin_take", f"(h) {PIN_RATE:g}/s pinned mid-trace, RL.TAKE per call (Limiter)",
                  ["--approach", "take"], "pin"))
+    # The partner asks for 500/s mid-trace: `RL.PIN` on the shared key, no redeploy.
     if not smoke:
         runs.append(("pin_prefetch",
                      f"(h) {PIN_RATE:g}/s pinned mid-trace, RL.LEASE batch {BATCH} (PrefetchLimiter)",
                      ["--approach", "prefetch"], "pin"))
+    runs.append(("pin_share",
+                 f"(h) {PIN_RATE:g}/s pinned mid-trace, RL.SHARE period {PERIOD_MS / 1000:g} s (ShareLimiter)",
+                 ["--approach", "share", "--period-ms", str(PERIOD_MS)], "pin"))
     if not smoke:
         for pol, label in (("allow", "Allow (instances=8)"), ("lastknown", "LastKnown"), ("deny", "Deny")):
             runs.append((f"fail_{pol}", f"(f) lease death + Redis stopped 2 s, {label}",
@@ -318,6 +320,8 @@ def analyse(name, label, kind, meta, events, samples, sc):
         res["shares"] = share_details(meta, sc, res.get("failure"))
     if kind == "pin":
         res["pin"] = pin_details(meta, sends, dur)
+        if meta.get("shares") is not None:
+            res["pin"].update(pin_share_details(meta, res["pin"]))
     if kind == "share_moving":
         res["shares"] = {"series": [[round(r["t"] / 1e6, 2), r["rates"]] for r in meta.get("shares", [])]}
         res["moving"] = moving_details(meta, events, sends, sc, len({e[0] for e in events}))
@@ -392,14 +396,46 @@ def pin_details(meta, sends, dur):
     settled = (max(over) + 0.01 - at) if over else 0.0
     after = [s for s in sends if s >= at]
     worst = max(((k + 1) - (rate + rate * (s - at)) for k, s in enumerate(after)), default=0.0)
+    # The partner's rate in 100 ms steps from the pin: the first step at most the pinned
+    # rate (same slack), and the lowest in the 2 s after the pin (a share key undershoots
+    # while the shares given before the pin are still counted).
+    steps = [n(at + k / 10, at + (k + 1) / 10) * 10 for k in range(int(max(0.0, dur - at) * 10))]
+    first_low = next((k for k, v in enumerate(steps) if v <= rate * 1.05 + 10), None)
     return {
         "pinned_s": round(at, 3),
         "rate": rate,
+        "first_100ms_within_s": round((first_low + 1) / 10, 1) if first_low is not None else None,
+        "min_100ms_2s_after": min(steps[:20], default=None),
+        "series_100ms_after": steps[:20],
         "settled_s": round(settled, 2),
         "rate_after": round(n(at + 1.0, dur) / (dur - at - 1.0), 1) if dur - at > 1.0 else None,
         "max_1s_after": max((n(x, x + 1.0) for x in starts), default=0),
         "bound_excess": worst,
     }
+
+
+def pin_share_bound_slack(holders):
+    """How far a pinned share key's let-out may exceed the pin's `cap + rate * t`: holders
+    keep spending the shares they were given before the pin until those end (one lease, three
+    periods, at most: docs/share.md), and their local buckets hold at most the old bursts
+    (which sum to <= the old cap); plus a token of rounding per holder."""
+    lease = 3 * PERIOD_MS / 1000
+    return (CAP - PIN_RATE) + (RATE - PIN_RATE) * lease + holders + 1
+
+
+def pin_share_details(meta, pin):
+    """(h) for ShareLimiter: when the holders' shares (each instance's share rate, sampled
+    every 100 ms) first sum to at most the pinned rate, and the slack the pin's bound has."""
+    at = pin["pinned_s"]
+    reached = None
+    for row in meta["shares"]:
+        t = row["t"] / 1e6
+        if t >= at and sum(x for x in row["rates"] if x is not None) <= pin["rate"] + 1e-6:
+            reached = round(t - at, 2)
+            break
+    holders = max((sum(1 for x in row["rates"] if x is not None) for row in meta["shares"]), default=0)
+    return {"shares_within_pin_s": reached, "holders": holders,
+            "bound_slack": pin_share_bound_slack(holders)}
 
 
 def fair_shares(demand, rate):
@@ -569,7 +605,8 @@ def main():
             if kind == "pin":
                 cmd += ["--pin-at", str(sc["pin_at"]), "--pin-rate", str(PIN_RATE)]
             t = time.time()
-            at = machine() if moving else None
+            # (i) and (h) may be run alone and merged: they keep their own run's details.
+            at = machine() if moving or kind == "pin" else None
             subprocess.run(cmd, check=True, timeout=run_sc["duration"] + 60)
             meta, events, samples = load_run(prefix)
             res = analyse(name, label, kind, meta, events, samples, run_sc)
@@ -577,6 +614,7 @@ def main():
             if moving:
                 # Its own trace, and its own run's details (it may be run alone and merged).
                 res["trace"] = {"arrivals": moving_arrivals, "sha256": moving_digest, "seed": SEED}
+            if at:
                 res["machine"] = at
             results["runs"].append(res)
             if res["available"]:
@@ -644,8 +682,12 @@ def check(results, smoke):
             # Before the pin the quota's bound; after it the pin's: its cap (tokens carried
             # over) + its rate * t, plus two batches per instance for leases in hand.
             p = r["pin"]
-            slack = 1.0 if "take" in r["name"] else 2 * BATCH * inst + 1.0
-            if r["bound_excess"] > slack or p["bound_excess"] > slack:
+            # A share holder spends the share it had (and its bucket's burst) until it ends.
+            if "bound_slack" in p:
+                slack, pin_slack = inst + 1.0, p["bound_slack"]
+            else:
+                slack = pin_slack = 1.0 if "take" in r["name"] else 2 * BATCH * inst + 1.0
+            if r["bound_excess"] > slack or p["bound_excess"] > pin_slack:
                 bad.append(f"{r['name']}: let out {r['bound_excess']:.1f} over the quota's bound, "
                            f"{p['bound_excess']:.1f} over the pin's")
         if r["kind"] in ("central", "lease", "share", "share_moving", "pin") and r["sent_total"] == 0:

@@ -551,11 +551,14 @@ starting from an empty bucket.
 """
     pins = [r for r in results["runs"] if r["kind"] == "pin" and r["available"]]
     if pins:
-        rows = ["| approach | pinned at | until every 1 s window ≤ the pin | rate after | max in any 1 s after | worst of sent − (pin cap + pin rate × t) |",
-                "|---|---:|---:|---:|---:|---:|"]
+        rows = ["| approach | pinned at | until a 100 ms step ≤ the pin | until every 1 s window ≤ the pin | lowest 100 ms step in the 2 s after | rate after | max in any 1 s after | worst of sent − (pin cap + pin rate × t) |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in pins:
             p = r["pin"]
-            rows.append(f"| {r['label']} | {p['pinned_s']:.2f} s | {p['settled_s']:.2f} s | "
+            first = p.get("first_100ms_within_s")
+            rows.append(f"| {r['label']} | {p['pinned_s']:.2f} s | "
+                        f"{'%.1f s' % first if first is not None else '–'} | {p['settled_s']:.2f} s | "
+                        f"{f0(p.get('min_100ms_2s_after'))}/s | "
                         f"{f0(p['rate_after'])}/s | {f0(p['max_1s_after'])} | {f1(p['bound_excess'])} |")
         out += f"""
 ## (h) The partner asks for {pins[0]['pin']['rate']:g}/s: a pin, no redeploy
@@ -565,13 +568,16 @@ Mid-trace the partner asks for {pins[0]['pin']['rate']:g}/s. An operator runs
 incident:partner {pins[0]['pin']['rate']:g}/s`); the instances keep sending their own limit, 1000/s, and
 the key decides under the pin from its next call. A caller of `RL.TAKE` sees it at once; a
 prefetching instance spends the lease it holds first (at most a batch or two per instance).
-`RL.SHARE` keys can be pinned too (a `ShareLimiter` picks the pin up at its next share call:
-see docs/share.md), but (g) has no such row yet.
+A `ShareLimiter` (as in (g), period 1 s) picks the pin up at its next share call, at most a
+period later; the server divides the pinned rate among the holders but keeps counting the
+shares it gave before the pin until they end (one lease, three periods: docs/share.md).
+
+{pin_runs_when(pins)}
 
 ![pins](incident/pins.png)
 
 {chr(10).join(rows)}
-"""
+{pin_share_notes(pins)}"""
     mv = R.get("share_moving")
     if mv and mv["available"] and "moving" in mv:
         out += moving_section(mv)
@@ -581,17 +587,56 @@ see docs/share.md), but (g) has no such row yet.
     scripts/incident            # full run, regenerates this page, the plots and results.json
     scripts/incident --only share_moving   # one run (here (i)), merged into results.json;
                                            # this page and the plots re-rendered from it
+    scripts/incident --only pin_take,pin_prefetch,pin_share   # (h), the same way
     scripts/incident --smoke    # 10 s: the pipeline and the bounds, no plots (CI)
 
 The smoke run checks: (a) the local split's over-issue is visible after the scale-out
 (> 1.1 × quota); (b)(c)(e) the sends never exceed `cap + rate × t` (+1 for rounding); (d)
-never more than `cap + rate × t + 2 × batch × instances`; (g) and (i) never more than
+never more than `cap + rate × t + 2 × batch × instances`; (h) RL.TAKE under the pin its own
+`cap + rate × t` (+1), the pinned share key the pin's bound with the old shares' allowance
+(below (h)'s table); (g) and (i) never more than
 `cap + rate × t + holders` ((i) in every window of 50 ms to 2 s too; its smoke run moves
 the hot spot every second for 3 s); every arrival replayed. It exits
 non-zero on a violation. Plots use matplotlib from PyPI in `target/incident-venv`, pinned
 in `scripts/incident-requirements.txt`.
 """
     return out
+
+
+def pin_runs_when(pins):
+    """When and where (h)'s runs ran (they may be run alone: `--only pin_take,...`)."""
+    when = [r["machine"] for r in pins if r.get("machine")]
+    if not when:
+        return ""
+    m = when[0]
+    return (f"These runs: {m['date_utc']}, commit `{m['commit']}`, load average "
+            f"{m['load_average_at_start'][0]:g} when the first started (a 2-core machine shared "
+            f"with other work: timings vary from run to run).")
+
+
+def pin_share_notes(pins):
+    """What the table does not say about the pinned share key: when the holders' shares
+    summed to the pin, and the slack its bound allows."""
+    out = []
+    for r in pins:
+        p = r["pin"]
+        if "bound_slack" not in p:
+            continue
+        within = p["shares_within_pin_s"]
+        out.append(
+            f"- **{r['label']}**: the holders' shares (sampled every 100 ms) sum to at most "
+            f"{p['rate']:g}/s {'%.1f s after the pin' % within if within is not None else 'never in the run'}; "
+            f"the partner's rate in 100 ms steps from the pin: "
+            f"{', '.join(f0(v) for v in p['series_100ms_after'][:10])} /s. The holders spend the "
+            f"shares they had until their next share call, and the server keeps counting those "
+            f"until they end, so the new shares are smaller than the pin's for a while: the "
+            f"1 s windows hold the pin (5 % and a call of slack, as the other rows) "
+            f"{p['settled_s']:.2f} s after it partly because the overshoot and the dip after it "
+            f"cancel out. The pin's bound allows a share key "
+            f"the shares and bursts given before it: sent since the pin ≤ pin cap + pin rate × t + "
+            f"(old cap − pin cap) + (old rate − pin rate) × one lease + holders = "
+            f"{f0(p['bound_slack'])} over; measured {f1(p['bound_excess'])}.")
+    return ("\n" + "\n".join(out) + "\n") if out else ""
 
 
 def readme_section(results):
