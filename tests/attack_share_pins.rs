@@ -42,12 +42,20 @@ fn a_blocked_holder_wanting_nothing_counts_as_denied() {
     ok(&mut c, &["RL.PIN", "idle:s", "SHARES", "BLOCK"]);
     let _: Value = query(&mut c, &["RL.SHARE", "idle:s", "10", "10", "a", "0", LONG]);
     let st = ns_stats(&mut c, "idle");
-    assert_eq!((st["calls"], st["granted"], st["denied"]), (1, 0, 1), "{st:?}");
+    assert_eq!(
+        (st["calls"], st["granted"], st["denied"]),
+        (1, 0, 1),
+        "{st:?}"
+    );
     let top: Value = query(&mut c, &["RL.TOP"]);
     assert!(format!("{top:?}").contains("idle:s"), "{top:?}");
     // Unpinned, a holder that wants nothing and gets nothing is granted, as before.
     let _: Value = query(&mut c, &["RL.SHARE", "idle:t", "10", "10", "a", "0", LONG]);
     let _: Value = query(&mut c, &["RL.SHARE", "idle:t", "10", "10", "b", "0", LONG]);
     let st = ns_stats(&mut c, "idle");
-    assert_eq!((st["calls"], st["granted"], st["denied"]), (3, 2, 1), "{st:?}");
+    assert_eq!(
+        (st["calls"], st["granted"], st["denied"]),
+        (3, 2, 1),
+        "{st:?}"
+    );
 }
