@@ -1402,6 +1402,27 @@ def run_shares(server, protocol, ops, seed):
 # pin without an end) or within 5 ms. The random differential above compares tightly.
 
 PIN_SEQUENCES = [
+    ("a share key pinned BLOCK before any holder: RELEASE, VERSION and want 0 under it", [
+        ["RL.PIN", "K", "SHARES", "BLOCK"], ["RL.SHARE", "K", "100", "10", "a", "50", "1000",
+                                             "RELEASE"],
+        ["RL.SHARE", "K", "100", "10", "a", "50", "1000", "VERSION", "3"],
+        ["RL.SHARE", "K", "100", "10", "b", "0", "1000"], ["RL.PINNED", "K"], ["EXISTS", "K"],
+        ["RL.PIN", "K", "SHARES", "EXEMPT"], ["RL.SHARE", "K", "7", "3", "a", "1", "1000"],
+        ["RL.UNPIN", "K"], ["EXISTS", "K"], ["RL.SHARE", "K", "100", "10", "a", "50", "1000"],
+        ["RL.UNPIN", "K"]]),
+    ("a share key through EXEMPT with versions, a shrinking rate pin ending by itself", [
+        ["RL.SHARE", "K", "100", "10", "a", "50", "1000"], ["RL.PIN", "K", "EXEMPT"],
+        ["RL.SHARE", "K", "100", "10", "a", "50", "1000", "VERSION", "3"],
+        ["RL.SHARE", "K", "10", "10", "b", "50", "1000", "VERSION", "2"],
+        ["RL.SHARE", "K", "10", "10", "b", "50", "1000", "RELEASE"],
+        ["RL.PIN", "K", "5", "5", "PX", "150"],
+        ["RL.SHARE", "K", "100", "10", "b", "50", "1000", "VERSION", "1"],
+        ["RL.SHARE", "K", "100", "10", "a", "50", "1000", "RELEASE"],
+        ["RL.SHARE", "K", "100", "10", "c", "1", "1000"], ["RL.PINNED", "K"], ["SLEEP", "0.2"],
+        ["RL.PINNED", "K"], ["RL.SHARE", "K", "100", "10", "c", "1", "1000"],
+        ["RL.UNPIN", "K"], ["RL.PIN", "K", "SHARES", "1e15", "1e15"],
+        ["RL.SHARE", "K", "1e15", "1e15", "d", "1e15", "300"], ["RL.UNPIN", "K"],
+        ["RL.SHARE", "K", "1e15", "1e15", "d", "1e15", "300"]]),
     ("BLOCK on an absent key holds only the pin", [
         ["RL.PIN", "K", "BLOCK"], ["RL.TAKE", "K", "10", "10", "1", "WITHSTATE"],
         ["RL.TAKE", "K", "10", "10", "1"], ["RL.TAKE", "K", "10", "10", "1", "SHADOW"],
@@ -1497,7 +1518,8 @@ PIN_SEQUENCES = [
 
 FN_OF = {"RL.TAKE": "rl_take", "RL.LEASE": "rl_lease", "RL.RETURN": "rl_return",
          "RL.PEEK": "rl_peek", "RL.RESERVE": "rl_reserve", "RL.REFUND": "rl_refund",
-         "RL.PIN": "rl_pin", "RL.UNPIN": "rl_unpin", "RL.PINNED": "rl_pinned"}
+         "RL.PIN": "rl_pin", "RL.UNPIN": "rl_unpin", "RL.PINNED": "rl_pinned",
+         "RL.SHARE": "rl_share"}
 
 
 def _side(step, prefix, tag, lease_id):

@@ -109,7 +109,10 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
         if d.short {
             stats::SHARES_SHORT.add(1);
         }
-        let outcome = if r.rate > 0.0 || req.want == 0.0 {
+        // A holder that wants nothing and gets nothing is granted, but not under BLOCK:
+        // that refuses every call, whatever its want.
+        let blocked = d.pinned == Some(rl_core::pin::PinKind::Block);
+        let outcome = if r.rate > 0.0 || (req.want == 0.0 && !blocked) {
             Outcome::Granted(0)
         } else {
             Outcome::Denied
