@@ -121,23 +121,8 @@ fn a_fleet_through_a_raising_pin_and_a_lowering_one_ending_by_itself_mints_nothi
     let set = now_ns();
     changes.push((set, (10.0, 2.0)));
     changes.push((set + 1500 * MS, (rate, cap)));
-    let mut uses: Vec<(u64, u64, f64, f64)> = Vec::new();
-    for t in threads {
-        let calls = t.join().unwrap();
-        let mut current: Option<usize> = None;
-        for (sent, answered, r, b, lease_ms) in calls {
-            if let Some(i) = current.take() {
-                let stop = answered.min(sent + 250 * MS).max(uses[i].0);
-                uses[i].1 = uses[i].1.min(stop);
-            }
-            let lease = lease_ms * MS;
-            let margin = lease / 100 + 10 * MS;
-            if lease > margin && answered < sent + lease - margin {
-                uses.push((answered, sent + lease - margin, r, b));
-                current = Some(uses.len() - 1);
-            }
-        }
-    }
+    let calls: Vec<Vec<ShareCall>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let uses = share_uses(&calls);
     let lease = 900 * MS;
     let mut instants: Vec<u64> = uses.iter().map(|u| u.0).collect();
     instants.extend(changes.iter().map(|c| c.0 + lease));

@@ -714,23 +714,8 @@ fn a_fleet_never_uses_more_than_the_rate() {
             calls
         }));
     }
-    let mut uses: Vec<(u64, u64, f64, f64)> = Vec::new();
-    for t in threads {
-        let calls = t.join().unwrap();
-        let mut current: Option<usize> = None;
-        for (sent, answered, rate, burst, lease_ms) in calls {
-            if let Some(i) = current.take() {
-                let stop = answered.min(sent + 250 * MS).max(uses[i].0);
-                uses[i].1 = uses[i].1.min(stop);
-            }
-            let lease = lease_ms * MS;
-            let margin = lease / 100 + 10 * MS;
-            if lease > margin && answered < sent + lease - margin {
-                uses.push((answered, sent + lease - margin, rate, burst));
-                current = Some(uses.len() - 1);
-            }
-        }
-    }
+    let calls: Vec<Vec<ShareCall>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let uses = share_uses(&calls);
     assert!(uses.iter().any(|u| u.2 > 0.0));
     for &(t, _, _, _) in &uses {
         let (r, b) = uses

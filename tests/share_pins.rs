@@ -400,15 +400,7 @@ fn forged_restore_payloads_of_pinned_share_keys_never_hurt_the_server() {
     for key in ["r", "b", "e"] {
         let payload = dump(&mut c, key);
         let body = dump_body(&payload).to_vec();
-        let mut variants: Vec<Vec<u8>> = (1..body.len()).map(|n| body[..n].to_vec()).collect();
-        for i in 1..body.len() {
-            for v in [0u8, 1, 2, 3, 4, 0x7f, 0x80, 0xff] {
-                let mut b = body.clone();
-                b[i] = v;
-                variants.push(b);
-            }
-        }
-        for b in variants {
+        for b in mutated_payloads(&body) {
             let forged = reseal(&payload, &b);
             if restore_replace(&mut c, "t", &forged).is_err() {
                 continue;
@@ -550,23 +542,8 @@ fn a_fleet_under_pin_changes_reaches_the_pinned_total_within_a_lease() {
         };
         changes.push((now_ns(), allowed));
     }
-    let mut uses: Vec<(u64, u64, f64, f64)> = Vec::new();
-    for t in threads {
-        let calls = t.join().unwrap();
-        let mut current: Option<usize> = None;
-        for (sent, answered, rate, burst, lease_ms) in calls {
-            if let Some(i) = current.take() {
-                let stop = answered.min(sent + 250 * MS).max(uses[i].0);
-                uses[i].1 = uses[i].1.min(stop);
-            }
-            let lease = lease_ms * MS;
-            let margin = lease / 100 + 10 * MS;
-            if lease > margin && answered < sent + lease - margin {
-                uses.push((answered, sent + lease - margin, rate, burst));
-                current = Some(uses.len() - 1);
-            }
-        }
-    }
+    let calls: Vec<Vec<ShareCall>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let uses = share_uses(&calls);
     assert!(uses.iter().any(|u| u.2 > 0.0));
     let lease = 900 * MS;
     let mut instants: Vec<u64> = uses.iter().map(|u| u.0).collect();

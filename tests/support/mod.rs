@@ -685,3 +685,46 @@ pub fn aof_commands(s: &Server) -> Vec<Vec<String>> {
     }
     out
 }
+
+/// One holder's `RL.SHARE` call as a fleet test records it: when it was sent and answered
+/// (ns, the test's clock), the share's rate and burst, and its `lease_ms`.
+pub type ShareCall = (u64, u64, f64, f64, u64);
+
+/// When holders may use the shares they were given, for the bound: per call, from its
+/// answer to its lease's end (less a margin for the holder's own clock), as (from, until,
+/// rate, burst); a holder's next call ends the previous share at its answer, or at the
+/// server's hold (250 ms after it was sent) if that comes first.
+pub fn share_uses(holders: &[Vec<ShareCall>]) -> Vec<(u64, u64, f64, f64)> {
+    const MS: u64 = 1_000_000;
+    let mut uses: Vec<(u64, u64, f64, f64)> = Vec::new();
+    for calls in holders {
+        let mut current: Option<usize> = None;
+        for &(sent, answered, rate, burst, lease_ms) in calls {
+            if let Some(i) = current.take() {
+                let stop = answered.min(sent + 250 * MS).max(uses[i].0);
+                uses[i].1 = uses[i].1.min(stop);
+            }
+            let lease = lease_ms * MS;
+            let margin = lease / 100 + 10 * MS;
+            if lease > margin && answered < sent + lease - margin {
+                uses.push((answered, sent + lease - margin, rate, burst));
+                current = Some(uses.len() - 1);
+            }
+        }
+    }
+    uses
+}
+
+/// A payload body cut at every length and with every byte set to a few telling values:
+/// what a hostile or corrupt `RESTORE` may hand the module.
+pub fn mutated_payloads(body: &[u8]) -> Vec<Vec<u8>> {
+    let mut variants: Vec<Vec<u8>> = (1..body.len()).map(|n| body[..n].to_vec()).collect();
+    for i in 1..body.len() {
+        for v in [0u8, 1, 2, 3, 4, 0x7f, 0x80, 0xff] {
+            let mut b = body.to_vec();
+            b[i] = v;
+            variants.push(b);
+        }
+    }
+    variants
+}
