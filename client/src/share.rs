@@ -604,8 +604,12 @@ impl<C: RedisConnection> Inner<C> {
             d.attempt(total.saturating_sub(*counted) as f64);
             *counted = total;
             let early = lock(&self.early).take();
-            d.want(sent, self.config.headroom, self.limit.rate(), early)
+            (
+                d.want(sent, self.config.headroom, self.limit.rate(), early),
+                early.is_some(),
+            )
         };
+        let (want, confirm) = want;
         self.answered_last.store(false, Ordering::Release);
         // Not from `state`, which a taking thread may hold all the time.
         let (id, generation) = lock(&self.id).clone();
@@ -648,7 +652,8 @@ impl<C: RedisConnection> Inner<C> {
                     at,
                     generation,
                 });
-                self.granted.store(r.rate.to_bits(), Ordering::Relaxed);
+                let before = f64::from_bits(self.granted.swap(r.rate.to_bits(), Ordering::Relaxed));
+                lock(&self.demand).0.answered(r.rate < before);
                 self.answered_last.store(true, Ordering::Release);
                 // When the server says, at most its period (a third of the lease: it raises
                 // a short one, so that no call comes within the previous call's hold). A
@@ -657,7 +662,13 @@ impl<C: RedisConnection> Inner<C> {
                 // want would go stale. A little early rather than late: the server counts
                 // on a call per period.
                 let raised = (r.lease_ms / 3).min(rl_core::share::SHORTEST_PERIOD_MS);
-                let most = raised.max(self.config.period_ms());
+                let mut most = raised.max(self.config.period_ms());
+                if confirm {
+                    // An early report measured its demand over a short span (a holder whose
+                    // demand fell, measured low, would be refused for a whole period): once
+                    // past its hold, it is measured again over the span since.
+                    most = most.min(CONFIRM_MS);
+                }
                 let next = Duration::from_millis(r.refresh_ms.clamp(10, most));
                 next.mul_f64(1.0 - 0.1 * crate::jitter::unit())
             }
@@ -710,7 +721,12 @@ fn refused(e: &Error) -> bool {
     matches!(e, Error::Redis(r) if r.is_connection_refusal())
 }
 
-/// How often (at least) the refresh task looks at the demand between calls.
+/// A call that reported an early demand is followed by one this soon at most, past its
+/// hold, that measures the demand over the span since.
+const CONFIRM_MS: u64 = 400;
+
+/// How often the refresh task looks at the demand between calls: a demand that moved is
+/// seen within a few ticks, and the instant it moved to within one.
 const DRIFT_TICK: Duration = Duration::from_millis(25);
 
 async fn refresh_loop<C: RedisConnection>(weak: Weak<Inner<C>>) {
@@ -724,13 +740,7 @@ async fn refresh_loop<C: RedisConnection>(weak: Weak<Inner<C>>) {
             if left.is_zero() {
                 break;
             }
-            let tick = {
-                let Some(inner) = weak.upgrade() else {
-                    return;
-                };
-                DRIFT_TICK.max(inner.config.period / 8)
-            };
-            tokio::time::sleep(left.min(tick)).await;
+            tokio::time::sleep(left.min(DRIFT_TICK)).await;
             let Some(inner) = weak.upgrade() else {
                 return;
             };

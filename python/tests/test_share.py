@@ -322,23 +322,49 @@ def test_want_is_the_demand_since_the_last_call_and_a_stray_is_reported_early() 
     d.attempt(1000)
     now = T0 + 1
     d.want(now, 0.0, 0.0)
-    # At 1000/s, ticks every 50 ms: no stray; never within 300 ms of the call.
+    # At 1000/s, ticks every 25 ms: no stray; never within 300 ms of the first call.
     pending = 0.0
-    for k in range(1, 21):
-        pending += 50
-        assert d.drifted(now + k * 0.05, pending) is None, k
-    # The demand falls to 200/s: seen within 300 ms, reported as the recent demand.
+    for k in range(1, 41):
+        pending += 25
+        assert d.drifted(now + k * 0.025, pending) is None, k
+    # The demand falls to 200/s: seen within 200 ms, reported as its level since the fall
+    # (not a mix of the two, which would keep most of what the holder no longer uses).
     seen = None
-    for k in range(21, 41):
-        pending += 10
-        r = d.drifted(now + k * 0.05, pending)
+    for k in range(41, 81):
+        pending += 5
+        r = d.drifted(now + k * 0.025, pending)
         if r is not None:
             seen = (k, r)
             break
     assert seen is not None, "a fall to a fifth is reported"
     k, r = seen
-    assert k <= 26 and r < 750, seen
-    assert d.want(now + k * 0.05, 0.0, 0.0, r) == pytest.approx(r)
+    assert k <= 48 and r == pytest.approx(200.0), seen
+    at = now + k * 0.025
+    assert d.want(at, 0.0, 0.0, r) == pytest.approx(r)
+    # The answer did not shrink the share: a rise is reported early without waiting out
+    # the call's hold, as soon as it is settled.
+    d.answered(False)
+    pending = 0.0
+    seen = None
+    for k in range(1, 13):
+        pending += 25
+        r = d.drifted(at + k * 0.025, pending)
+        if r is not None:
+            seen = (k, r)
+            break
+    assert seen is not None, "a rise to five times is reported"
+    k, r = seen
+    assert k <= 5 and r == pytest.approx(1000.0), seen
+    at += k * 0.025
+    d.want(at, 0.0, 0.0, r)
+    # After an answer that shrank the share, no early call within 300 ms of the call: the
+    # server would answer it from the entry (the call's hold) and not take the want.
+    d.answered(True)
+    pending = 0.0
+    for k in range(1, 12):
+        pending += 1
+        assert d.drifted(at + k * 0.025, pending) is None, k
+    assert d.drifted(at + 0.325, pending + 1) is not None
 
 
 def test_replies_are_parsed_in_both_protocols() -> None:

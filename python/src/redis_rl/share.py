@@ -68,13 +68,26 @@ SHORTEST_PERIOD = 0.3
 #: soon to pick up what another frees) keep the last want and go on counting, so that a
 #: holder asking a few times a second is not measured at 0 over a few milliseconds.
 MIN_SAMPLE = 0.25
-#: How often (at least) the refresher looks at the demand between calls (seconds).
+#: How often the refresher looks at the demand between calls (seconds): a demand that
+#: moved is seen within a few ticks, and the instant it moved to within one.
 DRIFT_TICK = 0.025
-#: The span the recent demand is measured over (seconds): short, so that a demand that
-#: stepped is reported as its new level rather than a mix of the two.
+#: The span a stray is looked for over (seconds): short, so that a demand that stepped is
+#: seen soon.
 RECENT = 0.15
 #: A demand that strayed this far (a fraction of the want it sent) is reported early.
 DRIFT = 0.25
+#: An early report is the demand since the instant it moved (the split of the ticks that
+#: fits two rates best), measured over at least this long (seconds): a mix of the old and
+#: new levels would keep a holder whose demand fell holding most of what it no longer uses.
+SETTLED = 0.1
+#: A call that reported an early demand is followed by one this soon (seconds) at most, past
+#: its hold, that measures the demand over the span since.
+CONFIRM = 0.4
+#: The ticks kept to find that instant (seconds).
+HISTORY = 1.0
+#: How much better (log-likelihood) two rates split at an instant must fit the ticks than
+#: one rate for the demand to have moved at that instant rather than before the last call.
+SPLIT = 5.0
 #: Decisions made from a share carry this source (a share is a lease of a rate).
 SHARE_SOURCE = Source.SHARE
 
@@ -309,6 +322,14 @@ class ShareState:
         self.fallback_until = until
 
 
+def _fit(count: float, span: float) -> float:
+    """Log-likelihood (up to terms that do not depend on the split) of ``count`` Poisson
+    arrivals over ``span`` seconds at their own rate."""
+    if count <= 0.0 or span <= 0.0:
+        return 0.0
+    return count * math.log(count / span) - count
+
+
 class Demand:
     """The measured demand: attempted tokens per second (granted and denied) over the span
     since the last call, so that a step either way is in the next call's want in full;
@@ -316,44 +337,80 @@ class Demand:
     others may be short of, and the server gives a holder more than it wants whenever the
     wants fit the rate). Between calls the refresher notes the attempts at each tick, so
     that a demand that strays from the one last reported is seen over the latest
-    ``RECENT`` alone (:meth:`drifted`) and reported early."""
+    ``RECENT`` (:meth:`drifted`) and reported early, as its level since it moved."""
 
     def __init__(self, now: float) -> None:
         self.last: Optional[float] = None
         self.attempted = 0.0
         self.since = now
-        #: ``(time, attempts since the last call)`` at the refresher's ticks.
+        #: ``(time, attempts since the last call)`` at the refresher's ticks, over the
+        #: latest ``HISTORY``.
         self.ticks: Deque[Tuple[float, float]] = deque()
+        #: No early call within this long of the last one: ``SHORTEST_PERIOD`` after a call
+        #: that shrank the share (the server would answer a call within its hold from the
+        #: entry, without taking the want), else 0.
+        self.gate = SHORTEST_PERIOD
 
     def attempt(self, n: float) -> None:
         """Counts ``n`` tokens asked for (granted or not): the demand the next ``want`` is measured
         from."""
         self.attempted += n
 
+    def answered(self, shrank: bool) -> None:
+        """The answer to the last call shrank the holder's share (``shrank``) or not: how
+        soon it may call early again."""
+        self.gate = SHORTEST_PERIOD if shrank else 0.0
+
     def recent(self, now: float, pending: float) -> Optional[float]:
-        """The demand over the latest ``RECENT`` (at least), noting this tick;
-        ``None`` within ``SHORTEST_PERIOD`` of the last call (its hold)."""
+        """Notes this tick; answers the demand over the latest ``RECENT`` (at least),
+        ``None`` within the gate or ``SETTLED`` of the last call."""
         total = self.attempted + pending
         ticks = self.ticks
         ticks.append((now, total))
-        while len(ticks) > 1 and now - ticks[1][0] >= RECENT:
+        while len(ticks) > 1 and now - ticks[1][0] >= HISTORY:
             ticks.popleft()
-        if now - self.since < SHORTEST_PERIOD:
+        if now - self.since < max(self.gate, SETTLED):
             return None
-        t, n = ticks[0]
-        if now - t < RECENT:
-            t, n = self.since, 0.0
+        t, n = self.since, 0.0
+        for tick in reversed(ticks):
+            if now - tick[0] >= RECENT:
+                t, n = tick
+                break
+        return (total - n) / max(now - t, 1e-9)
+
+    def since_move(self, now: float) -> Optional[float]:
+        """The demand since it moved: the ticks since the last call split where two rates
+        fit them best, the rate after the split (``None`` while that is under
+        ``SETTLED``); the rate since the call if no split fits much better than none."""
+        if not self.ticks:
+            return None
+        total = self.ticks[-1][1]
+        t0, n0 = (self.since, 0.0) if now - self.since <= HISTORY else self.ticks[0]
+        best: Optional[Tuple[float, float, float]] = None
+        for t, n in self.ticks:
+            if t <= t0 or t >= now:
+                continue
+            score = _fit(n - n0, t - t0) + _fit(total - n, now - t)
+            if best is None or score > best[0]:
+                best = (score, t, n)
+        if best is None or best[0] - _fit(total - n0, now - t0) < SPLIT:
+            # No instant fits much better than none: the demand moved before the last
+            # call (within its gate), and all of the span since is at its new level.
+            return (total - n0) / max(now - t0, 1e-9)
+        t, n = best[1], best[2]
+        if now - t < SETTLED:
+            return None
         return (total - n) / (now - t)
 
     def drifted(self, now: float, pending: float, share: float = math.inf) -> Optional[float]:
-        """The recent demand if it strayed from the one the last call reported by more than
-        ``DRIFT`` of it and more than chance would (three standard deviations of a Poisson
-        count over the span): the holder calls early, so that a holder whose demand fell
-        gives back what it no longer uses and one whose demand rose asks for it, instead of
-        waiting a whole period. Not while both demands are well above the holder's
-        ``share`` (if it has one): its want is then above the division's level either way,
-        and reporting it changes nothing (a tight loop's demand swings with the CPU it
-        gets)."""
+        """The demand since it moved (:meth:`since_move`) if the recent demand strayed from
+        the one the last call reported by more than ``DRIFT`` of it and more than chance
+        would (three standard deviations of a Poisson count over the span): the holder
+        calls early, so that a holder whose demand fell gives back what it no longer uses
+        and one whose demand rose asks for it, instead of waiting a whole period. Not while
+        both demands are well above the holder's ``share`` (if it has one): its want is
+        then above the division's level either way, and reporting it changes nothing (a
+        tight loop's demand swings with the CPU it gets)."""
         if self.last is None:
             return None
         rate = self.recent(now, pending)
@@ -363,7 +420,7 @@ class Demand:
         expected = self.last * span
         gap = abs(rate - self.last) * span
         if gap > DRIFT * expected and gap > 3.0 * math.sqrt(expected) + 2.0:
-            return rate
+            return self.since_move(now)
         return None
 
     def want(
@@ -373,7 +430,7 @@ class Demand:
         (the ``recent`` demand instead, when the call is early for it), or ``initial``
         before anything was measured."""
         dt = max(0.0, now - self.since)
-        if dt >= MIN_SAMPLE:
+        if dt >= MIN_SAMPLE or recent is not None:
             self.last = self.attempted / dt if recent is None else recent
             self.attempted = 0.0
             self.since = now
@@ -536,6 +593,8 @@ class _Core:
         self.counted = 0
         self.answered_last = False
         self.early: Optional[float] = None
+        #: The call under way reports an early demand (measured over a short span).
+        self.confirm = False
         #: The share the last answer granted (tokens per second).
         self.granted = 0.0
         self.may_hold = False
@@ -563,6 +622,7 @@ class _Core:
         self.demand.attempt(total - self.counted)
         self.counted = total
         early, self.early = self.early, None
+        self.confirm = early is not None
         return self.demand.want(now, self.headroom, self.rate, early)
 
     def drifted(self, now: float) -> bool:
@@ -595,6 +655,11 @@ class _Core:
         less often than asked); a little early rather than late (the server counts on a
         call per period; a fleet does not call in step)."""
         most = max(self.period, min(grant.lease / 3, SHORTEST_PERIOD))
+        if self.confirm:
+            # An early report measured its demand over a short span (a holder whose demand
+            # fell, measured low, would be refused for a whole period): once past its
+            # hold, it is measured again over the span since.
+            most = min(most, CONFIRM)
         wait = min(max(grant.refresh, 0.01), most)
         return wait * (1.0 - 0.1 * random.random())
 
@@ -618,6 +683,7 @@ class _Core:
             return self.period
         self.may_hold = True
         self.answered_last = True
+        self.demand.answered(grant.rate < self.granted)
         self.granted = grant.rate
         self.post("answered", generation, sent, grant, at)
         return self.next_after(grant)
@@ -751,7 +817,7 @@ class _SyncRefresher:
         generation = core.generation
         while not core.closed and generation == core.generation:
             deadline = time.monotonic() + self.refresh(generation)
-            tick = max(DRIFT_TICK, core.period / 8)
+            tick = DRIFT_TICK
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -949,7 +1015,7 @@ class _AsyncRefresher:
         core = self.core
         while not core.closed and generation == core.generation:
             deadline = time.monotonic() + await self.refresh(generation)
-            tick = max(DRIFT_TICK, core.period / 8)
+            tick = DRIFT_TICK
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0 or core.closed:
