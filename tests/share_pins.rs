@@ -202,7 +202,7 @@ fn pins_on_share_keys_are_counted() {
     let _: () = query(&mut c, &["COPY", "orders:t", "orders:u"]);
     assert_eq!(info_field(&mut c, "rl", "rl_pinned_keys"), 2);
     let _: String = query(&mut c, &["DEBUG", "RELOAD"]);
-    assert_eq!(info_field(&mut c, "rl", "rl_pinned_keys"), 2);
+    gauge_settles(&mut c, "rl_pinned_keys", 2);
     let _: () = query(&mut c, &["DEL", "orders:t", "orders:u"]);
     assert_eq!(info_field(&mut c, "rl", "rl_pinned_keys"), 0);
 }

@@ -482,11 +482,8 @@ fn debug_reload_counts_no_lease_as_expired() {
     let (g, id, _, _) = lease(&mut c, &["k", "0.001", "10", "5", "600000"]);
     assert_eq!(g, 5);
     let _: String = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
-    // The emptied dataset may be freed on a background thread (seen on Valkey 9 under load):
-    // the count settles once the old values are freed, and must settle at the one lease.
-    wait_until(10, "rl_leases_active to settle at 1", || {
-        info_field(&mut c, "rl", "rl_leases_active") == 1
-    });
+    // The count must settle at the one lease once the old values are freed.
+    gauge_settles(&mut c, "rl_leases_active", 1);
     assert_eq!(
         info_field(&mut c, "rl", "rl_leases_expired"),
         0,

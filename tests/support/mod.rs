@@ -728,3 +728,12 @@ pub fn mutated_payloads(body: &[u8]) -> Vec<Vec<u8>> {
     }
     variants
 }
+
+/// Waits until `INFO rl`'s gauge `field` reads `want`. After `DEBUG RELOAD` or `FLUSHALL`
+/// the old dataset may be freed on a background thread (Valkey frees flushed data lazily by
+/// default): a gauge that counts values settles once they are freed.
+pub fn gauge_settles(c: &mut Connection, field: &str, want: u64) {
+    wait_until(10, &format!("{field} to settle at {want}"), || {
+        info_field(c, "rl", field) == want
+    });
+}
