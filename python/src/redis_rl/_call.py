@@ -483,8 +483,12 @@ class OwnPool:
         return reply if parse is None else parse(reply)
 
     def close(self) -> None:
-        """Closes the pool's connections (a later call opens a new one)."""
-        self.pool.disconnect()
+        """Closes the pool's idle connections (a later call opens a new one). A connection
+        in use is left to finish its call (a take racing ``close()`` on another thread):
+        closing it under that call would fail it with an error that is neither a decision
+        nor :class:`LimiterClosed`, and a lease it was asking for would be lost; it closes
+        when the pool is dropped."""
+        self.pool.disconnect(inuse_connections=False)
 
 
 def check_credentials(client: Any) -> None:
@@ -871,7 +875,8 @@ class AsyncCaller(_Caller):
         caller uses it."""
         own = self.own
         if own is not None and self.let_go():
-            await own.disconnect()
+            # As the synchronous close: a connection in use finishes its call.
+            await own.disconnect(inuse_connections=False)
 
     def close_soon(self) -> None:
         """:meth:`aclose` from a finalizer (see :func:`close_soon`)."""
