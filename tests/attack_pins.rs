@@ -14,29 +14,6 @@ fn pexpiretime(c: &mut Connection, key: &str) -> i64 {
     query(c, &["PEXPIRETIME", key])
 }
 
-fn ints(v: &Value) -> Vec<i64> {
-    match v {
-        Value::Array(items) => items
-            .iter()
-            .map(|x| redis::from_redis_value::<i64>(x).unwrap_or(i64::MIN))
-            .collect(),
-        other => panic!("{other:?}"),
-    }
-}
-
-/// Every reply of a storm: anything but a caught panic is fine (refusals included).
-fn send(c: &mut Connection, args: &[String]) -> redis::RedisResult<Value> {
-    let r = redis::cmd(&args[0]).arg(&args[1..]).query::<Value>(c);
-    if let Err(e) = &r {
-        let text = e.to_string();
-        assert!(
-            !text.contains("internal error"),
-            "{args:?} hit a caught panic: {text}"
-        );
-    }
-    r
-}
-
 /// Random calls of every command that writes a bucket, on a few keys, with pins of every
 /// kind set, replaced, lifted and ending by themselves (`PX` of a few ms) between them,
 /// with versions, leases and reservations: the master's keys and its replica's, its AOF
@@ -61,10 +38,7 @@ fn pin_storms_leave_replica_aof_and_rdb_identical() {
         ("1000000000000000", "1000000000000000"),
         ("0.5", "0.5"),
     ];
-    let mut rng = Rng(std::env::var("SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x9e37_79b9_7f4a_7c15));
+    let mut rng = Rng::seeded(0x9e37_79b9_7f4a_7c15);
     let mut leases: Vec<(String, i64)> = Vec::new();
     for step in 0..3000 {
         let key = rng.pick(&keys).to_string();
@@ -142,7 +116,7 @@ fn pin_storms_leave_replica_aof_and_rdb_identical() {
             args.push("VERSION".into());
             args.push(rng.below(4).to_string());
         }
-        if let Ok(v) = send(&mut c, &args) {
+        if let Ok(v) = storm_send(&mut c, &args) {
             if args[0] == "RL.LEASE" {
                 let r = ints(&v);
                 if r[0] > 0 && r[1] > 0 {
@@ -289,10 +263,7 @@ fn every_command_on_forged_pinned_states_leaves_a_state_that_loads() {
     let s = Server::start(&[]);
     let mut c = s.internal_conn();
     let now = now_ns();
-    let mut rng = Rng(std::env::var("SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(7));
+    let mut rng = Rng::seeded(7);
     let instants = [
         0u64,
         1,
@@ -370,7 +341,7 @@ fn every_command_on_forged_pinned_states_leaves_a_state_that_loads() {
                 (now + 100_000_000_000).to_string(),
             ]);
         }
-        if send(&mut c, &forge).is_err() || query::<i64>(&mut c, &["EXISTS", &key]) == 0 {
+        if storm_send(&mut c, &forge).is_err() || query::<i64>(&mut c, &["EXISTS", &key]) == 0 {
             // Refused, or a state whose key has gone already (full, no pin left).
             continue;
         }
@@ -443,7 +414,7 @@ fn every_command_on_forged_pinned_states_leaves_a_state_that_loads() {
         let forged = dump(&mut c, &key);
         for call in calls {
             let _ = restore_replace(&mut c, &key, &forged).unwrap();
-            let _ = send(&mut c, &call);
+            let _ = storm_send(&mut c, &call);
             // Kept from here on (the digest counts whether a key has an expiry, and the
             // copy below has none); gone already: nothing to load.
             let _: i64 = query(&mut c, &["PERSIST", &key]);
@@ -497,7 +468,7 @@ fn forged_restore_payloads_of_pinned_buckets_never_hurt_the_server() {
             loaded += 1;
             for cmd in commands {
                 let args: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
-                let _ = send(&mut c, &args);
+                let _ = storm_send(&mut c, &args);
             }
         }
     }
@@ -563,10 +534,7 @@ fn pin_storms_mint_no_tokens() {
         ("0.005", "12"),
     ];
     let cap_max = 20.0;
-    let mut rng = Rng(std::env::var("SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(11));
+    let mut rng = Rng::seeded(11);
     let mut out = [0f64; 3];
     let mut refundable = [0u64; 3];
     let mut leases: Vec<(usize, i64, i64)> = Vec::new();

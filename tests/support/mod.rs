@@ -601,6 +601,14 @@ pub fn assert_expires_in(
 pub struct Rng(pub u64);
 
 impl Rng {
+    /// Seeded from `$SEED` (to replay a failure), else `default`.
+    pub fn seeded(default: u64) -> Rng {
+        Rng(std::env::var("SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default))
+    }
+
     pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -736,4 +744,28 @@ pub fn gauge_settles(c: &mut Connection, field: &str, want: u64) {
     wait_until(10, &format!("{field} to settle at {want}"), || {
         info_field(c, "rl", field) == want
     });
+}
+
+/// The integers of an array reply (`i64::MIN` for an element that is not one).
+pub fn ints(v: &Value) -> Vec<i64> {
+    match v {
+        Value::Array(items) => items
+            .iter()
+            .map(|x| redis::from_redis_value::<i64>(x).unwrap_or(i64::MIN))
+            .collect(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Sends one command of a storm: refusals are fine, a caught panic is not.
+pub fn storm_send(c: &mut Connection, args: &[String]) -> redis::RedisResult<Value> {
+    let r = redis::cmd(&args[0]).arg(&args[1..]).query::<Value>(c);
+    if let Err(e) = &r {
+        let text = e.to_string();
+        assert!(
+            !text.contains("internal error") && !text.contains("panic"),
+            "{args:?} hit a caught panic: {text}"
+        );
+    }
+    r
 }
