@@ -152,18 +152,29 @@ pub struct Opened {
 /// the call writes is [`kept`]'s (asked only when a pin decided: the hot path carries none).
 #[inline]
 pub fn open(stored: Option<&Bucket>, limit: Limit, version: u64, now: Nanos) -> Opened {
-    let unpinned = |b: Option<&Bucket>| {
-        let (level, applied) = version::open(b, limit, version, now);
-        Opened {
-            level,
-            applied,
-            pinned: None,
-        }
-    };
-    let Some(b) = stored.filter(|b| b.has_pin()) else {
-        return unpinned(stored);
-    };
-    open_pinned(b, limit, version, now).unwrap_or_else(|| unpinned(ended_pin(b).as_ref()))
+    match stored {
+        Some(b) if b.has_pin() => open_holding_pin(b, limit, version, now),
+        // The hot path: built in place, no pin to look at.
+        _ => open_unpinned(stored, limit, version, now),
+    }
+}
+
+/// [`open`] on a bucket without a live pin.
+#[inline]
+fn open_unpinned(stored: Option<&Bucket>, limit: Limit, version: u64, now: Nanos) -> Opened {
+    let (level, applied) = version::open(stored, limit, version, now);
+    Opened {
+        level,
+        applied,
+        pinned: None,
+    }
+}
+
+/// [`open`] on a bucket holding a pin, live or ended.
+#[inline(never)]
+fn open_holding_pin(b: &Bucket, limit: Limit, version: u64, now: Nanos) -> Opened {
+    open_pinned(b, limit, version, now)
+        .unwrap_or_else(|| open_unpinned(ended_pin(b).as_ref(), limit, version, now))
 }
 
 /// `b` without its ended pin (see [`ended`]).

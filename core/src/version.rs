@@ -44,6 +44,7 @@ impl Applied {
 
 /// The limit and version a call with `limit` at `version` is decided under, on a bucket
 /// holding `stored` (its limit and version; `None`: no bucket).
+#[inline]
 pub fn resolve(stored: Option<(Limit, u64)>, limit: Limit, version: u64) -> (Limit, u64, Applied) {
     let Some((held, sv)) = stored else {
         return (limit, version, Applied::Created);
@@ -59,6 +60,7 @@ pub fn resolve(stored: Option<(Limit, u64)>, limit: Limit, version: u64) -> (Lim
 /// `bucket` refilled to `now` for a call with `limit` at `version`: under the limit
 /// [`resolve`] picks (tokens carried over if it differs from the stored one), at the
 /// resulting version.
+#[inline]
 pub fn open(bucket: Option<&Bucket>, limit: Limit, version: u64, now: Nanos) -> (Level, Applied) {
     let (limit, version, applied) =
         resolve(bucket.map(|b| (b.limit(), b.version())), limit, version);
