@@ -2,7 +2,7 @@
 """Two builds of the module, one server each, driven by the same random command streams.
 
     scripts/equivalence.py OLD.so NEW.so [--server PATH] [--seed N] [--steps N] [--bulk]
-        [--slow] [--reuse-expired] [--min-period 300] [--verbose] [--keep]
+        [--slow] [--reuse-expired] [--min-period 300] [--no-pins] [--verbose] [--keep]
 
 For a change that claims to keep behaviour (a refactor, a hot-path change): every reply,
 effect and counter of the second build must be the first's, byte for byte.
@@ -13,16 +13,17 @@ steps now and then; modules are loaded without RTLD_DEEPBIND so that the module 
 shim's clock too), with active expiry off. So both see exactly the same times, and replies,
 lease and permit ids, doubles, expiries and the AOF are compared exactly, not within a
 tolerance. The commands: every RL.* command with every option (INIT, SHADOW, VERSION,
-WITHSTATE, MIN, RETURN, RELEASE), duplicated and unknown options, wrong arities, bad
-numbers, limits at 1e-9 and 1e15, wrong types, the seed script's hashes (with
-rl.adopt-script-keys), long keys, more namespaces than rl.max-namespaces, CONFIG SET of the
-rl.* configs, CONFIG RESETSTAT, DEBUG RELOAD, COPY, runs of one call, EVAL, MULTI/EXEC and
-DISCARD, on a RESP2 and a RESP3 connection.
+WITHSTATE, MIN, RETURN, RELEASE), RL.PIN of every kind on buckets, semaphores and share
+keys (with and without PX, some ending within the run), RL.UNPIN and RL.PINNED, duplicated
+and unknown options, wrong arities, bad numbers, limits at 1e-9 and 1e15, wrong types, the
+seed script's hashes (with rl.adopt-script-keys), long keys, more namespaces than
+rl.max-namespaces, CONFIG SET of the rl.* configs, CONFIG RESETSTAT, DEBUG RELOAD, COPY,
+runs of one call, EVAL, MULTI/EXEC and DISCARD, on a RESP2 and a RESP3 connection.
 
 Compared after every command: the reply bytes and the dirty counter; every 300 commands:
-INFO rl, RL.STATS (all and per namespace), RL.TOP, and every key's TYPE, DUMP, RL.PEEK and
-PTTL. Then (--bulk) keys filled to their limits (1024 leases, 10000 permits, 4096 holders)
-and runs of denials at rl.top-keys 4, 1 and 16 with RL.TOP read between them;
+INFO rl, RL.STATS (all and per namespace), RL.TOP, and every key's TYPE, DUMP, RL.PEEK,
+RL.PINNED and PTTL. Then (--bulk) keys filled to their limits (1024 leases, 10000 permits,
+4096 holders) and runs of denials at rl.top-keys 4, 1 and 16 with RL.TOP read between them;
 the internal effects found in the AOF (RL.SETSTATE, RL.SETPERMITS, RL.SETSHARES), replayed
 mutated; the whole AOF (appendfsync always), and the AOF rewritten without RDB preamble.
 Last, a replica of the second build follows its master through more random writes, and
@@ -35,7 +36,8 @@ it with a replica).
 
 --slow is for Valkey, whose own clock follows the monotonic clock from its frozen start:
 the module's clock never steps, nothing expires within the run, PTTL is compared within
-10 s. --min-period 300 compares with builds from before RL.SHARE raised short periods.
+10 s. --min-period 300 compares with builds from before RL.SHARE raised short periods;
+--no-pins with builds from before pins.
 
 Exits 1 at the first difference, printing it and the commands that led to it.
 """
@@ -301,9 +303,11 @@ BAD_NUMBERS = [
 
 
 class Gen:
-    def __init__(self, rng, min_period=1, slow=False):
+    def __init__(self, rng, min_period=1, slow=False, pins=True):
         self.r = rng
         self.min_period = min_period
+        # RL.PIN, RL.UNPIN and RL.PINNED among the commands (not for builds before pins).
+        self.pins = pins
         # Only limits, leases, permits and shares that last longer than the run.
         self.slow = slow
         self.ids = [b"0", b"1"]
@@ -413,6 +417,7 @@ class Gen:
             + ["RELEASE"] * 2
             + ["RENEW"] * 2
             + ["SHARE"] * 3
+            + (["PIN"] * 3 + ["UNPIN", "PINNED"] if self.pins else [])
             + ["STATS", "TOP", "CONFIG", "OTHER"]
         )
         if c == "TAKE":
@@ -480,6 +485,10 @@ class Gen:
                 ),
             ]
             a += self.options(["RELEASE", "VERSION"])
+        elif c == "PIN":
+            a = self.pin()
+        elif c in ("UNPIN", "PINNED"):
+            a = ["RL." + c, r.choice(["sem:1", "share:1", "share:2", self.key()])]
         elif c == "STATS":
             a = ["RL.STATS"] + (
                 [r.choice(self.ns + ["", "nope", "many3"])] if r.random() < 0.7 else []
@@ -544,6 +553,42 @@ class Gen:
             a[0] = a[0].lower()
         return a
 
+    def pin(self):
+        """An `RL.PIN` on a bucket, semaphore or share key (or a key of another kind), of
+        every kind, with or without `PX`, now and then malformed."""
+        r = self.r
+        what = r.choice(["bucket"] * 4 + ["permits", "shares", "bad"])
+        if what == "permits":
+            key = r.choice(["sem:1", "sem:2"])
+            kind = [r.choice(["PERMITS", "permits"]), self.intlike(1, 4)]
+            kind = r.choice([kind, kind, ["BLOCK"], ["EXEMPT"]])
+        elif what == "shares":
+            key = r.choice(["share:1", "share:2", "share:3"])
+            kind = r.choice([list(self.limit()), ["BLOCK"], ["EXEMPT"]])
+            if r.random() < 0.5:
+                kind = ["SHARES"] + kind
+        else:
+            key = self.key()
+            kind = r.choice([list(self.limit())] * 3 + [["BLOCK"], ["exempt"]])
+        a = ["RL.PIN", key] + kind
+        if r.random() < 0.4:
+            a += ["PX", self.ttl(1, 10**7) if r.random() < 0.95 else "0"]
+        if what == "bad":
+            a = r.choice(
+                [
+                    ["RL.PIN", key],
+                    ["RL.PIN", key, "1"],
+                    ["RL.PIN", key, "BLOCK", "PX"],
+                    ["RL.PIN", key, "BLOCK", "EX", "1"],
+                    ["RL.PIN", key, "1", "1", "PX", "-1"],
+                    ["RL.PIN", key, "PERMITS", "0"],
+                    ["RL.PIN", key, "SHARES"],
+                    ["RL.UNPIN"],
+                    ["RL.PINNED", key, key],
+                ]
+            )
+        return a
+
     def learn(self, v):
         if isinstance(v, int) and v > 1000:
             self.ids.append(str(v).encode())
@@ -563,6 +608,7 @@ class Pair:
         self.history = []
         self.tally = {}
         self.pttl_slack = 0
+        self.pins = True
         self.info = [a.conn(), b.conn()]
 
     def fail(self, what, x, y):
@@ -617,8 +663,8 @@ class Pair:
         if ka != kb:
             self.fail("KEYS", ka, kb)
         for k in ka:
-            for cmd in (["TYPE", k], ["DUMP", k], ["RL.PEEK", k]):
-                self.both(cmd, 0)
+            for cmd in ("TYPE", "DUMP", "RL.PEEK") + (("RL.PINNED",) if self.pins else ()):
+                self.both([cmd, k], 0)
             x = self.ca[0].call("PTTL", k)[1]
             y = self.cb[0].call("PTTL", k)[1]
             if abs(x - y) > self.pttl_slack:
@@ -654,7 +700,8 @@ def run(args):
         if args.slow:
             p.pttl_slack = 10_000
         rng = random.Random(args.seed)
-        g = Gen(rng, args.min_period, args.slow)
+        p.pins = not args.no_pins
+        g = Gen(rng, args.min_period, args.slow, p.pins)
         multi = None
         last_cmd = None
         for step in range(args.steps):
@@ -937,6 +984,11 @@ def main():
         type=int,
         default=1,
         help="RL.SHARE periods from (300 against builds before periods were raised)",
+    )
+    ap.add_argument(
+        "--no-pins",
+        action="store_true",
+        help="no RL.PIN, RL.UNPIN or RL.PINNED (against builds before pins)",
     )
     a = ap.parse_args()
     try:
