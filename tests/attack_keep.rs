@@ -241,6 +241,7 @@ fn step(c: &mut Connection, rng: &mut Rng, leases: &mut Vec<(String, i64)>, vers
 /// argument; no other argument here is `KEEP`).
 fn keep_effects(s: &Server) -> usize {
     let keep = b"\r\n$4\r\nKEEP\r\n";
+    flush_aof(s);
     std::fs::read_dir(s.dir.path().join("appendonlydir"))
         .unwrap()
         .map(|e| std::fs::read(e.unwrap().path()).unwrap())

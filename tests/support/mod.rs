@@ -650,9 +650,19 @@ pub fn no_active_expire(c: &mut Connection) {
         .unwrap();
 }
 
+/// Makes `s` write out what its AOF buffer holds before this returns. Under `appendfsync
+/// everysec` the server may put a write off for up to 2 s while a background fsync runs
+/// (on a loaded machine), so a reply can arrive before its command is in the file; under
+/// `always` every buffered write is made before the next reply (this one's included).
+pub fn flush_aof(s: &Server) {
+    let _: () = query(&mut s.conn(), &["CONFIG", "SET", "appendfsync", "always"]);
+}
+
 /// The RESP commands in the AOF files of `s` (arguments read by their lengths: a binary
-/// `RESTORE` payload may hold line ends), each argument as text (lossy).
+/// `RESTORE` payload may hold line ends), each argument as text (lossy), once the server
+/// wrote out what it holds ([`flush_aof`]).
 pub fn aof_commands(s: &Server) -> Vec<Vec<String>> {
+    flush_aof(s);
     let dir = s.dir.path().join("appendonlydir");
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
