@@ -150,6 +150,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s.stop()
 
 
+@pytest.fixture(scope="module")
+def fserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server with the Functions library instead of the module (one per test file)."""
+    if not FUNCTIONS_LUA.exists():
+        pytest.skip("functions/rl.lua is not in this checkout")
+    _check_setup()
+    s = Server(tmp_path_factory.mktemp("functions"), module=False)
+    s.client().execute_command("FUNCTION", "LOAD", "REPLACE", FUNCTIONS_LUA.read_text())
+    yield s
+    s.stop()
+
+
 @pytest.fixture
 def own_server(tmp_path: Path) -> Iterator[Server]:
     """A server of this test's own (to kill, restart or pause)."""

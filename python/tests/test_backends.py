@@ -4,13 +4,12 @@ sends, permits on a server without the module."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import redis
 import redis.asyncio as aredis
-from conftest import FUNCTIONS_LUA, KINDS, Server, _check_setup
+from conftest import KINDS, Server
 
 from redis_rl import (
     AsyncLimiter,
@@ -57,17 +56,6 @@ def test_auto_needs_only_the_rl_commands(server: Server, key: str, kind: str) ->
     with pytest.raises(redis.exceptions.NoPermissionError):
         server.client(**login).execute_command("COMMAND", "INFO", "RL.TAKE")
     assert take_twice(server, kind, key, login) == "module"
-
-
-@pytest.fixture(scope="module")
-def fserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    if not FUNCTIONS_LUA.exists():
-        pytest.skip("functions/rl.lua is not in this checkout")
-    _check_setup()
-    s = Server(Path(tmp_path_factory.mktemp("functions")), module=False)
-    s.client().execute_command("FUNCTION", "LOAD", "REPLACE", FUNCTIONS_LUA.read_text())
-    yield s
-    s.stop()
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import redis
 import redis.asyncio as aredis
-from conftest import FUNCTIONS_LUA, NO_RETRY, TINY, Proxy, Server, _check_setup
+from conftest import NO_RETRY, TINY, Proxy, Server
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 
@@ -44,18 +43,6 @@ class DroppingProxy(Proxy):
             b.shutdown(socket.SHUT_RDWR)
             return
         b.sendall(data)
-
-
-@pytest.fixture(scope="module")
-def fserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A server with the Functions library instead of the module."""
-    if not FUNCTIONS_LUA.exists():
-        pytest.skip("functions/rl.lua is not in this checkout")
-    _check_setup()
-    s = Server(Path(tmp_path_factory.mktemp("functions")), module=False)
-    s.client().execute_command("FUNCTION", "LOAD", "REPLACE", FUNCTIONS_LUA.read_text())
-    yield s
-    s.stop()
 
 
 def _level(server: Server, key: str, backend: str) -> float:

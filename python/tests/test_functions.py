@@ -4,11 +4,9 @@ Runs when functions/rl.lua exists in the repository."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from typing import Iterator
 
 import pytest
-from conftest import FUNCTIONS_LUA, Server, _check_setup
+from conftest import FUNCTIONS_LUA, Server
 from test_limiter import CAP, RATE, SEQ, check, expected
 
 import redis_rl
@@ -18,15 +16,6 @@ pytestmark = pytest.mark.skipif(
     not FUNCTIONS_LUA.exists(),
     reason=f"{FUNCTIONS_LUA.relative_to(FUNCTIONS_LUA.parents[1])} is not in this checkout yet",
 )
-
-
-@pytest.fixture(scope="module")
-def fserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    _check_setup()
-    s = Server(Path(tmp_path_factory.mktemp("functions")), module=False)
-    s.client().execute_command("FUNCTION", "LOAD", "REPLACE", FUNCTIONS_LUA.read_text())
-    yield s
-    s.stop()
 
 
 def test_auto_picks_functions_and_decisions_match(fserver: Server, protocol: int, key: str) -> None:

@@ -14,14 +14,13 @@ import os
 import socket
 import tempfile
 import threading
-from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import pytest
 import redis
 import redis.asyncio as aredis
 import redis.sentinel
-from conftest import FUNCTIONS_LUA, NO_RETRY, TINY, Proxy, Server, _check_setup, wait_for
+from conftest import NO_RETRY, TINY, Proxy, Server, wait_for
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 
@@ -74,18 +73,6 @@ class HoldingProxy(Proxy):
             self.held.set()
             self._release.wait()
         b.sendall(data)
-
-
-@pytest.fixture(scope="module")
-def fserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A server with the Functions library instead of the module."""
-    if not FUNCTIONS_LUA.exists():
-        pytest.skip("functions/rl.lua is not in this checkout")
-    _check_setup()
-    s = Server(Path(tmp_path_factory.mktemp("functions")), module=False)
-    s.client().execute_command("FUNCTION", "LOAD", "REPLACE", FUNCTIONS_LUA.read_text())
-    yield s
-    s.stop()
 
 
 def _client(proxy: HoldingProxy, setup: str, asyncio_: bool = False, **kwargs: Any) -> Any:

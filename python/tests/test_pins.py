@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import redis
 import redis.asyncio as aredis
-from conftest import FUNCTIONS_LUA, TINY, Server, _check_setup, peek_fields
+from conftest import TINY, Server, peek_fields
 
 from redis_rl import (
     DENY,
@@ -247,17 +246,6 @@ def test_an_exempt_async_lease_is_never_returned(own_server: Server, key: str) -
 
 
 # -- the Functions library --
-
-
-@pytest.fixture(scope="module")
-def fserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    if not FUNCTIONS_LUA.exists():
-        pytest.skip("functions/rl.lua is not in this checkout")
-    _check_setup()
-    s = Server(Path(tmp_path_factory.mktemp("functions-pins")), module=False)
-    s.client().execute_command("FUNCTION", "LOAD", "REPLACE", FUNCTIONS_LUA.read_text())
-    yield s
-    s.stop()
 
 
 def test_pins_over_functions(fserver: Server, key: str) -> None:

@@ -16,12 +16,12 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import pytest
 import redis
 import redis.asyncio as aredis
-from conftest import FUNCTIONS_LUA, Server, _check_setup
+from conftest import Server, _check_setup
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -753,15 +753,6 @@ def test_asyncio_wrongtype_raises(server: Server, key: str) -> None:
             await r.aclose()
 
     assert "WRONGTYPE" in asyncio.run(run())
-
-
-@pytest.fixture(scope="module")
-def fserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    _check_setup()
-    s = Server(Path(tmp_path_factory.mktemp("share-functions")), module=False)
-    s.client().execute_command("FUNCTION", "LOAD", "REPLACE", FUNCTIONS_LUA.read_text())
-    yield s
-    s.stop()
 
 
 def test_functions_backend(fserver: Server, key: str) -> None:
