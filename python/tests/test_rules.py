@@ -19,7 +19,6 @@ import redis.asyncio as aredis
 import yaml
 from conftest import REPO, Server, peek_fields, wait_for
 from test_cluster import cluster  # noqa: F401  (the fixture)
-from test_functions import fserver  # noqa: F401  (the fixture)
 
 from redis_rl import AsyncRules, Rules, RulesError, parse_document
 from redis_rl._protocol import parse_peek
@@ -675,7 +674,7 @@ def test_no_layer_applies_is_a_grant_without_a_call(server: Server, prefix: str)
     ]
 
 
-def test_rules_over_the_functions_library(fserver: Server) -> None:  # noqa: F811
+def test_rules_over_the_functions_library(fserver: Server) -> None:
     text = doc_text("fn:", "2/day") + "  - {name: user, key: 'user:{user}', limit: '1/day'}\n"
     rules = Rules.from_text(fserver.client(), text)  # auto: no module, the library
     assert rules.check({"ip": "a", "user": "u"})
