@@ -111,28 +111,31 @@ fn a_fleet_through_a_raising_pin_and_a_lowering_one_ending_by_itself_mints_nothi
         }));
     }
     let mut c = s.conn();
-    // (from when, at the latest, the limit governs; its rate and cap)
+    // (sent, answered, rate and cap): a limit governs from between the two at the latest,
+    // so its window runs from a lease after its answer to the next one's sending.
     let mut changes = Vec::new();
     std::thread::sleep(std::time::Duration::from_millis(500));
+    let sent = now_ns();
     ok(&mut c, &["RL.PIN", "fleet", "1000", "200"]);
-    changes.push((now_ns(), (1000.0, 200.0)));
+    changes.push((sent, now_ns(), (1000.0, 200.0)));
     std::thread::sleep(std::time::Duration::from_millis(1000));
+    let sent = now_ns();
     ok(&mut c, &["RL.PIN", "fleet", "10", "2", "PX", "1500"]);
     let set = now_ns();
-    changes.push((set, (10.0, 2.0)));
-    changes.push((set + 1500 * MS, (rate, cap)));
+    changes.push((sent, set, (10.0, 2.0)));
+    changes.push((sent + 1500 * MS, set + 1500 * MS, (rate, cap)));
     let calls: Vec<Vec<ShareCall>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
     let uses = share_uses(&calls);
     let lease = 900 * MS;
     let mut instants: Vec<u64> = uses.iter().map(|u| u.0).collect();
-    instants.extend(changes.iter().map(|c| c.0 + lease));
+    instants.extend(changes.iter().map(|c| c.1 + lease));
     let mut checked = [0; 3];
     for &t in &instants {
         let (r, b) = uses
             .iter()
             .filter(|u| u.0 <= t && t < u.1)
             .fold((0.0, 0.0), |(r, b), u| (r + u.2, b + u.3));
-        for (i, &(at, (ar, ac))) in changes.iter().enumerate() {
+        for (i, &(_, at, (ar, ac))) in changes.iter().enumerate() {
             let next = changes.get(i + 1).map_or(u64::MAX, |n| n.0);
             if t >= at + lease && t < next {
                 checked[i] += 1;

@@ -510,7 +510,8 @@ fn a_fleet_under_pin_changes_reaches_the_pinned_total_within_a_lease() {
         }));
     }
     let mut c = s.conn();
-    // (answered, rate and cap allowed from a lease after it)
+    // (sent, answered, rate and cap allowed): a change applies between the two, so its
+    // window runs from a lease after its answer to the next one's sending.
     let mut changes = Vec::new();
     for (after_ms, args) in [
         (700, &["RL.PIN", "fleet", "10", "2"][..]),
@@ -518,20 +519,21 @@ fn a_fleet_under_pin_changes_reaches_the_pinned_total_within_a_lease() {
         (1200, &["RL.UNPIN", "fleet"][..]),
     ] {
         std::thread::sleep(Duration::from_millis(after_ms));
+        let sent = now_ns();
         let _: Value = query(&mut c, args);
         let allowed = match args.get(2) {
             Some(&"10") => (10.0, 2.0),
             Some(&"BLOCK") => (0.0, 0.0),
             _ => (rate, cap),
         };
-        changes.push((now_ns(), allowed));
+        changes.push((sent, now_ns(), allowed));
     }
     let calls: Vec<Vec<ShareCall>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
     let uses = share_uses(&calls);
     assert!(uses.iter().any(|u| u.2 > 0.0));
     let lease = 900 * MS;
     let mut instants: Vec<u64> = uses.iter().map(|u| u.0).collect();
-    instants.extend(changes.iter().map(|c| c.0 + lease));
+    instants.extend(changes.iter().map(|c| c.1 + lease));
     let mut checked = 0;
     for &t in &instants {
         let (r, b) = uses
@@ -544,7 +546,7 @@ fn a_fleet_under_pin_changes_reaches_the_pinned_total_within_a_lease() {
             "{r} at {t}"
         );
         // The last change a lease or more before t, if the next has not come yet.
-        for (i, &(at, (ar, ac))) in changes.iter().enumerate() {
+        for (i, &(_, at, (ar, ac))) in changes.iter().enumerate() {
             let next = changes.get(i + 1).map_or(u64::MAX, |n| n.0);
             if t >= at + lease && t < next {
                 checked += 1;
