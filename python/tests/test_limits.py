@@ -55,6 +55,17 @@ def test_refuses_what_is_not_a_string() -> None:
         parse_limits(5)  # type: ignore[arg-type]
 
 
+def test_text_the_compiled_parser_cannot_take_is_a_clear_error() -> None:
+    # A lone surrogate cannot cross into Rust as UTF-8: an ordinary exception, never a crash
+    # or a BaseException an `except Exception` would miss.
+    with pytest.raises(UnicodeEncodeError):
+        parse_limits("5/minute\ud800")
+    # Huge and hostile input is refused with the parser's own message.
+    for text in ("9" * 100_000 + "/minute", ";" * 100_000, "5/minute, burst " + "1" * 400):
+        with pytest.raises(ValueError, match="not a limit"):
+            parse_limits(text)
+
+
 def test_multi_limiter_takes_every_limit_or_none(server: Server, key: str) -> None:
     r = server.client()
     calls = MultiLimiter(r, key, "10/day;3/hour")

@@ -1,6 +1,7 @@
-"""Limit strings as ``limits`` and ``slowapi`` write them, the one parser every limit given
-as text goes through (the Rust client's ``rl_client::limits`` is its twin; both run the
-golden cases in ``protocol/limit_strings.json``).
+"""Limit strings as ``limits`` and ``slowapi`` write them. Every limit given as text goes
+through one parser, the Rust client's ``rl_client::limits``, compiled into ``redis_rl._core``:
+both clients read a limit string the same way, message for message (the golden cases in
+``protocol/limit_strings.json``).
 
 Grammar (case-insensitive, spaces free)::
 
@@ -23,34 +24,10 @@ it twice: ``"N/2 per minute, burst N/2"`` (``N/2`` + ``N/2``).
 
 from __future__ import annotations
 
-import re
 from typing import List, NamedTuple, Tuple
 
-#: Seconds per unit word.
-UNITS = {
-    "s": 1.0,
-    "sec": 1.0,
-    "secs": 1.0,
-    "second": 1.0,
-    "seconds": 1.0,
-    "m": 60.0,
-    "min": 60.0,
-    "mins": 60.0,
-    "minute": 60.0,
-    "minutes": 60.0,
-    "h": 3600.0,
-    "hr": 3600.0,
-    "hrs": 3600.0,
-    "hour": 3600.0,
-    "hours": 3600.0,
-    "d": 86_400.0,
-    "day": 86_400.0,
-    "days": 86_400.0,
-    "month": 2_592_000.0,
-    "months": 2_592_000.0,
-    "year": 31_104_000.0,
-    "years": 31_104_000.0,
-}
+from . import _core
+
 #: Units for the normalized text, longest first.
 _NAMES: Tuple[Tuple[float, str], ...] = (
     (31_104_000.0, "year"),
@@ -59,24 +36,6 @@ _NAMES: Tuple[Tuple[float, str], ...] = (
     (3600.0, "hour"),
     (60.0, "minute"),
     (1.0, "second"),
-)
-#: Limits per string (each is a bucket; ``RL.MTAKE`` takes 64 at most).
-MAX_LIMITS = 8
-#: 100 years: the longest an empty bucket may take to fill, as the module accepts.
-MAX_FILL_SECS = 100.0 * 365.25 * 86_400.0
-
-_NUM = r"[0-9]+(?:\.[0-9]+)?"
-_LIMIT = re.compile(
-    rf"(?P<count>{_NUM})\s*(?:/|per)\s*(?:(?P<every>{_NUM})\s*)?(?P<unit>[a-z]+)",
-    re.IGNORECASE | re.ASCII,
-)
-_BURST = re.compile(rf"burst\s*(?P<burst>{_NUM})", re.IGNORECASE | re.ASCII)
-#: ASCII whitespace only, as the Rust twin trims.
-_SPACE = " \t\n\r\x0b\x0c"
-_SEPARATORS = re.compile(r"[;,|]")
-_HELP = (
-    "write it as '1000/second', '5/minute', '100 per hour', '10/5 seconds', several joined "
-    "by ';' ('10/second;500/minute'), each optionally followed by ', burst 20'"
 )
 
 
@@ -122,63 +81,7 @@ def parse_limits(text: str) -> List[Limit]:
     what is wrong. All of them are meant to hold together."""
     if not isinstance(text, str):
         raise TypeError(f"a limit string is a str, not {type(text).__name__}")
-    limits: List[Limit] = []
-    periods: List[float] = []
-    for raw in _SEPARATORS.split(text):
-        part = raw.strip(_SPACE)
-        if not part:
-            raise ValueError(f"not a limit: {text!r} (an empty part; {_HELP})")
-        burst = _BURST.fullmatch(part)
-        if burst is not None:
-            if not limits:
-                raise ValueError(f"not a limit: {text!r} (a burst follows the limit it is for)")
-            last = limits[-1]
-            if last.cap != last.amount:
-                raise ValueError(f"not a limit: {text!r} (two bursts for one limit)")
-            cap = float(burst.group("burst"))
-            limits[-1] = last._replace(cap=_check_cap(text, cap, last.rate))
-            continue
-        m = _LIMIT.fullmatch(part)
-        if m is None:
-            if re.fullmatch(_NUM, part) and limits:
-                raise ValueError(
-                    f"not a limit: {text!r} ({part!r} alone is not a limit; a burst is "
-                    f"written ', burst {part}')"
-                )
-            raise ValueError(f"not a limit: {text!r} ({_HELP})")
-        unit = m.group("unit").lower()
-        seconds = UNITS.get(unit)
-        if seconds is None:
-            hint = " (milliseconds are not a unit here)" if unit in ("ms", "msec", "millis") else ""
-            raise ValueError(
-                f"not a limit: {text!r}: {m.group('unit')!r} is not a unit{hint}; use second, "
-                "minute, hour, day, month or year (or s, sec, m, min, h, hr, d)"
-            )
-        count = float(m.group("count"))
-        every = float(m.group("every") or 1)
-        if count <= 0 or every <= 0:
-            raise ValueError(f"not a limit: {text!r} (the count and the period must be positive)")
-        period = every * seconds
-        if period in periods:
-            raise ValueError(
-                f"not a limit: {text!r} (two limits over the same period, {_num(period)} s: "
-                "keep the tighter one)"
-            )
-        periods.append(period)
-        limits.append(Limit(count, period, _check_cap(text, count, count / period)))
-        if len(limits) > MAX_LIMITS:
-            raise ValueError(f"not a limit: {text!r} (at most {MAX_LIMITS} limits in one string)")
-    return limits
-
-
-def _check_cap(text: str, cap: float, rate: float) -> float:
-    if not (1.0 <= cap <= 1e15):
-        raise ValueError(f"not a limit: {text!r} (a count or burst must be between 1 and 1e15)")
-    if not (1e-9 <= rate <= 1e15):
-        raise ValueError(f"not a limit: {text!r} (the rate must be 1e-9 to 1e15 per second)")
-    if cap / rate > MAX_FILL_SECS:
-        raise ValueError(f"not a limit: {text!r} (a bucket must refill within 100 years)")
-    return cap
+    return [Limit(*parts) for parts in _core.parse_limits(text)]
 
 
 def parse_limit(text: str) -> Tuple[float, float]:

@@ -1,0 +1,18 @@
+//! `redis_rl._core`: the Python package's compiled core. Each submodule binds one concern of
+//! the Rust client's decisions (the same code the Rust client runs, so the two clients
+//! cannot disagree); Python keeps only what is Python (redis-py calls, threads, asyncio,
+//! fork handlers, middleware, public types).
+//!
+//! Every entry goes through [`guard::guarded`]: a panic becomes a Python exception, never
+//! an abort or a `PanicException` (a `BaseException` an `except Exception` would miss).
+
+mod guard;
+mod limits;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    limits::register(m)?;
+    Ok(())
+}
