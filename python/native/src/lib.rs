@@ -11,6 +11,7 @@ mod limits;
 
 use pyo3::prelude::*;
 
+/// The compiled core of redis_rl: the client decisions the Rust client makes, written once.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     limits::register(m)?;
