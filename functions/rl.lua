@@ -1225,6 +1225,11 @@ end
 -- `[PX ms]` from argument `from` to the last (`na`): the pin's length in ms, 0 for none.
 function Pn.px(a, na, from, N)
     local rest = na + 1 - from
+    -- `PX ms PX ...`: the option twice (its first value checked first), as the module.
+    if rest >= 3 and is(a[from], 'PX') and is(a[from + 2], 'PX') then
+        positive(a, from + 1, N, 'PX must be a positive integer (ms)')
+        twice(a[from + 2])
+    end
     if rest == 2 and is(a[from], 'PX') then
         return positive(a, from + 1, N, 'PX must be a positive integer (ms)')
     elseif rest == 1 or rest == 2 then
@@ -1974,11 +1979,11 @@ end
 function Pn.rl_pin(keys, a)
     local N = 'RL.PIN'
     local na = #a
-    if #keys ~= 1 or na < 1 or na > 5 then arity(N) end
+    if #keys ~= 1 or na < 1 or na > 7 then arity(N) end
     -- A share key (or SHARES): see "Pins on share keys" below.
     local shares = is(a[1], 'SHARES')
     if shares or Pn.share_hash(keys[1]) then return Pn.rl_pin_share(keys[1], a, shares) end
-    if na > 4 then arity(N) end
+    if na > 6 then arity(N) end
     local kind, Lp, from
     if is(a[1], 'BLOCK') then
         kind, from = 2, 2
@@ -2701,7 +2706,29 @@ local function boundary(f, quick)
             if res.rl then return error_reply('ERR ' .. res.rl) end
             if res.reply then return res.reply end
         end
+        -- A server call refused inside (`redis.call`: no permission for a command, OOM),
+        -- caught by the pcall as its text, code first (`ERR The user executing the script
+        -- can't run this command...`): answered as that error. Raised again, the server
+        -- would put its own `ERR ` before it (`ERR ERR ...`).
+        if type(res) == 'string' and sfind(res, '^%u+ ') then return error_reply(res) end
         error(res, 0)
+    end
+end
+
+-- Pinning is an operator's act (the module's RL.PIN and RL.UNPIN are `@admin`). A function
+-- has no ACL category on any server and ACL rules cannot name one (`+fcall` allows every
+-- function of every library), so the library holds rl_pin and rl_unpin to the rule the
+-- module's setters follow: the caller's user must be allowed `CONFIG SET`. Only a client's
+-- call is checked: replicas and the AOF receive the writes a call made, not the call.
+-- (rl_pinned only reads: open to every caller.)
+local function operator(f, name)
+    local refused = 'NOPERM ' .. name .. ' is an operator\'s command: only a user allowed '
+        .. 'to run CONFIG SET may call it (ACL rules cannot name a function)'
+    return function(keys, args)
+        if not redis.acl_check_cmd('CONFIG', 'SET', 'maxmemory', '0') then
+            return redis.error_reply(refused)
+        end
+        return f(keys, args)
     end
 end
 
@@ -2712,8 +2739,8 @@ redis.register_function('rl_mtake', boundary(rl_mtake))
 redis.register_function('rl_reserve', boundary(rl_reserve))
 redis.register_function('rl_refund', boundary(rl_refund))
 redis.register_function('rl_share', boundary(rl_share))
-redis.register_function('rl_pin', boundary(Pn.rl_pin))
-redis.register_function('rl_unpin', boundary(Pn.rl_unpin))
+redis.register_function('rl_pin', operator(boundary(Pn.rl_pin), 'rl_pin'))
+redis.register_function('rl_unpin', operator(boundary(Pn.rl_unpin), 'rl_unpin'))
 redis.register_function {
     function_name = 'rl_pinned',
     callback = boundary(Pn.rl_pinned),

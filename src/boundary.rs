@@ -31,6 +31,16 @@ pub fn run(ctx: Ctx, args: Args, spec: &Spec) {
         reply_internal_refused(ctx, spec);
         return;
     }
+    // The operator's commands (RL.PIN, RL.UNPIN: `@admin`) where the server could not put
+    // them in a category (Redis 7.0): `-@admin` does not reach them there, so a user with
+    // `+@all -@admin -@dangerous` could pin. Held to the setters' rule instead: the
+    // replication link, loading, or a user allowed `CONFIG SET`. Where the categories are
+    // set, ACL already decides (and `+rl.pin` alone makes a pinner).
+    if spec.operator() && !ffi::acl_categories_set() && !ffi::may_set_state(ctx) {
+        stats::ERRORS.add(1);
+        reply_operator_refused(ctx, spec);
+        return;
+    }
     // Redis checks only that the key is there (see `Spec::registered_arity`); the rest of
     // the arity is checked here, so the error can show the usage. Such a call is not
     // counted, as when Redis refused it. (A key-position request is the handler's.)
@@ -83,6 +93,18 @@ fn reply_internal_refused(ctx: Ctx, spec: &Spec) {
          holds; clients may call it only as a user allowed to run CONFIG SET"
     );
     let text = std::ffi::CString::new(text).unwrap_or_else(|_| c"NOPERM internal command".into());
+    ffi::reply_error(ctx, &text);
+}
+
+/// The refusal of an operator's command on a server without module ACL categories (see
+/// [`run`]).
+fn reply_operator_refused(ctx: Ctx, spec: &Spec) {
+    let name = spec.name.to_string_lossy();
+    let text = format!(
+        "NOPERM {name} is an operator's command: on this server (no ACL categories for module \
+         commands) only a user allowed to run CONFIG SET may call it"
+    );
+    let text = std::ffi::CString::new(text).unwrap_or_else(|_| c"NOPERM operator command".into());
     ffi::reply_error(ctx, &text);
 }
 
@@ -234,6 +256,13 @@ pub struct Spec {
 }
 
 impl Spec {
+    /// An operator's command (`@admin`, not an internal setter: the pins): never in
+    /// `@ratelimit`, and on a server without module ACL categories only for users allowed
+    /// `CONFIG SET` (see [`run`]).
+    pub fn operator(&self) -> bool {
+        !self.internal && self.acl.to_bytes().windows(5).any(|w| w == b"admin")
+    }
+
     /// Whether `argc` arguments (the name included) fit the command's arity.
     pub fn arity_fits(&self, argc: usize) -> bool {
         let argc = argc as c_int;

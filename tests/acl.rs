@@ -345,3 +345,153 @@ fn internal_setters_are_refused_to_users_without_admin_rights_on_every_server() 
     // The application still runs what it needs.
     assert!(allowed(&mut app, &["RL.TAKE", "t", "1", "10"]));
 }
+
+/// Whether `args` was refused for want of permission (directly, `NOPERM`; in a script,
+/// Redis 8.2+ and Valkey answer `ERR ACL failure in script: ... no permissions ...`).
+fn refused(r: redis::RedisResult<Value>) -> bool {
+    match r {
+        Ok(_) => false,
+        Err(e) => {
+            let text = e.to_string();
+            text.contains("NOPERM") || text.contains("no permissions")
+        }
+    }
+}
+
+/// Pinning is an operator's act on every server. Where the module's commands have ACL
+/// categories (Redis 7.2+, Valkey) `-@admin` reaches RL.PIN and RL.UNPIN; on Redis 7.0 it
+/// cannot (no categories for module commands), and the module holds them to the setters'
+/// rule: a user allowed `CONFIG SET`, the replication link, or loading. So a user with
+/// `+@all -@admin -@dangerous` can pin nowhere: not directly, not in a script, not in MULTI.
+#[test]
+fn an_application_with_most_rights_cannot_pin() {
+    let s = Server::start(&[]);
+    let mut admin = s.conn();
+    ok_pin(&mut admin, &["RL.PIN", "pinned", "BLOCK"]);
+    let mut app = as_user(&s, "app", "~* +@all -@admin -@dangerous");
+    let eval = |what: &str, key: &str| {
+        let script = format!(
+            "return redis.call('{what}', KEYS[1]{})",
+            if what == "RL.PIN" { ", 'EXEMPT'" } else { "" }
+        );
+        redis::cmd("EVAL").arg(script).arg(1).arg(key).clone()
+    };
+    for (name, args) in [
+        ("RL.PIN", &["k", "EXEMPT"][..]),
+        ("RL.PIN", &["k", "1000", "1000", "PX", "60000"]),
+        ("RL.PIN", &["pinned", "EXEMPT"]),
+        ("RL.UNPIN", &["pinned"]),
+    ] {
+        let key = args[0];
+        let direct = redis::cmd(name).arg(args).query::<Value>(&mut app);
+        assert!(refused(direct), "{name} {args:?}");
+        assert!(
+            refused(eval(name, key).query::<Value>(&mut app)),
+            "EVAL {name} {key}"
+        );
+        // In MULTI: refused when queued (8.2, Valkey: EXECABORT) or in EXEC's reply (7.0).
+        let _: () = redis::cmd("MULTI").query(&mut app).unwrap();
+        let queued = redis::cmd(name).arg(args).query::<Value>(&mut app);
+        let exec = redis::cmd("EXEC").query::<Value>(&mut app);
+        let queued = refused(queued);
+        assert!(queued || refused(exec), "MULTI {name} {args:?}");
+    }
+    // Nothing changed: `k` holds no pin, `pinned` still its BLOCK.
+    assert_eq!(query::<Value>(&mut admin, &["RL.PINNED", "k"]), Value::Nil);
+    assert_eq!(query::<i64>(&mut admin, &["EXISTS", "k"]), 0);
+    let still: Value = query(&mut admin, &["RL.PINNED", "pinned"]);
+    assert!(format!("{still:?}").contains("block"), "{still:?}");
+    // RL.PINNED only reads: open to the application.
+    assert!(allowed(&mut app, &["RL.PINNED", "pinned"]));
+    assert!(allowed(&mut app, &["RL.TAKE", "t", "10", "10"]));
+
+    // The refusal says what is needed where the module gave it (Redis 7.0).
+    let text = redis::cmd("RL.PIN")
+        .arg(&["k", "BLOCK"])
+        .query::<Value>(&mut app)
+        .unwrap_err()
+        .to_string();
+    let categories = categories(&mut admin, "RL.PIN").contains("@admin");
+    if !categories {
+        assert!(text.contains("CONFIG SET"), "{text}");
+    }
+
+    // An admin pins and unpins: directly, in MULTI, and in a script where the server checks
+    // the script's user (with categories); on Redis 7.0 the module cannot see who runs a
+    // script, so RL.PIN there is refused to everyone (docs/deploy.md "ACL").
+    assert_eq!(query::<i64>(&mut admin, &["RL.UNPIN", "pinned"]), 1);
+    let _: () = redis::cmd("MULTI").query(&mut admin).unwrap();
+    let _: () = redis::cmd("RL.PIN")
+        .arg(&["m", "BLOCK"])
+        .query(&mut admin)
+        .unwrap();
+    let exec: Vec<Value> = redis::cmd("EXEC").query(&mut admin).unwrap();
+    assert_eq!(exec, vec![Value::Okay], "MULTI RL.PIN as admin");
+    let in_script = eval("RL.PIN", "e").query::<Value>(&mut admin);
+    if categories {
+        assert!(in_script.is_ok(), "{in_script:?}");
+    } else {
+        assert!(refused(in_script));
+    }
+}
+
+/// A pin reaches replicas and survives an AOF restart whoever may call RL.PIN: the
+/// replication link and AOF loading pass the module's check (Redis 7.0) and the server's.
+#[test]
+fn replicas_and_aof_replay_apply_pins() {
+    let mut s = Server::start(&["--appendonly", "yes"]);
+    let replica = Server::start(&[]);
+    replicate(&replica, &s);
+    let mut c = s.conn();
+    ok_pin(&mut c, &["RL.PIN", "a", "5", "10", "PX", "600000"]);
+    ok_pin(&mut c, &["RL.PIN", "b", "BLOCK"]);
+    ok_pin(&mut c, &["RL.PIN", "u", "EXEMPT"]);
+    assert_eq!(query::<i64>(&mut c, &["RL.UNPIN", "u"]), 1);
+    wait_synced(&s, &replica);
+    let mut r = replica.conn();
+    for key in ["a", "b", "u"] {
+        assert_eq!(
+            digest(&mut r, key),
+            digest(&mut c, key),
+            "{key} on the replica"
+        );
+    }
+    assert!(format!("{:?}", query::<Value>(&mut r, &["RL.PINNED", "b"])).contains("block"));
+    assert_eq!(query::<Value>(&mut r, &["RL.PINNED", "u"]), Value::Nil);
+    let before: Vec<String> = ["a", "b"].iter().map(|k| digest(&mut c, k)).collect();
+    flush_aof(&s);
+    drop(c);
+    s.restart();
+    let mut c = s.conn();
+    let after: Vec<String> = ["a", "b"].iter().map(|k| digest(&mut c, k)).collect();
+    assert_eq!(before, after, "pins after an AOF restart");
+    assert!(format!("{:?}", query::<Value>(&mut c, &["RL.PINNED", "a"])).contains("rate"));
+}
+
+fn ok_pin(c: &mut Connection, args: &[&str]) {
+    let r: Value = redis::cmd(args[0]).arg(&args[1..]).query(c).unwrap();
+    assert_eq!(r, Value::Okay, "{args:?}");
+}
+
+/// docs/deploy.md's pinner line works on every server: `+rl.pin +rl.unpin` where the
+/// categories exist, with `+config|set` for Redis 7.0, where the module asks for it; without
+/// `+config|set` it pins only where ACL rules decide alone.
+#[test]
+fn the_documented_pinner_pins_on_every_server() {
+    let s = Server::start(&[]);
+    let mut admin = s.conn();
+    let with_categories = categories(&mut admin, "RL.PIN").contains("@admin");
+    let mut pinner = as_user(
+        &s,
+        "pinner",
+        "~* +rl.pin +rl.unpin +rl.pinned +rl.top +config|set",
+    );
+    ok_pin(&mut pinner, &["RL.PIN", "p", "BLOCK", "PX", "60000"]);
+    assert!(allowed(&mut pinner, &["RL.PINNED", "p"]));
+    assert_eq!(query::<i64>(&mut pinner, &["RL.UNPIN", "p"]), 1);
+    let mut bare = as_user(&s, "bare", "~* +rl.pin +rl.unpin +rl.pinned");
+    let r = redis::cmd("RL.PIN")
+        .arg(&["q", "BLOCK"])
+        .query::<Value>(&mut bare);
+    assert_eq!(r.is_ok(), with_categories, "{r:?}");
+}

@@ -81,7 +81,14 @@ fn parse(args: &Args, at: usize) -> Result<(PinKind, Option<Limit>, u64)> {
 
 /// `[PX ms]` from argument `from` to the end (0: none).
 fn px(args: &Args, from: usize) -> Result<u64> {
-    match args.len().saturating_sub(from) {
+    let rest = args.len().saturating_sub(from);
+    // `PX ms PX ...`: the option twice, as every command answers a repeated option (its
+    // first value checked first, as the option parsers read left to right).
+    if rest >= 3 && args.is(from, "PX") && args.is(from + 2, "PX") {
+        args.positive(from + 1, "PX must be a positive integer (ms)")?;
+        return Err(args.duplicate(from + 2));
+    }
+    match rest {
         0 => Ok(0),
         2 if args.is(from, "PX") => args.positive(from + 1, "PX must be a positive integer (ms)"),
         1 | 2 => Err(args.unknown(from)),
@@ -125,7 +132,8 @@ fn end_of(ms: u64, now: Nanos) -> Result<Nanos> {
 }
 
 pub fn pin(ctx: Ctx, args: Args) -> Result<Reply> {
-    if !(2..=6).contains(&args.len()) {
+    // At most `key SHARES rate cap PX ms`, and one more `PX ms` to be refused as given twice.
+    if !(2..=8).contains(&args.len()) {
         return Err(Error::Arity);
     }
     let name = args.raw(0)?;
@@ -145,7 +153,7 @@ pub fn pin(ctx: Ctx, args: Args) -> Result<Reply> {
         let key = ShareKey::open(ctx, name);
         return crate::share::pin::pin(ctx, &key, p, now);
     }
-    if args.len() > 5 {
+    if args.len() > 7 {
         return Err(Error::Arity);
     }
     if args.is(1, "PERMITS") {

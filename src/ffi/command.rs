@@ -153,6 +153,17 @@ pub fn server_info_u64(section: &CStr, field: &CStr) -> Option<u64> {
     (err == 0).then_some(v)
 }
 
+/// Whether the server put the module's commands in their ACL categories at load
+/// (`SetCommandACLCategories`, Redis 7.2+ and Valkey); on Redis 7.0 it cannot, and the
+/// boundary holds the operator's commands to the setters' rule instead (see
+/// [`crate::boundary::run`]).
+static CATEGORIES_SET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the module's commands are in ACL categories on this server.
+pub fn acl_categories_set() -> bool {
+    CATEGORIES_SET.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Whether the module's own ACL category `ratelimit` exists (created at load).
 static RATELIMIT_CATEGORY: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
@@ -210,8 +221,7 @@ fn register(
     set_info(command, spec).ok_or(spec.name)?;
     // The effect commands and the operator's (`@admin`: pins) are not ones a rate-limited
     // caller needs: `+@ratelimit` must not let anyone overwrite or pin buckets.
-    let operator = spec.acl.to_bytes().windows(5).any(|w| w == b"admin");
-    set_acl_categories(command, spec.acl, !spec.internal && !operator).ok_or(spec.name)
+    set_acl_categories(command, spec.acl, !spec.internal && !spec.operator()).ok_or(spec.name)
 }
 
 fn set_acl_categories(
@@ -230,7 +240,9 @@ fn set_acl_categories(
     let categories = std::ffi::CString::new(categories).ok()?;
     // SAFETY: a command this module just created and a NUL-terminated string.
     let status = unsafe { set(command, categories.as_ptr()) };
-    (status == raw::REDISMODULE_OK as c_int).then_some(())
+    let ok = status == raw::REDISMODULE_OK as c_int;
+    CATEGORIES_SET.store(ok, std::sync::atomic::Ordering::Relaxed);
+    ok.then_some(())
 }
 
 /// Builds the C form of `docs` (Redis copies it; these vectors only need to live through

@@ -49,8 +49,8 @@ mod value;
 
 pub use acl::may_set_state;
 pub use command::{
-    is_keys_position_request, key_at_pos, register_commands, register_filter, replicate_verbatim,
-    server_info_text, server_info_u64, set_module_options, Filter,
+    acl_categories_set, is_keys_position_request, key_at_pos, register_commands, register_filter,
+    replicate_verbatim, server_info_text, server_info_u64, set_module_options, Filter,
 };
 pub use config::{register_configs, Config, Kind, Refusal};
 pub use effects::{emit_aof, replicate, replicate_head, Aof, EffectArg};
