@@ -498,6 +498,17 @@ impl Level {
         n.min(missing as u64)
     }
 
+    /// Time owed until full, debt included (what [`Level::reset_after`] reports).
+    pub(crate) fn owed(&self) -> Nanos {
+        self.behind.saturating_add(self.deficit)
+    }
+
+    /// Adds `ns` to the time until full: a debit that may take the bucket into debt (the
+    /// caller bounds it; see `crate::budget::charge`).
+    pub(crate) fn owe(&mut self, ns: Nanos) {
+        self.deficit = self.deficit.saturating_add(ns);
+    }
+
     /// Time until the bucket is full again.
     pub fn reset_after(&self) -> Nanos {
         self.behind + self.deficit

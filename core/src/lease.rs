@@ -201,6 +201,37 @@ impl LeaseTable {
         Ok(lease)
     }
 
+    /// The smallest id this table could hand out at `now` (see [`LeaseTable::open`]).
+    pub fn next_id(&self, now: Nanos) -> u64 {
+        self.last_id.saturating_add(1).max(now / 1000)
+    }
+
+    /// Records a lease of `tokens` until `now + ttl` under an id chosen for several tables
+    /// at once (`RL.BUDGET`: one reservation id on every key): `id` must be at least
+    /// [`LeaseTable::next_id`], so ids still only grow and none is reused.
+    pub fn open_as(
+        &mut self,
+        id: u64,
+        tokens: u64,
+        ttl: Nanos,
+        now: Nanos,
+    ) -> Result<Lease, LeaseError> {
+        if !self.has_room() {
+            return Err(LeaseError::TooMany);
+        }
+        if id > i64::MAX as u64 || id <= self.last_id {
+            return Err(LeaseError::IdsExhausted);
+        }
+        let lease = Lease {
+            id,
+            tokens,
+            expires_at: now.saturating_add(ttl),
+        };
+        self.last_id = id;
+        self.leases.push(lease);
+        Ok(lease)
+    }
+
     /// Decides an `RL.LEASE` call on `level` (the bucket refilled to `now`): settle the
     /// returned lease if it is live (crediting `min(unused, its tokens)`, as much as fits
     /// below cap), then grant `min(n, whole tokens there)` if that is at least `min` and a

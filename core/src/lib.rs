@@ -12,6 +12,7 @@
 
 pub mod adopt;
 mod bucket;
+pub mod budget;
 pub mod bytes;
 mod lease;
 mod limit;
