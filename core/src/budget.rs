@@ -193,10 +193,7 @@ mod tests {
             t.open(1, S, T0).unwrap();
         }
         let mut levels = [Level::new(None, lim, T0)];
-        assert_eq!(
-            plan(&mut levels, &[1], &[&t], T0),
-            Err(LeaseError::TooMany)
-        );
+        assert_eq!(plan(&mut levels, &[1], &[&t], T0), Err(LeaseError::TooMany));
         let mut levels = [Level::new(None, lim, T0)];
         assert!(levels[0].try_take(10.0));
         assert!(!plan(&mut levels, &[1], &[&t], T0).unwrap().outcome.granted);
