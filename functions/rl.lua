@@ -1325,6 +1325,15 @@ end
 -- replaces the limit kept aside, stored even on a denial). Sets the pin a write keeps.
 function Pn.level_pinned(h, pin, L, v, ns, nn, into, key)
     if pin.k == 1 then
+        if pin.absent then
+            -- The key held nothing when it was pinned (pin.rs `open_pinned`): the bucket it
+            -- stands for is full under the caller's limit, carried over into the pinned one
+            -- now (min of the caps: never fuller than unpinned). The caller's limit and
+            -- version become what the bucket returns to; a version is new to the key.
+            v = v or 0
+            Pn.keep_pin(h, pin, Pn.pin_text(1, pin.ut, false, L))
+            return level_new(ns, nn, L, pin.B, ns, nn, 0, 0, 0, 0, into), v > 0 and v or nil
+        end
         local Pl = stored_texts(h[R], h[C])
         if h[V] == nil then h[V] = call('HGET', key, 'v') end
         local sv = stored_version(h[V])
@@ -2038,11 +2047,13 @@ function Pn.rl_pin(keys, a)
         end
         Pn.write_view(key, h)
     elseif kind == 1 then
-        -- Nothing underneath: a full bucket under the pinned limit.
-        h[F], h[R], h[C], h[H], h[S] = instant_text(ns, nn), Lp.rt, Lp.ct, false, false
-        Pn.keep_pin(h, pin, Pn.pin_text(1, ut, false, Lp))
+        -- Nothing underneath, and no caller's limit yet to say how full the bucket the key
+        -- stands for is: the key holds only the pin (pin.rs `pinned`) until the first call,
+        -- which starts it full under its own limit carried into the pin's (`level_pinned`).
         if h[P] then call('DEL', key) end
-        Pn.write_view(key, h)
+        Pn.keep_pin(h, pin, Pn.pin_text(1, ut, true, Lp))
+        call('HSET', key, 'p', h.pw)
+        expire(key, h, 0)
     else
         -- Nothing underneath: the key holds only the pin.
         if h[P] then call('DEL', key) end

@@ -340,10 +340,13 @@ fn set_state(c: &mut Connection, key: &str, s: &J, base_us: i64) {
         return;
     }
     let pin = field("pin");
-    // A key that holds only a pin stores an empty bucket: full_at 0 (absolute), limit 1 1.
+    // A key that holds only a pin stores an empty bucket: full_at 0 (absolute), limit 1 1
+    // (BLOCK, EXEMPT) or the rate pin's own limit.
     let absent = pin.is_some_and(|p| p["absent"] == J::Bool(true));
     let (full_at, rate, cap) = if absent {
-        ("0".to_string(), "1".to_string(), "1".to_string())
+        let p = pin.unwrap();
+        let own = |f: &str| p.get(f).and_then(J::as_str).unwrap_or("1").to_string();
+        ("0".to_string(), own("base_rate"), own("base_cap"))
     } else {
         (
             (base_ns + int(&s["full_at"])).to_string(),
@@ -701,7 +704,16 @@ fn pinned_problems(key: &str, v: redis::Value, s: &J, w: &Window) -> Option<Stri
     };
     let kind = p["kind"].as_str().unwrap();
     // A share key's rate pin has its own limit; a bucket's is the bucket's.
-    let limit = |f: &str| p.get(f).unwrap_or(&s[f]).as_str().unwrap().parse().ok();
+    // A rate pin on a key that held nothing: the key's limit is the pin's (its base).
+    let absent = p["absent"] == J::Bool(true);
+    let limit = |f: &str| {
+        let own = if absent {
+            p.get(format!("base_{f}").as_str())
+        } else {
+            p.get(f)
+        };
+        own.unwrap_or(&s[f]).as_str().unwrap().parse().ok()
+    };
     let limit_ok = if kind == "rate" {
         number("rate") == limit("rate") && number("cap") == limit("cap")
     } else {

@@ -14,7 +14,10 @@
 //! A pin may end by itself (`PX`): from that instant the key decides as if it had been
 //! unpinned then; the stored pin goes at the next write. A key pinned before any bucket was
 //! there holds only the pin: once a `BLOCK` or `EXEMPT` pin ends, the key is as absent (a
-//! full bucket under the caller's limit: nothing was taken meanwhile).
+//! full bucket under the caller's limit: nothing was taken meanwhile). A rate pin on such a
+//! key holds only the pin too until the first call, which starts the bucket full under the
+//! caller's limit carried over into the pinned one (`min` of the two caps): a pin never
+//! starts a key above what it would hold unpinned.
 
 use crate::version::{self, Applied};
 use crate::{Bucket, Level, Limit, Nanos};
@@ -82,7 +85,8 @@ pub struct Pin {
     /// one a caller with a newer `VERSION` gave meanwhile. For a `BLOCK` or `EXEMPT` pin it
     /// is the bucket's own limit (those never change it).
     pub base: Limit,
-    /// The key held no bucket when it was pinned, and still holds none (`BLOCK`, `EXEMPT`).
+    /// The key held no bucket when it was pinned, and still holds none: `BLOCK` and
+    /// `EXEMPT` until they end, a rate pin until the first call (which starts the bucket).
     pub absent: bool,
 }
 
@@ -186,6 +190,26 @@ fn ended_pin(b: &Bucket) -> Option<Bucket> {
 fn open_pinned(b: &Bucket, limit: Limit, version: u64, now: Nanos) -> Option<Opened> {
     let pin = b.pin().filter(|p| p.live_at(now))?;
     Some(match pin.kind {
+        PinKind::Rate if pin.absent => {
+            // The key held nothing when it was pinned: the bucket it stands for is a full
+            // one under the caller's limit (as an absent key is), carried over into the
+            // pinned limit now, so it starts with `min(caller's cap, pin's cap)` tokens,
+            // never more than the key would hold unpinned. The caller's limit and version
+            // become the ones the bucket returns to (see `kept`).
+            // A VERSION is new to the key (it stored none): written even if the call is
+            // denied, as a newer one on a stored rate pin is.
+            let (l, v, _) = version::resolve(None, limit, version);
+            let full = Bucket::new(now, l);
+            Opened {
+                level: Level::new(Some(&full), b.limit(), now).with_version(v),
+                applied: if v > 0 {
+                    Applied::Replaced
+                } else {
+                    Applied::Pinned
+                },
+                pinned: Some(PinKind::Rate),
+            }
+        }
         PinKind::Rate => {
             // A newer VERSION replaces the limit the bucket returns to (stored even if the
             // call is denied: see `kept`); any other call changes nothing of it.
@@ -249,6 +273,16 @@ pub fn kept(stored: Option<&Bucket>, limit: Limit, version: u64, now: Nanos) -> 
     let pin = b.pin().filter(|p| p.live_at(now))?;
     if pin.kind != PinKind::Rate {
         return Some(pin);
+    }
+    if pin.absent {
+        // The first call on a rate-pinned key that held nothing: its bucket now exists
+        // (see `open_pinned`), returning to the caller's limit.
+        let (base, _, _) = version::resolve(None, limit, version);
+        return Some(Pin {
+            base,
+            absent: false,
+            ..pin
+        });
     }
     let (base, _, _) = version::resolve(Some((pin.base, b.version())), limit, version);
     Some(Pin { base, ..pin })
@@ -321,12 +355,21 @@ pub fn pinned(
                 absent: false,
             }))
         }
-        (PinKind::Rate, Some(pl), None) => Bucket::new(now, pl).with_pin(Some(Pin {
-            kind,
-            until,
-            base: pl,
-            absent: false,
-        })),
+        (PinKind::Rate, Some(pl), None) => {
+            // Nothing underneath, and no caller's limit to say how full the bucket the key
+            // stands for is (an absent key is full under whichever limit its caller
+            // passes): the key holds only the pin (its limit as the bucket's and the
+            // base, full_at 0) until the first call, which starts the bucket full under
+            // its own limit carried over into the pin's (see `open_pinned`). Starting it
+            // full under the pinned limit would hand a key the pin's whole cap when the
+            // callers' limit holds less.
+            Bucket::new(0, pl).with_pin(Some(Pin {
+                kind,
+                until,
+                base: pl,
+                absent: true,
+            }))
+        }
         (_, _, Some(b)) => b.with_pin(Some(Pin {
             kind,
             until,

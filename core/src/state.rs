@@ -49,7 +49,7 @@ impl StateError {
                 "a block or exempt pin's base limit must be its bucket's own limit"
             }
             StateError::PinAbsent => {
-                "a pin over an absent bucket must be block or exempt, on a full bucket of limit 1 1 without leases, hold or version"
+                "a pin over an absent bucket must be on a full bucket without leases, hold or version, of limit 1 1 (block, exempt) or of the pin's own limit (rate)"
             }
         }
     }
@@ -186,11 +186,17 @@ pub fn validate_pin(
     }
     let base = Limit::new(parts.base_rate, parts.base_cap).map_err(StateError::Limit)?;
     if parts.absent {
+        // A key that holds only the pin (`pin::pinned` on no bucket): a block or exempt
+        // pin on the placeholder limit 1 1, a rate pin on its own limit (bucket and base).
         let placeholder = Limit::new(1.0, 1.0).map_err(StateError::Limit)?;
-        let bare = kind != PinKind::Rate
-            && bucket.full_at() == 0
-            && bucket.limit() == placeholder
-            && base == placeholder
+        let limit = if kind == PinKind::Rate {
+            base
+        } else {
+            placeholder
+        };
+        let bare = bucket.full_at() == 0
+            && bucket.limit() == limit
+            && base == limit
             && table.is_empty()
             && table.last_id() == 0
             && bucket.keep_until() == 0

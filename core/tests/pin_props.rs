@@ -88,8 +88,11 @@ proptest! {
                 Op::PinRate { limit, px_ms } => {
                     let until = if px_ms == 0 { 0 } else { now + px_ms * MS };
                     let b = pin::pinned(stored.as_ref(), PinKind::Rate, Some(pins[limit]), until, now);
-                    let (l, _) = pin::level_of_stored(&b, now).unwrap();
-                    prop_assert!(l.tokens() <= pins[limit].cap() + 1e-9);
+                    // A key that held nothing holds only the pin (None: as absent) until
+                    // its first call; any other starts at most full under the pinned cap.
+                    if let Some((l, _)) = pin::level_of_stored(&b, now) {
+                        prop_assert!(l.tokens() <= pins[limit].cap() + 1e-9);
+                    }
                     stored = Some(b);
                 }
                 Op::Block { px_ms } | Op::Exempt { px_ms } => {
@@ -224,4 +227,42 @@ fn a_call_above_a_rate_pins_cap_waits_for_the_pin_to_end() {
         .with_gate(pin::over_cap_gate(Some(&forever), 6.0, T0));
     assert!(!l.try_take(6.0));
     assert_eq!(l.wait_for(6.0), Some(pin::BLOCKED_RETRY));
+}
+
+/// A rate pin on a key that held nothing never hands it more than the callers' limit holds:
+/// `RL.PIN k 0.001 100`, then callers on `1 2`: the bucket starts with min(2, 100) tokens,
+/// as a drained key pinned the same way would start with what it held (issue: 100 of 110
+/// were granted when the pin started the key full under its own cap).
+#[test]
+fn a_rate_pin_on_an_absent_key_starts_it_no_fuller_than_the_callers_limit() {
+    let caller = Limit::new(1.0, 2.0).unwrap();
+    let pinned = Limit::new(0.001, 100.0).unwrap();
+    let mut stored = pin::pinned(None, PinKind::Rate, Some(pinned), 0, T0);
+    assert!(
+        pin::level_of_stored(&stored, T0).is_none(),
+        "holds only the pin"
+    );
+    let mut granted = 0;
+    for i in 0..110u64 {
+        let now = T0 + i * MS;
+        let o = pin::open(Some(&stored), caller, 0, now);
+        assert_eq!(o.pinned, Some(PinKind::Rate));
+        let mut level = o.level;
+        assert!(level.tokens() <= 2.0 + 1e-9, "{}", level.tokens());
+        if level.try_take(1.0) {
+            granted += 1;
+        }
+        let kept = pin::kept(Some(&stored), caller, 0, now);
+        stored = level.bucket().with_pin(kept);
+    }
+    assert_eq!(granted, 2);
+    // The pin keeps the callers' limit as the one to return to.
+    let p = stored.pin().unwrap();
+    assert!(!p.absent);
+    assert_eq!(p.base, caller);
+    // A caller whose cap is above the pin's starts the key at the pin's cap.
+    let small = Limit::new(1.0, 5.0).unwrap();
+    let stored = pin::pinned(None, PinKind::Rate, Some(small), 0, T0);
+    let o = pin::open(Some(&stored), Limit::new(10.0, 100.0).unwrap(), 0, T0);
+    assert_eq!(o.level.tokens(), 5.0);
 }

@@ -84,9 +84,13 @@ fn bucket(s: &J) -> Option<Bucket> {
         assert!(s.get(f).is_none(), "core cases are plain buckets: {s}");
     }
     if let Some(p) = s.get("pin").filter(|p| p["absent"] == J::Bool(true)) {
-        // A key that holds only its pin: the placeholder bucket the module stores.
-        let one = Limit::new(1.0, 1.0).unwrap();
-        return Some(Bucket::new(0, one).with_pin(Some(pin_of(p, one))));
+        // A key that holds only its pin: the bucket the module stores, limit 1 1 (BLOCK,
+        // EXEMPT) or the rate pin's own.
+        let own = match (p.get("base_rate"), p.get("base_cap")) {
+            (Some(r), Some(c)) => Limit::new(number(r), number(c)).unwrap(),
+            _ => Limit::new(1.0, 1.0).unwrap(),
+        };
+        return Some(Bucket::new(0, own).with_pin(Some(pin_of(p, own))));
     }
     let limit = Limit::new(number(&s["rate"]), number(&s["cap"])).unwrap();
     let (hold, span) = match s.get("span") {

@@ -215,7 +215,9 @@ def pin_field(s, base_ns):
     p = s["pin"]
     t = f"{PIN_CODES[p['kind']]} {pin_until(p, base_ns)} {1 if p.get('absent') else 0}"
     if p["kind"] == "rate":
-        t += f" {p.get('base_rate', s['rate'])} {p.get('base_cap', s['cap'])}"
+        rate = p["base_rate"] if "base_rate" in p else s["rate"]
+        cap = p["base_cap"] if "base_cap" in p else s["cap"]
+        t += f" {rate} {cap}"
     return t
 
 

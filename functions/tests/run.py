@@ -469,8 +469,11 @@ def pins_alone():
         fcall(r, "rl_pin", ["forever"], 5, 5)
         fcall(r, "rl_take", ["forever"], 1, 1)
         assert r.pttl("forever") == -1 and fcall(r, "rl_unpin", ["forever"]) == 1
-        # Back under the caller's cap of 1, the bucket is full: the key goes, as the module's.
-        assert r.pttl("forever") == -2
+        # Back under the caller's limit (1/s, cap 1): the pin started the key with the
+        # caller's 1 token (never the pin's 5), the take spent it, so the key lives until
+        # it is full again, at most 1 s (or is already gone on a slow machine): never kept.
+        left = r.pttl("forever")
+        assert left == -2 or 0 < left <= 1001, left  # (expiries round up to the ms)
 
 
 @section("pinning is an operator's: rl_pin/rl_unpin need CONFIG SET; errors without ERR ERR")
