@@ -184,21 +184,7 @@ impl LeaseTable {
     /// Ids come from the clock (microseconds) and only grow, so an id is not reused even after
     /// the key expired and was created again: a late return of an old lease cannot close a new one.
     pub fn open(&mut self, tokens: u64, ttl: Nanos, now: Nanos) -> Result<Lease, LeaseError> {
-        if !self.has_room() {
-            return Err(LeaseError::TooMany);
-        }
-        let id = self.last_id.saturating_add(1).max(now / 1000);
-        if id > i64::MAX as u64 {
-            return Err(LeaseError::IdsExhausted);
-        }
-        let lease = Lease {
-            id,
-            tokens,
-            expires_at: now.saturating_add(ttl),
-        };
-        self.last_id = id;
-        self.leases.push(lease);
-        Ok(lease)
+        self.open_as(self.next_id(now), tokens, ttl, now)
     }
 
     /// The smallest id this table could hand out at `now` (see [`LeaseTable::open`]).
