@@ -79,8 +79,9 @@ fn lost_port_race(log: &str) -> bool {
 /// The config file a server reads first, if its test wrote one ([`Server::try_start_conf`]).
 const CONF: &str = "redis.conf";
 
-fn spawn(dir: &Path, port: u16, extra: &[String]) -> Child {
+fn spawn(dir: &Path, port: u16, extra: &[String], env: &[(String, String)]) -> Child {
     let mut cmd = Command::new(server_binary());
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     let conf = dir.join(CONF);
     if conf.exists() {
         cmd.arg(&conf);
@@ -117,6 +118,8 @@ pub struct Server {
     pub dir: tempfile::TempDir,
     pub port: u16,
     extra: Vec<String>,
+    /// Environment the process starts with besides the test's (`LD_PRELOAD` of a fake clock).
+    env: Vec<(String, String)>,
 }
 
 impl Server {
@@ -130,16 +133,32 @@ impl Server {
     /// [`Server::start`] with config args made afresh for each try (a cluster node's bus
     /// port is a free port too, and is picked again if a bind loses its race).
     pub fn start_with(extra: impl Fn() -> Vec<String>) -> Server {
+        Server::start_with_env(extra, &[])
+    }
+
+    /// [`Server::start`] with these environment variables set for the server process (and
+    /// again on every restart).
+    pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Server::start_with_env(|| extra.clone(), &env)
+    }
+
+    fn start_with_env(extra: impl Fn() -> Vec<String>, env: &[(String, String)]) -> Server {
         for _ in 0..5 {
             let dir = tempfile::tempdir().unwrap();
             let port = free_port();
             let extra = extra();
-            let child = spawn(dir.path(), port, &extra);
+            let child = spawn(dir.path(), port, &extra, env);
             let mut server = Server {
                 child: Some(child),
                 dir,
                 port,
                 extra,
+                env: env.to_vec(),
             };
             if server.wait_ready_or_exit() {
                 return server;
@@ -175,7 +194,7 @@ impl Server {
     fn try_start_in(dir: tempfile::TempDir, extra: &[&str]) -> Result<Server, String> {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let port = free_port();
-        let mut child = spawn(dir.path(), port, &extra);
+        let mut child = spawn(dir.path(), port, &extra, &[]);
         let deadline = Instant::now() + Duration::from_secs(60);
         let url = format!("redis://127.0.0.1:{port}/");
         loop {
@@ -192,6 +211,7 @@ impl Server {
                             dir,
                             port,
                             extra,
+                            env: Vec::new(),
                         });
                     }
                 }
@@ -270,7 +290,7 @@ impl Server {
     /// Stops the server (no save) and starts it again on the same dir, port and config.
     pub fn restart(&mut self) {
         self.stop();
-        self.child = Some(spawn(self.dir.path(), self.port, &self.extra));
+        self.child = Some(spawn(self.dir.path(), self.port, &self.extra, &self.env));
         self.wait_ready();
     }
 
@@ -316,7 +336,7 @@ impl Server {
     /// for the first time, after [`Server::stopped`]).
     pub fn resume(&mut self) {
         assert!(self.child.is_none(), "already running");
-        self.child = Some(spawn(self.dir.path(), self.port, &self.extra));
+        self.child = Some(spawn(self.dir.path(), self.port, &self.extra, &self.env));
         self.wait_ready();
     }
 
@@ -328,6 +348,7 @@ impl Server {
             dir: tempfile::tempdir().unwrap(),
             port: free_port(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
         }
     }
 
