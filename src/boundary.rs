@@ -141,8 +141,13 @@ pub enum Keys {
     /// is enough.
     OneRead,
     /// Keys at 2, 5, 8... with options after them: the spec is marked incomplete, so Redis
-    /// asks the command (getkeys-api) for the exact list.
+    /// asks the command (getkeys-api) for the exact list (`RL.MTAKE`).
     EveryThirdFrom2,
+    /// Keys at 2, 6, 10... with options after them, reported by the command as
+    /// [`Keys::EveryThirdFrom2`] (`RL.BUDGET`).
+    EveryFourthFrom2,
+    /// Keys at 2, 4, 6... to the last argument: the spec is exact (`RL.SETTLE`).
+    EverySecondFrom2,
     /// No keys.
     None,
 }

@@ -3,7 +3,9 @@
 //! works on. `protocol/commands.json` is written from this table (see `protocol.rs`).
 
 use crate::boundary::{ArgDoc, CallsCounted, Keys, Spec};
-use crate::bucket::{lease, mtake, peek, pin, refund, reserve, return_lease, setstate, take};
+use crate::bucket::{
+    budget, lease, mtake, peek, pin, refund, reserve, return_lease, setstate, settle, take,
+};
 use crate::grammar::Opt;
 use crate::observe::{rl_stats, top};
 use crate::semaphore::{acquire, setpermits};
@@ -64,6 +66,16 @@ const PEEK_ARGS: &[ArgDoc] = &[KEY];
 const MTAKE_ARGS: &[ArgDoc] = &[
     ArgDoc::integer(c"n"),
     ArgDoc::block(c"bucket", BUCKET_BLOCK).multiple(),
+];
+const BUDGET_BLOCK: &[ArgDoc] = &[KEY, RATE, CAP, ArgDoc::integer(c"n")];
+const BUDGET_ARGS: &[ArgDoc] = &[
+    ArgDoc::integer(c"ttl_ms"),
+    ArgDoc::block(c"reservation", BUDGET_BLOCK).multiple(),
+];
+const SETTLE_BLOCK: &[ArgDoc] = &[KEY, ArgDoc::integer(c"actual")];
+const SETTLE_ARGS: &[ArgDoc] = &[
+    ArgDoc::integer(c"reservation_id"),
+    ArgDoc::block(c"settlement", SETTLE_BLOCK).multiple(),
 ];
 const STATS_ARGS: &[ArgDoc] = &[ArgDoc {
     name: c"namespace",
@@ -189,6 +201,35 @@ pub static COMMANDS: &[Spec] = &[
         internal: false,
         args: MTAKE_ARGS,
         options: mtake::OPTIONS,
+    },
+    // Keys at 2, 6, 10...; options after them, as RL.MTAKE.
+    Spec {
+        name: c"RL.BUDGET",
+        func: budget::budget,
+        counted: CallsCounted::ByHandler,
+        flags: c"write deny-oom getkeys-api",
+        keys: Keys::EveryFourthFrom2,
+        arity: -6,
+        summary: c"Reserves a cost on every bucket given, each its own n, or on none, until RL.SETTLE or ttl_ms",
+        complexity: c"O(N*L) where N is the number of buckets (at most 64) and L the leases on each (at most 1024)",
+        acl: c"write",
+        internal: false,
+        args: BUDGET_ARGS,
+        options: budget::OPTIONS,
+    },
+    Spec {
+        name: c"RL.SETTLE",
+        func: settle::settle,
+        counted: CallsCounted::AtBoundary,
+        flags: c"write deny-oom",
+        keys: Keys::EverySecondFrom2,
+        arity: -4,
+        summary: c"Settles an RL.BUDGET reservation with what was used: the unused part back, an overage as debt (at most cap)",
+        complexity: c"O(N*L) where N is the number of buckets (at most 64) and L the leases on each (at most 1024)",
+        acl: c"write",
+        internal: false,
+        args: SETTLE_ARGS,
+        options: &[],
     },
     Spec {
         name: c"RL.RESERVE",

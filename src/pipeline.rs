@@ -293,23 +293,42 @@ pub fn store_with_leases(
     ctx: Ctx,
     key: &BucketKey,
     args: &Args,
-    mut bucket: OpenBucket,
+    bucket: OpenBucket,
     lease: LeaseWrite,
     now: Nanos,
 ) -> Result<Option<Lease>> {
-    let (name, rate, cap) = (args.raw(0)?, args.raw(1)?, args.raw(2)?);
+    store_with_table(ctx, key, args, 0, bucket, now, |table| {
+        let outcome = table.carry_out(lease.plan, lease.request, now);
+        stats::LEASES_EXPIRED.add_shared(outcome.pruned as u64);
+        let returned = lease.plan.returned;
+        if returned.is_some() {
+            stats::RETURNS.add(1);
+            stats::TOKENS_RETURNED.add(lease.plan.credited);
+        }
+        (returned, outcome.opened)
+    })
+}
+
+/// The store and effect steps of a call that changes the lease table of the bucket whose
+/// key is argument `i` (`rate cap` after it): `change` works on the table taken out of the
+/// bucket and says which lease it closed and which it opened; both are stored, and the
+/// effect carries those changes. Returns the lease opened, if any. Nothing here fails once
+/// the key is changed.
+pub fn store_with_table(
+    ctx: Ctx,
+    key: &BucketKey,
+    args: &Args,
+    i: usize,
+    mut bucket: OpenBucket,
+    now: Nanos,
+    change: impl FnOnce(&mut LeaseTable) -> (Option<u64>, Option<Lease>),
+) -> Result<Option<Lease>> {
+    let (name, rate, cap) = (args.raw(i)?, args.raw(i + 1)?, args.raw(i + 2)?);
     if bucket.replaces_script {
         adopt::replace(ctx, key, name);
     }
     let mut table: LeaseTable = key.detach_leases(&mut bucket.stored);
-    let outcome = table.carry_out(lease.plan, lease.request, now);
-    stats::LEASES_EXPIRED.add_shared(outcome.pruned as u64);
-    let returned = lease.plan.returned;
-    if returned.is_some() {
-        stats::RETURNS.add(1);
-        stats::TOKENS_RETURNED.add(lease.plan.credited);
-    }
-    let opened = outcome.opened;
+    let (returned, opened) = change(&mut table);
     let level_bucket = bucket.level.bucket_with_pin(bucket.pin);
     let stored_limit = bucket.stored_limit();
     key.store_with_leases(bucket.stored, level_bucket, table);

@@ -73,6 +73,8 @@ fn keys(k: Keys) -> &'static str {
         Keys::OneWritten => "first argument, read and written",
         Keys::OneRead => "first argument, read only",
         Keys::EveryThirdFrom2 => "arguments 2, 5, 8... (the command reports them)",
+        Keys::EveryFourthFrom2 => "arguments 2, 6, 10... (the command reports them)",
+        Keys::EverySecondFrom2 => "arguments 2, 4, 6...",
         Keys::None => "none",
     }
 }

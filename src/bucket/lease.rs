@@ -18,7 +18,7 @@ static EMPTY: LeaseTable = NO_LEASES;
 
 /// Longest lease: a day. A lease keeps its key alive, and a holder that needs tokens for
 /// longer renews.
-const MAX_TTL_MS: u64 = 86_400_000;
+pub const MAX_TTL_MS: u64 = 86_400_000;
 
 /// The options `RL.LEASE` takes (its entry in the command table documents this same list).
 pub const OPTIONS: &[Opt] = &[Opt::Min, Opt::Return, Opt::Init, Opt::Shadow, Opt::Version];

@@ -4,8 +4,10 @@
 //! [`crate::pipeline`].
 
 pub mod adopt;
+pub mod budget;
 pub mod datatype;
 pub mod effect;
+pub mod groups;
 pub mod key;
 pub mod lease;
 pub mod mtake;
@@ -15,5 +17,6 @@ pub mod refund;
 pub mod reserve;
 pub mod return_lease;
 pub mod setstate;
+pub mod settle;
 pub mod stored;
 pub mod take;

@@ -8,8 +8,9 @@
 //! `retry_after_ms` that wait, rounded up. In Cluster the keys must share a slot (hash tags).
 
 use crate::args::Args;
+use crate::bucket::groups::{self, Shape, MAX_BUCKETS};
 use crate::bucket::key::BucketKey;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ffi::{self, Ctx};
 use crate::grammar::{self, Opt};
 use crate::observe::{namespaces, stats, top};
@@ -28,67 +29,10 @@ const COUNTERS: CommandCounters = CommandCounters {
 
 const N_OVER_CAP: &str = "n must not exceed cap";
 
-/// Most buckets one call may check.
-const MAX_BUCKETS: usize = 64;
-
-/// Where the bucket triples end and what options follow them. Options are read from the
-/// end: a `WITHSTATE` or `INIT x` there cannot be part of a triple (rate and cap are numbers).
-struct Shape {
-    /// Arguments `1..end` are the triples.
-    end: usize,
-    with_state: bool,
-    /// Argument index of `INIT`'s value.
-    init_at: Option<usize>,
-    /// Argument index of `VERSION`'s value.
-    version_at: Option<usize>,
-    shadow: bool,
-}
+const GROUP: usize = 3;
 
 fn shape(args: &Args) -> Result<Shape> {
-    let mut s = Shape {
-        end: args.len(),
-        with_state: false,
-        init_at: None,
-        version_at: None,
-        shadow: false,
-    };
-    loop {
-        if s.end > 1 && grammar::is(args, s.end - 1, Opt::WithState) {
-            if s.with_state {
-                return Err(args.duplicate(s.end - 1));
-            }
-            s.with_state = true;
-            s.end -= 1;
-        } else if s.end > 1 && grammar::is(args, s.end - 1, Opt::Shadow) {
-            if s.shadow {
-                return Err(args.duplicate(s.end - 1));
-            }
-            s.shadow = true;
-            s.end -= 1;
-        } else if s.end > 2 && grammar::is(args, s.end - 2, Opt::Init) {
-            if s.init_at.is_some() {
-                return Err(args.duplicate(s.end - 2));
-            }
-            s.init_at = Some(s.end - 1);
-            s.end -= 2;
-        } else if s.end > 2 && grammar::is(args, s.end - 2, Opt::Version) {
-            if s.version_at.is_some() {
-                return Err(args.duplicate(s.end - 2));
-            }
-            s.version_at = Some(s.end - 1);
-            s.end -= 2;
-        } else {
-            break;
-        }
-    }
-    let triples = s.end.saturating_sub(1);
-    if triples == 0 || !triples.is_multiple_of(3) {
-        return Err(Error::Arity);
-    }
-    if triples / 3 > MAX_BUCKETS {
-        return Err(Error::Invalid("at most 64 buckets per call"));
-    }
-    Ok(s)
+    groups::shape(args, 1, GROUP, OPTIONS)
 }
 
 pub fn mtake(ctx: Ctx, args: Args) -> Result<Reply> {
@@ -117,13 +61,7 @@ pub fn mtake(ctx: Ctx, args: Args) -> Result<Reply> {
         if let Some(at) = s.init_at {
             init = Some(grammar::init_tokens(&args, at, &limit)?);
         }
-        let name = args.bytes(i)?;
-        if (1..i)
-            .step_by(3)
-            .any(|j| args.bytes(j).is_ok_and(|b| b == name))
-        {
-            return Err(Error::Invalid("a key appears twice"));
-        }
+        groups::not_named_before(&args, 1, i, GROUP)?;
         limits.push(limit);
     }
 

@@ -188,6 +188,8 @@ fn register(
     let (first, last, step) = match spec.keys {
         Keys::OneWritten | Keys::OneRead => (1, 1, 1),
         Keys::EveryThirdFrom2 => (2, -1, 3),
+        Keys::EveryFourthFrom2 => (2, -1, 4),
+        Keys::EverySecondFrom2 => (2, -1, 2),
         Keys::None => (0, 0, 0),
     };
     let ok = raw::REDISMODULE_OK as c_int;
@@ -296,6 +298,8 @@ fn key_specs(keys: Keys) -> Vec<raw::RedisModuleCommandKeySpec> {
         Keys::OneWritten => (RW, 1, 0, 1),
         Keys::OneRead => (RO, 1, 0, 1),
         Keys::EveryThirdFrom2 => (RW | raw::REDISMODULE_CMD_KEY_INCOMPLETE as u64, 2, -1, 3),
+        Keys::EveryFourthFrom2 => (RW | raw::REDISMODULE_CMD_KEY_INCOMPLETE as u64, 2, -1, 4),
+        Keys::EverySecondFrom2 => (RW, 2, -1, 2),
         Keys::None => return Vec::new(),
     };
     // SAFETY: all-zero is a valid value of these plain C structs (and the terminator).
