@@ -1812,6 +1812,197 @@ local function rl_mtake(keys, a)
     return reply
 end
 
+-- RL.BUDGET (src/bucket/budget.rs, core/src/budget.rs): `ttl_ms rate cap n` per key (keys
+-- first, as FCALL has them), all or nothing, each key its own cost, one reservation id for
+-- every key that records one (an EXEMPT key records nothing).
+local function rl_budget(keys, a)
+    local N = 'RL.BUDGET'
+    local nk, na = #keys, #a
+    local e, ws, v_at, shadow = na, false, nil, false
+    while true do
+        if e > 1 and is(a[e], 'WITHSTATE') then
+            once(ws, a[e])
+            ws = true; e = e - 1
+        elseif e > 1 and is(a[e], 'SHADOW') then
+            once(shadow, a[e])
+            shadow = true; e = e - 1
+        elseif e > 2 and is(a[e - 1], 'VERSION') then
+            once(v_at ~= nil, a[e - 1])
+            v_at = e; e = e - 2
+        else
+            break
+        end
+    end
+    if nk == 0 or e - 1 ~= 3 * nk then arity(N) end
+    if nk > MAX_BUCKETS then fail('at most 64 buckets per call') end
+    local ttl = positive(a, 1, N, 'ttl_ms must be a positive integer')
+    if ttl > MAX_TTL_MS then fail('ttl_ms must be at most 86400000 (a day)') end
+    local v = v_at and version_at(a, v_at, N)
+    local limits, costs = {}, {}
+    for j = 1, nk do
+        local L = limit_at(a, 3 * j - 1, N)
+        local n = positive(a, 3 * j + 1, N, 'n must be a positive integer')
+        fits(n, L, 'n must not exceed cap')
+        local name = keys[j]
+        for k = 1, j - 1 do
+            if keys[k] == name then fail('a key appears twice') end
+        end
+        limits[j], costs[j] = L, n
+    end
+
+    local ns, nn, now_us = now()
+    local hs, levels, created, wvs, pins = {}, {}, {}, {}, {}
+    for j = 1, nk do
+        -- Every key opened and its cost checked against the limit deciding it, in key
+        -- order, before anything is written (as RL.MTAKE).
+        local h = read_leases(keys[j], v)
+        hs[j] = h
+        local pin = h[P] and Pn.pin_of(h, ns, nn)
+        local lv, wv
+        if pin then
+            lv, wv = Pn.level_pinned(h, pin, limits[j], v, ns, nn, nil, keys[j])
+            Pn.mark_over_cap(pin, lv, costs[j])
+        else
+            lv, wv = level_of(h, limits[j], nil, ns, nn, nil, v, keys[j])
+            fits_decided(costs[j], lv, limits[j], 'n must not exceed cap')
+        end
+        pins[j] = pin or false
+        levels[j], wvs[j] = lv, wv
+        created[j] = must_write(h, lv, wv)
+    end
+    local worst, ls, ln = 1, -1, 0
+    for j = 1, nk do
+        local s, w = Pn.pinned_wait(levels[j], pins[j] or nil, costs[j], ns, nn)
+        if s == nil then s, w = HUGE_NS * 4, 0 end
+        if not lt(s, w, ls, ln) then worst, ls, ln = j, s, w end -- the last longest wait
+    end
+    local granted = ls == 0 and ln == 0
+    -- budget::plan: on a grant, each recording key's live leases pruned and counted, and
+    -- one id above every such key's last and the clock.
+    local tables, id = {}, 0
+    if granted then
+        for j = 1, nk do
+            if not (pins[j] and pins[j].k == 3) then
+                local h = hs[j]
+                local t = prune(parse_table(h[I], h[LS]), now_us)
+                if #t >= MAX_LEASES then fail('too many live leases on this key (at most 1024)') end
+                tables[j] = t
+                id = math.max(id, t.last + 1, now_us)
+            end
+        end
+    end
+    local exp = now_us + ttl * 1000
+    for j = 1, nk do
+        local t = tables[j]
+        if t then
+            try_take(levels[j], costs[j])
+            t[#t + 1] = { id, costs[j], exp }
+            t.last = id
+            store_with_leases(keys[j], hs[j], levels[j], t, wvs[j])
+        elseif created[j] then
+            store(keys[j], hs[j], levels[j], wvs[j])
+        end
+    end
+    local reply
+    if granted then
+        reply = { 1, id, false, 0 }
+    elseif shadow then -- SHADOW: a denial answered as a grant under no reservation
+        reply = { 1, 0, false, 0 }
+    else
+        local ms = ls >= HUGE_NS * 4 and 18446744073710 or ceil_ms(ls, ln)
+        reply = { 0, 0, keys[worst], ms }
+    end
+    if ws then
+        local rem = {}
+        for j = 1, nk do rem[j] = { double = signed_tokens(levels[j]) } end
+        reply[5] = rem
+    end
+    return reply
+end
+
+-- budget::charge: `over` tokens charged as debt while the level stays at or above -cap
+-- (twice the fill time owed); returns the whole tokens charged.
+local function charge(lv, over)
+    local L = lv.L
+    local fs, fn = fill(L)
+    local ds, dn = add(fs, fn, fs, fn)
+    local os, on = add(lv.bs, lv.bn, lv.ds, lv.dn)
+    local rs, rn = sat_sub(ds, dn, os, on)
+    local fits_t = floor(tokens_for(L, rs, rn))
+    if fits_t < 0 then fits_t = 0 end
+    local charged = math.min(over, fits_t)
+    if charged > 0 then
+        local cs, cn = nanos_for(L, charged)
+        if lt(rs, rn, cs, cn) then cs, cn = rs, rn end
+        lv.ds, lv.dn = add(lv.ds, lv.dn, cs, cn)
+    end
+    return charged
+end
+
+-- RL.SETTLE (src/bucket/settle.rs): `reservation_id actual [actual ...]`, one actual per
+-- key. Each key's reservation closed once: the unused part back as RL.RETURN credits it,
+-- an overage charged (charge); nil where the key holds no live lease of that id.
+local function rl_settle(keys, a)
+    local N = 'RL.SETTLE'
+    local nk = #keys
+    if nk == 0 or #a ~= nk + 1 then arity(N) end
+    if nk > MAX_BUCKETS then fail('at most 64 buckets per call') end
+    local id = integer(a, 1, N, 'reservation_id must be a non-negative integer')
+    local actuals = {}
+    for j = 1, nk do
+        actuals[j] = integer(a, j + 1, N, 'actual must be a non-negative integer')
+        for k = 1, j - 1 do
+            if keys[k] == keys[j] then fail('a key appears twice') end
+        end
+    end
+    local ns, nn, now_us = now()
+    -- Every key read and checked before any is written: a key of another type fails the
+    -- call with nothing settled.
+    local hs = {}
+    for j = 1, nk do
+        local h = read_leases(keys[j])
+        if h[F] then
+            stored_texts(h[R], h[C])
+            if h[P] then Pn.parse_pin(h[P]) end
+        end
+        hs[j] = h
+    end
+    local reply = {}
+    for j = 1, nk do
+        local key, h = keys[j], hs[j]
+        local t = h[F] and h[LS] and parse_table(h[I], h[LS])
+        local _, e = false, nil
+        if t then _, e = find_live(t, id, now_us) end
+        if not e then
+            reply[j] = false
+        else
+            t = prune(t, now_us)
+            table.remove(t, (find_live(t, id, now_us)))
+            local lv, pin
+            if h[P] then lv, pin = Pn.level_stored_pinned(h, ns, nn) else lv = level_stored(h, ns, nn) end
+            local reserved, actual, signed = e[2], actuals[j], 0
+            local exempt = pin and pin.k == 3
+            if actual <= reserved then
+                -- credit_up_to, as rl_return.
+                local back = reserved - actual
+                local missing = ceil(tokens_for(lv.L, lv.ds, lv.dn))
+                if lv.bs ~= 0 or lv.bn ~= 0 or exempt then missing = 0 end
+                if missing > 0 then credit(lv, back) end
+                signed = math.min(back, missing)
+            elseif not exempt then
+                signed = -charge(lv, actual - reserved)
+            end
+            if #t == 0 and not pin and gone_at(lv, ns, nn) then
+                call('DEL', key)
+            else
+                store_with_leases(key, h, lv, t)
+            end
+            reply[j] = signed
+        end
+    end
+    return reply
+end
+
 local function rl_peek(keys, a)
     if #keys ~= 1 or #a ~= 0 then arity('RL.PEEK') end
     local key = keys[1]
@@ -2747,6 +2938,8 @@ redis.register_function('rl_take', boundary(rl_take, quick_take))
 redis.register_function('rl_lease', boundary(rl_lease))
 redis.register_function('rl_return', boundary(rl_return))
 redis.register_function('rl_mtake', boundary(rl_mtake))
+redis.register_function('rl_budget', boundary(rl_budget))
+redis.register_function('rl_settle', boundary(rl_settle))
 redis.register_function('rl_reserve', boundary(rl_reserve))
 redis.register_function('rl_refund', boundary(rl_refund))
 redis.register_function('rl_share', boundary(rl_share))

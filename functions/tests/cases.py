@@ -32,6 +32,8 @@ FUNCTIONS = {
     "RL.REFUND": "rl_refund",
     "RL.SHARE": "rl_share",
     "RL.MTAKE": "rl_mtake",
+    "RL.BUDGET": "rl_budget",
+    "RL.SETTLE": "rl_settle",
     "RL.PIN": "rl_pin",
     "RL.UNPIN": "rl_unpin",
     "RL.PINNED": "rl_pinned",
@@ -92,6 +94,20 @@ def fcall_args(args):
             limits += rest[i + 1 : i + 3]
             i += 3
         return ["FCALL", fn, str(len(keys)), *keys, n, *limits, *rest[i:]]
+    if name == "RL.BUDGET":
+        # RL.BUDGET ttl k r c n [k r c n ...] [options] -> FCALL rl_budget N k.. ttl r c n ..
+        ttl, rest = args[1], args[2:]
+        keys, costs = [], []
+        i = 0
+        while i < len(rest) and rest[i].upper() not in OPTIONS:
+            keys.append(rest[i])
+            costs += rest[i + 1 : i + 4]
+            i += 4
+        return ["FCALL", fn, str(len(keys)), *keys, ttl, *costs, *rest[i:]]
+    if name == "RL.SETTLE":
+        # RL.SETTLE id k actual [k actual ...] -> FCALL rl_settle N k.. id actual..
+        rest = args[2:]
+        return ["FCALL", fn, str(len(rest) // 2), *rest[::2], args[1], *rest[1::2]]
     if len(args) < 2:
         return ["FCALL", fn, "0"]
     return ["FCALL", fn, "1", *args[1:]]

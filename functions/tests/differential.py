@@ -347,6 +347,62 @@ def gen_mtake(pairs):
                 shadow=bool(sh), boundary=[n] * len(group))
 
 
+def gen_budget(pairs):
+    """RL.BUDGET on 1-3 pairs, each its own cost (as gen_mtake draws the version)."""
+    k = random.randint(1, min(3, len(pairs)))
+    group = random.sample(pairs, k)
+    vo = []
+    if all(q.vlimits is not None for q in group):
+        v = draw_version(group[0])
+        for q in group:
+            versioned(q, v)
+        if v or random.random() < 0.5:
+            vo = ["VERSION", str(v)]
+    elif random.random() < 0.03:
+        vo = ["VERSION", "0"]
+    costs = [small_n(q.cap) for q in group]
+    ttl = random.choice([20, 50, 100, 300, 1000])
+    opts = []
+    if random.random() < 0.5:
+        opts.append("WITHSTATE")
+    sh = shadow_opt()
+    if sh:
+        opts = sh + opts if random.random() < 0.5 else opts + sh
+    if vo:
+        opts = vo + opts if random.random() < 0.5 else opts + vo
+    mod = ["RL.BUDGET", str(ttl)]
+    fn = ["FCALL", "rl_budget", k, *[q.f for q in group], str(ttl)]
+    for q, n in zip(group, costs):
+        r, c = spell(q.rate), spell(q.cap)
+        mod += [q.m, r, c, str(n)]
+        fn += [r, c, str(n)]
+    return Call("budget", mod + opts, fn + opts, group, max(q.rate for q in group),
+                costs=costs, ttl=ttl, now_s=time.time(), shadow=bool(sh), boundary=costs)
+
+
+def gen_settle(runner):
+    """RL.SETTLE of a reservation RL.BUDGET made on pairs still in play (or of an unknown
+    id), every key or some, each with an actual below, at or above its cost (absurd ones
+    too: the debt floor)."""
+    live = [b for b in runner.budgets if all(q in runner.pairs for q in b["pairs"])]
+    if live and random.random() < 0.9:
+        b = random.choice(live)
+        idx = sorted(random.sample(range(len(b["pairs"])), random.randint(1, len(b["pairs"]))))
+        ids = (str(b["ids"][0]), str(b["ids"][1]))
+    else:
+        b, idx, ids = None, [0], ("777", "777")
+    group = [b["pairs"][i] for i in idx] if b else [random.choice(runner.pairs)]
+    costs = [b["costs"][i] for i in idx] if b else [1]
+    actuals = [str(random.choice([0, n // 2, n, n + 1, 2 * n + 3, 10 ** 9])) for n in costs]
+    mod = ["RL.SETTLE", ids[0]]
+    for q, a in zip(group, actuals):
+        mod += [q.m, a]
+    fn = ["FCALL", "rl_settle", len(group), *[q.f for q in group], ids[1], *actuals]
+    settle = (b["ids"][0], b["ids"][1], 0, b["expires"], b["ttl"] * 1000) if b else None
+    return Call("settle", mod, fn, group, max(q.rate for q in group), budget=b,
+                settle=settle)
+
+
 def gen_reserve(p):
     vo = version_opts(p)
     n = small_n(p.cap)
@@ -592,6 +648,7 @@ class Runner:
             raise Mismatch(f"{what}: {a} vs {b} (window {window_ms:.3f} ms)")
 
     def run(self):
+        self.budgets = []  # reservations RL.BUDGET granted: pairs, costs, both ids, expiry
         random.seed(self.rng.random())
         for _ in range(self.ops):
             self.step()
@@ -616,7 +673,7 @@ class Runner:
             self.stats.debt_changes += p.in_debt
         kinds = [(gen_take, 0.34), (lambda q: gen_lease(q, now_s), 0.18), (gen_return, 0.1),
                  (gen_peek, 0.08), (None, 0.1), (gen_bad, 0.12)]
-        kinds += [(gen_pin, 0.06)]
+        kinds += [(gen_pin, 0.06), ("budget", 0.06), ("settle", 0.05)]
         if self.with_reserve:
             # Enough reservations that pairs are often in debt when the other calls (and
             # limit changes) come: debt is negative remaining/tokens everywhere.
@@ -628,6 +685,10 @@ class Runner:
             if x <= 0:
                 if g is None:
                     return gen_mtake(self.pairs)
+                if g == "budget":
+                    return gen_budget(self.pairs)
+                if g == "settle":
+                    return gen_settle(self)
                 return g(p)
         return gen_take(p)
 
@@ -699,7 +760,7 @@ class Runner:
         # count in time under the stored limit; a limit change carries tokens over (time
         # scaled by stored rate / new rate), or time when in debt (`behind`): the larger.
         # (RETURN, REFUND and PEEK pass no limit: the stored one, no conversion.)
-        no_limit = call.kind in ("return", "refund", "peek", "pinned")
+        no_limit = call.kind in ("return", "refund", "peek", "pinned", "settle")
         # A rate pin converts the stored tokens into the pinned limit (its rate, not the
         # pair's); a pin's start and end are the pin call's window apart on the two sides.
         # A pair that had a rate pin may go (at RL.UNPIN, or at its end) from the pinned
@@ -791,7 +852,7 @@ class Runner:
                 if any(q.near_pin_end(call.t0_us, window_us) for q in call.keys):
                     raise Straddle(f"{e}: a pin ended within the window (on one side "
                                    f"only)") from None
-                if call.kind in ("lease", "return") and self.near_expiry(call):
+                if call.kind in ("lease", "return", "settle") and self.near_expiry(call):
                     raise Straddle(f"{e}: the returned lease expired within the window on "
                                    f"one side only (the other credited it and wrote)") from None
                 raise
@@ -836,6 +897,13 @@ class Runner:
                 p.leases.append((rm[1], rf[1], rm[0], time.time() + call.meta["ttl"] / 1000,
                                  call.meta["ttl"] * 1000))
             p.leases = p.leases[-8:]
+        if call.kind == "budget" and isinstance(rm, list) and rm[0] == 1 and rm[1] and rf[1]:
+            ttl = call.meta["ttl"]
+            self.budgets = (self.budgets + [{
+                "pairs": call.keys, "costs": call.meta["costs"], "ids": (rm[1], rf[1]),
+                "expires": time.time() + ttl / 1000, "ttl": ttl}])[-8:]
+        if call.kind == "settle" and call.meta["budget"] in self.budgets:
+            self.budgets.remove(call.meta["budget"])
         if call.kind == "return" and call.meta["settle"] in call.keys[0].leases:
             call.keys[0].leases.remove(call.meta["settle"])
 
@@ -905,6 +973,35 @@ class Runner:
             if len(rm) == 4:
                 for a, b_, q, t in zip(rm[3], rf[3], call.keys, call.tols):
                     self.double(a, b_, max(q.rate, q.stored_rate or 0), t / 1e6, "remaining")
+        elif k == "budget":
+            self.decision(rm[0], rf[0], (rm, rf), window_ms, lambda r: r[3])
+            if rm[0] == 0:
+                dm, df = rm[2].decode()[2:], rf[2].decode()[2:]
+                if dm != df:
+                    raise Straddle(f"denied_by {dm} vs {df} (waits {rm[3]} / {rf[3]})")
+            elif rm[2] is not None or rf[2] is not None:
+                raise Mismatch("denied_by on a grant")
+            if (rm[1] == 0) != (rf[1] == 0):
+                raise Mismatch(f"reservation id {rm[1]} vs {rf[1]}")
+            self.ms(rm[3], rf[3], window_ms, "retry_after_ms")
+            if len(rm) == 5:
+                for a, b_, q, t in zip(rm[4], rf[4], call.keys, call.tols):
+                    self.double(a, b_, max(q.rate, q.stored_rate or 0), t / 1e6, "remaining")
+        elif k == "settle":
+            for a, b_, q in zip(rm, rf, call.keys):
+                if a == b_:
+                    continue
+                if (a is None) != (b_ is None):
+                    if self.near_expiry(call):
+                        raise Straddle(f"settled {a} vs {b_} at the reservation's expiry")
+                    raise Mismatch(f"settled {a} vs {b_}")
+                if (a == 0) != (b_ == 0) and self.near_debt(q):
+                    raise Straddle(f"settled {a} vs {b_}: in debt on one side only")
+                if abs(a - b_) <= 1 + (q.stored_rate or q.rate) * (window_s + q.off_us / 1e6):
+                    # What a bucket lacks (a credit), or the room left above -cap (a
+                    # charge), differs by what refills in the states' offset.
+                    raise Straddle(f"settled {a} vs {b_}: within the window")
+                raise Mismatch(f"settled {a} vs {b_}")
         elif k == "pin":
             if rm != rf:
                 raise Mismatch(f"pin {rm!r} vs {rf!r}")
@@ -1316,6 +1413,7 @@ class ShareRunner:
             raise Mismatch(f"pin {rm[5:]!r} vs {rf[5:]!r}")
 
     def run(self):
+        self.budgets = []  # reservations RL.BUDGET granted: pairs, costs, both ids, expiry
         random.seed(self.rng.random())
         for _ in range(self.ops):
             self.step()

@@ -194,12 +194,20 @@ CASES = Path(__file__).resolve().parents[2] / "protocol" / "cases"
 BASE_US = 1_700_000_000_000_000  # ids in a case count from the call's microsecond clock
 
 
+# Commands this client sends nothing of yet: token budgets' server half came first (the
+# client half, TokenBudget, goes into the shared client core).
+NOT_PARSED_YET = ("RL.BUDGET", "RL.SETTLE")
+
+
 def _golden() -> List[Tuple[str, Dict[str, Any]]]:
     out = []
     for path in sorted(CASES.glob("*.json")):
         for case in json.loads(path.read_text())["cases"]:
-            if not (isinstance(case["resp3"], dict) and "error" in case["resp3"]):
-                out.append((f"{path.stem}: {case['name']}", case))
+            if isinstance(case["resp3"], dict) and "error" in case["resp3"]:
+                continue
+            if case["args"][0] in NOT_PARSED_YET:
+                continue
+            out.append((f"{path.stem}: {case['name']}", case))
     return out
 
 
