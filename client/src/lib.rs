@@ -41,7 +41,8 @@ mod jitter;
 mod keyed;
 mod lazy;
 mod limiter;
-pub mod limits;
+/// Limit strings: the client core's ([`rl_client_core::limits`]), re-exported here.
+pub use rl_client_core::limits;
 mod meter;
 mod metrics;
 mod permit;

@@ -1,5 +1,5 @@
-//! Limit strings (`"5/minute"`, `"10/second;500/minute, burst 20"`): the Rust client's parser
-//! (`rl_client::limits`), so both clients read a limit string the same way, message for
+//! Limit strings (`"5/minute"`, `"10/second;500/minute, burst 20"`): the client core's parser
+//! (`rl_client_core::limits`, the Rust client's too), so both clients read a limit string the same way, message for
 //! message. Python wraps the result in its public `redis_rl.Limit` type (which also writes
 //! a limit back as text).
 
@@ -13,7 +13,7 @@ use crate::guard::guarded;
 #[pyfunction]
 fn parse_limits(text: &str) -> PyResult<Vec<(f64, f64, f64)>> {
     guarded(|| {
-        rl_client::limits::parse_limits(text)
+        rl_client_core::limits::parse_limits(text)
             .map(|limits| {
                 limits
                     .iter()

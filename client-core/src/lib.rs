@@ -1,0 +1,18 @@
+//! The client decisions of redis-rl, with no I/O: nothing here opens a connection, waits,
+//! spawns or reads a clock (time, where a decision needs it, is passed in). A shell (the
+//! Rust client over tokio and redis-rs, the Python package over redis-py through PyO3, a
+//! JavaScript package through napi-rs) moves the bytes and fits its language; what a
+//! request gets is decided here, once. The model: quinn-proto and rustls under their
+//! shells.
+//!
+//! - [`limits`]: limit strings (`"10/second;500/minute, burst 20"`).
+//! - [`reply`]: a reply as any Redis client hands it over, and the one error a malformed
+//!   reply is ([`ProtocolError`]).
+//! - [`budget`]: token budgets (`RL.BUDGET` / `RL.SETTLE`): the commands for the module and
+//!   the Functions library, their replies, the reservation a caller holds and its counters.
+
+pub mod budget;
+pub mod limits;
+pub mod reply;
+
+pub use reply::{ProtocolError, Reply};
