@@ -1812,10 +1812,13 @@ local function rl_mtake(keys, a)
     return reply
 end
 
+-- Token budgets (RL.BUDGET, RL.SETTLE), in one table: Lua allows a chunk 200 locals.
+local Bg = {}
+
 -- RL.BUDGET (src/bucket/budget.rs, core/src/budget.rs): `ttl_ms rate cap n` per key (keys
 -- first, as FCALL has them), all or nothing, each key its own cost, one reservation id for
 -- every key that records one (an EXEMPT key records nothing).
-local function rl_budget(keys, a)
+function Bg.rl_budget(keys, a)
     local N = 'RL.BUDGET'
     local nk, na = #keys, #a
     local e, ws, v_at, shadow = na, false, nil, false
@@ -1922,7 +1925,7 @@ end
 
 -- budget::charge: `over` tokens charged as debt while the level stays at or above -cap
 -- (twice the fill time owed); returns the whole tokens charged.
-local function charge(lv, over)
+function Bg.charge(lv, over)
     local L = lv.L
     local fs, fn = fill(L)
     local ds, dn = add(fs, fn, fs, fn)
@@ -1939,10 +1942,25 @@ local function charge(lv, over)
     return charged
 end
 
+-- Level::credit_owed: a settle's unused tokens back, in debt too: the time owed (debt
+-- included) shrinks by what they refill, never below full; the level taken again at now.
+-- Returns the whole tokens credited (at most `back`, at most those missing, rounded up).
+function Bg.credit_owed(lv, back, ns, nn)
+    local os, on = add(lv.bs, lv.bn, lv.ds, lv.dn)
+    local missing = ceil(tokens_for(lv.L, os, on))
+    local cs, cn = nanos_for_floor(lv.L, back)
+    if lt(os, on, cs, cn) then cs, cn = os, on end
+    local fs, fn = full_at(lv)
+    fs, fn = sat_sub(fs, fn, cs, cn)
+    local m = refill(fs, fn, lv.L, ns, nn, nil)
+    lv.as, lv.an, lv.bs, lv.bn, lv.ds, lv.dn = m.as, m.an, m.bs, m.bn, m.ds, m.dn
+    return math.min(back, missing)
+end
+
 -- RL.SETTLE (src/bucket/settle.rs): `reservation_id actual [actual ...]`, one actual per
--- key. Each key's reservation closed once: the unused part back as RL.RETURN credits it,
--- an overage charged (charge); nil where the key holds no live lease of that id.
-local function rl_settle(keys, a)
+-- key. Each key's reservation closed once: the unused part back (credit_owed, in debt
+-- too), an overage charged (charge); nil where the key holds no live lease of that id.
+function Bg.rl_settle(keys, a)
     local N = 'RL.SETTLE'
     local nk = #keys
     if nk == 0 or #a ~= nk + 1 then arity(N) end
@@ -1983,14 +2001,9 @@ local function rl_settle(keys, a)
             local reserved, actual, signed = e[2], actuals[j], 0
             local exempt = pin and pin.k == 3
             if actual <= reserved then
-                -- credit_up_to, as rl_return.
-                local back = reserved - actual
-                local missing = ceil(tokens_for(lv.L, lv.ds, lv.dn))
-                if lv.bs ~= 0 or lv.bn ~= 0 or exempt then missing = 0 end
-                if missing > 0 then credit(lv, back) end
-                signed = math.min(back, missing)
+                if not exempt then signed = Bg.credit_owed(lv, reserved - actual, ns, nn) end
             elseif not exempt then
-                signed = -charge(lv, actual - reserved)
+                signed = -Bg.charge(lv, actual - reserved)
             end
             if #t == 0 and not pin and gone_at(lv, ns, nn) then
                 call('DEL', key)
@@ -2938,8 +2951,8 @@ redis.register_function('rl_take', boundary(rl_take, quick_take))
 redis.register_function('rl_lease', boundary(rl_lease))
 redis.register_function('rl_return', boundary(rl_return))
 redis.register_function('rl_mtake', boundary(rl_mtake))
-redis.register_function('rl_budget', boundary(rl_budget))
-redis.register_function('rl_settle', boundary(rl_settle))
+redis.register_function('rl_budget', boundary(Bg.rl_budget))
+redis.register_function('rl_settle', boundary(Bg.rl_settle))
 redis.register_function('rl_reserve', boundary(rl_reserve))
 redis.register_function('rl_refund', boundary(rl_refund))
 redis.register_function('rl_share', boundary(rl_share))

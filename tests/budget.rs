@@ -119,6 +119,22 @@ fn an_overage_is_debt_floored_at_minus_cap() {
     assert_eq!(settle(&mut c, id, &[("j", 1000)]), vec![Some(-100)]);
 }
 
+/// Two calls in flight: one uses more than it reserved (the key goes into debt), the other
+/// less: what the second did not use still comes back, so the key ends where the two
+/// actual uses put it.
+#[test]
+fn an_overage_does_not_swallow_another_calls_unused_estimate() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    let a = int(&budget(&mut c, 60_000, &[("k", SLOW, "1000", 600)])[1]);
+    let b = int(&budget(&mut c, 60_000, &[("k", SLOW, "1000", 300)])[1]);
+    assert_eq!(settle(&mut c, a, &[("k", 1000)]), vec![Some(-400)]);
+    assert!((tokens(&mut c, "k") + 300.0).abs() < 0.01, "in debt");
+    assert_eq!(settle(&mut c, b, &[("k", 50)]), vec![Some(250)]);
+    // Used 1050 of 1000: 50 owed.
+    assert!((tokens(&mut c, "k") + 50.0).abs() < 0.01);
+}
+
 /// A reservation that is never settled stays charged: when its lease expires nothing comes
 /// back, and a late settle changes nothing.
 #[test]

@@ -498,6 +498,29 @@ impl Level {
         n.min(missing as u64)
     }
 
+    /// Gives back `n` tokens a settle found unused (`RL.SETTLE`), in debt too: the time owed,
+    /// debt included, shrinks by what `n` tokens refill, never below full. Returns the whole
+    /// tokens credited: at most `n` and at most the tokens missing, debt included, rounded
+    /// up; 0 under `EXEMPT`. Unlike [`Level::credit_up_to`] a bucket in debt takes them
+    /// back: they are tokens a reservation took and nobody used, so the bucket ends exactly
+    /// as if the call had taken what it used (while one call's overage keeps a key in debt,
+    /// the others' unused estimates still come back).
+    pub(crate) fn credit_owed(&mut self, n: u64) -> u64 {
+        if self.gate == GateCode::EXEMPT {
+            return 0;
+        }
+        let owed = self.owed();
+        let missing = self.limit.tokens_for(owed).ceil();
+        let back = self.limit.nanos_for_floor(n as f64).min(owed);
+        let now = self.at - self.behind;
+        let full_at = (self.at + self.deficit).saturating_sub(back);
+        let moved = Level::refill(full_at, self.limit, now);
+        self.at = moved.at;
+        self.behind = moved.behind;
+        self.deficit = moved.deficit;
+        n.min(missing as u64)
+    }
+
     /// Time owed until full, debt included (what [`Level::reset_after`] reports).
     pub(crate) fn owed(&self) -> Nanos {
         self.behind.saturating_add(self.deficit)

@@ -6,8 +6,9 @@
 //! reservation is a lease ([`crate::LeaseTable`]) under one id shared by every key, so the
 //! settle (`RL.SETTLE`) closes it exactly once:
 //!
-//! - `actual <= reserved`: the unused part goes back as `RL.RETURN` credits it (at most what
-//!   the bucket lacks, nothing while it is in debt: see [`Level::credit_up_to`]);
+//! - `actual <= reserved`: the unused part goes back, at most what the bucket lacks, in debt
+//!   too (see [`Level::credit_owed`]: the bucket ends as if the call had taken its actual,
+//!   so one call's overage does not swallow the others' unused estimates);
 //! - `actual > reserved`: the overage is charged as debt, the level floored at `-cap`
 //!   ([`charge`]), so no actual, however wrong, keeps a key from granting longer than
 //!   `cap / rate` beyond an ordinary empty bucket (at most `2 * cap / rate` until full);
@@ -115,12 +116,11 @@ pub fn charge(level: &mut Level, over: u64) -> u64 {
 }
 
 /// Settles one key's part of a reservation on `level` (the bucket refilled to `now` under
-/// what governs it): `reserved - actual` back as a return credits it, or `actual -
-/// reserved` charged as bounded debt. Returns the tokens credited (positive) or charged
-/// (negative).
+/// what governs it): `reserved - actual` back (in debt too), or `actual - reserved` charged
+/// as bounded debt. Returns the tokens credited (positive) or charged (negative).
 pub fn settle_level(level: &mut Level, reserved: u64, actual: u64) -> i64 {
     if actual <= reserved {
-        level.credit_up_to(reserved - actual).min(i64::MAX as u64) as i64
+        level.credit_owed(reserved - actual).min(i64::MAX as u64) as i64
     } else {
         -(charge(level, actual - reserved).min(i64::MAX as u64) as i64)
     }
@@ -215,11 +215,17 @@ mod tests {
         assert_eq!(settle_level(&mut e, 50, 1_000_000), -150);
         assert!(e.signed_tokens() >= -100.0 - 1e-6);
         assert!(e.reset_after() <= 2 * lim.fill_nanos());
-        // Stored and read back in debt: nothing comes back, nothing more is charged.
+        // Stored and read back in debt: nothing more is charged at the floor, and what
+        // another reservation did not use still comes back (the debt shrinks).
         let mut e = Level::new(Some(&e.bucket()), lim, T0);
         assert!((e.signed_tokens() + 100.0).abs() < 1e-6);
-        assert_eq!(settle_level(&mut e, 10, 0), 0);
         assert_eq!(settle_level(&mut e, 10, 50), 0);
+        assert_eq!(settle_level(&mut e, 10, 0), 10);
+        assert!((e.signed_tokens() + 90.0).abs() < 1e-6);
+        // Back to full at most, whatever was unused.
+        let mut f = Level::new(Some(&e.bucket()), lim, T0);
+        assert_eq!(settle_level(&mut f, 1_000_000, 0), 190);
+        assert_eq!(f.reset_after(), 0);
     }
 
     #[test]
@@ -302,6 +308,48 @@ mod tests {
                     prop_assert_eq!(settle(&mut table, &mut later, lease.id, actual, now), None);
                 }
             }
+        }
+
+        /// Two reservations on one bucket settled in either order, one over its estimate
+        /// and one under: the bucket ends where the two calls' actual uses put it (neither
+        /// the cap nor the debt floor clipping), so one call's overage does not swallow the
+        /// other's unused estimate.
+        #[test]
+        fn settles_in_either_order_end_at_the_actual_use(
+            rate in 0.1f64..1e4,
+            cap in 10.0f64..1e5,
+            fa in 0.0f64..0.5,
+            fb in 0.0f64..0.5,
+            over in 0.0f64..0.9,
+            under in 0.0f64..1.0,
+            a_first in any::<bool>(),
+        ) {
+            let Ok(lim) = Limit::new(rate, cap) else { return Ok(()) };
+            let na = ((cap * fa).floor() as u64).max(1);
+            let nb = ((cap * fb).floor() as u64).max(1);
+            // A uses more than it reserved (up to almost a cap more), B less.
+            let aa = na + (cap * over).floor() as u64;
+            let ab = (nb as f64 * under).floor() as u64;
+            let mut levels = [Level::new(None, lim, T0)];
+            let mut table = LeaseTable::default();
+            let pa = plan(&mut levels, &[na], &[&table], T0).unwrap();
+            prop_assume!(pa.outcome.granted);
+            let la = table.open_as(pa.id, na, S, T0).unwrap();
+            let pb = plan(&mut levels, &[nb], &[&table], T0).unwrap();
+            prop_assume!(pb.outcome.granted);
+            let lb = table.open_as(pb.id, nb, S, T0).unwrap();
+            let mut level = levels[0];
+            let order = if a_first { [(la.id, aa), (lb.id, ab)] } else { [(lb.id, ab), (la.id, aa)] };
+            for (id, actual) in order {
+                // Each settle reads the bucket as stored (a debt is then time behind now).
+                level = Level::new(Some(&level.bucket()), lim, T0);
+                prop_assert!(settle(&mut table, &mut level, id, actual, T0).is_some());
+            }
+            let want = cap - (aa + ab) as f64;
+            prop_assume!(want >= -cap);
+            let eps = 2.0 + cap * 1e-9;
+            prop_assert!((level.signed_tokens() - want).abs() <= eps,
+                "tokens {} want {}", level.signed_tokens(), want);
         }
 
         /// Several keys, any costs: granted on all or debited on none.
