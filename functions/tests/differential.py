@@ -1330,6 +1330,9 @@ class ShareRunner:
                 self.pairs[self.pairs.index(p)] = SharePair()
                 return
             raise Mismatch(f"{cmd} {what} (protocol {self.protocol}): {e}") from None
+        # The two sides' pin ends (and the expiries they set) are this call's window apart:
+        # later comparisons of the pair allow it (a slow machine widens it, nothing else).
+        p.max_window_us = max(p.max_window_us, window)
 
     def step(self):
         if random.random() < 0.06:
