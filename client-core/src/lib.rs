@@ -10,9 +10,12 @@
 //!   reply is ([`ProtocolError`]).
 //! - [`budget`]: token budgets (`RL.BUDGET` / `RL.SETTLE`): the commands for the module and
 //!   the Functions library, their replies, the reservation a caller holds and its counters.
+//! - [`token_budget`]: a token budget's decisions (its named limits and buckets, costs,
+//!   the failure policy's local buckets, settles), for every shell's `TokenBudget`.
 
 pub mod budget;
 pub mod limits;
 pub mod reply;
+pub mod token_budget;
 
 pub use reply::{ProtocolError, Reply};

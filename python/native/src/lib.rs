@@ -6,8 +6,10 @@
 //! Every entry goes through [`guard::guarded`]: a panic becomes a Python exception, never
 //! an abort or a `PanicException` (a `BaseException` an `except Exception` would miss).
 
+mod budget;
 mod guard;
 mod limits;
+mod reply;
 
 use pyo3::prelude::*;
 
@@ -15,5 +17,6 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     limits::register(m)?;
+    budget::register(m)?;
     Ok(())
 }

@@ -12,6 +12,9 @@
 - :class:`Rules` / :class:`AsyncRules`: layered limits from one document in Redis,
   followed live (docs/rules.md; ``python -m redis_rl rules ...``).
 - Middleware: :mod:`redis_rl.asgi` (Starlette/FastAPI) and :mod:`redis_rl.wsgi` (Flask/WSGI).
+- :class:`TokenBudget` / :class:`AsyncTokenBudget`: reserve a call's estimate on several
+  limits at once (``RL.BUDGET``), settle the actual (``RL.SETTLE``): an LLM provider's
+  tokens and requests per minute, shared by a fleet (docs/budgets.md).
 - Pins (:mod:`redis_rl.pins`): ``Limiter.pin`` / ``unpin`` / ``pinned``, an operator's
   limit on one key that every client's calls obey (``RL.PIN``).
 """
@@ -30,6 +33,7 @@ from ._protocol import (
     ReserveReply,
     TakeReply,
 )
+from .budget import AsyncTokenBudget, BudgetCounters, Reservation, TokenBudget
 from .config import LimiterConfig
 from .decision import Decision, Source
 from .errors import (
@@ -66,7 +70,9 @@ __all__ = [
     "AsyncPrefetchLimiter",
     "AsyncRules",
     "AsyncShareLimiter",
+    "AsyncTokenBudget",
     "Backend",
+    "BudgetCounters",
     "BackendNotFound",
     "Decision",
     "FailurePolicy",
@@ -86,6 +92,7 @@ __all__ = [
     "Protocol",
     "ProtocolError",
     "RedisRLError",
+    "Reservation",
     "ReserveReply",
     "RuleDecision",
     "Rules",
@@ -97,6 +104,7 @@ __all__ = [
     "LimiterClosed",
     "Source",
     "TakeReply",
+    "TokenBudget",
     "amtake",
     "apermit",
     "mtake",
