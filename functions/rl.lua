@@ -2343,6 +2343,8 @@ local SHARE_LEASE_PERIODS = 3
 local SHARE_SHORTEST_PERIOD = 300
 local MAX_HOLDERS = 4096
 local SHORT = 1e-9
+-- share.rs shrank: down by more than rounding (the free rate is rounded down).
+local function shrank(held, new) return held > new * (1 + SHORT) end
 local SHARE_FAR = 0.9
 local SHARE_ERR = {
     holder = 'holder must be 1 to 64 bytes',
@@ -2646,7 +2648,7 @@ local function rl_share(keys, a)
     -- (share.rs shrank_within_hold): answered from its entry, nothing written, so that
     -- calling sooner than told never keeps its larger old share counted past the hold.
     if not release and own and now_us < own.le and now_us < own.hu
-            and (own.hr > own.r or own.hb > own.b) then
+            and (shrank(own.hr, own.r) or shrank(own.hb, own.b)) then
         local refresh = ceil((own.hu - now_us) / 1000)
         if refresh < 10 then refresh = 10 end
         return Pn.pinned_reply({ { double = own.r }, { double = own.b },
@@ -2713,7 +2715,7 @@ local function rl_share(keys, a)
         end
         -- Not within this call's hold if it holds more than the new share.
         local soonest = 10
-        if entry.hr > srate or entry.hb > sburst then soonest = SHARE_SHORTEST_PERIOD end
+        if shrank(entry.hr, srate) or shrank(entry.hb, sburst) then soonest = SHARE_SHORTEST_PERIOD end
         -- Far short: back within a quarter period even when nothing frees before.
         local latest = period
         if far then latest = math.max(floor(period / 4), soonest) end
@@ -2727,7 +2729,7 @@ local function rl_share(keys, a)
     elseif capped then
         -- At its target but wanting more: half a period, not within its hold if it shrank.
         local soonest = 10
-        if entry.hr > srate or entry.hb > sburst then soonest = SHARE_SHORTEST_PERIOD end
+        if shrank(entry.hr, srate) or shrank(entry.hb, sburst) then soonest = SHARE_SHORTEST_PERIOD end
         refresh = math.max(floor(period / 2), soonest)
     elseif not (own and now_us < own.le) then
         -- A newcomer comes back after the shortest period with what it measured.

@@ -65,6 +65,14 @@ const SHORT: f64 = 1e-9;
 /// sent back within a quarter period even when nothing frees before.
 const FAR: f64 = 0.9;
 
+/// Whether a share went down from `held` to `new` by more than rounding: the free rate is
+/// rounded down, so a share that did not change may come out a unit in the last place
+/// below, and treating that as a shrink told a far-short holder to wait the shortest
+/// period instead of a quarter of its own (a property test found it).
+fn shrank(held: f64, new: f64) -> bool {
+    held > new * (1.0 + SHORT)
+}
+
 /// Largest number a stored time may hold (Redis integers are signed 64-bit).
 const MAX_FIELD: u64 = i64::MAX as u64;
 
@@ -171,7 +179,7 @@ impl Holder {
     pub fn shrank_within_hold(&self, t: Nanos) -> bool {
         self.is_live(t)
             && t < self.held_until
-            && (self.held_rate > self.rate || self.held_burst > self.burst)
+            && (shrank(self.held_rate, self.rate) || shrank(self.held_burst, self.burst))
     }
 
     /// Whether the entry no longer counts for anything at `t`.
@@ -609,7 +617,7 @@ impl ShareTable {
         let refresh_ms = if short {
             // Sooner, to pick up what others free; but not within this call's hold if it
             // holds more than the new share (a holder whose share shrank).
-            let soonest = if entry.held_rate > rate || entry.held_burst > burst {
+            let soonest = if shrank(entry.held_rate, rate) || shrank(entry.held_burst, burst) {
                 SHORTEST_PERIOD_MS
             } else {
                 MIN_PERIOD_MS
@@ -630,7 +638,7 @@ impl ShareTable {
             // At its target but wanting more: its target grows as soon as another holder
             // wants less (a hot spot that moved), and it learns that only by calling. Half
             // a period, not within its hold if its share shrank.
-            let soonest = if entry.held_rate > rate || entry.held_burst > burst {
+            let soonest = if shrank(entry.held_rate, rate) || shrank(entry.held_burst, burst) {
                 SHORTEST_PERIOD_MS
             } else {
                 MIN_PERIOD_MS

@@ -517,7 +517,7 @@ proptest! {
             // A call within a hold that keeps more than the share counted.
             if let Some(h) = table.holders().iter().find(|h| *h.id == *id.as_bytes()) {
                 prop_assert!(
-                    !(now < h.held_until && (h.held_rate > h.rate || h.held_burst > h.burst)),
+                    !h.shrank_within_hold(now),
                     "{id} called {} ms after its call that left {} held over its share {}",
                     (now - last_at[i]) / MS, h.held_rate, h.rate
                 );
@@ -587,7 +587,7 @@ proptest! {
             let id = format!("h{who}-{}", gen[who]);
             if let Some(h) = table.holders().iter().find(|h| *h.id == *id.as_bytes()) {
                 prop_assert!(
-                    !(now < h.held_until && (h.held_rate > h.rate || h.held_burst > h.burst)),
+                    !h.shrank_within_hold(now),
                     "{id} called within a hold that keeps {} over its share {}",
                     h.held_rate, h.rate
                 );
