@@ -175,6 +175,17 @@ pub enum Settled {
     Unmatched,
 }
 
+impl Settled {
+    /// As `RL.SETTLE` answers it: tokens back (positive), charged (negative), or `None`.
+    pub fn signed(self) -> Option<i64> {
+        match self {
+            Settled::Credited(t) => Some(t.min(i64::MAX as u64) as i64),
+            Settled::Charged(t) => Some(-(t.min(i64::MAX as u64) as i64)),
+            Settled::Unmatched => None,
+        }
+    }
+}
+
 /// Reads `RL.SETTLE`'s reply for a call on `keys` keys.
 pub fn parse_settle(reply: &Reply, keys: usize) -> Result<Vec<Settled>, ProtocolError> {
     let items = reply.items("RL.SETTLE")?;

@@ -131,20 +131,27 @@ pub struct TokenBudget {
     counters: Counters,
 }
 
+/// How many instances a budget assumes share each limit when the shell is not told
+/// (`instances`): the failure policy's local buckets are a quarter of each limit, so a
+/// fleet of up to four stays within it through an outage (the Rust client's limiters'
+/// default too).
+pub const DEFAULT_INSTANCES: u32 = 4;
+
 /// The longest a reservation may stay open before its lease expires on the server: a day.
 pub const MAX_TTL_MS: u64 = 86_400_000;
 
 impl TokenBudget {
     /// A budget of `limits` (name, rate per second, burst) on `key`; a reservation not settled
     /// within `ttl_ms` stays charged. `share`: this instance's part of each limit when the
-    /// failure policy decides (`1 / instances`).
+    /// failure policy decides (`1 / instances`; `None`: `1 / DEFAULT_INSTANCES`).
     pub fn new(
         key: &str,
         limits: &[(&str, f64, f64)],
         ttl_ms: u64,
         policy: FailurePolicy,
-        share: f64,
+        share: Option<f64>,
     ) -> Result<TokenBudget, String> {
+        let share = share.unwrap_or(1.0 / f64::from(DEFAULT_INSTANCES));
         if key.is_empty() {
             return Err("key must not be empty".into());
         }
@@ -498,7 +505,7 @@ mod tests {
             ],
             60_000,
             policy,
-            share,
+            Some(share),
         )
         .unwrap()
     }
@@ -540,7 +547,7 @@ mod tests {
             &[("tokens", 10.0, 100.0)],
             1000,
             FailurePolicy::Deny,
-            1.0,
+            None,
         )
         .unwrap();
         assert_eq!(one.costs(Some(7), &[]).unwrap(), [7]);
@@ -549,7 +556,7 @@ mod tests {
     #[test]
     fn bad_specs_are_refused_with_what_to_do() {
         let new = |limits: &[(&str, f64, f64)], ttl, share| {
-            TokenBudget::new("k", limits, ttl, FailurePolicy::Allow, share).unwrap_err()
+            TokenBudget::new("k", limits, ttl, FailurePolicy::Allow, Some(share)).unwrap_err()
         };
         assert!(new(&[], 1, 1.0).contains("at least one"));
         assert!(new(&[("a", 1.0, 1.0), ("a", 1.0, 1.0)], 1, 1.0).contains("twice"));
@@ -654,7 +661,7 @@ mod tests {
             steps in proptest::collection::vec((0u64..3 * SEC, 1u64..300, 0u64..600, any::<bool>()), 1..60),
             share in 0.05f64..=1.0,
         ) {
-            let mut b = TokenBudget::new("k", &[("tokens", 50.0, 400.0)], 1000, FailurePolicy::Allow, share).unwrap();
+            let mut b = TokenBudget::new("k", &[("tokens", 50.0, 400.0)], 1000, FailurePolicy::Allow, Some(share)).unwrap();
             let (mut now, mut out, mut over) = (0u64, 0f64, 0f64);
             let mut open: Vec<(Ticket, u64)> = Vec::new();
             for (dt, cost, actual, settle) in steps {

@@ -40,6 +40,8 @@ pub enum Error {
     /// The limiter was closed ([`PrefetchLimiter::close`](crate::PrefetchLimiter::close)):
     /// it leases nothing more.
     Closed,
+    /// A token budget's limits or costs are not valid (the message says how to fix them).
+    Budget(String),
 }
 
 /// Whether a redis-crate error means Redis cannot be reached or cannot serve right now.
@@ -145,6 +147,7 @@ impl fmt::Display for Error {
             Error::Server(reply) => write!(f, "redis answered an error: {reply}"),
             Error::Reply(what) => write!(f, "unexpected reply: {what}"),
             Error::Closed => write!(f, "the limiter is closed"),
+            Error::Budget(why) => write!(f, "invalid budget: {why}"),
         }
     }
 }

@@ -14,6 +14,9 @@
 //!   guard releases on drop and renews while held, and expires if its holder dies.
 //! - [`ShareLimiter`]: one hot key shared by a fleet: each instance holds a rate share
 //!   (`RL.SHARE`) and decides every take locally, never waiting for Redis.
+//! - [`TokenBudget`]: reserve a call's estimate on several limits at once (`RL.BUDGET`),
+//!   settle the actual (`RL.SETTLE`): an LLM provider's tokens and requests per minute,
+//!   shared by a fleet (docs/budgets.md).
 //! - [`KeyedPrefetcher`]: one prefetching limiter per key, made on first use, for many keys
 //!   under one limit.
 //! - All take a [`FailurePolicy`] for outages (Redis unreachable, or slower than the
@@ -30,6 +33,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+mod budget;
 mod clock;
 mod config;
 mod conn;
@@ -55,6 +59,7 @@ mod share;
 mod share_state;
 
 pub use backend::Backend;
+pub use budget::{BudgetConfig, BudgetReservation, TokenBudget};
 pub use config::{limit, FailurePolicy, LimiterConfig, PrefetchConfig, DEFAULT_INSTANCES};
 pub use conn::RedisConnection;
 pub use decision::{Decision, Reservation, Source};

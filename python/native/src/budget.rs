@@ -48,14 +48,7 @@ fn args<'py>(py: Python<'py>, args: Vec<Vec<u8>>) -> Vec<Bound<'py, PyBytes>> {
 }
 
 fn signed(results: &[Settled]) -> Vec<Option<i64>> {
-    results
-        .iter()
-        .map(|r| match *r {
-            Settled::Credited(t) => Some(t.min(i64::MAX as u64) as i64),
-            Settled::Charged(t) => Some(-(t.min(i64::MAX as u64) as i64)),
-            Settled::Unmatched => None,
-        })
-        .collect()
+    results.iter().map(|r| r.signed()).collect()
 }
 
 /// What settles one grant (opaque to Python).
@@ -115,7 +108,7 @@ impl Budget {
         limits: Vec<(String, f64, f64)>,
         ttl_ms: u64,
         policy: &str,
-        share: f64,
+        share: Option<f64>,
     ) -> PyResult<Budget> {
         guarded(|| {
             let policy = match policy {

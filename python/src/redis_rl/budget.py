@@ -155,9 +155,11 @@ class _State:
             isinstance(instances, bool) or not isinstance(instances, int) or instances < 1
         ):
             raise ValueError("instances must be a positive integer")
-        share = 1.0 / (instances or 1)
-        if failure_policy.kind == "allow":
-            share = min(share, failure_policy.share)
+        # None: the core's default (a quarter of each limit, DEFAULT_INSTANCES).
+        share: Optional[float] = None if instances is None else 1.0 / instances
+        if failure_policy.kind == "allow" and failure_policy.share != 1.0:
+            given = min(1.0, failure_policy.share)
+            share = given if share is None else min(share, given)
         self.core = _core.Budget(
             key, specs, max(1, math.ceil(ttl * 1000)), failure_policy.kind, share
         )
@@ -390,7 +392,8 @@ class TokenBudget(_Budget):
 
     ``ttl``: seconds a reservation may stay open; one not settled by then stays charged.
     ``failure_policy``: ``ALLOW`` (a local budget at ``1 / instances`` of each limit, starting
-    full), ``LAST_KNOWN`` (starting from the levels Redis last reported) or ``DENY``.
+    full; ``instances`` defaults to 4, as the Rust client's), ``LAST_KNOWN`` (starting from
+    the levels Redis last reported) or ``DENY``.
     ``timeout``: seconds each Redis call may take; an outage (no connection, a timeout)
     is decided by the failure policy, and a grant that arrives after the timeout is
     settled at once with nothing used. Error replies raise :class:`ServerError`.
