@@ -10,11 +10,14 @@
 //!   reply is ([`ProtocolError`]).
 //! - [`budget`]: token budgets (`RL.BUDGET` / `RL.SETTLE`): the commands for the module and
 //!   the Functions library, their replies, the reservation a caller holds and its counters.
+//! - [`openai`]: what a budget reserves for an OpenAI-compatible chat completion and what it
+//!   settles (the estimate from the request, the usage from the reply or its stream).
 //! - [`token_budget`]: a token budget's decisions (its named limits and buckets, costs,
 //!   the failure policy's local buckets, settles), for every shell's `TokenBudget`.
 
 pub mod budget;
 pub mod limits;
+pub mod openai;
 pub mod reply;
 pub mod token_budget;
 

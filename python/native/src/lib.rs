@@ -9,6 +9,7 @@
 mod budget;
 mod guard;
 mod limits;
+mod openai;
 mod reply;
 
 use pyo3::prelude::*;
@@ -18,5 +19,6 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     limits::register(m)?;
     budget::register(m)?;
+    openai::register(m)?;
     Ok(())
 }
