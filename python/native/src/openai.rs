@@ -10,13 +10,16 @@ use rl_client_core::openai::{self, StreamUsage as CoreStream, Usage};
 
 use crate::guard::guarded;
 
-/// `(input, output, stream, body_to_send_or_None, hide_usage)`, or `ValueError`.
+/// `(input, output, stream, body_to_send_or_None, hide_usage)`.
+type EstimateTuple<'py> = (u64, u64, bool, Option<Bound<'py, PyBytes>>, bool);
+
+/// The estimate of a request body, or `ValueError`.
 #[pyfunction]
 fn estimate_chat<'py>(
     py: Python<'py>,
     body: &[u8],
     default_output: u64,
-) -> PyResult<(u64, u64, bool, Option<Bound<'py, PyBytes>>, bool)> {
+) -> PyResult<EstimateTuple<'py>> {
     guarded(|| {
         let e = openai::estimate_chat(body, default_output).map_err(PyValueError::new_err)?;
         Ok((
