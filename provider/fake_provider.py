@@ -331,8 +331,9 @@ class ProviderHandle:
         self.host = str(host)
         self.port = int(port)
         self.url = f"http://{self.host}:{self.port}"
+        # A short poll: close() waits up to one interval for the loop to notice.
         self._thread = threading.Thread(
-            target=server.serve_forever, name="fake-provider", daemon=True
+            target=server.serve_forever, args=(0.05,), name="fake-provider", daemon=True
         )
         self._thread.start()
 

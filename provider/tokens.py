@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 PER_MESSAGE = 4
 PER_REPLY = 3
@@ -50,7 +50,7 @@ def message_text(message: Mapping[str, Any]) -> str:
     return text + (name if isinstance(name, str) else "")
 
 
-def prompt_tokens(messages: List[Mapping[str, Any]]) -> int:
+def prompt_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
     return PER_REPLY + sum(
         math.ceil(len(message_text(m)) / CHARS_PER_TOKEN) + PER_MESSAGE for m in messages
     )
