@@ -67,7 +67,6 @@ class Provider:
         self.requests = 0
         self.served = 0
         self.bad_requests = 0
-        self.too_large = 0
         # Set while replies run; a test clears it to hold admitted requests in flight
         # (reservations taken, nothing generated) and sets it to let them finish.
         self.running = threading.Event()
@@ -84,8 +83,8 @@ class Provider:
                 "requests": self.requests,
                 "served": self.served,
                 "bad_requests": self.bad_requests,
-                "refused": dict(c.refused, too_large=self.too_large),
-                "refused_total": sum(c.refused.values()) + self.too_large,
+                "refused": dict(c.refused, too_large=c.too_large),
+                "refused_total": sum(c.refused.values()) + c.too_large,
                 "admitted": c.admitted,
                 "in_flight": c.in_flight,
                 "max_in_flight": c.max_in_flight,
@@ -236,17 +235,16 @@ class Handler(BaseHTTPRequestHandler):
         headers = self._limit_headers(refusal.limit)
         kind = "requests" if refusal.limit == REQUESTS else "tokens"
         words = _LIMIT_WORDS[refusal.limit]
-        seconds = refusal.retry_after_header
-        if seconds is None:
+        seconds, ms = refusal.retry_after_header, refusal.retry_after_ms
+        if seconds is None or ms is None:
             # Larger than the limit's capacity: no wait makes it fit, so no retry-after.
-            self.server.provider.count("too_large")
             message = (
                 f"Request too large for {model} on {words}: "
                 f"Limit {refusal.capacity}, Requested {refusal.requested}."
             )
         else:
             headers["retry-after"] = str(seconds)
-            headers["retry-after-ms"] = str(int(refusal.retry_after * 1000) + 1)
+            headers["retry-after-ms"] = str(ms)
             message = (
                 f"Rate limit reached for {model} on {words}: Limit {refusal.capacity}, "
                 f"Used {refusal.used}, Requested {refusal.requested}. "
@@ -377,6 +375,8 @@ def start_provider(
     A limit left None is not enforced. ``clock`` (seconds, monotonic) drives the limits'
     refill: a test passes a fake one to make refills and retry-after exact.
     """
+    if default_max_tokens < 1 or default_spread < 1:
+        raise ValueError("default_max_tokens and default_spread must be at least 1")
     limits = Limits(rpm, itpm, otpm, clock or time.monotonic)
     provider = Provider(limits, seconds_per_token, default_max_tokens, default_spread)
     return ProviderHandle(ProviderServer((host, port), provider))

@@ -92,7 +92,11 @@ class Refusal:
     @property
     def retry_after_header(self) -> Optional[int]:
         """``retry-after`` in whole seconds, rounded up so a retry then does not fail."""
-        return None if math.isinf(self.retry_after) else math.ceil(self.retry_after)
+        return None if math.isinf(self.retry_after) else _ceil(self.retry_after)
+
+    @property
+    def retry_after_ms(self) -> Optional[int]:
+        return None if math.isinf(self.retry_after) else _ceil(self.retry_after * 1000)
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,7 @@ class Counters:
     refused: Dict[str, int] = field(
         default_factory=lambda: {REQUESTS: 0, INPUT_TOKENS: 0, OUTPUT_TOKENS: 0}
     )
+    too_large: int = 0  # refused by a limit whose whole capacity is less than the request
     input_tokens: int = 0
     output_reserved: int = 0
     output_actual: int = 0
@@ -158,7 +163,10 @@ class Limits:
                         capacity=int(bucket.capacity),
                     )
             if refusal is not None:
-                self.counters.refused[refusal.limit] += 1
+                if math.isinf(refusal.retry_after):
+                    self.counters.too_large += 1
+                else:
+                    self.counters.refused[refusal.limit] += 1
                 return refusal
             for name, bucket in self.buckets.items():
                 bucket.take(wants[name], now)
@@ -208,12 +216,17 @@ class Limits:
             ]
 
 
+def _ceil(x: float) -> int:
+    # Rounded up, but not past a float's noise: 20.000000000001 s is 20 s.
+    return math.ceil(x - 1e-9)
+
+
 def go_duration(seconds: float) -> str:
     """A duration as OpenAI's x-ratelimit-reset-* headers write it: "12ms", "1s", "6m0s".
 
     Rounded up to the millisecond, so waiting the header's time is never too early.
     """
-    ms = math.ceil(seconds * 1000 - 1e-9)
+    ms = _ceil(seconds * 1000)
     if ms < 1000:
         return f"{ms}ms"
     minutes, ms = divmod(ms, 60_000)

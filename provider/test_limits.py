@@ -46,7 +46,10 @@ def test_the_wait_is_the_shortfall_over_the_rate_and_retry_after_rounds_it_up() 
     assert bucket.wait(601, now=0.0) == math.inf
     assert Refusal(OUTPUT_TOKENS, 2.5, 25, 600, 600).retry_after_header == 3
     assert Refusal(OUTPUT_TOKENS, 2.0, 20, 600, 600).retry_after_header == 2
-    assert Refusal(OUTPUT_TOKENS, math.inf, 601, 0, 600).retry_after_header is None
+    assert Refusal(OUTPUT_TOKENS, 2.0000000000001, 20, 600, 600).retry_after_header == 2
+    assert Refusal(OUTPUT_TOKENS, 2.0005, 20, 600, 600).retry_after_ms == 2001
+    too_large = Refusal(OUTPUT_TOKENS, math.inf, 601, 0, 600)
+    assert (too_large.retry_after_header, too_large.retry_after_ms) == (None, None)
 
 
 def test_admission_is_all_or_nothing() -> None:

@@ -163,7 +163,7 @@ def test_over_the_token_limit_a_429_says_when_to_retry(start: Start, clock: Fake
     status, headers, body = post(handle, {"max_tokens": 400}, output=1)
     assert status == 429
     assert headers["retry-after"] == "20"  # 200 short, 10 a second
-    assert headers["retry-after-ms"] == "20001"
+    assert headers["retry-after-ms"] == "20000"
     assert headers["x-ratelimit-remaining-tokens"] == "200"
     assert headers["x-ratelimit-remaining-requests"] == "99"  # refused: nothing taken
     error = body["error"]
@@ -200,7 +200,14 @@ def test_a_request_above_the_limit_itself_is_refused_without_retry_after(start: 
     assert status == 429
     assert "retry-after" not in headers
     assert body["error"]["message"].startswith("Request too large")
-    assert handle.stats()["refused"]["too_large"] == 1
+    stats = handle.stats()
+    assert stats["refused"] == {
+        "requests": 0,
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "too_large": 1,
+    }
+    assert stats["refused_total"] == 1
 
 
 def test_the_output_estimate_is_max_tokens_until_the_request_ends(start: Start) -> None:
