@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import threading
 import time
 import uuid
@@ -33,6 +34,7 @@ from .limits import (
     Limits,
     LimitState,
     Refusal,
+    Reservation,
     go_duration,
 )
 
@@ -113,14 +115,14 @@ def rate_limit_headers(states: Sequence[LimitState], refused: Optional[str]) -> 
     the one that refused a 429, else the one with the smallest share left.
     """
     headers: Dict[str, str] = {}
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = time.time()
     by_name = {s.name: s for s in states}
     token_states = [s for s in states if s.name != REQUESTS]
     tightest: Optional[LimitState] = None
     if refused in (INPUT_TOKENS, OUTPUT_TOKENS):
         tightest = by_name[refused]
     elif token_states:
-        tightest = min(token_states, key=lambda s: s.remaining / s.limit)
+        tightest = min(token_states, key=lambda s: s.remaining / max(s.limit, 1))
     for kind, state in (("requests", by_name.get(REQUESTS)), ("tokens", tightest)):
         if state is not None:
             headers[f"x-ratelimit-limit-{kind}"] = str(state.limit)
@@ -130,11 +132,14 @@ def rate_limit_headers(states: Sequence[LimitState], refused: Optional[str]) -> 
     if tightest is not None:
         anthropic.append(("tokens", tightest))
     for name, state in anthropic:
-        # Anthropic's resets are instants (RFC 3339): when the bucket is full again.
-        full_at = now + datetime.timedelta(seconds=state.reset_seconds)
+        # Anthropic's resets are instants (RFC 3339): when the bucket is full again, to the
+        # second, rounded up.
+        full_at = datetime.datetime.fromtimestamp(
+            math.ceil(now + state.reset_seconds), datetime.timezone.utc
+        )
         headers[f"anthropic-ratelimit-{name}-limit"] = str(state.limit)
         headers[f"anthropic-ratelimit-{name}-remaining"] = str(state.remaining)
-        headers[f"anthropic-ratelimit-{name}-reset"] = full_at.isoformat(timespec="seconds")
+        headers[f"anthropic-ratelimit-{name}-reset"] = full_at.strftime("%Y-%m-%dT%H:%M:%SZ")
     return headers
 
 
@@ -182,24 +187,33 @@ class Handler(BaseHTTPRequestHandler):
             return
         output = min(wanted, bound)
         finish = "length" if wanted > bound else "stop"
-        sent = 0
+        reply = Reply(body, prompt, output, finish)
         try:
-            reply = Reply(body, prompt, output, finish)
             if body.get("stream"):
-                sent = self._stream(reply)
+                self._stream(reply, admission)
             else:
                 provider.running.wait()
                 time.sleep(provider.seconds_per_token * output)
-                sent = output
+                self._end(admission, output)
                 self._json(200, reply.completion(), self._limit_headers(None))
-            provider.count("served")
         except (BrokenPipeError, ConnectionResetError):
             pass  # The client went away: what was generated until then is what it used.
         finally:
-            provider.limits.settle(admission, sent)
+            if not self._settled:
+                provider.limits.settle(admission, self._generated)
 
-    def _stream(self, reply: Reply) -> int:
-        """Send the reply as OpenAI's SSE chunks; return the output tokens generated."""
+    # Settled before a reply's last bytes are sent, so a client that has read its reply
+    # finds the settle (and the capacity it gave back) in /stats and in the next admission.
+    _settled = False
+    _generated = 0
+
+    def _end(self, admission: Reservation, generated: int) -> None:
+        self.server.provider.limits.settle(admission, generated)
+        self._settled = True
+        self.server.provider.count("served")
+
+    def _stream(self, reply: Reply, admission: Reservation) -> None:
+        """Send the reply as OpenAI's SSE chunks."""
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
         self.send_header("cache-control", "no-cache")
@@ -215,18 +229,17 @@ class Handler(BaseHTTPRequestHandler):
         event(reply.chunk({"role": "assistant", "content": ""}, None, include_usage))
         # After the first chunk: a client that has read it knows the request is admitted.
         self.server.provider.running.wait()
-        sent = 0
         for word in tokens.output_words(reply.output):
             time.sleep(self.server.provider.seconds_per_token)
             event(reply.chunk({"content": word}, None, include_usage))
-            sent += 1
+            self._generated += 1
+        self._end(admission, self._generated)
         event(reply.chunk({}, reply.finish, include_usage))
         if include_usage:
             # OpenAI: one more chunk before [DONE], its choices empty, its usage the request's.
             event({**reply.base("chat.completion.chunk"), "choices": [], "usage": reply.usage()})
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
-        return sent
 
     def _limit_headers(self, refused: Optional[str]) -> Dict[str, str]:
         return rate_limit_headers(self.server.provider.limits.states(), refused)

@@ -6,10 +6,13 @@ and retry-after is exact; nothing here depends on how fast the machine is.
 
 from __future__ import annotations
 
+import datetime
 import json
+import math
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -148,7 +151,9 @@ def test_a_stream_without_include_usage_has_no_usage(start: Start) -> None:
 
 def test_over_the_token_limit_a_429_says_when_to_retry(start: Start, clock: FakeClock) -> None:
     handle = start(rpm=100, otpm=600)  # output: 10 a second
+    before = time.time()
     status, headers, _ = post(handle, {"max_tokens": 400}, output=400)
+    after = time.time()
     assert status == 200
     assert headers["x-ratelimit-limit-tokens"] == "600"
     assert headers["x-ratelimit-remaining-tokens"] == "200"
@@ -158,6 +163,12 @@ def test_over_the_token_limit_a_429_says_when_to_retry(start: Start, clock: Fake
     assert headers["x-ratelimit-reset-requests"] == "600ms"
     assert headers["anthropic-ratelimit-output-tokens-remaining"] == "200"
     assert headers["anthropic-ratelimit-requests-remaining"] == "99"
+    reset = datetime.datetime.strptime(
+        headers["anthropic-ratelimit-output-tokens-reset"], "%Y-%m-%dT%H:%M:%SZ"
+    ).replace(tzinfo=datetime.timezone.utc)
+    # 40 s after the reply, to the second rounded up, on the wall clock.
+    assert math.ceil(before + 40) <= reset.timestamp() <= math.ceil(after + 40)
+    assert headers["anthropic-ratelimit-tokens-limit"] == "600"
     assert "retry-after" not in headers
 
     status, headers, body = post(handle, {"max_tokens": 400}, output=1)
