@@ -175,7 +175,7 @@ class Handler(BaseHTTPRequestHandler):
             wanted = tokens.wanted_output(
                 body, self.headers.get("x-fake-output-tokens"), provider.default_spread
             )
-        except (ValueError, tokens.BadRequest) as e:  # json.JSONDecodeError is a ValueError
+        except ValueError as e:  # tokens.BadRequest and json.JSONDecodeError are ValueErrors
             provider.count("bad_requests")
             self._error(400, str(e), "invalid_request_error", None)
             return
