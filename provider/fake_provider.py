@@ -19,6 +19,7 @@ import argparse
 import datetime
 import json
 import math
+import signal
 import threading
 import time
 import uuid
@@ -430,10 +431,14 @@ def main(argv: Optional[List[str]] = None) -> None:
         default_max_tokens=args.default_max_tokens,
         default_spread=args.default_spread,
     )
+    signals: List[int] = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda signum, _frame: signals.append(signum))
     print(f"fake provider on {handle.url}", flush=True)
     try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
+        # Polled, not a bare wait: a signal that a server thread happens to receive runs
+        # its handler only when the main thread next runs Python code.
+        while not signals:
+            time.sleep(0.1)
     finally:
         handle.close()

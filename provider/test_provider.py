@@ -284,7 +284,8 @@ def test_bad_requests_get_openai_style_errors(start: Start) -> None:
     assert handle.stats()["bad_requests"] == 3
 
 
-def test_the_command_line_serves_until_interrupted() -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_the_command_line_serves_until_signalled(signum: int) -> None:
     root = Path(__file__).resolve().parent.parent
     process = subprocess.Popen(
         [sys.executable, "-m", "provider", "--rpm", "1", "--otpm", "1000"],
@@ -304,7 +305,7 @@ def test_the_command_line_serves_until_interrupted() -> None:
             urllib.request.urlopen(url + "/v1/chat/completions", body, timeout=30)
         assert e.value.code == 429
         e.value.close()
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         assert process.wait(timeout=30) == 0
     finally:
         if process.poll() is None:
