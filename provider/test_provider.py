@@ -251,6 +251,26 @@ def test_the_output_estimate_is_max_tokens_until_the_request_ends(start: Start) 
     assert post(handle, {"max_tokens": 400}, output=10)[0] == 200
 
 
+def test_a_stream_the_client_drops_is_charged_what_was_generated(start: Start) -> None:
+    handle = start(otpm=10_000)
+    handle.pause()
+    body = {"max_tokens": 5000, "stream": True}
+    stream = urllib.request.urlopen(request(handle, body, output=5000), timeout=30)
+    stream.readline()  # admitted: 5000 reserved
+    stream.close()  # gone before a token was generated
+    handle.resume()  # the writes fail (the socket is closed) long before 5000 tokens
+    deadline = time.monotonic() + 60  # a guard against a hang, not a measure
+    while handle.stats()["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stats = handle.stats()
+    assert stats["in_flight"] == 0
+    assert stats["served"] == 0
+    generated = stats["output_tokens_actual"]
+    assert generated < 5000
+    assert stats["output_tokens_returned"] == 5000 - generated
+    assert stats["limits"]["output_tokens"]["used"] == generated
+
+
 def test_stats_over_http_match_the_handle(start: Start) -> None:
     handle = start(rpm=10, itpm=1000, otpm=1000)
     post(handle, {"max_tokens": 50}, output=5)
