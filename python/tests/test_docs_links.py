@@ -15,6 +15,7 @@ DOCS: List[Tuple[Path, Path]] = [
     (REPO / "README.md", REPO),
     (REPO / "python" / "README.md", REPO / "python"),
     (REPO / "client" / "README.md", REPO / "client"),
+    (REPO / "provider" / "README.md", REPO / "provider"),
     (REPO / "docs" / "incident-readme-section.md", REPO),
 ] + [
     (p, p.parent)

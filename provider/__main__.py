@@ -1,0 +1,3 @@
+from .fake_provider import main
+
+main()
