@@ -98,6 +98,8 @@ local USAGE = {
     ['RL.LEASE'] = 'RL.LEASE key rate cap n ttl_ms [MIN m] [RETURN lease_id unused] [INIT tokens] [SHADOW] [VERSION v]',
     ['RL.RETURN'] = 'RL.RETURN key lease_id unused',
     ['RL.MTAKE'] = 'RL.MTAKE n key rate cap [key rate cap ...] [WITHSTATE] [INIT tokens] [SHADOW] [VERSION v]',
+    ['RL.BUDGET'] = 'RL.BUDGET ttl_ms key rate cap n [key rate cap n ...] [WITHSTATE] [SHADOW] [VERSION v]',
+    ['RL.SETTLE'] = 'RL.SETTLE reservation_id key actual [key actual ...]',
     ['RL.PEEK'] = 'RL.PEEK key',
     ['RL.RESERVE'] = 'RL.RESERVE key rate cap n max_wait_ms [INIT tokens] [SHADOW] [VERSION v]',
     ['RL.REFUND'] = 'RL.REFUND key n',
@@ -1923,11 +1925,15 @@ function Bg.rl_budget(keys, a)
     return reply
 end
 
--- budget::charge: `over` tokens charged as debt while the level stays at or above -cap
--- (twice the fill time owed); returns the whole tokens charged.
-function Bg.charge(lv, over)
+-- budget::charge: `over` tokens charged as debt while the time owed stays within
+-- budget::most_owed (twice the fill time of the governing limit, never more than twice
+-- that of `own`, the key's stored limit: a debt charged under a slow pin must not outlive
+-- it as years owed); returns the whole tokens charged.
+function Bg.charge(lv, over, own)
     local L = lv.L
     local fs, fn = fill(L)
+    local gs, gn = fill(own)
+    if lt(gs, gn, fs, fn) then fs, fn = gs, gn end
     local ds, dn = add(fs, fn, fs, fn)
     local os, on = add(lv.bs, lv.bn, lv.ds, lv.dn)
     local rs, rn = sat_sub(ds, dn, os, on)
@@ -2003,7 +2009,9 @@ function Bg.rl_settle(keys, a)
             if actual <= reserved then
                 if not exempt then signed = Bg.credit_owed(lv, reserved - actual, ns, nn) end
             elseif not exempt then
-                signed = -Bg.charge(lv, actual - reserved)
+                -- The key's own limit: a rate pin's base (the bucket is stored under the pin's).
+                local own = (pin and pin.k == 1 and pin.B) or stored_texts(h[R], h[C])
+                signed = -Bg.charge(lv, actual - reserved, own)
             end
             if #t == 0 and not pin and gone_at(lv, ns, nn) then
                 call('DEL', key)

@@ -119,6 +119,33 @@ fn an_overage_is_debt_floored_at_minus_cap() {
     assert_eq!(settle(&mut c, id, &[("j", 1000)]), vec![Some(-100)]);
 }
 
+/// An overage settled under a slow rate pin owes at most twice the fill time of the key's
+/// own limit once the pin is gone (a debt is time owed: charged as twice the pin's fill
+/// time, `1e-9/s`, it was 31 years).
+#[test]
+fn a_debt_charged_under_a_slow_pin_does_not_outlive_it() {
+    let s = Server::start(&[]);
+    let mut c = s.conn();
+    for (pin_rate, pin_cap) in [("1e-9", "1"), ("0.001", "1"), ("1000", "1000")] {
+        let key = format!("x{pin_rate}");
+        let r = budget(&mut c, 60_000, &[(&key, "10", "100", 10)]);
+        let id = int(&r[1]);
+        let _: String = query(&mut c, &["RL.PIN", &key, pin_rate, pin_cap]);
+        let charged = settle(&mut c, id, &[(&key, 1000)])[0].unwrap();
+        assert!(charged <= 0, "{charged}");
+        let _: i64 = query(&mut c, &["RL.UNPIN", &key]);
+        // Its own limit fills in 10 s: at most 20 s owed (and the key expires then).
+        let pttl: i64 = query(&mut c, &["PTTL", &key]);
+        assert!(pttl <= 20_000, "pin {pin_rate}/{pin_cap}: PTTL {pttl}");
+        let r = budget(&mut c, 60_000, &[(&key, "10", "100", 1)]);
+        assert!(
+            int(&r[0]) == 1 || int(&r[3]) <= 20_000,
+            "retry {}",
+            int(&r[3])
+        );
+    }
+}
+
 /// Two calls in flight: one uses more than it reserved (the key goes into debt), the other
 /// less: what the second did not use still comes back, so the key ends where the two
 /// actual uses put it.

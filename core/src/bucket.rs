@@ -502,9 +502,11 @@ impl Level {
     /// debt included, shrinks by what `n` tokens refill, never below full. Returns the whole
     /// tokens credited: at most `n` and at most the tokens missing, debt included, rounded
     /// up; 0 under `EXEMPT`. Unlike [`Level::credit_up_to`] a bucket in debt takes them
-    /// back: they are tokens a reservation took and nobody used, so the bucket ends exactly
-    /// as if the call had taken what it used (while one call's overage keeps a key in debt,
-    /// the others' unused estimates still come back).
+    /// back: they are tokens a reservation took and nobody used (while one call's overage
+    /// keeps a key in debt, the others' unused estimates still come back). As for any
+    /// refund, a bucket that was full meanwhile cannot tell that they would have been
+    /// refilled over its cap: the refund allowance, at most `min(n, rate * time out)`
+    /// (docs/budgets.md, the bound).
     pub(crate) fn credit_owed(&mut self, n: u64) -> u64 {
         if self.gate == GateCode::EXEMPT {
             return 0;

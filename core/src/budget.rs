@@ -7,8 +7,8 @@
 //! settle (`RL.SETTLE`) closes it exactly once:
 //!
 //! - `actual <= reserved`: the unused part goes back, at most what the bucket lacks, in debt
-//!   too (see [`Level::credit_owed`]: the bucket ends as if the call had taken its actual,
-//!   so one call's overage does not swallow the others' unused estimates);
+//!   too (see [`Level::credit_owed`]: one call's overage does not swallow the others'
+//!   unused estimates; the refund allowance applies, as for `RL.REFUND`);
 //! - `actual > reserved`: the overage is charged as debt, the level floored at `-cap`
 //!   ([`charge`]), so no actual, however wrong, keeps a key from granting longer than
 //!   `cap / rate` beyond an ordinary empty bucket (at most `2 * cap / rate` until full);
@@ -16,7 +16,7 @@
 //!   tokens stay charged (never minted), and a retried settle cannot credit or charge twice.
 
 use crate::pin::Gate;
-use crate::{AllOrNothing, LeaseError, LeaseTable, Level, Nanos, MAX_LEASES};
+use crate::{AllOrNothing, LeaseError, LeaseTable, Level, Limit, Nanos, MAX_LEASES};
 
 /// Most keys one budget may name.
 pub const MAX_BUDGET_KEYS: usize = 64;
@@ -94,19 +94,30 @@ pub fn plan(
     Ok(BudgetPlan { outcome, id })
 }
 
-/// Charges `over` tokens used beyond a reservation as debt, as far as the level stays at
-/// or above `-cap` (owing at most twice the fill time); returns the whole tokens charged.
-/// An exempt key is charged nothing (its grants debit nothing). A level already below
-/// `-cap` (a long `RL.RESERVE` queue) is charged nothing more.
-pub fn charge(level: &mut Level, over: u64) -> u64 {
+/// The most time an overage may leave a key owing: twice the fill time of the limit that
+/// governs it now (`governing`: a rate pin's, or its own), and never more than twice its
+/// own limit's (`own`, what the key is stored under). A debt is time owed and is kept
+/// through limit changes, so one charged under a slow pin (twice *its* fill time: years at
+/// `1e-9/s`) would otherwise outlive the pin as years owed under the key's own limit.
+pub fn most_owed(governing: &Limit, own: &Limit) -> Nanos {
+    governing
+        .fill_nanos()
+        .min(own.fill_nanos())
+        .saturating_mul(2)
+}
+
+/// Charges `over` tokens used beyond a reservation as debt, as far as the time owed stays
+/// within [`most_owed`] (the level at or above `-cap` of both limits); returns the whole
+/// tokens charged. An exempt key is charged nothing (its grants debit nothing). A level
+/// owing more already (a long `RL.RESERVE` queue) is charged nothing more.
+pub fn charge(level: &mut Level, over: u64, own: &Limit) -> u64 {
     if level.gate() == Gate::Exempt || over == 0 {
         return 0;
     }
     let limit = *level.limit();
-    let floor = limit.fill_nanos().saturating_mul(2);
-    let room = floor.saturating_sub(level.owed());
+    let room = most_owed(&limit, own).saturating_sub(level.owed());
     // Whole tokens that fit the room; the debt itself is clamped to it in nanoseconds, so
-    // it never passes `-cap` whatever the float rounding of this count.
+    // it never passes the floor whatever the float rounding of this count.
     let fits = limit.tokens_for(room).floor();
     let charged = (over as f64).min(fits.max(0.0)) as u64;
     if charged > 0 {
@@ -119,10 +130,17 @@ pub fn charge(level: &mut Level, over: u64) -> u64 {
 /// what governs it): `reserved - actual` back (in debt too), or `actual - reserved` charged
 /// as bounded debt. Returns the tokens credited (positive) or charged (negative).
 pub fn settle_level(level: &mut Level, reserved: u64, actual: u64) -> i64 {
+    let own = *level.limit();
+    settle_level_owning(level, reserved, actual, &own)
+}
+
+/// [`settle_level`] for a key stored under `own` and governed now by the level's limit (a
+/// rate pin's): the debt bounded by both ([`most_owed`]).
+pub fn settle_level_owning(level: &mut Level, reserved: u64, actual: u64, own: &Limit) -> i64 {
     if actual <= reserved {
         level.credit_owed(reserved - actual).min(i64::MAX as u64) as i64
     } else {
-        -(charge(level, actual - reserved).min(i64::MAX as u64) as i64)
+        -(charge(level, actual - reserved, own).min(i64::MAX as u64) as i64)
     }
 }
 
@@ -135,11 +153,12 @@ pub fn settle(
     id: u64,
     actual: u64,
     now: Nanos,
+    own: &Limit,
 ) -> Option<(i64, usize)> {
     let reserved = table.live(id, now)?.tokens;
     let pruned = table.prune(now);
     table.remove(id);
-    Some((settle_level(level, reserved, actual), pruned))
+    Some((settle_level_owning(level, reserved, actual, own), pruned))
 }
 
 #[cfg(test)]
@@ -229,6 +248,23 @@ mod tests {
     }
 
     #[test]
+    fn a_debt_under_a_slow_pin_is_bounded_by_the_keys_own_fill_time() {
+        let own = limit(10.0, 100.0);
+        let pin = limit(1e-9, 1.0);
+        assert_eq!(most_owed(&pin, &own), 2 * own.fill_nanos());
+        assert_eq!(most_owed(&own, &own), 2 * own.fill_nanos());
+        assert_eq!(most_owed(&own, &pin), 2 * own.fill_nanos());
+        // 20 s owed at most: 2e-8 tokens at 1e-9/s, so nothing whole is charged.
+        let mut l = Level::new(None, pin, T0);
+        assert_eq!(charge(&mut l, 1000, &own), 0);
+        assert!(l.reset_after() <= 2 * own.fill_nanos());
+        // Under a fast pin the pin's own floor binds.
+        let fast = limit(1000.0, 1000.0);
+        let mut f = Level::new(None, fast, T0);
+        assert_eq!(charge(&mut f, 5000, &own), 2000);
+    }
+
+    #[test]
     fn settle_is_once_and_only_while_live() {
         let lim = limit(1.0, 10.0);
         let mut t = LeaseTable::default();
@@ -236,10 +272,10 @@ mod tests {
         assert!(l.try_take(5.0));
         let lease = t.open(5, S, T0).unwrap();
         let mut l2 = l;
-        assert_eq!(settle(&mut t, &mut l2, lease.id, 2, T0), Some((3, 0)));
-        assert_eq!(settle(&mut t, &mut l2, lease.id, 2, T0), None);
+        assert_eq!(settle(&mut t, &mut l2, lease.id, 2, T0, &lim), Some((3, 0)));
+        assert_eq!(settle(&mut t, &mut l2, lease.id, 2, T0, &lim), None);
         let lease = t.open(5, S, T0).unwrap();
-        assert_eq!(settle(&mut t, &mut l, lease.id, 0, T0 + S), None);
+        assert_eq!(settle(&mut t, &mut l, lease.id, 0, T0 + S, &lim), None);
     }
 
     #[test]
@@ -287,7 +323,7 @@ mod tests {
             let stored = level.bucket();
             let mut later = Level::new(Some(&stored), lim, now);
             let settled_at = if expire { now + S } else { now };
-            let result = settle(&mut table, &mut later, lease.id, actual, settled_at);
+            let result = settle(&mut table, &mut later, lease.id, actual, settled_at, &lim);
             // What a plain take of what was used leaves at `now`.
             let used = actual.min(n) as f64;
             let mut plain = Level::new(Some(&b), lim, T0);
@@ -305,7 +341,7 @@ mod tests {
                     prop_assert!(later.signed_tokens() >= -lim.cap() - eps);
                     prop_assert!(later.reset_after() <= 2 * lim.fill_nanos() + 1);
                     // A retry finds no lease: nothing twice.
-                    prop_assert_eq!(settle(&mut table, &mut later, lease.id, actual, now), None);
+                    prop_assert_eq!(settle(&mut table, &mut later, lease.id, actual, now, &lim), None);
                 }
             }
         }
@@ -343,7 +379,7 @@ mod tests {
             for (id, actual) in order {
                 // Each settle reads the bucket as stored (a debt is then time behind now).
                 level = Level::new(Some(&level.bucket()), lim, T0);
-                prop_assert!(settle(&mut table, &mut level, id, actual, T0).is_some());
+                prop_assert!(settle(&mut table, &mut level, id, actual, T0, &lim).is_some());
             }
             let want = cap - (aa + ab) as f64;
             prop_assume!(want >= -cap);

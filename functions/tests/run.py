@@ -250,6 +250,24 @@ def alone():
         r2.config_set("maxmemory", 0)
 
 
+@section("budgets: a debt charged under a slow pin does not outlive it")
+def budget_pins():
+    with Server() as s:
+        s.load_library()
+        r = s.client()
+        for pin_rate, pin_cap in (("1e-9", "1"), ("0.001", "1"), ("1000", "1000")):
+            key = f"x{pin_rate}"
+            granted, rid, _, _ = fcall(r, "rl_budget", [key], 60000, 10, 100, 10)
+            assert granted == 1
+            fcall(r, "rl_pin", [key], pin_rate, pin_cap)
+            (charged,) = fcall(r, "rl_settle", [key], rid, 1000)
+            assert charged <= 0, charged
+            fcall(r, "rl_unpin", [key])
+            # Its own limit fills in 10 s: at most 20 s owed (and the key expires then).
+            pttl = r.pttl(key)
+            assert pttl <= 20_000, (pin_rate, pin_cap, pttl)
+
+
 def entries(r, key):
     """The lease table's entries as stored (live and expired): (id, tokens, expiry_us)."""
     text = (r.hget(key, "l") or b"").decode()
@@ -920,6 +938,8 @@ def main():
         pins_alone()
     if not only or "pin_acl" in only:
         pin_acl()
+    if not only or "budget_pins" in only:
+        budget_pins()
     if not only or "shadow" in only:
         shadow()
     if not only or "shares" in only:

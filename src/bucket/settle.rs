@@ -70,8 +70,11 @@ pub fn settle(ctx: Ctx, args: Args) -> Result<Reply> {
             unreachable!("a key that holds only a pin holds no lease");
         };
         let mut table = key.detach_leases(&mut state);
+        // The key's own limit: under a rate pin the bucket is stored under the pin's, and
+        // its own is the pin's base (what it returns to).
+        let own = pin.map_or(bucket.limit(), |p| p.base);
         let Some((signed, pruned)) =
-            rl_core::budget::settle(&mut table, &mut level, id, actuals[j], now)
+            rl_core::budget::settle(&mut table, &mut level, id, actuals[j], now, &own)
         else {
             unreachable!("the lease was live a moment ago");
         };
