@@ -218,6 +218,20 @@ class _State:
             ticket,
         )
 
+    def reserve_args(self, costs: List[int]) -> Tuple[bytes, ...]:
+        return tuple(self.core.reserve_command(self.backend_name(), costs))
+
+    def reserved(self, costs: List[int], reply: Any) -> Reservation:
+        """Redis answered: its decision (and the failure policy's buckets dropped)."""
+        with self.lock:
+            self.core.recovered()
+            return self.grant(costs, self.core.reserved(costs, reply))
+
+    def outage(self, costs: List[int]) -> Reservation:
+        """Redis did not answer: the failure policy's decision."""
+        with self.lock:
+            return self.grant(costs, self.core.outage(costs, _monotonic_ns()))
+
     def give_back(self, costs: List[int], reply: Any) -> Optional[Tuple[str, Any]]:
         """A reservation granted after its caller stopped waiting (the failure policy
         decided meanwhile): what settles it with nothing used."""
@@ -367,7 +381,31 @@ class Reservation:
 
 
 class _Budget:
-    _s: _State
+    """What both budgets share: their state, limits, counters, and when a reservation
+    stops waiting."""
+
+    _is_async = False
+
+    def __init__(
+        self,
+        client: Any,
+        key: str,
+        rate: Optional[Union[float, str]] = None,
+        cap: Optional[float] = None,
+        *,
+        requests: Optional[LimitSpec] = None,
+        limits: Optional[Mapping[str, LimitSpec]] = None,
+        ttl: float = DEFAULT_TTL,
+        failure_policy: FailurePolicy = ALLOW,
+        instances: Optional[int] = None,
+        timeout: Optional[float] = DEFAULT_TIMEOUT,
+        backend: str = p.AUTO,
+    ) -> None:
+        self._s = _State(
+            client, self._is_async, key, rate, cap, requests, limits, ttl, failure_policy,
+            instances, timeout, backend,
+        )  # fmt: skip
+        self.client = client
 
     @property
     def limits(self) -> Dict[str, Tuple[str, float, float]]:
@@ -380,10 +418,20 @@ class _Budget:
         with self._s.lock:
             return BudgetCounters(**dict(self._s.core.counters()))
 
+    @staticmethod
+    def _settled_for(res: Reservation, deadline: float) -> bool:
+        """Whether a reservation is the answer: granted, decided by the failure policy, or
+        denied for longer than is left to wait."""
+        left = deadline - time.monotonic()
+        return res.granted or res.source is Source.FALLBACK or res.retry_after > left
+
 
 class TokenBudget(_Budget):
     """A shared token budget: ``reserve`` an estimate on every limit at once, ``settle`` the
     actual.
+
+    ``TokenBudget(client, key, rate, cap, *, requests=None, limits=None, ttl=600,
+    failure_policy=ALLOW, instances=None, timeout=0.2, backend="auto")``
 
     ``rate``/``cap``: the token limit (tokens per second and burst), or one limit string in
     ``rate`` (``"100000/minute"``); or ``limits={"input": ..., "output": ...}`` for limits
@@ -399,38 +447,17 @@ class TokenBudget(_Budget):
     settled at once with nothing used. Error replies raise :class:`ServerError`.
     """
 
-    def __init__(
-        self,
-        client: SyncClient,
-        key: str,
-        rate: Optional[Union[float, str]] = None,
-        cap: Optional[float] = None,
-        *,
-        requests: Optional[LimitSpec] = None,
-        limits: Optional[Mapping[str, LimitSpec]] = None,
-        ttl: float = DEFAULT_TTL,
-        failure_policy: FailurePolicy = ALLOW,
-        instances: Optional[int] = None,
-        timeout: Optional[float] = DEFAULT_TIMEOUT,
-        backend: str = p.AUTO,
-    ) -> None:
-        self._s = _State(
-            client, False, key, rate, cap, requests, limits, ttl, failure_policy, instances,
-            timeout, backend,
-        )  # fmt: skip
-        self.client = client
+    client: SyncClient
 
     def reserve(self, tokens: Tokens, *, wait_ms: int = 0) -> Reservation:
         """Reserves ``tokens`` (an int for the token limit, or tokens by limit name; the
         ``requests`` limit costs 1) on every limit, or nothing on any. Denied, it waits and
         retries while the wait Redis names fits in ``wait_ms``."""
-        s = self._s
-        costs = s.costs(tokens)
+        costs = self._s.costs(tokens)
         deadline = time.monotonic() + _wait(wait_ms)
         while True:
             res = self._once(costs)
-            left = deadline - time.monotonic()
-            if res.granted or res.source is Source.FALLBACK or res.retry_after > left:
+            if self._settled_for(res, deadline):
                 return res
             time.sleep(max(res.retry_after, 0.001))
 
@@ -439,14 +466,10 @@ class TokenBudget(_Budget):
         try:
             if s.protocol is None:
                 s.protocol = resolve_backend(self.client, s.call, s.backend)
-            args = tuple(s.core.reserve_command(s.backend_name(), costs))
-            reply = s.call(args, late=lambda r: self._late(costs, r))
+            reply = s.call(s.reserve_args(costs), late=lambda r: self._late(costs, r))
         except OUTAGES:
-            with s.lock:
-                return s.grant(costs, s.core.outage(costs, _monotonic_ns()))
-        with s.lock:
-            s.core.recovered()
-            return s.grant(costs, s.core.reserved(costs, reply))
+            return s.outage(costs)
+        return s.reserved(costs, reply)
 
     def _late(self, costs: List[int], reply: Any) -> None:
         s = self._s
@@ -459,29 +482,11 @@ class TokenBudget(_Budget):
 
 
 class AsyncTokenBudget(_Budget):
-    """The asyncio twin of :class:`TokenBudget` (``await budget.reserve(...)``, then
-    ``await res.asettle(...)`` or ``async with``)."""
+    """The asyncio twin of :class:`TokenBudget`, the same arguments (``await
+    budget.reserve(...)``, then ``await res.asettle(...)`` or ``async with``)."""
 
-    def __init__(
-        self,
-        client: AsyncClient,
-        key: str,
-        rate: Optional[Union[float, str]] = None,
-        cap: Optional[float] = None,
-        *,
-        requests: Optional[LimitSpec] = None,
-        limits: Optional[Mapping[str, LimitSpec]] = None,
-        ttl: float = DEFAULT_TTL,
-        failure_policy: FailurePolicy = ALLOW,
-        instances: Optional[int] = None,
-        timeout: Optional[float] = DEFAULT_TIMEOUT,
-        backend: str = p.AUTO,
-    ) -> None:
-        self._s = _State(
-            client, True, key, rate, cap, requests, limits, ttl, failure_policy, instances,
-            timeout, backend,
-        )  # fmt: skip
-        self.client = client
+    _is_async = True
+    client: AsyncClient
 
     async def reserve(self, tokens: Tokens, *, wait_ms: int = 0) -> Reservation:
         """As :meth:`TokenBudget.reserve`."""
@@ -489,8 +494,7 @@ class AsyncTokenBudget(_Budget):
         deadline = time.monotonic() + _wait(wait_ms)
         while True:
             res = await self._once(costs)
-            left = deadline - time.monotonic()
-            if res.granted or res.source is Source.FALLBACK or res.retry_after > left:
+            if self._settled_for(res, deadline):
                 return res
             await asyncio.sleep(max(res.retry_after, 0.001))
 
@@ -499,14 +503,10 @@ class AsyncTokenBudget(_Budget):
         try:
             if s.protocol is None:
                 s.protocol = await aresolve_backend(self.client, s.call, s.backend)
-            args = tuple(s.core.reserve_command(s.backend_name(), costs))
-            reply = await s.call(args, late=lambda r: self._late(costs, r))
+            reply = await s.call(s.reserve_args(costs), late=lambda r: self._late(costs, r))
         except OUTAGES:
-            with s.lock:
-                return s.grant(costs, s.core.outage(costs, _monotonic_ns()))
-        with s.lock:
-            s.core.recovered()
-            return s.grant(costs, s.core.reserved(costs, reply))
+            return s.outage(costs)
+        return s.reserved(costs, reply)
 
     async def _late(self, costs: List[int], reply: Any) -> None:
         s = self._s

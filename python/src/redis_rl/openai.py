@@ -118,6 +118,25 @@ def _decoded(response: httpx.Response, content: bytes) -> httpx.Response:
     )
 
 
+def _failed_call(
+    budget: Union[TokenBudget, AsyncTokenBudget], e: BaseException
+) -> Optional[Dict[str, int]]:
+    """What a call that raised settles with: nothing used if it never reached the provider,
+    else the estimate (it may have run)."""
+    return _zero(budget) if isinstance(e, httpx.ConnectError) else None
+
+
+def _replied(
+    budget: Union[TokenBudget, AsyncTokenBudget], status: int, content: bytes
+) -> Optional[Dict[str, int]]:
+    """What a whole reply settles with: an error (the provider's own 429 included) used no
+    tokens, a reply its usage (the estimate if it has none)."""
+    if status != 200:
+        return _zero(budget)
+    usage = _core.chat_usage(content)
+    return None if usage is None else _costs(budget, usage[0], usage[1])
+
+
 class _Call:
     """One chat completion's reservation and how it settles (once)."""
 
@@ -166,19 +185,12 @@ class BudgetTransport(httpx.BaseTransport):
             request = _with_body(request, body)
         try:
             response = self.transport.handle_request(request)
-        except httpx.ConnectError:
-            res.settle(_zero(self.budget))  # never reached the provider
+        except BaseException as failed:
+            res.settle(_failed_call(self.budget, failed))
             raise
-        except BaseException:
-            res.settle()  # it may have run: the estimate stays
-            raise
-        if response.status_code != 200:
+        if response.status_code != 200 or not e[2]:
             content = response.read()
-            res.settle(_zero(self.budget))
-            return _decoded(response, content)
-        if not e[2]:
-            content = response.read()
-            res.settle(call.actual(_core.chat_usage(content)))
+            res.settle(_replied(self.budget, response.status_code, content))
             return _decoded(response, content)
         return httpx.Response(
             response.status_code,
@@ -257,19 +269,12 @@ class AsyncBudgetTransport(httpx.AsyncBaseTransport):
             request = _with_body(request, body)
         try:
             response = await self.transport.handle_async_request(request)
-        except httpx.ConnectError:
-            await res.asettle(_zero(self.budget))
+        except BaseException as failed:
+            await res.asettle(_failed_call(self.budget, failed))
             raise
-        except BaseException:
-            await res.asettle()
-            raise
-        if response.status_code != 200:
+        if response.status_code != 200 or not e[2]:
             content = await response.aread()
-            await res.asettle(_zero(self.budget))
-            return _decoded(response, content)
-        if not e[2]:
-            content = await response.aread()
-            await res.asettle(call.actual(_core.chat_usage(content)))
+            await res.asettle(_replied(self.budget, response.status_code, content))
             return _decoded(response, content)
         return httpx.Response(
             response.status_code,
