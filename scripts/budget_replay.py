@@ -53,8 +53,10 @@ from redis_rl.openai import BudgetTransport  # noqa: E402
 # The provider's limits, per minute (a small organisation's tier, scaled to a short run).
 RPM, ITPM, OTPM = 600.0, 90_000.0, 24_000.0
 SECONDS_PER_TOKEN = 0.002  # a 500-token stream lasts a second
-# The fleet: 8 instances, 3 of them hot (workers each: calls in flight at once).
+# The fleet: 8 instances, 3 of them hot (workers each: calls in flight at once, calling
+# back to back), 5 cold (one call at a time, 4 s apart: under their eighth of the quota).
 WORKERS = [6, 5, 4, 1, 1, 1, 1, 1]
+THINK_S = [0.0, 0.0, 0.0, 4.0, 4.0, 4.0, 4.0, 4.0]
 # The budget's limits: the provider's, at 98% (two clocks and float rounding apart).
 BUDGET_SHARE = 0.98
 SEED = 20261206
@@ -248,6 +250,7 @@ def run_row(row: str, seconds: float, module: str) -> Dict[str, Any]:
             with lock:
                 served += 1
                 waits.append(max(0.0, admitted - started))
+            time.sleep(min(THINK_S[instance], max(0.0, stop_at - time.monotonic())))
 
     threads = [
         threading.Thread(target=worker, args=(i, w), daemon=True)
