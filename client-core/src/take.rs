@@ -446,12 +446,12 @@ mod tests {
     }
 
     /// A golden reply as a client hands it over (times at the call's instant: exact).
-    fn golden(v: &Value, resp3: bool) -> Reply {
+    fn golden(v: &Value) -> Reply {
         match v {
             Value::Null => Reply::Nil,
             Value::Number(n) => Reply::Int(n.as_i64().unwrap()),
             Value::String(s) => Reply::Bulk(s.clone().into_bytes()),
-            Value::Array(a) => Reply::Array(a.iter().map(|x| golden(x, resp3)).collect()),
+            Value::Array(a) => Reply::Array(a.iter().map(|x| golden(x)).collect()),
             Value::Object(o) => {
                 let (k, x) = o.iter().next().unwrap();
                 match k.as_str() {
@@ -485,12 +485,12 @@ mod tests {
                 if args[0] != "RL.TAKE" || !args.contains(&"WITHSTATE") {
                     continue;
                 }
-                for (proto, resp3) in [("resp2", false), ("resp3", true)] {
+                for proto in ["resp2", "resp3"] {
                     let want = &case[proto];
                     if want.get("error").is_some() {
                         continue;
                     }
-                    let got = parse_take(&golden(want, resp3))
+                    let got = parse_take(&golden(want))
                         .unwrap_or_else(|e| panic!("{}: {e}", case["name"]));
                     let w = want.as_array().unwrap();
                     let num = |v: &Value| match v {
