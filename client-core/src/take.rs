@@ -451,7 +451,7 @@ mod tests {
             Value::Null => Reply::Nil,
             Value::Number(n) => Reply::Int(n.as_i64().unwrap()),
             Value::String(s) => Reply::Bulk(s.clone().into_bytes()),
-            Value::Array(a) => Reply::Array(a.iter().map(|x| golden(x)).collect()),
+            Value::Array(a) => Reply::Array(a.iter().map(golden).collect()),
             Value::Object(o) => {
                 let (k, x) = o.iter().next().unwrap();
                 match k.as_str() {
