@@ -5,6 +5,8 @@
 //! `share` of the limit, or a refusal) and its counters. No I/O, no clock reads: time is
 //! passed in (nanoseconds on any monotonic clock the shell keeps).
 
+use std::collections::HashMap;
+
 use rl_core::{Bucket, Level, Limit, Nanos};
 
 use crate::budget::Backend;
@@ -219,7 +221,12 @@ pub struct TakeCounters {
     pub errors_let_through: u64,
 }
 
-/// A limiter's state: its key and limit, the failure policy's local bucket and the counters.
+/// Keys the failure policy keeps a local bucket for at most; beyond, they start afresh (a
+/// fail-open limiter's memory stays bounded whatever the keys a middleware is handed).
+pub const MAX_LOCAL_KEYS: usize = 100_000;
+
+/// A limiter's state: its key and limit, the failure policy's local buckets (one per key a
+/// take named: a middleware's limiter takes on one key per caller) and the counters.
 /// No I/O, no clock reads, not thread-safe by itself (each shell holds it as its language
 /// needs: Node's one thread, a lock elsewhere).
 #[derive(Debug, Clone)]
@@ -228,8 +235,8 @@ pub struct TakeLimiter {
     limit: Limit,
     policy: TakePolicy,
     share: f64,
-    /// The local bucket `Allow` spends from, made at the first outage.
-    local: Option<Bucket>,
+    /// The local buckets `Allow` spends from, each made at its key's first outage.
+    local: HashMap<Vec<u8>, Bucket>,
     counters: TakeCounters,
 }
 
@@ -258,7 +265,7 @@ impl TakeLimiter {
             limit,
             policy,
             share,
-            local: None,
+            local: HashMap::new(),
             counters: TakeCounters::default(),
         })
     }
@@ -294,9 +301,27 @@ impl TakeLimiter {
         take_command(backend, &self.key, self.limit.rate(), self.limit.cap(), n)
     }
 
-    /// Decides a take of `n` from Redis's reply to [`TakeLimiter::command`]. Redis answered:
-    /// the failure policy's local bucket is dropped (the next outage starts afresh).
+    /// The command that takes `n` tokens on `key` (under this limiter's limit).
+    pub fn command_on(&self, backend: Backend, key: &[u8], n: u64) -> Vec<Vec<u8>> {
+        take_command(backend, key, self.limit.rate(), self.limit.cap(), n)
+    }
+
+    /// Decides a take of `n` on this limiter's key from Redis's reply.
     pub fn taken(&mut self, n: u64, reply: &Reply) -> Result<Decision, ProtocolError> {
+        let key = std::mem::take(&mut self.key);
+        let d = self.taken_on(&key, n, reply);
+        self.key = key;
+        d
+    }
+
+    /// Decides a take of `n` on `key` from Redis's reply to [`TakeLimiter::command_on`].
+    /// Redis answered: the key's local bucket is dropped (its next outage starts afresh).
+    pub fn taken_on(
+        &mut self,
+        key: &[u8],
+        n: u64,
+        reply: &Reply,
+    ) -> Result<Decision, ProtocolError> {
         let r = match parse_take(reply) {
             Ok(r) if r.granted == 0 || r.granted == n => r,
             Ok(r) => {
@@ -311,7 +336,9 @@ impl TakeLimiter {
                 return Err(e);
             }
         };
-        self.local = None;
+        if !self.local.is_empty() {
+            self.local.remove(key);
+        }
         let granted = r.granted > 0;
         if granted {
             self.counters.granted += 1;
@@ -351,9 +378,17 @@ impl TakeLimiter {
         )
     }
 
-    /// Decides a take of `n` Redis did not answer (unreachable, slower than the timeout),
-    /// as the failure policy says, at `now`.
+    /// Decides a take of `n` on this limiter's key Redis did not answer, at `now`.
     pub fn outage(&mut self, n: u64, now: Nanos) -> Decision {
+        let key = std::mem::take(&mut self.key);
+        let d = self.outage_on(&key, n, now);
+        self.key = key;
+        d
+    }
+
+    /// Decides a take of `n` on `key` Redis did not answer (unreachable, slower than the
+    /// timeout), as the failure policy says, at `now`.
+    pub fn outage_on(&mut self, key: &[u8], n: u64, now: Nanos) -> Decision {
         self.counters.outages += 1;
         let cap = self.limit.cap();
         if self.policy == TakePolicy::Deny {
@@ -370,7 +405,7 @@ impl TakeLimiter {
             };
         }
         let limit = self.local_limit();
-        let mut level = Level::new(self.local.as_ref(), limit, now);
+        let mut level = Level::new(self.local.get(key), limit, now);
         let granted = level.try_take(n as f64);
         let retry_after_ms = if granted {
             0
@@ -381,7 +416,10 @@ impl TakeLimiter {
                 None => (((n as f64 - level.tokens()) / limit.rate()) * 1000.0).ceil() as u64,
             }
         };
-        self.local = Some(level.bucket_with_pin(None));
+        if self.local.len() >= MAX_LOCAL_KEYS && !self.local.contains_key(key) {
+            self.local.clear();
+        }
+        self.local.insert(key.to_vec(), level.bucket_with_pin(None));
         if granted {
             self.counters.fallback_granted += 1;
         } else {
@@ -626,6 +664,14 @@ mod tests {
         )
         .unwrap();
         assert!(l.outage(2, 10 * SEC).granted);
+        // Each key its own local bucket.
+        assert!(l.outage_on(b"other", 2, 10 * SEC).granted);
+        assert!(!l.outage_on(b"other", 1, 10 * SEC).granted);
+        assert!(!l.outage(1, 10 * SEC).granted);
+        assert_eq!(
+            strs(&l.command_on(Backend::Module, b"rl:http:1.2.3.4", 1))[1],
+            "rl:http:1.2.3.4"
+        );
     }
 
     #[test]

@@ -158,19 +158,35 @@ impl TakeCore {
         guarded(|| self.inner.check(count("n", n)?).map_err(invalid))
     }
 
-    /// The command (name first) that takes `n` tokens.
+    /// The command (name first) that takes `n` tokens on the limiter's key, or on `key`.
     #[napi]
-    pub fn command(&self, backend_name: String, n: f64) -> napi::Result<Vec<Buffer>> {
+    pub fn command(
+        &self,
+        backend_name: String,
+        n: f64,
+        key: Option<String>,
+    ) -> napi::Result<Vec<Buffer>> {
         guarded(|| {
             let n = count("n", n)?;
             self.inner.check(n).map_err(invalid)?;
-            Ok(buffers(self.inner.command(backend(&backend_name)?, n)))
+            let b = backend(&backend_name)?;
+            Ok(buffers(match key {
+                None => self.inner.command(b, n),
+                Some(k) if k.is_empty() => return Err(invalid("key must not be empty")),
+                Some(k) => self.inner.command_on(b, k.as_bytes(), n),
+            }))
         })
     }
 
     /// The decision Redis's reply makes; an `Error` (unexpected reply) if it is malformed.
     #[napi]
-    pub fn taken(&mut self, env: Env, n: f64, reply: JsUnknown) -> napi::Result<TakeDecision> {
+    pub fn taken(
+        &mut self,
+        env: Env,
+        n: f64,
+        reply: JsUnknown,
+        key: Option<String>,
+    ) -> napi::Result<TakeDecision> {
         guarded(|| {
             let n = count("n", n)?;
             let reply = match to_reply(&env, reply) {
@@ -180,18 +196,31 @@ impl TakeCore {
                     return Err(protocol(e));
                 }
             };
-            self.inner.taken(n, &reply).map(decision).map_err(protocol)
+            match key {
+                None => self.inner.taken(n, &reply),
+                Some(k) => self.inner.taken_on(k.as_bytes(), n, &reply),
+            }
+            .map(decision)
+            .map_err(protocol)
         })
     }
 
     /// The failure policy's decision while Redis does not answer, at `now_ms`
     /// (`performance.now()`).
     #[napi]
-    pub fn outage(&mut self, n: f64, now_ms: f64) -> napi::Result<TakeDecision> {
+    pub fn outage(
+        &mut self,
+        n: f64,
+        now_ms: f64,
+        key: Option<String>,
+    ) -> napi::Result<TakeDecision> {
         guarded(|| {
             let n = count("n", n)?;
             let now = nanos(now_ms)?;
-            Ok(decision(self.inner.outage(n, now)))
+            Ok(decision(match key {
+                None => self.inner.outage(n, now),
+                Some(k) => self.inner.outage_on(k.as_bytes(), n, now),
+            }))
         })
     }
 
