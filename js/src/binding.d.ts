@@ -30,7 +30,7 @@ export interface NamedCost {
  */
 export interface SettleStepJs {
   kind: string
-  args?: Array<Buffer>
+  args?: Array<string>
   results?: Array<number | undefined | null>
 }
 /** A budget's counters. */
@@ -86,21 +86,6 @@ export declare function estimateChat(body: Buffer, defaultOutput: number): ChatE
 export declare function chatUsage(body: Buffer): ChatUsage | null
 /** The costs (or actuals) of each of a budget's limits for `input` and `output` tokens. */
 export declare function splitUsage(names: Array<string>, input: number, output: number): Array<NamedCost>
-/** One take's decision. */
-export interface TakeDecision {
-  granted: boolean
-  /** Tokens granted: n, or 0. */
-  tokens: number
-  remaining: number
-  retryAfterMs: number
-  resetAfterMs: number
-  /** The bucket's capacity (`X-RateLimit-Limit`). */
-  limit: number
-  /** `"server"`, or `"fallback"` when the failure policy decided. */
-  source: string
-  /** The kind of the operator's pin that decided (`rate`, `block`, `exempt`), if one did. */
-  pinned?: string
-}
 /** A limiter's counters. */
 export interface TakeCounters {
   granted: number
@@ -143,7 +128,7 @@ export declare class BudgetCore {
   limits(): Array<BudgetLimitInfo>
   /** Each limit's cost: `tokens` for a budget of one token limit, or `named` costs. */
   costs(tokens: number | undefined | null, named: Array<NamedCost>): Array<number>
-  reserveCommand(backendName: string, costs: Array<number>): Array<Buffer>
+  reserveCommand(backendName: string, costs: Array<number>): Array<string>
   /** The decision Redis's reply makes; an `Error` (unexpected reply) if it is malformed. */
   reserved(costs: Array<number>, reply: unknown): Grant
   /**
@@ -182,14 +167,17 @@ export declare class TakeCore {
   /** Refuses an `n` that could never be granted (0, a fraction, above the burst). */
   check(n: number): void
   /** The command (name first) that takes `n` tokens on the limiter's key, or on `key`. */
-  command(backendName: string, n: number, key?: string | undefined | null): Array<Buffer>
-  /** The decision Redis's reply makes; an `Error` (unexpected reply) if it is malformed. */
-  taken(n: number, reply: unknown, key?: string | undefined | null): TakeDecision
+  command(backendName: string, n: number, key?: string | undefined | null): Array<string>
+  /**
+   * The decision Redis's reply makes, into `out` (see `SLOTS`); an `Error` (unexpected
+   * reply) if it is malformed.
+   */
+  taken(n: number, reply: unknown, key: string | undefined | null, out: Float64Array): void
   /**
    * The failure policy's decision while Redis does not answer, at `now_ms`
-   * (`performance.now()`).
+   * (`performance.now()`), into `out`.
    */
-  outage(n: number, nowMs: number, key?: string | undefined | null): TakeDecision
+  outage(n: number, nowMs: number, key: string | undefined | null, out: Float64Array): void
   /** A call that ended in an error reply, raised to the caller. */
   error(): void
   /** A request a fail-open integration let through on an error. */

@@ -49,7 +49,7 @@ export function isReplyError(e: unknown): e is Error {
   return false;
 }
 
-type Send = (args: Buffer[]) => Promise<unknown>;
+type Send = (args: string[]) => Promise<unknown>;
 
 function sender(client: RedisClient): Send {
   const c = client as Partial<IoredisLike & NodeRedisLike> | null;
@@ -59,11 +59,11 @@ function sender(client: RedisClient): Send {
   if (typeof c.callBuffer === 'function') {
     // ioredis: replies with Buffers for bulk strings.
     const call = c.callBuffer.bind(c);
-    return (args) => call(args[0]!.toString('latin1'), ...args.slice(1));
+    return (args) => call(args[0]!, ...args.slice(1));
   }
   if (typeof c.call === 'function') {
     const call = c.call.bind(c);
-    return (args) => call(args[0]!.toString('latin1'), ...args.slice(1));
+    return (args) => call(args[0]!, ...args.slice(1));
   }
   if (typeof c.sendCommand === 'function') {
     const send = c.sendCommand.bind(c);
@@ -101,7 +101,7 @@ export class Connection {
    * or an `Outage` (no connection, a timeout, an error reply that stands for one). `late`
    * gets a reply that arrives after the timeout (a grant to give back).
    */
-  call(args: Buffer[], late?: (reply: unknown) => void): Promise<unknown> {
+  call(args: string[], late?: (reply: unknown) => void): Promise<unknown> {
     let raw: Promise<unknown>;
     try {
       raw = this.send(args);
@@ -158,7 +158,7 @@ export class Connection {
   private async probe(): Promise<Backend> {
     const ask = async (args: string[]): Promise<unknown> => {
       try {
-        return await this.call(args.map((a) => Buffer.from(a)));
+        return await this.call(args);
       } catch (e) {
         if (e instanceof ServerError) return e;
         throw e;

@@ -8,6 +8,32 @@ import { share, type Source } from './policy';
 /** Milliseconds on a monotonic clock (what the core's local buckets run on). */
 const now = (): number => performance.now();
 
+const SOURCES: readonly Source[] = ['server', 'fallback'];
+const PINS: readonly Decision['pinned'][] = [null, 'rate', 'block', 'exempt'];
+
+/** What the core writes a decision into (one per process: Node runs one call at a time). */
+const slots = new Float64Array(8);
+
+/** @internal The decision the core wrote into `slots`. */
+export function fromSlots(s: Float64Array = slots): Decision {
+  return new Decision(
+    s[0] === 1,
+    s[1]!,
+    s[2]!,
+    s[3]!,
+    s[4]!,
+    s[5]!,
+    SOURCES[s[6]!] ?? 'server',
+    PINS[s[7]!] ?? null,
+  );
+}
+
+/** @internal The decision of Redis's reply to a take (a `ProtocolError` if it is malformed). */
+export function taken(c: Binding.TakeCore, n: number, reply: unknown, key: string | null): Decision {
+  core(() => c.taken(n, reply, key, slots));
+  return fromSlots();
+}
+
 /** A take's answer: truthy fields in camelCase, as the Python client's `Decision`. */
 export class Decision {
   /** Whether the tokens were granted. */
@@ -28,15 +54,24 @@ export class Decision {
   readonly pinned: 'rate' | 'block' | 'exempt' | null;
 
   /** @internal */
-  constructor(d: Binding.TakeDecision) {
-    this.granted = d.granted;
-    this.tokens = d.tokens;
-    this.remaining = d.remaining;
-    this.retryAfterMs = d.retryAfterMs;
-    this.resetAfterMs = d.resetAfterMs;
-    this.limit = d.limit;
-    this.source = d.source as Source;
-    this.pinned = (d.pinned ?? null) as Decision['pinned'];
+  constructor(
+    granted: boolean,
+    tokens: number,
+    remaining: number,
+    retryAfterMs: number,
+    resetAfterMs: number,
+    limit: number,
+    source: Source,
+    pinned: Decision['pinned'],
+  ) {
+    this.granted = granted;
+    this.tokens = tokens;
+    this.remaining = remaining;
+    this.retryAfterMs = retryAfterMs;
+    this.resetAfterMs = resetAfterMs;
+    this.limit = limit;
+    this.source = source;
+    this.pinned = pinned;
   }
 
   /** `X-RateLimit-Limit`, `-Remaining`, `-Reset`, and `Retry-After` when denied. */
@@ -83,7 +118,7 @@ export class Limiter {
   readonly cap: number;
   private readonly core: Binding.TakeCore;
   private readonly conn: Connection;
-  private readonly args = new Map<number, Buffer[]>();
+  private readonly args = new Map<number, string[]>();
   private closed = false;
 
   constructor(client: RedisClient, key: string, limit: LimitLike, options: LimiterOptions = {}) {
@@ -116,7 +151,7 @@ export class Limiter {
     } catch (e) {
       return this.failed(e, n, key);
     }
-    let args: Buffer[];
+    let args: string[];
     if (key === undefined) {
       const id = backend === 'module' ? n : -n;
       args = this.args.get(id) ?? this.cached(id, core(() => this.core.command(backend, n, null)));
@@ -129,17 +164,20 @@ export class Limiter {
     } catch (e) {
       return this.failed(e, n, key);
     }
-    return new Decision(core(() => this.core.taken(n, reply, key ?? null)));
+    return taken(this.core, n, reply, key ?? null);
   }
 
-  private cached(id: number, args: Buffer[]): Buffer[] {
+  private cached(id: number, args: string[]): string[] {
     if (this.args.size >= 64) this.args.clear();
     this.args.set(id, args);
     return args;
   }
 
   private failed(e: unknown, n: number, key: string | undefined): Decision {
-    if (e instanceof Outage) return new Decision(this.core.outage(n, now(), key ?? null));
+    if (e instanceof Outage) {
+      core(() => this.core.outage(n, now(), key ?? null, slots));
+      return fromSlots();
+    }
     if (e instanceof ServerError) this.core.error();
     throw e;
   }

@@ -11,7 +11,8 @@ const path = require('node:path');
 const rl = require('..');
 const { native } = require('../dist/cjs/native');
 const { core: guard } = require('../dist/cjs/errors');
-const taken = (limiter, n, reply) => guard(() => limiter.taken(n, reply, null));
+const { taken: decide } = require('../dist/cjs/limiter');
+const taken = (limiter, n, reply) => decide(limiter, n, reply, null);
 
 const CASES = path.join(__dirname, '..', '..', 'protocol');
 const read = (name) => JSON.parse(fs.readFileSync(path.join(CASES, name), 'utf8')).cases;
@@ -70,7 +71,7 @@ test('take replies: every golden RL.TAKE ... WITHSTATE case through the JS conve
         for (const flavor of flavors) {
           // The case's own limit: a granted count is n.
           const core = new native.TakeCore('k', Number(rate), Number(cap), 'allow', null);
-          const d = core.taken(Number(n), asClient(want, flavor), null);
+          const d = taken(core, Number(n), asClient(want, flavor));
           assert.equal(d.granted, num(want[0]) > 0, c.name);
           assert.equal(d.tokens, num(want[0]), c.name);
           assert.equal(d.remaining, num(want[1]), c.name);
@@ -135,9 +136,9 @@ test('bad arguments are RangeErrors with what to do', () => {
 
 test('headers and the 429 body, as the Python middleware writes them', () => {
   const core = new native.TakeCore('k', 2, 10, 'allow', null);
-  const granted = new rl.Decision(core.taken(3, [3, Buffer.from('7.5'), 0, 1250], null));
+  const granted = taken(core, 3, [3, Buffer.from('7.5'), 0, 1250]);
   assert.deepEqual(granted.headers(), { 'X-RateLimit-Limit': '10', 'X-RateLimit-Remaining': '7', 'X-RateLimit-Reset': '2' });
-  const denied = new rl.Decision(core.taken(3, [0, '-0.5', 1001, 5250], null));
+  const denied = taken(core, 3, [0, '-0.5', 1001, 5250]);
   assert.deepEqual(denied.headers(), {
     'X-RateLimit-Limit': '10', 'X-RateLimit-Remaining': '0', 'X-RateLimit-Reset': '6', 'Retry-After': '2',
   });

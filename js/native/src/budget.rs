@@ -2,7 +2,6 @@
 //! Node. The shell sends the commands it is handed, waits, and hands the replies back; what
 //! a reservation gets, from Redis or from the failure policy, is decided in the core.
 
-use napi::bindgen_prelude::Buffer;
 use napi::{Env, JsUnknown};
 use napi_derive::napi;
 
@@ -14,7 +13,7 @@ use rl_client_core::token_budget::{
 use crate::guard::{count, guarded, invalid, nanos, protocol};
 use crate::reply::to_reply;
 use crate::take::source;
-use crate::{backend, buffers};
+use crate::{backend, strings};
 
 /// One limit of a budget.
 #[napi(object)]
@@ -92,7 +91,7 @@ fn grant(g: CoreGrant) -> Grant {
 #[napi(object)]
 pub struct SettleStepJs {
     pub kind: String,
-    pub args: Option<Vec<Buffer>>,
+    pub args: Option<Vec<String>>,
     pub results: Option<Vec<Option<f64>>>,
 }
 
@@ -197,10 +196,10 @@ impl BudgetCore {
         &self,
         backend_name: String,
         costs: Vec<f64>,
-    ) -> napi::Result<Vec<Buffer>> {
+    ) -> napi::Result<Vec<String>> {
         guarded(|| {
             let costs = self.check(&costs)?;
-            Ok(buffers(
+            Ok(strings(
                 self.inner.reserve_command(backend(&backend_name)?, &costs),
             ))
         })
@@ -249,7 +248,7 @@ impl BudgetCore {
                 match self.inner.settle(b, &mut grant.ticket, &actual, now) {
                     SettleStep::Send(a) => SettleStepJs {
                         kind: "send".into(),
-                        args: Some(buffers(a)),
+                        args: Some(strings(a)),
                         results: None,
                     },
                     SettleStep::Done(r) => SettleStepJs {

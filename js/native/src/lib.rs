@@ -31,6 +31,14 @@ pub(crate) fn backend(name: &str) -> napi::Result<Backend> {
     }
 }
 
-pub(crate) fn buffers(args: Vec<Vec<u8>>) -> Vec<napi::bindgen_prelude::Buffer> {
-    args.into_iter().map(Into::into).collect()
+/// A command's arguments as JS strings: every argument is made from JS strings (keys, limit
+/// names) and numbers, so each is UTF-8 already; a string costs Node far less to make than a
+/// Buffer (which needs a finalizer per argument).
+pub(crate) fn strings(args: Vec<Vec<u8>>) -> Vec<String> {
+    args.into_iter()
+        .map(|a| {
+            String::from_utf8(a)
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+        })
+        .collect()
 }

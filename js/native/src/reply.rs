@@ -76,19 +76,21 @@ fn convert(env: &Env, value: JsUnknown, depth: usize) -> Result<Reply, ProtocolE
             Ok(Reply::Bulk(text.as_slice().to_vec()))
         }
         ValueType::Object => {
+            // Arrays first: every reply parsed here is one.
+            if value.is_array().map_err(|e| failed("a reply", e))? {
+                // SAFETY: an object (checked above).
+                let obj: JsObject = unsafe { value.cast() };
+                return items(env, &obj, depth).map(Reply::Array);
+            }
             if value.is_buffer().map_err(|e| failed("a reply", e))? {
                 // SAFETY: is_buffer checked it.
                 let b: JsBuffer = unsafe { value.cast() };
                 let data = b.into_value().map_err(|e| failed("a Buffer", e))?;
                 return Ok(Reply::Bulk(data.to_vec()));
             }
-            let is_array = value.is_array().map_err(|e| failed("a reply", e))?;
             let is_error = value.is_error().map_err(|e| failed("a reply", e))?;
             // SAFETY: an object (checked above).
             let obj: JsObject = unsafe { value.cast() };
-            if is_array {
-                return items(env, &obj, depth).map(Reply::Array);
-            }
             if is_error {
                 let message: JsUnknown = obj
                     .get_named_property("message")
