@@ -192,3 +192,37 @@ test('the ESM entry exports the same classes', async () => {
   assert.equal(esm.TokenBudget, rl.TokenBudget);
   assert.equal(typeof esm.rateLimit, 'function');
 });
+
+test('a budget grant that arrives after the timeout is given back at once', async () => {
+  const sent = [];
+  const fake = {
+    call: (...args) => {
+      sent.push(args);
+      if (args[0] === 'RL.BUDGET') return new Promise((r) => setTimeout(() => r([1, 42, null, 0, ['900']]), 40));
+      return Promise.resolve([100]);
+    },
+  };
+  const b = new rl.TokenBudget(fake, 'org', { rate: 1, cap: 1000 }, { timeoutMs: 5, backend: 'module', instances: 1 });
+  const res = await b.reserve(100);
+  assert.deepEqual([res.granted, res.source], [true, 'fallback']);
+  await new Promise((r) => setTimeout(r, 100));
+  assert.deepEqual(sent[1], ['RL.SETTLE', '42', '{org}:tokens', '0']);
+  assert.equal(b.counters.refundedTokens, 100);
+  // The local grant settles locally: nothing sent.
+  assert.deepEqual(await res.settle(30), { tokens: 70 });
+  assert.equal(sent.length, 2);
+});
+
+test('an error reply is a ServerError; LOADING and READONLY are outages', async () => {
+  class ReplyError extends Error {}
+  let message = 'WRONGTYPE Operation against a key holding the wrong kind of value';
+  const fake = { call: async () => { throw new ReplyError(message); } };
+  const b = new rl.TokenBudget(fake, 'org', '1000/minute', { backend: 'functions', failurePolicy: 'deny' });
+  await assert.rejects(b.reserve(1), (e) => e instanceof rl.ServerError && /WRONGTYPE/.test(e.message));
+  const l = new rl.Limiter(fake, 'k', '10/second', { backend: 'module' });
+  await assert.rejects(l.take(), rl.ServerError);
+  for (message of ['LOADING Redis is loading the dataset in memory', 'READONLY You can\'t write against a read only replica.']) {
+    assert.equal((await b.reserve(1)).source, 'fallback');
+    assert.equal((await l.take()).source, 'fallback');
+  }
+});
