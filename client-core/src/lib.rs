@@ -19,6 +19,7 @@ pub mod budget;
 pub mod limits;
 pub mod openai;
 pub mod reply;
+pub mod take;
 pub mod token_budget;
 
 pub use reply::{ProtocolError, Reply};
