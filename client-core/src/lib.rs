@@ -23,3 +23,13 @@ pub mod take;
 pub mod token_budget;
 
 pub use reply::{ProtocolError, Reply};
+
+/// What a panic said (its `&str` or `String` payload), for the shells' guards: each turns a
+/// panic at its boundary into its language's error with this message, never an abort.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}

@@ -18,11 +18,7 @@ pub fn guarded<T>(body: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(result) => result,
         Err(payload) => {
-            let why = payload
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".to_owned());
+            let why = rl_client_core::panic_message(payload.as_ref());
             Err(PyRuntimeError::new_err(format!(
                 "redis_rl internal error (please report it): {why}"
             )))

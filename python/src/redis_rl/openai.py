@@ -149,22 +149,37 @@ class _Call:
         return None if usage is None else _costs(self.budget, usage[0], usage[1])
 
 
-class BudgetTransport(httpx.BaseTransport):
-    """An httpx transport that charges every chat completion to ``budget`` (a
-    :class:`~redis_rl.TokenBudget`); other requests pass as they are."""
+class _Settings:
+    """Both transports' settings: the budget, the transport the calls go on (httpx's own by
+    default), the output reserved when a request sets no ``max_tokens``, and how long a
+    refused reservation waits before the transport answers 429."""
 
     def __init__(
         self,
-        budget: TokenBudget,
-        transport: Optional[httpx.BaseTransport] = None,
+        budget: Union[TokenBudget, AsyncTokenBudget],
+        transport: Optional[Union[httpx.BaseTransport, httpx.AsyncBaseTransport]] = None,
         *,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         wait_ms: int = 0,
     ) -> None:
         self.budget = budget
-        self.transport = transport if transport is not None else httpx.HTTPTransport()
+        if transport is None:
+            transport = (
+                httpx.AsyncHTTPTransport()
+                if isinstance(budget, AsyncTokenBudget)
+                else httpx.HTTPTransport()
+            )
+        self.transport = transport
         self.default_max_tokens = default_max_tokens
         self.wait_ms = wait_ms
+
+
+class BudgetTransport(_Settings, httpx.BaseTransport):
+    """An httpx transport that charges every chat completion to ``budget`` (a
+    :class:`~redis_rl.TokenBudget`); other requests pass as they are."""
+
+    budget: TokenBudget
+    transport: httpx.BaseTransport
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if not _is_chat(request):
@@ -231,23 +246,13 @@ class _SyncStream(httpx.SyncByteStream):
             self._settle()
 
 
-class AsyncBudgetTransport(httpx.AsyncBaseTransport):
+class AsyncBudgetTransport(_Settings, httpx.AsyncBaseTransport):
     """The asyncio twin of :class:`BudgetTransport`, over an
     :class:`~redis_rl.AsyncTokenBudget` (``openai.AsyncOpenAI(http_client=httpx.AsyncClient(
     transport=AsyncBudgetTransport(budget)))``)."""
 
-    def __init__(
-        self,
-        budget: AsyncTokenBudget,
-        transport: Optional[httpx.AsyncBaseTransport] = None,
-        *,
-        default_max_tokens: int = DEFAULT_MAX_TOKENS,
-        wait_ms: int = 0,
-    ) -> None:
-        self.budget = budget
-        self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
-        self.default_max_tokens = default_max_tokens
-        self.wait_ms = wait_ms
+    budget: AsyncTokenBudget
+    transport: httpx.AsyncBaseTransport
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if not _is_chat(request):
