@@ -182,6 +182,7 @@ class BudgetTransport(_Settings, httpx.BaseTransport):
     transport: httpx.BaseTransport
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """Sends ``request``; a chat completion reserved first and settled from its reply."""
         if not _is_chat(request):
             return self.transport.handle_request(request)
         try:
@@ -215,6 +216,7 @@ class BudgetTransport(_Settings, httpx.BaseTransport):
         )
 
     def close(self) -> None:
+        """Closes the transport the calls go on."""
         self.transport.close()
 
 
@@ -255,6 +257,7 @@ class AsyncBudgetTransport(_Settings, httpx.AsyncBaseTransport):
     transport: httpx.AsyncBaseTransport
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """As :meth:`BudgetTransport.handle_request`."""
         if not _is_chat(request):
             return await self.transport.handle_async_request(request)
         try:
@@ -289,6 +292,7 @@ class AsyncBudgetTransport(_Settings, httpx.AsyncBaseTransport):
         )
 
     async def aclose(self) -> None:
+        """Closes the transport the calls go on."""
         await self.transport.aclose()
 
 
