@@ -247,7 +247,12 @@ impl Reservation {
             self.parts
                 .iter()
                 .enumerate()
-                .map(|(i, (k, n))| (k.clone(), actual.get(i).copied().flatten().unwrap_or(*n)))
+                // An actual above what the server reads (2^63 - 1) is charged as that much:
+                // the debt is floored anyway, and the settle must not be refused.
+                .map(|(i, (k, n))| {
+                    let a = actual.get(i).copied().flatten().unwrap_or(*n);
+                    (k.clone(), a.min(i64::MAX as u64))
+                })
                 .collect(),
         )
     }

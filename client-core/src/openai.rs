@@ -170,6 +170,9 @@ pub fn chat_usage(body: &[u8]) -> Option<Usage> {
 #[derive(Debug, Default)]
 pub struct StreamUsage {
     pending: Vec<u8>,
+    /// How far `pending` was searched for an event's end (so a partial event fed a byte at a
+    /// time is not searched again from its start: quadratic).
+    searched: usize,
     hide: bool,
     usage: Option<Usage>,
 }
@@ -197,7 +200,9 @@ impl StreamUsage {
         self.pending.extend_from_slice(bytes);
         let mut out = Vec::with_capacity(self.pending.len());
         let mut start = 0;
-        while let Some(end) = find_event_end(&self.pending[start..]) {
+        let mut from = self.searched;
+        while let Some(end) = find_event_end(&self.pending[start..], from) {
+            from = 0;
             let event = &self.pending[start..start + end];
             let (seen, hidden) = scan(event, self.hide);
             if seen.is_some() {
@@ -212,12 +217,15 @@ impl StreamUsage {
         if self.pending.len() > MAX_EVENT {
             out.append(&mut self.pending);
         }
+        // The last 2 bytes may begin an end still to come.
+        self.searched = self.pending.len().saturating_sub(2);
         out
     }
 
     /// The stream ended: what is left to pass on.
     pub fn finish(&mut self) -> Vec<u8> {
         let rest = std::mem::take(&mut self.pending);
+        self.searched = 0;
         let (seen, hidden) = scan(&rest, self.hide);
         if seen.is_some() {
             self.usage = seen;
@@ -258,9 +266,10 @@ fn scan(event: &[u8], hide: bool) -> (Option<Usage>, bool) {
     (Some(usage), hide && no_choices)
 }
 
-/// Where the first event of `buf` ends (after its blank line), if it does.
-fn find_event_end(buf: &[u8]) -> Option<usize> {
-    let mut i = 0;
+/// Where the first event of `buf` ends (after its blank line), if it does, searching from
+/// `from` (what was searched before holds no end).
+fn find_event_end(buf: &[u8], from: usize) -> Option<usize> {
+    let mut i = from;
     while i + 1 < buf.len() {
         if buf[i] == b'\n' && buf[i + 1] == b'\n' {
             return Some(i + 2);
@@ -370,6 +379,23 @@ mod tests {
         assert_eq!(
             actuals(&["input", "output", "requests"], &u),
             [("input", 12), ("output", 30)]
+        );
+    }
+
+    #[test]
+    fn a_large_event_fed_a_byte_at_a_time_is_read_in_linear_time() {
+        let mut event = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2},\"x\":\"".to_vec();
+        event.extend(std::iter::repeat_n(b'x', 300_000));
+        event.extend(b"\"}\n\n");
+        let mut s = StreamUsage::new(true);
+        let out: usize = event.iter().map(|b| s.feed(&[*b]).len()).sum();
+        assert_eq!(out, 0, "hidden");
+        assert_eq!(
+            s.usage(),
+            Some(Usage {
+                input: 1,
+                output: 2
+            })
         );
     }
 

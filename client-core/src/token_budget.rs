@@ -386,13 +386,10 @@ impl TokenBudget {
             };
         }
         let mut levels = self.local_levels(now);
-        // A cost above a local bucket's cap (share < 1) could never be granted locally:
-        // it is asked for as much as the local bucket can hold.
-        let ns: Vec<u64> = levels
-            .iter()
-            .zip(costs)
-            .map(|(l, &n)| n.min(l.limit().cap().floor().max(1.0) as u64))
-            .collect();
+        // A cost above a local bucket's cap (share < 1) can never be granted locally: it is
+        // denied until Redis answers (granting it, or a part of it, would let out more than
+        // the share).
+        let ns = costs.to_vec();
         let outcome = rl_core::budget::reserve_all(&mut levels, &ns);
         let remaining = Some(levels.iter().map(Level::tokens).collect());
         if outcome.granted {
@@ -413,7 +410,11 @@ impl TokenBudget {
             self.counters.fallback_denied += 1;
             Grant {
                 granted: false,
-                retry_after_ms: outcome.longest.div_ceil(1_000_000).max(1),
+                retry_after_ms: if outcome.longest == u64::MAX {
+                    1000
+                } else {
+                    outcome.longest.div_ceil(1_000_000).max(1)
+                },
                 denied_by: Some(outcome.worst),
                 remaining,
                 source: Source::Fallback,
@@ -481,11 +482,11 @@ impl TokenBudget {
         self.counters.settles_lost += 1;
     }
 
-    /// Redis answered again: the local buckets are dropped, the next outage starts afresh
-    /// from what Redis reports meanwhile.
-    pub fn recovered(&mut self) {
-        self.local = None;
-    }
+    /// Redis answered again. The local buckets are kept, refilling as time passes: dropped,
+    /// a Redis that flaps would hand each outage a full share again (the review measured
+    /// five times the share in 20 ms); kept, what the failure policy lets out over any
+    /// stretch of outages stays within `share * (cap + rate * t)`.
+    pub fn recovered(&mut self) {}
 }
 
 #[cfg(test)]
@@ -626,11 +627,13 @@ mod tests {
         // Half of output's 40: 20 there, not the 250 a full local bucket would hold.
         assert!(!b.outage(&[1, 1, 21], 0).granted);
         assert!(b.outage(&[1, 1, 20], 0).granted);
+        // A flap does not refill it: the 20 are spent.
         b.recovered();
-        assert!(
-            b.outage(&[1, 1, 20], 0).granted,
-            "afresh from the last report"
-        );
+        assert!(!b.outage(&[1, 1, 20], 0).granted, "kept across outages");
+        // A cost above the local bucket's cap is denied, not granted in part.
+        let mut small = budget(FailurePolicy::Allow, 0.25);
+        let g = small.outage(&[1, 1, 126], 0);
+        assert!(!g.granted && g.retry_after_ms == 1000 && g.denied_by == Some(2));
     }
 
     #[test]

@@ -225,3 +225,17 @@ def test_threads_and_a_fork_share_one_budget_exactly(server: Server, key: str) -
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
     assert abs(tokens_left(r, budget, "tokens") - (10_000 - 400 * 4 - 10)) < 1e-3
+
+
+def test_what_the_review_found(server: Server, key: str) -> None:
+    """An actual above what the server reads settles (charged as bounded debt), not
+    refused; a timeout of inf is refused at once."""
+    r = server.client()
+    budget = TokenBudget(r, key, "1000/minute", requests="100/minute")
+    res = budget.reserve(5)
+    back = res.settle(2**63)
+    assert back is not None and back["tokens"] is not None and back["tokens"] < 0
+    with pytest.raises(ValueError, match="timeout"):
+        TokenBudget(r, key, "10/second", timeout=float("inf"))
+    with pytest.raises(ValueError, match="timeout"):
+        TokenBudget(r, key, "10/second", timeout=float("nan"))

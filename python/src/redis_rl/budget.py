@@ -165,8 +165,10 @@ class _State:
         )
         self.names = [name for name, *_ in self.core.limits()]
         self.lock = threading.Lock()
-        if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
-            raise ValueError("timeout must be positive seconds (or None)")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not 0 < timeout <= 86_400  # false for nan
+        ):
+            raise ValueError("timeout must be positive seconds up to a day (or None)")
         self.client = client
         self.is_async = is_async
         # The callers the limiters use: a timeout per call, a pool of their own (a call
