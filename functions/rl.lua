@@ -836,13 +836,48 @@ local F, R, C, H, S, X, P, I, LS, V = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 -- The pin functions (see "Pins" below), in one table: a chunk may have at most 200 locals.
 local Pn = {}
 
-local function hmget_bucket(key) return pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p') end
 
--- The same with `v`, moved to V.
-local function hmget_versioned(key)
-    local h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p', 'v')
-    if not h.err then h[V], h[8] = h[8], nil end
+-- The string layout: a plain bucket (f r c only: no version, span, lease, lease id or pin)
+-- is one string `rl:<r>:<c>:<f>` with the key's expiry, written by one SET ... PXAT (value
+-- and expiry in one call) and read by one GET. Every other bucket is a hash as above. A
+-- string bucket that needs another field is deleted and written as a hash (`write`); a
+-- hash known to hold only f r c (every field read: h.all) is rewritten as a string on its
+-- next plain write, which replaces it (`store`): hashes written by earlier versions of the
+-- library are read as they are and move to the string on their next write.
+-- Its functions in one table (Lua's 200 locals).
+local Ly = {}
+Ly.WRONG = 'WRONGTYPE Operation against a key holding the wrong kind of value'
+-- The string's prefix for limit L: `rl:<r>:<c>:` (L.tn: its length + 1).
+function Ly.tag_of(L)
+    local t = 'rl:' .. L.rt .. ':' .. L.ct .. ':'
+    L.tag, L.tn = t, #t + 1
+    return t
+end
+-- The fields of a string bucket (h.str), nil for a string this library did not write.
+function Ly.string_bucket(g)
+    local rt, ct, ft = g:match( '^rl:([^:]+):([^:]+):(%d+)$')
+    if not rt then return nil end
+    return { ft, rt, ct, str = true }
+end
+-- Every field of a hash (f r c h s x p i l v at F..V): h.all.
+function Ly.hmget_all(key)
+    local h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p', 'i', 'l', 'v')
+    if not h.err then h.all = true end
     return h
+end
+-- The bucket at key read string first (the common case: one GET); a hash, all its fields.
+-- h.none: no key. A string this library did not write, or another type: WRONGTYPE (h.err).
+function Ly.get_bucket(key)
+    local g = pcall_r('GET', key)
+    if not g then return { none = true } end
+    if type(g) == 'string' then return Ly.string_bucket(g) or { err = Ly.WRONG } end
+    return Ly.hmget_all(key)
+end
+-- Whether the value at key is a string bucket of this library (for the error texts of
+-- calls that take hashes only: shares).
+function Ly.string_at(key)
+    local g = pcall_r('GET', key)
+    return type(g) == 'string' and Ly.string_bucket(g) ~= nil
 end
 
 -- Whether t is 1 to 19 digits (an instant, duration, id or expiry this library wrote:
@@ -877,7 +912,8 @@ local function checked(h, key)
     if not ft then
         -- A key that holds only a pin (RL.PIN on a key without a bucket) has p alone.
         if not h[P] then
-            absent(key)
+            if not h.none then absent(key) end
+            h.none = true
         elseif not Pn.parse_pin(h[P]).absent then
             not_a_bucket('it has a pin over no field f')
         end
@@ -896,21 +932,30 @@ local function checked(h, key)
 end
 
 -- `with_v`: read v too.
-local function read(key, with_v)
-    local h
-    if with_v then h = hmget_versioned(key) else h = hmget_bucket(key) end
+-- The bucket read string first (calls whose buckets are mostly plain: MTAKE, RESERVE,
+-- PEEK, REFUND); `with_v` is moot: a hash is read whole.
+local function read(key)
+    local h = Ly.get_bucket(key)
     if h.err then error({ reply = h }, 0) end
     return checked(h, key)
 end
 
+-- The bucket with its lease table read hash first (calls whose buckets mostly hold
+-- leases), a string bucket on WRONGTYPE.
 local function read_leases(key, with_v)
     local h
     if with_v then
         h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p', 'i', 'l', 'v')
+        if not h.err then h.all = true end
     else
         h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p', 'i', 'l')
     end
-    if h.err then error({ reply = h }, 0) end
+    if h.err then
+        local g = pcall_r('GET', key)
+        if type(g) ~= 'string' then error({ reply = h }, 0) end
+        h = Ly.string_bucket(g)
+        if not h then error({ reply = { err = Ly.WRONG } }, 0) end
+    end
     return checked(h, key)
 end
 
@@ -920,7 +965,7 @@ end
 local function level_versioned(h, ft, L, ns, nn, into, v, key)
     local vt = h[V]
     if vt == nil then
-        vt = call('HGET', key, 'v')
+        if h.str then vt = false else vt = call('HGET', key, 'v') end
         h[V] = vt
     end
     local B, D, wv = stored_limit(h[R], h[C], L, vt, v)
@@ -1038,8 +1083,13 @@ local function write(key, h, lv, extra, drop, wv)
     local k = 3
     -- A stored pin (h[P]): h may be the bucket as it stands without it (`Pn.pin_of`), not
     -- the stored fields; every field is written, and p as `h.pw` says (nil: it goes).
-    local pinned = h[P]
-    if pinned or not (h[F] and h[R] == L.rt and h[C] == L.ct) then
+    local pinned, fresh = h[P], h.str
+    if fresh then
+        -- A string bucket that needs a field the string has not: a hash from now on.
+        call('DEL', key)
+        h.str = nil
+    end
+    if fresh or pinned or not (h[F] and h[R] == L.rt and h[C] == L.ct) then
         args[4] = 'r'; args[5] = L.rt; args[6] = 'c'; args[7] = L.ct
         k = 7
     end
@@ -1125,16 +1175,24 @@ local function store(key, h, lv, wv)
     -- Set, not compared: reading PEXPIRETIME to skip an unchanged expiry measured no
     -- cheaper than setting it (functions/bench.py; docs/functions.md).
     local L = lv.L
-    if lv.ss == 0 and lv.sn == 0 and h[F] and not h[X] and not h[H] and not h[S]
-        and h[R] == L.rt and h[C] == L.ct and not wv and not h[P] then
-        -- The hot path: same limit, no span, no lease: f and the expiry (full_at).
+    if lv.ss == 0 and lv.sn == 0 and not h[X] and not wv and not h[P] and not h.pw then
+        -- The hot paths: no span, no lease, no version to write, no pin.
         local fs, fn = lv.as + lv.ds, lv.an + lv.dn
         if fn >= G then fs, fn = fs + 1, fn - G end
-        call('HSET', key, 'f', instant_text(fs, fn))
         local ms = fs * 1000 + ceil(fn / 1e6)
         if MS_TEXT then ms = fmt('%d', ms) end
-        call('PEXPIREAT', key, ms)
-        return
+        if h.str or h.none or (h.all and not (h[H] or h[S] or h[I] or h[LS] or h[V])) then
+            -- A plain bucket: the string, value and expiry in one call (see `get_bucket`).
+            call('SET', key, (L.tag or Ly.tag_of(L)) .. instant_text(fs, fn), 'PXAT', ms)
+            return
+        end
+        if h[F] and not h[H] and not h[S] and h[R] == L.rt and h[C] == L.ct then
+            -- A hash with the same limit (it keeps fields the string has not): f and the
+            -- expiry (full_at).
+            call('HSET', key, 'f', instant_text(fs, fn))
+            call('PEXPIREAT', key, ms)
+            return
+        end
     end
     write(key, h, lv, nil, nil, wv)
     local x = h[X] and tonumber(h[X])
@@ -1490,9 +1548,27 @@ end
 -- (`stored_texts`).
 local function take(key, L, n, with_state, init, v, shadow)
     local ns, nn = now()
+    -- `get_bucket` with its common case inline: a string under the call's limit.
     local h
-    if v then h = hmget_versioned(key) else h = hmget_bucket(key) end
-    if h.err then return h end
+    local g = pcall_r('GET', key)
+    if type(g) == 'string' then
+        local tn = L.tn
+        if not tn then
+            Ly.tag_of(L)
+            tn = L.tn
+        end
+        if ssub(g, 1, tn - 1) == L.tag then
+            h = { ssub(g, tn), L.rt, L.ct, str = true }
+        else
+            h = Ly.string_bucket(g)
+            if not h then return { err = Ly.WRONG } end
+        end
+    elseif not g then
+        h = { none = true }
+    else
+        h = Ly.hmget_all(key)
+        if h.err then return h end
+    end
     -- `checked`'s common case inline (this runs on every take): an `f` of digits, no other
     -- field to check.
     local ft = h[F]
@@ -1766,7 +1842,7 @@ local function rl_mtake(keys, a)
     for j = 1, nk do
         -- Each bucket opened, then n checked against the limit deciding it, in key order
         -- (nothing is written before every bucket passed).
-        local h = read(keys[j], v)
+        local h = read(keys[j])
         hs[j] = h
         local pin = h[P] and Pn.pin_of(h, ns, nn)
         local lv, wv
@@ -2020,7 +2096,7 @@ local function rl_peek(keys, a)
     if #keys ~= 1 or #a ~= 0 then arity('RL.PEEK') end
     local key = keys[1]
     local ns, nn, now_us = now()
-    local h = read_leases(key, true)
+    local h = read(key)
     if not h[F] then return false end
     local lv, pin
     if h[P] then
@@ -2080,7 +2156,7 @@ local function rl_reserve(keys, a)
 
     local key = keys[1]
     local ns, nn = now()
-    local h = read(key, v)
+    local h = read(key)
     local pin = h[P] and Pn.pin_of(h, ns, nn)
     local lv, wv
     if pin then
@@ -2116,7 +2192,7 @@ local function rl_refund(keys, a)
     local n = positive(a, 1, N, 'n must be a positive integer')
     local key = keys[1]
     local ns, nn = now()
-    local h = read_leases(key)
+    local h = read(key)
     if not h[F] then return { double = 0 } end
     local lv, pin
     if h[P] then
@@ -2146,6 +2222,10 @@ Pn.MAX_I64_S, Pn.MAX_I64_N = 9223372036, 854775807
 -- The fields of a bucket view h (f r c, h s or none), the pin h.pw (nil: none), and the
 -- key's expiry: the bucket's, a pin's end if later, none for a pin without an end.
 function Pn.write_view(key, h)
+    if h.str then
+        call('DEL', key) -- a string bucket pinned: a hash from now on (see `write`)
+        h.str = nil
+    end
     local args = { key, 'f', h[F], 'r', h[R], 'c', h[C] }
     if h[H] then
         args[8] = 'h'; args[9] = h[H]; args[10] = 's'; args[11] = h[S] or '0'
@@ -2570,7 +2650,13 @@ local function rl_share(keys, a)
     local key = keys[1]
     local _, _, now_us = now()
     local all = pcall_r('HGETALL', key)
-    if all.err then return all end
+    if all.err then
+        if Ly.string_at(key) then
+            return error_reply('WRONGTYPE the hash at this key is a bucket of this library, '
+                .. 'not a rate share')
+        end
+        return all
+    end
     local B, vt, list, pin = nil, nil, {}, nil
     local exists = #all > 0
     if exists then B, vt, list, pin = share_entries(all, key) end
@@ -2830,7 +2916,7 @@ function Pn.rl_pin_share(key, a, shares)
         local t = pcall_r('TYPE', key)
         t = type(t) == 'table' and t.ok or t
         if t ~= 'none' and not Pn.share_hash(key) then
-            if t ~= 'hash' then
+            if t ~= 'hash' and not (t == 'string' and Ly.string_at(key)) then
                 error({ reply = error_reply('WRONGTYPE Operation against a key holding the '
                     .. 'wrong kind of value') }, 0)
             end

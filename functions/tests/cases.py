@@ -19,6 +19,8 @@ import os
 
 import redis
 
+from servers import bucket_fields
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 CASES = os.path.join(ROOT, "protocol", "cases")
 
@@ -559,7 +561,7 @@ def run_case(server, case, protocol):
             if r.exists(key):
                 problems.append(f"{key}: exists, the case says absent")
         elif s.get("type", "bucket") == "bucket":
-            h = r.hgetall(key)
+            h = bucket_fields(r, key)
             bad = compare_bucket(s, bucket_of_hash(h, w) if h else None, w, key)
             problems += bad or expiry(r, key, s, w)
         elif s["type"] == "share":

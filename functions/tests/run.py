@@ -34,7 +34,7 @@ import redis
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cases  # noqa: E402
 import differential  # noqa: E402
-from servers import MODULE, SERVER, Cluster, Server, library_source  # noqa: E402
+from servers import MODULE, SERVER, Cluster, Server, bucket_fields, library_source  # noqa: E402
 
 FAILED = []
 
@@ -136,11 +136,12 @@ def alone():
         g, rem, retry, reset = fcall(r2, "rl_take", ["s"], *slow, 8, "WITHSTATE")
         assert g == 0 and 7 <= float(rem) < 7.01 and 990_000 < retry <= 1_000_000
         assert 2_990_000 < reset <= 3_000_000
-        assert set(r2.hkeys("s")) == {b"f", b"r", b"c"}
+        # A plain bucket is a string (value and expiry in one SET ... PXAT).
+        assert r2.type("s") == b"string" and set(bucket_fields(r2, "s")) == {b"f", b"r", b"c"}
         # Denied calls write nothing: the stored state is unchanged.
-        before = r2.hgetall("s"), r2.pexpiretime("s")
+        before = r2.dump("s"), r2.pexpiretime("s")
         fcall(r2, "rl_take", ["s"], *slow, 9)
-        assert (r2.hgetall("s"), r2.pexpiretime("s")) == before
+        assert (r2.dump("s"), r2.pexpiretime("s")) == before
         # INIT stores a bucket created below full even when denied.
         assert expires_after(r2, "w", lambda: fcall(r2, "rl_take", ["w"], 1, 10, 5, "INIT", 0),
                              10_000) == 0
@@ -231,8 +232,8 @@ def alone():
         assert r2.hget("hp", "s") == b"100000000"
         hold = int(r2.hget("hp", "h"))
         wait_for("the hold passed", lambda: server_ms(r2) * 1e6 > hold + 1e6)
-        assert fcall(r2, "rl_take", ["hp"], 100000, 2, 1) == 1 and not r2.hexists("hp", "h")
-        assert not r2.hexists("hp", "s")
+        assert fcall(r2, "rl_take", ["hp"], 100000, 2, 1) == 1
+        assert b"h" not in bucket_fields(r2, "hp") and b"s" not in bucket_fields(r2, "hp")
         # RETURN to full keeps a held key.
         got, lid, _, _ = fcall(r2, "rl_lease", ["hr"], 1, 100, 5, 60000)
         assert fcall(r2, "rl_take", ["hr"], 1000, 100, 1) == 1
@@ -575,13 +576,14 @@ def shadow():
         # Granted: the same reply and write as without SHADOW.
         assert fcall(r2, "rl_take", ["t"], *slow, 4, "SHADOW") == 4
         assert fcall(r2, "rl_take", ["e"], *slow, 4) == 4
-        assert r2.hget("t", "f") is not None and r2.hkeys("t") == r2.hkeys("e")
+        assert r2.type("t") == r2.type("e") and b"f" in bucket_fields(r2, "t")
+        assert bucket_fields(r2, "t").keys() == bucket_fields(r2, "e").keys()
         # Denied: answered as granted, nothing written, the wait not shown.
-        before = r2.hgetall("t"), r2.pexpiretime("t")
+        before = r2.dump("t"), r2.pexpiretime("t")
         assert fcall(r2, "rl_take", ["t"], *slow, 7, "SHADOW") == 7
         g, rem, retry, reset = fcall(r3, "rl_take", ["t"], *slow, 7, "shadow", "WITHSTATE")
         assert (g, retry) == (7, 0) and 5.99 < rem <= 6.01 and 3_990_000 < reset <= 4_000_000
-        assert (r2.hgetall("t"), r2.pexpiretime("t")) == before
+        assert (r2.dump("t"), r2.pexpiretime("t")) == before
         assert fcall(r2, "rl_take", ["t"], *slow, 7) == 0  # enforcing: still denied
         # INIT: a bucket created below full is stored, as when enforcing.
         assert fcall(r2, "rl_take", ["ti"], *slow, 3, "INIT", 1, "SHADOW") == 3
@@ -600,12 +602,12 @@ def shadow():
         assert got == 2 and lid2 > lid
         # MTAKE: all or nothing as when enforcing; a denial answers [n, nil, 0].
         assert fcall(r2, "rl_mtake", ["a", "b"], 3, 0.001, 5, 0.001, 3, "SHADOW") == [3, None, 0]
-        before = r2.hgetall("a"), r2.hgetall("b")
+        before = r2.dump("a"), r2.dump("b")
         assert fcall(r2, "rl_mtake", ["a", "b"], 2, 0.001, 5, 0.001, 3, "SHADOW") == \
             [2, None, 0]
         rep = fcall(r3, "rl_mtake", ["a", "b"], 2, 0.001, 5, 0.001, 3, "WITHSTATE", "SHADOW")
         assert rep[:3] == [2, None, 0] and 1.99 < rep[3][0] <= 2.01 and -0.01 < rep[3][1] <= 0.01
-        assert (r2.hgetall("a"), r2.hgetall("b")) == before
+        assert (r2.dump("a"), r2.dump("b")) == before
         # RESERVE: a denial answers n with no wait, writes nothing (no debt).
         assert fcall(r2, "rl_reserve", ["v"], *slow, 10, 0, "SHADOW")[:2] == [10, 0]
         g, wait, rem, _ = fcall(r3, "rl_reserve", ["v"], *slow, 1, 10, "SHADOW")

@@ -31,6 +31,22 @@ def free_port():
             return port
 
 
+def bucket_fields(r, key):
+    """The fields of the library's bucket at key, whichever layout it is in (functions/rl.lua,
+    "The string layout"): HGETALL of a hash; a plain bucket's string `rl:<r>:<c>:<f>` as the
+    hash it stands for, {f, r, c}. {} for no key. Anything else raises."""
+    kind = r.type(key)
+    if kind in (b"hash", "hash"):
+        return r.hgetall(key)
+    if kind in (b"none", "none"):
+        return {}
+    value = r.get(key)
+    parts = value.split(b":")
+    assert kind in (b"string", "string") and len(parts) == 4 and parts[0] == b"rl", (key, value)
+    assert parts[3].isdigit() and len(parts[3]) <= 19, (key, value)
+    return {b"f": parts[3], b"r": parts[1], b"c": parts[2]}
+
+
 def library_source():
     with open(LIBRARY, "rb") as f:
         return f.read()
