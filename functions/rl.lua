@@ -2387,7 +2387,8 @@ function Pn.rl_pinned(keys, a)
     if not Pn.pin_live(pin, ns, nn) then return false end
     local rate, cap = false, false
     if pin.k == 1 then
-        local Pl = stored_texts(h[R], h[C])
+        -- The pinned limit: the bucket's (r c), or a pin over nothing's own (in p).
+        local Pl = pin.absent and pin.B or stored_texts(h[R], h[C])
         rate, cap = { double = Pl.r }, { double = Pl.c }
     end
     local left = -1

@@ -88,6 +88,18 @@ def expires_after(r, key, call, ms):
     return reply
 
 
+def held(r, key):
+    """A key's value exactly, and its expiry: a string's bytes, a hash's fields (not its DUMP:
+    a replica may hold the same fields in another order), None for no key."""
+    kind = r.type(key)
+    if kind == b"string":
+        return kind, r.get(key), r.pexpiretime(key)
+    if kind == b"hash":
+        return kind, r.hgetall(key), r.pexpiretime(key)
+    assert kind == b"none", (key, kind)
+    return None
+
+
 def wait_for(what, check, deadline_s=30.0):
     """Polls `check` until it holds: a state to reach, not a time to sleep."""
     deadline = time.time() + deadline_s
@@ -450,6 +462,10 @@ def pins_alone():
         assert fcall(r, "rl_peek", ["onlypin"]) is None
         assert fcall(r, "rl_take", ["onlypin"], 1, 1, 1, "WITHSTATE")[4] == b"exempt"
         assert fcall(r, "rl_return", ["onlypin"], 1, 1) == 0
+        # A rate pin over nothing: RL.PINNED names its own limit (the module's reply).
+        fcall(r, "rl_pin", ["onlyrate"], "0.5", "20")
+        assert fcall(r, "rl_pinned", ["onlyrate"]) == \
+            [b"ms_left", -1, b"kind", b"rate", b"rate", b"0.5", b"cap", b"20"]
         # PX: ends by itself; the next write drops p and sets the bucket's expiry.
         fcall(r, "rl_take", ["px"], 1, 10, 5)
         # The pin and the checks in one transaction: on a loaded machine more than the pin's
@@ -837,18 +853,18 @@ def replication():
         wait_for("the replica acknowledged", lambda: m.wait(1, 1000) == 1, 60)
         # Effects carry absolute expiries (PEXPIREAT): equal, not close. A key read on one
         # side only must have expired by the server's clock in between.
-        seen_m = {k: (m.hgetall(k), m.pexpiretime(k)) for k in keys}
-        seen_r = {k: (rep.hgetall(k), rep.pexpiretime(k)) for k in keys}
+        seen_m = {k: held(m, k) for k in keys}
+        seen_r = {k: held(rep, k) for k in keys}
         end = server_ms(m)
         compared = 0
         for k in keys:
-            (hm, em), (hr, er) = seen_m[k], seen_r[k]
+            hm, hr = seen_m[k], seen_r[k]
             if hm and hr:
-                assert (hm, em) == (hr, er), (k, hm, em, hr, er)
+                assert hm == hr, (k, hm, hr)
                 compared += 1
             else:
-                left = em if hm else er
-                assert not (hm or hr) or left <= end + 1, (k, hm, em, hr, er, end)
+                left = (hm or hr)[2] if (hm or hr) else 0
+                assert not (hm or hr) or left <= end + 1, (k, hm, hr, end)
         assert compared > 0
         # rl_peek answers on the replica (FCALL and FCALL_RO); writes are refused there.
         k = next(k for k in keys if m.exists(k))
@@ -858,9 +874,117 @@ def replication():
         fcall(m, "rl_pin", ["pinned"], "BLOCK")
         wait_for("the replica acknowledged", lambda: m.wait(1, 1000) == 1, 60)
         assert rep.execute_command("FCALL_RO", "rl_pinned", 1, "pinned") is not None
-        assert rep.hgetall("pinned") == m.hgetall("pinned") and rep.pttl("pinned") == -1
+        assert held(rep, "pinned") == held(m, "pinned") and rep.pttl("pinned") == -1
         # The library itself was replicated.
         assert "'rl'" in repr(rep.function_list()) or "b'rl'" in repr(rep.function_list())
+
+
+# Keys of every kind the library wrote before the string layout, by the library of that
+# commit (its last version with hashes only), and the calls that make them.
+OLD_LIBRARY_REV = "c9e6107"
+SLOW = ("0.001", "100")  # a token per 1000 s: nothing refills while the test runs
+UPGRADE_KEYS = {
+    "u:plain": [["rl_take", *SLOW, 30]],
+    "u:init": [["rl_take", *SLOW, 1, "INIT", 50]],
+    "u:mtake": [["rl_mtake", 7, *SLOW]],
+    "u:version": [["rl_take", *SLOW, 2, "VERSION", 3]],
+    "u:span": [["rl_take", *SLOW, 50], ["rl_take", "0.002", "100", 1]],
+    "u:lease": [["rl_lease", *SLOW, 20, 600000]],
+    "u:returned": [["rl_lease", *SLOW, 20, 600000], ["rl_return", "$id", 5]],
+    "u:debt": [["rl_reserve", *SLOW, 100, 0], ["rl_reserve", *SLOW, 3, 86400000]],
+    "u:budget": [["rl_budget", 600000, *SLOW, 9]],
+    "u:pinrate": [["rl_take", *SLOW, 10], ["rl_pin", "0.002", "50", "PX", 600000]],
+    "u:pinblock": [["rl_take", *SLOW, 10], ["rl_pin", "BLOCK"]],
+    "u:pinexempt": [["rl_take", *SLOW, 10], ["rl_pin", "EXEMPT", "PX", 600000]],
+    "u:pinonly": [["rl_pin", "BLOCK", "PX", 600000]],
+    "u:share": [["rl_share", "10", "5", "a", 1, 5000], ["rl_share", "10", "5", "b", 2, 5000]],
+    "u:sharepin": [["rl_share", "10", "5", "a", 1, 5000], ["rl_pin", "SHARES", "BLOCK"]],
+}
+
+
+def upgrade_call(r, key, call, ids):
+    name, *args = call
+    args = [ids.get(key) if a == "$id" else a for a in args]
+    try:
+        return fcall(r, name, [key], *args)
+    except redis.ResponseError as e:
+        raise AssertionError(f"{key}: {call}: {e}") from None
+
+
+def observed(r, key):
+    """What a caller can see of a key: rl_peek and rl_pinned of a bucket (tokens rounded to
+    0.01: at most 0.001 token per second refills), a share's fields."""
+    if key.startswith("u:share"):
+        return ("share", r.hgetall(key))
+    peek = fcall(r, "rl_peek", [key])
+    if peek:
+        peek = dict(zip(peek[0::2], peek[1::2]))
+        peek[b"tokens"] = round(float(peek[b"tokens"]), 2)
+        peek.pop(b"reset_after_ms")
+    pinned = fcall(r, "rl_pinned", [key])
+    if pinned:  # its end, not the time left to it
+        pinned = dict(zip(pinned[0::2], pinned[1::2]))
+        pinned[b"ends"] = pinned.pop(b"ms_left") != -1
+    return (peek, pinned)
+
+
+@section("upgrade: keys of every kind the hash-only library wrote, read and moved on")
+def upgrade():
+    """Keys written by the library before the string layout (OLD_LIBRARY_REV): after FUNCTION
+    LOAD REPLACE of this one every key reads the same (no reset, no token minted), a write
+    takes what it asks from there, a plain bucket moves to the string, every other kind
+    stays a hash; a replica and the AOF hold the same bytes and expiries as the master."""
+    import subprocess
+    old = subprocess.run(["git", "show", f"{OLD_LIBRARY_REV}:functions/rl.lua"],
+                         cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                         check=True).stdout
+    with Server("--appendonly", "yes", "--aof-use-rdb-preamble", "no",
+                "--appendfsync", "always") as master, Server() as replica:
+        m, rep = master.client(), replica.client()
+        m.function_load(old.decode(), replace=True)
+        rep.replicaof("127.0.0.1", master.port)
+        wait_for("the replica synced",
+                 lambda: rep.info("replication").get("master_link_status") == "up", 60)
+        ids = {}
+        for key, calls in UPGRADE_KEYS.items():
+            for call in calls:
+                got = upgrade_call(m, key, call, ids)
+                if call[0] == "rl_lease":
+                    ids[key] = got[1]
+        for key in UPGRADE_KEYS:
+            assert m.type(key) == b"hash", (key, m.type(key))
+        before = {k: observed(m, k) for k in UPGRADE_KEYS}
+        m.function_load(library_source().decode(), replace=True)
+        after = {k: observed(m, k) for k in UPGRADE_KEYS}
+        assert after == before, [(k, before[k], after[k]) for k in before if before[k] != after[k]]
+        # A write on each: a take of 1 under the stored limit decides from the stored tokens.
+        for key in UPGRADE_KEYS:
+            if key.startswith("u:share"):
+                assert fcall(m, "rl_share", [key], "10", "5", "a", 1, 5000)[0] is not None
+                continue
+            peek = before[key][0]
+            g, rem = fcall(m, "rl_take", [key], *SLOW, 1, "WITHSTATE")[:2]
+            if before[key][1] or not peek:
+                continue  # a pin decides; pins alone hold no tokens
+            want = peek[b"tokens"] - g
+            assert abs(float(rem) - want) < 0.02, (key, rem, want, g)
+            assert g == (1 if peek[b"tokens"] >= 1 else 0), (key, g, peek)
+        # Plain buckets (f r c and nothing else) written are strings now; every other kind
+        # a hash (u:debt too: in debt, the take was denied and wrote nothing).
+        strings = {"u:plain", "u:init", "u:mtake"}
+        for key in UPGRADE_KEYS:
+            want = b"string" if key in strings else b"hash"
+            assert m.type(key) == want, (key, m.type(key), want)
+        # Every key as the next calls find it, on the master, the replica and from the AOF.
+        wait_for("the replica acknowledged", lambda: m.wait(1, 1000) == 1, 60)
+        seen = {k: held(m, k) for k in UPGRADE_KEYS}
+        on_replica = {k: held(rep, k) for k in UPGRADE_KEYS}
+        assert on_replica == seen, [(k, seen[k], on_replica[k]) for k in seen
+                                    if seen[k] != on_replica[k]]
+        m.execute_command("DEBUG", "LOADAOF")
+        assert {k: held(m, k) for k in UPGRADE_KEYS} == seen
+        assert {k: observed(rep, k) for k in UPGRADE_KEYS if not k.startswith("u:share")} \
+            == {k: observed(m, k) for k in UPGRADE_KEYS if not k.startswith("u:share")}
 
 
 @section("cluster: three masters")
@@ -936,6 +1060,8 @@ def main():
             print(f"== differential: FAILED: no module at {MODULE} (set RL_MODULE or build it)")
     if not only or "replication" in only:
         replication()
+    if not only or "upgrade" in only:
+        upgrade()
     if not only or "cluster" in only:
         cluster()
     print(f"{'FAILED: ' + ', '.join(FAILED) if FAILED else 'all passed'} "
