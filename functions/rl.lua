@@ -73,7 +73,11 @@ local function ms_arg(ms)
     if MS_TEXT then return fmt('%d', ms) end
     return ms
 end
+-- The string layout's functions (see "The string layout" below), in one table: Lua's 200
+-- locals.
+local Ly = {}
 local function bind()
+    Ly.pack, Ly.unpack = struct.pack, struct.unpack
     floor, ceil, frexp, ldexp = math.floor, math.ceil, math.frexp, math.ldexp
     fmt, upper, ssub, byte = string.format, string.upper, string.sub, string.byte
     char, gmatch, sfind = string.char, string.gmatch, string.find
@@ -839,14 +843,14 @@ local Pn = {}
 
 -- The string layout: a plain bucket (f r c only: no version, span, lease, lease id or pin)
 -- is one string `rl:<r>:<c>:<f>` with the key's expiry, written by one SET ... PXAT (value
--- and expiry in one call) and read by one GET. Every other bucket is a hash as above. A
+-- and expiry in one call) and read by one GET. Its `<f>` is full_at packed, 12 bytes: the
+-- seconds as a little-endian double and the nanoseconds as a little-endian u32
+-- (struct.pack('<dI4'): exact, no number parsed or formatted as text on either side). Every other bucket is a hash as above. A
 -- string bucket that needs another field is deleted and written as a hash (`write`); a
 -- hash known to hold only f r c (every field read: h.all) is rewritten as a string on its
 -- next plain write, which replaces it (`store`): hashes written by earlier versions of the
 -- library are read as they are and move to the string on their next write.
--- Its functions in one table (Lua's 200 locals).
-local Ly = {}
-Ly.h = {}
+Ly.h = { str = true }
 Ly.WRONG = 'WRONGTYPE Operation against a key holding the wrong kind of value'
 -- The string's prefix for limit L: `rl:<r>:<c>:` (L.tn: its length + 1).
 function Ly.tag_of(L)
@@ -854,11 +858,22 @@ function Ly.tag_of(L)
     L.tag, L.tn = t, #t + 1
     return t
 end
--- The fields of a string bucket (h.str), nil for a string this library did not write.
+-- The full_at packed at g[at]: exactly 12 bytes, whole seconds below 1e10 (what digits()
+-- allows a text f) and nanoseconds below 1e9; nil for anything else.
+function Ly.pair(g, at)
+    if #g ~= at + 11 then return nil end
+    local fs, fn = Ly.unpack('<dI4', g, at)
+    if not (fs >= 0 and fs < 1e10 and fs == floor(fs) and fn < G) then return nil end
+    return fs, fn
+end
+-- The fields of a string bucket (h.str; f as text, as a hash has it), nil for a string this
+-- library did not write.
 function Ly.string_bucket(g)
-    local rt, ct, ft = g:match( '^rl:([^:]+):([^:]+):(%d+)$')
+    local rt, ct, at = g:match('^rl:([^:]+):([^:]+):()')
     if not rt then return nil end
-    return { ft, rt, ct, str = true }
+    local fs, fn = Ly.pair(g, at)
+    if not fs then return nil end
+    return { instant_text(fs, fn), rt, ct, str = true }
 end
 -- Every field of a hash (f r c h s x p i l v at F..V): h.all.
 function Ly.hmget_all(key)
@@ -1184,11 +1199,7 @@ local function store(key, h, lv, wv)
         if MS_TEXT then ms = fmt('%d', ms) end
         if h.str or h.none or (h.all and not (h[H] or h[S] or h[I] or h[LS] or h[V])) then
             -- A plain bucket: the string, value and expiry in one call (see `get_bucket`).
-            -- The prefix and the instant's seconds, as text, change once a second per limit.
-            if L.vs ~= fs then
-                L.vs, L.vt = fs, (L.tag or Ly.tag_of(L)) .. fmt('%d', fs)
-            end
-            call('SET', key, L.vt .. fmt('%09d', fn), 'PXAT', ms)
+            call('SET', key, (L.tag or Ly.tag_of(L)) .. Ly.pack('<dI4', fs, fn), 'PXAT', ms)
             return
         end
         if h[F] and not h[H] and not h[S] and h[R] == L.rt and h[C] == L.ct then
@@ -1267,6 +1278,41 @@ local function store_leases(key, h, lv, text, x, last, wv)
     if not x and (h[X] or h[LS]) then drop[2] = 'l'; drop[3] = 'x' end
     write(key, h, lv, extra, drop, wv)
     expire(key, h, expiry_ms(lv, x), h.pw and written(lv), x)
+end
+
+-- A take of a string bucket under its own limit, no VERSION (the common case): the level
+-- from the exact pair (level_of's same-limit case, without a text to parse), the write a
+-- string again (`store`). One table, Ly.h, stands for every such bucket (`store` reads only
+-- h.str of it; a new table per call measured 1k instructions dearer).
+function Ly.take(key, L, n, with_state, shadow, fs, fn, ns, nn)
+    local lv
+    if fs < ns or (fs == ns and fn <= nn) then
+        lv = full_level(L, ns, nn, SCRATCH)
+    else
+        local ds, dn = fs - ns, fn - nn
+        if dn < 0 then ds, dn = ds - 1, dn + G end
+        local cf = L.cf
+        if not cf then
+            cf = L.c * G / L.r * (1 - 1e-9) -- clearly_below(L, _, L.c)'s bound
+            L.cf = cf
+        end
+        if ds * G + dn < cf then
+            lv = SCRATCH
+            lv.L, lv.as, lv.an, lv.bs, lv.bn = L, ns, nn, 0, 0
+            lv.ds, lv.dn, lv.ss, lv.sn = ds, dn, 0, 0
+        else
+            lv = refill(fs, fn, L, ns, nn, SCRATCH)
+        end
+    end
+    local granted = try_take(lv, n)
+    if granted then store(key, Ly.h, lv) end
+    -- SHADOW: decided and written as when enforcing, a denial answered as a grant.
+    local answered = granted or shadow
+    local reply = answered and n or 0
+    if not with_state then return reply end
+    local retry = 0
+    if not answered then retry = wait_ms(wait_for(lv, n)) end
+    return { reply, { double = signed_tokens(lv) }, retry, ceil_ms(reset_after(lv)) }
 end
 
 -- Writes bucket and table.
@@ -1562,11 +1608,10 @@ local function take(key, L, n, with_state, init, v, shadow)
             Ly.tag_of(L)
             tn = L.tn
         end
-        if sfind(g, L.tag, 1, true) == 1 then -- a prefix compare that makes no string
-            -- One table for every such call (a new one measured 1k instructions dearer):
-            -- the fields a take of a string bucket reads or sets, all set again here.
-            h = Ly.h
-            h[F], h[R], h[C], h[V], h.str = ssub(g, tn), L.rt, L.ct, nil, true
+        if not v and sfind(g, L.tag, 1, true) == 1 then -- a prefix compare, no new string
+            local fs, fn = Ly.pair(g, tn)
+            if not fs then return { err = Ly.WRONG } end
+            return Ly.take(key, L, n, with_state, shadow, fs, fn, ns, nn)
         else
             h = Ly.string_bucket(g)
             if not h then return { err = Ly.WRONG } end

@@ -41,7 +41,8 @@ MAX_STRADDLE_RATE = 0.005
 HOLD = ("local k = redis.call('TYPE', KEYS[1]).ok "
         "if k == 'hash' or k == 'none' then return redis.call('HGET', KEYS[1], 'h') end "
         "local v = redis.call('GET', KEYS[1]) "
-        "if string.match(v, '^rl:[^:]+:[^:]+:%d+$') then return false end "
+        "local at = string.match(v, '^rl:[^:]+:[^:]+:()') "
+        "if at and #v == at + 11 then return false end "
         "return redis.error_reply('not a bucket of the library: ' .. v)")
 
 
