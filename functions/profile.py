@@ -8,7 +8,8 @@ calls and reads the inclusive cost of the command the server times (`fcallComman
 `evalShaCommand`). Cases: full (rl_take at 1e6/s cap 1e6: the bucket is full again between
 calls), busy (1000/s cap 1e9: drained slowly), seed (the seed script, 1000/s cap 1e9), and on
 request rand / seedrand (20k keys, each created before), deny, seeddeny, lease (20 tokens,
-1000 keys, 100 ms), mtake (2 keys), reserve, share (16 holders). FLAT=case prints the costliest named functions of that case.
+1000 keys, 100 ms), mtake (2 keys), reserve, share (16 holders). FLAT=case prints the
+costliest named functions of that case.
 Needs valgrind (callgrind_control). Run:
     target/functions-venv/bin/python functions/profile.py [full,busy,seed]
 """

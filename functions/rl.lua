@@ -19,7 +19,9 @@
 -- Same arguments, replies, error texts and arithmetic as the module (core/src/*.rs); see
 -- docs/functions.md for where they differ (reply formatting only).
 --
--- A bucket is a hash (never the module's type: WRONGTYPE both ways):
+-- A plain bucket (f r c below and nothing else) is a string, `rl:<r>:<c>:` and full_at
+-- packed (see "The string layout" below: one GET, one SET ... PXAT); every other bucket is
+-- a hash (never the module's type: WRONGTYPE both ways):
 --   f  full_at: the instant the bucket is full again, integer nanoseconds since the Unix
 --      epoch, as decimal text (exact: it does not fit a Lua number, see below)
 --   r  rate and c cap of the last write, as the caller wrote them (each parses to the
@@ -43,8 +45,8 @@
 -- Only an absent key is a full bucket: a hash without `f` (a user's record, the seed
 -- script's `tokens`/`ts`), or whose fields are not what this library writes, is refused
 -- with WRONGTYPE by every function and left as it is (`checked`).
--- The key expires (PEXPIREAT) at ceil_ms(max(full_at, h, x)), set on every write (also
--- after PERSIST): when the bucket is full again, past its hold and no lease is live,
+-- The key expires (PEXPIREAT, or SET's PXAT) at ceil_ms(max(full_at, h, x)), set on every
+-- write (also after PERSIST): when the bucket is full again, past its hold and no lease is live,
 -- exactly as the module's key. RETURN and REFUND delete a key left full with no lease
 -- only if its hold has passed too.
 -- Debt: RL.RESERVE may debit tokens that are not there yet; full_at is then more than a
