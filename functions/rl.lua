@@ -1282,9 +1282,9 @@ local function store_leases(key, h, lv, text, x, last, wv)
     expire(key, h, expiry_ms(lv, x), h.pw and written(lv), x)
 end
 
--- A take of a string bucket under its own limit, no VERSION (the common case): the level
--- from the exact pair (level_of's same-limit case, without a text to parse), the write a
--- string again (`store`). One table, Ly.h, stands for every such bucket (`store` reads only
+-- A take of a string bucket under its own limit, or of no key (full_at 0: a full bucket),
+-- no VERSION (the common cases): the level from the exact pair (level_of's same-limit
+-- case, without a text to parse), the write a string (`store`). One table, Ly.h, stands for every such bucket (`store` reads only
 -- h.str of it; a new table per call measured 1k instructions dearer).
 function Ly.take(key, L, n, with_state, shadow, fs, fn, ns, nn)
     local lv
@@ -1619,6 +1619,8 @@ local function take(key, L, n, with_state, init, v, shadow)
             if not h then return { err = Ly.WRONG } end
         end
     elseif not g then
+        -- No key: a full bucket (level_of's case of no stored bucket), unless INIT.
+        if not v and not init then return Ly.take(key, L, n, with_state, shadow, 0, 0, ns, nn) end
         h = { none = true }
     else
         h = Ly.hmget_all(key)
