@@ -308,7 +308,7 @@ LIBRARY_CASES = [
     dict(key="busy", name="`rl_take` grant, busy bucket",
          fn=[*FN_TAKE, "fn:busy", *FN_BUSY_LIMIT, "1"],
          seed=[*LUA, "lua:busy", *FN_BUSY_LIMIT, "1"], target=1.0),
-    dict(key="rand", name="`rl_take` grant, 10k random keys (each created before)",
+    dict(key="rand", name="`rl_take` grant, 10k random keys (each full again: expired)",
          fn=[*FN_TAKE, "fn:__rand_int__", *FN_FULL_LIMIT, "1"],
          seed=[*LUA, "lua:__rand_int__", *FN_FULL_LIMIT, "1"], rand=LIBRARY_RAND_KEYS,
          target=1.0),
