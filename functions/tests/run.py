@@ -24,6 +24,7 @@ import json
 import os
 import re
 import random
+import struct
 import sys
 import time
 import traceback
@@ -535,6 +536,23 @@ def foreign_hashes():
         r = s.client()
         r.hset("user:42", mapping={"name": "alice", "email": "a@example.com"})
         refused_everywhere(r, "user:42", "not a bucket of this library (it has no field f)")
+        # Strings: a user's, and ones shaped like a string bucket but not one this library
+        # writes (its packed full_at: 12 bytes, whole seconds below 1e10, ns below 1e9), get
+        # the server's own WRONGTYPE; a string bucket with an invalid limit names it.
+        wrong = "Operation against a key holding the wrong kind of value"
+        now_s = r.time()[0]
+        for i, value in enumerate([b"1", b"rl:5:10:", b"rl:5:10:" + b"1" * 19,
+                                   b"rl:5:10:" + struct.pack("<dI", now_s, 0)[:11],
+                                   b"rl:5:10:" + struct.pack("<dI", now_s + 0.5, 0),
+                                   b"rl:5:10:" + struct.pack("<dI", now_s, 10**9),
+                                   b"rl:5:10:" + struct.pack("<dI", 1e10, 0),
+                                   b"rl:5:10:" + struct.pack("<dI", -1, 0)]):
+            r.set(f"str{i}", value)
+            refused_everywhere(r, f"str{i}", wrong)
+            assert r.get(f"str{i}") == value
+        for i, (rt, ct) in enumerate([(b"0", b"10"), (b"5", b"x"), (b"1e-12", b"1")]):
+            r.set(f"badlimit{i}", b"rl:" + rt + b":" + ct + b":" + struct.pack("<dI", now_s, 7))
+            refused_everywhere(r, f"badlimit{i}", "its fields r, c are not a valid limit")
         assert r.hgetall("user:42") == {b"name": b"alice", b"email": b"a@example.com"}
         # One field, named like one of the library's.
         for field in ("f", "r", "c", "l", "x", "i", "v", "h", "s"):
