@@ -19,7 +19,9 @@
 -- Same arguments, replies, error texts and arithmetic as the module (core/src/*.rs); see
 -- docs/functions.md for where they differ (reply formatting only).
 --
--- A bucket is a hash (never the module's type: WRONGTYPE both ways):
+-- A plain bucket (f r c below and nothing else) is a string, `rl:<r>:<c>:` and full_at
+-- packed (see "The string layout" below: one GET, one SET ... PXAT); every other bucket is
+-- a hash (never the module's type: WRONGTYPE both ways):
 --   f  full_at: the instant the bucket is full again, integer nanoseconds since the Unix
 --      epoch, as decimal text (exact: it does not fit a Lua number, see below)
 --   r  rate and c cap of the last write, as the caller wrote them (each parses to the
@@ -43,8 +45,8 @@
 -- Only an absent key is a full bucket: a hash without `f` (a user's record, the seed
 -- script's `tokens`/`ts`), or whose fields are not what this library writes, is refused
 -- with WRONGTYPE by every function and left as it is (`checked`).
--- The key expires (PEXPIREAT) at ceil_ms(max(full_at, h, x)), set on every write (also
--- after PERSIST): when the bucket is full again, past its hold and no lease is live,
+-- The key expires (PEXPIREAT, or SET's PXAT) at ceil_ms(max(full_at, h, x)), set on every
+-- write (also after PERSIST): when the bucket is full again, past its hold and no lease is live,
 -- exactly as the module's key. RETURN and REFUND delete a key left full with no lease
 -- only if its hold has passed too.
 -- Debt: RL.RESERVE may debit tokens that are not there yet; full_at is then more than a
@@ -73,7 +75,11 @@ local function ms_arg(ms)
     if MS_TEXT then return fmt('%d', ms) end
     return ms
 end
+-- The string layout's functions (see "The string layout" below), in one table: Lua's 200
+-- locals.
+local Ly = {}
 local function bind()
+    Ly.pack, Ly.unpack = struct.pack, struct.unpack
     floor, ceil, frexp, ldexp = math.floor, math.ceil, math.frexp, math.ldexp
     fmt, upper, ssub, byte = string.format, string.upper, string.sub, string.byte
     char, gmatch, sfind = string.char, string.gmatch, string.find
@@ -838,13 +844,60 @@ local F, R, C, H, S, X, P, I, LS, V = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 -- The pin functions (see "Pins" below), in one table: a chunk may have at most 200 locals.
 local Pn = {}
 
-local function hmget_bucket(key) return pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p') end
 
--- The same with `v`, moved to V.
-local function hmget_versioned(key)
-    local h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p', 'v')
-    if not h.err then h[V], h[8] = h[8], nil end
+-- The string layout: a plain bucket (f r c only: no version, span, lease, lease id or pin)
+-- is one string `rl:<r>:<c>:<f>` with the key's expiry, written by one SET ... PXAT (value
+-- and expiry in one call) and read by one GET. Its `<f>` is full_at packed, 12 bytes: the
+-- seconds as a little-endian double and the nanoseconds as a little-endian u32
+-- (struct.pack('<dI4'): exact, no number parsed or formatted as text on either side). Every other bucket is a hash as above. A
+-- string bucket that needs another field is deleted and written as a hash (`write`); a
+-- hash known to hold only f r c (every field read: h.all) is rewritten as a string on its
+-- next plain write, which replaces it (`store`): hashes written by earlier versions of the
+-- library are read as they are and move to the string on their next write.
+Ly.h = { str = true }
+Ly.WRONG = 'WRONGTYPE Operation against a key holding the wrong kind of value'
+-- The string's prefix for limit L: `rl:<r>:<c>:` (L.tn: its length + 1).
+function Ly.tag_of(L)
+    local t = 'rl:' .. L.rt .. ':' .. L.ct .. ':'
+    L.tag, L.tn = t, #t + 1
+    return t
+end
+-- The full_at packed at g[at]: exactly 12 bytes, whole seconds below 1e10 (what digits()
+-- allows a text f) and nanoseconds below 1e9; nil for anything else.
+function Ly.pair(g, at)
+    if #g ~= at + 11 then return nil end
+    local fs, fn = Ly.unpack('<dI4', g, at)
+    if not (fs >= 0 and fs < 1e10 and fs == floor(fs) and fn < G) then return nil end
+    return fs, fn
+end
+-- The fields of a string bucket (h.str; f as text, as a hash has it), nil for a string this
+-- library did not write.
+function Ly.string_bucket(g)
+    local rt, ct, at = g:match('^rl:([^:]+):([^:]+):()')
+    if not rt then return nil end
+    local fs, fn = Ly.pair(g, at)
+    if not fs then return nil end
+    return { instant_text(fs, fn), rt, ct, str = true }
+end
+-- Every field of a hash (f r c h s x p i l v at F..V): h.all.
+function Ly.hmget_all(key)
+    local h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p', 'i', 'l', 'v')
+    if not h.err then h.all = true end
     return h
+end
+-- The bucket at key read string first (the common case: one GET); a hash, all its fields.
+-- h.none: no key. A string this library did not write, or another type: WRONGTYPE (h.err).
+function Ly.get_bucket(key)
+    local g = pcall_r('GET', key)
+    if not g then return { none = true } end
+    if type(g) == 'string' then return Ly.string_bucket(g) or { err = Ly.WRONG } end
+    return Ly.hmget_all(key)
+end
+-- Whether the value at key is a string bucket of this library (for the error texts of
+-- calls that take hashes only: shares).
+function Ly.string_at(key)
+    local g = pcall_r('GET', key)
+    return type(g) == 'string' and Ly.string_bucket(g) ~= nil
 end
 
 -- Whether t is 1 to 19 digits (an instant, duration, id or expiry this library wrote:
@@ -879,7 +932,8 @@ local function checked(h, key)
     if not ft then
         -- A key that holds only a pin (RL.PIN on a key without a bucket) has p alone.
         if not h[P] then
-            absent(key)
+            if not h.none then absent(key) end
+            h.none = true
         elseif not Pn.parse_pin(h[P]).absent then
             not_a_bucket('it has a pin over no field f')
         end
@@ -898,21 +952,30 @@ local function checked(h, key)
 end
 
 -- `with_v`: read v too.
-local function read(key, with_v)
-    local h
-    if with_v then h = hmget_versioned(key) else h = hmget_bucket(key) end
+-- The bucket read string first (calls whose buckets are mostly plain: MTAKE, RESERVE,
+-- PEEK, REFUND); `with_v` is moot: a hash is read whole.
+local function read(key)
+    local h = Ly.get_bucket(key)
     if h.err then error({ reply = h }, 0) end
     return checked(h, key)
 end
 
+-- The bucket with its lease table read hash first (calls whose buckets mostly hold
+-- leases), a string bucket on WRONGTYPE.
 local function read_leases(key, with_v)
     local h
     if with_v then
         h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p', 'i', 'l', 'v')
+        if not h.err then h.all = true end
     else
         h = pcall_r('HMGET', key, 'f', 'r', 'c', 'h', 's', 'x', 'p', 'i', 'l')
     end
-    if h.err then error({ reply = h }, 0) end
+    if h.err then
+        local g = pcall_r('GET', key)
+        if type(g) ~= 'string' then error({ reply = h }, 0) end
+        h = Ly.string_bucket(g)
+        if not h then error({ reply = { err = Ly.WRONG } }, 0) end
+    end
     return checked(h, key)
 end
 
@@ -922,7 +985,7 @@ end
 local function level_versioned(h, ft, L, ns, nn, into, v, key)
     local vt = h[V]
     if vt == nil then
-        vt = call('HGET', key, 'v')
+        if h.str then vt = false else vt = call('HGET', key, 'v') end
         h[V] = vt
     end
     local B, D, wv = stored_limit(h[R], h[C], L, vt, v)
@@ -1040,8 +1103,13 @@ local function write(key, h, lv, extra, drop, wv)
     local k = 3
     -- A stored pin (h[P]): h may be the bucket as it stands without it (`Pn.pin_of`), not
     -- the stored fields; every field is written, and p as `h.pw` says (nil: it goes).
-    local pinned = h[P]
-    if pinned or not (h[F] and h[R] == L.rt and h[C] == L.ct) then
+    local pinned, fresh = h[P], h.str
+    if fresh then
+        -- A string bucket that needs a field the string has not: a hash from now on.
+        call('DEL', key)
+        h.str = nil
+    end
+    if fresh or pinned or not (h[F] and h[R] == L.rt and h[C] == L.ct) then
         args[4] = 'r'; args[5] = L.rt; args[6] = 'c'; args[7] = L.ct
         k = 7
     end
@@ -1127,16 +1195,24 @@ local function store(key, h, lv, wv)
     -- Set, not compared: reading PEXPIRETIME to skip an unchanged expiry measured no
     -- cheaper than setting it (functions/bench.py; docs/functions.md).
     local L = lv.L
-    if lv.ss == 0 and lv.sn == 0 and h[F] and not h[X] and not h[H] and not h[S]
-        and h[R] == L.rt and h[C] == L.ct and not wv and not h[P] then
-        -- The hot path: same limit, no span, no lease: f and the expiry (full_at).
+    if lv.ss == 0 and lv.sn == 0 and not h[X] and not wv and not h[P] and not h.pw then
+        -- The hot paths: no span, no lease, no version to write, no pin.
         local fs, fn = lv.as + lv.ds, lv.an + lv.dn
         if fn >= G then fs, fn = fs + 1, fn - G end
-        call('HSET', key, 'f', instant_text(fs, fn))
         local ms = fs * 1000 + ceil(fn / 1e6)
         if MS_TEXT then ms = fmt('%d', ms) end
-        call('PEXPIREAT', key, ms)
-        return
+        if h.str or h.none or (h.all and not (h[H] or h[S] or h[I] or h[LS] or h[V])) then
+            -- A plain bucket: the string, value and expiry in one call (see `get_bucket`).
+            call('SET', key, (L.tag or Ly.tag_of(L)) .. Ly.pack('<dI4', fs, fn), 'PXAT', ms)
+            return
+        end
+        if h[F] and not h[H] and not h[S] and h[R] == L.rt and h[C] == L.ct then
+            -- A hash with the same limit (it keeps fields the string has not): f and the
+            -- expiry (full_at).
+            call('HSET', key, 'f', instant_text(fs, fn))
+            call('PEXPIREAT', key, ms)
+            return
+        end
     end
     write(key, h, lv, nil, nil, wv)
     local x = h[X] and tonumber(h[X])
@@ -1206,6 +1282,41 @@ local function store_leases(key, h, lv, text, x, last, wv)
     if not x and (h[X] or h[LS]) then drop[2] = 'l'; drop[3] = 'x' end
     write(key, h, lv, extra, drop, wv)
     expire(key, h, expiry_ms(lv, x), h.pw and written(lv), x)
+end
+
+-- A take of a string bucket under its own limit, or of no key (full_at 0: a full bucket),
+-- no VERSION (the common cases): the level from the exact pair (level_of's same-limit
+-- case, without a text to parse), the write a string (`store`). One table, Ly.h, stands for every such bucket (`store` reads only
+-- h.str of it; a new table per call measured 1k instructions dearer).
+function Ly.take(key, L, n, with_state, shadow, fs, fn, ns, nn)
+    local lv
+    if fs < ns or (fs == ns and fn <= nn) then
+        lv = full_level(L, ns, nn, SCRATCH)
+    else
+        local ds, dn = fs - ns, fn - nn
+        if dn < 0 then ds, dn = ds - 1, dn + G end
+        local cf = L.cf
+        if not cf then
+            cf = L.c * G / L.r * (1 - 1e-9) -- clearly_below(L, _, L.c)'s bound
+            L.cf = cf
+        end
+        if ds * G + dn < cf then
+            lv = SCRATCH
+            lv.L, lv.as, lv.an, lv.bs, lv.bn = L, ns, nn, 0, 0
+            lv.ds, lv.dn, lv.ss, lv.sn = ds, dn, 0, 0
+        else
+            lv = refill(fs, fn, L, ns, nn, SCRATCH)
+        end
+    end
+    local granted = try_take(lv, n)
+    if granted then store(key, Ly.h, lv) end
+    -- SHADOW: decided and written as when enforcing, a denial answered as a grant.
+    local answered = granted or shadow
+    local reply = answered and n or 0
+    if not with_state then return reply end
+    local retry = 0
+    if not answered then retry = wait_ms(wait_for(lv, n)) end
+    return { reply, { double = signed_tokens(lv) }, retry, ceil_ms(reset_after(lv)) }
 end
 
 -- Writes bucket and table.
@@ -1492,9 +1603,31 @@ end
 -- (`stored_texts`).
 local function take(key, L, n, with_state, init, v, shadow)
     local ns, nn = now()
+    -- `get_bucket` with its common case inline: a string under the call's limit.
     local h
-    if v then h = hmget_versioned(key) else h = hmget_bucket(key) end
-    if h.err then return h end
+    local g = pcall_r('GET', key)
+    if type(g) == 'string' then
+        local tn = L.tn
+        if not tn then
+            Ly.tag_of(L)
+            tn = L.tn
+        end
+        if not v and sfind(g, L.tag, 1, true) == 1 then -- a prefix compare, no new string
+            local fs, fn = Ly.pair(g, tn)
+            if not fs then return { err = Ly.WRONG } end
+            return Ly.take(key, L, n, with_state, shadow, fs, fn, ns, nn)
+        else
+            h = Ly.string_bucket(g)
+            if not h then return { err = Ly.WRONG } end
+        end
+    elseif not g then
+        -- No key: a full bucket (level_of's case of no stored bucket), unless INIT.
+        if not v and not init then return Ly.take(key, L, n, with_state, shadow, 0, 0, ns, nn) end
+        h = { none = true }
+    else
+        h = Ly.hmget_all(key)
+        if h.err then return h end
+    end
     -- `checked`'s common case inline (this runs on every take): an `f` of digits, no other
     -- field to check.
     local ft = h[F]
@@ -1768,7 +1901,7 @@ local function rl_mtake(keys, a)
     for j = 1, nk do
         -- Each bucket opened, then n checked against the limit deciding it, in key order
         -- (nothing is written before every bucket passed).
-        local h = read(keys[j], v)
+        local h = read(keys[j])
         hs[j] = h
         local pin = h[P] and Pn.pin_of(h, ns, nn)
         local lv, wv
@@ -2028,7 +2161,7 @@ local function rl_peek(keys, a)
     if #keys ~= 1 or #a ~= 0 then arity('RL.PEEK') end
     local key = keys[1]
     local ns, nn, now_us = now()
-    local h = read_leases(key, true)
+    local h = read(key)
     if not h[F] then return false end
     local lv, pin
     if h[P] then
@@ -2088,7 +2221,7 @@ local function rl_reserve(keys, a)
 
     local key = keys[1]
     local ns, nn = now()
-    local h = read(key, v)
+    local h = read(key)
     local pin = h[P] and Pn.pin_of(h, ns, nn)
     local lv, wv
     if pin then
@@ -2124,7 +2257,7 @@ local function rl_refund(keys, a)
     local n = positive(a, 1, N, 'n must be a positive integer')
     local key = keys[1]
     local ns, nn = now()
-    local h = read_leases(key)
+    local h = read(key)
     if not h[F] then return { double = 0 } end
     local lv, pin
     if h[P] then
@@ -2154,6 +2287,10 @@ Pn.MAX_I64_S, Pn.MAX_I64_N = 9223372036, 854775807
 -- The fields of a bucket view h (f r c, h s or none), the pin h.pw (nil: none), and the
 -- key's expiry: the bucket's, a pin's end if later, none for a pin without an end.
 function Pn.write_view(key, h)
+    if h.str then
+        call('DEL', key) -- a string bucket pinned: a hash from now on (see `write`)
+        h.str = nil
+    end
     local args = { key, 'f', h[F], 'r', h[R], 'c', h[C] }
     if h[H] then
         args[8] = 'h'; args[9] = h[H]; args[10] = 's'; args[11] = h[S] or '0'
@@ -2315,7 +2452,8 @@ function Pn.rl_pinned(keys, a)
     if not Pn.pin_live(pin, ns, nn) then return false end
     local rate, cap = false, false
     if pin.k == 1 then
-        local Pl = stored_texts(h[R], h[C])
+        -- The pinned limit: the bucket's (r c), or a pin over nothing's own (in p).
+        local Pl = pin.absent and pin.B or stored_texts(h[R], h[C])
         rate, cap = { double = Pl.r }, { double = Pl.c }
     end
     local left = -1
@@ -2580,7 +2718,13 @@ local function rl_share(keys, a)
     local key = keys[1]
     local _, _, now_us = now()
     local all = pcall_r('HGETALL', key)
-    if all.err then return all end
+    if all.err then
+        if Ly.string_at(key) then
+            return error_reply('WRONGTYPE the hash at this key is a bucket of this library, '
+                .. 'not a rate share')
+        end
+        return all
+    end
     local B, vt, list, pin = nil, nil, {}, nil
     local exists = #all > 0
     if exists then B, vt, list, pin = share_entries(all, key) end
@@ -2840,7 +2984,7 @@ function Pn.rl_pin_share(key, a, shares)
         local t = pcall_r('TYPE', key)
         t = type(t) == 'table' and t.ok or t
         if t ~= 'none' and not Pn.share_hash(key) then
-            if t ~= 'hash' then
+            if t ~= 'hash' and not (t == 'string' and Ly.string_at(key)) then
                 error({ reply = error_reply('WRONGTYPE Operation against a key holding the '
                     .. 'wrong kind of value') }, 0)
             end

@@ -35,6 +35,15 @@ import time
 import redis
 
 MAX_STRADDLE_RATE = 0.005
+# The library's hold (field h) in either layout (functions/rl.lua, "The string layout"): a
+# plain bucket's string has none by construction, as a hash without h; any other value is
+# an error, as HGET's WRONGTYPE.
+HOLD = ("local k = redis.call('TYPE', KEYS[1]).ok "
+        "if k == 'hash' or k == 'none' then return redis.call('HGET', KEYS[1], 'h') end "
+        "local v = redis.call('GET', KEYS[1]) "
+        "local at = string.match(v, '^rl:[^:]+:[^:]+:()') "
+        "if at and #v == at + 11 then return false end "
+        "return redis.error_reply('not a bucket of the library: ' .. v)")
 
 
 class Mismatch(AssertionError):
@@ -721,7 +730,7 @@ class Runner:
         pipe.execute_command("TIME")
         pre = 3  # per key: the library's hold, both keys' PTTL, before the call
         for q in call.keys:
-            pipe.execute_command("HGET", q.f, "h")
+            pipe.execute_command("EVAL", HOLD, 1, q.f)
             pipe.execute_command("PTTL", q.m)
             pipe.execute_command("PTTL", q.f)
         order = [call.mod, call.fn] if first_module else [call.fn, call.mod]

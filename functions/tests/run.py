@@ -24,6 +24,7 @@ import json
 import os
 import re
 import random
+import struct
 import sys
 import time
 import traceback
@@ -34,7 +35,7 @@ import redis
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cases  # noqa: E402
 import differential  # noqa: E402
-from servers import MODULE, SERVER, Cluster, Server, library_source  # noqa: E402
+from servers import MODULE, SERVER, Cluster, Server, bucket_fields, library_source  # noqa: E402
 
 FAILED = []
 
@@ -88,6 +89,18 @@ def expires_after(r, key, call, ms):
     return reply
 
 
+def held(r, key):
+    """A key's value exactly, and its expiry: a string's bytes, a hash's fields (not its DUMP:
+    a replica may hold the same fields in another order), None for no key."""
+    kind = r.type(key)
+    if kind == b"string":
+        return kind, r.get(key), r.pexpiretime(key)
+    if kind == b"hash":
+        return kind, r.hgetall(key), r.pexpiretime(key)
+    assert kind == b"none", (key, kind)
+    return None
+
+
 def wait_for(what, check, deadline_s=30.0):
     """Polls `check` until it holds: a state to reach, not a time to sleep."""
     deadline = time.time() + deadline_s
@@ -136,11 +149,12 @@ def alone():
         g, rem, retry, reset = fcall(r2, "rl_take", ["s"], *slow, 8, "WITHSTATE")
         assert g == 0 and 7 <= float(rem) < 7.01 and 990_000 < retry <= 1_000_000
         assert 2_990_000 < reset <= 3_000_000
-        assert set(r2.hkeys("s")) == {b"f", b"r", b"c"}
+        # A plain bucket is a string (value and expiry in one SET ... PXAT).
+        assert r2.type("s") == b"string" and set(bucket_fields(r2, "s")) == {b"f", b"r", b"c"}
         # Denied calls write nothing: the stored state is unchanged.
-        before = r2.hgetall("s"), r2.pexpiretime("s")
+        before = r2.dump("s"), r2.pexpiretime("s")
         fcall(r2, "rl_take", ["s"], *slow, 9)
-        assert (r2.hgetall("s"), r2.pexpiretime("s")) == before
+        assert (r2.dump("s"), r2.pexpiretime("s")) == before
         # INIT stores a bucket created below full even when denied.
         assert expires_after(r2, "w", lambda: fcall(r2, "rl_take", ["w"], 1, 10, 5, "INIT", 0),
                              10_000) == 0
@@ -231,8 +245,8 @@ def alone():
         assert r2.hget("hp", "s") == b"100000000"
         hold = int(r2.hget("hp", "h"))
         wait_for("the hold passed", lambda: server_ms(r2) * 1e6 > hold + 1e6)
-        assert fcall(r2, "rl_take", ["hp"], 100000, 2, 1) == 1 and not r2.hexists("hp", "h")
-        assert not r2.hexists("hp", "s")
+        assert fcall(r2, "rl_take", ["hp"], 100000, 2, 1) == 1
+        assert b"h" not in bucket_fields(r2, "hp") and b"s" not in bucket_fields(r2, "hp")
         # RETURN to full keeps a held key.
         got, lid, _, _ = fcall(r2, "rl_lease", ["hr"], 1, 100, 5, 60000)
         assert fcall(r2, "rl_take", ["hr"], 1000, 100, 1) == 1
@@ -467,6 +481,11 @@ def pins_alone():
         assert fcall(r, "rl_peek", ["onlypin"]) is None
         assert fcall(r, "rl_take", ["onlypin"], 1, 1, 1, "WITHSTATE")[4] == b"exempt"
         assert fcall(r, "rl_return", ["onlypin"], 1, 1) == 0
+        # A rate pin over nothing: RL.PINNED names its own limit (the module's reply).
+        fcall(r, "rl_pin", ["onlyrate"], "0.5", "20")
+        got = fcall(r, "rl_pinned", ["onlyrate"])  # a map: its order is the server's
+        assert dict(zip(got[0::2], got[1::2])) == \
+            {b"ms_left": -1, b"kind": b"rate", b"rate": b"0.5", b"cap": b"20"}, got
         # PX: ends by itself; the next write drops p and sets the bucket's expiry.
         fcall(r, "rl_take", ["px"], 1, 10, 5)
         # The pin and the checks in one transaction: on a loaded machine more than the pin's
@@ -535,6 +554,23 @@ def foreign_hashes():
         r = s.client()
         r.hset("user:42", mapping={"name": "alice", "email": "a@example.com"})
         refused_everywhere(r, "user:42", "not a bucket of this library (it has no field f)")
+        # Strings: a user's, and ones shaped like a string bucket but not one this library
+        # writes (its packed full_at: 12 bytes, whole seconds below 1e10, ns below 1e9), get
+        # the server's own WRONGTYPE; a string bucket with an invalid limit names it.
+        wrong = "Operation against a key holding the wrong kind of value"
+        now_s = r.time()[0]
+        for i, value in enumerate([b"1", b"rl:5:10:", b"rl:5:10:" + b"1" * 19,
+                                   b"rl:5:10:" + struct.pack("<dI", now_s, 0)[:11],
+                                   b"rl:5:10:" + struct.pack("<dI", now_s + 0.5, 0),
+                                   b"rl:5:10:" + struct.pack("<dI", now_s, 10**9),
+                                   b"rl:5:10:" + struct.pack("<dI", 1e10, 0),
+                                   b"rl:5:10:" + struct.pack("<dI", -1, 0)]):
+            r.set(f"str{i}", value)
+            refused_everywhere(r, f"str{i}", wrong)
+            assert r.get(f"str{i}") == value
+        for i, (rt, ct) in enumerate([(b"0", b"10"), (b"5", b"x"), (b"1e-12", b"1")]):
+            r.set(f"badlimit{i}", b"rl:" + rt + b":" + ct + b":" + struct.pack("<dI", now_s, 7))
+            refused_everywhere(r, f"badlimit{i}", "its fields r, c are not a valid limit")
         assert r.hgetall("user:42") == {b"name": b"alice", b"email": b"a@example.com"}
         # One field, named like one of the library's.
         for field in ("f", "r", "c", "l", "x", "i", "v", "h", "s"):
@@ -593,13 +629,14 @@ def shadow():
         # Granted: the same reply and write as without SHADOW.
         assert fcall(r2, "rl_take", ["t"], *slow, 4, "SHADOW") == 4
         assert fcall(r2, "rl_take", ["e"], *slow, 4) == 4
-        assert r2.hget("t", "f") is not None and r2.hkeys("t") == r2.hkeys("e")
+        assert r2.type("t") == r2.type("e") and b"f" in bucket_fields(r2, "t")
+        assert bucket_fields(r2, "t").keys() == bucket_fields(r2, "e").keys()
         # Denied: answered as granted, nothing written, the wait not shown.
-        before = r2.hgetall("t"), r2.pexpiretime("t")
+        before = r2.dump("t"), r2.pexpiretime("t")
         assert fcall(r2, "rl_take", ["t"], *slow, 7, "SHADOW") == 7
         g, rem, retry, reset = fcall(r3, "rl_take", ["t"], *slow, 7, "shadow", "WITHSTATE")
         assert (g, retry) == (7, 0) and 5.99 < rem <= 6.01 and 3_990_000 < reset <= 4_000_000
-        assert (r2.hgetall("t"), r2.pexpiretime("t")) == before
+        assert (r2.dump("t"), r2.pexpiretime("t")) == before
         assert fcall(r2, "rl_take", ["t"], *slow, 7) == 0  # enforcing: still denied
         # INIT: a bucket created below full is stored, as when enforcing.
         assert fcall(r2, "rl_take", ["ti"], *slow, 3, "INIT", 1, "SHADOW") == 3
@@ -618,12 +655,12 @@ def shadow():
         assert got == 2 and lid2 > lid
         # MTAKE: all or nothing as when enforcing; a denial answers [n, nil, 0].
         assert fcall(r2, "rl_mtake", ["a", "b"], 3, 0.001, 5, 0.001, 3, "SHADOW") == [3, None, 0]
-        before = r2.hgetall("a"), r2.hgetall("b")
+        before = r2.dump("a"), r2.dump("b")
         assert fcall(r2, "rl_mtake", ["a", "b"], 2, 0.001, 5, 0.001, 3, "SHADOW") == \
             [2, None, 0]
         rep = fcall(r3, "rl_mtake", ["a", "b"], 2, 0.001, 5, 0.001, 3, "WITHSTATE", "SHADOW")
         assert rep[:3] == [2, None, 0] and 1.99 < rep[3][0] <= 2.01 and -0.01 < rep[3][1] <= 0.01
-        assert (r2.hgetall("a"), r2.hgetall("b")) == before
+        assert (r2.dump("a"), r2.dump("b")) == before
         # RESERVE: a denial answers n with no wait, writes nothing (no debt).
         assert fcall(r2, "rl_reserve", ["v"], *slow, 10, 0, "SHADOW")[:2] == [10, 0]
         g, wait, rem, _ = fcall(r3, "rl_reserve", ["v"], *slow, 1, 10, "SHADOW")
@@ -853,18 +890,18 @@ def replication():
         wait_for("the replica acknowledged", lambda: m.wait(1, 1000) == 1, 60)
         # Effects carry absolute expiries (PEXPIREAT): equal, not close. A key read on one
         # side only must have expired by the server's clock in between.
-        seen_m = {k: (m.hgetall(k), m.pexpiretime(k)) for k in keys}
-        seen_r = {k: (rep.hgetall(k), rep.pexpiretime(k)) for k in keys}
+        seen_m = {k: held(m, k) for k in keys}
+        seen_r = {k: held(rep, k) for k in keys}
         end = server_ms(m)
         compared = 0
         for k in keys:
-            (hm, em), (hr, er) = seen_m[k], seen_r[k]
+            hm, hr = seen_m[k], seen_r[k]
             if hm and hr:
-                assert (hm, em) == (hr, er), (k, hm, em, hr, er)
+                assert hm == hr, (k, hm, hr)
                 compared += 1
             else:
-                left = em if hm else er
-                assert not (hm or hr) or left <= end + 1, (k, hm, em, hr, er, end)
+                left = (hm or hr)[2] if (hm or hr) else 0
+                assert not (hm or hr) or left <= end + 1, (k, hm, hr, end)
         assert compared > 0
         # rl_peek answers on the replica (FCALL and FCALL_RO); writes are refused there.
         k = next(k for k in keys if m.exists(k))
@@ -874,9 +911,117 @@ def replication():
         fcall(m, "rl_pin", ["pinned"], "BLOCK")
         wait_for("the replica acknowledged", lambda: m.wait(1, 1000) == 1, 60)
         assert rep.execute_command("FCALL_RO", "rl_pinned", 1, "pinned") is not None
-        assert rep.hgetall("pinned") == m.hgetall("pinned") and rep.pttl("pinned") == -1
+        assert held(rep, "pinned") == held(m, "pinned") and rep.pttl("pinned") == -1
         # The library itself was replicated.
         assert "'rl'" in repr(rep.function_list()) or "b'rl'" in repr(rep.function_list())
+
+
+# Keys of every kind the library wrote before the string layout, by the library of that
+# commit (its last version with hashes only), and the calls that make them.
+OLD_LIBRARY_REV = "c9e6107"
+SLOW = ("0.001", "100")  # a token per 1000 s: nothing refills while the test runs
+UPGRADE_KEYS = {
+    "u:plain": [["rl_take", *SLOW, 30]],
+    "u:init": [["rl_take", *SLOW, 1, "INIT", 50]],
+    "u:mtake": [["rl_mtake", 7, *SLOW]],
+    "u:version": [["rl_take", *SLOW, 2, "VERSION", 3]],
+    "u:span": [["rl_take", *SLOW, 50], ["rl_take", "0.002", "100", 1]],
+    "u:lease": [["rl_lease", *SLOW, 20, 600000]],
+    "u:returned": [["rl_lease", *SLOW, 20, 600000], ["rl_return", "$id", 5]],
+    "u:debt": [["rl_reserve", *SLOW, 100, 0], ["rl_reserve", *SLOW, 3, 86400000]],
+    "u:budget": [["rl_budget", 600000, *SLOW, 9]],
+    "u:pinrate": [["rl_take", *SLOW, 10], ["rl_pin", "0.002", "50", "PX", 600000]],
+    "u:pinblock": [["rl_take", *SLOW, 10], ["rl_pin", "BLOCK"]],
+    "u:pinexempt": [["rl_take", *SLOW, 10], ["rl_pin", "EXEMPT", "PX", 600000]],
+    "u:pinonly": [["rl_pin", "BLOCK", "PX", 600000]],
+    "u:share": [["rl_share", "10", "5", "a", 1, 5000], ["rl_share", "10", "5", "b", 2, 5000]],
+    "u:sharepin": [["rl_share", "10", "5", "a", 1, 5000], ["rl_pin", "SHARES", "BLOCK"]],
+}
+
+
+def upgrade_call(r, key, call, ids):
+    name, *args = call
+    args = [ids.get(key) if a == "$id" else a for a in args]
+    try:
+        return fcall(r, name, [key], *args)
+    except redis.ResponseError as e:
+        raise AssertionError(f"{key}: {call}: {e}") from None
+
+
+def observed(r, key):
+    """What a caller can see of a key: rl_peek and rl_pinned of a bucket (tokens rounded to
+    0.01: at most 0.001 token per second refills), a share's fields."""
+    if key.startswith("u:share"):
+        return ("share", r.hgetall(key))
+    peek = fcall(r, "rl_peek", [key])
+    if peek:
+        peek = dict(zip(peek[0::2], peek[1::2]))
+        peek[b"tokens"] = round(float(peek[b"tokens"]), 2)
+        peek.pop(b"reset_after_ms")
+    pinned = fcall(r, "rl_pinned", [key])
+    if pinned:  # its end, not the time left to it
+        pinned = dict(zip(pinned[0::2], pinned[1::2]))
+        pinned[b"ends"] = pinned.pop(b"ms_left") != -1
+    return (peek, pinned)
+
+
+@section("upgrade: keys of every kind the hash-only library wrote, read and moved on")
+def upgrade():
+    """Keys written by the library before the string layout (OLD_LIBRARY_REV): after FUNCTION
+    LOAD REPLACE of this one every key reads the same (no reset, no token minted), a write
+    takes what it asks from there, a plain bucket moves to the string, every other kind
+    stays a hash; a replica and the AOF hold the same bytes and expiries as the master."""
+    import subprocess
+    old = subprocess.run(["git", "show", f"{OLD_LIBRARY_REV}:functions/rl.lua"],
+                         cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                         check=True).stdout
+    with Server("--appendonly", "yes", "--aof-use-rdb-preamble", "no",
+                "--appendfsync", "always") as master, Server() as replica:
+        m, rep = master.client(), replica.client()
+        m.function_load(old.decode(), replace=True)
+        rep.replicaof("127.0.0.1", master.port)
+        wait_for("the replica synced",
+                 lambda: rep.info("replication").get("master_link_status") == "up", 60)
+        ids = {}
+        for key, calls in UPGRADE_KEYS.items():
+            for call in calls:
+                got = upgrade_call(m, key, call, ids)
+                if call[0] == "rl_lease":
+                    ids[key] = got[1]
+        for key in UPGRADE_KEYS:
+            assert m.type(key) == b"hash", (key, m.type(key))
+        before = {k: observed(m, k) for k in UPGRADE_KEYS}
+        m.function_load(library_source().decode(), replace=True)
+        after = {k: observed(m, k) for k in UPGRADE_KEYS}
+        assert after == before, [(k, before[k], after[k]) for k in before if before[k] != after[k]]
+        # A write on each: a take of 1 under the stored limit decides from the stored tokens.
+        for key in UPGRADE_KEYS:
+            if key.startswith("u:share"):
+                assert fcall(m, "rl_share", [key], "10", "5", "a", 1, 5000)[0] is not None
+                continue
+            peek = before[key][0]
+            g, rem = fcall(m, "rl_take", [key], *SLOW, 1, "WITHSTATE")[:2]
+            if before[key][1] or not peek:
+                continue  # a pin decides; pins alone hold no tokens
+            want = peek[b"tokens"] - g
+            assert abs(float(rem) - want) < 0.02, (key, rem, want, g)
+            assert g == (1 if peek[b"tokens"] >= 1 else 0), (key, g, peek)
+        # Plain buckets (f r c and nothing else) written are strings now; every other kind
+        # a hash (u:debt too: in debt, the take was denied and wrote nothing).
+        strings = {"u:plain", "u:init", "u:mtake"}
+        for key in UPGRADE_KEYS:
+            want = b"string" if key in strings else b"hash"
+            assert m.type(key) == want, (key, m.type(key), want)
+        # Every key as the next calls find it, on the master, the replica and from the AOF.
+        wait_for("the replica acknowledged", lambda: m.wait(1, 1000) == 1, 60)
+        seen = {k: held(m, k) for k in UPGRADE_KEYS}
+        on_replica = {k: held(rep, k) for k in UPGRADE_KEYS}
+        assert on_replica == seen, [(k, seen[k], on_replica[k]) for k in seen
+                                    if seen[k] != on_replica[k]]
+        m.execute_command("DEBUG", "LOADAOF")
+        assert {k: held(m, k) for k in UPGRADE_KEYS} == seen
+        assert {k: observed(rep, k) for k in UPGRADE_KEYS if not k.startswith("u:share")} \
+            == {k: observed(m, k) for k in UPGRADE_KEYS if not k.startswith("u:share")}
 
 
 @section("cluster: three masters")
@@ -954,6 +1099,8 @@ def main():
             print(f"== differential: FAILED: no module at {MODULE} (set RL_MODULE or build it)")
     if not only or "replication" in only:
         replication()
+    if not only or "upgrade" in only:
+        upgrade()
     if not only or "cluster" in only:
         cluster()
     print(f"{'FAILED: ' + ', '.join(FAILED) if FAILED else 'all passed'} "

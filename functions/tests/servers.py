@@ -4,6 +4,7 @@ import os
 import random
 import shutil
 import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -29,6 +30,25 @@ def free_port():
             except OSError:
                 continue
             return port
+
+
+def bucket_fields(r, key):
+    """The fields of the library's bucket at key, whichever layout it is in (functions/rl.lua,
+    "The string layout"): HGETALL of a hash; a plain bucket's string `rl:<r>:<c>:<f>` (f
+    packed: seconds a little-endian double, nanoseconds a u32) as the hash it stands for,
+    {f, r, c} (f as the hash's decimal ns). {} for no key. Anything else raises."""
+    kind = r.type(key)
+    if kind in (b"hash", "hash"):
+        return r.hgetall(key)
+    if kind in (b"none", "none"):
+        return {}
+    value = r.get(key)
+    parts = value.split(b":", 3)
+    assert kind in (b"string", "string") and len(parts) == 4 and parts[0] == b"rl", (key, value)
+    assert len(parts[3]) == 12, (key, value)  # full_at: struct.pack('<dI4', s, ns)
+    s, ns = struct.unpack("<dI", parts[3])
+    assert s == int(s) and 0 <= s < 1e10 and ns < 1e9, (key, value)
+    return {b"f": str(int(s) * 10**9 + ns).encode(), b"r": parts[1], b"c": parts[2]}
 
 
 def library_source():

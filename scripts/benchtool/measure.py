@@ -357,6 +357,109 @@ def profile_server(r, name):
 
 
 # ---------------------------------------------------------------------------------------------
+# The Functions library against the seed script (spec.LIBRARY_CASES): instructions per call
+# under callgrind in one server per server kind, and server time per call on Redis 7.0, the
+# library's and the seed script's calls in the same run.
+
+
+def library_bench(server, args, rand, n, clients=4):
+    bench = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(server.port), "-c", str(clients),
+             "-P", "16", "-q", "-n", str(n)]  # fmt: skip
+    if rand:
+        bench += ["-r", str(rand)]
+    run(bench + subst(args, server.sha))
+
+
+def library_warm(server, case, calls):
+    for p in case["pre"]:
+        server.call(*subst(p, server.sha))
+    # Random keys: each created before the timed calls (3x their number: 95% of them).
+    return 3 * case["rand"] if case["rand"] and case["rand"] > calls else max(calls // 4, 100)
+
+
+def library_source(rev):
+    """functions/rl.lua at git revision `rev`."""
+    return run(["git", "show", f"{rev}:functions/rl.lua"], cwd=ROOT)
+
+
+def library_profile(r, name, before=False):
+    """Instructions per call of every library case and its seed script call, one server;
+    `before`: the library's calls only, with spec.LIBRARY_BEFORE_REV's library loaded."""
+    info = spec.SERVERS[name]
+    binary = resolve_server(name)
+    version = run([binary, "--version"]).strip()
+    flavor = info["flavor"]
+    log(f"library profile (callgrind) on {version}")
+    tag = "before" if before else "now"
+    out = Path(r.tmp) / f"callgrind-library-{flavor}-{tag}.out"
+    wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+    server = r.server(binary, f"prof-library-{flavor}-{tag}", wrapper=wrapper,
+                      ready_timeout=180)
+    calls = r.c.library_calls
+    cases, dumps = {}, 0
+    try:
+        if before:
+            server.call("FUNCTION", "LOAD", "REPLACE", library_source(spec.LIBRARY_BEFORE_REV))
+        for case in spec.LIBRARY_CASES:
+            got = {}
+            for side in ("fn",) if before else ("fn", "seed"):
+                args = case[side]
+                if args is None:
+                    continue
+                log(f"  {info['label']}: {case['key']} ({side}{', before' if before else ''})")
+                warm = library_warm(server, case, calls)
+                library_bench(server, args, case["rand"], warm)
+                run(["callgrind_control", "-z", str(server.proc.pid)])
+                library_bench(server, args, case["rand"], calls)
+                run(["callgrind_control", "-d", str(server.proc.pid)])
+                dumps += 1
+                dump = Path(f"{out}.{dumps}")
+                cg = Callgrind.from_file(dump)
+                root = "fcallCommand" if side == "fn" else spec.ROOTS["lua"][flavor]
+                per = cg.calls_to(root) or calls
+                got[side] = cg.inclusive(root) / per if cg.has(root) else None
+                dump.unlink()
+            cases[case["key"]] = got
+    finally:
+        server.stop()
+    return {"label": info["label"], "flavor": flavor, "version": version, "calls": calls,
+            "cases": cases}
+
+
+def library_times(r, binary):
+    """Server µs per call (INFO commandstats) of each case's library and seed calls, in one
+    server, interleaved, spec.LIBRARY_ROUNDS rounds."""
+    server = r.server(binary, "library-time")
+    n = r.c.library_timed
+    rounds = {c["key"]: {"fn": [], "seed": []} for c in spec.LIBRARY_CASES}
+    try:
+        for case in spec.LIBRARY_CASES:
+            library_warm(server, case, n)
+        for _ in range(spec.LIBRARY_ROUNDS):
+            for case in spec.LIBRARY_CASES:
+                for side, stat in (("fn", "fcall"), ("seed", "evalsha")):
+                    if case[side] is None:
+                        continue
+                    library_bench(server, case[side], case["rand"], max(n // 20, 100),
+                                  clients=spec.CLIENTS)
+                    server.call("CONFIG", "RESETSTAT")
+                    library_bench(server, case[side], case["rand"], n, clients=spec.CLIENTS)
+                    rounds[case["key"]][side].append(command_stats(server, stat)["usec_per_call"])
+    finally:
+        server.stop()
+    return {"calls": n, "rounds": rounds, "version": run([binary, "--version"]).strip()}
+
+
+def library_section(r, servers, binary):
+    profiles = {}
+    for name in servers:
+        profiles[name] = library_profile(r, name)
+        profiles[name]["before"] = library_profile(r, name, before=True)["cases"]
+    return {"profiles": profiles, "times": library_times(r, binary),
+            "before_rev": spec.LIBRARY_BEFORE_REV}
+
+
+# ---------------------------------------------------------------------------------------------
 # The per-caller path side by side: every peer in one server per server kind.
 
 
@@ -697,7 +800,7 @@ def measure(counts, profile=True, servers=("redis7", "redis8", "valkey9"), only=
         only = [s for s in only if s != "profile"]
     t0 = time.time()
     started = datetime.datetime.now(datetime.timezone.utc)
-    check_tools(profile and "profile" in only)
+    check_tools(profile and ("profile" in only or "library" in only))
     load_at_start = machine()
     module = build_module()
     primary = os.environ.get("RL_SERVER", "redis-server")
@@ -714,6 +817,7 @@ def measure(counts, profile=True, servers=("redis7", "redis8", "valkey9"), only=
             "hotkey": lambda: hotkey_section(r, primary),
             "skew": lambda: skew_section(r, primary),
             "percaller": lambda: percaller_section(r, servers),
+            "library": lambda: library_section(r, servers if profile else [], primary),
         }
         for name in spec.SECTIONS:
             if name not in only:

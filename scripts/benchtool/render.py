@@ -122,7 +122,7 @@ class Report:
              "`EVALSHA <sha> 1 b:<i> 0.001 10 1` + `PEXPIRE b:<i> 1000000`"),
             ("Lua script's hash as teams run it (no expiry)", "lua_seed",
              "`EVALSHA <sha> 1 b:<i> 0.001 10 1`"),
-            ("Functions library's hash (expires when full)", "functions",
+            ("Functions library's string (expires when full)", "functions",
              "`FCALL rl_take 1 b:<i> 0.001 10 1`"),
         ]  # fmt: skip
         for label, key, how in layouts:
@@ -473,7 +473,8 @@ class Report:
         names = {"throughput": "Throughput, latency and server time", "memory": "Memory",
                  "profile": "Profile (callgrind)", "share": "`RL.SHARE` at scale",
                  "hotkey": "One hot key", "skew": "`RL.SHARE` under skew",
-                 "percaller": "The per-caller path, side by side"}  # fmt: skip
+                 "percaller": "The per-caller path, side by side",
+                 "library": "The Functions library against the seed script"}  # fmt: skip
         out = ["| Section | measured (UTC) | module at | load average (1, 5, 15 min): start → end |",
                "|---|---|---|---|"]  # fmt: skip
         for name in spec.SECTIONS:
@@ -705,6 +706,57 @@ class Report:
                 f"case, {skew['cpus']} CPUs shared with other work (each case's load is in its "
                 f"row).")  # fmt: skip
 
+    # -- the Functions library against the seed script (section "library") ---------------------
+
+    def library_tables(self):
+        lib = self.r.get("library")
+        if not lib:
+            return "Not measured yet: `scripts/bench --only library`."
+        cases = {c["key"]: c for c in spec.LIBRARY_CASES}
+        out = []
+        profiles = lib.get("profiles") or {}
+        if profiles:
+            out += [f"Instructions per call (callgrind; before: functions/rl.lua at "
+                    f"{lib.get('before_rev', '?')}, hashes only, the same calls in the same run):",
+                    "",
+                    "| Library case | server | before (hashes) | library | seed script "
+                    "| library ÷ seed | target | |",
+                    "|---|---|---:|---:|---:|---:|---|---|"]  # fmt: skip
+            for key, case in cases.items():
+                for name, prof in profiles.items():
+                    got = prof["cases"].get(key) or {}
+                    fn, seed = got.get("fn"), got.get("seed")
+                    before = ((prof.get("before") or {}).get(key) or {}).get("fn")
+                    if case["target"] is not None:
+                        r = fn / seed if fn and seed else None
+                        target = f"≤ {case['target']:.1f}x the seed script"
+                        ok = r is not None and r <= case["target"]
+                    else:
+                        r = None
+                        target = "below the hash layout"
+                        ok = fn is not None and before is not None and fn < before
+                    out.append(f"| {case['name']} | {prof['label']} | {fmt(before)} | {fmt(fn)} "
+                               f"| {fmt(seed)} | {ratio(r, 2)} | {target} | {verdict(ok)} |")
+        times = lib.get("times")
+        if times:
+            ver = re.search(r"v=(\S+)", times["version"])
+            out += ["", f"Server time per call on {ver.group(1) if ver else times['version']} "
+                    f"(`INFO commandstats`, {times['calls']:,} calls per case and round, "
+                    f"{spec.CLIENTS} clients, pipelines of 16; both in one server, rounds "
+                    "interleaved; a shared machine: the ratios of one round are what to read):",
+                    "",
+                    "| Library case (server time) | library µs | seed script µs "
+                    "| library ÷ seed, per round |",
+                    "|---|---:|---:|---|"]  # fmt: skip
+            for key, case in cases.items():
+                rd = times["rounds"].get(key) or {}
+                fns, seeds = rd.get("fn") or [], rd.get("seed") or []
+                med = (lambda v: sorted(v)[len(v) // 2] if v else None)
+                per = ", ".join(f"{a / b:.2f}x" for a, b in zip(fns, seeds)) or "—"
+                out.append(f"| {case['name']} | {fmt(med(fns), 2)} | {fmt(med(seeds), 2)} "
+                           f"| {per} |")
+        return "\n".join(out)
+
     # -- the whole file -------------------------------------------------------------------------
 
     def markdown(self):
@@ -756,6 +808,7 @@ class Report:
             "skew_table": self.skew_table(),
             "skew_targets": self.skew_targets(),
             "skew_note": self.skew_note(),
+            "library_tables": self.library_tables(),
             "hot_rate": f"{spec.HOT_LIMIT[0]:,}", "hot_cap": f"{spec.HOT_LIMIT[1]:,}",
             "share_calls": f"{scale[0]['calls']:,}" if scale else "—",
             "share_batches": len(scale[0]["batches"]) if scale else "—",

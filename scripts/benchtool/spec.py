@@ -32,6 +32,9 @@ class Counts:
         self.repeats = 1 if quick else 5
         self.buckets = 10_000 if quick else 1_000_000
         self.profile_calls = 1_000 if quick else 20_000
+        # The library section's calls per case under callgrind, and timed (per round).
+        self.library_calls = 300 if quick else 3_000
+        self.library_timed = 2_000 if quick else 100_000
         # RL.SHARE at scale: holders on one key, and the calls timed once they settled.
         self.share_holders = [50, 200] if quick else [1_000, 4_096]
         self.share_calls = 300 if quick else 3_000
@@ -287,7 +290,52 @@ PART_LABELS = {
 # `scripts/bench measure --only ...`: a section name -> its key in the results JSON.
 SECTIONS = {"throughput": "throughput", "memory": "memory", "profile": "profiles",
             "share": "share", "hotkey": "hotkey", "skew": "skew",
-            "percaller": "percaller"}  # fmt: skip
+            "percaller": "percaller", "library": "library"}  # fmt: skip
+
+# The Functions library against the seed script it replaces (section "library", issue 44):
+# per case, the library's call and the seed script's, both in one server per server kind:
+# callgrind instructions in the timed command (fcallCommand, evalShaCommand), and on Redis
+# 7.0 the server time per call (INFO commandstats) of both in one run, interleaved. `target`:
+# the most the library may cost as a multiple of the seed script; cases without a seed call
+# are held to the figures of the layout before (LIBRARY_BEFORE).
+FN_BUSY_LIMIT = ["1000", "1000000000"]
+FN_FULL_LIMIT = ["1000000", "1000000"]
+LIBRARY_RAND_KEYS = 10_000
+LIBRARY_CASES = [
+    dict(key="full", name="`rl_take` grant, bucket full again between calls",
+         fn=[*FN_TAKE, "fn:full", *FN_FULL_LIMIT, "1"],
+         seed=[*LUA, "lua:full", *FN_FULL_LIMIT, "1"], target=1.0),
+    dict(key="busy", name="`rl_take` grant, busy bucket",
+         fn=[*FN_TAKE, "fn:busy", *FN_BUSY_LIMIT, "1"],
+         seed=[*LUA, "lua:busy", *FN_BUSY_LIMIT, "1"], target=1.0),
+    dict(key="rand", name="`rl_take` grant, 10k random keys (each full again: expired)",
+         fn=[*FN_TAKE, "fn:__rand_int__", *FN_FULL_LIMIT, "1"],
+         seed=[*LUA, "lua:__rand_int__", *FN_FULL_LIMIT, "1"], rand=LIBRARY_RAND_KEYS,
+         target=1.0),
+    dict(key="deny", name="`rl_take` deny", fn=[*FN_TAKE, "fn:deny", *DENY_LIMIT, "1"],
+         seed=[*LUA, "lua:deny", *DENY_LIMIT, "1"], target=0.9),
+    dict(key="lease", name="`rl_lease` 20 (1000 keys, 100 ms)",
+         fn=[*FN_LEASE, "fn:lease:__rand_int__", *FN_BUSY_LIMIT, "20", LEASE_TTL_MS],
+         rand=LEASE_KEYS),
+    dict(key="mtake", name="`rl_mtake` of 2 keys",
+         fn=["FCALL", "rl_mtake", "2", "fn:m1", "fn:m2", "1", *FN_BUSY_LIMIT, *FN_BUSY_LIMIT]),
+    dict(key="reserve", name="`rl_reserve` grant", fn=["FCALL", "rl_reserve", "1", "fn:rv",
+                                                       *FN_BUSY_LIMIT, "1", "0"]),
+    dict(key="share16", name="`rl_share`, 16 holders",
+         fn=["FCALL", "rl_share", "1", "fn:sh", *GRANT_LIMIT, "h00", "10", SHARE_PERIOD_MS],
+         pre=[["FCALL", "rl_share", "1", "fn:sh", *GRANT_LIMIT, f"h{i:02d}", "10",
+               SHARE_PERIOD_MS] for i in range(16)]),
+]  # fmt: skip
+for _case in LIBRARY_CASES:
+    _case.setdefault("seed", None)
+    _case.setdefault("rand", None)
+    _case.setdefault("pre", [])
+    _case.setdefault("target", None)
+# The library before the string layout (hashes only): measured in the same run, the same
+# calls (its instructions per call are the "before" column; the cases without a seed script
+# must cost less than it).
+LIBRARY_BEFORE_REV = "c9e6107"
+LIBRARY_ROUNDS = 2
 
 # Holders at scale: each wants 10/s of the grant limit's 1000/s (over-subscribed from 101
 # holders: the water level runs), leases of 3 hours; 12-byte ids.

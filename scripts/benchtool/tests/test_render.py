@@ -242,3 +242,41 @@ class PerCaller(unittest.TestCase):
         text = Report(res).markdown()
         self.assertIn("| RL.TAKE grant, pinned key ≤ a grant + 300 | Redis 8.2 | not measured",
                       text)  # fmt: skip
+
+
+class Library(unittest.TestCase):
+    """The Functions library against the seed script: targets met and not met, per server."""
+
+    def with_library(self):
+        r = results()
+        cases = {c["key"]: {"fn": 100.0, "seed": 100.0 if c["seed"] else None}
+                 for c in spec.LIBRARY_CASES}
+        cases["full"] = {"fn": 120.0, "seed": 100.0}  # over its 1.0x
+        cases["deny"] = {"fn": 80.0, "seed": 100.0}  # under its 0.9x
+        before = {c["key"]: {"fn": 110.0} for c in spec.LIBRARY_CASES}
+        before["lease"] = {"fn": 90.0}  # the lease got dearer
+        r["library"] = {"before_rev": "c9e6107", "profiles": {"redis7": {
+            "label": "Redis 7.0", "flavor": "redis7", "version": "v", "calls": 10,
+            "cases": cases, "before": before}},
+            "times": {"calls": 10, "version": "Redis server v=7.0.15 sha=0",
+                      "rounds": {c["key"]: {"fn": [2.0, 3.0], "seed": [4.0, 3.0] if c["seed"]
+                                            else []} for c in spec.LIBRARY_CASES}}}
+        return r
+
+    def test_the_library_tables_and_their_targets(self):
+        text = Report(self.with_library()).markdown()
+        self.assertEqual(check_markdown(text, 3), [])
+        rows = {ln.split(" | ")[0][2:]: ln for ln in text.splitlines()
+                if ln.startswith("| `rl_") and "| Redis 7.0 |" in ln}
+        self.assertIn("| 1.20x | ≤ 1.0x the seed script | **not met** |",
+                      rows["`rl_take` grant, bucket full again between calls"])
+        self.assertIn("| 0.80x | ≤ 0.9x the seed script | **met** |", rows["`rl_take` deny"])
+        self.assertIn("| below the hash layout | **not met** |",
+                      rows["`rl_lease` 20 (1000 keys, 100 ms)"])
+        self.assertIn("| below the hash layout | **met** |", rows["`rl_mtake` of 2 keys"])
+        self.assertIn("| 0.50x, 1.00x |", text)
+        self.assertIn("Server time per call on 7.0.15", text)
+
+    def test_without_the_section(self):
+        text = Report(results()).markdown()
+        self.assertIn("Not measured yet: `scripts/bench --only library`.", text)
