@@ -27,3 +27,4 @@ export {
   type ChatEstimate,
   type ChatUsage,
 } from './openai';
+export { budgetFetch, type BudgetFetchOptions } from './openai-fetch';
