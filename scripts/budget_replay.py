@@ -339,6 +339,8 @@ def main() -> int:
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--merge", action="store_true", help="replace these rows in --json")
     a = ap.parse_args()
+    # The server changes into its own dir before it loads the module.
+    a.module = os.path.abspath(a.module)
     seconds = 5.0 if a.smoke else 40.0
     results = []
     for row in a.rows.split(","):
