@@ -40,12 +40,12 @@ async fn functions_backend_decides_as_the_module() {
         let denied = limiter.take(&key, 2).await.unwrap();
         assert!(!denied.allowed && denied.source == Source::Server);
         assert!(denied.retry_after > Duration::from_secs(1000), "{denied:?}");
-        // The library's own state, a hash.
+        // The library's own state: a plain bucket is one string (docs/functions.md).
         let kind: String = redis::cmd("TYPE")
             .arg(&key)
             .query(&mut server.conn())
             .unwrap();
-        assert_eq!(kind, "hash");
+        assert_eq!(kind, "string");
     }
 }
 
