@@ -124,7 +124,11 @@ pub struct TokenBudget {
     ttl_ms: u64,
     policy: FailurePolicy,
     share: f64,
-    /// The local buckets the failure policy spends from, made at the first outage.
+    /// The local buckets the failure policy spends from, made at the first outage and kept
+    /// when Redis answers again, refilling as time passes: dropped, a Redis that flaps would
+    /// hand each outage a full share again (a review measured five times the share in
+    /// 20 ms); kept, what the policy lets out over any stretch of outages stays within
+    /// `share * (cap + rate * t)`.
     local: Option<Vec<Bucket>>,
     /// Each limit's level as Redis last reported it.
     last_reported: Vec<Option<f64>>,
@@ -481,12 +485,6 @@ impl TokenBudget {
         self.counters.outages += 1;
         self.counters.settles_lost += 1;
     }
-
-    /// Redis answered again. The local buckets are kept, refilling as time passes: dropped,
-    /// a Redis that flaps would hand each outage a full share again (the review measured
-    /// five times the share in 20 ms); kept, what the failure policy lets out over any
-    /// stretch of outages stays within `share * (cap + rate * t)`.
-    pub fn recovered(&mut self) {}
 }
 
 #[cfg(test)]
@@ -627,8 +625,8 @@ mod tests {
         // Half of output's 40: 20 there, not the 250 a full local bucket would hold.
         assert!(!b.outage(&[1, 1, 21], 0).granted);
         assert!(b.outage(&[1, 1, 20], 0).granted);
-        // A flap does not refill it: the 20 are spent.
-        b.recovered();
+        // A flap (Redis answering in between) does not refill it: the 20 are spent.
+        b.reserved(&[1, 1, 1], &reply).unwrap();
         assert!(!b.outage(&[1, 1, 20], 0).granted, "kept across outages");
         // A cost above the local bucket's cap is denied, not granted in part.
         let mut small = budget(FailurePolicy::Allow, 0.25);

@@ -236,12 +236,10 @@ impl<C: RedisConnection> TokenBudget<C> {
         }
         .await;
         let grant = match outcome {
-            Ok(value) => {
-                let mut core = self.core();
-                core.recovered();
-                core.reserved(&costs, &to_reply(value))
-                    .map_err(|e| Error::Reply(e.0))?
-            }
+            Ok(value) => self
+                .core()
+                .reserved(&costs, &to_reply(value))
+                .map_err(|e| Error::Reply(e.0))?,
             Err(e) if e.is_outage() => self.core().outage(&costs, mono_ns()),
             Err(e) => return Err(e),
         };

@@ -144,7 +144,6 @@ export declare class BudgetCore {
    */
   settled(reply: unknown): Array<number | undefined | null>
   settleLost(): void
-  recovered(): void
   counters(): BudgetCountersJs
 }
 /** Reads a streamed reply (server-sent events) as it passes. */

@@ -231,7 +231,6 @@ export class TokenBudget {
       if (e instanceof Outage) return new Reservation(this, core(() => this.core.outage(costs, now())), costs);
       throw e;
     }
-    this.core.recovered();
     return new Reservation(this, core(() => this.core.reserved(costs, reply)), costs);
   }
 

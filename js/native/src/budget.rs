@@ -285,11 +285,6 @@ impl BudgetCore {
     }
 
     #[napi]
-    pub fn recovered(&mut self) {
-        self.inner.recovered()
-    }
-
-    #[napi]
     pub fn counters(&self) -> BudgetCountersJs {
         let c = self.inner.counters();
         BudgetCountersJs {

@@ -239,10 +239,6 @@ impl Budget {
         self.inner.settle_lost()
     }
 
-    fn recovered(&mut self) {
-        self.inner.recovered()
-    }
-
     /// The counters, by name.
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let c = self.inner.counters();

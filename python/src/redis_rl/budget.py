@@ -224,9 +224,8 @@ class _State:
         return tuple(self.core.reserve_command(self.backend_name(), costs))
 
     def reserved(self, costs: List[int], reply: Any) -> Reservation:
-        """Redis answered: its decision (and the failure policy's buckets dropped)."""
+        """Redis answered: its decision."""
         with self.lock:
-            self.core.recovered()
             return self.grant(costs, self.core.reserved(costs, reply))
 
     def outage(self, costs: List[int]) -> Reservation:
