@@ -4,21 +4,12 @@
 
 use rl_client_core::budget::Backend;
 use rl_client_core::token_budget::{FailurePolicy, Grant, SettleStep, Source, Ticket, TokenBudget};
-use rl_client_core::Reply;
+mod common;
+
+use common::reply;
 use serde_json::Value as J;
 
 const MS: u64 = 1_000_000;
-
-fn reply(j: &J) -> Reply {
-    match j {
-        J::Null => Reply::Nil,
-        J::Number(n) => Reply::Int(n.as_i64().unwrap()),
-        J::String(s) => Reply::Bulk(s.clone().into_bytes()),
-        J::Array(items) => Reply::Array(items.iter().map(reply).collect()),
-        J::Object(o) => Reply::Double(o["double"].as_f64().unwrap()),
-        J::Bool(_) => panic!("no booleans in replies"),
-    }
-}
 
 fn backend(step: &J) -> Backend {
     match step["backend"].as_str() {

@@ -3,33 +3,11 @@
 //! and the commands the core builds from a case's parts are the case's own arguments.
 
 use rl_client_core::budget::{self, Backend, Part, Settled};
-use rl_client_core::Reply;
 use serde_json::Value as J;
 
-/// Ids in a case count from the call's microsecond clock.
-const BASE_US: i64 = 1_700_000_000_000_000;
+mod common;
 
-fn reply(j: &J) -> Reply {
-    match j {
-        J::Null => Reply::Nil,
-        J::Number(n) => Reply::Int(n.as_i64().unwrap()),
-        J::String(s) => Reply::Bulk(s.clone().into_bytes()),
-        J::Array(items) => Reply::Array(items.iter().map(reply).collect()),
-        J::Bool(_) => panic!("no booleans in replies"),
-        J::Object(o) => {
-            let (tag, x) = o.iter().next().unwrap();
-            match tag.as_str() {
-                "double" | "tokens" => Reply::Double(x.as_f64().unwrap()),
-                "double_text" | "tokens_text" => {
-                    Reply::Bulk(x.as_f64().unwrap().to_string().into_bytes())
-                }
-                "ms" => Reply::Int(x.as_i64().unwrap()),
-                "id" => Reply::Int(BASE_US + x.as_i64().unwrap()),
-                other => panic!("unknown reply tag {other}"),
-            }
-        }
-    }
-}
+use common::{reply, BASE_US};
 
 fn arg(j: &J) -> String {
     match j {
