@@ -97,3 +97,150 @@ impl Fallback {
         }
     }
 }
+
+/// The failure policy's golden cases (`protocol/client-cases/failure_policy.json`) through
+/// this crate's wrappers: its config, its clock-free entry points, its `Decision`s.
+#[cfg(test)]
+mod golden {
+    use super::*;
+    use crate::health::Health;
+    use serde_json::Value as J;
+
+    const MS: u64 = 1_000_000;
+
+    fn ms(d: Duration) -> u64 {
+        d.as_nanos().div_ceil(1_000_000) as u64
+    }
+
+    fn check(name: &str, d: &Decision, retry: Duration, want: &J) {
+        assert_eq!(
+            d.allowed,
+            want["granted"].as_bool().unwrap(),
+            "{name}: {d:?}"
+        );
+        assert!(
+            (d.remaining - want["remaining"].as_f64().unwrap()).abs() < 1e-6,
+            "{name}: {d:?}"
+        );
+        assert_eq!(
+            ms(retry),
+            want["retry_after_ms"].as_u64().unwrap(),
+            "{name}: {d:?}"
+        );
+        assert_eq!(
+            ms(d.reset_after),
+            want["reset_after_ms"].as_u64().unwrap(),
+            "{name}: {d:?}"
+        );
+        assert_eq!(d.source, Source::Fallback);
+    }
+
+    fn keys(e: &J) -> Vec<String> {
+        match e["keys"].as_u64() {
+            Some(n) => (0..n)
+                .map(|i| format!("{}{i}", e["prefix"].as_str().unwrap()))
+                .collect(),
+            None => vec![e["key"].as_str().unwrap().to_owned()],
+        }
+    }
+
+    #[test]
+    fn the_wrappers_follow_the_failure_policy_cases() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../protocol/client-cases/failure_policy.json"
+        );
+        let doc: J = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut steps_run = 0;
+        for case in doc["cases"].as_array().unwrap() {
+            let name = case["name"].as_str().unwrap();
+            let l = &case["limiter"];
+            let mut config = LimiterConfig {
+                policy: match l["policy"].as_str().unwrap() {
+                    "allow" => FailurePolicy::Allow,
+                    "last_known" => FailurePolicy::LastKnown,
+                    _ => FailurePolicy::Deny,
+                },
+                deny_retry_after: Duration::from_millis(l["deny_retry_after_ms"].as_u64().unwrap()),
+                probe_interval: Duration::from_millis(l["probe_interval_ms"].as_u64().unwrap()),
+                max_keys: l["max_keys"].as_u64().unwrap() as usize,
+                ..LimiterConfig::default()
+            };
+            // `instances` null: the config's default, as a user who does not set it gets.
+            if let Some(i) = l["instances"].as_u64() {
+                config.instances = i as u32;
+            }
+            let limit =
+                Limit::new(l["rate"].as_f64().unwrap(), l["cap"].as_f64().unwrap()).unwrap();
+            let fallback = Fallback::new(limit, &config);
+            let health = Health::new(config.probe_interval);
+            for step in case["steps"].as_array().unwrap() {
+                steps_run += 1;
+                let at = step["at_ms"].as_u64().unwrap_or(0) * MS;
+                if step.get("call").is_some() {
+                    assert_eq!(
+                        health.may_call_at(at),
+                        step["sends"].as_bool().unwrap(),
+                        "{name}"
+                    );
+                } else if let Some(r) = step.get("reply") {
+                    let every = step["every_ms"].as_u64().unwrap_or(0) * MS;
+                    for i in 0..step["times"].as_u64().unwrap_or(1) {
+                        let ended = health.succeeded();
+                        assert_eq!(
+                            ended,
+                            step["outage_ended"].as_bool().unwrap() && i == 0,
+                            "{name}"
+                        );
+                        for key in keys(r) {
+                            let g = r["granted"].as_u64().unwrap();
+                            fallback.observe(&key, g, r["level"].as_f64(), at + i * every);
+                        }
+                    }
+                } else if step.get("timeout").is_some() || step.get("error").is_some() {
+                    health.failed_at(at);
+                    assert!(health.is_down());
+                } else if let Some(t) = step.get("take") {
+                    let n = t["n"].as_u64().unwrap();
+                    let per_call = t["limit"].as_array().map(|rc| {
+                        Limit::new(rc[0].as_f64().unwrap(), rc[1].as_f64().unwrap()).unwrap()
+                    });
+                    let (mut granted, mut last) = (0, None);
+                    for key in keys(t) {
+                        for _ in 0..t["times"].as_u64().unwrap_or(1) {
+                            let d = match per_call {
+                                Some(limit) => fallback.decide_with(&key, n, limit, at),
+                                None => fallback.decide(&key, n, at),
+                            };
+                            granted += u64::from(d.allowed);
+                            last = Some(d);
+                        }
+                    }
+                    if let Some(want) = step.get("decision") {
+                        let d = last.unwrap();
+                        check(name, &d, d.retry_after, want);
+                    }
+                    if let Some(want) = step.get("granted_times") {
+                        assert_eq!(granted, want.as_u64().unwrap(), "{name}: at {at}");
+                    }
+                } else if let Some(r) = step.get("reserve") {
+                    let max_wait = Duration::from_millis(r["max_wait_ms"].as_u64().unwrap());
+                    let key = r["key"].as_str().unwrap();
+                    let (d, wait) = fallback.reserve(key, r["n"].as_u64().unwrap(), max_wait, at);
+                    check(name, &d, wait, &step["decision"]);
+                } else if let Some(m) = step.get("meter") {
+                    let key = m["key"].as_str().unwrap();
+                    let rate = lock(&fallback.core).observed_rate(key.as_bytes()).unwrap();
+                    assert!((rate - m["rate"].as_f64().unwrap()).abs() < 1e-9, "{name}");
+                } else if let Some(down) = step.get("down") {
+                    assert_eq!(health.is_down(), down.as_bool().unwrap(), "{name}");
+                } else if let Some(most) = step.get("keys_at_most") {
+                    assert!(lock(&fallback.core).keys() as u64 <= most.as_u64().unwrap());
+                } else {
+                    panic!("{name}: unknown step {step}");
+                }
+            }
+        }
+        assert!(steps_run >= 80, "only {steps_run} steps");
+    }
+}
