@@ -128,7 +128,12 @@ impl Fallback {
     ) -> PyResult<DecisionTuple> {
         guarded(|| {
             let l = limit(rate, cap)?;
-            Ok(tuple(&self.inner.decide_with(key.as_bytes(), n, l, at(now_ns))))
+            Ok(tuple(&self.inner.decide_with(
+                key.as_bytes(),
+                n,
+                l,
+                at(now_ns),
+            )))
         })
     }
 
@@ -144,7 +149,12 @@ impl Fallback {
     ) -> PyResult<DecisionTuple> {
         guarded(|| {
             let wait = max_wait_ms.saturating_mul(1_000_000);
-            Ok(tuple(&self.inner.reserve(key.as_bytes(), n, wait, at(now_ns))))
+            Ok(tuple(&self.inner.reserve(
+                key.as_bytes(),
+                n,
+                wait,
+                at(now_ns),
+            )))
         })
     }
 
@@ -207,6 +217,9 @@ impl Health {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Fallback>()?;
     m.add_class::<Health>()?;
-    m.add("DEFAULT_INSTANCES", rl_client_core::token_budget::DEFAULT_INSTANCES)?;
+    m.add(
+        "DEFAULT_INSTANCES",
+        rl_client_core::token_budget::DEFAULT_INSTANCES,
+    )?;
     Ok(())
 }
