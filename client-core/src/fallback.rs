@@ -283,15 +283,20 @@ impl Fallback {
     }
 
     fn entry(&mut self, key: &[u8], now: Nanos) -> &mut KeyState {
-        if !self.keys.contains_key(key) && self.keys.len() >= self.max_keys {
-            self.keys
-                .retain(|_, s| now.saturating_sub(s.touched) < STALE);
-            // Mostly fresh keys: start afresh rather than scan the map on every new key.
-            if self.keys.len() >= self.max_keys - self.max_keys / 4 {
-                self.keys.clear();
+        // Looked up by reference first: a key seen before costs no allocation (every
+        // answer from Redis comes through here).
+        if !self.keys.contains_key(key) {
+            if self.keys.len() >= self.max_keys {
+                self.keys
+                    .retain(|_, s| now.saturating_sub(s.touched) < STALE);
+                // Mostly fresh keys: start afresh rather than scan the map on every new key.
+                if self.keys.len() >= self.max_keys - self.max_keys / 4 {
+                    self.keys.clear();
+                }
             }
+            self.keys.insert(key.to_vec(), KeyState::default());
         }
-        let entry = self.keys.entry(key.to_vec()).or_default();
+        let entry = self.keys.get_mut(key).expect("the key was inserted above");
         entry.touched = now;
         entry
     }
