@@ -109,3 +109,42 @@ def test_bad_input_is_a_clear_error_and_changes_nothing() -> None:
     for granted, level in [(-5, None), (math.nan, 1.0), (3, math.nan), (1, -math.inf)]:
         fb.observe("k", granted, level)
     assert fb.decide("k", 1).granted
+
+
+def test_health_extremes_and_threads() -> None:
+    """One probe per interval whatever the threads racing for it; intervals at the ends of the
+    clock."""
+    import threading
+
+    h = Health(3600)
+    h.failed(1)
+    assert h.down and not h.may_call(2)
+    probes: List[bool] = []
+    threads = [
+        threading.Thread(
+            target=lambda: probes.extend(h.may_call(3600 * 10**9 + 1) for _ in range(500))
+        )
+        for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(probes) == 1
+    never = Health(float("inf"))
+    never.failed()
+    assert never.down and not never.may_call()
+    assert never.succeeded() and not never.down
+    with pytest.raises(OverflowError):
+        Health(0.5).failed(-1)
+
+
+def test_many_keys_stay_bounded_and_each_is_decided() -> None:
+    fb = Fallback(FailurePolicy("last_known"), 1, 1, max_keys=64, instances=1)
+    for i in range(10_000):
+        fb.observe(f"k{i}", 1, 0.0, i)
+        assert fb.keys() <= 64
+    # The last key: Redis reported nothing left.
+    assert not fb.decide_at("k9999", 1, 10_000)[0]
+    # A key never seen: the configured share, full.
+    assert fb.decide_at("new", 1, 10_000)[0]

@@ -73,7 +73,9 @@ class Health(_core.Health):
     _lock: threading.Lock
 
     def __new__(cls, probe_interval: float) -> Health:
-        return super().__new__(cls, max(0, round(probe_interval * 1e9)))
+        # Nanoseconds, within the core's u64 (an infinite interval: never probe again).
+        ns = probe_interval * 1e9
+        return super().__new__(cls, 2**64 - 1 if ns >= 2**64 else max(0, round(ns)))
 
     @property
     def down(self) -> bool:
