@@ -593,6 +593,38 @@ mod tests {
             }
         }
 
+        /// A fleet under skewed traffic, one Redis bucket: once their meters are older than
+        /// the window, the rates the instances measured add up to at most what Redis let out
+        /// over it (`rate + cap / 1.9 s`: the window holds 1.9 to 2 s of whole slots),
+        /// whatever the skew and the fleet's size, with no `instances` to get wrong. (A
+        /// younger meter divides by its age, at least 0.25 s: `rate + cap / age`.)
+        #[test]
+        fn a_fleets_measured_rates_add_up_to_at_most_the_limit(
+            weights in proptest::collection::vec(0u64..20, 2..8),
+            steps in 200u64..400,
+        ) {
+            let limit = Limit::new(100.0, 50.0).unwrap();
+            let mut server: Option<rl_core::Bucket> = None;
+            let mut fleet: Vec<Fallback> = weights
+                .iter()
+                .map(|_| Fallback::new(FailurePolicy::LastKnown, limit, 0.25, S, 10).unwrap())
+                .collect();
+            let mut now = T0;
+            for _ in 0..steps {
+                now += 10 * MS;
+                for (f, &w) in fleet.iter_mut().zip(&weights) {
+                    for _ in 0..w {
+                        let mut level = Level::new(server.as_ref(), limit, now);
+                        let granted = level.try_take(1.0);
+                        server = Some(level.bucket());
+                        f.observe(b"k", u64::from(granted), Some(level.tokens()), now);
+                    }
+                }
+            }
+            let total: f64 = fleet.iter().filter_map(|f| f.observed_rate(b"k")).sum();
+            prop_assert!(total <= 100.0 + 50.0 / 1.9 + 1e-6, "{total}");
+        }
+
         /// Any instants (a clock stepping back, 0, the end of time) and any `n`: a decision,
         /// never a panic, and its numbers are numbers.
         #[test]
