@@ -12,12 +12,17 @@
 //!   the Functions library, their replies, the reservation a caller holds and its counters.
 //! - [`openai`]: what a budget reserves for an OpenAI-compatible chat completion and what it
 //!   settles (the estimate from the request, the usage from the reply or its stream).
+//! - [`lease`] and [`prefetch`]: the lease commands (`RL.LEASE`, `RL.RETURN`) and the
+//!   prefetch ledger (the leases a `PrefetchLimiter` holds, when it renews, what a landed
+//!   or failed call leaves, the late-reply bound, the waiting line).
 //! - [`token_budget`]: a token budget's decisions (its named limits and buckets, costs,
 //!   the failure policy's local buckets, settles), for every shell's `TokenBudget`.
 
 pub mod budget;
+pub mod lease;
 pub mod limits;
 pub mod openai;
+pub mod prefetch;
 pub mod reply;
 pub mod take;
 pub mod token_budget;
