@@ -170,7 +170,12 @@ mod tests {
             Reply::Int(1),
             Reply::Array(vec![Reply::Int(1); 3]),
             Reply::Array(vec![Reply::Int(1); 5]),
-            Reply::Array(vec![Reply::Int(-1), Reply::Int(1), Reply::Int(1), Reply::Int(0)]),
+            Reply::Array(vec![
+                Reply::Int(-1),
+                Reply::Int(1),
+                Reply::Int(1),
+                Reply::Int(0),
+            ]),
             Reply::Array(vec![
                 Reply::Bulk(b"x".to_vec()),
                 Reply::Int(1),

@@ -612,6 +612,24 @@ impl Ledger {
         None
     }
 
+    /// The tokens flight `id` spent for its waiter when it landed, taken by the waiter (a
+    /// grant); `None` if it has not landed or did not serve it (the waiter looks at the
+    /// ledger again).
+    pub fn claim(&mut self, id: u64) -> Option<u64> {
+        let at = self.flights.iter().position(|f| f.id == id)?;
+        let served = self.flights[at].ended?;
+        self.flights.remove(at);
+        served
+    }
+
+    /// Whether flight `id` has ended (landed or failed).
+    pub fn has_ended(&self, id: u64) -> bool {
+        self.flights
+            .iter()
+            .find(|f| f.id == id)
+            .is_none_or(|f| f.ended.is_some())
+    }
+
     /// The waiter of flight `id` will not take what it brings (cancelled, or it read its
     /// grant from the landing): `claimed` says it took what was spent for it; otherwise
     /// that goes back into the lease.
@@ -784,6 +802,21 @@ mod tests {
         assert_eq!(late_reply_bound(200 * MS, 2000), 10 * SEC);
         assert_eq!(late_reply_bound(2 * SEC, 60_000), 63 * SEC);
         assert_eq!(late_reply_bound(u64::MAX, u64::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn thresholds_spread_around_renew_at_within_the_batch() {
+        let mut l = ledger(100, 1000);
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..=100 {
+            let t = l.draw_threshold(f64::from(i) / 100.0);
+            assert!((10..=30).contains(&t), "{t}");
+            seen.insert(t);
+        }
+        assert_eq!((seen.first(), seen.last()), (Some(&10), Some(&30)));
+        assert_eq!(l.draw_threshold(f64::NAN), 20);
+        l.config.jitter = 1.0;
+        assert_eq!((l.draw_threshold(0.0), l.draw_threshold(1.0)), (0, 99));
     }
 
     #[test]

@@ -4,7 +4,9 @@
 
 use rl_client_core::budget::Backend;
 use rl_client_core::lease::LeaseTarget;
-use rl_client_core::prefetch::{Begin, Failure, Judged, Landed, Lease, Ledger, LedgerConfig, Local};
+use rl_client_core::prefetch::{
+    Begin, Failure, Judged, Landed, Lease, Ledger, LedgerConfig, Local,
+};
 use rl_client_core::Reply;
 use serde_json::{json, Value as J};
 
@@ -136,10 +138,15 @@ pub fn run(reply: &dyn Fn(&J) -> Reply) -> usize {
                 assert_eq!(json!(l.late_bound() / MS), *b, "{at}");
             } else if let Some(n) = step.get("enter") {
                 let again = step["again"].as_u64();
-                let got = l.enter_line(n.as_u64().unwrap(), step["front"].as_bool().unwrap(), again);
+                let got =
+                    l.enter_line(n.as_u64().unwrap(), step["front"].as_bool().unwrap(), again);
                 assert_eq!(json!(got), step["waiter"], "{at}");
             } else if let Some(w) = step.get("leave") {
-                assert_eq!(json!(l.leave_line(w.as_u64().unwrap())), step["next"], "{at}");
+                assert_eq!(
+                    json!(l.leave_line(w.as_u64().unwrap())),
+                    step["next"],
+                    "{at}"
+                );
             } else if let Some(g) = step.get("wake") {
                 assert_eq!(json!(l.wake(g.as_bool().unwrap())), step["woken"], "{at}");
             } else if let Some(want) = step.get("counters") {
