@@ -342,18 +342,26 @@ impl Ledger {
     pub fn take(&mut self, n: u64, now: Nanos, down: bool) -> Local {
         self.drop_expired(now);
         if n > 0 && self.spend(n) {
-            let left = self.left();
-            let renew = left <= self.threshold
-                && !self.in_flight()
-                && self.denied_for(1, now).is_none()
-                && !down
-                && !self.closed;
-            return Local::Granted { left, renew };
+            return Local::Granted {
+                left: self.left(),
+                renew: self.renewal_due(now, down),
+            };
         }
         match self.denied_for(n, now) {
             Some(retry_after_ms) => Local::Denied { retry_after_ms },
             None => Local::Ask,
         }
+    }
+
+    /// Whether to lease the next batch now: the tokens held are at the threshold, no call is
+    /// in the air, Redis did not deny lately, the failure policy does not believe it down
+    /// (`down`), and the ledger is open.
+    pub fn renewal_due(&self, now: Nanos, down: bool) -> bool {
+        self.left() <= self.threshold
+            && !self.in_flight()
+            && self.denied_for(1, now).is_none()
+            && !down
+            && !self.closed
     }
 
     /// Puts back `tokens` granted to a take that never got them (its caller gone).

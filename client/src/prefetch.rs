@@ -472,7 +472,7 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                 .await
                 .is_ok();
             if own != 0 {
-                let (claimed, ended, last, woken_behind) = {
+                let (claimed, ended, last, woken_behind, renew) = {
                     let mut state = lock(&inner.state);
                     let ended = state.ledger.has_ended(own);
                     let claimed = if ended {
@@ -491,12 +491,31 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                     } else {
                         Vec::new()
                     };
-                    let left = state.ledger.held(mono_ns());
+                    let now = mono_ns();
+                    let left = state.ledger.held(now);
+                    // Its grant may leave the batch at the threshold: renew as a take from
+                    // memory would.
+                    let renew = match (claimed, inner.backend.known()) {
+                        (Some(_), Some(b)) if !inner.closed.load(Ordering::Acquire) => {
+                            let down = inner.health.is_down();
+                            match state.ledger.renewal_due(now, down) {
+                                true => match state.ledger.begin(core_backend(b), 0, now) {
+                                    Begin::Send { flight, command } => Some((flight, command)),
+                                    _ => None,
+                                },
+                                false => None,
+                            }
+                        }
+                        _ => None,
+                    };
                     state.sync(&inner.metrics);
                     place.own.store(0, Ordering::Relaxed);
-                    (claimed.map(|t| (t, left)), ended, last, behind)
+                    (claimed.map(|t| (t, left)), ended, last, behind, renew)
                 };
                 woken_behind.iter().for_each(|w| w.notify_one());
+                if let Some((flight, command)) = renew {
+                    inner.renew(flight, command);
+                }
                 if let Some((tokens, left)) = claimed {
                     answer.decided(true, tokens, false);
                     let cap = inner.limit.cap();
@@ -626,13 +645,7 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                 state.sync(&inner.metrics);
                 drop(state);
                 if let Some((flight, command)) = fetch {
-                    if let Some(inline) = Inner::spawn_fetch(inner, flight, command) {
-                        // No runtime to spawn on: the next take that needs Redis renews.
-                        drop(inline);
-                        let mut state = lock(&inner.state);
-                        state.ledger.failed(flight, CallFailure::NotSent, mono_ns());
-                        state.sync(&inner.metrics);
-                    }
+                    inner.renew(flight, command);
                 }
                 let cap = inner.limit.cap();
                 return Some(Decision::granted(
@@ -669,6 +682,17 @@ impl<C: RedisConnection> Inner<C> {
             nanos(self.config.limiter.timeout),
             self.config.ttl_ms(),
         ))
+    }
+
+    /// Starts renewal `flight` in the background.
+    fn renew(self: &Arc<Self>, flight: u64, command: Vec<Vec<u8>>) {
+        if let Some(inline) = Inner::spawn_fetch(self, flight, command) {
+            // No runtime to spawn on: the next take that needs Redis renews.
+            drop(inline);
+            let mut state = lock(&self.state);
+            state.ledger.failed(flight, CallFailure::NotSent, mono_ns());
+            state.sync(&self.metrics);
+        }
     }
 
     /// Starts lease call `flight` on its own task; without a runtime, answers the future
