@@ -353,6 +353,22 @@ impl Ledger {
         }
     }
 
+    /// A take served from memory with nothing else to do (the hot path of a shell): granted
+    /// when the held leases have `n` and the batch stays above the renewal threshold after
+    /// it; `None` changes nothing (the shell's full path, [`Ledger::take`], decides).
+    pub fn grant(&mut self, n: u64, now: Nanos) -> Option<u64> {
+        let fresh = [self.older, self.newer]
+            .into_iter()
+            .flatten()
+            .all(|l| l.expires > now);
+        let left = self.left().checked_sub(n)?;
+        if n == 0 || !fresh || left <= self.threshold {
+            return None;
+        }
+        self.spend(n);
+        Some(left)
+    }
+
     /// Whether to lease the next batch now: the tokens held are at the threshold, no call is
     /// in the air, Redis did not deny lately, the failure policy does not believe it down
     /// (`down`), and the ledger is open.

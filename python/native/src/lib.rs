@@ -10,6 +10,7 @@ mod budget;
 mod guard;
 mod limits;
 mod openai;
+mod prefetch;
 mod reply;
 
 use pyo3::prelude::*;
@@ -20,5 +21,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     limits::register(m)?;
     budget::register(m)?;
     openai::register(m)?;
+    prefetch::register(m)?;
     Ok(())
 }
