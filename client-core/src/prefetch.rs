@@ -155,6 +155,10 @@ pub struct LedgerCounters {
     pub tokens_returned: u64,
     /// Lease calls judged slow (an outage) while still in the air.
     pub slow_calls: u64,
+    /// Takes granted by [`Ledger::grant`] (a shell's hot path, counted here rather than
+    /// under a lock of the shell's), and their tokens.
+    pub memory_grants: u64,
+    pub memory_tokens: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -366,6 +370,8 @@ impl Ledger {
             return None;
         }
         self.spend(n);
+        self.counters.memory_grants += 1;
+        self.counters.memory_tokens += n;
         Some(left)
     }
 

@@ -48,6 +48,8 @@ fn counters<'py>(py: Python<'py>, c: LedgerCounters) -> PyResult<Bound<'py, PyDi
         ("returns", c.returns),
         ("tokens_returned", c.tokens_returned),
         ("slow_calls", c.slow_calls),
+        ("memory_grants", c.memory_grants),
+        ("memory_tokens", c.memory_tokens),
     ] {
         d.set_item(k, v)?;
     }
@@ -163,20 +165,24 @@ impl Ledger {
     /// `denied` (value: retry_after_ms), `stale` or `closed`; `give_back`: `[(id, left)]`
     /// to return. A malformed reply raises `ProtocolError`.
     fn landed(
-        &mut self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         flight: u64,
         reply: &Bound<'_, PyAny>,
         now: u64,
         draw: f64,
     ) -> PyResult<Landing> {
+        let py = slf.py();
         guarded(|| {
-            let landing = match to_reply(reply) {
-                Ok(r) => self.inner.landed(flight, &r, now, draw),
+            // Read before the ledger is borrowed: reading a reply may run Python code (an
+            // exception's `__str__`), which may let another thread in.
+            let read = to_reply(reply);
+            let mut this = slf.borrow_mut();
+            let landing = match read {
+                Ok(r) => this.inner.landed(flight, &r, now, draw),
                 Err(e) => {
                     // Not a Redis reply at all: the call is ended as a malformed one all the
                     // same (its settled lease gone, its lease unknown).
-                    let _ = self.inner.landed(flight, &Reply::Nil, now, draw);
+                    let _ = this.inner.landed(flight, &Reply::Nil, now, draw);
                     Err(e)
                 }
             }
