@@ -335,7 +335,79 @@ impl Ledger {
     }
 }
 
+/// `RL.LEASE`'s reply as the core reads it: `(granted, lease_id, ttl_ms, retry_after_ms)`;
+/// else `ProtocolError`.
+#[pyfunction]
+fn parse_lease(py: Python<'_>, reply: &Bound<'_, PyAny>) -> PyResult<(u64, u64, u64, u64)> {
+    guarded(|| {
+        let r = to_reply(reply)
+            .and_then(|r| rl_client_core::lease::parse_lease(&r))
+            .map_err(|e| protocol_error(py, e))?;
+        Ok((r.tokens, r.id, r.ttl_ms, r.retry_after_ms))
+    })
+}
+
+/// `RL.LEASE`'s arguments as the core builds them (`redis_rl.Protocol.lease`).
+#[pyfunction]
+#[pyo3(signature = (backend_name, key, rate, cap, n, ttl_ms, min, settle=None, init=None, version=None))]
+#[allow(clippy::too_many_arguments)] // the command's own arguments, named
+fn lease_command<'py>(
+    py: Python<'py>,
+    backend_name: &str,
+    key: &str,
+    rate: f64,
+    cap: f64,
+    n: u64,
+    ttl_ms: u64,
+    min: u64,
+    settle: Option<(u64, u64)>,
+    init: Option<f64>,
+    version: Option<u64>,
+) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    guarded(|| {
+        let target = LeaseTarget {
+            key: key.as_bytes().to_vec(),
+            rate,
+            cap,
+            init,
+            version,
+        };
+        let args = rl_client_core::lease::lease_command(
+            backend(backend_name)?,
+            &target,
+            n,
+            ttl_ms,
+            min,
+            settle,
+        );
+        Ok(args.iter().map(|a| PyBytes::new(py, a)).collect())
+    })
+}
+
+/// `RL.RETURN`'s arguments as the core builds them (`redis_rl.Protocol.return_`).
+#[pyfunction]
+fn return_command<'py>(
+    py: Python<'py>,
+    backend_name: &str,
+    key: &str,
+    lease_id: u64,
+    unused: u64,
+) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    guarded(|| {
+        let args = rl_client_core::lease::return_command(
+            backend(backend_name)?,
+            key.as_bytes(),
+            lease_id,
+            unused,
+        );
+        Ok(args.iter().map(|a| PyBytes::new(py, a)).collect())
+    })
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Ledger>()?;
+    m.add_function(wrap_pyfunction!(lease_command, m)?)?;
+    m.add_function(wrap_pyfunction!(return_command, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_lease, m)?)?;
     Ok(())
 }

@@ -42,6 +42,21 @@ class StreamUsage:
     def finish(self) -> bytes: ...
     def usage(self) -> Optional[Tuple[int, int]]: ...
 
+def parse_lease(reply: Any) -> Tuple[int, int, int, int]: ...
+def lease_command(
+    backend_name: str,
+    key: str,
+    rate: float,
+    cap: float,
+    n: int,
+    ttl_ms: int,
+    min: int,
+    settle: Optional[Tuple[int, int]] = None,
+    init: Optional[float] = None,
+    version: Optional[int] = None,
+) -> List[bytes]: ...
+def return_command(backend_name: str, key: str, lease_id: int, unused: int) -> List[bytes]: ...
+
 class Ledger:
     """The prefetch ledger (client-core/src/prefetch.rs); times in monotonic nanoseconds."""
 
