@@ -421,9 +421,9 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                 } else {
                     match state.ledger.begin(backend, n, mono_ns()) {
                         Begin::Closed => Next::Fallback,
-                        Begin::Busy { .. } => {
+                        Begin::Busy { flight } => {
                             place.enter(&mut state, false);
-                            Next::Join(state.ledger.calls_ended())
+                            Next::Join(flight)
                         }
                         Begin::Send { flight, command } => {
                             if !started {
@@ -439,6 +439,7 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                     }
                 }
             };
+            // The call waited for: another's (`seen`) or its own.
             let (seen, own) = match next {
                 Next::Fallback if inner.closed.load(Ordering::Acquire) => {
                     answer.errored(&Error::Closed);
@@ -546,8 +547,9 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                 }
             }
             let last = {
+                // The outcome of the call it waited for, once its task recorded it.
                 let state = lock(&inner.state);
-                (state.ledger.calls_ended() != seen).then(|| state.last.1.clone())
+                (state.last.0 == seen).then(|| state.last.1.clone())
             };
             match last {
                 // Past the call's own bound: unreachable unless the runtime stalls; the

@@ -138,6 +138,8 @@ class _Core(_Bucket):
             raise ValueError("batch must be between 1 and cap")
         #: The largest take that can be granted, as an int (an int comparison is cheaper).
         self.max_n = math.floor(self.cap)
+        self.batch = config.batch
+        self.ttl_ms = config.ttl_ms
         self.lock = threading.Lock()
         self.ledger = _core.Ledger(
             key, self.rate, self.cap, config.batch, config.ttl_ms, config.renew_at,
