@@ -200,6 +200,8 @@ pub struct Ledger {
     line: VecDeque<(u64, u64)>,
     next_waiter: u64,
     counters: LedgerCounters,
+    /// A counter moved since the last drain.
+    counted: bool,
 }
 
 /// The most calls kept that were given up on and may still land.
@@ -237,6 +239,7 @@ impl Ledger {
             line: VecDeque::new(),
             next_waiter: 1,
             counters: LedgerCounters::default(),
+            counted: false,
         })
     }
 
@@ -285,7 +288,18 @@ impl Ledger {
 
     /// The counters since the last drain, zeroed.
     pub fn drain(&mut self) -> LedgerCounters {
+        self.counted = false;
         std::mem::take(&mut self.counters)
+    }
+
+    /// Whether a counter moved since the last drain (a shell's hot path drains only then).
+    pub fn counted(&self) -> bool {
+        self.counted
+    }
+
+    fn count(&mut self) -> &mut LedgerCounters {
+        self.counted = true;
+        &mut self.counters
     }
 
     /// The counters since the last drain.
@@ -294,13 +308,17 @@ impl Ledger {
     }
 
     fn drop_expired(&mut self, now: Nanos) {
+        let mut expired = 0;
         for slot in [&mut self.older, &mut self.newer] {
-            if slot.is_some_and(|l| l.expires <= now) {
-                if slot.is_some_and(|l| l.left > 0) {
-                    self.counters.leases_expired += 1;
+            if let Some(l) = slot {
+                if l.expires <= now {
+                    expired += u64::from(l.left > 0);
+                    *slot = None;
                 }
-                *slot = None;
             }
+        }
+        if expired > 0 {
+            self.count().leases_expired += expired;
         }
     }
 
@@ -319,17 +337,14 @@ impl Ledger {
         (self.older, self.newer)
     }
 
-    fn spend(&mut self, n: u64) -> bool {
-        if self.left() < n {
-            return false;
-        }
+    /// Spends `n` from the leases, older first; the caller checked they hold it.
+    fn spend_held(&mut self, n: u64) {
         let mut due = n;
         for lease in [&mut self.older, &mut self.newer].into_iter().flatten() {
             let part = due.min(lease.left);
             lease.left -= part;
             due -= part;
         }
-        true
     }
 
     fn denied_for(&self, n: u64, now: Nanos) -> Option<u64> {
@@ -345,10 +360,13 @@ impl Ledger {
     /// policy believes Redis down, so no renewal is started).
     pub fn take(&mut self, n: u64, now: Nanos, down: bool) -> Local {
         self.drop_expired(now);
-        if n > 0 && self.spend(n) {
+        let held = self.left();
+        if n > 0 && held >= n {
+            self.spend_held(n);
+            let left = held - n;
             return Local::Granted {
-                left: self.left(),
-                renew: self.renewal_due(now, down),
+                left,
+                renew: left <= self.threshold && self.renewal_due(now, down),
             };
         }
         match self.denied_for(n, now) {
@@ -369,9 +387,9 @@ impl Ledger {
         if n == 0 || !fresh || left <= self.threshold {
             return None;
         }
-        self.spend(n);
-        self.counters.memory_grants += 1;
-        self.counters.memory_tokens += n;
+        self.spend_held(n);
+        self.count().memory_grants += 1;
+        self.count().memory_tokens += n;
         Some(left)
     }
 
@@ -492,10 +510,10 @@ impl Ledger {
             Err(e) => {
                 if let Some(f) = self.end(id, None) {
                     if f.settle.is_some_and(|l| l.left > 0) {
-                        self.counters.leases_lost += 1;
+                        self.count().leases_lost += 1;
                     }
                 }
-                self.counters.leases_lost += 1;
+                self.count().leases_lost += 1;
                 return Err(e);
             }
         };
@@ -517,12 +535,12 @@ impl Ledger {
             });
         };
         if let Some(s) = f.settle {
-            self.counters.returns += 1;
-            self.counters.tokens_returned += s.left;
+            self.count().returns += 1;
+            self.count().tokens_returned += s.left;
         }
         if r.tokens == 0 {
             self.end(id, None);
-            self.counters.leases_denied += 1;
+            self.count().leases_denied += 1;
             let size = f.need.max(1);
             let until = now.saturating_add(r.retry_after_ms.saturating_mul(MS));
             // Keep the smallest size known to be denied.
@@ -536,8 +554,8 @@ impl Ledger {
                 give_back: Vec::new(),
             });
         }
-        self.counters.leases += 1;
-        self.counters.lease_tokens += r.tokens;
+        self.count().leases += 1;
+        self.count().lease_tokens += r.tokens;
         let ttl_ms = self.config.ttl_ms.min(r.ttl_ms);
         let mut lease = Lease {
             id: r.id,
@@ -548,7 +566,7 @@ impl Ledger {
         if now >= lease.expires || self.closed || !current {
             self.end(id, None);
             if now >= lease.expires || !current {
-                self.counters.leases_expired += 1;
+                self.count().leases_expired += 1;
             }
             let give_back = (lease.id != 0).then_some(lease).into_iter().collect();
             let landed = if self.closed {
@@ -605,9 +623,9 @@ impl Ledger {
         let mut give_back = Vec::new();
         match failure {
             Failure::Unknown => {
-                self.counters.leases_lost += 1;
+                self.count().leases_lost += 1;
                 if f.settle.is_some_and(|l| l.left > 0) {
-                    self.counters.leases_lost += 1;
+                    self.count().leases_lost += 1;
                 }
             }
             Failure::Refused | Failure::NotSent => {
@@ -637,7 +655,7 @@ impl Ledger {
         f.waiting = false;
         if !f.judged {
             f.judged = true;
-            self.counters.slow_calls += 1;
+            self.count().slow_calls += 1;
         }
         None
     }
@@ -695,7 +713,7 @@ impl Ledger {
             return Judged::Wait;
         }
         f.judged = true;
-        self.counters.slow_calls += 1;
+        self.count().slow_calls += 1;
         Judged::Outage { first: true }
     }
 
@@ -730,10 +748,10 @@ impl Ledger {
     /// the lease is lost.
     pub fn returned(&mut self, lease: &Lease, ok: bool) {
         if ok {
-            self.counters.returns += 1;
-            self.counters.tokens_returned += lease.left;
+            self.count().returns += 1;
+            self.count().tokens_returned += lease.left;
         } else {
-            self.counters.leases_lost += 1;
+            self.count().leases_lost += 1;
         }
     }
 

@@ -102,7 +102,11 @@ struct State {
 impl State {
     /// Counts what the ledger counted since the last look.
     fn sync(&mut self, metrics: &Metrics) {
-        metrics.ledger(&self.ledger.drain());
+        // Most takes count nothing here (a grant from memory is counted by `Answer`): no
+        // atomic add for them.
+        if self.ledger.counted() {
+            metrics.ledger(&self.ledger.drain());
+        }
     }
 
     fn wake(&mut self, granted: bool) -> Vec<Arc<Notify>> {
@@ -200,7 +204,9 @@ struct Place<'a, C: RedisConnection> {
     /// Its own lease call, until it took (or gave up) what the call brought it.
     own: AtomicU64,
     n: u64,
-    wake: Arc<Notify>,
+    /// Made when it first stands in line: most takes are served from memory and never do
+    /// (no allocation for them).
+    wake: std::sync::OnceLock<Arc<Notify>>,
 }
 
 impl<'a, C: RedisConnection> Place<'a, C> {
@@ -210,8 +216,12 @@ impl<'a, C: RedisConnection> Place<'a, C> {
             id: AtomicU64::new(0),
             own: AtomicU64::new(0),
             n,
-            wake: Arc::new(Notify::new()),
+            wake: std::sync::OnceLock::new(),
         }
+    }
+
+    fn wake(&self) -> &Arc<Notify> {
+        self.wake.get_or_init(|| Arc::new(Notify::new()))
     }
 
     /// Stands in line (at the front for its own call, else in arrival order), unless it is
@@ -221,7 +231,7 @@ impl<'a, C: RedisConnection> Place<'a, C> {
         let again = (before != 0).then_some(before);
         let id = state.ledger.enter_line(self.n, front, again);
         self.id.store(id, Ordering::Relaxed);
-        state.wakers.insert(id, Arc::clone(&self.wake));
+        state.wakers.insert(id, Arc::clone(self.wake()));
     }
 }
 
@@ -469,7 +479,7 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                 let bound = inner.late_bound() + Duration::from_nanos(LATE_SLACK);
                 deadline.max(tokio::time::Instant::now() + bound)
             };
-            let woken = tokio::time::timeout_at(until, place.wake.notified())
+            let woken = tokio::time::timeout_at(until, place.wake().notified())
                 .await
                 .is_ok();
             if own != 0 {
@@ -637,12 +647,12 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
             }
             Local::Granted { left, renew } => {
                 // A lease exists only after a call, which resolved the backend.
-                let fetch = match (renew, inner.backend.known()) {
-                    (true, Some(b)) => match state.ledger.begin(core_backend(b), 0, now) {
+                let fetch = match renew.then(|| inner.backend.known()).flatten() {
+                    Some(b) => match state.ledger.begin(core_backend(b), 0, now) {
                         Begin::Send { flight, command } => Some((flight, command)),
                         _ => None,
                     },
-                    _ => None,
+                    None => None,
                 };
                 state.sync(&inner.metrics);
                 drop(state);
