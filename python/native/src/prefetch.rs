@@ -321,6 +321,11 @@ impl Ledger {
         guarded(|| Ok(self.inner.wake(granted)))
     }
 
+    /// Whether a counter moved since the last drain.
+    fn counted(&self) -> bool {
+        self.inner.counted()
+    }
+
     /// The counters since the last drain (`dict`).
     fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         guarded(|| counters(py, self.inner.counters()))

@@ -414,6 +414,8 @@ class _Tally:
         self.grants = self.tokens = 0
 
     def sync(self) -> None:
+        if not self.ledger.counted():
+            return
         counted = self.ledger.drain()
         grants, tokens = counted.pop("memory_grants"), counted.pop("memory_tokens")
         if grants:
