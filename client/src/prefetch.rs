@@ -97,6 +97,9 @@ struct State {
     last: (u64, Outcome),
     /// The waiters standing in the ledger's line, by number.
     wakers: HashMap<u64, Arc<Notify>>,
+    /// Lease-call tasks running (until what they return is returned): `close` waits for
+    /// them.
+    tasks: usize,
 }
 
 impl State {
@@ -332,6 +335,7 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                     ledger,
                     last: (0, Outcome::None),
                     wakers: HashMap::new(),
+                    tasks: 0,
                 }),
                 fetched: Arc::new(Notify::new()),
                 closed: AtomicBool::new(false),
@@ -592,27 +596,32 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
     /// starts after `close`.
     pub async fn close(&self) -> Result<u64, Error> {
         let inner = &self.inner;
-        inner.closed.store(true, Ordering::Release);
+        let leases = {
+            // The flag and the ledger close together: a lease call landing from now on
+            // returns its lease itself, never installs it.
+            let mut state = lock(&inner.state);
+            inner.closed.store(true, Ordering::Release);
+            let leases = state.ledger.close(mono_ns());
+            state.sync(&inner.metrics);
+            leases
+        };
         let wait = inner.config.limiter.timeout;
         let _ = tokio::time::timeout(wait, async {
             loop {
                 let notified = inner.fetched.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
-                if !lock(&inner.state).ledger.in_flight() {
+                let idle = {
+                    let state = lock(&inner.state);
+                    !state.ledger.in_flight() && state.tasks == 0
+                };
+                if idle {
                     return;
                 }
                 notified.await;
             }
         })
         .await;
-        let leases = {
-            // From here on, a call landing late is returned, never installed.
-            let mut state = lock(&inner.state);
-            let leases = state.ledger.close(mono_ns());
-            state.sync(&inner.metrics);
-            leases
-        };
         let mut credited = 0;
         let mut failure = None;
         for lease in leases {
@@ -728,6 +737,7 @@ impl<C: RedisConnection> Inner<C> {
     /// ledger (whoever waits spends from there) or returned if it cannot be; the waiters
     /// are woken with the outcome.
     async fn fetch(self: Arc<Self>, flight: u64, command: Vec<Vec<u8>>) {
+        lock(&self.state).tasks += 1;
         let result = call(&self.conn, &cmd(&command), self.late_bound(), &self.metrics).await;
         let now = mono_ns();
         let (outcome, give_back) = {
@@ -771,6 +781,7 @@ impl<C: RedisConnection> Inner<C> {
             let mut state = lock(&self.state);
             let woken = state.wake(matches!(outcome, Outcome::Granted));
             state.last = (flight, outcome);
+            state.tasks -= 1;
             woken
         };
         // Let go of the limiter before waking its callers: if they drop it, the last
