@@ -138,3 +138,20 @@ def test_anything_handed_back_is_read_or_refused() -> None:
         _core.Ledger("k", 10.0, 5.0, 20, 1000, 0.2, 0.1, 0.2)
     with pytest.raises(OverflowError):
         lg.take(-1, 0, False)
+
+
+def test_both_limiters_wait_for_a_lease_reply_up_to_the_one_bound() -> None:
+    """Divergence 4, settled: a lease call's reply is awaited ``max(10 s, ttl + timeout +
+    1 s)`` by the sync and the asyncio limiter alike (was: 30 s at least for asyncio, and
+    ``ttl + timeout + 1 s`` before the next call could be sent), the bound the Rust client
+    keeps too (protocol/client-cases/prefetch.json). Nothing is sent to build a limiter."""
+    import redis
+    import redis.asyncio as aredis
+
+    from redis_rl import AsyncPrefetchLimiter, PrefetchLimiter
+
+    for ttl, timeout, bound in [(2.0, 0.2, 10.0), (60.0, 2.0, 63.0), (9.0, 0.5, 10.5)]:
+        sync = PrefetchLimiter(redis.Redis(), "k", 10, 100, batch=20, ttl=ttl, timeout=timeout)
+        asy = AsyncPrefetchLimiter(aredis.Redis(), "k", 10, 100, batch=20, ttl=ttl, timeout=timeout)
+        assert sync._core.late_limit == asy._core.late_limit == pytest.approx(bound)
+        sync.close()
