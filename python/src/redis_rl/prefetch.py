@@ -24,7 +24,6 @@ timeout at the socket) are counted in ``leases_lost``.
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import math
@@ -33,7 +32,7 @@ import random
 import threading
 import time
 import weakref
-from typing import Any, Deque, Dict, List, NamedTuple, Optional, Set, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple, Union
 
 import redis.exceptions
 
@@ -113,6 +112,8 @@ class _Flight:
         #: Judged an outage: by its waiter's timeout, or by its age (counted once).
         self.timed_out = False
         self.done = False
+        #: It landed and installed a lease (a landing wakes only the takes it can serve).
+        self.installed = False
         self.decision: Optional[Decision] = None
         self.error: Optional[BaseException] = None
         self.event = threading.Event()
@@ -277,6 +278,7 @@ class _Core(_Bucket):
                 self.sync()
                 self.metrics.add("server_errors")
                 return []
+            flight.installed = kind == "granted"
             if served:
                 self.ledger.claim(flight.id)  # the waiter's: in its decision
             self.sync()
@@ -379,6 +381,23 @@ class _Core(_Bucket):
             leases = self.ledger.close(_ns())
             self.sync()
         return [_Lease(i, left) for i, left in leases]
+
+    def enter_line(self, n: int, front: bool, again: Optional[int] = None) -> int:
+        """A take stands in the ledger's line for a call (at the front: one woken to ask
+        Redis that found another call in the air); its number."""
+        with self.lock:
+            return self.ledger.enter_line(n, front, again)
+
+    def leave_line(self, place: int) -> Optional[int]:
+        """A take left the line; the one to wake in its place, if no call is in the air."""
+        with self.lock:
+            return self.ledger.leave_line(place)
+
+    def wake(self, installed: bool) -> List[int]:
+        """Whom a call's end wakes, taken out of the line: with a lease installed, those the
+        held tokens serve in arrival order and the first they do not; else everyone."""
+        with self.lock:
+            return self.ledger.wake(installed)
 
     def return_args(self, lease: _Lease) -> p.Args:
         assert self.protocol is not None
@@ -846,8 +865,9 @@ class AsyncPrefetchLimiter(_Base):
         self._call = AsyncCaller(client, self._core.timeout, self._core.metrics)
         self._backend = BackendTask()
         self._tasks: Set[asyncio.Task[None]] = set()
-        #: Takes waiting for a lease call in the air, in arrival order (``_in_line``).
-        self._line: Deque[Tuple[int, asyncio.Future[Optional[Decision]]]] = collections.deque()
+        #: Takes waiting for a lease call in the air, by their number in the ledger's line
+        #: (the ledger keeps the arrival order and says whom a landing wakes: ``_serve``).
+        self._line: Dict[int, Tuple[int, asyncio.Future[Optional[Decision]]]] = {}
 
     async def take(self, n: int = 1) -> Decision:
         """As :meth:`PrefetchLimiter.take`: a :class:`Decision`, truthy when granted."""
@@ -929,10 +949,8 @@ class AsyncPrefetchLimiter(_Base):
                 raise asyncio.TimeoutError()
             return None
         fut: asyncio.Future[Optional[Decision]] = loop.create_future()
-        if again:
-            self._line.appendleft((n, fut))
-        else:
-            self._line.append((n, fut))
+        place = core.enter_line(n, again)
+        self._line[place] = (n, fut)
         wait = self._remaining(deadline)
         try:
             while True:
@@ -952,28 +970,42 @@ class AsyncPrefetchLimiter(_Base):
                     core.unspend(d.tokens)  # served as it was cancelled: not spent
             fut.cancel()
             raise
+        finally:
+            if self._line.pop(place, None) is not None:
+                # Left the line unserved: with no call in the air, the first in line would
+                # wait for a call nobody makes; it looks again.
+                self._wake_next(core.leave_line(place))
+
+    def _wake_next(self, place: Optional[int]) -> None:
+        entry = None if place is None else self._line.pop(place, None)
+        if entry is not None:
+            _settle(self._core, entry[1], None)
 
     def _serve(self, flight: _Flight) -> None:
         """After a lease call ended: the takes in line it can serve, in arrival order, get
         their decisions (grants from the held leases, the denial Redis gave); the first it
         cannot serve is woken to ask Redis; the rest keep waiting. After a failure every
-        take in line looks again (the error, the outage)."""
-        line, core = self._line, self._core
-        while line:
-            n, fut = line[0]
-            if fut.done():  # gave up or cancelled
-                line.popleft()
+        take in line looks again (the error, the outage). Whom to wake is the ledger's."""
+        core = self._core
+        woken = core.wake(flight.installed)
+        for i, place in enumerate(woken):
+            entry = self._line.pop(place, None)
+            if entry is None or entry[1].done():  # gave up or cancelled
                 continue
+            n, fut = entry
             if flight.error is not None:
-                line.popleft()
                 _settle(core, fut, None)
                 continue
             d, renew = core.decide_locally(n)
-            line.popleft()
             _settle(core, fut, d)
             if renew:
                 self._renew()
             if d is None:
+                # Its turn to ask Redis; the others woken with it keep their places.
+                for rest in woken[i + 1 :]:
+                    back = self._line.get(rest)
+                    if back is not None:
+                        core.enter_line(back[0], False, rest)
                 break
 
     def _send(self, flight: _Flight) -> asyncio.Task[None]:
