@@ -253,9 +253,15 @@ class _Core(_Bucket):
                     return None, None  # a renewal racing close(): none
                 raise LimiterClosed(f"the limiter of {self.key!r} is closed")
             kind, fid, command = self.ledger.begin(self.protocol.backend.value, need, _ns())
-            if kind == "busy" and self.flight is not None and self.flight.id == fid:
-                return None, self.flight
-            if command is None:  # closed, or a call of a forked parent's: none here
+            if kind == "busy":
+                if self.flight is not None and self.flight.id == fid:
+                    return None, self.flight
+                # A call this shell lost track of (its task destroyed unfinished): the
+                # ledger gives up on it at the late-reply bound; until then, an outage.
+                if need == 0:
+                    return None, None
+                raise concurrent.futures.TimeoutError("a lease call is still in the air")
+            if command is None:
                 raise LimiterClosed(f"the limiter of {self.key!r} is closed")
             flight = _Flight(fid, need, tuple(a.decode() for a in command))
             self.flight = flight
