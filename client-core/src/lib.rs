@@ -15,15 +15,20 @@
 //! - [`fallback`], [`health`], [`meter`]: a limiter's failure policy (the local buckets per
 //!   key while Redis is away, who may probe it, the rate Redis was granting), for every
 //!   shell's limiters.
+//! - [`lease`] and [`prefetch`]: the lease commands (`RL.LEASE`, `RL.RETURN`) and the
+//!   prefetch ledger (the leases a `PrefetchLimiter` holds, when it renews, what a landed
+//!   or failed call leaves, the late-reply bound, the waiting line).
 //! - [`token_budget`]: a token budget's decisions (its named limits and buckets, costs,
 //!   the failure policy's local buckets, settles), for every shell's `TokenBudget`.
 
 pub mod budget;
 pub mod fallback;
 pub mod health;
+pub mod lease;
 pub mod limits;
 pub mod meter;
 pub mod openai;
+pub mod prefetch;
 pub mod reply;
 pub mod take;
 pub mod token_budget;

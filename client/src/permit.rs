@@ -314,7 +314,7 @@ impl<C: RedisConnection> Inner<C> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let owner = Arc::clone(self);
         let owned_key = key.to_owned();
-        let late = timeout.max(crate::prefetch::LATE_REPLY);
+        let late = timeout.max(crate::conn::LATE_REPLY);
         runtime.spawn(async move {
             let outcome = call(&owner.conn, &cmd, late, &owner.metrics)
                 .await

@@ -11,6 +11,7 @@ mod guard;
 mod limits;
 mod openai;
 mod policy;
+mod prefetch;
 mod reply;
 
 use pyo3::prelude::*;
@@ -22,5 +23,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     budget::register(m)?;
     openai::register(m)?;
     policy::register(m)?;
+    prefetch::register(m)?;
     Ok(())
 }

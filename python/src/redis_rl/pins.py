@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Optional
 
 from . import _protocol as p
 from .errors import ProtocolError
@@ -149,19 +149,6 @@ def parse_pinned(reply: Any) -> Optional[PinInfo]:
         limit[1] if limit else None,
         None if ms_left < 0 else ms_left,
     )
-
-
-class _HasId(Protocol):
-    id: int
-
-
-L = TypeVar("L", bound=_HasId)
-
-
-def returnable(lease: Optional[L]) -> Optional[L]:
-    """``lease`` if it may be returned: a lease of id 0 (granted under an ``EXEMPT`` pin, or
-    a shadow grant) debited nothing, and is never settled nor returned."""
-    return lease if lease is not None and lease.id != 0 else None
 
 
 # -- the limiters' methods (sync, then asyncio) --
