@@ -14,11 +14,17 @@
 //!   settles (the estimate from the request, the usage from the reply or its stream).
 //! - [`token_budget`]: a token budget's decisions (its named limits and buckets, costs,
 //!   the failure policy's local buckets, settles), for every shell's `TokenBudget`.
+//! - [`rules_doc`] (read by [`rules_yaml`], which keeps every node's line): a rules
+//!   document validated with the line and field of every problem, and a request's plan;
+//!   [`rules`]: one check of it (`RL.MTAKE` calls out, replies in, a decision and refunds).
 
 pub mod budget;
 pub mod limits;
 pub mod openai;
 pub mod reply;
+pub mod rules;
+pub mod rules_doc;
+pub mod rules_yaml;
 pub mod take;
 pub mod token_budget;
 
