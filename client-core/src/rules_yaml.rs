@@ -13,7 +13,7 @@ use std::ffi::CStr;
 use std::mem::MaybeUninit;
 use std::rc::Rc;
 
-use unsafe_libyaml as sys;
+use unsafe_libyaml as unsafe_sys;
 
 /// Nesting of collections at most (a rules document needs four).
 pub const MAX_DEPTH: usize = 64;
@@ -134,22 +134,22 @@ struct Frame {
 }
 
 /// The parser, deleted however reading ends.
-struct Parser(Box<MaybeUninit<sys::yaml_parser_t>>);
+struct Parser(Box<MaybeUninit<unsafe_sys::yaml_parser_t>>);
 
 impl Drop for Parser {
     fn drop(&mut self) {
         // SAFETY: only made by `read_yaml` after yaml_parser_initialize succeeded.
-        unsafe { sys::yaml_parser_delete(self.0.as_mut_ptr()) }
+        unsafe { unsafe_sys::yaml_parser_delete(self.0.as_mut_ptr()) }
     }
 }
 
 /// An event, deleted once read.
-struct Event(MaybeUninit<sys::yaml_event_t>);
+struct Event(MaybeUninit<unsafe_sys::yaml_event_t>);
 
 impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: only made once yaml_parser_parse filled it.
-        unsafe { sys::yaml_event_delete(self.0.as_mut_ptr()) }
+        unsafe { unsafe_sys::yaml_event_delete(self.0.as_mut_ptr()) }
     }
 }
 
@@ -165,7 +165,7 @@ unsafe fn c_text(p: *const u8) -> Option<Vec<u8>> {
     }
 }
 
-fn unreadable(parser: &sys::yaml_parser_t) -> Unreadable {
+fn unreadable(parser: &unsafe_sys::yaml_parser_t) -> Unreadable {
     // SAFETY: libyaml sets `problem` to a static C string (or leaves it null).
     let problem = unsafe { c_text(parser.problem as *const u8) }
         .map(|b| String::from_utf8_lossy(&b).into_owned())
@@ -200,14 +200,18 @@ fn read_yaml(text: &str) -> Result<Node, Unreadable> {
     // SAFETY: the parser lives in its box until dropped (libyaml keeps pointers into it);
     // the input outlives the parser (both end with this function).
     unsafe {
-        if sys::yaml_parser_initialize(parser.0.as_mut_ptr()).fail {
+        if unsafe_sys::yaml_parser_initialize(parser.0.as_mut_ptr()).fail {
             return Err(Unreadable {
                 line: None,
                 message: "out of memory".into(),
             });
         }
-        sys::yaml_parser_set_encoding(parser.0.as_mut_ptr(), sys::YAML_UTF8_ENCODING);
-        sys::yaml_parser_set_input_string(parser.0.as_mut_ptr(), text.as_ptr(), text.len() as u64);
+        unsafe_sys::yaml_parser_set_encoding(parser.0.as_mut_ptr(), unsafe_sys::YAML_UTF8_ENCODING);
+        unsafe_sys::yaml_parser_set_input_string(
+            parser.0.as_mut_ptr(),
+            text.as_ptr(),
+            text.len() as u64,
+        );
     }
     let mut anchors: HashMap<Vec<u8>, Node> = HashMap::new();
     let mut stack: Vec<Frame> = Vec::new();
@@ -217,7 +221,7 @@ fn read_yaml(text: &str) -> Result<Node, Unreadable> {
         // SAFETY: the parser is initialized; a filled event is deleted by its Drop, an
         // unfilled one is not made into an `Event` that a failure would delete.
         let e = unsafe {
-            if sys::yaml_parser_parse(parser.0.as_mut_ptr(), event.0.as_mut_ptr()).fail {
+            if unsafe_sys::yaml_parser_parse(parser.0.as_mut_ptr(), event.0.as_mut_ptr()).fail {
                 let why = unreadable(&*parser.0.as_ptr());
                 std::mem::forget(event);
                 return Err(why);
@@ -226,14 +230,14 @@ fn read_yaml(text: &str) -> Result<Node, Unreadable> {
         };
         let line = e.start_mark.line as u32 + 1;
         let done: Option<(Node, Option<Vec<u8>>)> = match e.type_ {
-            sys::YAML_STREAM_END_EVENT => break,
-            sys::YAML_DOCUMENT_START_EVENT if root.is_some() => {
+            unsafe_sys::YAML_STREAM_END_EVENT => break,
+            unsafe_sys::YAML_DOCUMENT_START_EVENT if root.is_some() => {
                 return Err(Unreadable {
                     line: Some(line),
                     message: "one document per text ('---' starts a second)".into(),
                 })
             }
-            sys::YAML_SCALAR_EVENT => {
+            unsafe_sys::YAML_SCALAR_EVENT => {
                 // SAFETY: a scalar event's union member is `scalar`; value has length bytes.
                 let (anchor, tag, bytes, style) = unsafe {
                     let s = &e.data.scalar;
@@ -245,7 +249,7 @@ fn read_yaml(text: &str) -> Result<Node, Unreadable> {
                     )
                 };
                 let text = String::from_utf8_lossy(bytes).into_owned();
-                let value = if style == sys::YAML_PLAIN_SCALAR_STYLE
+                let value = if style == unsafe_sys::YAML_PLAIN_SCALAR_STYLE
                     && tag.as_deref() != Some(b"tag:yaml.org,2002:str")
                 {
                     resolve(&text)
@@ -260,7 +264,7 @@ fn read_yaml(text: &str) -> Result<Node, Unreadable> {
                     anchor,
                 ))
             }
-            sys::YAML_ALIAS_EVENT => {
+            unsafe_sys::YAML_ALIAS_EVENT => {
                 // SAFETY: an alias event's union member is `alias`.
                 let name = unsafe { c_text(e.data.alias.anchor) }.unwrap_or_default();
                 let Some(target) = anchors.get(&name) else {
@@ -275,14 +279,14 @@ fn read_yaml(text: &str) -> Result<Node, Unreadable> {
                 };
                 Some((node, None))
             }
-            sys::YAML_SEQUENCE_START_EVENT | sys::YAML_MAPPING_START_EVENT => {
+            unsafe_sys::YAML_SEQUENCE_START_EVENT | unsafe_sys::YAML_MAPPING_START_EVENT => {
                 if stack.len() >= MAX_DEPTH {
                     return Err(Unreadable {
                         line: Some(line),
                         message: "nested too deeply".into(),
                     });
                 }
-                let seq = e.type_ == sys::YAML_SEQUENCE_START_EVENT;
+                let seq = e.type_ == unsafe_sys::YAML_SEQUENCE_START_EVENT;
                 // SAFETY: the union member matches the event type.
                 let anchor = unsafe {
                     if seq {
@@ -302,7 +306,7 @@ fn read_yaml(text: &str) -> Result<Node, Unreadable> {
                 });
                 None
             }
-            sys::YAML_SEQUENCE_END_EVENT | sys::YAML_MAPPING_END_EVENT => {
+            unsafe_sys::YAML_SEQUENCE_END_EVENT | unsafe_sys::YAML_MAPPING_END_EVENT => {
                 let frame = stack.pop().expect("libyaml closes only what it opened");
                 let value = match frame.open {
                     Open::Seq(items) => Value::Seq(items),
