@@ -10,11 +10,15 @@
 //!   never enforced, and a shadow call that fails changes nothing.
 //! - `cost` tokens from every bucket (1 by default); a cost no bucket could ever grant is
 //!   the caller's error, found before any call.
-//! - Redis failing (no reply, an error reply, a malformed reply) is decided by the failure
-//!   policy: `fail_open` grants (a fallback decision), otherwise a fallback denial by the
-//!   first enforced layer, retry after 1 s. Either way a decision, never an error: a caller
+//! - Redis failing (no reply, an error reply) is decided by the failure policy:
+//!   `fail_open` grants (a fallback decision), otherwise a fallback denial by the first
+//!   enforced layer, retry after 1 s. Either way a decision, never an error: a caller
 //!   answers a request the same way whatever happened to Redis. When no enforced layer
 //!   applies there is nothing to refuse: granted.
+//! - A malformed reply is a [`ProtocolError`] (as everywhere in the client core: a server
+//!   of another version is a bug to see, not an outage to ride out). To an enforced call it
+//!   ends the check with no decision (the shell gives back [`Check::refunds`], then raises
+//!   it); to a shadow call it skips that layer (the shell reports it, the grant stands).
 
 use crate::budget::Backend;
 use crate::reply::{ProtocolError, Reply};
@@ -373,9 +377,8 @@ impl Check {
         }
     }
 
-    /// The reply to the last [`Check::command`]. An error reply is a failure of Redis; a
-    /// malformed one too, and is returned for the shell to report (the decision is the
-    /// failure policy's either way).
+    /// The reply to the last [`Check::command`]. An error reply is a failure of Redis
+    /// (the failure policy decides); a malformed one is returned (see the module's doc).
     pub fn reply(&mut self, reply: &Reply) -> Result<(), ProtocolError> {
         if let Reply::Error(_) = reply {
             self.failed();
@@ -389,7 +392,10 @@ impl Check {
         let parsed = match parse_mtake(reply, expected) {
             Ok(r) => r,
             Err(e) => {
-                self.failed();
+                match self.step {
+                    Step::Enforced(_) => self.step = Step::Done,
+                    _ => self.failed(),
+                }
                 return Err(e);
             }
         };
@@ -442,23 +448,25 @@ impl Check {
         }
     }
 
-    /// The decision, once every call is answered.
+    /// The decision, once every call is answered (`None` after a malformed reply to an
+    /// enforced call).
     pub fn decision(&self) -> Option<&RuleDecision> {
         self.decision.as_ref()
     }
 
     /// The calls that give back what was taken for nothing: the earlier groups of a
-    /// refusal or a failure (none after a grant).
+    /// refusal, a failure or a malformed reply (none after a grant, none before the end).
     pub fn refunds(&self, backend: Backend) -> Vec<Vec<Vec<u8>>> {
         match &self.decision {
-            Some(d) if !d.granted || d.fallback => self.groups[..self.refund_groups]
+            _ if self.step != Step::Done => Vec::new(),
+            Some(d) if d.granted && !d.fallback => Vec::new(),
+            _ => self.groups[..self.refund_groups]
                 .iter()
                 .flatten()
                 .map(|&i| {
                     refund_command(backend, self.buckets[i].key.as_bytes(), self.options.cost)
                 })
                 .collect(),
-            _ => Vec::new(),
         }
     }
 

@@ -146,11 +146,8 @@ fn golden_checks() {
             }
         }
         assert_eq!(check.command(backend), None, "{about}: a call left");
-        assert_eq!(
-            check.decision(),
-            Some(&decision(&case["decision"])),
-            "{about}"
-        );
+        let want = (!case["decision"].is_null()).then(|| decision(&case["decision"]));
+        assert_eq!(check.decision(), want.as_ref(), "{about}");
         let refunds: Vec<Vec<String>> = check.refunds(backend).iter().map(|c| texts(c)).collect();
         let want: Vec<Vec<String>> = case["refunds"]
             .as_array()

@@ -315,7 +315,7 @@ impl<C: RedisConnection> Rules<C> {
     /// Takes `cost` tokens from every layer that applies to `attrs`, or from none. A cost
     /// of 0, or above the cap of a layer that applies, is [`Error::Request`] (before any
     /// call). Redis failing is the failure policy's decision ([`RulesConfig::fail_open`]),
-    /// never an error.
+    /// never an error; a malformed reply is [`Error::Reply`] (what was taken given back).
     pub async fn check_cost(
         &self,
         attrs: &HashMap<String, String>,
@@ -334,10 +334,13 @@ impl<C: RedisConnection> Rules<C> {
         match self.selector.get(&self.conn, self.config.timeout).await {
             Ok(b) => {
                 let (conn, timeout, metrics) = (&self.conn, self.config.timeout, &self.metrics);
-                drive(&mut check, core_backend(b), |c| async move {
+                let malformed = drive(&mut check, core_backend(b), |c| async move {
                     call(conn, &c, timeout, metrics).await
                 })
-                .await
+                .await;
+                if let Some(e) = malformed {
+                    return Err(e);
+                }
             }
             Err(e) => {
                 tracing::warn!(target: "rl_client::rules", error = %e, "no backend to check with");
@@ -369,17 +372,20 @@ impl<C: RedisConnection> Rules<C> {
 }
 
 /// Sends a check's calls one at a time and feeds back what came, then its refunds (best
-/// effort: a refund lost to an outage costs its tokens until they refill).
-async fn drive<F, Fut>(check: &mut Check, backend: CoreBackend, mut send: F)
+/// effort: a refund lost to an outage costs its tokens until they refill). The error of a
+/// malformed reply that left the check without a decision, if one did.
+async fn drive<F, Fut>(check: &mut Check, backend: CoreBackend, mut send: F) -> Option<Error>
 where
     F: FnMut(redis::Cmd) -> Fut,
     Fut: std::future::Future<Output = Result<Value, Error>>,
 {
+    let mut malformed = None;
     while let Some(args) = check.command(backend) {
         match send(cmd(&args)).await {
             Ok(v) => {
                 if let Err(e) = check.reply(&to_reply(v)) {
                     tracing::warn!(target: "rl_client::rules", error = %e, "a malformed reply");
+                    malformed = Some(Error::Reply(e.0));
                 }
             }
             Err(Error::Server(e)) => {
@@ -394,6 +400,7 @@ where
     for args in check.refunds(backend) {
         let _ = send(cmd(&args)).await;
     }
+    malformed.filter(|_| check.decision().is_none())
 }
 
 fn core_backend(b: Backend) -> CoreBackend {
@@ -547,7 +554,7 @@ mod tests {
             };
             let mut events: VecDeque<J> = case["events"].as_array().unwrap().clone().into();
             let mut refunds = Vec::new();
-            rt.block_on(drive(&mut check, backend, |c| {
+            let malformed = rt.block_on(drive(&mut check, backend, |c| {
                 let got = packed(&c);
                 let answer = match events.pop_front() {
                     None => {
@@ -576,7 +583,10 @@ mod tests {
                 .collect();
             assert_eq!(refunds, want, "{about}");
             let want = &case["decision"];
-            let d = RuleDecision::from_core(check.decision().cloned().unwrap());
+            assert_eq!(malformed.is_some(), want.is_null(), "{about}");
+            let Some(d) = check.decision().cloned().map(RuleDecision::from_core) else {
+                continue;
+            };
             assert_eq!(d.allowed, want["granted"].as_bool().unwrap(), "{about}");
             assert_eq!(d.layer.as_deref(), want["layer"].as_str(), "{about}");
             assert_eq!(d.key.as_deref(), want["key"].as_str(), "{about}");
