@@ -29,6 +29,8 @@ type LayerTuple = (
     Option<u32>,
     Vec<(f64, f64, f64)>,
 );
+/// A layer that applies: `(layer index, base key, [(key, rate, cap)])`.
+type AppliedTuple = (usize, String, Vec<(String, f64, f64)>);
 /// A decision: `(granted, remaining, retry_after_ms, reset_after_ms, tokens, limit,
 /// fallback, layer, code, key, shadow_denied)`.
 type DecisionTuple = (
@@ -131,7 +133,7 @@ impl RulesDocument {
     fn plan(
         &self,
         attrs: &Bound<'_, PyAny>,
-    ) -> PyResult<Vec<(usize, String, Vec<(String, f64, f64)>)>> {
+    ) -> PyResult<Vec<AppliedTuple>> {
         guarded(|| {
             let owned = values(&self.doc, attrs)?;
             let vals: Vec<Option<&str>> = owned.iter().map(|v| v.as_deref()).collect();
