@@ -28,7 +28,7 @@ use crate::rules_doc::Applied;
 pub const FAIL_CLOSED_RETRY_MS: u64 = 1000;
 
 /// A number as the module reads it back exactly (Rust's shortest round-trip digits).
-fn number(x: f64) -> Vec<u8> {
+pub(crate) fn number(x: f64) -> Vec<u8> {
     format!("{x}").into_bytes()
 }
 
@@ -45,13 +45,31 @@ pub fn mtake_command(
     n: u64,
     withstate: bool,
 ) -> Vec<Vec<u8>> {
+    let texts: Vec<(&[u8], Vec<u8>, Vec<u8>)> = buckets
+        .iter()
+        .map(|(k, rate, cap)| (*k, number(*rate), number(*cap)))
+        .collect();
+    let refs: Vec<(&[u8], &[u8], &[u8])> = texts
+        .iter()
+        .map(|(k, r, c)| (*k, r.as_slice(), c.as_slice()))
+        .collect();
+    mtake_texts(backend, &refs, n, withstate)
+}
+
+/// As [`mtake_command`], rates and caps already formatted.
+fn mtake_texts(
+    backend: Backend,
+    buckets: &[(&[u8], &[u8], &[u8])],
+    n: u64,
+    withstate: bool,
+) -> Vec<Vec<u8>> {
     let mut out: Vec<Vec<u8>> = Vec::with_capacity(4 + 3 * buckets.len());
     match backend {
         Backend::Module => {
             out.push(b"RL.MTAKE".to_vec());
             out.push(int(n));
             for (key, rate, cap) in buckets {
-                out.extend([key.to_vec(), number(*rate), number(*cap)]);
+                out.extend([key.to_vec(), rate.to_vec(), cap.to_vec()]);
             }
         }
         Backend::Functions => {
@@ -60,7 +78,7 @@ pub fn mtake_command(
             out.extend(buckets.iter().map(|b| b.0.to_vec()));
             out.push(int(n));
             for (_, rate, cap) in buckets {
-                out.extend([number(*rate), number(*cap)]);
+                out.extend([rate.to_vec(), cap.to_vec()]);
             }
         }
     }
@@ -223,6 +241,9 @@ struct Bucket {
     key: String,
     rate: f64,
     cap: f64,
+    /// `rate` and `cap` as sent (the layer's, formatted once).
+    rate_text: Vec<u8>,
+    cap_text: Vec<u8>,
     layer: usize,
 }
 
@@ -277,8 +298,14 @@ impl Check {
                 code: a.layer.code.clone(),
             });
             let mut mine = Vec::with_capacity(a.buckets.len());
-            for b in &a.buckets {
+            for (n, b) in a.buckets.iter().enumerate() {
                 let cap = b.limit.cap();
+                let (rate_text, cap_text) = a
+                    .layer
+                    .numbers
+                    .get(n)
+                    .cloned()
+                    .unwrap_or_else(|| (number(b.limit.rate()), number(cap)));
                 if options.cost as f64 > cap {
                     return Err(CostError(format!(
                         "cost {} exceeds layer {}'s cap {cap}",
@@ -290,6 +317,8 @@ impl Check {
                     key: b.key.clone(),
                     rate: b.limit.rate(),
                     cap,
+                    rate_text,
+                    cap_text,
                     layer: li,
                 });
             }
@@ -349,11 +378,15 @@ impl Check {
         }
     }
 
-    fn bucket_args(&self, idx: &[usize]) -> Vec<(&[u8], f64, f64)> {
+    fn bucket_args(&self, idx: &[usize]) -> Vec<(&[u8], &[u8], &[u8])> {
         idx.iter()
             .map(|&i| {
                 let b = &self.buckets[i];
-                (b.key.as_bytes(), b.rate, b.cap)
+                (
+                    b.key.as_bytes(),
+                    b.rate_text.as_slice(),
+                    b.cap_text.as_slice(),
+                )
             })
             .collect()
     }
@@ -361,13 +394,13 @@ impl Check {
     /// The call to send now, or `None` once decided.
     pub fn command(&self, backend: Backend) -> Option<Vec<Vec<u8>>> {
         match self.step {
-            Step::Enforced(g) => Some(mtake_command(
+            Step::Enforced(g) => Some(mtake_texts(
                 backend,
                 &self.bucket_args(&self.groups[g]),
                 self.options.cost,
                 true,
             )),
-            Step::Shadow(s) => Some(mtake_command(
+            Step::Shadow(s) => Some(mtake_texts(
                 backend,
                 &self.bucket_args(&self.shadows[s].1),
                 self.options.cost,

@@ -165,6 +165,9 @@ pub struct Layer {
     pub shadow: bool,
     /// The line (from 1) the layer starts on, when the text has lines.
     pub line: Option<u32>,
+    /// Each limit's rate and cap as a command sends them, formatted once (formatting
+    /// floats is most of what building a check's command costs).
+    pub(crate) numbers: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Layer {
@@ -674,11 +677,15 @@ fn parse_layer(raw: &Node, i: usize, attributes: &[String], p: &mut Problems) ->
         matches,
         template,
         key: key?.to_string(),
-        limits,
         limit: limit?.to_string(),
         code: code?.to_string(),
         shadow: shadow?,
         line: raw.line,
+        numbers: limits
+            .iter()
+            .map(|l| (crate::rules::number(l.rate()), crate::rules::number(l.cap)))
+            .collect(),
+        limits,
     })
 }
 

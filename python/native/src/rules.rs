@@ -130,10 +130,7 @@ impl RulesDocument {
     }
 
     /// The layers that apply to `attrs`: `[(layer index, base key, [(key, rate, cap)])]`.
-    fn plan(
-        &self,
-        attrs: &Bound<'_, PyAny>,
-    ) -> PyResult<Vec<AppliedTuple>> {
+    fn plan(&self, attrs: &Bound<'_, PyAny>) -> PyResult<Vec<AppliedTuple>> {
         guarded(|| {
             let owned = values(&self.doc, attrs)?;
             let vals: Vec<Option<&str>> = owned.iter().map(|v| v.as_deref()).collect();
@@ -238,6 +235,28 @@ impl RulesCheck {
         functions: bool,
     ) -> PyResult<Option<Vec<Bound<'py, PyAny>>>> {
         guarded(|| Ok(self.check.command(backend(functions)).map(|a| args(py, &a))))
+    }
+
+    /// As [`RulesCheck::command`], the call packed as RESP (what redis-py's connection
+    /// sends with `send_packed_command`): the packing costs Python nothing.
+    fn packed<'py>(
+        &self,
+        py: Python<'py>,
+        functions: bool,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        guarded(|| {
+            Ok(self.check.command(backend(functions)).map(|a| {
+                let mut out =
+                    Vec::with_capacity(16 + a.iter().map(|x| x.len() + 16).sum::<usize>());
+                out.extend_from_slice(format!("*{}\r\n", a.len()).as_bytes());
+                for x in &a {
+                    out.extend_from_slice(format!("${}\r\n", x.len()).as_bytes());
+                    out.extend_from_slice(x);
+                    out.extend_from_slice(b"\r\n");
+                }
+                PyBytes::new(py, &out)
+            }))
+        })
     }
 
     /// The reply to the last call; a malformed one's message is returned (`None`: read).

@@ -609,11 +609,19 @@ class Rules(_RulesView):
                 failure, functions = err, False
                 while check.decision() is None:
                     check.failed()
-            send = self._send
-            args = check.command(functions)
-            while args is not None:
+            direct = self._direct
+            while True:
                 try:
-                    reply = send(args)
+                    if direct is not None:
+                        packed = check.packed(functions)
+                        if packed is None:
+                            break
+                        reply = direct.packed("FCALL" if functions else "RL.MTAKE", packed)
+                    else:
+                        args = check.command(functions)
+                        if args is None:
+                            break
+                        reply = execute(self.client, *args)
                 except redis.exceptions.ResponseError as err:
                     check.error_reply(str(err))
                 except _ERRORS as err:
@@ -623,19 +631,12 @@ class Rules(_RulesView):
                     bad = check.reply(reply)
                     if bad is not None:
                         malformed = bad
-                args = check.command(functions)
             for args in check.refunds(functions):
                 try:
-                    send(args)
+                    execute(self.client, *args)
                 except _ERRORS as err:  # a refund lost costs its tokens until they refill
                     log.warning("rules: could not give back tokens: %s", err)
         return e.finish(check, attributes, malformed, failure)
-
-    def _send(self, args: Any) -> Any:
-        direct = self._direct
-        if direct is not None:
-            return direct(args)
-        return execute(self.client, *args)
 
     def __enter__(self) -> Rules:
         return self
