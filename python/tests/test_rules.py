@@ -560,6 +560,80 @@ def test_golden_refusals(case: Dict[str, Any]) -> None:
     assert case["field"] in [p.field for p in e.value.problems], e.value.problems
 
 
+class ScriptedCalls:
+    """A check's transport scripted by a golden case (the calls it must make, what each
+    gets), so that the case runs through this shell's own loop: its argument lists, its
+    exceptions sorted into replies, failures and error replies, its refunds."""
+
+    def __init__(self, events: List[Dict[str, Any]], slots: bool) -> None:
+        self.events = list(events)
+        self.refunds: List[List[str]] = []
+        if slots:
+            self.keyslot = lambda key: 0  # only its presence matters: the core groups
+
+    def execute_command(self, *args: Any) -> Any:
+        sent = [a.decode() if isinstance(a, bytes) else str(a) for a in args]
+        if not self.events:
+            self.refunds.append(sent)
+            return 1
+        event = self.events.pop(0)
+        assert sent == event["send"]
+        if "reply" in event:
+            return case_reply(event["reply"])
+        if "error_reply" in event:
+            raise redis.exceptions.ResponseError(event["error_reply"])
+        raise redis.exceptions.TimeoutError(event["error"])
+
+
+def case_reply(j: Any) -> Any:
+    """A case's reply as redis-py hands it over."""
+    if isinstance(j, str):
+        return j.encode()
+    if isinstance(j, list):
+        return [case_reply(x) for x in j]
+    return j
+
+
+@pytest.mark.parametrize("case", RULE_CASES["checks"], ids=lambda c: str(c["about"])[:50])
+def test_golden_checks(case: Dict[str, Any]) -> None:
+    from redis_rl import ProtocolError
+
+    calls = ScriptedCalls(case.get("events", []), case.get("cluster", False))
+    rules = Rules.from_text(
+        calls,  # type: ignore[arg-type]
+        case_document(case["document"]),
+        fail_open=case.get("fail_open", True),
+        backend=case.get("backend", "module"),
+    )
+    cost = case.get("cost", 1)
+    if "cost_error" in case:
+        with pytest.raises(ValueError, match=case["cost_error"]):
+            rules.check(case["attributes"], cost)
+        return
+    want = case["decision"]
+    if want is None:
+        with pytest.raises(ProtocolError):
+            rules.check(case["attributes"], cost)
+    else:
+        d = rules.check(case["attributes"], cost)
+        got = {
+            "granted": d.granted,
+            "remaining": d.remaining,
+            "retry_after_ms": d.retry_after_ms,
+            "reset_after_ms": d.reset_after_ms,
+            "tokens": d.tokens,
+            "limit": d.limit,
+            "layer": d.layer,
+            "code": d.code,
+            "key": d.key,
+            "shadow_denied": list(d.shadow_denied),
+            "fallback": d.source.name == "FALLBACK",
+        }
+        assert got == want
+    assert calls.events == [], "calls not made"
+    assert calls.refunds == case["refunds"]
+
+
 def test_rules_metrics_reach_prometheus_client(server: Server, prefix: str) -> None:
     prometheus_client = pytest.importorskip("prometheus_client")
     from redis_rl.prometheus import register_rules
