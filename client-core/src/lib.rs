@@ -14,6 +14,7 @@
 //!   settles (the estimate from the request, the usage from the reply or its stream).
 //! - [`token_budget`]: a token budget's decisions (its named limits and buckets, costs,
 //!   the failure policy's local buckets, settles), for every shell's `TokenBudget`.
+//! - [`permit`]: the semaphore's failure policy (the local permits while Redis is away).
 //! - [`rules_doc`] (read by [`rules_yaml`], which keeps every node's line): a rules
 //!   document validated with the line and field of every problem, and a request's plan;
 //!   [`rules`]: one check of it (`RL.MTAKE` calls out, replies in, a decision and refunds).
@@ -21,6 +22,7 @@
 pub mod budget;
 pub mod limits;
 pub mod openai;
+pub mod permit;
 pub mod reply;
 pub mod rules;
 pub mod rules_doc;
