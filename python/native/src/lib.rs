@@ -10,6 +10,7 @@ mod budget;
 mod guard;
 mod limits;
 mod openai;
+mod permit;
 mod reply;
 mod rules;
 
@@ -22,5 +23,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     budget::register(m)?;
     openai::register(m)?;
     rules::register(m)?;
+    permit::register(m)?;
     Ok(())
 }
