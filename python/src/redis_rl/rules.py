@@ -504,8 +504,11 @@ class Rules(_RulesView):
     thread. ``check(attributes)`` returns a :class:`RuleDecision`.
 
     ``fail_open`` (default) lets a request through when Redis fails or answers an error
-    (counted: ``fail_open``); ``False`` refuses it. ``log_grants`` is the share of grants
-    written to the decision log (every denial is)."""
+    (counted: ``fail_open``); ``False`` refuses it, a denial by the first enforced layer,
+    retry after 1 s (counted: ``fail_closed``); both ``source`` ``FALLBACK``. A malformed
+    reply raises :class:`ProtocolError`. On a plain client the calls go on its connection
+    pool one try each (a take retried after a lost reply could take twice). ``log_grants``
+    is the share of grants written to the decision log (every denial is)."""
 
     def __init__(
         self,
