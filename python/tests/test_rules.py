@@ -775,3 +775,34 @@ def test_one_round_trip_per_check_on_one_server(own_server: Server) -> None:
         if k not in ("cmdstat_info", "cmdstat_config|resetstat")
     }
     assert calls == {"cmdstat_rl.mtake": 1}, calls
+
+
+def test_redis_away_is_the_failure_policys_decision() -> None:
+    """Divergence 6 on a port nothing listens on (through the client's pool, the direct
+    path): failing closed is a denial by the first enforced layer, failing open a grant."""
+    from conftest import free_port
+
+    from redis_rl import Source
+
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    r = redis.Redis(
+        port=free_port(),
+        socket_timeout=0.2,
+        socket_connect_timeout=0.2,
+        retry=Retry(NoBackoff(), 0),
+    )
+    closed = Rules.from_text(r, SEED.read_text(), fail_open=False, backend="module")
+    d = closed.check(attrs("1.2.3.4", "7"), 2)
+    assert (d.granted, d.source, d.layer, d.code) == (
+        False,
+        Source.FALLBACK,
+        "global_ip",
+        "ip_rate_limit",
+    )
+    assert d.retry_after_ms == 1000 and closed.metrics.fail_closed == 1
+    opened = Rules.from_text(r, SEED.read_text(), backend="module")
+    d = opened.check(attrs("1.2.3.4", "7"))
+    assert d.granted and d.source is Source.FALLBACK and d.layer is None
+    assert opened.metrics.fail_open == 1
