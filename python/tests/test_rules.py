@@ -781,11 +781,10 @@ def test_redis_away_is_the_failure_policys_decision() -> None:
     """Divergence 6 on a port nothing listens on (through the client's pool, the direct
     path): failing closed is a denial by the first enforced layer, failing open a grant."""
     from conftest import free_port
-
-    from redis_rl import Source
-
     from redis.backoff import NoBackoff
     from redis.retry import Retry
+
+    from redis_rl import Source
 
     r = redis.Redis(
         port=free_port(),
