@@ -115,8 +115,9 @@ pub struct MTakeReply {
     pub remaining: Option<Vec<f64>>,
 }
 
-/// An `RL.MTAKE` reply, for `buckets` keys; anything else is a [`ProtocolError`].
-pub fn parse_mtake(reply: &Reply, buckets: usize) -> Result<MTakeReply, ProtocolError> {
+/// An `RL.MTAKE` reply, for `buckets` keys (`None`: as many remaining counts as came);
+/// anything else is a [`ProtocolError`].
+pub fn parse_mtake(reply: &Reply, buckets: Option<usize>) -> Result<MTakeReply, ProtocolError> {
     const WHAT: &str = "RL.MTAKE";
     let items = reply.items(WHAT)?;
     if items.len() != 3 && items.len() != 4 {
@@ -133,9 +134,9 @@ pub fn parse_mtake(reply: &Reply, buckets: usize) -> Result<MTakeReply, Protocol
                 .iter()
                 .map(|x| x.number(WHAT))
                 .collect::<Result<Vec<f64>, _>>()?;
-            if xs.len() != buckets || xs.iter().any(|x| !x.is_finite()) {
+            if buckets.is_some_and(|n| n != xs.len()) || xs.iter().any(|x| !x.is_finite()) {
                 return Err(ProtocolError(format!(
-                    "{WHAT}: {buckets} finite remaining counts expected, got {xs:?}"
+                    "{WHAT}: {buckets:?} finite remaining counts expected, got {xs:?}"
                 )));
             }
             Some(xs)
@@ -422,7 +423,7 @@ impl Check {
             Step::Shadow(s) => self.shadows[s].1.len(),
             Step::Done => return Ok(()), // nothing was asked: a stray reply changes nothing
         };
-        let parsed = match parse_mtake(reply, expected) {
+        let parsed = match parse_mtake(reply, Some(expected)) {
             Ok(r) => r,
             Err(e) => {
                 match self.step {

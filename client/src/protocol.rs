@@ -166,7 +166,7 @@ pub(crate) fn mtake_cmd(
 /// `RL.MTAKE`'s `[granted, denied_by, retry_after_ms]`: the tokens granted (the client
 /// core's parser, [`rl_client_core::rules::parse_mtake`]).
 pub(crate) fn mtake_reply(v: Value) -> Result<u64, Error> {
-    rl_client_core::rules::parse_mtake(&crate::budget::to_reply(v), 0)
+    rl_client_core::rules::parse_mtake(&crate::budget::to_reply(v), None)
         .map(|r| r.granted)
         .map_err(|e| Error::Reply(e.0))
 }

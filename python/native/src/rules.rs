@@ -31,6 +31,8 @@ type LayerTuple = (
 );
 /// A layer that applies: `(layer index, base key, [(key, rate, cap)])`.
 type AppliedTuple = (usize, String, Vec<(String, f64, f64)>);
+/// An `RL.MTAKE` reply: `(granted, denied_by, retry_after_ms, remaining)`.
+type MTakeTuple = (u64, Option<Vec<u8>>, u64, Option<Vec<f64>>);
 /// A decision: `(granted, remaining, retry_after_ms, reset_after_ms, tokens, limit,
 /// fallback, layer, code, key, shadow_denied)`.
 type DecisionTuple = (
@@ -315,6 +317,18 @@ impl RulesCheck {
     }
 }
 
+/// An `RL.MTAKE` reply (any number of remaining counts): `(granted, denied_by,
+/// retry_after_ms, remaining)`; a malformed one raises `ValueError` with the reason.
+#[pyfunction]
+fn parse_mtake(reply: &Bound<'_, PyAny>) -> PyResult<MTakeTuple> {
+    guarded(|| {
+        let r = to_reply(reply)
+            .and_then(|r| rl_client_core::rules::parse_mtake(&r, None))
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok((r.granted, r.denied_by, r.retry_after_ms, r.remaining))
+    })
+}
+
 /// A glob of a rules document (`*` any run, `?` one character), for tests and tools.
 #[pyclass(module = "redis_rl._core", frozen, name = "Glob")]
 pub struct PyGlob {
@@ -341,5 +355,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RulesDocument>()?;
     m.add_class::<RulesCheck>()?;
     m.add_class::<PyGlob>()?;
+    m.add_function(wrap_pyfunction!(parse_mtake, m)?)?;
     Ok(())
 }
