@@ -111,3 +111,15 @@ def test_an_error_reply_is_never_decided_locally(server: Any, key: str) -> None:
     r.set(key, "not a semaphore")
     with pytest.raises(ServerError), permit(r, key, 2, ttl=5, policy=ALLOW):
         pass
+
+
+def test_a_local_permit_is_let_go_however_its_block_ends() -> None:
+    """An error in the block of a local permit is the block's own (not chained to the
+    outage that made the permit local) and the permit is let go."""
+    _LOCAL.forked()
+    client = redis.Redis(port=free_port(), socket_timeout=0.2, socket_connect_timeout=0.2)
+    with pytest.raises(KeyError) as e, permit(client, "k", 1, ttl=5, backend="module", instances=1):
+        raise KeyError("mine")
+    assert e.value.__context__ is None
+    with permit(client, "k", 1, ttl=5, backend="module", instances=1) as p:
+        assert p.source is Source.FALLBACK and p.in_use == 1

@@ -197,6 +197,7 @@ def permit(
 
     deadline = time.monotonic() + max_wait
     while True:
+        local = False
         try:
             if proto is None:
                 proto = _backend(resolve_backend(client, call, backend, call.deadline()).backend)
@@ -206,20 +207,19 @@ def permit(
         except NOT_OUTAGES:
             raise
         except OUTAGES:
-            r = _fallback(policy, fleet, key, limit)
-            if r.granted:
-                local = Permit(key, 0, r.in_use, seconds, Source.FALLBACK)
-                try:
-                    yield local
-                finally:
-                    _LOCAL.release(policy, fleet, key)
-                return
+            r, local = _fallback(policy, fleet, key, limit), True
         if r.granted:
             break
         wait = max(r.retry_after_ms, 10) / 1000
         if time.monotonic() + wait > deadline:
             raise PermitDenied(key, r.in_use, r.retry_after_ms)
         time.sleep(wait)
+    if local:  # the failure policy's permit: held here, nothing to renew or release
+        try:
+            yield Permit(key, 0, r.in_use, seconds, Source.FALLBACK)
+        finally:
+            _LOCAL.release(policy, fleet, key)
+        return
     held = Permit(key, r.permit_id, r.in_use, seconds)
     assert proto is not None  # the call that granted it had one
     stop = threading.Event()
@@ -278,6 +278,7 @@ async def apermit(
 
     deadline = time.monotonic() + max_wait
     while True:
+        local = False
         try:
             if proto is None:
                 resolved = await aresolve_backend(client, call, backend, call.deadline())
@@ -288,20 +289,19 @@ async def apermit(
         except NOT_OUTAGES:
             raise
         except OUTAGES:
-            r = _fallback(policy, fleet, key, limit)
-            if r.granted:
-                local = Permit(key, 0, r.in_use, seconds, Source.FALLBACK)
-                try:
-                    yield local
-                finally:
-                    _LOCAL.release(policy, fleet, key)
-                return
+            r, local = _fallback(policy, fleet, key, limit), True
         if r.granted:
             break
         wait = max(r.retry_after_ms, 10) / 1000
         if time.monotonic() + wait > deadline:
             raise PermitDenied(key, r.in_use, r.retry_after_ms)
         await asyncio.sleep(wait)
+    if local:  # the failure policy's permit: held here, nothing to renew or release
+        try:
+            yield Permit(key, 0, r.in_use, seconds, Source.FALLBACK)
+        finally:
+            _LOCAL.release(policy, fleet, key)
+        return
     held = Permit(key, r.permit_id, r.in_use, seconds)
     assert proto is not None  # the call that granted it had one
 
