@@ -805,3 +805,17 @@ def test_redis_away_is_the_failure_policys_decision() -> None:
     d = opened.check(attrs("1.2.3.4", "7"))
     assert d.granted and d.source is Source.FALLBACK and d.layer is None
     assert opened.metrics.fail_open == 1
+
+
+def test_costs_beyond_64_bits_and_odd_attributes() -> None:
+    """A cost no integer type holds is the caller's error like any cost above a cap; an
+    attribute that is not a string is read as ``str()`` makes it, ``None`` as absent."""
+    rules = Rules.from_text(None, "layers: [{name: a, key: 'u:{user}', limit: 5/s}]")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="exceeds"):
+        rules.check({"user": "x"}, 2**70)
+    with pytest.raises(ValueError, match="positive"):
+        rules.check({"user": "x"}, True)
+    assert [a.key for a in plan(rules.document, {"user": 42})] == ["rl:rules:{a:u:42}"]
+    assert plan(rules.document, {"user": None}) == []
+    d = rules.check({"user": None})  # no layer applies: granted, no call (no client)
+    assert d.granted and d.layer is None

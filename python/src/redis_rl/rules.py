@@ -386,7 +386,10 @@ class _Engine:
             raise ValueError("cost must be a positive integer")
         doc = self.document
         assert doc is not None
-        return doc.core.check(attributes, cost, self.fail_open, cluster)
+        try:
+            return doc.core.check(attributes, cost, self.fail_open, cluster)
+        except OverflowError:  # beyond 64 bits: above every cap a bucket can have
+            raise ValueError(f"cost {cost} exceeds every layer's cap") from None
 
     def finish(
         self,
