@@ -12,6 +12,9 @@
 //!   the Functions library, their replies, the reservation a caller holds and its counters.
 //! - [`openai`]: what a budget reserves for an OpenAI-compatible chat completion and what it
 //!   settles (the estimate from the request, the usage from the reply or its stream).
+//! - [`fallback`], [`health`], [`meter`]: a limiter's failure policy (the local buckets per
+//!   key while Redis is away, who may probe it, the rate Redis was granting), for every
+//!   shell's limiters.
 //! - [`token_budget`]: a token budget's decisions (its named limits and buckets, costs,
 //!   the failure policy's local buckets, settles), for every shell's `TokenBudget`.
 //! - [`permit`]: the semaphore's failure policy (the local permits while Redis is away).
@@ -20,7 +23,10 @@
 //!   [`rules`]: one check of it (`RL.MTAKE` calls out, replies in, a decision and refunds).
 
 pub mod budget;
+pub mod fallback;
+pub mod health;
 pub mod limits;
+pub mod meter;
 pub mod openai;
 pub mod permit;
 pub mod reply;

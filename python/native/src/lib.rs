@@ -11,6 +11,7 @@ mod guard;
 mod limits;
 mod openai;
 mod permit;
+mod policy;
 mod reply;
 mod rules;
 
@@ -24,5 +25,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     openai::register(m)?;
     rules::register(m)?;
     permit::register(m)?;
+    policy::register(m)?;
     Ok(())
 }

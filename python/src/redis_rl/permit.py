@@ -36,7 +36,7 @@ from ._call import (
 from .decision import Source
 from .errors import BackendNotFound, PermitDenied
 from .metrics import Metrics
-from .policy import ALLOW, FailurePolicy
+from .policy import ALLOW, DEFAULT_INSTANCES, FailurePolicy
 from .types import AsyncClient, SyncClient
 
 #: Permits need the module's commands: the Functions library has none.
@@ -44,9 +44,6 @@ NO_PERMITS = (
     "redis-rl: permits need the module (RL.ACQUIRE, RL.RENEW, RL.RELEASE): load it "
     "(loadmodule /path/to/libredis_rl.so); the Functions library has no permits"
 )
-#: The instances sharing each key's limit when ``instances`` is not given (the client
-#: core's default, the Rust client's too).
-DEFAULT_INSTANCES = 4
 #: The retry hint of a ``DENY`` fallback, in milliseconds.
 DENY_RETRY_AFTER_MS = 1000
 
