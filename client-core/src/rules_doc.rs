@@ -444,6 +444,23 @@ impl Document {
         self.plan_values(&values)
     }
 
+    /// Which of [`Document::attributes`] some layer reads (matches on or puts in its key):
+    /// a shell need not look the others up.
+    pub fn used_attributes(&self) -> Vec<bool> {
+        let mut used = vec![false; self.attributes.len()];
+        for layer in &self.layers {
+            for (a, _) in &layer.matches {
+                used[*a] = true;
+            }
+            for piece in &layer.template {
+                if let Piece::Field(a) = piece {
+                    used[*a] = true;
+                }
+            }
+        }
+        used
+    }
+
     /// As [`Document::plan`], the request's attributes given in the order of
     /// [`Document::attributes`] (`None`: absent): a shell reads only those.
     pub fn plan_values(&self, values: &[Option<&str>]) -> Vec<Applied<'_>> {

@@ -53,15 +53,26 @@ type DecisionTuple = (
 #[pyclass(module = "redis_rl._core", frozen)]
 pub struct RulesDocument {
     doc: Document,
+    /// The attributes some layer reads ([`Document::used_attributes`]): only those are
+    /// looked up in a request's mapping.
+    used: Vec<bool>,
 }
 
 /// The request's value of each attribute the document knows, in its order: absent or
 /// `None` is absent; anything but a string is read as `str()` makes it.
-fn values(doc: &Document, attrs: &Bound<'_, PyAny>) -> PyResult<Vec<Option<String>>> {
+fn values(
+    doc: &Document,
+    used: &[bool],
+    attrs: &Bound<'_, PyAny>,
+) -> PyResult<Vec<Option<String>>> {
     let dict = attrs.cast::<PyDict>().ok();
     doc.attributes
         .iter()
-        .map(|name| {
+        .zip(used)
+        .map(|(name, used)| {
+            if !used {
+                return Ok(None);
+            }
             let v = match dict {
                 Some(d) => d.get_item(name)?,
                 None => {
@@ -108,7 +119,10 @@ impl RulesDocument {
     #[staticmethod]
     fn parse(text: &str) -> PyResult<(Option<RulesDocument>, Vec<ProblemTuple>)> {
         guarded(|| match Document::parse(text) {
-            Ok(doc) => Ok((Some(RulesDocument { doc }), Vec::new())),
+            Ok(doc) => {
+                let used = doc.used_attributes();
+                Ok((Some(RulesDocument { doc, used }), Vec::new()))
+            }
             Err(e) => Ok((
                 None,
                 e.problems
@@ -134,7 +148,7 @@ impl RulesDocument {
     /// The layers that apply to `attrs`: `[(layer index, base key, [(key, rate, cap)])]`.
     fn plan(&self, attrs: &Bound<'_, PyAny>) -> PyResult<Vec<AppliedTuple>> {
         guarded(|| {
-            let owned = values(&self.doc, attrs)?;
+            let owned = values(&self.doc, &self.used, attrs)?;
             let vals: Vec<Option<&str>> = owned.iter().map(|v| v.as_deref()).collect();
             Ok(self
                 .doc
@@ -168,7 +182,7 @@ impl RulesDocument {
         cluster: bool,
     ) -> PyResult<RulesCheck> {
         guarded(|| {
-            let owned = values(&self.doc, attrs)?;
+            let owned = values(&self.doc, &self.used, attrs)?;
             let vals: Vec<Option<&str>> = owned.iter().map(|v| v.as_deref()).collect();
             let applied = self.doc.plan_values(&vals);
             let options = CheckOptions {

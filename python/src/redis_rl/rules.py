@@ -608,40 +608,42 @@ class Rules(_RulesView):
         check = e.start(attributes, cost, self._cluster)
         malformed: Optional[str] = None
         failure: Optional[BaseException] = None
-        if check.decision() is None:
+        proto = e.protocol
+        if proto is None and check.decision() is None:  # the first call: the backend first
             try:
-                functions = self._proto().backend == p.FUNCTIONS
+                proto = self._proto()
             except _ERRORS as err:
-                failure, functions = err, False
+                failure = err
                 while check.decision() is None:
                     check.failed()
-            direct = self._direct
-            while True:
-                try:
-                    if direct is not None:
-                        packed = check.packed(functions)
-                        if packed is None:
-                            break
-                        reply = direct.packed("FCALL" if functions else "RL.MTAKE", packed)
-                    else:
-                        args = check.command(functions)
-                        if args is None:
-                            break
-                        reply = execute(self.client, *args)
-                except redis.exceptions.ResponseError as err:
-                    check.error_reply(str(err))
-                except _ERRORS as err:
-                    failure = err
-                    check.failed()
+        functions = proto is not None and proto.backend == p.FUNCTIONS
+        direct = self._direct  # a decided check sends nothing below
+        while True:
+            try:
+                if direct is not None:
+                    packed = check.packed(functions)
+                    if packed is None:
+                        break
+                    reply = direct.packed("FCALL" if functions else "RL.MTAKE", packed)
                 else:
-                    bad = check.reply(reply)
-                    if bad is not None:
-                        malformed = bad
-            for args in check.refunds(functions):
-                try:
-                    execute(self.client, *args)
-                except _ERRORS as err:  # a refund lost costs its tokens until they refill
-                    log.warning("rules: could not give back tokens: %s", err)
+                    args = check.command(functions)
+                    if args is None:
+                        break
+                    reply = execute(self.client, *args)
+            except redis.exceptions.ResponseError as err:
+                check.error_reply(str(err))
+            except _ERRORS as err:
+                failure = err
+                check.failed()
+            else:
+                bad = check.reply(reply)
+                if bad is not None:
+                    malformed = bad
+        for args in check.refunds(functions):
+            try:
+                execute(self.client, *args)
+            except _ERRORS as err:  # a refund lost costs its tokens until they refill
+                log.warning("rules: could not give back tokens: %s", err)
         return e.finish(check, attributes, malformed, failure)
 
     def __enter__(self) -> Rules:
