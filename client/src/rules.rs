@@ -331,7 +331,12 @@ impl<C: RedisConnection> Rules<C> {
         let mut check = Check::new(&applied, options).map_err(|_| {
             Error::Request("the cost is 0 or above the cap of a layer that applies")
         })?;
-        match self.selector.get(&self.conn, self.config.timeout).await {
+        // No call is due when no enforced or shadow layer applies: no backend to ask for.
+        let backend = match check.decision() {
+            Some(_) => Ok(Backend::Module),
+            None => self.selector.get(&self.conn, self.config.timeout).await,
+        };
+        match backend {
             Ok(b) => {
                 let (conn, timeout, metrics) = (&self.conn, self.config.timeout, &self.metrics);
                 let malformed = drive(&mut check, core_backend(b), |c| async move {
@@ -349,7 +354,9 @@ impl<C: RedisConnection> Rules<C> {
                 }
             }
         }
-        let d = RuleDecision::from_core(check.decision().cloned().expect("decided above"));
+        let Some(d) = check.decision().cloned().map(RuleDecision::from_core) else {
+            return Err(Error::Reply("RL.MTAKE: a check left undecided".into()));
+        };
         if d.fallback {
             let counter = if d.allowed {
                 &self.stats.fail_open
