@@ -307,7 +307,13 @@ fn read_yaml(text: &str) -> Result<Node, Unreadable> {
                 None
             }
             unsafe_sys::YAML_SEQUENCE_END_EVENT | unsafe_sys::YAML_MAPPING_END_EVENT => {
-                let frame = stack.pop().expect("libyaml closes only what it opened");
+                let Some(frame) = stack.pop() else {
+                    return Err(Unreadable {
+                        line: Some(line),
+                        message: "not YAML or JSON: a collection closed that was never opened"
+                            .into(),
+                    });
+                };
                 let value = match frame.open {
                     Open::Seq(items) => Value::Seq(items),
                     Open::Map(pairs, _) => Value::Map(pairs),
