@@ -20,6 +20,10 @@
 //!   or failed call leaves, the late-reply bound, the waiting line).
 //! - [`token_budget`]: a token budget's decisions (its named limits and buckets, costs,
 //!   the failure policy's local buckets, settles), for every shell's `TokenBudget`.
+//! - [`permit`]: the semaphore's failure policy (the local permits while Redis is away).
+//! - [`rules_doc`] (read by [`rules_yaml`], which keeps every node's line): a rules
+//!   document validated with the line and field of every problem, and a request's plan;
+//!   [`rules`]: one check of it (`RL.MTAKE` calls out, replies in, a decision and refunds).
 
 pub mod budget;
 pub mod fallback;
@@ -29,7 +33,11 @@ pub mod limits;
 pub mod meter;
 pub mod openai;
 pub mod prefetch;
+pub mod permit;
 pub mod reply;
+pub mod rules;
+pub mod rules_doc;
+pub mod rules_yaml;
 pub mod take;
 pub mod token_budget;
 

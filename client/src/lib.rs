@@ -53,7 +53,6 @@ mod pin;
 mod prefetch;
 mod protocol;
 pub mod rules;
-mod rules_doc;
 mod share;
 mod share_state;
 

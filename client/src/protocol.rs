@@ -113,7 +113,7 @@ pub(crate) fn peek_reply(v: Value) -> Result<Option<f64>, Error> {
 }
 
 /// `RL.MTAKE n key rate cap [key rate cap ...] [INIT tokens] [VERSION v]` (or `FCALL rl_mtake N keys.. n
-/// rate cap..`).
+/// rate cap..`): the client core's command ([`rl_client_core::rules::mtake_command`]).
 pub(crate) fn mtake_cmd(
     backend: Backend,
     keys: &[&str],
@@ -121,35 +121,28 @@ pub(crate) fn mtake_cmd(
     n: u64,
     options: LimitOptions,
 ) -> Cmd {
-    let cmd = match backend {
-        Backend::Functions => {
-            let mut cmd = redis::cmd("FCALL");
-            cmd.arg("rl_mtake").arg(keys.len());
-            for key in keys {
-                cmd.arg(*key);
-            }
-            cmd.arg(n);
-            for _ in keys {
-                cmd.arg(limit.rate()).arg(limit.cap());
-            }
-            cmd
-        }
-        _ => {
-            let mut cmd = redis::cmd("RL.MTAKE");
-            cmd.arg(n);
-            for key in keys {
-                cmd.arg(*key).arg(limit.rate()).arg(limit.cap());
-            }
-            cmd
-        }
+    let core = match backend {
+        Backend::Functions => rl_client_core::budget::Backend::Functions,
+        _ => rl_client_core::budget::Backend::Module,
     };
+    let buckets: Vec<(&[u8], f64, f64)> = keys
+        .iter()
+        .map(|k| (k.as_bytes(), limit.rate(), limit.cap()))
+        .collect();
+    let args = rl_client_core::rules::mtake_command(core, &buckets, n, false);
+    let mut cmd = redis::cmd(std::str::from_utf8(&args[0]).unwrap_or("RL.MTAKE"));
+    for a in &args[1..] {
+        cmd.arg(a.as_slice());
+    }
     with_limit_options(cmd, options)
 }
 
-/// `RL.MTAKE`'s `[granted, denied_by, retry_after_ms]`: the tokens granted.
+/// `RL.MTAKE`'s `[granted, denied_by, retry_after_ms]`: the tokens granted (the client
+/// core's parser, [`rl_client_core::rules::parse_mtake`]).
 pub(crate) fn mtake_reply(v: Value) -> Result<u64, Error> {
-    let items = array(v, 3)?;
-    count(&items[0])
+    rl_client_core::rules::parse_mtake(&crate::budget::to_reply(v), None)
+        .map(|r| r.granted)
+        .map_err(|e| Error::Reply(e.0))
 }
 
 pub(crate) fn acquire_cmd(key: &str, limit: u64, ttl: Duration) -> Cmd {

@@ -229,11 +229,13 @@ def parse_acquire(reply: Any) -> AcquireReply:
 
 def parse_mtake(reply: Any) -> MTakeReply:
     """An ``RL.MTAKE`` reply as an :class:`MTakeReply` (``remaining`` only with ``WITHSTATE``); else
-    :class:`ProtocolError`."""
-    r = _list(reply, 3, "RL.MTAKE")
-    remaining = [to_float(x) for x in r[3]] if len(r) > 3 and r[3] is not None else None
-    denied_by = None if r[1] is None else to_str(r[1])
-    return MTakeReply(to_int(r[0]), denied_by, to_int(r[2]), remaining)
+    :class:`ProtocolError`. The client core's parser (the Rust client's and the rules')."""
+    try:
+        granted, denied_by, retry_after_ms, remaining = _core.parse_mtake(reply)
+    except ValueError as e:
+        raise ProtocolError(str(e)) from None
+    by = None if denied_by is None else denied_by.decode("utf-8", "replace")
+    return MTakeReply(granted, by, retry_after_ms, remaining)
 
 
 def parse_peek(reply: Any) -> Optional[PeekReply]:
