@@ -86,6 +86,51 @@ export declare function estimateChat(body: Buffer, defaultOutput: number): ChatE
 export declare function chatUsage(body: Buffer): ChatUsage | null
 /** The costs (or actuals) of each of a budget's limits for `input` and `output` tokens. */
 export declare function splitUsage(names: Array<string>, input: number, output: number): Array<NamedCost>
+/**
+ * A lease call the ledger hands out: `kind` is `send` (with `command`), `busy` (the call in
+ * the air is `flight`) or `closed`.
+ */
+export interface Began {
+  kind: string
+  flight: number
+  command?: Array<string>
+}
+/**
+ * What a landed call left: `kind` `granted` (`value`: tokens held after), `denied`
+ * (`value`: retry_after_ms), `stale` or `closed`; `give_back`: `[id, left]` pairs to return.
+ */
+export interface Landing {
+  kind: string
+  served: boolean
+  value: number
+  giveBack: Array<Array<number>>
+}
+/**
+ * A take decided from what is held: `kind` `granted` (`value`: left), `denied` (`value`:
+ * retry_after_ms) or `ask`.
+ */
+export interface LocalTake {
+  kind: string
+  value: number
+  renew: boolean
+}
+/** A prefetching limiter's counters: the ledger's and the takes'. */
+export interface PrefetchCounters {
+  leases: number
+  leaseTokens: number
+  leasesDenied: number
+  leasesExpired: number
+  leasesLost: number
+  returns: number
+  tokensReturned: number
+  slowCalls: number
+  memoryGrants: number
+  memoryTokens: number
+  fallbackGranted: number
+  fallbackDenied: number
+  outages: number
+  errors: number
+}
 /** A limiter's counters. */
 export interface TakeCounters {
   granted: number
@@ -156,6 +201,82 @@ export declare class StreamUsage {
   finish(): Buffer
   /** The usage seen so far. */
   usage(): ChatUsage | null
+}
+/** One prefetching limiter's state. */
+export declare class PrefetchCore {
+  /**
+   * `timeout_ms`: the limiter's timeout (null: none); `policy`: `allow` or `deny`;
+   * `share`: 1 / instances (null: the core's default).
+   */
+  constructor(key: string, rate: number, cap: number, batch: number, ttlMs: number, renewAt: number, jitter: number, timeoutMs: number | undefined | null, policy: string, share?: number | undefined | null, init?: number | undefined | null, version?: number | undefined | null)
+  get rate(): number
+  get cap(): number
+  /** Refuses an `n` that could never be granted (0, a fraction, above the burst). */
+  check(n: number): void
+  /**
+   * The hot path: `n` from memory, answering the tokens left, or -1 (nothing changed:
+   * the shell's full path decides). No allocation.
+   */
+  grant(n: number, nowMs: number): number
+  /** A take from what is held (`down`: the shell believes Redis down or is closed). */
+  take(n: number, nowMs: number, down: boolean): LocalTake
+  renewalDue(nowMs: number, down: boolean): boolean
+  begin(backendName: string, need: number, nowMs: number): Began
+  /**
+   * The reply to call `flight`; a malformed one (or one that is no reply at all) ends the
+   * call all the same and is thrown as an unexpected reply.
+   */
+  landed(flight: number, reply: unknown, nowMs: number, draw: number): Landing
+  /**
+   * A failed call: `kind` `refused` (an error reply), `not_sent` or `unknown`; answers
+   * the `[id, left]` leases to return.
+   */
+  failed(flight: number, kind: string, nowMs: number): Array<Array<number>>
+  /** Its own caller gives up on call `flight`: the tokens it brought (null: none yet). */
+  giveUp(flight: number): number | null
+  claim(flight: number): number | null
+  hasEnded(flight: number): boolean
+  release(flight: number, claimed: boolean, nowMs: number): void
+  /** `wait`, `ended`, `outage_first` or `outage`. */
+  judge(flight: number, nowMs: number, limitMs: number): string
+  /** Closes the ledger: the `[id, left]` leases to return. */
+  close(nowMs: number): Array<Array<number>>
+  get closed(): boolean
+  held(nowMs: number): number
+  get inFlight(): boolean
+  /**
+   * How long a lease call's reply is awaited, in milliseconds: `max(10 s, ttl + timeout
+   * + 1 s)`, the bound every client keeps.
+   */
+  get lateBoundMs(): number
+  returnCommand(backendName: string, leaseId: number, left: number): Array<string>
+  /** A return's reply read (the tokens credited back); a malformed one is thrown. */
+  parseReturn(reply: unknown): number
+  returned(leaseId: number, left: number, ok: boolean): void
+  /**
+   * Stands `n` in the ledger's line (`front`: for its own call; `again`: its number if it
+   * stood there already): its number.
+   */
+  enterLine(n: number, front: boolean, again?: number | undefined | null): number
+  /** Leaves the line: the waiter to wake next (null: none). */
+  leaveLine(waiter: number): number | null
+  /** A call ended (`granted`: it brought tokens): the waiters to wake. */
+  wake(granted: boolean): Array<number>
+  /**
+   * Whether a caller at `now_ms` should ask Redis (while it is believed down, one probe
+   * per interval).
+   */
+  mayCall(nowMs: number): boolean
+  get down(): boolean
+  /** A call failed as an outage at `now_ms`. */
+  callFailed(nowMs: number): void
+  /** Redis answered. */
+  callSucceeded(): void
+  /** The failure policy's decision on `n` at `now_ms`, into `out` (the `Limiter`'s slots). */
+  outage(n: number, nowMs: number, out: Float64Array): void
+  /** An error reply raised to the caller. */
+  error(): void
+  counters(): PrefetchCounters
 }
 /** One limiter's decisions. */
 export declare class TakeCore {

@@ -28,3 +28,4 @@ export {
   type ChatUsage,
 } from './openai';
 export { budgetFetch, type BudgetFetchOptions } from './openai-fetch';
+export { PrefetchLimiter, type PrefetchOptions, type PrefetchCounters, type PrefetchSource } from './prefetch';

@@ -15,6 +15,7 @@ mod budget;
 mod guard;
 mod limits;
 mod openai;
+mod prefetch;
 mod reply;
 mod take;
 

@@ -29,7 +29,7 @@ pub const SLOTS: usize = 8;
 /// far less than making an object): granted (0 or 1), tokens, remaining, retry_after_ms,
 /// reset_after_ms, limit, source (0 server, 1 fallback), pinned (0 none, 1 rate, 2 block,
 /// 3 exempt).
-fn write(d: &Decision, out: &mut [f64]) -> napi::Result<()> {
+pub(crate) fn write(d: &Decision, out: &mut [f64]) -> napi::Result<()> {
     if out.len() < SLOTS {
         return Err(invalid(format!("a Float64Array of {SLOTS} expected")));
     }
