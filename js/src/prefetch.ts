@@ -205,7 +205,8 @@ export class PrefetchLimiter {
         if (this.closed) throw closedError();
         const local = this.decideLocally(n);
         if (local !== null) {
-          if (asked && local.granted) return this.decided(new Decision(true, n, local.remaining, 0, 0, this.cap, 'server', null));
+          // Counted already; after a call of its own, Redis's grant.
+          if (asked && local.granted) return new Decision(true, n, local.remaining, 0, 0, this.cap, 'server', null);
           return local;
         }
         let backend: Backend;

@@ -157,3 +157,165 @@ test('the late-reply bound is the one every client keeps', () => {
     assert.equal(lg.lateBoundMs, bound);
   }
 });
+
+// ---- against real servers ----
+
+const { spawn } = require('node:child_process');
+const os = require('node:os');
+const { raw, SERVER, MODULE } = require('../test-support/servers');
+
+const BACKENDS = [
+  { name: 'module', server: { module: true }, backend: 'module' },
+  { name: 'functions', server: { module: false, functions: true }, backend: 'functions' },
+];
+
+function sendRaw(client, args) {
+  return typeof client.call === 'function' ? client.call(...args) : client.sendCommand(args);
+}
+
+for (const b of BACKENDS) {
+  test(`PrefetchLimiter on the ${b.name}: takes from memory, close() returns the leftovers`, async (t) => {
+    const server = await start(b.server);
+    t.after(() => server.stop());
+    for (const c of CLIENTS) {
+      await t.test(c.name, async () => {
+        const { client, close } = await c.connect(server.url);
+        try {
+          const key = `rl:pf:${c.name}:${b.name}`;
+          // Nothing refills within the test; no jitter: the threshold is 2 of 10.
+          const p = new rl.PrefetchLimiter(client, key, {
+            rate: 0.001, cap: 100, batch: 10, ttlMs: 60_000, renewAt: 0.2, jitter: 0, timeoutMs: 10_000, backend: b.backend,
+          });
+          const d1 = await p.take();
+          assert.deepEqual([d1.granted, d1.tokens, d1.source, d1.remaining, d1.limit], [true, 1, 'server', 9, 100]);
+          const d2 = await p.take(2);
+          assert.deepEqual([d2.granted, d2.source, d2.remaining], [true, 'lease', 7]);
+          assert.equal(p.takeSync(1).source, 'lease');
+          assert.equal(p.held, 6);
+          assert.equal(d2.headers()['X-RateLimit-Remaining'], '7');
+          await assert.rejects(p.take(101), RangeError);
+          const credited = await p.close();
+          assert.equal(credited, 6);
+          await assert.rejects(p.take(), /closed/);
+          assert.equal(p.takeSync(), null);
+          // The bucket holds what was not taken: 100 - 4.
+          const l = new rl.Limiter(client, key, { rate: 0.001, cap: 100 }, { timeoutMs: 10_000, backend: b.backend });
+          const after = await l.take(96);
+          assert.equal(after.granted, true);
+          assert.ok(after.remaining < 0.01, String(after.remaining));
+          const cs = p.counters;
+          assert.deepEqual(
+            [cs.leases, cs.leaseTokens, cs.returns, cs.tokensReturned, cs.outages, cs.granted, cs.tokensGranted],
+            [1, 10, 1, 6, 0, 3, 4],
+          );
+          // An error reply is thrown, never decided by the policy.
+          await sendRaw(client, ['SET', `${key}:str`, 'x']);
+          const w = new rl.PrefetchLimiter(client, `${key}:str`, { rate: 1, cap: 10, batch: 5, backend: b.backend, timeoutMs: 10_000 });
+          await assert.rejects(w.take(), (e) => e instanceof rl.ServerError && /WRONGTYPE/.test(e.message));
+          assert.equal(w.counters.errors, 1);
+          await w.close();
+        } finally {
+          await close();
+        }
+      });
+    }
+  });
+}
+
+test('10,000 concurrent takes on one PrefetchLimiter: no false outage, grants within the bound', async (t) => {
+  const server = await start({ module: true });
+  t.after(() => server.stop());
+  for (const [c, takes] of [[CLIENTS[0], 10_000], [CLIENTS[3], 5000]]) {
+    const { client, close } = await c.connect(server.url);
+    try {
+      // A slow refill: once the bucket is empty, one denied lease denies the whole line.
+      const rate = 1;
+      const cap = 1000;
+      const batch = 50;
+      const p = new rl.PrefetchLimiter(client, `pf:burst:${c.name}`, { rate, cap, batch, ttlMs: 5000, timeoutMs: 5000 });
+      const t0 = performance.now();
+      const ds = await Promise.all(Array.from({ length: takes }, () => p.take()));
+      const secs = (performance.now() - t0) / 1000;
+      const granted = ds.filter((d) => d.granted).length;
+      assert.ok(ds.every((d) => d.source !== 'fallback'), `${c.name}: a false outage`);
+      assert.equal(p.counters.outages, 0);
+      // One instance: at most cap + rate * t + 2 * batch (the elapsed time bounds t from above).
+      assert.ok(granted <= cap + rate * (secs + 1) + 2 * batch, `${c.name}: ${granted} granted in ${secs}s`);
+      assert.ok(granted >= cap - 2 * batch, `${c.name}: only ${granted} granted`);
+      assert.equal(p.counters.granted, granted);
+      await p.close();
+      assert.equal(p.counters.leasesLost, 0);
+    } finally {
+      await close();
+    }
+  }
+});
+
+/** A redis-server on `port` in `dir` (the same port again after a stop: an outage and a return). */
+async function serverOn(port, dir) {
+  const proc = spawn(SERVER, ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir, '--loadmodule', MODULE], { stdio: 'ignore' });
+  for (let i = 0; ; i++) {
+    try {
+      if ((await raw(port, ['PING'])).startsWith('+PONG')) break;
+    } catch {
+      // not listening yet
+    }
+    if (proc.exitCode !== null || i > 500) throw new Error('redis-server did not start');
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  const stop = () => {
+    if (proc.exitCode !== null || proc.signalCode !== null) return Promise.resolve();
+    const gone = new Promise((r) => proc.once('exit', r));
+    proc.kill('SIGKILL');
+    return gone;
+  };
+  process.once('exit', () => proc.kill('SIGKILL'));
+  return { stop };
+}
+
+for (const c of CLIENTS) {
+  test(`a Redis outage mid-run (stopped, started again), ${c.name}: the policy decides, then leases again`, async (t) => {
+    const first = await start({ module: true });
+    const port = first.port;
+    const { client, close } = await c.connect(first.url);
+    t.after(close);
+    const p = new rl.PrefetchLimiter(client, 'pf:outage', { rate: 0.001, cap: 100, batch: 10, ttlMs: 60_000, jitter: 0, timeoutMs: 200 });
+    t.after(() => p.close().catch(() => {}));
+    assert.equal((await p.take()).source, 'server');
+    for (let i = 0; i < 8; i++) assert.equal((await p.take()).source, 'lease');
+    await first.stop();
+    // At most two batches are held (20 tokens): once they run out the policy decides, never throws.
+    const during = [];
+    for (let i = 0; i < 25; i++) during.push(await p.take());
+    assert.ok(during.some((d) => d.source === 'fallback'), JSON.stringify(during.map((d) => d.source)));
+    assert.ok(p.counters.outages > 0);
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'rl-js-pf-'));
+    const again = await serverOn(port, dir);
+    t.after(async () => {
+      await again.stop();
+      fs.rmSync(dir, { recursive: true, force: true });
+    });
+    // Back: within a bounded number of probes, a take is Redis's again.
+    let back = null;
+    for (let i = 0; i < 200 && back === null; i++) {
+      const d = await p.take();
+      if (d.source !== 'fallback') back = d;
+      else await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.ok(back !== null && back.granted, 'leases again once Redis is back');
+  });
+}
+
+test('malformed lease replies are ProtocolErrors; the next take still works', async () => {
+  let reply = 'OK';
+  const fake = { call: async () => reply };
+  const p = new rl.PrefetchLimiter(fake, 'k', { rate: 1, cap: 50, batch: 10, backend: 'module' });
+  for (const bad of ['OK', [1, 2], [1, 'x', 0, 0], { a: 1 }, [true, 1, 0, 0], Buffer.from('1'), [11, 1, 1000, 0], [-1, 1, 1000, 0], null]) {
+    reply = bad;
+    await assert.rejects(p.take(), rl.ProtocolError, JSON.stringify(bad));
+  }
+  reply = [10, 5, 1000, 0];
+  const d = await p.take();
+  assert.deepEqual([d.granted, d.source, d.remaining], [true, 'server', 9]);
+  assert.equal(p.counters.outages, 0);
+});

@@ -125,8 +125,7 @@ impl PrefetchCore {
                     )))
                 }
             };
-            let policy =
-                TakeLimiter::new(&key, rate, cap, take_policy, share).map_err(invalid)?;
+            let policy = TakeLimiter::new(&key, rate, cap, take_policy, share).map_err(invalid)?;
             let timeout = match timeout_ms {
                 None => 0,
                 Some(t) => nanos(t)?,
@@ -275,7 +274,12 @@ impl PrefetchCore {
     /// A failed call: `kind` `refused` (an error reply), `not_sent` or `unknown`; answers
     /// the `[id, left]` leases to return.
     #[napi]
-    pub fn failed(&mut self, flight: f64, kind: String, now_ms: f64) -> napi::Result<Vec<Vec<f64>>> {
+    pub fn failed(
+        &mut self,
+        flight: f64,
+        kind: String,
+        now_ms: f64,
+    ) -> napi::Result<Vec<Vec<f64>>> {
         guarded(|| {
             let failure = match kind.as_str() {
                 "refused" => Failure::Refused,
@@ -298,12 +302,22 @@ impl PrefetchCore {
     /// Its own caller gives up on call `flight`: the tokens it brought (null: none yet).
     #[napi]
     pub fn give_up(&mut self, flight: f64) -> napi::Result<Option<f64>> {
-        guarded(|| Ok(self.ledger.give_up(count("flight", flight)?).map(|t| t as f64)))
+        guarded(|| {
+            Ok(self
+                .ledger
+                .give_up(count("flight", flight)?)
+                .map(|t| t as f64))
+        })
     }
 
     #[napi]
     pub fn claim(&mut self, flight: f64) -> napi::Result<Option<f64>> {
-        guarded(|| Ok(self.ledger.claim(count("flight", flight)?).map(|t| t as f64)))
+        guarded(|| {
+            Ok(self
+                .ledger
+                .claim(count("flight", flight)?)
+                .map(|t| t as f64))
+        })
     }
 
     #[napi]
@@ -421,7 +435,14 @@ impl PrefetchCore {
     /// A call ended (`granted`: it brought tokens): the waiters to wake.
     #[napi]
     pub fn wake(&mut self, granted: bool) -> napi::Result<Vec<f64>> {
-        guarded(|| Ok(self.ledger.wake(granted).into_iter().map(|w| w as f64).collect()))
+        guarded(|| {
+            Ok(self
+                .ledger
+                .wake(granted)
+                .into_iter()
+                .map(|w| w as f64)
+                .collect())
+        })
     }
 
     /// Whether a caller at `now_ms` should ask Redis (while it is believed down, one probe
