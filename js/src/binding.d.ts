@@ -131,6 +131,33 @@ export interface PrefetchCounters {
   outages: number
   errors: number
 }
+/** One problem of a document that does not validate. */
+export interface RulesProblem {
+  line?: number
+  field: string
+  message: string
+}
+/** The problems of the document in `text` (none: it is valid). */
+export declare function rulesProblems(text: string): Array<RulesProblem>
+/** A layer that applies to a request: its name and its buckets' keys. */
+export interface PlannedLayer {
+  layer: string
+  keys: Array<string>
+}
+/** A check's decision. */
+export interface RuleOutcome {
+  granted: boolean
+  remaining: number
+  retryAfterMs: number
+  resetAfterMs: number
+  tokens: number
+  limit: number
+  layer?: string
+  code?: string
+  key?: string
+  shadowDenied: Array<string>
+  fallback: boolean
+}
 /** A limiter's counters. */
 export interface TakeCounters {
   granted: number
@@ -277,6 +304,44 @@ export declare class PrefetchCore {
   /** An error reply raised to the caller. */
   error(): void
   counters(): PrefetchCounters
+}
+/** A parsed, valid rules document. */
+export declare class RulesDocument {
+  /**
+   * The document in `text` (YAML 1.2, JSON included); an invalid one throws (its problems:
+   * [`rules_problems`]).
+   */
+  constructor(text: string)
+  get prefix(): string
+  /** The attributes a request may have, in the order `plan` and `check` take their values. */
+  get attributes(): Array<string>
+  /** Which of `attributes` some layer reads (the others need not be looked up). */
+  get used(): Array<boolean>
+  /**
+   * The layers that apply to a request whose attributes are `values` (in the order of
+   * `attributes`; null: absent).
+   */
+  plan(values: Array<string | undefined | null>): Array<PlannedLayer>
+  /**
+   * A check of a request: `cost` tokens from every bucket that applies. A cost no bucket
+   * could grant throws (`InvalidArg`) before any call.
+   */
+  check(values: Array<string | undefined | null>, cost: number, failOpen: boolean, cluster: boolean): RulesCheck
+}
+/** One check in progress. */
+export declare class RulesCheck {
+  /** The call to send now (`functions`: for the Functions library), or null once decided. */
+  command(functions: boolean): Array<string> | null
+  /** The reply to the last call; a malformed one's message is answered (null: read). */
+  reply(reply: unknown): string | null
+  /** The last call answered with an error reply. */
+  errorReply(text: string): void
+  /** The last call got no reply (an outage, a timeout, no backend). */
+  failed(): void
+  /** The calls that give back what was taken for nothing (best effort). */
+  refunds(functions: boolean): Array<Array<string>>
+  /** The decision, or null (a malformed reply ended the check). */
+  decision(): RuleOutcome | null
 }
 /** One limiter's decisions. */
 export declare class TakeCore {

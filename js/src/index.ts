@@ -29,3 +29,4 @@ export {
 } from './openai';
 export { budgetFetch, type BudgetFetchOptions } from './openai-fetch';
 export { PrefetchLimiter, type PrefetchOptions, type PrefetchCounters, type PrefetchSource } from './prefetch';
+export { Rules, RuleDecision, RulesError, type RulesOptions, type RulesProblem, type Attributes } from './rules';

@@ -17,6 +17,7 @@ mod limits;
 mod openai;
 mod prefetch;
 mod reply;
+mod rules;
 mod take;
 
 use rl_client_core::budget::Backend;
