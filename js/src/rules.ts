@@ -70,6 +70,8 @@ export interface RulesOptions {
   /** Milliseconds each call may take before it counts as failed (200; null: none). */
   timeoutMs?: number | null;
   backend?: BackendOption;
+  /** One RL.MTAKE per hash slot (a cluster client); default: whether the client is an ioredis `Cluster`. */
+  cluster?: boolean;
 }
 
 /** The document in `doc`: YAML or JSON text, or an object (written as JSON). Throws `RulesError`. */
@@ -87,6 +89,7 @@ function parseDocument(doc: string | object): Binding.RulesDocument {
 export class Rules {
   private readonly conn: Connection;
   private readonly failOpen: boolean;
+  private readonly cluster: boolean;
   private doc: Binding.RulesDocument;
   private names: string[];
   private used: boolean[];
@@ -96,6 +99,7 @@ export class Rules {
     this.names = this.doc.attributes;
     this.used = this.doc.used;
     this.failOpen = options.failOpen ?? true;
+    this.cluster = options.cluster ?? (client as { isCluster?: unknown }).isCluster === true;
     const timeout = options.timeoutMs === undefined ? DEFAULT_TIMEOUT_MS : options.timeoutMs;
     this.conn = new Connection(client, timeout, options.backend ?? 'auto');
   }
@@ -116,7 +120,7 @@ export class Rules {
    * thrown); a malformed reply is a `ProtocolError`; a cost no bucket could grant a `RangeError`.
    */
   async check(attrs: Attributes, cost = 1): Promise<RuleDecision> {
-    const c = core(() => this.doc.check(this.values(attrs), cost, this.failOpen, false));
+    const c = core(() => this.doc.check(this.values(attrs), cost, this.failOpen, this.cluster));
     let backend: Backend | null = this.conn.backend;
     let malformed: string | null = null;
     for (;;) {
