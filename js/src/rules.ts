@@ -93,6 +93,13 @@ export class Rules {
   private doc: Binding.RulesDocument;
   private names: string[];
   private used: boolean[];
+  /** The stored document's hash (`fromRedis`), and the version in force / last refused. */
+  private source: string | null = null;
+  private version: number | null = null;
+  private refusedVersion: number | null = null;
+  private timer: ReturnType<typeof setInterval> | null = null;
+  /** New documents put in force, stored ones refused (invalid), polls that failed. */
+  readonly stats = { reloads: 0, refused: 0, pollErrors: 0 };
 
   constructor(client: RedisClient, doc: string | object, options: RulesOptions = {}) {
     this.doc = parseDocument(doc);
@@ -102,6 +109,71 @@ export class Rules {
     this.cluster = options.cluster ?? (client as { isCluster?: unknown }).isCluster === true;
     const timeout = options.timeoutMs === undefined ? DEFAULT_TIMEOUT_MS : options.timeoutMs;
     this.conn = new Connection(client, timeout, options.backend ?? 'auto');
+  }
+
+  /**
+   * The document stored in the hash `key` (`version`, `document`, `updated_at`: what
+   * `python -m redis_rl rules apply` writes), as the Rust and Python `Rules.from_redis`.
+   * Follow it with `follow(everyMs)` (or `refresh()`). Throws if none is stored.
+   */
+  static async fromRedis(client: RedisClient, key = 'rl:rules', options: RulesOptions = {}): Promise<Rules> {
+    const timeout = options.timeoutMs === undefined ? DEFAULT_TIMEOUT_MS : options.timeoutMs;
+    const conn = new Connection(client, timeout, 'module');
+    const [version, text] = await fetchStored(conn, key);
+    if (version === null || text === null) throw new RulesError([{ field: '(document)', message: `no rules document stored under ${key}` }]);
+    const rules = new Rules(client, text, options);
+    rules.source = key;
+    rules.version = version;
+    return rules;
+  }
+
+  /** The stored version in force (null: a document given directly). */
+  get documentVersion(): number | null {
+    return this.version;
+  }
+
+  /**
+   * Polls the stored version once; a new valid document is put in force (true). An invalid
+   * one is refused (counted, the one in force kept); a failed poll is counted, never thrown.
+   */
+  async refresh(): Promise<boolean> {
+    const key = this.source;
+    if (key === null) return false;
+    try {
+      const raw = await this.conn.call(['HGET', key, 'version']);
+      const version = asInt(raw);
+      if (version === null || version === this.version || version === this.refusedVersion) return false;
+      const [v, text] = await fetchStored(this.conn, key);
+      if (v === null || text === null) return false;
+      try {
+        this.replace(text);
+      } catch (e) {
+        if (!(e instanceof RulesError)) throw e;
+        this.refusedVersion = v;
+        this.stats.refused += 1;
+        return false;
+      }
+      this.version = v;
+      this.stats.reloads += 1;
+      return true;
+    } catch {
+      this.stats.pollErrors += 1;
+      return false;
+    }
+  }
+
+  /** Polls the stored document every `everyMs` (default 1000) until `close()`; the timer does not keep Node alive. */
+  follow(everyMs = 1000): void {
+    if (this.source === null) throw new Error('redis-rl: only a stored document (Rules.fromRedis) is followed');
+    if (this.timer !== null) return;
+    this.timer = setInterval(() => void this.refresh(), everyMs);
+    this.timer.unref?.();
+  }
+
+  /** Stops following. */
+  close(): void {
+    if (this.timer !== null) clearInterval(this.timer);
+    this.timer = null;
   }
 
   /** The document's key prefix. */
@@ -187,4 +259,18 @@ export class Rules {
     }
     return out;
   }
+}
+
+function asInt(raw: unknown): number | null {
+  if (raw === null || raw === undefined) return null;
+  const n = Number(Buffer.isBuffer(raw) ? raw.toString() : raw);
+  return Number.isSafeInteger(n) ? n : null;
+}
+
+/** `(version, text)` as stored under `key` (nulls when there is none). */
+async function fetchStored(conn: Connection, key: string): Promise<[number | null, string | null]> {
+  const r = await conn.call(['HMGET', key, 'version', 'document', 'updated_at']);
+  if (!Array.isArray(r)) throw new ProtocolError(`unexpected reply from redis-rl: HMGET ${key}`);
+  const text = r[1] === null || r[1] === undefined ? null : Buffer.isBuffer(r[1]) ? r[1].toString('utf8') : String(r[1]);
+  return [asInt(r[0]), text];
 }

@@ -176,3 +176,36 @@ for (const c of [CLIENTS[0], CLIENTS[3]]) {
     assert.deepEqual([dc.granted, dc.source, dc.layer], [false, 'fallback', 'ip']);
   });
 }
+
+test('a stored document followed live: a new version in force, an invalid one refused, the old kept', async (t) => {
+  const server = await start({ module: true });
+  t.after(() => server.stop());
+  const { client, close } = await CLIENTS[0].connect(server.url);
+  t.after(close);
+  const store = async (text) => {
+    await client.call('HINCRBY', 'rl:rules', 'version', 1);
+    await client.call('HSET', 'rl:rules', 'document', text, 'updated_at', String(Date.now()));
+  };
+  await assert.rejects(rl.Rules.fromRedis(client), rl.RulesError, 'none stored');
+  await store('prefix: "f1:"\nlayers:\n  - {name: ip, key: "ip:{ip}", limit: 1/day}\n');
+  const r = await rl.Rules.fromRedis(client, 'rl:rules', { timeoutMs: 10_000 });
+  t.after(() => r.close());
+  assert.equal(r.documentVersion, 1);
+  assert.equal(await r.refresh(), false, 'nothing new');
+  assert.deepEqual([(await r.check({ ip: 'a' })).granted, (await r.check({ ip: 'a' })).granted], [true, false]);
+  await store('prefix: "f2:"\nlayers:\n  - {name: ip, key: "ip:{ip}", limit: 2/day}\n');
+  assert.equal(await r.refresh(), true);
+  assert.equal(r.documentVersion, 2);
+  assert.equal(r.prefix, 'f2:');
+  assert.deepEqual([(await r.check({ ip: 'a' })).limit], [2]);
+  await store('layers: []');
+  assert.equal(await r.refresh(), false);
+  assert.equal(await r.refresh(), false, 'refused once');
+  assert.deepEqual(r.stats, { reloads: 1, refused: 1, pollErrors: 0 });
+  assert.equal(r.prefix, 'f2:', 'the document in force kept');
+  r.follow(10);
+  await store('prefix: "f4:"\nlayers:\n  - {name: ip, key: "ip:{ip}", limit: 2/day}\n');
+  for (let i = 0; i < 500 && r.prefix !== 'f4:'; i++) await new Promise((res) => setTimeout(res, 10));
+  assert.equal(r.prefix, 'f4:', 'followed');
+  assert.equal(r.documentVersion, 4);
+});
