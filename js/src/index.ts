@@ -30,3 +30,4 @@ export {
 export { budgetFetch, type BudgetFetchOptions } from './openai-fetch';
 export { PrefetchLimiter, type PrefetchOptions, type PrefetchCounters, type PrefetchSource } from './prefetch';
 export { Rules, RuleDecision, RulesError, type RulesOptions, type RulesProblem, type Attributes } from './rules';
+export { rulesRateLimit, fastifyRules, type RulesMiddlewareOptions } from './rules-middleware';

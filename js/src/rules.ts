@@ -53,14 +53,28 @@ export class RuleDecision {
     readonly source: Source,
   ) {}
 
-  /** `X-RateLimit-Limit`, `-Remaining`, `-Reset`, and `Retry-After` when denied. */
+  /** Seconds until a retry may be granted (at least 1), as `Retry-After` says. */
+  get retryAfterSecs(): number {
+    return Math.max(1, Math.ceil(this.retryAfterMs / 1000));
+  }
+
+  /**
+   * The binding layer's `X-RateLimit-Limit`, `-Remaining`, `-Reset`, and `Retry-After` when
+   * refused; none when no layer applied (only `Retry-After` if refused).
+   */
   headers(): Record<string, string> {
+    if (this.layer === null) return this.granted ? {} : { 'Retry-After': String(this.retryAfterSecs) };
     const flat = core(() =>
       native.decisionHeaders(this.granted, this.remaining, this.retryAfterMs, this.resetAfterMs, this.limit),
     );
     const out: Record<string, string> = {};
     for (let i = 0; i + 1 < flat.length; i += 2) out[flat[i]!] = flat[i + 1]!;
     return out;
+  }
+
+  /** The 429 body, as the Rust and Python clients write it: `{"code", "layer", "retry_after"}`. */
+  body(): string {
+    return JSON.stringify({ code: this.code, layer: this.layer, retry_after: this.retryAfterSecs });
   }
 }
 

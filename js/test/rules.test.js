@@ -209,3 +209,44 @@ test('a stored document followed live: a new version in force, an invalid one re
   assert.equal(r.prefix, 'f4:', 'followed');
   assert.equal(r.documentVersion, 4);
 });
+
+test('Express and Fastify middleware over Rules: attributes from a hook, 429 with the layer', async (t) => {
+  const express = require('express');
+  const Fastify = require('fastify');
+  const server = await start({ module: true });
+  t.after(() => server.stop());
+  const { client, close } = await CLIENTS[0].connect(server.url);
+  t.after(close);
+  const doc = 'prefix: "mw:"\nlayers:\n  - {name: user, key: "user:{user}", limit: 2/day, code: user_quota}\n';
+  const rules = new rl.Rules(client, doc, { timeoutMs: 10_000 });
+  const attributes = (req) => (req.headers['x-user'] ? { user: req.headers['x-user'] } : null);
+  const app = express();
+  app.use(rl.rulesRateLimit({ rules, attributes }));
+  app.get('/', (req, res) => res.json({ ok: true }));
+  const url = await new Promise((resolve) => {
+    const srv = app.listen(0, '127.0.0.1', () => resolve(`http://127.0.0.1:${srv.address().port}`));
+    t.after(() => new Promise((r) => srv.close(r)));
+  });
+  const fa = Fastify();
+  fa.addHook('onRequest', rl.fastifyRules({ rules, attributes }));
+  fa.get('/', async () => ({ ok: true }));
+  const furl = await fa.listen({ port: 0, host: '127.0.0.1' });
+  t.after(() => fa.close());
+  const got = async (u, user) => {
+    const r = await fetch(u, { headers: user ? { 'x-user': user } : {} });
+    return { status: r.status, headers: r.headers, body: await r.text() };
+  };
+  for (const u of [url, furl]) {
+    const user = `u-${u}`;
+    const a = await got(u, user);
+    assert.equal(a.status, 200);
+    assert.equal(a.headers.get('x-ratelimit-limit'), '2');
+    assert.equal((await got(u, user)).status, 200);
+    const denied = await got(u, user);
+    assert.equal(denied.status, 429);
+    assert.ok(Number(denied.headers.get('retry-after')) >= 1);
+    assert.deepEqual(Object.keys(JSON.parse(denied.body)), ['code', 'layer', 'retry_after']);
+    assert.equal(JSON.parse(denied.body).code, 'user_quota');
+    assert.equal((await got(u, null)).status, 200, 'no attributes: unchecked');
+  }
+});
