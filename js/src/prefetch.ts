@@ -172,7 +172,13 @@ export class PrefetchLimiter {
    * outage) by the failure policy.
    */
   take(n = 1): Promise<Decision> {
-    const d = this.takeSync(n);
+    let d: Decision | null;
+    try {
+      d = this.takeSync(n);
+    } catch (e) {
+      // A bad `n` rejects, as every take of this package does.
+      return Promise.reject(e);
+    }
     return d !== null ? Promise.resolve(d) : this.slow(n);
   }
 

@@ -319,3 +319,77 @@ test('malformed lease replies are ProtocolErrors; the next take still works', as
   assert.deepEqual([d.granted, d.source, d.remaining], [true, 'server', 9]);
   assert.equal(p.counters.outages, 0);
 });
+
+/** A client whose replies the test hands over when it wants (each call waits for `answer`). */
+function held() {
+  const calls = [];
+  return {
+    calls,
+    client: {
+      call: (...args) =>
+        new Promise((resolve, reject) => {
+          calls.push({ args: args.map(String), resolve, reject });
+        }),
+    },
+  };
+}
+
+const tick = () => new Promise((r) => setImmediate(r));
+
+test('event orders: a lease landing after its take timed out, after close(); waiters in line', async () => {
+  const h = held();
+  const p = new rl.PrefetchLimiter(h.client, 'k', { rate: 0.001, cap: 100, batch: 10, ttlMs: 60_000, jitter: 0, timeoutMs: 50, backend: 'module' });
+  // Three takes: the first sends the lease call, the others stand in line behind it.
+  const takes = [p.take(), p.take(2), p.take()];
+  await tick();
+  assert.equal(h.calls.length, 1, 'one call in the air');
+  assert.deepEqual(h.calls[0].args.slice(0, 2), ['RL.LEASE', 'k']);
+  // Its caller gives up after its timeout: an outage for it (the failure policy decides)...
+  const first = await takes[0];
+  assert.equal(first.source, 'fallback');
+  // ...and the ones behind it do not wait for a Redis believed down.
+  const rest = await Promise.all(takes.slice(1));
+  assert.ok(rest.every((d) => d.source === 'fallback'), JSON.stringify(rest));
+  // The late reply still lands: its tokens are installed for the next takes (never lost).
+  h.calls[0].resolve([10, 7, 60_000, 0]);
+  await tick();
+  assert.equal(p.held, 10);
+  const d = await p.take(3);
+  assert.deepEqual([d.granted, d.source, d.remaining], [true, 'lease', 7]);
+  // A renewal in the air when close() is called: close returns what is held now, and the
+  // renewal's lease is returned when it lands.
+  const renew = await p.take(5); // leaves 2: at the threshold, a renewal is sent
+  assert.equal(renew.source, 'lease');
+  await tick();
+  assert.equal(h.calls.length, 2, 'the renewal');
+  const closing = p.close();
+  await tick();
+  h.calls[1].resolve([10, 8, 60_000, 0]);
+  // Each RL.RETURN answered (the tokens credited) as it comes.
+  for (let i = 0, answered = 2; i < 20; i++) {
+    await tick();
+    for (; answered < h.calls.length; answered++) h.calls[answered].resolve(Number(h.calls[answered].args[3]));
+  }
+  const returns = h.calls.slice(2).map((c) => c.args);
+  assert.deepEqual(returns.sort(), [['RL.RETURN', 'k', '7', '2'], ['RL.RETURN', 'k', '8', '10']]);
+  assert.equal(await closing, 2, 'close credits what it returned itself');
+  await assert.rejects(p.take(), /closed/);
+  assert.equal(p.counters.leasesLost, 0);
+});
+
+test('a bad n rejects (never a synchronous throw), and changes nothing', async () => {
+  const p = new rl.PrefetchLimiter({ call: async () => [10, 1, 1000, 0] }, 'k', { rate: 1, cap: 10, batch: 5, backend: 'module' });
+  for (const n of [0, -1, 1.5, NaN, 11, 2 ** 64]) {
+    let promise;
+    assert.doesNotThrow(() => { promise = p.take(n); });
+    await assert.rejects(promise, RangeError, String(n));
+  }
+  assert.equal(p.held, 0);
+});
+
+test('malformed RL.RETURN replies are errors from close(), the lease counted lost', async () => {
+  const p = new rl.PrefetchLimiter({ call: async (cmd) => (cmd === 'RL.RETURN' ? 'OK' : [10, 1, 60_000, 0]) }, 'k', { rate: 1, cap: 10, batch: 10, backend: 'module' });
+  await p.take();
+  await assert.rejects(p.close(), rl.ProtocolError);
+  assert.equal(p.counters.leasesLost, 1);
+});
