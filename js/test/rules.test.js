@@ -250,3 +250,13 @@ test('Express and Fastify middleware over Rules: attributes from a hook, 429 wit
     assert.equal((await got(u, null)).status, 200, 'no attributes: unchecked');
   }
 });
+
+test('malformed RL.MTAKE replies through the shell: a ProtocolError, nothing else sent but refunds', async () => {
+  const doc = 'prefix: "m:"\nlayers:\n  - {name: ip, key: "ip:{ip}", limit: 5/day}\n';
+  for (const bad of ['OK', [1], [1, null], { a: 1 }, Symbol('s'), () => 1, [[[[[[[[[[1]]]]]]]]]], 2 ** 70, [1, null, 0, [4, 5]], [1, null, -1], Buffer.from('x')]) {
+    const sent = [];
+    const r = new rl.Rules({ call: async (...a) => { sent.push(a); return bad; } }, doc, { backend: 'module' });
+    await assert.rejects(r.check({ ip: 'a' }), rl.ProtocolError, String(bad));
+    assert.equal(sent.length, 1, String(bad));
+  }
+});
