@@ -393,3 +393,24 @@ test('malformed RL.RETURN replies are errors from close(), the lease counted los
   await assert.rejects(p.close(), rl.ProtocolError);
   assert.equal(p.counters.leasesLost, 1);
 });
+
+test('an outage after leases: the failure policy lets out its share once (what was leased is debited from it)', async () => {
+  let up = true;
+  const fake = {
+    call: async () => {
+      if (!up) throw new Error('connect ECONNREFUSED');
+      return [10, 1, 60_000, 0];
+    },
+  };
+  // instances 4: the local share is 25 of the cap of 100.
+  const p = new rl.PrefetchLimiter(fake, 'k', { rate: 0.001, cap: 100, batch: 10, ttlMs: 60_000, jitter: 0, renewAt: 0.2, instances: 4, backend: 'module' });
+  assert.equal((await p.take()).source, 'server');
+  up = false;
+  const ds = [];
+  for (let i = 0; i < 40; i++) ds.push(await p.take());
+  const lease = ds.filter((d) => d.source === 'lease').length;
+  const fallback = ds.filter((d) => d.source === 'fallback' && d.granted).length;
+  assert.equal(lease, 9, 'the batch spent');
+  assert.equal(fallback, 15, 'the share (25) less the lease (10)');
+  assert.ok(ds.every((d) => d.granted || d.source === 'fallback'));
+});

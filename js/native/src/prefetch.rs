@@ -11,7 +11,7 @@ use napi::{Env, JsUnknown};
 use napi_derive::napi;
 
 use rl_client_core::health::Health;
-use rl_client_core::lease::LeaseTarget;
+use rl_client_core::lease::{parse_lease, LeaseTarget};
 use rl_client_core::prefetch::{
     Begin, Failure, Judged, Landed, Lease, Ledger, LedgerConfig, LedgerCounters, Local,
 };
@@ -248,7 +248,15 @@ impl PrefetchCore {
             let flight = count("flight", flight)?;
             let now = nanos(now_ms)?;
             let landing = match to_reply(&env, reply) {
-                Ok(r) => self.ledger.landed(flight, &r, now, draw),
+                Ok(r) => {
+                    let landing = self.ledger.landed(flight, &r, now, draw);
+                    // What Redis leased is spent from the share the failure policy would
+                    // let out locally too (as the Rust shell's `observe`).
+                    if let (Ok(_), Ok(lease)) = (&landing, parse_lease(&r)) {
+                        self.policy.observe(lease.tokens, now);
+                    }
+                    landing
+                }
                 Err(e) => {
                     let _ = self.ledger.landed(flight, &Reply::Nil, now, draw);
                     Err(e)
