@@ -14,11 +14,17 @@
 //!   settles (the estimate from the request, the usage from the reply or its stream).
 //! - [`token_budget`]: a token budget's decisions (its named limits and buckets, costs,
 //!   the failure policy's local buckets, settles), for every shell's `TokenBudget`.
+//! - [`share`], [`share_demand`], [`share_holder`]: a share of a key's rate (`RL.SHARE`):
+//!   its command and reply, the local bucket, when a share may be used, the failure
+//!   policy's share, the demand reported, and the holder every shell's `ShareLimiter` wraps.
 
 pub mod budget;
 pub mod limits;
 pub mod openai;
 pub mod reply;
+pub mod share;
+pub mod share_demand;
+pub mod share_holder;
 pub mod take;
 pub mod token_budget;
 
