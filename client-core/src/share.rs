@@ -103,7 +103,9 @@ pub fn parse_share(reply: &Reply) -> Result<Grant, ProtocolError> {
             let name = kind.bytes_or_nil("RL.SHARE pin")?.unwrap_or_default();
             let kind = std::str::from_utf8(name).ok().and_then(PinKind::parse);
             Some(kind.ok_or_else(|| {
-                ProtocolError(format!("RL.SHARE pin: {name:?} is not rate, block or exempt"))
+                ProtocolError(format!(
+                    "RL.SHARE pin: {name:?} is not rate, block or exempt"
+                ))
             })?)
         }
     };
@@ -481,7 +483,6 @@ impl ShareState {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -502,7 +503,7 @@ mod tests {
 
     #[test]
     fn exempt_grants_without_counting_and_block_denies_saying_so() {
-                let p = policy(FailurePolicy::Deny);
+        let p = policy(FailurePolicy::Deny);
         let mut st = ShareState::new(T0);
         st.sending(T0);
         let exempt = Grant {

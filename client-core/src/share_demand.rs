@@ -158,13 +158,7 @@ impl Demand {
     /// Closes the sample since the last call and answers `sample * (1 + headroom)` (the
     /// `recent` demand instead, when the call is early for it), or `initial` before
     /// anything was measured.
-    pub fn want(
-        &mut self,
-        now: u64,
-        headroom: f64,
-        initial: f64,
-        recent: Option<f64>,
-    ) -> f64 {
+    pub fn want(&mut self, now: u64, headroom: f64, initial: f64, recent: Option<f64>) -> f64 {
         let dt = now.saturating_sub(self.since);
         if dt >= MIN_SAMPLE || recent.is_some() {
             self.last = Some(recent.unwrap_or(self.attempted * NANOS_PER_SEC / dt as f64));
@@ -178,7 +172,6 @@ impl Demand {
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {

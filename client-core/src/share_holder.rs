@@ -151,9 +151,8 @@ impl Holder {
         self.attempted = self.attempted.saturating_add(n);
         if self.failed {
             self.state.settle(now);
-            if self.state.share().is_none() {
-                return None;
-            }
+            // No share left to use: the error is the answer.
+            self.state.share()?;
         }
         let local = self.state.decide(n as f64, now, self.down, &self.policy);
         let fallback = local.by == By::Fallback;
@@ -290,7 +289,10 @@ impl Refresh {
         self.demand.answered(grant.rate < self.granted);
         self.granted = grant.rate;
         self.answered_last = true;
-        Ok((Event::Answered { sent, grant, at }, self.next_after(&grant, jitter)))
+        Ok((
+            Event::Answered { sent, grant, at },
+            self.next_after(&grant, jitter),
+        ))
     }
 
     /// When to call again after `grant`: when the server says, at most its period (a third

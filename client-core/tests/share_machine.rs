@@ -33,13 +33,23 @@ fn pin(kind: Option<rl_core::pin::PinKind>) -> J {
 }
 
 fn close(name: &str, what: &str, got: f64, want: &J) {
-    let w = want.as_f64().unwrap_or_else(|| panic!("{name}: {what} {want:?}"));
+    let w = want
+        .as_f64()
+        .unwrap_or_else(|| panic!("{name}: {what} {want:?}"));
     assert!((got - w).abs() < 1e-6, "{name}: {what} {got} != {w}");
 }
 
 fn check_take(name: &str, t: &Take, want: &J) {
-    assert_eq!(t.allowed, want["allowed"].as_bool().unwrap(), "{name}: {t:?}");
-    assert_eq!(t.fallback, want["fallback"].as_bool().unwrap(), "{name}: {t:?}");
+    assert_eq!(
+        t.allowed,
+        want["allowed"].as_bool().unwrap(),
+        "{name}: {t:?}"
+    );
+    assert_eq!(
+        t.fallback,
+        want["fallback"].as_bool().unwrap(),
+        "{name}: {t:?}"
+    );
     close(name, "remaining", t.remaining, &want["remaining"]);
     assert_eq!(
         t.retry_after_ms(),
@@ -185,14 +195,16 @@ enum Ev {
 fn ev() -> impl Strategy<Value = Ev> {
     prop_oneof![
         Just(Ev::Send),
-        (0u32..2000, 0u16..60, 0u16..4000, 0u16..400).prop_map(|(rate, burst, lease_ms, delay_ms)| {
-            Ev::Reply {
-                rate,
-                burst,
-                lease_ms,
-                delay_ms,
+        (0u32..2000, 0u16..60, 0u16..4000, 0u16..400).prop_map(
+            |(rate, burst, lease_ms, delay_ms)| {
+                Ev::Reply {
+                    rate,
+                    burst,
+                    lease_ms,
+                    delay_ms,
+                }
             }
-        }),
+        ),
         prop::collection::vec(prop::option::of(any::<i64>()), 0..8).prop_map(Ev::Garbage),
         Just(Ev::Timeout),
         Just(Ev::Refused),

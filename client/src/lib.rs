@@ -56,7 +56,6 @@ mod protocol;
 pub mod rules;
 mod rules_doc;
 mod share;
-mod share_state;
 
 pub use backend::Backend;
 pub use budget::{BudgetConfig, BudgetReservation, TokenBudget};
