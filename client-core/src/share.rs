@@ -8,7 +8,7 @@
 //! Time enters as nanoseconds on a monotonic clock the shell keeps (never the wall clock),
 //! so every rule here is tested by stepping a number.
 
-use rl_core::pin::PinKind;
+pub use rl_core::pin::PinKind;
 
 use crate::budget::Backend;
 use crate::reply::{ProtocolError, Reply};

@@ -11,6 +11,7 @@ mod guard;
 mod limits;
 mod openai;
 mod reply;
+mod share;
 
 use pyo3::prelude::*;
 
@@ -20,5 +21,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     limits::register(m)?;
     budget::register(m)?;
     openai::register(m)?;
+    share::register(m)?;
     Ok(())
 }
