@@ -36,6 +36,11 @@ fn pin_name(kind: Option<PinKind>) -> Option<&'static str> {
     kind.map(|k| k.name())
 }
 
+/// `(rate, burst, tokens, holders, fallback, pinned)`.
+type InfoTuple = (f64, f64, f64, u64, bool, Option<&'static str>);
+/// `(rate, burst, lease_ms, refresh_ms, holders, pinned)`.
+type ShareTuple = (f64, f64, u64, u64, u64, Option<&'static str>);
+
 fn args<'py>(py: Python<'py>, args: Vec<Vec<u8>>) -> Vec<Bound<'py, PyBytes>> {
     args.iter().map(|a| PyBytes::new(py, a)).collect()
 }
@@ -226,7 +231,7 @@ impl ShareHolder {
     }
 
     /// `(rate, burst, tokens, holders, fallback, pinned)` at `now`.
-    fn info(&mut self, now: u64) -> PyResult<(f64, f64, f64, u64, bool, Option<&'static str>)> {
+    fn info(&mut self, now: u64) -> PyResult<InfoTuple> {
         guarded(|| {
             let i = self.inner.info(now);
             Ok((
@@ -414,10 +419,7 @@ impl ShareRefresh {
 /// `RL.SHARE`'s reply read: `(rate, burst, lease_ms, refresh_ms, holders, pinned)`, or
 /// `ProtocolError`.
 #[pyfunction]
-fn parse_share(
-    py: Python<'_>,
-    reply: &Bound<'_, PyAny>,
-) -> PyResult<(f64, f64, u64, u64, u64, Option<&'static str>)> {
+fn parse_share(py: Python<'_>, reply: &Bound<'_, PyAny>) -> PyResult<ShareTuple> {
     guarded(|| {
         let reply = to_reply(reply).map_err(|e| protocol_error(py, e))?;
         let g = core::parse_share(&reply).map_err(|e| protocol_error(py, e))?;
