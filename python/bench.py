@@ -10,6 +10,7 @@ in one process on one connection, microseconds per call of:
 - ``PrefetchLimiter.take()`` / ``AsyncPrefetchLimiter.take()`` (batch 20; most takes are
   served from memory, one ``RL.LEASE`` per ~20), and a ``PrefetchLimiter.take()`` served
   from memory only (a batch no round spends);
+- ``ShareLimiter.take()`` (every take from the local bucket at the share: no Redis call);
 - the seed's Lua script (``EVALSHA``).
 
     python python/bench.py [--seconds 0.2] [--rounds 20] [--rows raw,limiter,...] [--module ...]
@@ -48,7 +49,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from redis_rl import AsyncLimiter, AsyncPrefetchLimiter, Limiter, PrefetchLimiter
+from redis_rl import AsyncLimiter, AsyncPrefetchLimiter, Limiter, PrefetchLimiter, ShareLimiter
 
 REPO = Path(__file__).resolve().parents[1]
 RATE, CAP = 1e9, 1e12  # never runs dry: every decision is a grant
@@ -161,6 +162,10 @@ def run(
     memory = PrefetchLimiter(
         r, "bench:memory", RATE, CAP, batch=10_000_000, ttl=3600, backend="module"
     )
+    # The only holder: the whole rate, its bucket full long before the first round.
+    share = ShareLimiter(r, "bench:share", RATE, CAP, backend="module")
+    while share.share().tokens < 1e6:
+        time.sleep(0.01)
     raw = ("RL.TAKE", "bench:raw", "1000000000", "1000000000000", 1, "WITHSTATE")
     limiter_tcp = Limiter(rt, "bench:take-tcp", RATE, CAP, backend="module")
     limiter_default = Limiter(rd, "bench:take-default", RATE, CAP, backend="module")
@@ -201,6 +206,7 @@ def run(
         ("limiter-client-tcp", limiter_client_tcp.take),
         ("prefetch", prefetch.take),
         ("memory", memory.take),
+        ("share", share.take),
         ("lua", lambda: r.evalsha(sha, 1, "bench:lua", RATE, CAP, 1)),
     ]
     async_rows: List[Tuple[str, Callable[[], Awaitable[object]]]] = [
@@ -228,6 +234,7 @@ def run(
             samples.setdefault(name, []).append(loop.run_until_complete(ameasure(afn, seconds)))
     prefetch.close()
     memory.close()
+    share.close()
     loop.run_until_complete(aprefetch.close())
     for lim in (limiter, limiter_tcp, limiter_default, limiter_default_tcp, limiter_client_tcp):
         lim.close()
@@ -276,6 +283,7 @@ def report(samples: Dict[str, List[Sample]], version: str, seconds: float, round
         (f"`PrefetchLimiter.take()`, batch {BATCH}", "prefetch", "raw"),
         (f"`AsyncPrefetchLimiter.take()`, batch {BATCH}", "aprefetch", "araw"),
         ("`PrefetchLimiter.take()` from memory (no renewal)", "memory", "raw"),
+        ("`ShareLimiter.take()` from memory (the local bucket)", "share", "raw"),
         ("seed Lua script (`EVALSHA`)", "lua", "raw"),
     ]
     print("| | wall µs | vs raw | CPU µs | vs raw | CPU vs raw, median of rounds |")

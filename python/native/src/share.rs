@@ -165,11 +165,14 @@ impl ShareHolder {
     /// Decides on `n` tokens at `now`: the `Decision`, or `None` when the last call was
     /// answered with an error reply and no share may be used (the shell raises it, and
     /// counts it). `n` not a positive int, or above the cap: `ValueError`, nothing counted.
+    /// One call per take, atomic under the GIL: the borrow ends before anything is
+    /// allocated (an allocation may run the garbage collector, and a finalizer another
+    /// thread, which must find the holder free).
     fn take(slf: &Bound<'_, Self>, n: &Bound<'_, PyAny>, now: u64) -> PyResult<Option<Py<PyAny>>> {
         let py = slf.py();
         guarded(|| {
             let n = count(n)?;
-            let (take, cap) = {
+            let (take, cap, new, decision, source, pinned, metrics) = {
                 let mut me = slf.borrow_mut();
                 if n as f64 > me.cap {
                     return Err(PyValueError::new_err(
@@ -179,24 +182,32 @@ impl ShareHolder {
                 let Some(take) = me.inner.take(n, now) else {
                     return Ok(None);
                 };
-                if take.allowed && !take.fallback {
+                let served = take.allowed && !take.fallback;
+                if served {
                     let p = &mut me.pending;
                     p.0 += 1;
                     p.1 += 1;
                     p.2 += n;
                 }
-                (take, me.cap)
-            };
-            let me = slf.borrow();
-            let Some(o) = &me.objects else {
-                return Err(PyValueError::new_err("a cleared share holder"));
-            };
-            let source = if take.fallback { &o.fallback } else { &o.share };
-            let pinned = match take.pinned {
-                None => py.None(),
-                Some(PinKind::Block) => o.block.clone_ref(py),
-                Some(PinKind::Exempt) => o.exempt.clone_ref(py),
-                Some(PinKind::Rate) => o.rate.clone_ref(py),
+                let Some(o) = &me.objects else {
+                    return Err(PyValueError::new_err("a cleared share holder"));
+                };
+                let source = if take.fallback { &o.fallback } else { &o.share };
+                let pinned = match take.pinned {
+                    None => None,
+                    Some(PinKind::Block) => Some(o.block.clone_ref(py)),
+                    Some(PinKind::Exempt) => Some(o.exempt.clone_ref(py)),
+                    Some(PinKind::Rate) => Some(o.rate.clone_ref(py)),
+                };
+                (
+                    take,
+                    me.cap,
+                    o.tuple_new.clone_ref(py),
+                    o.decision.clone_ref(py),
+                    source.clone_ref(py),
+                    pinned,
+                    (!served).then(|| o.metrics.clone_ref(py)),
+                )
             };
             let fields = (
                 take.allowed,
@@ -205,13 +216,11 @@ impl ShareHolder {
                 take.reset_after_ms(),
                 take.tokens,
                 cap,
-                source.clone_ref(py),
+                source,
                 pinned,
             );
-            let d = o.tuple_new.call1(py, (o.decision.clone_ref(py), fields))?;
-            if !take.allowed || take.fallback {
-                let metrics = o.metrics.clone_ref(py);
-                drop(me);
+            let d = new.call1(py, (decision, fields))?;
+            if let Some(metrics) = metrics {
                 metrics.call_method1(
                     py,
                     "decided",
