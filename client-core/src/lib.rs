@@ -12,6 +12,9 @@
 //!   the Functions library, their replies, the reservation a caller holds and its counters.
 //! - [`openai`]: what a budget reserves for an OpenAI-compatible chat completion and what it
 //!   settles (the estimate from the request, the usage from the reply or its stream).
+//! - [`fallback`], [`health`], [`meter`]: a limiter's failure policy (the local buckets per
+//!   key while Redis is away, who may probe it, the rate Redis was granting), for every
+//!   shell's limiters.
 //! - [`token_budget`]: a token budget's decisions (its named limits and buckets, costs,
 //!   the failure policy's local buckets, settles), for every shell's `TokenBudget`.
 //! - [`share`], [`share_demand`], [`share_holder`]: a share of a key's rate (`RL.SHARE`):
@@ -19,7 +22,10 @@
 //!   policy's share, the demand reported, and the holder every shell's `ShareLimiter` wraps.
 
 pub mod budget;
+pub mod fallback;
+pub mod health;
 pub mod limits;
+pub mod meter;
 pub mod openai;
 pub mod reply;
 pub mod share;

@@ -30,9 +30,10 @@ pub enum FailurePolicy {
     /// does not refill it) and is debited by what Redis grants this instance, so what one
     /// instance lets out, from Redis and locally, stays within its share over time.
     Allow,
-    /// Keep spending at the rate this instance was last seen to get from Redis for the key
-    /// (tokens granted per second, measured over roughly the last seconds), starting from
-    /// the last level Redis reported. A key with no history gets the `Allow` share.
+    /// Keep spending at the share of the limit this instance was getting from Redis for the
+    /// key (the tokens granted over the 2 s up to Redis's last answer, per second, over the
+    /// rate), starting from that share of the last level Redis reported. A key with no
+    /// history gets the `Allow` share.
     LastKnown,
     /// Fail closed: deny every request until Redis answers again, with
     /// [`LimiterConfig::deny_retry_after`] as the retry hint.

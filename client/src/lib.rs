@@ -47,7 +47,6 @@ mod lazy;
 mod limiter;
 /// Limit strings: the client core's ([`rl_client_core::limits`]), re-exported here.
 pub use rl_client_core::limits;
-mod meter;
 mod metrics;
 mod permit;
 mod pin;

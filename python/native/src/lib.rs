@@ -10,6 +10,7 @@ mod budget;
 mod guard;
 mod limits;
 mod openai;
+mod policy;
 mod reply;
 mod share;
 
@@ -21,6 +22,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     limits::register(m)?;
     budget::register(m)?;
     openai::register(m)?;
+    policy::register(m)?;
     share::register(m)?;
     Ok(())
 }

@@ -49,6 +49,7 @@ from .decision import Decision, Source
 from .errors import LimiterClosed, ServerError, again
 from .limiter import _Views, check_limit, check_n
 from .metrics import Metrics
+from .policy import DEFAULT_INSTANCES
 from .types import AsyncClient, SyncClient
 
 #: How often the refresher looks at the demand between calls (seconds): the core's tick.
@@ -167,7 +168,8 @@ class _Core:
             policy.share,
             self.rate,
             self.cap,
-            config.instances or 1,
+            # Holders assumed before any answer: `instances`, else the policy's default.
+            config.instances or DEFAULT_INSTANCES,
             round(allow_for * _NS),
             self.period_ms * 1_000_000,
             config.deny_retry_after_ms * 1_000_000,
