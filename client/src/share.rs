@@ -112,7 +112,8 @@ pub struct ShareInfo {
 /// - Redis unreachable: the share is used until its lease ends, then the failure policy
 ///   decides (`Deny`: nothing; `Allow`: `rate / holders` for `allow_for`; `LastKnown`: the
 ///   last share), counted as fallback decisions; recovery is automatic. Error replies are
-///   errors: takes return the last one until a refresh succeeds.
+///   errors, never a policy decision: once the share granted before one ends, takes return
+///   it until a refresh succeeds.
 /// - [`close`](Self::close) gives the share back (`RELEASE`); dropping the last handle does
 ///   the same, best effort. A forked child is a new holder with an empty bucket.
 ///
