@@ -345,3 +345,114 @@ proptest! {
         }
     }
 }
+
+/// A share as the server counts it: from its instant `T` until `T + lease`, or until the
+/// hold of the holder's next call.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    from: u64,
+    until: u64,
+    rate: f64,
+    burst: f64,
+}
+
+fn counted_earned(spans: &[Span], a: u64, b: u64) -> f64 {
+    spans
+        .iter()
+        .map(|s| s.rate * b.min(s.until).saturating_sub(a.max(s.from)) as f64 / 1e9)
+        .sum()
+}
+
+fn counted_bursts(spans: &[Span], x: u64) -> f64 {
+    spans
+        .iter()
+        .filter(|s| s.from <= x && x < s.until)
+        .map(|s| s.burst)
+        .sum()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(150))]
+
+    /// The refresh side may lose the CPU between reading the clock and posting, and the
+    /// takers apply what was posted at their next take, however late. Against the server's
+    /// count (share k from its instant `T_k`, `sent <= T_k <= answer`, until `T_k + lease`
+    /// or the next call's `T_k+1 + HOLD`), at every take: the local bucket holds at most the
+    /// counted bursts, and took in since the last take at most what the counted rates
+    /// earned.
+    #[test]
+    fn late_posts_and_answers_never_let_out_more_than_the_server_counts(seed in any::<u64>()) {
+        let mut rng = seed | 1;
+        let mut next = move |m: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % m.max(1)
+        };
+        let t0 = 1_000_000 * MS;
+        let policy = Policy {
+            policy: FailurePolicy::Deny,
+            allow_share: 1.0,
+            rate: 1000.0,
+            cap: 100.0,
+            instances: 4,
+            allow_for: 0,
+        };
+        // (time posted, order, event) of every call.
+        let mut posts: Vec<(u64, u8, Event)> = Vec::new();
+        let mut spans: Vec<Span> = Vec::new();
+        let late = |most: u64, next: &mut dyn FnMut(u64) -> u64| {
+            if next(10) < 3 { next(most) } else { 0 }
+        };
+        let mut t = t0;
+        while t < t0 + 15_000 * MS {
+            let sent = t;
+            let posted = sent + late(400 * MS, &mut next);
+            let at_server = posted + late(500 * MS, &mut next) + next(10 * MS);
+            let at = at_server + late(500 * MS, &mut next) + next(10 * MS);
+            let applied = at + late(500 * MS, &mut next);
+            let lease = if next(2) == 0 { 900 * MS } else { 3000 * MS };
+            let (rate, burst) = (next(500) as f64, next(50) as f64);
+            if let Some(last) = spans.last_mut() {
+                last.until = last.until.min(at_server + HOLD);
+            }
+            spans.push(Span { from: at_server, until: at_server + lease, rate, burst });
+            let grant = rl_client_core::share::Grant {
+                rate,
+                burst,
+                lease,
+                refresh: lease / 3,
+                holders: 2,
+                pinned: None,
+            };
+            posts.push((posted, 0, Event::Sending { sent }));
+            posts.push((applied, 1, Event::Answered { sent, grant, at }));
+            t = applied + 270 * MS + next(1000 * MS);
+        }
+        posts.sort_by_key(|p| (p.0, p.1));
+        let mut holder = Holder::new(policy, 1000 * MS, 1000 * MS, t0);
+        let (mut now, mut last, mut kept, mut i) = (t0, t0, 0.0f64, 0);
+        while now < t0 + 17_000 * MS {
+            let scale = [MS / 2, 10 * MS, 100 * MS, 600 * MS][next(4) as usize];
+            now += 1 + next(scale);
+            while i < posts.len() && posts[i].0 <= now {
+                holder.apply(&posts[i].2);
+                i += 1;
+            }
+            let tokens = holder.info(now).tokens;
+            prop_assert!(tokens <= counted_bursts(&spans, now) + 1e-6, "{now}: {tokens}");
+            let mut out = 0.0;
+            while out < 10_000.0 && holder.take(1, now).is_some_and(|t| t.allowed) {
+                out += 1.0;
+            }
+            let left = holder.info(now).tokens;
+            let took_in = left + out - kept;
+            prop_assert!(
+                took_in <= counted_earned(&spans, last, now) + 1e-6,
+                "{last}..{now}: took in {took_in}"
+            );
+            last = now;
+            kept = left;
+        }
+    }
+}
