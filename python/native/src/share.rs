@@ -6,8 +6,9 @@
 //! What the refresh saw goes to the takers as [`ShareEvent`]s, through the shell's mailbox.
 //!
 //! The objects hold no lock: the Python shell calls each under its own (its fork handler
-//! replaces them in a child). No borrow is held across a call into Python, so a thread
-//! switch there finds every object free.
+//! replaces them in a child), or alone under the GIL. No borrow is held across a call into
+//! Python or while a Python object is made (an allocation may run the garbage collector, a
+//! finalizer, another thread), so another thread always finds every object free.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::gc::{PyTraverseError, PyVisit};
@@ -240,9 +241,9 @@ impl ShareHolder {
     }
 
     /// `(rate, burst, tokens, holders, fallback, pinned)` at `now`.
-    fn info(&mut self, now: u64) -> PyResult<InfoTuple> {
+    fn info(slf: &Bound<'_, Self>, now: u64) -> PyResult<InfoTuple> {
         guarded(|| {
-            let i = self.inner.info(now);
+            let i = slf.borrow_mut().inner.info(now);
             Ok((
                 i.rate,
                 i.burst,
@@ -255,8 +256,8 @@ impl ShareHolder {
     }
 
     /// Tokens asked for so far (granted or denied).
-    fn attempted(&self) -> u64 {
-        self.inner.attempted()
+    fn attempted(slf: &Bound<'_, Self>) -> u64 {
+        slf.borrow().inner.attempted()
     }
 
     /// A new holder at `now` (a forked child, a closed limiter); the counts pending stay.
@@ -268,8 +269,8 @@ impl ShareHolder {
     }
 
     /// `(calls, granted, tokens_granted)` served from the share since the last drain.
-    fn drain(&mut self) -> (u64, u64, u64) {
-        std::mem::take(&mut self.pending)
+    fn drain(slf: &Bound<'_, Self>) -> (u64, u64, u64) {
+        std::mem::take(&mut slf.borrow_mut().pending)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -345,32 +346,36 @@ impl ShareRefresh {
     /// The call to send at `now` for `holder` (the takers asked for `attempted` so far),
     /// and the event the takers apply first.
     fn send<'py>(
-        &mut self,
-        py: Python<'py>,
+        slf: &Bound<'py, Self>,
         backend_name: &str,
         holder: &str,
         attempted: u64,
         now: u64,
     ) -> PyResult<(Vec<Bound<'py, PyBytes>>, ShareEvent)> {
+        let py = slf.py();
         guarded(|| {
+            let backend = backend(backend_name)?;
             let (cmd, event) =
-                self.inner
-                    .send(backend(backend_name)?, holder.as_bytes(), attempted, now);
+                slf.borrow_mut()
+                    .inner
+                    .send(backend, holder.as_bytes(), attempted, now);
             Ok((args(py, cmd), ShareEvent { inner: event }))
         })
     }
 
     /// `RL.SHARE ... RELEASE` for `holder`.
     fn release_command<'py>(
-        &self,
-        py: Python<'py>,
+        slf: &Bound<'py, Self>,
         backend_name: &str,
         holder: &str,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let py = slf.py();
         guarded(|| {
-            let cmd = self
+            let backend = backend(backend_name)?;
+            let cmd = slf
+                .borrow()
                 .inner
-                .release_command(backend(backend_name)?, holder.as_bytes());
+                .release_command(backend, holder.as_bytes());
             Ok(args(py, cmd))
         })
     }
@@ -378,35 +383,39 @@ impl ShareRefresh {
     /// The reply to the call sent at `sent` came at `at`: `(event, next_ns)`; a reply that
     /// is not `RL.SHARE`'s raises `ProtocolError` and changes nothing.
     fn answered(
-        &mut self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         reply: &Bound<'_, PyAny>,
         sent: u64,
         at: u64,
         jitter: f64,
     ) -> PyResult<(ShareEvent, u64)> {
+        let py = slf.py();
         guarded(|| {
+            // Read before borrowing: reading may run Python code (an error's `__str__`).
             let reply = to_reply(reply).map_err(|e| protocol_error(py, e))?;
-            let (event, next) = self
-                .inner
-                .answered(&reply, sent, at, jitter)
-                .map_err(|e| protocol_error(py, e))?;
+            let answered = slf.borrow_mut().inner.answered(&reply, sent, at, jitter);
+            let (event, next) = answered.map_err(|e| protocol_error(py, e))?;
             Ok((ShareEvent { inner: event }, next))
         })
     }
 
     /// The call was an outage at `at` (`refused`: it never left): `(event, next_ns)`.
-    fn outage(&mut self, refused: bool, at: u64, probe_ns: u64) -> PyResult<(ShareEvent, u64)> {
+    fn outage(
+        slf: &Bound<'_, Self>,
+        refused: bool,
+        at: u64,
+        probe_ns: u64,
+    ) -> PyResult<(ShareEvent, u64)> {
         guarded(|| {
-            let (event, next) = self.inner.outage(refused, at, probe_ns);
+            let (event, next) = slf.borrow_mut().inner.outage(refused, at, probe_ns);
             Ok((ShareEvent { inner: event }, next))
         })
     }
 
     /// The call was answered with an error reply: `(event, next_ns)`.
-    fn failed(&mut self) -> PyResult<(ShareEvent, u64)> {
+    fn failed(slf: &Bound<'_, Self>) -> PyResult<(ShareEvent, u64)> {
         guarded(|| {
-            let (event, next) = self.inner.failed();
+            let (event, next) = slf.borrow_mut().inner.failed();
             Ok((ShareEvent { inner: event }, next))
         })
     }
