@@ -16,10 +16,10 @@ use rl_client_core::share_holder::{Event, Holder, Refresh, Take, DRIFT_TICK};
 use crate::backend::Selector;
 use crate::budget::to_reply;
 use crate::clock::mono_ns;
+use crate::config::check_request;
 use crate::conn::{call, RedisConnection};
 use crate::fallback::lock;
 use crate::lazy::LazyConnection;
-use crate::limiter::check_request;
 use crate::{Backend, Decision, Error, LimiterConfig, Metrics, Source};
 
 /// Settings of a [`ShareLimiter`].
