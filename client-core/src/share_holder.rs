@@ -310,7 +310,13 @@ impl Refresh {
             most = most.min(CONFIRM);
         }
         let next = grant.refresh.clamp(10 * MS, most.max(10 * MS));
-        let early = 1.0 - 0.1 * jitter.clamp(0.0, 1.0);
+        // A draw that is not a number is none: never a call at once.
+        let jitter = if jitter.is_finite() {
+            jitter.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        let early = 1.0 - 0.1 * jitter;
         (next as f64 * early) as u64
     }
 

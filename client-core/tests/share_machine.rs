@@ -335,7 +335,8 @@ proptest! {
         let key = ShareKey { key: b"k".to_vec(), rate: 10.0, cap: 10.0, period_ms: 1000, version: None };
         let mut refresh = Refresh::new(key, 0.0, 0);
         let before = refresh.clone();
-        match refresh.answered(&garbage(&items), 0, MS, 0.0) {
+        let jitter = [0.0, 0.999, f64::NAN, f64::INFINITY, -1.0][items.len() % 5];
+        match refresh.answered(&garbage(&items), 0, MS, jitter) {
             Ok((Event::Answered { grant, .. }, next)) => {
                 prop_assert!(grant.rate >= 0.0 && grant.rate.is_finite());
                 prop_assert!(next >= 9 * MS);

@@ -146,6 +146,9 @@ def test_bad_takes_are_refused_and_change_nothing() -> None:
         )
     with pytest.raises(ValueError):
         _core.ShareRefresh("k", 10.0, 5.0, 1000, None, float("nan"), 0)
+    for rate, cap in ((float("nan"), 5.0), (10.0, float("inf")), (0.0, 5.0)):
+        with pytest.raises(ValueError):
+            _core.ShareRefresh("k", rate, cap, 1000, None, 0.0, 0)
     refresh = _core.ShareRefresh("k", 10.0, 5.0, 1000, None, 0.0, 0)
     with pytest.raises(ValueError):
         refresh.send("cluster", "h", 0, 0)

@@ -330,6 +330,11 @@ impl ShareRefresh {
                     "headroom must be a finite number, at least 0",
                 ));
             }
+            if !(rate.is_finite() && rate > 0.0 && cap.is_finite() && cap > 0.0) {
+                return Err(PyValueError::new_err(
+                    "rate and cap must be finite numbers above 0",
+                ));
+            }
             let key = ShareKey {
                 key: key.as_bytes().to_vec(),
                 rate,
