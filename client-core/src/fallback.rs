@@ -276,6 +276,46 @@ impl Fallback {
         }
     }
 
+    /// Frees at least a quarter of a full map. First what carries nothing (a full local
+    /// bucket is what a key never seen starts with; a meter untouched for [`STALE`] vouches
+    /// for no share), then the least recently used keys, down to half the map: a hot key
+    /// keeps its drained bucket however many cold keys come (clearing the map refilled it,
+    /// a share per `max_keys` new keys). A forgotten key restarts at its share, so only
+    /// more than `max_keys / 2` keys newer than it can refill it. Amortized: one pass per
+    /// `max_keys / 4` new keys.
+    fn make_room(&mut self, now: Nanos) {
+        let policy = self.policy;
+        self.keys.retain(|_, s| {
+            let full = s.local.is_none_or(|b| b.full_at() <= now);
+            let stale = now.saturating_sub(s.touched) >= STALE;
+            !(full && (policy == FailurePolicy::Allow || stale))
+        });
+        if self.keys.len() < self.max_keys - self.max_keys / 4 {
+            return;
+        }
+        let keep = self.max_keys / 2;
+        if keep == 0 {
+            self.keys.clear(); // a map of one key: room for the new one only
+            return;
+        }
+        let mut touched: Vec<Nanos> = self.keys.values().map(|s| s.touched).collect();
+        // The `keep`-th most recent instant: newer ones stay, and ties up to `keep`.
+        let cut = touched.len() - keep;
+        let (_, &mut threshold, _) = touched.select_nth_unstable(cut);
+        let mut ties = keep
+            - touched[cut + 1..]
+                .iter()
+                .filter(|&&t| t > threshold)
+                .count();
+        self.keys.retain(|_, s| {
+            s.touched > threshold
+                || (s.touched == threshold && ties > 0 && {
+                    ties -= 1;
+                    true
+                })
+        });
+    }
+
     fn store(&mut self, key: &[u8], level: &Level) {
         if let Some(entry) = self.keys.get_mut(key) {
             entry.local = Some(level.bucket());
@@ -287,12 +327,7 @@ impl Fallback {
         // answer from Redis comes through here).
         if !self.keys.contains_key(key) {
             if self.keys.len() >= self.max_keys {
-                self.keys
-                    .retain(|_, s| now.saturating_sub(s.touched) < STALE);
-                // Mostly fresh keys: start afresh rather than scan the map on every new key.
-                if self.keys.len() >= self.max_keys - self.max_keys / 4 {
-                    self.keys.clear();
-                }
+                self.make_room(now);
             }
             self.keys.insert(key.to_vec(), KeyState::default());
         }
@@ -507,6 +542,45 @@ mod tests {
             0
         )
         .is_err());
+    }
+
+    /// Clearing a full map refilled every key: a hot key drained during an outage got its
+    /// share again each `max_keys` new keys (50 tokens of a cap of 10 at one instant). Now
+    /// only more than `max_keys / 2` keys newer than it can: 4 between its calls cannot.
+    #[test]
+    fn a_hot_key_keeps_its_drained_bucket_among_many_keys() {
+        for policy in [FailurePolicy::Allow, FailurePolicy::LastKnown] {
+            let limit = Limit::new(1.0, 10.0).unwrap();
+            let mut f = Fallback::new(policy, limit, 1.0, S, 10).unwrap();
+            let mut hot = 0;
+            let mut now = T0;
+            for round in 0..50u32 {
+                hot += (0..20).filter(|_| f.decide(b"hot", 1, now).granted).count();
+                for i in 0..4u32 {
+                    now += 1; // cold keys, one after another, each touched once
+                    f.decide(&(round * 100 + i).to_be_bytes(), 1, now);
+                    assert!(f.keys() <= 10);
+                }
+            }
+            assert_eq!(hot, 10, "{policy:?}: the cap once, nothing refilled");
+        }
+    }
+
+    #[test]
+    fn full_buckets_go_first_and_a_map_of_one_key_works() {
+        let limit = Limit::new(1.0, 10.0).unwrap();
+        let mut f = Fallback::new(FailurePolicy::Allow, limit, 1.0, S, 4).unwrap();
+        assert!(f.decide(b"drained", 10, T0).granted);
+        // Keys Redis granted nothing to under Allow keep full buckets: they go first.
+        for i in 0..100u32 {
+            f.decide_with(&i.to_be_bytes(), 0, limit, T0 + S + u64::from(i));
+        }
+        assert!(!f.decide(b"drained", 1, T0).granted, "kept, still empty");
+        let mut one = Fallback::new(FailurePolicy::Allow, limit, 1.0, S, 1).unwrap();
+        for i in 0..10u32 {
+            assert!(one.decide(&i.to_be_bytes(), 1, T0).granted);
+            assert_eq!(one.keys(), 1);
+        }
     }
 
     #[derive(Debug, Clone)]
