@@ -259,7 +259,7 @@ impl Fallback {
             Some(b) if !entry.fresh => Level::new(Some(&b), b.limit(), now),
             carried => {
                 entry.fresh = false;
-                let start = start_level(policy, limit, default_local, entry, now);
+                let start = start_level(policy, limit, share, default_local, entry, now);
                 match carried {
                     None => start,
                     Some(b) => {
@@ -341,13 +341,18 @@ impl Fallback {
 fn start_level(
     policy: FailurePolicy,
     limit: Limit,
+    configured: f64,
     default_local: Limit,
     entry: &KeyState,
     now: Nanos,
 ) -> Level {
     match (policy, entry.meter.rate()) {
         (FailurePolicy::LastKnown, Some(seen)) => {
-            let share = (seen / limit.rate()).clamp(MIN_MEASURED_SHARE, 1.0);
+            let mut share = (seen / limit.rate()).clamp(MIN_MEASURED_SHARE, 1.0);
+            if !entry.meter.vouches_at(now) {
+                // A young or stale meter: at most the configured share (see the meter).
+                share = share.min(configured);
+            }
             let local = share_of(limit, share);
             let tokens = match entry.last_tokens {
                 // The level is the fleet's: this instance spends its share of it.
@@ -581,6 +586,35 @@ mod tests {
             assert!(one.decide(&i.to_be_bytes(), 1, T0).granted);
             assert_eq!(one.keys(), 1);
         }
+    }
+
+    /// Four instances, each given the cap in one burst at a different hour, then one
+    /// outage: each read 80 tokens a second (20 over the young meter's 0.25 s), the whole
+    /// limit, and the fleet let out 396 in 10 s of a limit that lets out 120. A meter that
+    /// vouches for no recent whole window gives at most the configured share.
+    #[test]
+    fn a_burst_long_ago_vouches_for_no_more_than_the_configured_share() {
+        let limit = Limit::new(10.0, 20.0).unwrap();
+        let outage = T0 + 10_000 * S;
+        let mut fleet = 0;
+        for i in 0..4u64 {
+            let mut f = Fallback::new(FailurePolicy::LastKnown, limit, 0.25, S, 10).unwrap();
+            f.observe(b"k", 20, Some(0.0), T0 + i * 3600 * S);
+            fleet += (0..1000)
+                .filter(|j| f.decide(b"k", 1, outage + j * S / 100).granted)
+                .count();
+        }
+        // Each: a quarter of the rate from an empty start (the level it last saw) over 10 s.
+        assert!(fleet <= 4 * 25, "{fleet}");
+        // A burst just before the outage is as young: the configured share too.
+        let mut f = Fallback::new(FailurePolicy::LastKnown, limit, 0.25, S, 10).unwrap();
+        f.observe(b"k", 20, Some(20.0), outage - S / 2);
+        assert_eq!(
+            (0..100)
+                .filter(|_| f.decide(b"k", 1, outage).granted)
+                .count(),
+            5
+        );
     }
 
     #[derive(Debug, Clone)]
