@@ -733,6 +733,53 @@ mod tests {
             prop_assert!(total <= 100.0 + 50.0 / 1.9 + 1e-6, "{total}");
         }
 
+        /// A fleet whose instances stop sending at different times (skewed in time as well
+        /// as in traffic), then one outage: the local rates of the instances whose meters
+        /// vouch add up to at most what Redis let out over the 4 s before it
+        /// (`(cap + 4 * rate) / 1.9 s`), the others' to at most the configured shares (one
+        /// limit over the fleet), and their starts to that share of the cap: over `t`
+        /// seconds, at most `(cap + rate * t)` times `(cap + 4 * rate) / (1.9 s * rate) + 1`.
+        #[test]
+        fn a_fleet_skewed_in_time_stays_within_the_documented_bound(
+            fleet in proptest::collection::vec((0u64..20, 0u64..600, any::<bool>()), 2..8),
+        ) {
+            let limit = Limit::new(100.0, 50.0).unwrap();
+            let n = fleet.len() as f64;
+            let mut server: Option<rl_core::Bucket> = None;
+            let mut fs: Vec<Fallback> = fleet
+                .iter()
+                .map(|_| Fallback::new(FailurePolicy::LastKnown, limit, 1.0 / n, S, 10).unwrap())
+                .collect();
+            let mut now = T0;
+            for step in 0..600u64 {
+                now += 10 * MS;
+                for (f, &(w, stop, burst)) in fs.iter_mut().zip(&fleet) {
+                    // Until its own stop: steady, or one burst of the cap at its stop.
+                    let asks = match (step.cmp(&stop), burst) {
+                        (std::cmp::Ordering::Less, false) => w,
+                        (std::cmp::Ordering::Equal, true) => 50,
+                        _ => 0,
+                    };
+                    for _ in 0..asks {
+                        let mut level = Level::new(server.as_ref(), limit, now);
+                        let granted = level.try_take(1.0);
+                        server = Some(level.bucket());
+                        f.observe(b"k", u64::from(granted), Some(level.tokens()), now);
+                    }
+                }
+            }
+            let t = 20u64;
+            let mut out = 0u64;
+            for j in 0..(t * 100) {
+                for f in fs.iter_mut() {
+                    out += u64::from(f.decide(b"k", 1, now + j * 10 * MS).granted);
+                }
+            }
+            let factor = (50.0 + 4.0 * 100.0) / (1.9 * 100.0) + 1.0;
+            let bound = (50.0 + 100.0 * t as f64) * factor;
+            prop_assert!((out as f64) <= bound, "{out} > {bound}");
+        }
+
         /// Any instants (a clock stepping back, 0, the end of time) and any `n`: a decision,
         /// never a panic, and its numbers are numbers.
         #[test]
