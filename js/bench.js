@@ -5,12 +5,19 @@
 const { native } = require('./dist/cjs/native');
 const rl = require('.');
 
+// The best of 5 rounds: the machine is shared, and a round that another process slowed says
+// nothing about the call.
+const ROUNDS = 5;
+
 function time(name, n, body) {
   for (let i = 0; i < Math.min(n, 10_000); i++) body(i); // warm up
-  const t0 = process.hrtime.bigint();
-  for (let i = 0; i < n; i++) body(i);
-  const ns = Number(process.hrtime.bigint() - t0) / n;
-  console.log(`${name.padEnd(58)} ${ns.toFixed(0).padStart(6)} ns/call`);
+  let best = Infinity;
+  for (let r = 0; r < ROUNDS; r++) {
+    const t0 = process.hrtime.bigint();
+    for (let i = 0; i < n; i++) body(i);
+    best = Math.min(best, Number(process.hrtime.bigint() - t0) / n);
+  }
+  console.log(`${name.padEnd(58)} ${best.toFixed(0).padStart(6)} ns/call`);
 }
 
 const N = 200_000;
@@ -45,10 +52,18 @@ const settleOut = new Float64Array(1 + 2);
 time('BudgetCore.reserved (a grant) + forget', N, () => budget.forget(budget.reserved(costs, reply, grantOut)));
 const ticket = budget.reserved(costs, reply, grantOut);
 const actual = Float64Array.of(400, NaN);
-budget.settle('module', ticket, actual, 0, settleOut);
-time('BudgetCore.settle (a settled grant: nothing to send)', N, () => budget.settle('module', ticket, actual, 0, settleOut));
-time('BudgetCore.reserved + settle (RL.SETTLE args)', N, () =>
-  budget.settle('module', budget.reserved(costs, reply, grantOut), actual, 0, settleOut));
+const settles = new LastCommands();
+const settle = (t) => {
+  const s = budget.settle('module', t, actual, 0, settleOut, settles.has('module'), settles.positions);
+  return s === null ? s : settles.apply('module', s);
+};
+settle(ticket);
+time('BudgetCore.settle (a settled grant: nothing to send)', N, () => settle(ticket));
+let id = 76;
+time('BudgetCore.reserved + settle (RL.SETTLE args)', N, () => {
+  reply[1] = id++; // each reservation its own id, as Redis gives them
+  return settle(budget.reserved(costs, reply, grantOut));
+});
 time('BudgetCore.settled (an RL.SETTLE reply)', N, () => budget.settled([100, 0], settleOut));
 time('parseLimits("10/second;500/minute, burst 20")', N, () => native.parseLimits('10/second;500/minute, burst 20'));
 
@@ -56,16 +71,19 @@ time('parseLimits("10/second;500/minute, burst 20")', N, () => native.parseLimit
 const fake = { call: async (name) => (name === 'RL.BUDGET' ? reply : ioredis) };
 const limiter = new rl.Limiter(fake, 'user:42', { rate: 5, cap: 10 }, { backend: 'module' });
 (async () => {
-  const n = 100_000;
-  for (let i = 0; i < 10_000; i++) await limiter.take();
-  const t0 = process.hrtime.bigint();
-  for (let i = 0; i < n; i++) await limiter.take();
-  const ns = Number(process.hrtime.bigint() - t0) / n;
-  console.log(`${'Limiter.take() over an instant client (all of the shell)'.padEnd(58)} ${ns.toFixed(0).padStart(6)} ns/call`);
+  await timeAsync('Limiter.take() over an instant client (all of the shell)', () => limiter.take());
+  await timeAsync('Limiter.take(1, { key }) (a middleware\'s per-caller key)', (i) => limiter.take(1, { key: `rl:http:10.1.${i & 255}.3` }));
   const tb = new rl.TokenBudget(fake, 'org', { rate: 100, cap: 10000 }, { requests: { rate: 1, cap: 10 }, backend: 'module' });
-  for (let i = 0; i < 10_000; i++) await tb.reserve(500 + (i & 63));
-  const t1 = process.hrtime.bigint();
-  for (let i = 0; i < n; i++) await tb.reserve(500 + (i & 63));
-  const ns2 = Number(process.hrtime.bigint() - t1) / n;
-  console.log(`${'TokenBudget.reserve() over an instant client (all of it)'.padEnd(58)} ${ns2.toFixed(0).padStart(6)} ns/call`);
+  await timeAsync('TokenBudget.reserve() over an instant client (all of it)', (i) => tb.reserve(500 + (i & 63)));
 })();
+
+async function timeAsync(name, body, n = 100_000) {
+  for (let i = 0; i < 10_000; i++) await body(i);
+  let best = Infinity;
+  for (let r = 0; r < ROUNDS; r++) {
+    const t0 = process.hrtime.bigint();
+    for (let i = 0; i < n; i++) await body(i);
+    best = Math.min(best, Number(process.hrtime.bigint() - t0) / n);
+  }
+  console.log(`${name.padEnd(58)} ${best.toFixed(0).padStart(6)} ns/call`);
+}

@@ -137,9 +137,10 @@ export declare class BudgetCore {
   /**
    * What settling the ticket with each limit's actual use (NaN: its estimate) does:
    * `out[0]` says (nothing, send the arguments returned as a patch of the last settle
-   * the shell holds, or done: each limit's result in `out[1..]`, NaN for none).
+   * the shell holds (`have`; see `patch.rs`), or done: each limit's result in
+   * `out[1..]`, NaN for none).
    */
-  settle(backendName: string, ticket: number, actual: Float64Array, nowMs: number, out: Float64Array): Array<string> | null
+  settle(backendName: string, ticket: number, actual: Float64Array, nowMs: number, out: Float64Array, have: boolean, positions: Uint32Array): Array<string> | null
   /**
    * Each limit's result from Redis's reply to a settle, into `out`: tokens back
    * (positive), charged (negative), or NaN (nothing there to settle); their count.

@@ -116,13 +116,13 @@ export class Reservation {
     const b = this.budget;
     const used = b.actuals(actual ?? this.used);
     const out = b.settleOut;
-    const args = core(() => b.core.settle(b.backendName(), this.ticket, used, now(), out));
+    const args = b.settleCommand(this.ticket, used);
     this.ticket = 0; // the core let go of it: settled once
     if (out[0] === SETTLE_NOTHING) return null;
     if (out[0] === SETTLE_DONE) return this.done(out.subarray(1));
     let reply: unknown;
     try {
-      reply = await b.conn.call(args ?? []);
+      reply = await b.conn.call(args);
     } catch (e) {
       if (e instanceof Outage) {
         b.core.settleLost();
@@ -170,6 +170,7 @@ export class TokenBudget {
   /** @internal Where the core writes a settle's kind and results (likewise). */
   readonly settleOut: Float64Array;
   private readonly commands = new LastCommands();
+  private readonly settles = new LastCommands();
 
   constructor(
     client: RedisClient,
@@ -210,6 +211,17 @@ export class TokenBudget {
   /** What this budget counted so far. */
   get counters(): BudgetCounters {
     return this.core.counters();
+  }
+
+  /**
+   * @internal Settles `ticket` in the core: its kind and results in `settleOut`, and the
+   * command to send when there is one (empty otherwise).
+   */
+  settleCommand(ticket: number, used: Float64Array): string[] {
+    const backend = this.backendName();
+    const p = this.settles;
+    const strings = core(() => this.core.settle(backend, ticket, used, now(), this.settleOut, p.has(backend), p.positions));
+    return strings === null ? [] : p.apply(backend, strings);
   }
 
   /** @internal */
@@ -307,8 +319,8 @@ export class TokenBudget {
   private giveBack(costs: Float64Array, reply: unknown): void {
     try {
       const ticket = this.core.reserved(costs, reply, this.grantOut);
-      const args = this.core.settle(this.backendName(), ticket, new Float64Array(costs.length), now(), this.settleOut);
-      if (args) {
+      const args = this.settleCommand(ticket, new Float64Array(costs.length));
+      if (args.length > 0) {
         this.conn.call(args).then(
           (settled) => {
             try {

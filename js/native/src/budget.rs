@@ -2,7 +2,7 @@
 //! Node. The shell sends the commands it is handed, waits, and hands the replies back; what
 //! a reservation gets, from Redis or from the failure policy, is decided in the core.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use napi::{Env, JsTypedArray, JsUnknown};
 use napi_derive::napi;
@@ -12,11 +12,11 @@ use rl_client_core::token_budget::{
     FailurePolicy, Grant as CoreGrant, SettleStep, Source, Ticket, TokenBudget,
 };
 
+use crate::backend;
 use crate::guard::{count, guarded, invalid, nanos, protocol};
 use crate::patch::LastCommands;
 use crate::reply::to_reply;
-use crate::typed::{f64s, u32s};
-use crate::{backend, strings};
+use crate::typed::{f64s, u32s, Elements};
 
 /// One limit of a budget.
 #[napi(object)]
@@ -108,9 +108,12 @@ pub struct BudgetCountersJs {
 #[napi]
 pub struct BudgetCore {
     inner: TokenBudget,
-    tickets: HashMap<u64, Ticket>,
+    /// By number, which only grows (so a forget of a settled ticket frees nothing else):
+    /// each insert is at the end.
+    tickets: BTreeMap<u64, Ticket>,
     next_ticket: u64,
     commands: LastCommands<2>,
+    settles: LastCommands<2>,
 }
 
 #[napi]
@@ -143,9 +146,10 @@ impl BudgetCore {
             TokenBudget::new(&key, &limits, count("ttlMs", ttl_ms)?, policy, share)
                 .map(|inner| BudgetCore {
                     inner,
-                    tickets: HashMap::new(),
+                    tickets: BTreeMap::new(),
                     next_ticket: 1,
                     commands: LastCommands::default(),
+                    settles: LastCommands::default(),
                 })
                 .map_err(invalid)
         })
@@ -229,7 +233,7 @@ impl BudgetCore {
     ) -> napi::Result<f64> {
         guarded(|| {
             let costs = self.check(f64s(costs)?.f64s())?;
-            let mut out = f64s(out)?;
+            let mut out = self.grant_out(out)?;
             let reply = to_reply(&env, reply).map_err(protocol)?;
             let g = self.inner.reserved(&costs, &reply).map_err(protocol)?;
             write_grant(&g, out.f64s())?;
@@ -248,7 +252,7 @@ impl BudgetCore {
     ) -> napi::Result<f64> {
         guarded(|| {
             let costs = self.check(f64s(costs)?.f64s())?;
-            let mut out = f64s(out)?;
+            let mut out = self.grant_out(out)?;
             let g = self.inner.outage(&costs, nanos(now_ms)?);
             write_grant(&g, out.f64s())?;
             Ok(self.keep(g.ticket))
@@ -274,8 +278,12 @@ impl BudgetCore {
 
     /// What settling the ticket with each limit's actual use (NaN: its estimate) does:
     /// `out[0]` says (nothing, send the arguments returned as a patch of the last settle
-    /// the shell holds, or done: each limit's result in `out[1..]`, NaN for none).
+    /// the shell holds (`have`; see `patch.rs`), or done: each limit's result in
+    /// `out[1..]`, NaN for none).
     #[napi]
+    // A call from JS takes its arguments flat (an object of them would cost a property
+    // read each).
+    #[allow(clippy::too_many_arguments)]
     pub fn settle(
         &mut self,
         backend_name: String,
@@ -283,6 +291,8 @@ impl BudgetCore {
         #[napi(ts_arg_type = "Float64Array")] actual: JsTypedArray,
         now_ms: f64,
         #[napi(ts_arg_type = "Float64Array")] out: JsTypedArray,
+        have: bool,
+        #[napi(ts_arg_type = "Uint32Array")] positions: JsTypedArray,
     ) -> napi::Result<Option<Vec<String>>> {
         guarded(|| {
             let b = backend(&backend_name)?;
@@ -294,9 +304,10 @@ impl BudgetCore {
             let now = nanos(now_ms)?;
             let mut out = f64s(out)?;
             let out = out.f64s();
-            if out.is_empty() {
+            let mut positions = u32s(positions)?;
+            if out.len() < 1 + self.inner.limits().len() || positions.u32s().is_empty() {
                 return Err(invalid(
-                    "a Float64Array of 1 + one number per limit expected",
+                    "a Float64Array of 1 + one number per limit, and a Uint32Array, expected",
                 ));
             }
             let Some(mut t) = self.tickets.remove(&(ticket as u64)) else {
@@ -306,7 +317,7 @@ impl BudgetCore {
             Ok(match self.inner.settle(b, &mut t, &actual, now) {
                 SettleStep::Send(a) => {
                     out[0] = SETTLE_SEND;
-                    Some(strings(a))
+                    Some(self.settles.patch(slot(b), a, have, positions.u32s())?)
                 }
                 SettleStep::Done(r) => {
                     out[0] = SETTLE_DONE;
@@ -372,6 +383,18 @@ fn slot(b: Backend) -> usize {
 }
 
 impl BudgetCore {
+    /// The array a grant is written into, checked before anything is decided (a bad call
+    /// changes nothing).
+    fn grant_out(&self, out: JsTypedArray) -> napi::Result<Elements> {
+        let mut out = f64s(out)?;
+        if out.f64s().len() < GRANT_HEAD + self.inner.limits().len() {
+            return Err(invalid(format!(
+                "a Float64Array of {GRANT_HEAD} + one number per limit expected"
+            )));
+        }
+        Ok(out)
+    }
+
     /// Keeps a ticket that has something to settle; its number (0: nothing to keep).
     fn keep(&mut self, ticket: Ticket) -> f64 {
         if matches!(ticket, Ticket::Nothing) {

@@ -14,7 +14,7 @@ use crate::backend;
 use crate::guard::{count, guarded, invalid, nanos, protocol};
 use crate::patch::LastCommands;
 use crate::reply::to_reply;
-use crate::typed::{f64s, u32s};
+use crate::typed::{f64s, u32s, Elements};
 
 /// How many numbers [`TakeCore::taken`] and [`TakeCore::outage`] write.
 pub const SLOTS: usize = 8;
@@ -44,6 +44,15 @@ fn write(d: &Decision, out: &mut [f64]) -> napi::Result<()> {
         Some(Pinned::Exempt) => 3.0,
     };
     Ok(())
+}
+
+/// The array a decision is written into, checked before anything is decided.
+fn slots(out: JsTypedArray) -> napi::Result<Elements> {
+    let mut out = f64s(out)?;
+    if out.f64s().len() < SLOTS {
+        return Err(invalid(format!("a Float64Array of {SLOTS} expected")));
+    }
+    Ok(out)
 }
 
 /// A limiter's counters.
@@ -200,7 +209,7 @@ impl TakeCore {
     ) -> napi::Result<()> {
         guarded(|| {
             // Checked before anything is decided: a bad call changes nothing.
-            let mut out = f64s(out)?;
+            let mut out = slots(out)?;
             let n = count("n", n)?;
             let reply = match to_reply(&env, reply) {
                 Ok(r) => r,
@@ -229,7 +238,7 @@ impl TakeCore {
         #[napi(ts_arg_type = "Float64Array")] out: JsTypedArray,
     ) -> napi::Result<()> {
         guarded(|| {
-            let mut out = f64s(out)?;
+            let mut out = slots(out)?;
             let n = count("n", n)?;
             let now = nanos(now_ms)?;
             let d = match key {
