@@ -122,7 +122,7 @@ export class Reservation {
     if (out[0] === SETTLE_DONE) return this.done(out.subarray(1));
     let reply: unknown;
     try {
-      reply = await b.conn.call(args);
+      reply = await b.conn.call(args, undefined, b.routeKey);
     } catch (e) {
       if (e instanceof Outage) {
         b.core.settleLost();
@@ -171,6 +171,8 @@ export class TokenBudget {
   readonly settleOut: Float64Array;
   private readonly commands = new LastCommands();
   private readonly settles = new LastCommands();
+  /** @internal A key of the budget's (all share one slot): what routes its commands on a cluster. */
+  readonly routeKey: string;
 
   constructor(
     client: RedisClient,
@@ -194,7 +196,9 @@ export class TokenBudget {
     const ttlMs = options.ttlMs ?? DEFAULT_TTL_MS;
     const policy = options.failurePolicy ?? 'allow';
     this.core = core(() => new native.BudgetCore(key, specs, Math.ceil(ttlMs), policy, share(options.instances)));
-    this.names = this.core.limits().map((l) => l.name);
+    const limits = this.core.limits();
+    this.names = limits.map((l) => l.name);
+    this.routeKey = limits[0]!.key;
     this.grantOut = new Float64Array(GRANT_HEAD + this.names.length);
     this.settleOut = new Float64Array(1 + this.names.length);
     const timeout = options.timeoutMs === undefined ? 200 : options.timeoutMs;
@@ -303,7 +307,7 @@ export class TokenBudget {
       const backend = await this.conn.resolve();
       const p = this.commands;
       const args = p.apply(backend, core(() => this.core.reserveCommand(backend, costs, p.has(backend), p.positions)));
-      reply = await this.conn.call(args, (late) => this.giveBack(costs, late));
+      reply = await this.conn.call(args, (late) => this.giveBack(costs, late), this.routeKey);
     } catch (e) {
       if (e instanceof Outage) {
         const ticket = core(() => this.core.outage(costs, now(), this.grantOut));
@@ -321,7 +325,7 @@ export class TokenBudget {
       const ticket = this.core.reserved(costs, reply, this.grantOut);
       const args = this.settleCommand(ticket, new Float64Array(costs.length));
       if (args.length > 0) {
-        this.conn.call(args).then(
+        this.conn.call(args, undefined, this.routeKey).then(
           (settled) => {
             try {
               this.core.settled(settled, this.settleOut);

@@ -166,7 +166,7 @@ export class Limiter {
     }
     let reply: unknown;
     try {
-      reply = await this.conn.call(args);
+      reply = await this.conn.call(args, undefined, key ?? this.key);
     } catch (e) {
       return this.failed(e, n, key);
     }
