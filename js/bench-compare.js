@@ -261,9 +261,12 @@ function render({ smoke, sc, version, rows, takeUs, rawUs, rlfUs, runs }) {
         `${r.max1s} | ${r.max100ms} | ${r.errors} | ${r.perInstance.map((p) => p.granted).join(' / ')} |`,
     ),
     '',
-    'Both keep their count in Redis, so neither multiplies the quota by the processes; they differ in shape: ' +
-      'the fixed window lets its whole quota out at the start of each window (the 100 ms column), the bucket ' +
-      'spreads the same quota at its rate after the burst.',
+    'Both keep their count in Redis, so neither multiplies the quota by the processes (express-rate-limit\'s ' +
+      'in-process store would: each process its own quota). They differ in shape: the bucket lets out its burst ' +
+      'and then its rate, the fixed window its points once per window: under more demand than the quota, a ' +
+      'window\'s points go early in it and every caller is refused until it resets (the hot processes take most ' +
+      'of either: neither is a fair share; `ShareLimiter` is, once it is in this package). The Rust and ' +
+      'Python clients\' numbers: the sections above.',
     END,
     '',
   ];
