@@ -50,19 +50,13 @@ function raw(port, args) {
 }
 
 class Server {
-  constructor(port, dir, proc, args) {
+  constructor(port, dir, proc) {
     this.port = port;
     this.dir = dir;
     this.proc = proc;
-    this.args = args;
     this.url = `redis://127.0.0.1:${port}`;
   }
-  /** Starts a killed server again: the same port, dir and arguments (a supervisor's restart). */
-  async restart() {
-    this.proc = spawnServer(this.dir, this.args);
-    live.add(this);
-    await ready(this);
-  }
+
   kill() {
     if (this.proc.exitCode === null && this.proc.signalCode === null) this.proc.kill('SIGKILL');
     live.delete(this);
@@ -93,7 +87,7 @@ async function start({ module = true, functions = false, extra = [] } = {}) {
   const args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir];
   if (module) args.push('--loadmodule', MODULE);
   args.push(...extra);
-  const server = new Server(port, dir, spawnServer(dir, args), args);
+  const server = new Server(port, dir, spawnServer(dir, args));
   live.add(server);
   await ready(server);
   if (functions) {
