@@ -30,8 +30,8 @@ const { LastCommands } = require('./dist/cjs/patch');
 const perKey = new LastCommands();
 time('TakeCore.command (RL.TAKE args, a per-call key)', N, (i) =>
   perKey.apply('module', take.command('module', 1, `rl:http:10.1.${i & 255}.3`, perKey.has('module'), perKey.positions)));
-time('TakeCore.taken (an ioredis reply: Buffer remaining)', N, () => take.taken(1, ioredis, null, out));
-time('TakeCore.taken (a RESP3 reply: number remaining)', N, () => take.taken(1, resp3, null, out));
+time('TakeCore.taken (an ioredis reply: Buffer remaining)', N, () => take.taken(1, ioredis, null, out, 0));
+time('TakeCore.taken (a RESP3 reply: number remaining)', N, () => take.taken(1, resp3, null, out, 0));
 time('TakeCore.outage (the local bucket)', N, (i) => take.outage(1, i / 1000, null, out));
 time('taken() -> Decision (the shell\'s whole reply path)', N, () => taken(take, 1, ioredis, null));
 const d = taken(take, 1, ioredis, null);

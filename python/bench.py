@@ -10,7 +10,10 @@ in one process on one connection, microseconds per call of:
 - ``PrefetchLimiter.take()`` / ``AsyncPrefetchLimiter.take()`` (batch 20; most takes are
   served from memory, one ``RL.LEASE`` per ~20), and a ``PrefetchLimiter.take()`` served
   from memory only (a batch no round spends);
-- the seed's Lua script (``EVALSHA``).
+- the seed's Lua script (``EVALSHA``);
+- ``Rules.check()`` on the seed's rules document (3 layers, 4 buckets for a premium user
+  on the search path: one ``RL.MTAKE``), next to ``Limiter.take()`` (python/bench_rules.py
+  has the rules' own rows).
 
     python python/bench.py [--seconds 0.2] [--rounds 20] [--rows raw,limiter,...] [--module ...]
 
@@ -48,11 +51,23 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from redis_rl import AsyncLimiter, AsyncPrefetchLimiter, Limiter, PrefetchLimiter
+from redis_rl import AsyncLimiter, AsyncPrefetchLimiter, Limiter, PrefetchLimiter, Rules
 
 REPO = Path(__file__).resolve().parents[1]
 RATE, CAP = 1e9, 1e12  # never runs dry: every decision is a grant
 BATCH = 20
+HUGE = "1000000000/second"
+#: The seed's rules document (deploy/rules/seed.yaml) with limits no round spends.
+SEED_RULES = (
+    (REPO / "deploy" / "rules" / "seed.yaml")
+    .read_text()
+    .replace('"5000/minute;100/second"', '"1000000000/minute;1000000000/second"')
+    .replace('"5000/minute"', f'"{HUGE}"')
+    .replace('"300/minute"', f'"{HUGE}"')
+    .replace('"1000/minute"', f'"{HUGE}"')
+)
+#: A premium user on the search path: every layer of the seed but free_user applies.
+RULES_ATTRS = {"ip": "10.0.0.1", "user": "42", "tier": "premium", "path": "/v1/search/q"}
 
 
 #: Microseconds per call: wall time, and this process's CPU time (every thread of it).
@@ -162,6 +177,7 @@ def run(
         r, "bench:memory", RATE, CAP, batch=10_000_000, ttl=3600, backend="module"
     )
     raw = ("RL.TAKE", "bench:raw", "1000000000", "1000000000000", 1, "WITHSTATE")
+    rules = Rules.from_text(r, SEED_RULES, backend="module")
     limiter_tcp = Limiter(rt, "bench:take-tcp", RATE, CAP, backend="module")
     limiter_default = Limiter(rd, "bench:take-default", RATE, CAP, backend="module")
     limiter_default_tcp = Limiter(rdt, "bench:take-default-tcp", RATE, CAP, backend="module")
@@ -202,6 +218,7 @@ def run(
         ("prefetch", prefetch.take),
         ("memory", memory.take),
         ("lua", lambda: r.evalsha(sha, 1, "bench:lua", RATE, CAP, 1)),
+        ("rules", lambda: rules.check(RULES_ATTRS)),
     ]
     async_rows: List[Tuple[str, Callable[[], Awaitable[object]]]] = [
         ("araw", lambda: ar.execute_command(*araw)),
@@ -277,6 +294,11 @@ def report(samples: Dict[str, List[Sample]], version: str, seconds: float, round
         (f"`AsyncPrefetchLimiter.take()`, batch {BATCH}", "aprefetch", "araw"),
         ("`PrefetchLimiter.take()` from memory (no renewal)", "memory", "raw"),
         ("seed Lua script (`EVALSHA`)", "lua", "raw"),
+        (
+            "`Rules.check()`, the seed's 3 layers (4 buckets), vs `Limiter.take()`",
+            "rules",
+            "limiter",
+        ),
     ]
     print("| | wall µs | vs raw | CPU µs | vs raw | CPU vs raw, median of rounds |")
     print("|---|---:|---:|---:|---:|---:|")

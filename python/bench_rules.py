@@ -27,22 +27,14 @@ from typing import Callable, Dict, List, Tuple
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import Sample, measure, paired_ratio
+from bench import HUGE, RULES_ATTRS, SEED_RULES, Sample, measure, paired_ratio
 from redis_rl import Limiter, Rules
 from redis_rl.rules_doc import plan as make_plan
 
 REPO = Path(__file__).resolve().parents[1]
-HUGE = "1000000000/second"
 ONE = f"layers:\n  - {{name: ip, key: 'ip:{{ip}}', limit: '{HUGE}'}}\n"
-SEED = (
-    (REPO / "deploy" / "rules" / "seed.yaml")
-    .read_text()
-    .replace('"5000/minute;100/second"', '"1000000000/minute;1000000000/second"')
-    .replace('"5000/minute"', f'"{HUGE}"')
-    .replace('"300/minute"', f'"{HUGE}"')
-    .replace('"1000/minute"', f'"{HUGE}"')
-)
-ATTRS = {"ip": "10.0.0.1", "user": "42", "tier": "premium", "path": "/v1/search/q"}
+SEED = SEED_RULES
+ATTRS = RULES_ATTRS
 
 
 def main() -> None:

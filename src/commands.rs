@@ -2,7 +2,8 @@
 //! categories, docs and arguments), each pointing at its handler in the room of the type it
 //! works on. `protocol/commands.json` is written from this table (see `protocol.rs`).
 
-use crate::boundary::{ArgDoc, CallsCounted, Keys, Spec};
+use crate::arg_doc::ArgDoc;
+use crate::boundary::{CallsCounted, Keys, Spec};
 use crate::bucket::{
     budget, lease, mtake, peek, pin, refund, reserve, return_lease, setstate, settle, take,
 };

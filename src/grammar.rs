@@ -5,8 +5,8 @@
 //! hands the arguments after its fixed ones to [`options`]; a repeated or unknown option
 //! is refused the same way by every command. `rate cap` is read here too ([`limit`]).
 
+use crate::arg_doc::ArgDoc;
 use crate::args::Args;
-use crate::boundary::ArgDoc;
 use crate::error::{Error, Result};
 use rl_core::Limit;
 

@@ -3,6 +3,7 @@
 //! This file only registers things (Redis enters at `ffi::load::RedisModule_OnLoad`, which
 //! calls [`load`]). The arithmetic lives in the `rl-core` crate.
 
+mod arg_doc;
 mod args;
 mod boundary;
 mod bucket;

@@ -8,7 +8,8 @@
 //! RL_WRITE_PROTOCOL=1 cargo test -p redis-rl --lib protocol
 //! ```
 
-use crate::boundary::{ArgDoc, Keys, Spec};
+use crate::arg_doc::ArgDoc;
+use crate::boundary::{Keys, Spec};
 use redis_module::raw;
 
 fn text(s: &str) -> String {

@@ -12,13 +12,32 @@
 //!   the Functions library, their replies, the reservation a caller holds and its counters.
 //! - [`openai`]: what a budget reserves for an OpenAI-compatible chat completion and what it
 //!   settles (the estimate from the request, the usage from the reply or its stream).
+//! - [`fallback`], [`health`], [`meter`]: a limiter's failure policy (the local buckets per
+//!   key while Redis is away, who may probe it, the rate Redis was granting), for every
+//!   shell's limiters.
+//! - [`lease`] and [`prefetch`]: the lease commands (`RL.LEASE`, `RL.RETURN`) and the
+//!   prefetch ledger (the leases a `PrefetchLimiter` holds, when it renews, what a landed
+//!   or failed call leaves, the late-reply bound, the waiting line).
 //! - [`token_budget`]: a token budget's decisions (its named limits and buckets, costs,
 //!   the failure policy's local buckets, settles), for every shell's `TokenBudget`.
+//! - [`permit`]: the semaphore's failure policy (the local permits while Redis is away).
+//! - [`rules_doc`] (read by [`rules_yaml`], which keeps every node's line): a rules
+//!   document validated with the line and field of every problem, and a request's plan;
+//!   [`rules`]: one check of it (`RL.MTAKE` calls out, replies in, a decision and refunds).
 
 pub mod budget;
+pub mod fallback;
+pub mod health;
+pub mod lease;
 pub mod limits;
+pub mod meter;
 pub mod openai;
+pub mod permit;
+pub mod prefetch;
 pub mod reply;
+pub mod rules;
+pub mod rules_doc;
+pub mod rules_yaml;
 pub mod take;
 pub mod token_budget;
 

@@ -1,17 +1,16 @@
 //! A limiter's takes (`RL.TAKE key rate cap n WITHSTATE`, or the Functions library's
 //! `rl_take`): the command, its reply, the decision and its HTTP rendering (the
 //! `X-RateLimit-*` headers, `Retry-After` and the 429 body), and a limiter's state: its
-//! limit, what the failure policy decides while Redis cannot answer (a local bucket at
-//! `share` of the limit, or a refusal) and its counters. No I/O, no clock reads: time is
+//! limit, its failure policy (the core's [`Fallback`]: a local bucket per key at `share` of
+//! the limit, or a refusal) and its counters. No I/O, no clock reads: time is
 //! passed in (nanoseconds on any monotonic clock the shell keeps).
 
-use std::collections::HashMap;
-
-use rl_core::{Bucket, Level, Limit, Nanos};
+use rl_core::{Limit, Nanos};
 
 use crate::budget::Backend;
+use crate::fallback::Fallback;
 use crate::reply::{ProtocolError, Reply};
-use crate::token_budget::{Source, DEFAULT_INSTANCES};
+use crate::token_budget::{FailurePolicy, Source, DEFAULT_INSTANCES};
 
 /// A number as the module reads it back exactly (the shortest digits that round-trip).
 fn number(x: f64) -> Vec<u8> {
@@ -193,7 +192,8 @@ impl Decision {
 /// What a limiter decides while Redis cannot answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TakePolicy {
-    /// Fail open through a local bucket at `share` of the limit, starting full.
+    /// Fail open through a local bucket per key at `share` of the limit (the failure
+    /// policy's [`Fallback`]: carried across outages, debited by what Redis grants).
     Allow,
     /// Fail closed: every take refused until Redis answers.
     Deny,
@@ -225,18 +225,15 @@ pub struct TakeCounters {
 /// fail-open limiter's memory stays bounded whatever the keys a middleware is handed).
 pub const MAX_LOCAL_KEYS: usize = 100_000;
 
-/// A limiter's state: its key and limit, the failure policy's local buckets (one per key a
-/// take named: a middleware's limiter takes on one key per caller) and the counters.
+/// A limiter's state: its key and limit, the failure policy (a local bucket per key a take
+/// named: a middleware's limiter takes on one key per caller) and the counters.
 /// No I/O, no clock reads, not thread-safe by itself (each shell holds it as its language
 /// needs: Node's one thread, a lock elsewhere).
 #[derive(Debug, Clone)]
 pub struct TakeLimiter {
     key: Vec<u8>,
     limit: Limit,
-    policy: TakePolicy,
-    share: f64,
-    /// The local buckets `Allow` spends from, each made at its key's first outage.
-    local: HashMap<Vec<u8>, Bucket>,
+    fallback: Fallback,
     counters: TakeCounters,
 }
 
@@ -260,12 +257,15 @@ impl TakeLimiter {
         }
         let limit = Limit::new(rate, cap)
             .map_err(|e| format!("limit ({rate}/s, burst {cap}): {}", e.message()))?;
+        let policy = match policy {
+            TakePolicy::Allow => FailurePolicy::Allow,
+            TakePolicy::Deny => FailurePolicy::Deny,
+        };
+        let deny = DENY_RETRY_AFTER_MS * 1_000_000;
         Ok(TakeLimiter {
             key: key.as_bytes().to_vec(),
             limit,
-            policy,
-            share,
-            local: HashMap::new(),
+            fallback: Fallback::new(policy, limit, share, deny, MAX_LOCAL_KEYS)?,
             counters: TakeCounters::default(),
         })
     }
@@ -306,21 +306,23 @@ impl TakeLimiter {
         take_command(backend, key, self.limit.rate(), self.limit.cap(), n)
     }
 
-    /// Decides a take of `n` on this limiter's key from Redis's reply.
-    pub fn taken(&mut self, n: u64, reply: &Reply) -> Result<Decision, ProtocolError> {
+    /// Decides a take of `n` on this limiter's key from Redis's reply, at `now`.
+    pub fn taken(&mut self, n: u64, reply: &Reply, now: Nanos) -> Result<Decision, ProtocolError> {
         let key = std::mem::take(&mut self.key);
-        let d = self.taken_on(&key, n, reply);
+        let d = self.taken_on(&key, n, reply, now);
         self.key = key;
         d
     }
 
-    /// Decides a take of `n` on `key` from Redis's reply to [`TakeLimiter::command_on`].
-    /// Redis answered: the key's local bucket is dropped (its next outage starts afresh).
+    /// Decides a take of `n` on `key` from Redis's reply to [`TakeLimiter::command_on`],
+    /// at `now`. What Redis granted comes off the key's local bucket (the share is spent
+    /// once, from Redis or locally; the bucket carries across outages).
     pub fn taken_on(
         &mut self,
         key: &[u8],
         n: u64,
         reply: &Reply,
+        now: Nanos,
     ) -> Result<Decision, ProtocolError> {
         let r = match parse_take(reply) {
             Ok(r) if r.granted == 0 || r.granted == n => r,
@@ -336,9 +338,8 @@ impl TakeLimiter {
                 return Err(e);
             }
         };
-        if !self.local.is_empty() {
-            self.local.remove(key);
-        }
+        self.fallback
+            .observe(key, r.granted, Some(r.remaining), now);
         let granted = r.granted > 0;
         if granted {
             self.counters.granted += 1;
@@ -368,16 +369,6 @@ impl TakeLimiter {
         self.counters.errors_let_through += 1;
     }
 
-    /// The failure policy's limit: `share` of the limit, at least one token of burst (or
-    /// the whole cap below one) and a thousandth of the rate.
-    fn local_limit(&self) -> Limit {
-        let (rate, cap) = (self.limit.rate(), self.limit.cap());
-        Limit::from_stored_parts(
-            (rate * self.share).max(rate * 1e-3),
-            (cap * self.share).max(cap.min(1.0)),
-        )
-    }
-
     /// Decides a take of `n` on this limiter's key Redis did not answer, at `now`.
     pub fn outage(&mut self, n: u64, now: Nanos) -> Decision {
         let key = std::mem::take(&mut self.key);
@@ -390,48 +381,19 @@ impl TakeLimiter {
     /// timeout), as the failure policy says, at `now`.
     pub fn outage_on(&mut self, key: &[u8], n: u64, now: Nanos) -> Decision {
         self.counters.outages += 1;
-        let cap = self.limit.cap();
-        if self.policy == TakePolicy::Deny {
-            self.counters.fallback_denied += 1;
-            return Decision {
-                granted: false,
-                tokens: 0,
-                remaining: 0.0,
-                retry_after_ms: DENY_RETRY_AFTER_MS,
-                reset_after_ms: 0,
-                limit: cap,
-                source: Source::Fallback,
-                pinned: None,
-            };
-        }
-        let limit = self.local_limit();
-        let mut level = Level::new(self.local.get(key), limit, now);
-        let granted = level.try_take(n as f64);
-        let retry_after_ms = if granted {
-            0
-        } else {
-            match level.wait_for(n as f64) {
-                Some(w) => rl_core::ceil_millis(w).max(1),
-                // More than the local bucket holds: the wait for its tokens to be there.
-                None => (((n as f64 - level.tokens()) / limit.rate()) * 1000.0).ceil() as u64,
-            }
-        };
-        if self.local.len() >= MAX_LOCAL_KEYS && !self.local.contains_key(key) {
-            self.local.clear();
-        }
-        self.local.insert(key.to_vec(), level.bucket_with_pin(None));
-        if granted {
+        let d = self.fallback.decide(key, n, now);
+        if d.granted {
             self.counters.fallback_granted += 1;
         } else {
             self.counters.fallback_denied += 1;
         }
         Decision {
-            granted,
-            tokens: if granted { n } else { 0 },
-            remaining: level.tokens(),
-            retry_after_ms,
-            reset_after_ms: rl_core::ceil_millis(level.reset_after()),
-            limit: cap,
+            granted: d.granted,
+            tokens: d.tokens,
+            remaining: d.remaining,
+            retry_after_ms: rl_core::ceil_millis(d.retry_after),
+            reset_after_ms: rl_core::ceil_millis(d.reset_after),
+            limit: self.limit.cap(),
             source: Source::Fallback,
             pinned: None,
         }
@@ -594,7 +556,7 @@ mod tests {
             Reply::Int(0),
             Reply::Int(0),
         ]);
-        assert!(l.taken(3, &two).is_err(), "granted 2 for a take of 3");
+        assert!(l.taken(3, &two, 0).is_err(), "granted 2 for a take of 3");
         assert_eq!(l.counters().errors, 1);
     }
 
@@ -609,7 +571,7 @@ mod tests {
                 Reply::Int(reset),
             ])
         };
-        let d = l.taken(3, &reply(3, 7.5, 0, 1250)).unwrap();
+        let d = l.taken(3, &reply(3, 7.5, 0, 1250), 0).unwrap();
         assert!(d.granted && d.source == Source::Server && d.tokens == 3);
         assert_eq!(
             d.headers(),
@@ -619,7 +581,7 @@ mod tests {
                 ("X-RateLimit-Reset", "2".to_string()),
             ]
         );
-        let d = l.taken(3, &reply(0, -0.5, 1, 5250)).unwrap();
+        let d = l.taken(3, &reply(0, -0.5, 1, 5250), 0).unwrap();
         assert_eq!(d.headers()[1].1, "0");
         assert_eq!(d.headers()[3], ("Retry-After", "1".to_string()));
         assert_eq!(
@@ -652,7 +614,8 @@ mod tests {
             (c.fallback_granted, c.fallback_denied, c.outages),
             (3, 2, 5)
         );
-        // Redis answers: the local bucket starts afresh at the next outage.
+        // Redis answers, granting this instance 1: it comes off the key's local bucket (2,
+        // refilled by then), which carries on at the next outage (not full again).
         l.taken(
             1,
             &Reply::Array(vec![
@@ -661,9 +624,11 @@ mod tests {
                 Reply::Int(0),
                 Reply::Int(250),
             ]),
+            10 * SEC,
         )
         .unwrap();
-        assert!(l.outage(2, 10 * SEC).granted);
+        assert!(!l.outage(2, 10 * SEC).granted);
+        assert!(l.outage(1, 10 * SEC).granted);
         // Each key its own local bucket.
         assert!(l.outage_on(b"other", 2, 10 * SEC).granted);
         assert!(!l.outage_on(b"other", 1, 10 * SEC).granted);
@@ -697,7 +662,7 @@ mod tests {
                 if l.outage(n, now).granted {
                     out += n;
                 }
-                let local = l.local_limit();
+                let local = l.fallback.local_limit();
                 let bound = local.cap() + local.rate() * now as f64 / SEC as f64;
                 prop_assert!(out as f64 <= bound + 1e-6);
             }
@@ -713,7 +678,7 @@ mod tests {
                 Reply::Array(vec![Reply::Int(i); 5]),
                 Reply::Simple(k.clone()),
             ] {
-                if let Ok(dec) = l.taken(1, &reply) {
+                if let Ok(dec) = l.taken(1, &reply, 0) {
                     let _ = dec.headers();
                 }
             }

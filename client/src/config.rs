@@ -30,9 +30,10 @@ pub enum FailurePolicy {
     /// does not refill it) and is debited by what Redis grants this instance, so what one
     /// instance lets out, from Redis and locally, stays within its share over time.
     Allow,
-    /// Keep spending at the rate this instance was last seen to get from Redis for the key
-    /// (tokens granted per second, measured over roughly the last seconds), starting from
-    /// the last level Redis reported. A key with no history gets the `Allow` share.
+    /// Keep spending at the share of the limit this instance was getting from Redis for the
+    /// key (the tokens granted over the 2 s up to Redis's last answer, per second, over the
+    /// rate), starting from that share of the last level Redis reported. A key with no
+    /// history gets the `Allow` share.
     LastKnown,
     /// Fail closed: deny every request until Redis answers again, with
     /// [`LimiterConfig::deny_retry_after`] as the retry hint.
@@ -185,16 +186,20 @@ impl PrefetchConfig {
         self.limiter.validate()
     }
 
-    /// A renewal threshold in tokens: `renew_at` of the batch, moved by the jitter.
-    pub(crate) fn draw_threshold(&self) -> u64 {
-        let batch = self.batch as f64;
-        let at = crate::jitter::around(self.renew_at * batch, self.jitter * batch);
-        at.clamp(0.0, batch - 1.0).round() as u64
-    }
-
     pub(crate) fn ttl_ms(&self) -> u64 {
         self.ttl.as_millis().clamp(1, MAX_TTL.as_millis()) as u64
     }
+}
+
+/// Refuses what the server would refuse for every state of the bucket.
+pub(crate) fn check_request(n: u64, limit: &Limit) -> Result<(), Error> {
+    if n == 0 {
+        return Err(Error::Request("n must be positive"));
+    }
+    if n as f64 > limit.cap() {
+        return Err(Error::Request("n must not exceed cap"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -238,22 +243,5 @@ mod tests {
         // A rate of 0 is a configuration error, not a panic or an open door.
         assert!(matches!(limit(0.0, 10.0), Err(Error::Config(_))));
         assert!(matches!(limit(f64::NAN, 10.0), Err(Error::Config(_))));
-    }
-
-    #[test]
-    fn thresholds_spread_within_bounds() {
-        let c = PrefetchConfig {
-            batch: 100,
-            renew_at: 0.2,
-            jitter: 0.1,
-            ..Default::default()
-        };
-        let draws: Vec<u64> = (0..500).map(|_| c.draw_threshold()).collect();
-        assert!(draws.iter().all(|t| (10..=30).contains(t)));
-        let distinct: std::collections::BTreeSet<_> = draws.iter().collect();
-        assert!(
-            distinct.len() > 5,
-            "jitter should spread thresholds: {distinct:?}"
-        );
     }
 }

@@ -19,6 +19,14 @@ pub trait RedisConnection: ConnectionLike + Clone + Send + Sync + 'static {}
 
 impl<T: ConnectionLike + Clone + Send + Sync + 'static> RedisConnection for T {}
 
+/// How long a call's reply is awaited in the background after its caller gave up (this,
+/// or the caller's timeout if longer; the connection's own response timeout may end it
+/// sooner: `LazyConfig::response_timeout`): a reply within it is read (a grant refunded),
+/// one beyond it is counted lost. The client core's floor of the late-reply bound (a lease
+/// call's own bound also covers its TTL: `rl_client_core::prefetch::late_reply_bound`).
+pub(crate) const LATE_REPLY: Duration =
+    Duration::from_nanos(rl_client_core::prefetch::LATE_REPLY_FLOOR);
+
 /// Runs `cmd` on a clone of `conn`, giving up after `timeout`. An error reply comes back
 /// as [`Error::Server`] (never as a value), a connection failure as an outage.
 pub(crate) async fn call<C: RedisConnection>(

@@ -31,11 +31,6 @@ pub(crate) fn unit() -> f64 {
     })
 }
 
-/// `base` moved by a uniform amount in `[-spread, +spread]`.
-pub(crate) fn around(base: f64, spread: f64) -> f64 {
-    base + spread * (2.0 * unit() - 1.0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -46,13 +41,5 @@ mod tests {
         assert!(draws.iter().all(|x| (0.0..1.0).contains(x)));
         let low = draws.iter().filter(|x| **x < 0.5).count();
         assert!((300..700).contains(&low), "{low} of 1000 below 0.5");
-    }
-
-    #[test]
-    fn around_stays_within_spread() {
-        for _ in 0..1000 {
-            let x = around(10.0, 2.0);
-            assert!((8.0..=12.0).contains(&x));
-        }
     }
 }

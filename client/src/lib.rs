@@ -47,14 +47,12 @@ mod lazy;
 mod limiter;
 /// Limit strings: the client core's ([`rl_client_core::limits`]), re-exported here.
 pub use rl_client_core::limits;
-mod meter;
 mod metrics;
 mod permit;
 mod pin;
 mod prefetch;
 mod protocol;
 pub mod rules;
-mod rules_doc;
 mod share;
 mod share_state;
 
@@ -75,6 +73,14 @@ pub use prefetch::PrefetchLimiter;
 pub use rl_core::{Limit, LimitError};
 pub use rules::{RuleDecision, Rules, RulesConfig, RulesError};
 pub use share::{ShareConfig, ShareInfo, ShareLimiter};
+
+/// A redis-rs reply as the client core reads it (the conversion every reply of this client
+/// goes through), for the golden state-machine cases run through this shell
+/// (`tests/prefetch_cases.rs`). Not part of the API.
+#[doc(hidden)]
+pub fn __core_reply(v: redis::Value) -> rl_client_core::Reply {
+    budget::to_reply(v)
+}
 
 /// The redis crate this client is built on, for building connections of the same version.
 pub use redis;

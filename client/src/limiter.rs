@@ -11,11 +11,12 @@ use rl_core::Limit;
 
 use crate::backend::Selector;
 use crate::clock::mono_ns;
+use crate::config::check_request;
+use crate::conn::LATE_REPLY;
 use crate::conn::{call, RedisConnection};
 use crate::fallback::Fallback;
 use crate::health::Health;
 use crate::lazy::LazyConnection;
-use crate::prefetch::LATE_REPLY;
 use crate::protocol;
 use crate::{
     Decision, Error, LimiterConfig, Metrics, PinInfo, PinKind, PinSpec, Reservation, Source,
@@ -64,17 +65,6 @@ struct Inner<C> {
     health: Health,
     fallback: Fallback,
     backend: Selector,
-}
-
-/// Refuses what the server would refuse for every state of the bucket.
-pub(crate) fn check_request(n: u64, limit: &Limit) -> Result<(), Error> {
-    if n == 0 {
-        return Err(Error::Request("n must be positive"));
-    }
-    if n as f64 > limit.cap() {
-        return Err(Error::Request("n must not exceed cap"));
-    }
-    Ok(())
 }
 
 impl Limiter<LazyConnection> {

@@ -200,15 +200,6 @@ impl Metrics {
         }
     }
 
-    pub(crate) fn lease(&self, tokens: u64) {
-        if tokens > 0 {
-            add(&self.leases, 1);
-            add(&self.lease_tokens, tokens);
-        } else {
-            add(&self.leases_denied, 1);
-        }
-    }
-
     /// A call answered with `e`.
     pub(crate) fn errored(&self, e: &crate::Error) {
         add(&self.calls, 1);
@@ -222,16 +213,26 @@ impl Metrics {
         add(&self.cancelled, 1);
     }
 
+    /// What a prefetch ledger counted since it was last drained.
+    pub(crate) fn ledger(&self, c: &rl_client_core::prefetch::LedgerCounters) {
+        add(&self.leases, c.leases);
+        add(&self.lease_tokens, c.lease_tokens);
+        add(&self.leases_denied, c.leases_denied);
+        add(&self.leases_expired, c.leases_expired);
+        add(&self.leases_lost, c.leases_lost);
+        add(&self.returns, c.returns);
+        add(&self.tokens_returned, c.tokens_returned);
+        // A call judged slow while in the air: an outage for the failure policy.
+        add(&self.redis_errors, c.slow_calls);
+        add(&self.redis_timeouts, c.slow_calls);
+    }
+
     pub(crate) fn lease_lost(&self) {
         add(&self.leases_lost, 1);
     }
 
     pub(crate) fn take_lost(&self) {
         add(&self.takes_lost, 1);
-    }
-
-    pub(crate) fn lease_expired(&self) {
-        add(&self.leases_expired, 1);
     }
 
     pub(crate) fn returned(&self, tokens: u64) {

@@ -2,12 +2,12 @@
 //! `RL.ACQUIRE`, `RL.RELEASE` and `RL.RENEW` (permits that expire, so a crashed holder
 //! frees its slot after the TTL).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rl_client_core::permit::{self as core, Local, LocalPermits};
 use tokio::task::JoinHandle;
 
 use crate::backend::Selector;
@@ -17,10 +17,6 @@ use crate::health::Health;
 use crate::lazy::LazyConnection;
 use crate::protocol;
 use crate::{Backend, Error, FailurePolicy, LimiterConfig, Metrics, Source};
-
-/// The server's bounds: at most 10 000 permits per key, TTLs from 1 ms to a day.
-const MAX_LIMIT: u64 = 10_000;
-const MAX_TTL: Duration = Duration::from_secs(86_400);
 
 /// A distributed semaphore: at most `limit` permits of a key held at once, fleet-wide.
 /// For capping the calls in flight to a slow downstream (concurrency, not rate).
@@ -84,8 +80,8 @@ struct Inner<C> {
     metrics: Arc<Metrics>,
     health: Health,
     backend: Selector,
-    /// Permits granted locally by the failure policy, per key.
-    local: Mutex<HashMap<String, u64>>,
+    /// Permits granted locally by the failure policy, per key (the client core's).
+    local: Mutex<LocalPermits>,
 }
 
 /// A permit request that was denied: the key's limit is reached.
@@ -153,6 +149,15 @@ impl<C: RedisConnection> Semaphore<C> {
         metrics: Arc<Metrics>,
     ) -> Result<Self, Error> {
         config.validate()?;
+        let local = LocalPermits::new(
+            match config.policy {
+                FailurePolicy::Allow => core::Policy::Allow,
+                FailurePolicy::LastKnown => core::Policy::LastKnown,
+                FailurePolicy::Deny => core::Policy::Deny,
+            },
+            config.instances,
+            config.deny_retry_after.as_millis() as u64,
+        );
         Ok(Semaphore {
             inner: Arc::new(Inner {
                 conn,
@@ -160,7 +165,7 @@ impl<C: RedisConnection> Semaphore<C> {
                 backend: Selector::new(config.backend),
                 config,
                 metrics,
-                local: Mutex::new(HashMap::new()),
+                local: Mutex::new(local),
             }),
         })
     }
@@ -251,32 +256,28 @@ impl<C: RedisConnection> Semaphore<C> {
     /// The failure policy's answer.
     fn acquire_locally(&self, key: &str, limit: u64) -> Result<Permit<C>, Busy> {
         let inner = &self.inner;
-        let local_limit = match inner.config.policy {
-            FailurePolicy::Deny => 0,
-            FailurePolicy::Allow | FailurePolicy::LastKnown => {
-                (limit / u64::from(inner.config.instances)).max(1)
+        let decided = lock(&inner.local).acquire(key, limit);
+        let in_use = match decided {
+            Local::Busy {
+                in_use,
+                retry_after_ms,
+            } => {
+                inner.metrics.permit(false);
+                return Err(Busy {
+                    in_use,
+                    retry_after: Duration::from_millis(retry_after_ms),
+                    source: Source::Fallback,
+                });
             }
+            Local::Granted { in_use } => in_use,
         };
-        let mut local = lock(&inner.local);
-        let held = local.get(key).copied().unwrap_or(0);
-        if held >= local_limit {
-            drop(local);
-            inner.metrics.permit(false);
-            return Err(Busy {
-                in_use: held,
-                retry_after: inner.config.deny_retry_after,
-                source: Source::Fallback,
-            });
-        }
-        local.insert(key.to_owned(), held + 1);
-        drop(local);
         inner.metrics.permit(true);
         Ok(Permit {
             semaphore: Arc::clone(inner),
             key: key.to_owned(),
             id: 0,
             source: Source::Fallback,
-            in_use: held + 1,
+            in_use,
             lost: Arc::new(AtomicBool::new(false)),
             renewer: None,
             runtime: None,
@@ -286,13 +287,8 @@ impl<C: RedisConnection> Semaphore<C> {
 }
 
 fn check(limit: u64, ttl: Duration) -> Result<(), Error> {
-    if limit == 0 || limit > MAX_LIMIT {
-        return Err(Error::Request("limit must be between 1 and 10000"));
-    }
-    if ttl < Duration::from_millis(1) || ttl > MAX_TTL {
-        return Err(Error::Request("ttl must be between 1 ms and a day"));
-    }
-    Ok(())
+    let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    core::check(limit, ms).map_err(Error::Request)
 }
 
 impl<C: RedisConnection> Inner<C> {
@@ -314,7 +310,7 @@ impl<C: RedisConnection> Inner<C> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let owner = Arc::clone(self);
         let owned_key = key.to_owned();
-        let late = timeout.max(crate::prefetch::LATE_REPLY);
+        let late = timeout.max(crate::conn::LATE_REPLY);
         runtime.spawn(async move {
             let outcome = call(&owner.conn, &cmd, late, &owner.metrics)
                 .await
@@ -359,14 +355,7 @@ impl<C: RedisConnection> Inner<C> {
     }
 
     fn release_locally(&self, key: &str) {
-        let mut local = lock(&self.local);
-        if let Some(held) = local.get_mut(key) {
-            *held = held.saturating_sub(1);
-            if *held == 0 {
-                local.remove(key);
-            }
-        }
-        drop(local);
+        lock(&self.local).release(key);
         self.metrics.permit_released();
     }
 }

@@ -1,24 +1,29 @@
 //! [`PrefetchLimiter`]: grants from a locally held lease batch, renewed ahead over
 //! `RL.LEASE`, with leftovers settled on renewal and returned on close.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use rl_client_core::budget::Backend as CoreBackend;
+use rl_client_core::lease::{parse_lease, return_command, LeaseTarget};
+use rl_client_core::prefetch::{
+    Begin, Failure as CallFailure, Landed, Lease, Ledger, LedgerConfig, Local, LATE_SLACK,
+};
 use rl_core::Limit;
 
 use crate::backend::Selector;
+use crate::budget::to_reply;
 use crate::clock::mono_ns;
+use crate::config::check_request;
 use crate::conn::{call, RedisConnection};
 use crate::fallback::{lock, Fallback};
 use crate::health::Health;
 use crate::lazy::LazyConnection;
-use crate::limiter::check_request;
-use crate::protocol::{self, lease_cmd, parse_lease, return_cmd};
-use crate::{Decision, Error, Metrics, PrefetchConfig, Source};
+use crate::{Backend, Decision, Error, Metrics, PrefetchConfig, Source};
 
 /// A limiter for one key that leases tokens in batches and grants from the batch locally:
 /// one Redis call per batch instead of per request.
@@ -75,113 +80,55 @@ struct Inner<C: RedisConnection> {
     metrics: Arc<Metrics>,
     health: Health,
     fallback: Fallback,
+    /// The lease ledger (the client core's: what is held, when to renew, what a call
+    /// leaves) and what the shell keeps beside it.
     state: Mutex<State>,
-    /// Woken when a lease call ends (its outcome is in `State::last`).
+    /// Woken when a lease call ends.
     fetched: Arc<Notify>,
     backend: Selector,
     /// `close` was called: no more lease calls; late leases are returned.
     closed: AtomicBool,
 }
 
-/// How long a lease call's reply is awaited in the background after its caller gave up
-/// (this, or the limiter's timeout if longer; the connection's own response timeout may
-/// end it sooner: `LazyConfig::response_timeout`): a reply within it is installed (or
-/// returned), one beyond it is counted in `leases_lost`.
-pub(crate) const LATE_REPLY: Duration = Duration::from_secs(10);
-
-/// How long past a lease call's own bound a take waiting behind it waits at most.
-const LATE_SLACK: Duration = Duration::from_secs(1);
-
-/// A take's place in [`State::line`]. Leaving (returned, timed out, cancelled) it takes
-/// itself out of the line; if no call is in flight then, it wakes the first in line, which
-/// would otherwise wait for a call nobody makes.
-struct Place<'a, C: RedisConnection> {
-    inner: &'a Inner<C>,
-    /// Its number in line, 0 until it first stands in line.
-    id: std::sync::atomic::AtomicU64,
-    n: u64,
-    wake: Arc<Notify>,
+#[derive(Debug)]
+struct State {
+    ledger: Ledger,
+    /// How the last lease call ended (`(flight, outcome)`), for the callers that waited.
+    last: (u64, Outcome),
+    /// The waiters standing in the ledger's line, by number.
+    wakers: HashMap<u64, Arc<Notify>>,
+    /// Lease-call tasks running (until what they return is returned): `close` waits for
+    /// them.
+    tasks: usize,
 }
 
-impl<'a, C: RedisConnection> Place<'a, C> {
-    fn new(inner: &'a Inner<C>, n: u64) -> Self {
-        Place {
-            inner,
-            id: std::sync::atomic::AtomicU64::new(0),
-            n,
-            wake: Arc::new(Notify::new()),
+impl State {
+    /// Counts what the ledger counted since the last look.
+    fn sync(&mut self, metrics: &Metrics) {
+        // Most takes count nothing here (a grant from memory is counted by `Answer`): no
+        // atomic add for them.
+        if self.ledger.counted() {
+            metrics.ledger(&self.ledger.drain());
         }
     }
 
-    /// Stands in line (at the front for its own call, else in arrival order), unless it is
-    /// there already.
-    fn enter(&self, state: &mut State, front: bool) {
-        let mut id = self.id.load(Ordering::Relaxed);
-        if id == 0 {
-            state.waiters += 1;
-            id = state.waiters;
-            self.id.store(id, Ordering::Relaxed);
-        } else if state.line.iter().any(|w| w.id == id) {
-            return;
-        }
-        let waiter = Waiter {
-            id,
-            n: self.n,
-            wake: Arc::clone(&self.wake),
-        };
-        if front {
-            state.line.push_front(waiter);
-        } else {
-            // By arrival: one woken before (and not served) goes back to its place.
-            let at = state
-                .line
-                .iter()
-                .position(|w| w.id > id)
-                .unwrap_or(state.line.len());
-            state.line.insert(at, waiter);
-        }
+    fn wake(&mut self, granted: bool) -> Vec<Arc<Notify>> {
+        let woken = self.ledger.wake(granted);
+        woken
+            .into_iter()
+            .filter_map(|w| self.wakers.remove(&w))
+            .collect()
     }
 }
 
-impl<C: RedisConnection> Drop for Place<'_, C> {
-    fn drop(&mut self) {
-        let id = *self.id.get_mut();
-        if id == 0 {
-            // Never stood in line: served without waiting.
-            return;
-        }
-        let next = {
-            let mut state = lock(&self.inner.state);
-            state.line.retain(|w| w.id != id);
-            if state.fetching {
-                None
-            } else {
-                state.line.pop_front()
-            }
-        };
-        if let Some(next) = next {
-            next.wake.notify_one();
-        }
-    }
-}
-
-/// A lease as the client sees it.
-#[derive(Debug, Clone, Copy)]
-struct HeldLease {
-    id: u64,
-    left: u64,
-    /// When the client stops spending it: the send time of the call plus the TTL.
-    expires: Instant,
-}
-
-/// How the last lease call ended, for the callers that waited for it.
+/// How a lease call ended, for the callers that waited for it.
 #[derive(Debug, Clone, Default)]
 enum Outcome {
     #[default]
     None,
-    /// Tokens installed in the state.
+    /// Tokens installed in the ledger.
     Granted,
-    /// Redis had fewer than `MIN` tokens (see `State::denied`).
+    /// Redis had fewer than `MIN` tokens (the ledger remembers it per size).
     Denied,
     /// Connection failure or timeout: the failure policy decides.
     Outage,
@@ -219,96 +166,104 @@ impl Failure {
     }
 }
 
-#[derive(Debug, Default)]
-struct State {
-    /// The previous lease, spent first (it expires first); settled by the next lease call.
-    older: Option<HeldLease>,
-    /// The latest lease.
-    newer: Option<HeldLease>,
-    /// Renew when at most this many tokens are left.
-    threshold: u64,
-    /// A lease call is in flight (on its own task: a caller that gives up does not stop
-    /// it).
-    fetching: bool,
-    /// Lease calls ended so far, and how the last one ended.
-    generation: u64,
-    last: Outcome,
-    /// Redis said `n` tokens are not there until then: takes of `n` or more are denied
-    /// without asking; smaller ones still ask.
-    denied: Option<(u64, Instant)>,
-    /// The generation of the lease call already counted as timed out (once per call).
-    slow: Option<u64>,
-    /// Takes waiting for a lease call, in arrival order: a landed lease wakes only those it
-    /// can serve, and the first it cannot (which asks Redis next).
-    line: VecDeque<Waiter>,
-    /// Numbers the waiters.
-    waiters: u64,
+/// How a failed call failed, as the ledger reads it.
+fn call_failure(e: &Error) -> CallFailure {
+    if !e.is_outage() {
+        CallFailure::Refused
+    } else if e.may_have_run() {
+        CallFailure::Unknown
+    } else {
+        CallFailure::NotSent
+    }
 }
 
-/// A take waiting in [`State::line`].
-#[derive(Debug)]
-struct Waiter {
-    id: u64,
+fn core_backend(b: Backend) -> CoreBackend {
+    match b {
+        Backend::Functions => CoreBackend::Functions,
+        _ => CoreBackend::Module,
+    }
+}
+
+fn cmd(args: &[Vec<u8>]) -> redis::Cmd {
+    let mut c = redis::cmd(std::str::from_utf8(&args[0]).unwrap_or("RL.LEASE"));
+    for a in &args[1..] {
+        c.arg(a.as_slice());
+    }
+    c
+}
+
+fn nanos(d: Duration) -> u64 {
+    d.as_nanos().min(u128::from(u64::MAX)) as u64
+}
+
+/// A take's place in the ledger's line, and the lease call it made (if any). Leaving
+/// (returned, timed out, cancelled) it takes itself out of the line (waking the first in
+/// line if no call is in the air: it would otherwise wait for a call nobody makes), and
+/// gives back what its call spent for it if it never took it.
+struct Place<'a, C: RedisConnection> {
+    inner: &'a Inner<C>,
+    /// Its number in line, 0 until it first stands in line.
+    id: AtomicU64,
+    /// Its own lease call, until it took (or gave up) what the call brought it.
+    own: AtomicU64,
     n: u64,
-    wake: Arc<Notify>,
+    /// Made when it first stands in line: most takes are served from memory and never do
+    /// (no allocation for them).
+    wake: std::sync::OnceLock<Arc<Notify>>,
 }
 
-impl State {
-    /// Takes out of the line those to wake after a lease call ended: with tokens installed,
-    /// those the held tokens serve in order and the first they do not; else everyone (each
-    /// reads the outcome).
-    fn wake_after(&mut self, granted: bool) -> Vec<Arc<Notify>> {
-        if !granted {
-            return self.line.drain(..).map(|w| w.wake).collect();
+impl<'a, C: RedisConnection> Place<'a, C> {
+    fn new(inner: &'a Inner<C>, n: u64) -> Self {
+        Place {
+            inner,
+            id: AtomicU64::new(0),
+            own: AtomicU64::new(0),
+            n,
+            wake: std::sync::OnceLock::new(),
         }
-        let mut budget = self.left();
-        let mut woken = Vec::new();
-        while let Some(waiter) = self.line.pop_front() {
-            woken.push(waiter.wake);
-            if waiter.n > budget {
-                break;
+    }
+
+    fn wake(&self) -> &Arc<Notify> {
+        self.wake.get_or_init(|| Arc::new(Notify::new()))
+    }
+
+    /// Stands in line (at the front for its own call, else in arrival order), unless it is
+    /// there already.
+    fn enter(&self, state: &mut State, front: bool) {
+        let before = self.id.load(Ordering::Relaxed);
+        let again = (before != 0).then_some(before);
+        let id = state.ledger.enter_line(self.n, front, again);
+        self.id.store(id, Ordering::Relaxed);
+        state.wakers.insert(id, Arc::clone(self.wake()));
+    }
+}
+
+impl<C: RedisConnection> Drop for Place<'_, C> {
+    fn drop(&mut self) {
+        let id = *self.id.get_mut();
+        let own = *self.own.get_mut();
+        if id == 0 && own == 0 {
+            // Never stood in line: served without waiting.
+            return;
+        }
+        let next = {
+            let mut state = lock(&self.inner.state);
+            if own != 0 {
+                // Cancelled or timed out before taking what its call brought: the tokens
+                // spent for it go back into the lease.
+                state.ledger.release(own, false, mono_ns());
             }
-            budget -= waiter.n;
+            state.wakers.remove(&id);
+            let next = if id == 0 {
+                None
+            } else {
+                state.ledger.leave_line(id)
+            };
+            next.and_then(|w| state.wakers.remove(&w))
+        };
+        if let Some(next) = next {
+            next.notify_one();
         }
-        woken
-    }
-
-    fn drop_expired(&mut self, now: Instant, metrics: &Metrics) {
-        for slot in [&mut self.older, &mut self.newer] {
-            if slot.is_some_and(|l| l.expires <= now) {
-                if slot.is_some_and(|l| l.left > 0) {
-                    metrics.lease_expired();
-                }
-                *slot = None;
-            }
-        }
-    }
-
-    fn left(&self) -> u64 {
-        self.older.map_or(0, |l| l.left) + self.newer.map_or(0, |l| l.left)
-    }
-
-    /// Spends `n` from the leases, older first, if they hold that many.
-    fn spend(&mut self, n: u64) -> bool {
-        if self.left() < n {
-            return false;
-        }
-        let mut due = n;
-        for lease in [&mut self.older, &mut self.newer].into_iter().flatten() {
-            let part = due.min(lease.left);
-            lease.left -= part;
-            due -= part;
-        }
-        true
-    }
-
-    /// How long a take of `n` is known to be denied.
-    fn denied_for(&self, n: u64, now: Instant) -> Option<Duration> {
-        let (size, until) = self.denied?;
-        if n < size {
-            return None;
-        }
-        until.checked_duration_since(now).filter(|d| !d.is_zero())
     }
 }
 
@@ -348,17 +303,40 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
         if config.batch as f64 > limit.cap() {
             return Err(Error::Config("batch must not exceed cap"));
         }
+        let key = key.into();
+        let ledger = Ledger::new(
+            LeaseTarget {
+                key: key.clone().into_bytes(),
+                rate: limit.rate(),
+                cap: limit.cap(),
+                init: config.limiter.init,
+                version: config.limiter.version,
+            },
+            LedgerConfig {
+                batch: config.batch,
+                ttl_ms: config.ttl_ms(),
+                renew_at: config.renew_at,
+                jitter: config.jitter,
+                timeout: nanos(config.limiter.timeout),
+            },
+        )
+        .map_err(|_| Error::Config("invalid prefetch configuration"))?;
         Ok(PrefetchLimiter {
             inner: Arc::new(Inner {
                 conn,
-                key: key.into(),
+                key,
                 backend: Selector::new(config.limiter.backend),
                 health: Health::new(config.limiter.probe_interval),
                 fallback: Fallback::new(limit, &config.limiter),
                 limit,
                 config,
                 metrics,
-                state: Mutex::new(State::default()),
+                state: Mutex::new(State {
+                    ledger,
+                    last: (0, Outcome::None),
+                    wakers: HashMap::new(),
+                    tasks: 0,
+                }),
                 fetched: Arc::new(Notify::new()),
                 closed: AtomicBool::new(false),
             }),
@@ -380,8 +358,9 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
     /// Tokens held locally right now (unexpired lease leftovers).
     pub fn held(&self) -> u64 {
         let mut state = lock(&self.inner.state);
-        state.drop_expired(Instant::now(), &self.inner.metrics);
-        state.left()
+        let held = state.ledger.held(mono_ns());
+        state.sync(&self.inner.metrics);
+        held
     }
 
     /// Decides on `n` tokens: from the held batch when it has them (no Redis call), else
@@ -389,9 +368,9 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
     /// Returns within [`LimiterConfig::timeout`](crate::LimiterConfig::timeout), except a
     /// take that waited for another take's (or a renewal's) lease call: that call is not
     /// this take's to judge, so it waits for it (up to the call's own bound, the
-    /// connection's response timeout or at most `max(timeout, 10 s)`) and, if it must then
-    /// ask Redis itself, gives its own call the whole timeout. Waiting takes are served in
-    /// arrival order.
+    /// connection's response timeout or at most the late-reply bound,
+    /// `max(10 s, ttl + timeout + 1 s)`) and, if it must then ask Redis itself, gives its
+    /// own call the whole timeout. Waiting takes are served in arrival order.
     ///
     /// The lease call runs on its own task: if this future is dropped (a request timeout,
     /// `select!`) or its timeout passes, the call still completes and its tokens are
@@ -423,90 +402,170 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                 answer.decided(decision.allowed, decision.granted, false);
                 return Ok(decision);
             }
+            let backend = match inner.backend.get(&inner.conn, inner.late_bound()).await {
+                Ok(b) => core_backend(b),
+                Err(e) if e.is_outage() => {
+                    inner.health.failed();
+                    return Ok(self.fallback(n, answer));
+                }
+                Err(e) => {
+                    answer.errored(&e);
+                    return Err(e);
+                }
+            };
             enum Next {
                 Fallback,
                 Deny,
-                Start(u64),
+                Start(u64, Vec<Vec<u8>>),
                 Join(u64),
             }
             let next = {
                 let mut state = lock(&inner.state);
                 let now = tokio::time::Instant::now();
-                if !state.fetching {
-                    if started && now >= deadline {
-                        // Others spent what this take's own call brought, and its time is up.
-                        Next::Deny
-                    } else if inner.health.may_call() {
-                        state.fetching = true;
-                        if !started {
-                            // A take that waited behind other calls gives its own the whole
-                            // timeout.
-                            started = true;
-                            deadline = now + timeout;
-                        }
-                        place.enter(&mut state, true);
-                        Next::Start(state.generation)
-                    } else {
-                        Next::Fallback
-                    }
-                } else if inner.health.is_down() {
+                let flying = state.ledger.in_flight();
+                if !flying && started && now >= deadline {
+                    // Others spent what this take's own call brought, and its time is up.
+                    Next::Deny
+                } else if !flying && !inner.health.may_call() {
+                    Next::Fallback
+                } else if flying && inner.health.is_down() {
                     // A probe is in flight, or the call's own caller judged it an outage: do
                     // not wait for a Redis believed down.
                     Next::Fallback
                 } else {
-                    place.enter(&mut state, false);
-                    Next::Join(state.generation)
+                    match state.ledger.begin(backend, n, mono_ns()) {
+                        Begin::Closed => Next::Fallback,
+                        Begin::Busy { flight } => {
+                            place.enter(&mut state, false);
+                            Next::Join(flight)
+                        }
+                        Begin::Send { flight, command } => {
+                            if !started {
+                                // A take that waited behind other calls gives its own the
+                                // whole timeout.
+                                started = true;
+                                deadline = now + timeout;
+                            }
+                            place.own.store(flight, Ordering::Relaxed);
+                            place.enter(&mut state, true);
+                            Next::Start(flight, command)
+                        }
+                    }
                 }
             };
+            // The call waited for: another's (`seen`) or its own.
             let (seen, own) = match next {
+                Next::Fallback if inner.closed.load(Ordering::Acquire) => {
+                    answer.errored(&Error::Closed);
+                    return Err(Error::Closed);
+                }
                 Next::Fallback => return Ok(self.fallback(n, answer)),
                 Next::Deny => {
                     let decision = self.denied(Duration::ZERO, Source::Server);
                     answer.decided(false, 0, false);
                     return Ok(decision);
                 }
-                Next::Join(generation) => (generation, false),
-                Next::Start(generation) => {
-                    if let Some(inline) = Inner::spawn_fetch(inner, n) {
+                Next::Join(seen) => (seen, 0),
+                Next::Start(flight, command) => {
+                    if let Some(inline) = Inner::spawn_fetch(inner, flight, command) {
                         inline.await;
                     }
-                    (generation, true)
+                    (0, flight)
                 }
             };
             asked = true;
             // Only a call's own caller judges it by its timeout. A take waiting behind
             // another's call waits for it past its own deadline (a busy process is no
             // outage), up to the call's own bound: the call ends by then.
-            let until = if own {
+            let until = if own != 0 {
                 deadline
             } else {
-                deadline.max(tokio::time::Instant::now() + inner.late_bound() + LATE_SLACK)
+                let bound = inner.late_bound() + Duration::from_nanos(LATE_SLACK);
+                deadline.max(tokio::time::Instant::now() + bound)
             };
-            let woken = tokio::time::timeout_at(until, place.wake.notified())
+            let woken = tokio::time::timeout_at(until, place.wake().notified())
                 .await
                 .is_ok();
-            let last = {
-                let state = lock(&inner.state);
-                (state.generation != seen).then(|| state.last.clone())
-            };
-            match last {
-                None if !woken && own => {
-                    // Redis is slow: an outage for this caller and the next ones (the
-                    // call goes on; its outcome ends the outage if it succeeds). Those
-                    // waiting behind the call learn it now.
-                    let (first, woken) = {
-                        let mut state = lock(&inner.state);
-                        let first =
-                            state.generation == seen && state.slow.replace(seen) != Some(seen);
-                        inner.health.failed();
-                        (first, state.wake_after(false))
+            if own != 0 {
+                let (claimed, ended, last, woken_behind, renew) = {
+                    let mut state = lock(&inner.state);
+                    let ended = state.ledger.has_ended(own);
+                    let claimed = if ended {
+                        state.ledger.claim(own)
+                    } else if !woken {
+                        // Redis is slow: an outage for this caller and the next ones (the
+                        // call goes on; its outcome ends the outage if it succeeds).
+                        state.ledger.give_up(own)
+                    } else {
+                        None
                     };
-                    if first {
-                        inner.metrics.slow_call();
-                    }
-                    woken.iter().for_each(|w| w.notify_one());
+                    let last = (state.last.0 == own).then(|| state.last.1.clone());
+                    let behind = if !ended && claimed.is_none() && !woken {
+                        inner.health.failed();
+                        state.wake(false)
+                    } else {
+                        Vec::new()
+                    };
+                    let now = mono_ns();
+                    let left = state.ledger.held(now);
+                    // Its grant may leave the batch at the threshold: renew as a take from
+                    // memory would.
+                    let renew = match (claimed, inner.backend.known()) {
+                        (Some(_), Some(b)) if !inner.closed.load(Ordering::Acquire) => {
+                            let down = inner.health.is_down();
+                            match state.ledger.renewal_due(now, down) {
+                                true => match state.ledger.begin(core_backend(b), 0, now) {
+                                    Begin::Send { flight, command } => Some((flight, command)),
+                                    _ => None,
+                                },
+                                false => None,
+                            }
+                        }
+                        _ => None,
+                    };
+                    state.sync(&inner.metrics);
+                    place.own.store(0, Ordering::Relaxed);
+                    (claimed.map(|t| (t, left)), ended, last, behind, renew)
+                };
+                woken_behind.iter().for_each(|w| w.notify_one());
+                if let Some((flight, command)) = renew {
+                    inner.renew(flight, command);
+                }
+                if let Some((tokens, left)) = claimed {
+                    answer.decided(true, tokens, false);
+                    let cap = inner.limit.cap();
+                    return Ok(Decision::granted(
+                        tokens,
+                        left as f64,
+                        Duration::ZERO,
+                        cap,
+                        Source::Server,
+                    ));
+                }
+                if !ended && !woken {
                     return Ok(self.fallback(n, answer));
                 }
+                match last {
+                    Some(Outcome::Outage) => return Ok(self.fallback(n, answer)),
+                    Some(Outcome::Failed(failure)) => {
+                        let e = failure.error();
+                        answer.errored(&e);
+                        return Err(e);
+                    }
+                    Some(Outcome::Stale) => {
+                        let decision = self.denied(Duration::ZERO, Source::Server);
+                        answer.decided(false, 0, false);
+                        return Ok(decision);
+                    }
+                    _ => continue,
+                }
+            }
+            let last = {
+                // The outcome of the call it waited for, once its task recorded it.
+                let state = lock(&inner.state);
+                (state.last.0 == seen).then(|| state.last.1.clone())
+            };
+            match last {
                 // Past the call's own bound: unreachable unless the runtime stalls; the
                 // call is not this take's to judge.
                 None if !woken => return Ok(self.fallback(n, answer)),
@@ -522,7 +581,7 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
                     answer.decided(false, 0, false);
                     return Ok(decision);
                 }
-                // Granted or denied: the state says what is there now.
+                // Granted or denied: the ledger says what is there now.
                 Some(_) => continue,
             }
         }
@@ -537,33 +596,35 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
     /// starts after `close`.
     pub async fn close(&self) -> Result<u64, Error> {
         let inner = &self.inner;
-        {
-            // Under the state lock: a lease call landing from now on sees `closed` before it
-            // could install its lease (see `fetch`), so none slips in after the take below.
-            let _state = lock(&inner.state);
+        let leases = {
+            // The flag and the ledger close together: a lease call landing from now on
+            // returns its lease itself, never installs it.
+            let mut state = lock(&inner.state);
             inner.closed.store(true, Ordering::Release);
-        }
+            let leases = state.ledger.close(mono_ns());
+            state.sync(&inner.metrics);
+            leases
+        };
         let wait = inner.config.limiter.timeout;
         let _ = tokio::time::timeout(wait, async {
             loop {
                 let notified = inner.fetched.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
-                if !lock(&inner.state).fetching {
+                let idle = {
+                    let state = lock(&inner.state);
+                    !state.ledger.in_flight() && state.tasks == 0
+                };
+                if idle {
                     return;
                 }
                 notified.await;
             }
         })
         .await;
-        let leases = {
-            let mut state = lock(&inner.state);
-            state.drop_expired(Instant::now(), &inner.metrics);
-            [state.older.take(), state.newer.take()]
-        };
         let mut credited = 0;
         let mut failure = None;
-        for lease in leases.into_iter().flatten() {
+        for lease in leases {
             match inner.give_back(lease).await {
                 Ok(tokens) => credited += tokens,
                 Err(e) => failure = failure.or(Some(e)),
@@ -575,44 +636,50 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
     /// Closed from the start (a keyed prefetcher after its `close`): takes answer
     /// [`Error::Closed`], nothing is leased.
     pub(crate) fn mark_closed(&self) {
-        self.inner.closed.store(true, Ordering::Release);
+        let inner = &self.inner;
+        inner.closed.store(true, Ordering::Release);
+        lock(&inner.state).ledger.close(mono_ns());
     }
 
     /// A grant from the held batch, or a denial Redis gave lately for this size; `None`
     /// if Redis must be asked. Starts a background renewal when the batch runs low.
     fn decide_locally(&self, n: u64) -> Option<Decision> {
         let inner = &self.inner;
-        let now = Instant::now();
+        let now = mono_ns();
+        let closed = inner.closed.load(Ordering::Acquire);
         let mut state = lock(&inner.state);
-        state.drop_expired(now, &inner.metrics);
-        if state.spend(n) {
-            let renew = !state.fetching
-                && state.left() <= state.threshold
-                && state.denied_for(1, now).is_none()
-                && !inner.health.is_down()
-                && !inner.closed.load(Ordering::Acquire);
-            state.fetching |= renew;
-            let left = state.left();
-            drop(state);
-            if renew {
-                if let Some(inline) = Inner::spawn_fetch(inner, 0) {
-                    // No runtime to spawn on: the next take that needs Redis renews.
-                    drop(inline);
-                    lock(&inner.state).fetching = false;
-                }
+        let local = state.ledger.take(n, now, inner.health.is_down() || closed);
+        let decision = match local {
+            Local::Ask => None,
+            Local::Denied { retry_after_ms } => {
+                Some(self.denied(Duration::from_millis(retry_after_ms), Source::Lease))
             }
-            let cap = inner.limit.cap();
-            return Some(Decision::granted(
-                n,
-                left as f64,
-                Duration::ZERO,
-                cap,
-                Source::Lease,
-            ));
-        }
-        let wait = state.denied_for(n, now)?;
-        drop(state);
-        Some(self.denied(wait, Source::Lease))
+            Local::Granted { left, renew } => {
+                // A lease exists only after a call, which resolved the backend.
+                let fetch = match renew.then(|| inner.backend.known()).flatten() {
+                    Some(b) => match state.ledger.begin(core_backend(b), 0, now) {
+                        Begin::Send { flight, command } => Some((flight, command)),
+                        _ => None,
+                    },
+                    None => None,
+                };
+                state.sync(&inner.metrics);
+                drop(state);
+                if let Some((flight, command)) = fetch {
+                    inner.renew(flight, command);
+                }
+                let cap = inner.limit.cap();
+                return Some(Decision::granted(
+                    n,
+                    left as f64,
+                    Duration::ZERO,
+                    cap,
+                    Source::Lease,
+                ));
+            }
+        };
+        state.sync(&inner.metrics);
+        decision
     }
 
     fn fallback(&self, n: u64, answer: crate::metrics::Answer<'_>) -> Decision {
@@ -629,18 +696,34 @@ impl<C: RedisConnection> PrefetchLimiter<C> {
 }
 
 impl<C: RedisConnection> Inner<C> {
-    /// How long a lease reply is awaited at most.
+    /// How long a lease reply is awaited at most: the client core's late-reply bound,
+    /// `max(10 s, ttl + timeout + 1 s)`.
     fn late_bound(&self) -> Duration {
-        self.config.limiter.timeout.max(LATE_REPLY)
+        Duration::from_nanos(rl_client_core::prefetch::late_reply_bound(
+            nanos(self.config.limiter.timeout),
+            self.config.ttl_ms(),
+        ))
     }
 
-    /// Starts the lease call (the caller set `fetching`) on its own task; without a
-    /// runtime, answers the future for the caller to run inline.
+    /// Starts renewal `flight` in the background.
+    fn renew(self: &Arc<Self>, flight: u64, command: Vec<Vec<u8>>) {
+        if let Some(inline) = Inner::spawn_fetch(self, flight, command) {
+            // No runtime to spawn on: the next take that needs Redis renews.
+            drop(inline);
+            let mut state = lock(&self.state);
+            state.ledger.failed(flight, CallFailure::NotSent, mono_ns());
+            state.sync(&self.metrics);
+        }
+    }
+
+    /// Starts lease call `flight` on its own task; without a runtime, answers the future
+    /// for the caller to run inline.
     fn spawn_fetch(
         inner: &Arc<Inner<C>>,
-        need: u64,
+        flight: u64,
+        command: Vec<Vec<u8>>,
     ) -> Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> {
-        let task = Box::pin(Arc::clone(inner).fetch(need));
+        let task = Box::pin(Arc::clone(inner).fetch(flight, command));
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(task);
@@ -650,151 +733,63 @@ impl<C: RedisConnection> Inner<C> {
         }
     }
 
-    /// One `RL.LEASE` call: at least `need` tokens (1 for a renewal) and up to a batch,
-    /// settling the older lease. Everything granted is installed in the state (whoever
-    /// waits spends from there), or returned if it cannot be. Ends the `fetching` slot and
-    /// wakes the waiters with the outcome.
-    async fn fetch(self: Arc<Self>, need: u64) {
-        let outcome = self.lease(need).await;
-        let mut state = lock(&self.state);
-        state.fetching = false;
-        state.generation += 1;
-        let woken = state.wake_after(matches!(outcome, Outcome::Granted));
-        state.last = outcome;
-        drop(state);
+    /// One `RL.LEASE` call, as the ledger built it: what it brings is installed in the
+    /// ledger (whoever waits spends from there) or returned if it cannot be; the waiters
+    /// are woken with the outcome.
+    async fn fetch(self: Arc<Self>, flight: u64, command: Vec<Vec<u8>>) {
+        lock(&self.state).tasks += 1;
+        let result = call(&self.conn, &cmd(&command), self.late_bound(), &self.metrics).await;
+        let now = mono_ns();
+        let (outcome, give_back) = {
+            let mut state = lock(&self.state);
+            let ended = match result {
+                Ok(value) => {
+                    let reply = to_reply(value);
+                    let tokens = parse_lease(&reply).map(|r| r.tokens).ok();
+                    match state
+                        .ledger
+                        .landed(flight, &reply, now, crate::jitter::unit())
+                    {
+                        Ok(landing) => {
+                            self.health.succeeded();
+                            if let Some(tokens) = tokens {
+                                self.fallback.observe(&self.key, tokens, None, now);
+                            }
+                            let outcome = match landing.landed {
+                                Landed::Granted { .. } => Outcome::Granted,
+                                Landed::Denied { .. } => Outcome::Denied,
+                                Landed::Stale => Outcome::Stale,
+                                Landed::Closed => Outcome::Failed(Failure::Closed),
+                            };
+                            (outcome, landing.give_back)
+                        }
+                        Err(e) => (Outcome::Failed(Failure::Reply(e.0)), Vec::new()),
+                    }
+                }
+                Err(e) => {
+                    let back = state.ledger.failed(flight, call_failure(&e), now);
+                    (self.failed(&e), back)
+                }
+            };
+            state.sync(&self.metrics);
+            ended
+        };
+        for lease in give_back {
+            let _ = self.give_back(lease).await;
+        }
+        let woken = {
+            let mut state = lock(&self.state);
+            let woken = state.wake(matches!(outcome, Outcome::Granted));
+            state.last = (flight, outcome);
+            state.tasks -= 1;
+            woken
+        };
         // Let go of the limiter before waking its callers: if they drop it, the last
         // handle (which returns the leftovers) is theirs, not this task's.
         let fetched = Arc::clone(&self.fetched);
         drop(self);
         woken.iter().for_each(|w| w.notify_one());
         fetched.notify_waiters();
-    }
-
-    async fn lease(&self, need: u64) -> Outcome {
-        let settle = {
-            let mut state = lock(&self.state);
-            state.drop_expired(Instant::now(), &self.metrics);
-            // Out of the state before the call: nobody spends what is being returned.
-            state.older.take()
-        };
-        let late = self.late_bound();
-        let backend = match self.backend.get(&self.conn, late).await {
-            Ok(backend) => backend,
-            Err(e) => {
-                self.restore(settle).await;
-                return self.failed(&e);
-            }
-        };
-        let ask = self.config.batch.max(need);
-        // A lease of id 0 (granted under an `EXEMPT` pin, or a shadow grant) debited
-        // nothing: there is nothing to return, and it is simply dropped.
-        let settling = settle.filter(|l| l.id != 0).map(|l| (l.id, l.left));
-        let cmd = lease_cmd(
-            backend,
-            &self.key,
-            &self.limit,
-            ask,
-            self.config.ttl_ms(),
-            need.max(1),
-            settling,
-            protocol::LimitOptions::of(&self.config.limiter),
-        );
-        let sent = Instant::now();
-        let granted = match call(&self.conn, &cmd, late, &self.metrics)
-            .await
-            .and_then(parse_lease)
-        {
-            Ok(granted) => granted,
-            Err(e) => {
-                if e.may_have_run() {
-                    // Unknown outcome (a timeout, a reset after the write): the server may
-                    // hold a lease for us we cannot return.
-                    self.metrics.lease_lost();
-                }
-                if e.is_outage() {
-                    // The settled lease is gone either way (spending it again could spend
-                    // tokens the call returned): if the call did not arrive, its leftover
-                    // expires on the server unspent.
-                    if settle.is_some_and(|l| l.left > 0) {
-                        self.metrics.lease_lost();
-                    }
-                } else {
-                    // An error reply changes nothing on the server: keep the older lease.
-                    self.restore(settle).await;
-                }
-                return self.failed(&e);
-            }
-        };
-        self.health.succeeded();
-        if let Some((_, unused)) = settling {
-            self.metrics.returned(unused);
-        }
-        self.metrics.lease(granted.tokens);
-        self.fallback
-            .observe(&self.key, granted.tokens, None, mono_ns());
-
-        let now = Instant::now();
-        if granted.tokens == 0 {
-            let retry_after = Duration::from_millis(granted.retry_after_ms);
-            let mut state = lock(&self.state);
-            let size = need.max(1);
-            // Keep the smallest size known to be denied.
-            if state
-                .denied
-                .is_none_or(|(s, until)| size <= s || until <= now)
-            {
-                state.denied = Some((size, now + retry_after));
-            }
-            return Outcome::Denied;
-        }
-        let ttl = self.config.ttl.min(Duration::from_millis(granted.ttl_ms));
-        let lease = HeldLease {
-            id: granted.id,
-            left: granted.tokens,
-            expires: sent + ttl,
-        };
-        if lease.expires <= now {
-            // Arrived expired (a TTL shorter than the round trip): nothing to spend.
-            let _ = self.give_back(lease).await;
-            return Outcome::Stale;
-        }
-        let mut state = lock(&self.state);
-        // `close` sets `closed` under this lock and then takes what `state` holds: a lease
-        // that finds it set here is nobody's but this task's to return.
-        if self.closed.load(Ordering::Acquire) {
-            drop(state);
-            let _ = self.give_back(lease).await;
-            return Outcome::Failed(Failure::Closed);
-        }
-        // `older` was taken above and only lease calls (one at a time) put leases in.
-        if let Some(previous) = state.older.take() {
-            // Unreachable, but never drop a lease silently.
-            state.newer = state.newer.or(Some(previous));
-        }
-        state.older = state.newer.replace(lease);
-        state.threshold = self.config.draw_threshold();
-        state.denied = None;
-        Outcome::Granted
-    }
-
-    /// Puts a lease taken out for settling back (the call that would settle it failed
-    /// without reaching the server's state), or returns it if the limiter was closed
-    /// meanwhile: `close` has taken what the state held, so the lease is this task's.
-    async fn restore(&self, lease: Option<HeldLease>) {
-        let Some(lease) = lease else {
-            return;
-        };
-        {
-            // `closed` is set under this lock (see `close`).
-            let mut state = lock(&self.state);
-            if !self.closed.load(Ordering::Acquire) {
-                if state.older.is_none() && lease.expires > Instant::now() {
-                    state.older = Some(lease);
-                }
-                return;
-            }
-        }
-        let _ = self.give_back(lease).await;
     }
 
     fn failed(&self, e: &Error) -> Outcome {
@@ -806,27 +801,19 @@ impl<C: RedisConnection> Inner<C> {
         }
     }
 
-    /// `RL.RETURN` of a lease's leftover; a failed return counts the lease as lost. A lease
-    /// of id 0 (exempt or shadow) debited nothing: nothing is sent, nothing credited.
-    async fn give_back(&self, lease: HeldLease) -> Result<u64, Error> {
-        if lease.id == 0 {
-            return Ok(0);
-        }
+    /// `RL.RETURN` of a lease's leftover; a failed return counts the lease as lost.
+    async fn give_back(&self, lease: Lease) -> Result<u64, Error> {
+        let timeout = self.config.limiter.timeout;
         let outcome = async {
-            let backend = self
-                .backend
-                .get(&self.conn, self.config.limiter.timeout)
-                .await?;
-            let cmd = return_cmd(backend, &self.key, lease.id, lease.left);
-            call(&self.conn, &cmd, self.config.limiter.timeout, &self.metrics)
-                .await
-                .and_then(protocol::integer)
+            let backend = core_backend(self.backend.get(&self.conn, timeout).await?);
+            let args = return_command(backend, self.key.as_bytes(), lease.id, lease.left);
+            let value = call(&self.conn, &cmd(&args), timeout, &self.metrics).await?;
+            rl_client_core::lease::parse_return(&to_reply(value)).map_err(|e| Error::Reply(e.0))
         }
         .await;
-        match &outcome {
-            Ok(_) => self.metrics.returned(lease.left),
-            Err(_) => self.metrics.lease_lost(),
-        }
+        let mut state = lock(&self.state);
+        state.ledger.returned(&lease, outcome.is_ok());
+        state.sync(&self.metrics);
         outcome
     }
 }
@@ -842,13 +829,9 @@ impl<C: RedisConnection> Drop for Inner<C> {
             .state
             .get_mut()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let now = Instant::now();
-        let leases: Vec<HeldLease> = [state.older.take(), state.newer.take()]
-            .into_iter()
-            .flatten()
-            // Spent-out leases too: returning closes them, freeing their slot on the key.
-            .filter(|l| l.expires > now && l.id != 0)
-            .collect();
+        // Spent-out leases too: returning closes them, freeing their slot on the key.
+        let leases = state.ledger.close(mono_ns());
+        self.metrics.ledger(&state.ledger.drain());
         if leases.is_empty() {
             return;
         }
@@ -859,14 +842,20 @@ impl<C: RedisConnection> Drop for Inner<C> {
         let Some(backend) = self.backend.known() else {
             return;
         };
+        let backend = core_backend(backend);
         let mut conn = self.conn.clone();
         let key = self.key.clone();
         let timeout = self.config.limiter.timeout;
         let metrics = Arc::clone(&self.metrics);
         let give_back = async move {
             for lease in leases {
-                let cmd = return_cmd(backend, &key, lease.id, lease.left);
-                let outcome = tokio::time::timeout(timeout, conn.req_packed_command(&cmd)).await;
+                let args = cmd(&return_command(
+                    backend,
+                    key.as_bytes(),
+                    lease.id,
+                    lease.left,
+                ));
+                let outcome = tokio::time::timeout(timeout, conn.req_packed_command(&args)).await;
                 match outcome {
                     Ok(Ok(_)) => metrics.returned(lease.left),
                     _ => metrics.lease_lost(),

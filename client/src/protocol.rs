@@ -94,32 +94,6 @@ pub(crate) fn refund_cmd(backend: Backend, key: &str, n: u64) -> Cmd {
     cmd
 }
 
-/// `RL.LEASE key rate cap n ttl_ms MIN min [RETURN id unused] [INIT tokens] [VERSION v]`.
-#[allow(clippy::too_many_arguments)] // the command's own arguments, named
-pub(crate) fn lease_cmd(
-    backend: Backend,
-    key: &str,
-    limit: &Limit,
-    n: u64,
-    ttl_ms: u64,
-    min: u64,
-    settle: Option<(u64, u64)>,
-    options: LimitOptions,
-) -> Cmd {
-    let mut cmd = head(backend, "RL.LEASE");
-    cmd.arg(key)
-        .arg(limit.rate())
-        .arg(limit.cap())
-        .arg(n)
-        .arg(ttl_ms)
-        .arg("MIN")
-        .arg(min);
-    if let Some((id, unused)) = settle {
-        cmd.arg("RETURN").arg(id).arg(unused);
-    }
-    with_limit_options(cmd, options)
-}
-
 /// `RL.PEEK key`.
 pub(crate) fn peek_cmd(backend: Backend, key: &str) -> Cmd {
     let mut cmd = head(backend, "RL.PEEK");
@@ -139,7 +113,7 @@ pub(crate) fn peek_reply(v: Value) -> Result<Option<f64>, Error> {
 }
 
 /// `RL.MTAKE n key rate cap [key rate cap ...] [INIT tokens] [VERSION v]` (or `FCALL rl_mtake N keys.. n
-/// rate cap..`).
+/// rate cap..`): the client core's command ([`rl_client_core::rules::mtake_command`]).
 pub(crate) fn mtake_cmd(
     backend: Backend,
     keys: &[&str],
@@ -147,65 +121,28 @@ pub(crate) fn mtake_cmd(
     n: u64,
     options: LimitOptions,
 ) -> Cmd {
-    let cmd = match backend {
-        Backend::Functions => {
-            let mut cmd = redis::cmd("FCALL");
-            cmd.arg("rl_mtake").arg(keys.len());
-            for key in keys {
-                cmd.arg(*key);
-            }
-            cmd.arg(n);
-            for _ in keys {
-                cmd.arg(limit.rate()).arg(limit.cap());
-            }
-            cmd
-        }
-        _ => {
-            let mut cmd = redis::cmd("RL.MTAKE");
-            cmd.arg(n);
-            for key in keys {
-                cmd.arg(*key).arg(limit.rate()).arg(limit.cap());
-            }
-            cmd
-        }
+    let core = match backend {
+        Backend::Functions => rl_client_core::budget::Backend::Functions,
+        _ => rl_client_core::budget::Backend::Module,
     };
+    let buckets: Vec<(&[u8], f64, f64)> = keys
+        .iter()
+        .map(|k| (k.as_bytes(), limit.rate(), limit.cap()))
+        .collect();
+    let args = rl_client_core::rules::mtake_command(core, &buckets, n, false);
+    let mut cmd = redis::cmd(std::str::from_utf8(&args[0]).unwrap_or("RL.MTAKE"));
+    for a in &args[1..] {
+        cmd.arg(a.as_slice());
+    }
     with_limit_options(cmd, options)
 }
 
-/// `RL.MTAKE`'s `[granted, denied_by, retry_after_ms]`: the tokens granted.
+/// `RL.MTAKE`'s `[granted, denied_by, retry_after_ms]`: the tokens granted (the client
+/// core's parser, [`rl_client_core::rules::parse_mtake`]).
 pub(crate) fn mtake_reply(v: Value) -> Result<u64, Error> {
-    let items = array(v, 3)?;
-    count(&items[0])
-}
-
-/// `RL.RETURN key id unused`.
-pub(crate) fn return_cmd(backend: Backend, key: &str, id: u64, unused: u64) -> Cmd {
-    let mut cmd = head(backend, "RL.RETURN");
-    cmd.arg(key).arg(id).arg(unused);
-    cmd
-}
-
-/// What `RL.LEASE` answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct LeaseReply {
-    /// Tokens granted (0 = denied).
-    pub(crate) tokens: u64,
-    /// The lease's id, for `RETURN` / `RL.RETURN`.
-    pub(crate) id: u64,
-    /// The TTL the server applied.
-    pub(crate) ttl_ms: u64,
-    /// When denied: how long until `MIN` tokens are there.
-    pub(crate) retry_after_ms: u64,
-}
-
-pub(crate) fn parse_lease(v: Value) -> Result<LeaseReply, Error> {
-    let items = array(v, 4)?;
-    Ok(LeaseReply {
-        tokens: count(&items[0])?,
-        id: count(&items[1])?,
-        ttl_ms: count(&items[2])?,
-        retry_after_ms: count(&items[3])?,
-    })
+    rl_client_core::rules::parse_mtake(&crate::budget::to_reply(v), None)
+        .map(|r| r.granted)
+        .map_err(|e| Error::Reply(e.0))
 }
 
 pub(crate) fn acquire_cmd(key: &str, limit: u64, ttl: Duration) -> Cmd {
@@ -525,36 +462,6 @@ mod tests {
     }
 
     #[test]
-    fn settlement_rides_on_the_lease_call() {
-        let limit = Limit::new(10.0, 100.0).unwrap();
-        let cmd = lease_cmd(
-            Backend::Module,
-            "k",
-            &limit,
-            20,
-            1000,
-            1,
-            Some((7, 3)),
-            LimitOptions {
-                init: Some(0.5),
-                version: Some(3),
-            },
-        );
-        let args: Vec<String> = cmd
-            .args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
-                redis::Arg::Cursor => "?".into(),
-            })
-            .collect();
-        assert_eq!(args[0], "RL.LEASE");
-        assert_eq!(
-            args[4..],
-            ["20", "1000", "MIN", "1", "RETURN", "7", "3", "INIT", "0.5", "VERSION", "3"]
-        );
-    }
-
-    #[test]
     fn a_take_reply_says_the_pin_that_decided() {
         let four = || {
             vec![
@@ -624,18 +531,6 @@ mod tests {
             words(&exempt),
             ["FCALL", "rl_pin", "1", "k", "EXEMPT", "PX", "5"]
         );
-    }
-
-    #[test]
-    fn lease_reply_parses() {
-        let v = Value::Array(vec![
-            Value::Int(5),
-            Value::Int(42),
-            Value::Int(1000),
-            Value::Int(0),
-        ]);
-        let r = parse_lease(v).unwrap();
-        assert_eq!((r.tokens, r.id, r.ttl_ms), (5, 42, 1000));
     }
 
     fn words(c: &Cmd) -> Vec<String> {
@@ -783,14 +678,16 @@ mod tests {
                         secs(r.reset_after),
                     ]
                 }),
-                "RL.LEASE" => parse_lease(v).map(|r| {
-                    vec![
-                        r.tokens as f64,
-                        r.id as f64,
-                        r.ttl_ms as f64,
-                        r.retry_after_ms as f64,
-                    ]
-                }),
+                "RL.LEASE" => rl_client_core::lease::parse_lease(&crate::budget::to_reply(v))
+                    .map_err(|e| Error::Reply(e.0))
+                    .map(|r| {
+                        vec![
+                            r.tokens as f64,
+                            r.id as f64,
+                            r.ttl_ms as f64,
+                            r.retry_after_ms as f64,
+                        ]
+                    }),
                 "RL.ACQUIRE" => acquire_reply(v).map(|r| {
                     vec![
                         f64::from(u8::from(r.granted)),

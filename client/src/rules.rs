@@ -1,21 +1,6 @@
-//! Layered limits from one document, the twin of the Python client's `redis_rl.rules`
-//! (same format, same plans: both run `protocol/rules_cases.json`; docs/rules.md).
-//!
-//! ```yaml
-//! prefix: "rl:rules:"          # optional
-//! attributes: [org]            # optional: attributes beyond ip, path, method, host, user, tier, api_key
-//! layers:
-//!   - name: global_ip          # [A-Za-z0-9_.-]{1,64}, unique
-//!     match: {path: "/v1/*"}   # attribute -> glob (or list of globs), all must match
-//!     key: "ip:{ip}"           # {attribute} placeholders
-//!     limit: "5000/minute"     # a limit string (rl_client::limits)
-//!     code: ip_rate_limit      # optional: what a 429 says
-//!     shadow: false            # optional: decide and count, never refuse
-//! ```
-//!
-//! Layers with the same `key` template form a group: the first of them that matches
-//! applies. Layers with different templates all apply. A layer whose key names an attribute
-//! the request lacks (or has empty) does not apply.
+//! Layered limits from one document (docs/rules.md): the tokio shell over the client
+//! core's documents and checks ([`rl_client_core::rules_doc`], [`rl_client_core::rules`];
+//! the Python client runs the same code, and both run `protocol/rules_cases.json`).
 //!
 //! [`Rules::check`] takes every enforced layer's buckets with one `RL.MTAKE` (all or
 //! nothing); with [`RulesConfig::cluster`], one per hash slot in document order, giving
@@ -29,14 +14,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::{Cmd, Value};
+use redis::Value;
+use rl_client_core::budget::Backend as CoreBackend;
+use rl_client_core::rules::{Check, CheckOptions};
 
 use crate::backend::Selector;
+use crate::budget::to_reply;
 use crate::conn::{call, RedisConnection};
-use crate::protocol::{count, number};
 use crate::{Backend, Error, Metrics};
 
-pub use crate::rules_doc::{
+pub use rl_client_core::rules_doc::{
     Applied, BucketKey, Document, Layer, Problem, RulesError, BUILTIN_ATTRIBUTES, DEFAULT_CODE,
     DEFAULT_PREFIX, MAX_BUCKETS, MAX_TEXT,
 };
@@ -49,7 +36,8 @@ pub struct RulesConfig {
     /// Longest wait for one call.
     pub timeout: Duration,
     /// Let a request through when Redis fails or answers an error (counted in
-    /// [`RulesStats::fail_open`]); `false` returns the error.
+    /// [`RulesStats::fail_open`]); `false` refuses it: a denial by the first enforced
+    /// layer with `fallback` set, retry after 1 s (counted in [`RulesStats::fail_closed`]).
     pub fail_open: bool,
     /// Take bucket groups by hash slot (a cluster connection): one `RL.MTAKE` per slot,
     /// later refusals refunded. `false`: one `RL.MTAKE` for every bucket.
@@ -83,6 +71,8 @@ pub struct RulesStats {
     pub poll_errors: AtomicU64,
     /// Checks let through because Redis failed.
     pub fail_open: AtomicU64,
+    /// Checks refused because Redis failed (`fail_open: false`).
+    pub fail_closed: AtomicU64,
     /// Decisions by layer and outcome (`granted`, `denied`, `shadow_denied`).
     pub decisions: Mutex<HashMap<(String, &'static str), u64>>,
 }
@@ -107,23 +97,22 @@ pub struct RuleDecision {
     pub retry_after: Duration,
     /// Shadow layers that would have refused.
     pub shadow_denied: Vec<String>,
-    /// Decided without Redis (it failed; `fail_open`).
+    /// Decided without Redis (it failed): the failure policy's decision.
     pub fallback: bool,
 }
 
 impl RuleDecision {
-    /// Granted with no layer deciding: none applied, or Redis failed (`fallback`).
-    fn no_layer(shadow_denied: Vec<String>, fallback: bool) -> RuleDecision {
+    fn from_core(d: rl_client_core::rules::RuleDecision) -> RuleDecision {
         RuleDecision {
-            allowed: true,
-            layer: None,
-            code: None,
-            key: None,
-            remaining: 0.0,
-            limit: 0.0,
-            retry_after: Duration::ZERO,
-            shadow_denied,
-            fallback,
+            allowed: d.granted,
+            layer: d.layer,
+            code: d.code,
+            key: d.key,
+            remaining: d.remaining,
+            limit: d.limit,
+            retry_after: Duration::from_millis(d.retry_after_ms),
+            shadow_denied: d.shadow_denied,
+            fallback: d.fallback,
         }
     }
 
@@ -320,192 +309,124 @@ impl<C: RedisConnection> Rules<C> {
 
     /// Takes a token from every layer that applies to `attrs`, or from none.
     pub async fn check(&self, attrs: &HashMap<String, String>) -> Result<RuleDecision, Error> {
+        self.check_cost(attrs, 1).await
+    }
+
+    /// Takes `cost` tokens from every layer that applies to `attrs`, or from none. A cost
+    /// of 0, or above the cap of a layer that applies, is [`Error::Request`] (before any
+    /// call). Redis failing is the failure policy's decision ([`RulesConfig::fail_open`]),
+    /// never an error; a malformed reply is [`Error::Reply`] (what was taken given back).
+    pub async fn check_cost(
+        &self,
+        attrs: &HashMap<String, String>,
+        cost: u64,
+    ) -> Result<RuleDecision, Error> {
         let doc = self.document();
         let applied = doc.plan(attrs);
-        match self.take(&applied).await {
-            Ok(d) => {
-                self.count(
-                    d.layer.as_deref().unwrap_or("_none"),
-                    if d.allowed { "granted" } else { "denied" },
-                );
-                for s in &d.shadow_denied {
-                    self.count(s, "shadow_denied");
-                }
-                self.log(&d, &doc, attrs);
-                Ok(d)
-            }
-            Err(e) if self.config.fail_open => {
-                self.stats.fail_open.fetch_add(1, Relaxed);
-                tracing::warn!(target: "rl_client::rules", error = %e, "Redis failed; letting the request through");
-                Ok(RuleDecision::no_layer(Vec::new(), true))
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn take(&self, applied: &[Applied<'_>]) -> Result<RuleDecision, Error> {
-        let backend = self.selector.get(&self.conn, self.config.timeout).await?;
-        let enforced: Vec<(&Applied<'_>, &BucketKey)> = applied
-            .iter()
-            .filter(|a| !a.layer.shadow)
-            .flat_map(|a| a.buckets.iter().map(move |b| (a, b)))
-            .collect();
-        let groups = self.groups(&enforced);
-        let mut taken: Vec<&[(&Applied<'_>, &BucketKey)]> = Vec::new();
-        let mut best: Option<(f64, &Applied<'_>, &BucketKey)> = None;
-        for group in &groups {
-            let reply = match self.mtake(backend, group).await {
-                Ok(r) => r,
-                Err(e) => {
-                    self.refund(backend, &taken).await;
+        let options = CheckOptions {
+            cost,
+            fail_open: self.config.fail_open,
+            cluster: self.config.cluster,
+        };
+        let mut check = Check::new(&applied, options).map_err(|_| {
+            Error::Request("the cost is 0 or above the cap of a layer that applies")
+        })?;
+        // No call is due when no enforced or shadow layer applies: no backend to ask for.
+        let backend = match check.decision() {
+            Some(_) => Ok(Backend::Module),
+            None => self.selector.get(&self.conn, self.config.timeout).await,
+        };
+        match backend {
+            Ok(b) => {
+                let (conn, timeout, metrics) = (&self.conn, self.config.timeout, &self.metrics);
+                let malformed = drive(&mut check, core_backend(b), |c| async move {
+                    call(conn, &c, timeout, metrics).await
+                })
+                .await;
+                if let Some(e) = malformed {
                     return Err(e);
                 }
-            };
-            if !reply.granted {
-                self.refund(backend, &taken).await;
-                let i = reply
-                    .denied_by
-                    .as_deref()
-                    .and_then(|k| group.iter().position(|(_, b)| b.key == k))
-                    .unwrap_or(0);
-                let (a, b) = group[i];
-                return Ok(RuleDecision {
-                    allowed: false,
-                    layer: Some(a.layer.name.clone()),
-                    code: Some(a.layer.code.clone()),
-                    key: Some(b.key.clone()),
-                    remaining: reply.remaining.get(i).copied().unwrap_or(0.0).max(0.0),
-                    limit: b.limit.cap(),
-                    retry_after: Duration::from_millis(reply.retry_after_ms),
-                    shadow_denied: Vec::new(),
-                    fallback: false,
-                });
             }
-            for (i, (a, b)) in group.iter().enumerate() {
-                let left = reply.remaining.get(i).copied().unwrap_or(b.limit.cap());
-                if best.is_none_or(|(l, _, _)| left < l) {
-                    best = Some((left, a, b));
+            Err(e) => {
+                tracing::warn!(target: "rl_client::rules", error = %e, "no backend to check with");
+                while check.decision().is_none() {
+                    check.failed();
                 }
             }
-            taken.push(group);
         }
-        let mut shadow_denied = Vec::new();
-        for a in applied.iter().filter(|a| a.layer.shadow) {
-            let group: Vec<(&Applied<'_>, &BucketKey)> = a.buckets.iter().map(|b| (a, b)).collect();
-            if !self.mtake(backend, &group).await?.granted {
-                shadow_denied.push(a.layer.name.clone());
-            }
-        }
-        Ok(match best {
-            None => RuleDecision::no_layer(shadow_denied, false),
-            Some((left, a, b)) => RuleDecision {
-                allowed: true,
-                layer: Some(a.layer.name.clone()),
-                code: Some(a.layer.code.clone()),
-                key: Some(b.key.clone()),
-                remaining: left,
-                limit: b.limit.cap(),
-                retry_after: Duration::ZERO,
-                shadow_denied,
-                fallback: false,
-            },
-        })
-    }
-
-    fn groups<'a, 'b>(
-        &self,
-        buckets: &'b [(&'a Applied<'a>, &'a BucketKey)],
-    ) -> Vec<Vec<(&'a Applied<'a>, &'a BucketKey)>> {
-        if !self.config.cluster {
-            return if buckets.is_empty() {
-                Vec::new()
+        let Some(d) = check.decision().cloned().map(RuleDecision::from_core) else {
+            return Err(Error::Reply("RL.MTAKE: a check left undecided".into()));
+        };
+        if d.fallback {
+            let counter = if d.allowed {
+                &self.stats.fail_open
             } else {
-                vec![buckets.to_vec()]
+                &self.stats.fail_closed
             };
-        }
-        let mut order: Vec<u16> = Vec::new();
-        let mut by: HashMap<u16, Vec<(&'a Applied<'a>, &'a BucketKey)>> = HashMap::new();
-        for x in buckets {
-            let s = slot(x.1.key.as_bytes());
-            if !by.contains_key(&s) {
-                order.push(s);
-            }
-            by.entry(s).or_default().push(*x);
-        }
-        order.into_iter().filter_map(|s| by.remove(&s)).collect()
-    }
-
-    async fn mtake(
-        &self,
-        backend: Backend,
-        group: &[(&Applied<'_>, &BucketKey)],
-    ) -> Result<MTake, Error> {
-        let mut cmd: Cmd;
-        if backend == Backend::Functions {
-            cmd = redis::cmd("FCALL");
-            cmd.arg("rl_mtake").arg(group.len());
-            for (_, b) in group {
-                cmd.arg(&b.key);
-            }
-            cmd.arg(1);
-            for (_, b) in group {
-                cmd.arg(b.limit.rate()).arg(b.limit.cap());
-            }
+            counter.fetch_add(1, Relaxed);
         } else {
-            cmd = redis::cmd("RL.MTAKE");
-            cmd.arg(1);
-            for (_, b) in group {
-                cmd.arg(&b.key).arg(b.limit.rate()).arg(b.limit.cap());
+            self.count(
+                d.layer.as_deref().unwrap_or("_none"),
+                if d.allowed { "granted" } else { "denied" },
+            );
+            for s in &d.shadow_denied {
+                self.count(s, "shadow_denied");
             }
         }
-        cmd.arg("WITHSTATE");
-        let v = call(&self.conn, &cmd, self.config.timeout, &self.metrics).await?;
-        parse_mtake(v)
+        self.log(&d, &doc, attrs);
+        Ok(d)
     }
+}
 
-    async fn refund(&self, backend: Backend, taken: &[&[(&Applied<'_>, &BucketKey)]]) {
-        for group in taken {
-            for (_, b) in group.iter() {
-                let cmd = crate::protocol::refund_cmd(backend, &b.key, 1);
-                // A refund lost to an outage costs its tokens until they refill.
-                let _ = call(&self.conn, &cmd, self.config.timeout, &self.metrics).await;
+/// Sends a check's calls one at a time and feeds back what came, then its refunds (best
+/// effort: a refund lost to an outage costs its tokens until they refill). The error of a
+/// malformed reply that left the check without a decision, if one did.
+async fn drive<F, Fut>(check: &mut Check, backend: CoreBackend, mut send: F) -> Option<Error>
+where
+    F: FnMut(redis::Cmd) -> Fut,
+    Fut: std::future::Future<Output = Result<Value, Error>>,
+{
+    let mut malformed = None;
+    while let Some(args) = check.command(backend) {
+        match send(cmd(&args)).await {
+            Ok(v) => {
+                if let Err(e) = check.reply(&to_reply(v)) {
+                    tracing::warn!(target: "rl_client::rules", error = %e, "a malformed reply");
+                    malformed = Some(Error::Reply(e.0));
+                }
+            }
+            Err(Error::Server(e)) => {
+                let _ = check.reply(&rl_client_core::Reply::Error(e));
+            }
+            Err(e) => {
+                tracing::warn!(target: "rl_client::rules", error = %e, "Redis failed");
+                check.failed();
             }
         }
     }
+    for args in check.refunds(backend) {
+        let _ = send(cmd(&args)).await;
+    }
+    malformed.filter(|_| check.decision().is_none())
+}
+
+fn core_backend(b: Backend) -> CoreBackend {
+    match b {
+        Backend::Functions => CoreBackend::Functions,
+        _ => CoreBackend::Module,
+    }
+}
+
+fn cmd(args: &[Vec<u8>]) -> redis::Cmd {
+    let mut c = redis::cmd(std::str::from_utf8(&args[0]).unwrap_or("RL.MTAKE"));
+    for a in &args[1..] {
+        c.arg(a.as_slice());
+    }
+    c
 }
 
 fn current_version<C: RedisConnection>(rules: &Rules<C>) -> Option<u64> {
     rules.document().version
-}
-
-struct MTake {
-    granted: bool,
-    denied_by: Option<String>,
-    retry_after_ms: u64,
-    remaining: Vec<f64>,
-}
-
-fn parse_mtake(v: Value) -> Result<MTake, Error> {
-    let Value::Array(items) = v else {
-        return Err(Error::Reply(format!(
-            "RL.MTAKE WITHSTATE: expected an array, got {v:?}"
-        )));
-    };
-    if items.len() != 4 {
-        return Err(Error::Reply(format!(
-            "RL.MTAKE WITHSTATE: expected 4 elements, got {items:?}"
-        )));
-    }
-    let remaining = match &items[3] {
-        Value::Array(xs) => xs.iter().map(number).collect::<Result<Vec<f64>, Error>>()?,
-        _ => Vec::new(),
-    };
-    Ok(MTake {
-        granted: count(&items[0])? > 0,
-        denied_by: bulk_text(&items[1]),
-        retry_after_ms: count(&items[2])?,
-        remaining,
-    })
 }
 
 async fn fetch<C: RedisConnection>(
@@ -562,40 +483,128 @@ pub async fn apply_document<C: RedisConnection>(
     Ok(version)
 }
 
-/// The cluster hash slot of a key (CRC16/XMODEM of its hash tag, or of the whole key).
-fn slot(key: &[u8]) -> u16 {
-    let tagged = key
-        .iter()
-        .position(|&c| c == b'{')
-        .and_then(|s| {
-            key[s + 1..]
-                .iter()
-                .position(|&c| c == b'}')
-                .filter(|&e| e > 0)
-                .map(|e| &key[s + 1..s + 1 + e])
-        })
-        .unwrap_or(key);
-    let mut crc: u16 = 0;
-    for &b in tagged {
-        crc ^= (b as u16) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
-}
-
 #[cfg(test)]
 mod tests {
+    //! protocol/rules_cases.json's checks through this shell: its commands as redis-rs
+    //! packs them, its replies as redis-rs hands them over, its loop.
     use super::*;
+    use serde_json::Value as J;
+    use std::collections::VecDeque;
+
+    fn value(j: &J) -> Value {
+        match j {
+            J::Null => Value::Nil,
+            J::Number(n) => Value::Int(n.as_i64().unwrap()),
+            J::String(s) => Value::BulkString(s.clone().into_bytes()),
+            J::Array(xs) => Value::Array(xs.iter().map(value).collect()),
+            other => panic!("no {other} in rules replies"),
+        }
+    }
+
+    fn packed(c: &redis::Cmd) -> Vec<String> {
+        c.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8(b.to_vec()).unwrap(),
+                redis::Arg::Cursor => panic!("no cursor"),
+            })
+            .collect()
+    }
+
+    fn strings(j: &J) -> Vec<String> {
+        j.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap().to_string())
+            .collect()
+    }
 
     #[test]
-    fn slots() {
-        assert_eq!(slot(b"foo"), 12182);
-        assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
+    fn golden_checks_through_the_shell() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../protocol/rules_cases.json");
+        let cases: J = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for case in cases["checks"].as_array().unwrap() {
+            let about = case["about"].as_str().unwrap();
+            let d = &cases["documents"][case["document"].as_str().unwrap()];
+            let text = match d["file"].as_str() {
+                Some(f) => {
+                    std::fs::read_to_string(format!("{}/../{f}", env!("CARGO_MANIFEST_DIR")))
+                        .unwrap()
+                }
+                None => d["text"].as_str().unwrap().to_string(),
+            };
+            let doc = Document::parse(&text).unwrap();
+            let attrs: HashMap<String, String> = case["attributes"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+                .collect();
+            let options = CheckOptions {
+                cost: case["cost"].as_u64().unwrap_or(1),
+                fail_open: case["fail_open"].as_bool().unwrap_or(true),
+                cluster: case["cluster"].as_bool().unwrap_or(false),
+            };
+            let backend = match case["backend"].as_str() {
+                Some("functions") => CoreBackend::Functions,
+                _ => CoreBackend::Module,
+            };
+            let applied = doc.plan(&attrs);
+            let mut check = match Check::new(&applied, options) {
+                Ok(c) => c,
+                Err(e) => {
+                    assert_eq!(Some(e.0.as_str()), case["cost_error"].as_str(), "{about}");
+                    continue;
+                }
+            };
+            let mut events: VecDeque<J> = case["events"].as_array().unwrap().clone().into();
+            let mut refunds = Vec::new();
+            let malformed = rt.block_on(drive(&mut check, backend, |c| {
+                let got = packed(&c);
+                let answer = match events.pop_front() {
+                    None => {
+                        refunds.push(got);
+                        Ok(Value::Int(1))
+                    }
+                    Some(e) => {
+                        assert_eq!(got, strings(&e["send"]), "{about}");
+                        if let Some(r) = e.get("reply") {
+                            Ok(value(r))
+                        } else if let Some(t) = e["error_reply"].as_str() {
+                            Err(Error::Server(t.into()))
+                        } else {
+                            Err(Error::Timeout(Duration::from_millis(200)))
+                        }
+                    }
+                };
+                async move { answer }
+            }));
+            assert!(events.is_empty(), "{about}: calls not made");
+            let want: Vec<Vec<String>> = case["refunds"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(strings)
+                .collect();
+            assert_eq!(refunds, want, "{about}");
+            let want = &case["decision"];
+            assert_eq!(malformed.is_some(), want.is_null(), "{about}");
+            let Some(d) = check.decision().cloned().map(RuleDecision::from_core) else {
+                continue;
+            };
+            assert_eq!(d.allowed, want["granted"].as_bool().unwrap(), "{about}");
+            assert_eq!(d.layer.as_deref(), want["layer"].as_str(), "{about}");
+            assert_eq!(d.key.as_deref(), want["key"].as_str(), "{about}");
+            assert_eq!(d.remaining, want["remaining"].as_f64().unwrap(), "{about}");
+            assert_eq!(
+                d.retry_after.as_millis() as u64,
+                want["retry_after_ms"].as_u64().unwrap(),
+                "{about}"
+            );
+            assert_eq!(d.fallback, want["fallback"].as_bool().unwrap(), "{about}");
+            assert_eq!(d.shadow_denied, strings(&want["shadow_denied"]), "{about}");
+        }
     }
 }

@@ -9,10 +9,10 @@ use rl_core::Limit;
 
 use crate::backend::Selector;
 use crate::clock::mono_ns;
+use crate::config::check_request;
 use crate::conn::{call, RedisConnection};
 use crate::fallback::lock;
 use crate::lazy::LazyConnection;
-use crate::limiter::check_request;
 use crate::protocol::{share_cmd, share_reply};
 use crate::share_state::{By, Demand, Grant, Policy, ShareState, MS};
 use crate::{Decision, Error, LimiterConfig, Metrics, Source};

@@ -337,3 +337,63 @@ async fn a_permit_acquired_after_its_caller_gave_up_is_released() {
         }
     }
 }
+
+/// protocol/client-cases/permit.json through the Semaphore: every acquire finds Redis
+/// away (a server not started: refused), the failure policy decides; a release drops the
+/// oldest permit of its key held.
+#[tokio::test]
+async fn golden_permit_cases_through_the_semaphore() {
+    use serde_json::Value as J;
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../protocol/client-cases/permit.json"
+    );
+    let cases: J = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let server = Server::stopped();
+    for case in cases["cases"].as_array().unwrap() {
+        let about = case["about"].as_str().unwrap();
+        let policy = match case["policy"].as_str().unwrap() {
+            "allow" => FailurePolicy::Allow,
+            "last_known" => FailurePolicy::LastKnown,
+            _ => FailurePolicy::Deny,
+        };
+        let config = LimiterConfig {
+            policy,
+            instances: case["instances"].as_u64().unwrap() as u32,
+            deny_retry_after: Duration::from_secs(1),
+            ..Default::default()
+        };
+        let semaphore = Semaphore::from_client(server.client(), config).unwrap();
+        let mut held = Vec::new();
+        for step in case["steps"].as_array().unwrap() {
+            if let Some(key) = step["release"].as_str() {
+                let i = held.iter().position(|(k, _)| k == key).unwrap();
+                drop(held.remove(i));
+                continue;
+            }
+            let key = step["acquire"].as_str().unwrap();
+            let limit = step["limit"].as_u64().unwrap();
+            let got = semaphore
+                .acquire(key, limit, Duration::from_secs(60))
+                .await
+                .unwrap();
+            let want = &step["want"];
+            let in_use = want["in_use"].as_u64().unwrap();
+            match got {
+                Ok(permit) => {
+                    assert!(want["granted"].as_bool().unwrap(), "{about}: {step}");
+                    assert_eq!(permit.source(), Source::Fallback, "{about}");
+                    assert_eq!(permit.in_use(), in_use, "{about}: {step}");
+                    held.push((key.to_owned(), permit));
+                }
+                Err(busy) => {
+                    assert!(!want["granted"].as_bool().unwrap(), "{about}: {step}");
+                    assert_eq!(busy.source, Source::Fallback, "{about}");
+                    assert_eq!(busy.in_use, in_use, "{about}: {step}");
+                    let retry = want["retry_after_ms"].as_u64().unwrap();
+                    assert_eq!(busy.retry_after, Duration::from_millis(retry), "{about}");
+                }
+            }
+        }
+    }
+}

@@ -171,3 +171,34 @@ async fn follows_the_stored_document_and_refuses_a_broken_one() {
             .allowed
     );
 }
+
+/// Divergence 6 against a server that is not there (refused): failing closed is a denial
+/// by the first enforced layer, failing open a grant, both fallback decisions; a cost
+/// above a layer's cap is the caller's error before any call.
+#[tokio::test]
+async fn redis_away_is_the_failure_policys_decision() {
+    let server = Server::stopped();
+    let conn = || rl_client::LazyConnection::new(server.client());
+    let closed = Rules::from_text(conn(), &seed(), patient()).unwrap();
+    let d = closed
+        .check_cost(&attrs("1", "u", "free", "/"), 2)
+        .await
+        .unwrap();
+    assert!(!d.allowed && d.fallback, "{d:?}");
+    assert_eq!(d.layer.as_deref(), Some("global_ip"));
+    assert_eq!(d.code.as_deref(), Some("ip_rate_limit"));
+    assert_eq!(d.retry_after, Duration::from_secs(1));
+    assert_eq!(closed.stats.fail_closed.load(Relaxed), 1);
+
+    let open = Rules::from_text(conn(), &seed(), RulesConfig::default()).unwrap();
+    let d = open.check(&attrs("1", "u", "free", "/")).await.unwrap();
+    assert!(d.allowed && d.fallback && d.layer.is_none(), "{d:?}");
+    assert_eq!(open.stats.fail_open.load(Relaxed), 1);
+
+    let e = open
+        .check_cost(&attrs("1", "u", "free", "/"), 5000 + 1)
+        .await;
+    assert!(matches!(e, Err(rl_client::Error::Request(_))), "{e:?}");
+    let e = open.check_cost(&attrs("1", "u", "free", "/"), 0).await;
+    assert!(matches!(e, Err(rl_client::Error::Request(_))), "{e:?}");
+}

@@ -43,6 +43,15 @@ impl PinKind {
         }
     }
 
+    /// [`PinKind::name`] as the C string the module's replies carry.
+    pub fn c_name(self) -> &'static std::ffi::CStr {
+        match self {
+            PinKind::Rate => c"rate",
+            PinKind::Block => c"block",
+            PinKind::Exempt => c"exempt",
+        }
+    }
+
     /// The kind a reply names (`None`: not a kind known here).
     pub fn parse(name: &str) -> Option<PinKind> {
         [PinKind::Rate, PinKind::Block, PinKind::Exempt]
@@ -432,4 +441,17 @@ pub fn level_of_stored(b: &Bucket, now: Nanos) -> Option<(Level, Option<Pin>)> {
             .with_gate(gate),
         Some(pin),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PinKind;
+
+    #[test]
+    fn names_agree() {
+        for kind in [PinKind::Rate, PinKind::Block, PinKind::Exempt] {
+            assert_eq!(kind.c_name().to_str(), Ok(kind.name()));
+            assert_eq!(PinKind::parse(kind.name()), Some(kind));
+        }
+    }
 }

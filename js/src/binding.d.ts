@@ -176,9 +176,10 @@ export declare class TakeCore {
   command(backendName: string, n: number, key: string | undefined | null, have: boolean, positions: Uint32Array): Array<string>
   /**
    * The decision Redis's reply makes, into `out` (see `SLOTS`); an `Error` (unexpected
-   * reply) if it is malformed.
+   * reply) if it is malformed. `now_ms` (`performance.now()`, the clock `outage` is
+   * given): what Redis granted comes off the key's local bucket then.
    */
-  taken(n: number, reply: unknown, key: string | undefined | null, out: Float64Array): void
+  taken(n: number, reply: unknown, key: string | undefined | null, out: Float64Array, nowMs: number): void
   /**
    * The failure policy's decision while Redis does not answer, at `now_ms`
    * (`performance.now()`), into `out`.

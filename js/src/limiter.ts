@@ -31,7 +31,7 @@ export function fromSlots(s: Float64Array = slots): Decision {
 
 /** @internal The decision of Redis's reply to a take (a `ProtocolError` if it is malformed). */
 export function taken(c: Binding.TakeCore, n: number, reply: unknown, key: string | null): Decision {
-  core(() => c.taken(n, reply, key, slots));
+  core(() => c.taken(n, reply, key, slots, now()));
   return fromSlots();
 }
 

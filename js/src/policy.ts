@@ -1,6 +1,7 @@
 /**
  * What a limiter or budget decides while Redis is unreachable or slower than the timeout:
- * - `allow` (fail open): a local token bucket at `1 / instances` of the limit, starting full;
+ * - `allow` (fail open): a local token bucket per key at `1 / instances` of the limit (default
+ *   4), starting full, debited by what Redis grants and carried across outages;
  * - `last_known` (budgets only): the local buckets start from the levels Redis last reported;
  * - `deny` (fail closed): refused until Redis answers.
  * An error reply (Redis answered) is never decided by the policy: it is thrown (`ServerError`).

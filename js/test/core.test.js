@@ -256,7 +256,7 @@ test('commands handed over as patches are the whole commands a fresh core makes'
 
 test('typed arrays of the wrong kind or size are refused before anything is decided', () => {
   const take = new native.TakeCore('k', 1, 5, 'allow', null);
-  assert.throws(() => guard(() => take.taken(1, [1, 4, 0, 1000], null, new Float32Array(8))), RangeError);
+  assert.throws(() => guard(() => take.taken(1, [1, 4, 0, 1000], null, new Float32Array(8), 0)), RangeError);
   assert.throws(() => guard(() => take.outage(1, 0, null, new Uint32Array(8))), RangeError);
   assert.throws(() => guard(() => take.command('module', 1, 'x', true, new Float64Array(8))), RangeError);
   assert.deepEqual(

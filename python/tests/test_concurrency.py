@@ -168,19 +168,20 @@ def test_every_async_caller_gets_the_error(server: Server, key: str) -> None:
 def test_forked_child_decides_though_a_parent_thread_held_the_locks(
     server: Server, key: str, kind: str
 ) -> None:
-    """A fork while another thread holds the limiter's locks (health, fallback, counters):
-    the child's take still decides (the locks are fresh in the child), it does not hang."""
+    """A fork while another thread holds the limiter's lock (its counters'; the health and
+    the failure policy are the core's and hold none): the child's take still decides (the
+    lock is fresh in the child), it does not hang."""
     lim: Union[Limiter, AsyncLimiter]
     if kind == "sync":
         lim = Limiter(server.client(), key, 10, 100, probe_interval=3600, backend="module")
     else:
         lim = AsyncLimiter(aredis.Redis(port=server.port), key, 10, 100, probe_interval=3600)
-    lim._core.health.failed()  # an outage: takes ask the policy (both locks, no Redis)
+    lim._core.health.failed()  # an outage: takes ask the policy (no Redis)
     core = lim._core
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with core.health._lock, core.fallback._lock, core.metrics._lock:
+        with core.metrics._lock:
             held.set()
             release.wait()
 

@@ -738,8 +738,9 @@ def test_fallback_is_a_share_of_the_fleet_limit(own_server: Server, key: str) ->
 def test_default_fallback_does_not_give_each_instance_the_whole_limit(
     own_server: Server, key: str
 ) -> None:
-    """Without ``instances``, each instance falls back to the share of the limit it was
-    getting from Redis: four instances sharing a key's traffic get about a quarter each."""
+    """Without ``instances``, each instance falls back to a quarter of the limit (the default
+    ``instances`` of 4, the Rust client's too), never the whole limit: four instances sharing
+    a key's traffic get at most a quarter each, less what Redis granted them."""
     rate, cap = 80.0, 10.0
     r = own_server.client(socket_timeout=0.5, socket_connect_timeout=0.5, retry=NO_RETRY)
     lims = [
@@ -752,8 +753,8 @@ def test_default_fallback_does_not_give_each_instance_the_whole_limit(
         time.sleep(0.05)
     own_server.kill()
     let_out = [sum(lim.take().granted for _ in range(40)) for lim in lims]
-    # Each got at most one token per 50 ms, 20/s of 80/s: a local cap of 2.5 at most (less
-    # on a slow machine, where the loop turns slower; the whole limit would be 10 each).
+    # A local cap of 10 / 4 = 2.5 at most, less what Redis granted each (the whole limit
+    # would be 10 each).
     assert all(n <= cap / 4 for n in let_out), let_out
     for lim in lims:
         adds_up(lim.metrics)

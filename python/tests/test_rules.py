@@ -560,6 +560,80 @@ def test_golden_refusals(case: Dict[str, Any]) -> None:
     assert case["field"] in [p.field for p in e.value.problems], e.value.problems
 
 
+class ScriptedCalls:
+    """A check's transport scripted by a golden case (the calls it must make, what each
+    gets), so that the case runs through this shell's own loop: its argument lists, its
+    exceptions sorted into replies, failures and error replies, its refunds."""
+
+    def __init__(self, events: List[Dict[str, Any]], slots: bool) -> None:
+        self.events = list(events)
+        self.refunds: List[List[str]] = []
+        if slots:
+            self.keyslot = lambda key: 0  # only its presence matters: the core groups
+
+    def execute_command(self, *args: Any) -> Any:
+        sent = [a.decode() if isinstance(a, bytes) else str(a) for a in args]
+        if not self.events:
+            self.refunds.append(sent)
+            return 1
+        event = self.events.pop(0)
+        assert sent == event["send"]
+        if "reply" in event:
+            return case_reply(event["reply"])
+        if "error_reply" in event:
+            raise redis.exceptions.ResponseError(event["error_reply"])
+        raise redis.exceptions.TimeoutError(event["error"])
+
+
+def case_reply(j: Any) -> Any:
+    """A case's reply as redis-py hands it over."""
+    if isinstance(j, str):
+        return j.encode()
+    if isinstance(j, list):
+        return [case_reply(x) for x in j]
+    return j
+
+
+@pytest.mark.parametrize("case", RULE_CASES["checks"], ids=lambda c: str(c["about"])[:50])
+def test_golden_checks(case: Dict[str, Any]) -> None:
+    from redis_rl import ProtocolError
+
+    calls = ScriptedCalls(case.get("events", []), case.get("cluster", False))
+    rules = Rules.from_text(
+        calls,  # type: ignore[arg-type]
+        case_document(case["document"]),
+        fail_open=case.get("fail_open", True),
+        backend=case.get("backend", "module"),
+    )
+    cost = case.get("cost", 1)
+    if "cost_error" in case:
+        with pytest.raises(ValueError, match=case["cost_error"]):
+            rules.check(case["attributes"], cost)
+        return
+    want = case["decision"]
+    if want is None:
+        with pytest.raises(ProtocolError):
+            rules.check(case["attributes"], cost)
+    else:
+        d = rules.check(case["attributes"], cost)
+        got = {
+            "granted": d.granted,
+            "remaining": d.remaining,
+            "retry_after_ms": d.retry_after_ms,
+            "reset_after_ms": d.reset_after_ms,
+            "tokens": d.tokens,
+            "limit": d.limit,
+            "layer": d.layer,
+            "code": d.code,
+            "key": d.key,
+            "shadow_denied": list(d.shadow_denied),
+            "fallback": d.source.name == "FALLBACK",
+        }
+        assert got == want
+    assert calls.events == [], "calls not made"
+    assert calls.refunds == case["refunds"]
+
+
 def test_rules_metrics_reach_prometheus_client(server: Server, prefix: str) -> None:
     prometheus_client = pytest.importorskip("prometheus_client")
     from redis_rl.prometheus import register_rules
@@ -701,3 +775,47 @@ def test_one_round_trip_per_check_on_one_server(own_server: Server) -> None:
         if k not in ("cmdstat_info", "cmdstat_config|resetstat")
     }
     assert calls == {"cmdstat_rl.mtake": 1}, calls
+
+
+def test_redis_away_is_the_failure_policys_decision() -> None:
+    """Divergence 6 on a port nothing listens on (through the client's pool, the direct
+    path): failing closed is a denial by the first enforced layer, failing open a grant."""
+    from conftest import free_port
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from redis_rl import Source
+
+    r = redis.Redis(
+        port=free_port(),
+        socket_timeout=0.2,
+        socket_connect_timeout=0.2,
+        retry=Retry(NoBackoff(), 0),
+    )
+    closed = Rules.from_text(r, SEED.read_text(), fail_open=False, backend="module")
+    d = closed.check(attrs("1.2.3.4", "7"), 2)
+    assert (d.granted, d.source, d.layer, d.code) == (
+        False,
+        Source.FALLBACK,
+        "global_ip",
+        "ip_rate_limit",
+    )
+    assert d.retry_after_ms == 1000 and closed.metrics.fail_closed == 1
+    opened = Rules.from_text(r, SEED.read_text(), backend="module")
+    d = opened.check(attrs("1.2.3.4", "7"))
+    assert d.granted and d.source is Source.FALLBACK and d.layer is None
+    assert opened.metrics.fail_open == 1
+
+
+def test_costs_beyond_64_bits_and_odd_attributes() -> None:
+    """A cost no integer type holds is the caller's error like any cost above a cap; an
+    attribute that is not a string is read as ``str()`` makes it, ``None`` as absent."""
+    rules = Rules.from_text(None, "layers: [{name: a, key: 'u:{user}', limit: 5/s}]")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="exceeds"):
+        rules.check({"user": "x"}, 2**70)
+    with pytest.raises(ValueError, match="positive"):
+        rules.check({"user": "x"}, True)
+    assert [a.key for a in plan(rules.document, {"user": 42})] == ["rl:rules:{a:u:42}"]
+    assert plan(rules.document, {"user": None}) == []
+    d = rules.check({"user": None})  # no layer applies: granted, no call (no client)
+    assert d.granted and d.layer is None

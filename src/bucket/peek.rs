@@ -50,10 +50,7 @@ pub fn peek(ctx: Ctx, args: Args) -> Result<Reply> {
     // A live pin shows as one more field (only then, so replies of unpinned keys stay as
     // they were).
     if let (Reply::Map(fields), Some(p)) = (&mut reply, bucket.pin().filter(|p| p.live_at(now))) {
-        fields.push((
-            Reply::Text(c"pinned"),
-            Reply::Text(crate::bucket::pin::kind_name(p.kind)),
-        ));
+        fields.push((Reply::Text(c"pinned"), Reply::Text(p.kind.c_name())));
     }
     Ok(reply)
 }

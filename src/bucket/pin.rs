@@ -269,18 +269,9 @@ fn describe(bucket: &Bucket, now: Nanos) -> Option<Reply> {
         rl_core::ceil_millis(ns).min(i64::MAX as u64) as i64
     });
     Some(Reply::fields([
-        (c"kind", Reply::Text(kind_name(p.kind))),
+        (c"kind", Reply::Text(p.kind.c_name())),
         (c"rate", rate),
         (c"cap", cap),
         (c"ms_left", Reply::Int(left)),
     ]))
-}
-
-/// A pin's kind as replies name it.
-pub fn kind_name(kind: PinKind) -> &'static std::ffi::CStr {
-    match kind {
-        PinKind::Rate => c"rate",
-        PinKind::Block => c"block",
-        PinKind::Exempt => c"exempt",
-    }
 }

@@ -62,13 +62,7 @@ pub fn take(ctx: Ctx, args: Args) -> Result<Reply> {
         None => Reply::row(state),
         Some(kind) => {
             let [a, b, c, d] = state;
-            Reply::row([
-                a,
-                b,
-                c,
-                d,
-                Scalar::Text(crate::bucket::pin::kind_name(kind)),
-            ])
+            Reply::row([a, b, c, d, Scalar::Text(kind.c_name())])
         }
     })
 }

@@ -3,8 +3,9 @@
 //! `CONFIG RESETSTAT` command filter, and reading Redis's own statistics.
 
 use super::{bytes, Ctx, Str};
+use crate::arg_doc::ArgDoc;
 use crate::args::Args;
-use crate::boundary::{ArgDoc, Keys, Spec};
+use crate::boundary::{Keys, Spec};
 use crate::commands::COMMANDS;
 use redis_module::raw;
 use std::ffi::CStr;

@@ -1,5 +1,8 @@
-//! The `INFO rl` section: Redis calls [`info`], which hands [`crate::observe::stats::info`] a safe
-//! [`Info`] to write fields into.
+//! The `INFO rl` section: Redis calls [`info`], which writes the counters
+//! ([`crate::observe::stats`]), the mode ([`crate::config`]), the eviction risk
+//! ([`crate::observe::eviction`]) and `RL.STATS`'s namespaces into a safe [`Info`]. The
+//! section is put together here, at the edge, so that the counters' room reads nothing
+//! of the rooms that count into it (the loop stats -> eviction -> stats is gone).
 
 use super::Ctx;
 use redis_module::raw::RedisModuleInfoCtx;
@@ -38,8 +41,29 @@ impl Info {
 }
 
 unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, for_crash_report: c_int) {
-    let _ =
-        std::panic::catch_unwind(|| crate::observe::stats::info(&Info(ctx), for_crash_report != 0));
+    let _ = std::panic::catch_unwind(|| section(&Info(ctx), for_crash_report != 0));
+}
+
+/// The `INFO rl` section (the crash report gets the counters only).
+fn section(info: &Info, for_crash_report: bool) {
+    if !for_crash_report {
+        crate::observe::resetstat::check();
+    }
+    info.section();
+    for (field, value) in crate::observe::stats::fields() {
+        let name = CStr::from_bytes_until_nul(&field).unwrap_or(c"rl_unnamed");
+        info.add_u64(name, value);
+    }
+    let mode = if crate::config::shadow() {
+        c"shadow"
+    } else {
+        c"enforce"
+    };
+    info.add_text(c"mode", mode);
+    info.add_u64(c"eviction_risk", crate::observe::eviction::risk());
+    if !for_crash_report {
+        crate::observe::rl_stats::info(info);
+    }
 }
 
 /// Registers the `INFO rl` callback at load.

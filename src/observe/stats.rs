@@ -3,8 +3,6 @@
 //! Commands run on Redis's main thread only, so a counter is a plain load and store: no
 //! locked instruction on the hot path.
 
-use crate::ffi::Info;
-use std::ffi::CStr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 pub struct Counter(AtomicU64);
@@ -117,28 +115,14 @@ pub fn reset() {
     }
 }
 
-/// The `INFO rl` section (the crash report gets the counters only).
-pub fn info(info: &Info, for_crash_report: bool) {
-    if !for_crash_report {
-        crate::observe::resetstat::check();
-    }
-    info.section();
-    for (name, counter) in FIELDS {
+/// Every counter with its `INFO rl` field name, lowercase (`rl_calls`), in table order:
+/// what [`crate::ffi::info`] writes.
+pub fn fields() -> impl Iterator<Item = ([u8; 64], u64)> {
+    FIELDS.iter().map(|(name, counter)| {
         let mut field = [0u8; 64];
         let upper = name.to_bytes();
         field[..upper.len()].copy_from_slice(upper);
         field.make_ascii_lowercase();
-        let field = CStr::from_bytes_until_nul(&field).unwrap_or(c"rl_unnamed");
-        info.add_u64(field, counter.get());
-    }
-    let mode = if crate::config::shadow() {
-        c"shadow"
-    } else {
-        c"enforce"
-    };
-    info.add_text(c"mode", mode);
-    info.add_u64(c"eviction_risk", crate::observe::eviction::risk());
-    if !for_crash_report {
-        crate::observe::rl_stats::info(info);
-    }
+        (field, counter.get())
+    })
 }

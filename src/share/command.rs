@@ -131,7 +131,7 @@ pub fn share(ctx: Ctx, args: Args) -> Result<Reply> {
             Reply::Int(r.lease_ms as i64),
             Reply::Int(r.refresh_ms as i64),
             Reply::Int(r.holders as i64),
-            Reply::Text(crate::bucket::pin::kind_name(kind)),
+            Reply::Text(kind.c_name()),
         ]));
     }
     Ok(Reply::row([

@@ -82,7 +82,7 @@ pub fn describe(t: &ShareTable, now: Nanos) -> Reply {
         rl_core::ceil_millis(ns).min(i64::MAX as u64) as i64
     });
     Reply::fields([
-        (c"kind", Reply::Text(crate::bucket::pin::kind_name(p.kind))),
+        (c"kind", Reply::Text(p.kind.c_name())),
         (c"rate", rate),
         (c"cap", cap),
         (c"ms_left", Reply::Int(left)),

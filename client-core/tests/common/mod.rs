@@ -1,5 +1,8 @@
 //! What the core's case-driven tests share: a case's reply as the core's [`Reply`].
 
+#[allow(dead_code)] // each test crate uses its part
+pub mod prefetch_cases;
+
 use rl_client_core::Reply;
 use serde_json::Value as J;
 

@@ -197,7 +197,8 @@ impl TakeCore {
     }
 
     /// The decision Redis's reply makes, into `out` (see `SLOTS`); an `Error` (unexpected
-    /// reply) if it is malformed.
+    /// reply) if it is malformed. `now_ms` (`performance.now()`, the clock `outage` is
+    /// given): what Redis granted comes off the key's local bucket then.
     #[napi]
     pub fn taken(
         &mut self,
@@ -206,11 +207,13 @@ impl TakeCore {
         reply: JsUnknown,
         key: Option<String>,
         #[napi(ts_arg_type = "Float64Array")] out: JsTypedArray,
+        now_ms: f64,
     ) -> napi::Result<()> {
         guarded(|| {
             // Checked before anything is decided: a bad call changes nothing.
             let mut out = slots(out)?;
             let n = count("n", n)?;
+            let now = nanos(now_ms)?;
             let reply = match to_reply(&env, reply) {
                 Ok(r) => r,
                 Err(e) => {
@@ -219,8 +222,8 @@ impl TakeCore {
                 }
             };
             match key {
-                None => self.inner.taken(n, &reply),
-                Some(k) => self.inner.taken_on(k.as_bytes(), n, &reply),
+                None => self.inner.taken(n, &reply, now),
+                Some(k) => self.inner.taken_on(k.as_bytes(), n, &reply, now),
             }
             .map_err(protocol)
             .and_then(|d| write(&d, out.f64s()))

@@ -30,7 +30,7 @@ fn backend(name: &str) -> PyResult<Backend> {
 
 /// The package's `ProtocolError` (a `ServerError`: raised to the caller, never decided by
 /// the failure policy).
-fn protocol_error(py: Python<'_>, e: ProtocolError) -> PyErr {
+pub(crate) fn protocol_error(py: Python<'_>, e: ProtocolError) -> PyErr {
     match py
         .import("redis_rl.errors")
         .and_then(|m| m.getattr("ProtocolError"))

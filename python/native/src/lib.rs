@@ -10,7 +10,11 @@ mod budget;
 mod guard;
 mod limits;
 mod openai;
+mod permit;
+mod policy;
+mod prefetch;
 mod reply;
+mod rules;
 
 use pyo3::prelude::*;
 
@@ -20,5 +24,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     limits::register(m)?;
     budget::register(m)?;
     openai::register(m)?;
+    rules::register(m)?;
+    permit::register(m)?;
+    policy::register(m)?;
+    prefetch::register(m)?;
     Ok(())
 }

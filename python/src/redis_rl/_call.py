@@ -482,6 +482,27 @@ class OwnPool:
         parse = self.callbacks.get(args[0])
         return reply if parse is None else parse(reply)
 
+    def packed(self, name: str, packed: bytes) -> Any:
+        """As a call, the command ``name`` already packed as RESP (by the client core: no
+        packing in Python), its reply unparsed by the client's callbacks."""
+        pool = self.pool
+        try:
+            conn = pool.get_connection(name) if self._named else pool.get_connection()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+            raise not_sent(e) from e
+        try:
+            conn.send_packed_command([packed])
+            reply = conn.read_response()
+        except redis.exceptions.ResponseError:
+            pool.release(conn)
+            raise
+        except BaseException:
+            conn.disconnect()
+            pool.release(conn)
+            raise
+        pool.release(conn)
+        return reply
+
     def close(self) -> None:
         """Closes the pool's idle connections (a later call opens a new one). A connection
         in use is left to finish its call (a take racing ``close()`` on another thread):

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from . import _core
 from .errors import BackendNotFound, ProtocolError
 
 
@@ -211,8 +212,7 @@ def parse_take(reply: Any) -> TakeReply:
 def parse_lease(reply: Any) -> LeaseReply:
     """An ``RL.LEASE`` reply (the Functions' ``rl_lease`` alike) as a :class:`LeaseReply`; else
     :class:`ProtocolError`."""
-    r = _list(reply, 4, "RL.LEASE")
-    return LeaseReply(to_int(r[0]), to_int(r[1]), to_int(r[2]), to_int(r[3]))
+    return LeaseReply(*_core.parse_lease(reply))
 
 
 def parse_reserve(reply: Any) -> ReserveReply:
@@ -229,11 +229,13 @@ def parse_acquire(reply: Any) -> AcquireReply:
 
 def parse_mtake(reply: Any) -> MTakeReply:
     """An ``RL.MTAKE`` reply as an :class:`MTakeReply` (``remaining`` only with ``WITHSTATE``); else
-    :class:`ProtocolError`."""
-    r = _list(reply, 3, "RL.MTAKE")
-    remaining = [to_float(x) for x in r[3]] if len(r) > 3 and r[3] is not None else None
-    denied_by = None if r[1] is None else to_str(r[1])
-    return MTakeReply(to_int(r[0]), denied_by, to_int(r[2]), remaining)
+    :class:`ProtocolError`. The client core's parser (the Rust client's and the rules')."""
+    try:
+        granted, denied_by, retry_after_ms, remaining = _core.parse_mtake(reply)
+    except ValueError as e:
+        raise ProtocolError(str(e)) from None
+    by = None if denied_by is None else denied_by.decode("utf-8", "replace")
+    return MTakeReply(granted, by, retry_after_ms, remaining)
 
 
 def parse_peek(reply: Any) -> Optional[PeekReply]:
@@ -353,22 +355,18 @@ class Protocol:
         init: Optional[float] = None,
         version: Optional[int] = None,
     ) -> Args:
-        """The arguments of ``RL.LEASE key rate cap n ttl_ms`` with ``MIN``, ``SETTLE id unused``,
-        ``INIT`` and ``VERSION`` where given."""
-        rest: List[Arg] = [num(rate), num(cap), n, ttl_ms]
-        if min_tokens != 1:
-            rest += ["MIN", min_tokens]
-        if settle is not None:
-            rest += ["RETURN", settle[0], settle[1]]
-        if init is not None:
-            rest += ["INIT", num(init)]
-        _version(rest, version)
-        return self._cmd("lease", [key], rest)
+        """The arguments of ``RL.LEASE key rate cap n ttl_ms MIN min`` with ``RETURN id
+        unused``, ``INIT`` and ``VERSION`` where given, as the client core builds them."""
+        args = _core.lease_command(
+            self.backend.value, key, rate, cap, n, ttl_ms, min_tokens, settle, init, version
+        )
+        return tuple(a.decode() for a in args)
 
     def return_(self, key: str, lease_id: int, unused: int) -> Args:
         """The arguments of ``RL.RETURN key lease_id unused``: a lease's leftovers back to the
         bucket."""
-        return self._cmd("return", [key], [lease_id, unused])
+        args = _core.return_command(self.backend.value, key, lease_id, unused)
+        return tuple(a.decode() for a in args)
 
     def peek(self, key: str) -> Args:
         """The arguments of ``RL.PEEK key``."""

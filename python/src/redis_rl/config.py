@@ -38,7 +38,7 @@ class LimiterConfig:
     probe_interval: float = 0.5
     #: How many instances (processes) share each limit: a failure policy's local budget is
     #: ``rate / instances``, ``cap / instances``. Set it to your fleet's size. ``None``:
-    #: the share this instance was getting from Redis (see the README).
+    #: 4 (``policy.DEFAULT_INSTANCES``), as in every client.
     instances: Optional[int] = None
     #: The retry hint of a ``DENY`` fallback decision, in seconds.
     deny_retry_after: float = 1.0

@@ -115,8 +115,7 @@ def _reset_cores_in_child() -> None:
     were at the fork: one another thread of the parent held then stays held forever in
     the child, and its first take would hang. The child starts with fresh ones."""
     for core in list(_cores):
-        core.health._lock = threading.Lock()
-        core.fallback._lock = threading.Lock()
+        # The health and the failure policy are the core's and hold no lock.
         core.metrics._lock = threading.Lock()
 
 

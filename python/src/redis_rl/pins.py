@@ -18,13 +18,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Protocol, TypeVar
+from typing import Any, Awaitable, Callable, Optional, Protocol
 
 from . import _protocol as p
 from .errors import ProtocolError
-
-if TYPE_CHECKING:
-    from .limiter import AsyncLimiter, Limiter
 
 #: The kinds of pin, as the server names them.
 RATE = "rate"
@@ -151,54 +148,63 @@ def parse_pinned(reply: Any) -> Optional[PinInfo]:
     )
 
 
-class _HasId(Protocol):
-    id: int
-
-
-L = TypeVar("L", bound=_HasId)
-
-
-def returnable(lease: Optional[L]) -> Optional[L]:
-    """``lease`` if it may be returned: a lease of id 0 (granted under an ``EXEMPT`` pin, or
-    a shadow grant) debited nothing, and is never settled nor returned."""
-    return lease if lease is not None and lease.id != 0 else None
-
-
 # -- the limiters' methods (sync, then asyncio) --
+# What they need of a limiter, said structurally: limiter.py imports this module, so this
+# one names no limiter type (no import circle, not even a type-only one).
 
 
-def pin(lim: Limiter, spec: PinSpec, duration: Optional[float], key: Optional[str]) -> None:
+class _Pinnable(Protocol):
+    @property
+    def key(self) -> str: ...
+
+    def _protocol(self) -> p.Protocol: ...
+
+    @property
+    def _call(self) -> Callable[..., Any]: ...
+
+
+class _APinnable(Protocol):
+    @property
+    def key(self) -> str: ...
+
+    def _protocol(self) -> Awaitable[p.Protocol]: ...
+
+    @property
+    def _call(self) -> Callable[..., Awaitable[Any]]: ...
+
+
+def pin(lim: _Pinnable, spec: PinSpec, duration: Optional[float], key: Optional[str]) -> None:
     """``Limiter.pin``: ``RL.PIN`` on ``key`` (the limiter's own by default) for ``duration``
     seconds (``None``: until unpinned)."""
     args = pin_args(lim._protocol(), _key(lim, key), spec, px_ms(duration))
     check_ok(lim._call(args))
 
 
-def unpin(lim: Limiter, key: Optional[str]) -> bool:
+def unpin(lim: _Pinnable, key: Optional[str]) -> bool:
     """``Limiter.unpin``: ``RL.UNPIN``; whether a live pin was removed."""
     return p.to_int(lim._call(key_args(lim._protocol(), "unpin", _key(lim, key)))) > 0
 
 
-def pinned(lim: Limiter, key: Optional[str]) -> Optional[PinInfo]:
+def pinned(lim: _Pinnable, key: Optional[str]) -> Optional[PinInfo]:
     """``Limiter.pinned``: ``RL.PINNED``; the live pin, or ``None``."""
     return parse_pinned(lim._call(key_args(lim._protocol(), "pinned", _key(lim, key))))
 
 
 async def apin(
-    lim: AsyncLimiter, spec: PinSpec, duration: Optional[float], key: Optional[str]
+    lim: _APinnable, spec: PinSpec, duration: Optional[float], key: Optional[str]
 ) -> None:
     """The asyncio twin of :func:`pin`."""
     args = pin_args(await lim._protocol(), _key(lim, key), spec, px_ms(duration))
     check_ok(await lim._call(args))
 
 
-async def aunpin(lim: AsyncLimiter, key: Optional[str]) -> bool:
+async def aunpin(lim: _APinnable, key: Optional[str]) -> bool:
     """The asyncio twin of :func:`unpin`."""
     args = key_args(await lim._protocol(), "unpin", _key(lim, key))
     return p.to_int(await lim._call(args)) > 0
 
 
-async def apinned(lim: AsyncLimiter, key: Optional[str]) -> Optional[PinInfo]:
+async def apinned(lim: _APinnable, key: Optional[str]) -> Optional[PinInfo]:
     """The asyncio twin of :func:`pinned`."""
     args = key_args(await lim._protocol(), "pinned", _key(lim, key))
     return parse_pinned(await lim._call(args))

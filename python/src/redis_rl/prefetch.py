@@ -1,35 +1,29 @@
 """``PrefetchLimiter`` / ``AsyncPrefetchLimiter``: lease tokens in batches over ``RL.LEASE``
 and grant from the batch in memory: one Redis call per batch instead of per request.
 
-The lease protocol, as this client runs it:
-
-1. The first take (or one that finds the batch too small) calls
-   ``RL.LEASE key rate cap batch ttl_ms`` and spends from what it gets.
-2. When the tokens held fall to a jittered threshold (``renew_at * batch``, moved by up to
-   ``jitter * batch``, drawn anew for every lease), the next batch is requested: inline by
-   the sync limiter, in the background by the asyncio one.
-3. That call settles the previous lease: ``RL.LEASE ... RETURN lease_id unused``. The client
-   holds at most two leases; the older one is taken out of the local state before the call
-   that returns it, so nothing is spent that is being returned.
-4. A lease is spent only until ``sent + ttl``, ``sent`` being when the call that opened it
-   was *sent*: earlier than the server's expiry, whatever the clocks say.
-5. ``close()`` (or leaving the ``with`` block) returns what is left with ``RL.RETURN``.
+What a lease call sends and what it leaves is decided once, in the client core's prefetch
+ledger (``client-core/src/prefetch.rs``, here as ``_core.Ledger``; the Rust client runs the
+same): the leases held (at most two: the one being spent and the next), the renewal
+threshold (``renew_at * batch``, moved by up to ``jitter * batch`` either way, drawn anew for
+every lease), the settle of the older lease in the next call (``RL.LEASE ... RETURN
+lease_id unused``), a lease spent only until ``sent + ttl``, what a landed or failed call
+leaves, and the one late-reply bound (``max(10 s, ttl + timeout + 1 s)``). This module is the
+shell: redis-py calls, threads and asyncio flights, locks and fork handlers.
 
 Cancellation never loses a lease. Every ``RL.LEASE`` call is a *flight* of its own (a task
 of the event loop, or a job on the shared call pool) that completes whoever waits for it: a
 caller that times out or is cancelled stops waiting, and the flight installs the lease when
 it lands (spending nothing for the caller who left), or returns it with ``RL.RETURN`` when
 it landed after ``sent + ttl`` or after ``close()``. One flight is in the air at a time per
-limiter (one that has not landed within ``ttl + timeout + 1 s`` is given up on), so an
-instance holds at most two live leases. Leases that could be neither installed nor returned
-(and lease calls whose outcome is unknown: a timeout at the socket) are counted in
-``leases_lost``.
+limiter (one that has not landed within the late-reply bound is given up on: what it brings
+then is past its TTL and goes back), so an instance holds at most two live leases. Leases
+that could be neither installed nor returned (and lease calls whose outcome is unknown: a
+timeout at the socket) are counted in ``leases_lost``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import math
@@ -38,15 +32,13 @@ import random
 import threading
 import time
 import weakref
-from dataclasses import dataclass
-from typing import Any, Deque, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple, Union
 
 import redis.exceptions
 
+from . import _core
 from . import _protocol as p
-from . import pins as _pins
 from ._call import (
-    LATE_LIMIT,
     NOT_OUTAGES,
     OUTAGES,
     TIMEOUTS,
@@ -73,7 +65,7 @@ _new_decision = tuple.__new__
 _LEASE = Source.LEASE
 #: The grants of one token kept for reuse: those leaving fewer tokens than this.
 _CACHED = 256
-_monotonic = time.monotonic
+_monotonic_ns = time.monotonic_ns
 
 #: Every lease state machine alive, to reset in a forked child.
 _cores: weakref.WeakSet[_Core] = weakref.WeakSet()
@@ -90,74 +82,56 @@ def _reset_cores_in_child() -> None:
         core.health._lock = threading.Lock()
         core.fallback._lock = threading.Lock()
         core.metrics._lock = threading.Lock()
-        core.older = core.newer = None
-        core.recount()
+        core.tally.lock = threading.Lock()
+        core.ledger.forget()
         core.flight = None
-        core.generation += 1
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_cores_in_child)
 
 
-class _Tally:
-    """Grants served from memory, counted under the core's lock and added into its
-    ``Metrics`` when they are read (see :meth:`Metrics.watch`)."""
+class _Lease(NamedTuple):
+    """A lease to return: its id and its leftover."""
 
-    __slots__ = ("core", "granted", "takes", "tokens")
-
-    def __init__(self, core: _Core) -> None:
-        #: Grants of a take (counted in ``calls`` too), other grants, tokens granted.
-        self.takes = self.granted = self.tokens = 0
-        self.core = weakref.ref(core)  # weak: the metrics object keeps this alive
-
-    def drain(self) -> Tuple[int, int, int]:
-        """``(calls, granted, tokens_granted)`` counted since the last drain."""
-        core = self.core()
-        with core.lock if core is not None else contextlib.nullcontext():
-            counts = (self.takes, self.takes + self.granted, self.tokens)
-            self.takes = self.granted = self.tokens = 0
-        return counts
-
-
-@dataclass
-class _Lease:
     id: int
     left: int
-    #: When the client stops spending it: the send time of the call plus the TTL.
-    expires: float
-
-
-#: ``_Core.spending`` when no lease is held: nothing to spend, so no take changes it.
-_NO_LEASE = _Lease(0, 0, 0.0)
 
 
 class _Flight:
-    """One ``RL.LEASE`` call, completed on its own whoever waits for it."""
+    """One ``RL.LEASE`` call, completed on its own whoever waits for it. The ledger (the
+    client core's) decides what it sends and what it leaves; this holds what the callers
+    waiting for it need: its end, its decision for its caller, its error."""
 
-    def __init__(self, need: int, settle: Optional[_Lease], sent: float, generation: int) -> None:
+    def __init__(self, fid: int, need: int, args: p.Args) -> None:
+        self.id = fid
         self.need = need
-        self.settle = settle
-        self.sent = sent
-        self.generation = generation
+        self.args = args
         #: A caller waits for ``need`` tokens from it (a renewal has none).
         self.waiting = need > 0
-        #: The waiter stopped waiting at its timeout (and counted the timeout).
+        #: Judged an outage: by its waiter's timeout, or by its age (counted once).
         self.timed_out = False
         self.done = False
+        #: It landed and installed a lease (a landing wakes only the takes it can serve).
+        self.installed = False
         self.decision: Optional[Decision] = None
-        self.lease: Optional[_Lease] = None
         self.error: Optional[BaseException] = None
         self.event = threading.Event()
         self.task: Optional[asyncio.Task[None]] = None
 
 
-class _Core(_Bucket):
-    """The lease state machine, shared by the sync and asyncio twins (no I/O here).
+def _ns() -> int:
+    return _monotonic_ns()
 
-    Keep its instance attributes at 30 or fewer (read settings from ``config`` instead):
-    CPython shares the key table of at most 30, and an instance with more gets a dict of
-    its own, which makes every attribute read of :meth:`grant` slower (a tenth of a take)."""
+
+class _Core(_Bucket):
+    """What the sync and asyncio twins share: the client core's lease ledger
+    (``_core.Ledger``: the leases held, when to renew, what a landed or failed call leaves,
+    the late-reply bound) under this object's lock, and the lease call in the air.
+
+    The take from memory is one call into the ledger, without this lock: each ledger call
+    is one whole transition that never lets go of the GIL, so no other thread sees it half
+    done."""
 
     def __init__(self, key: str, rate: float, cap: float, config: LimiterConfig) -> None:
         super().__init__(key, rate, cap, config)
@@ -168,116 +142,51 @@ class _Core(_Bucket):
         self.batch = config.batch
         self.ttl_ms = config.ttl_ms
         self.lock = threading.Lock()
-        self.older: Optional[_Lease] = None
-        self.newer: Optional[_Lease] = None
-        #: What :meth:`grant` reads, kept by :meth:`recount`: the lease spent from now (the
-        #: older while it has tokens; an empty one when none is held, which no take can
-        #: spend from), the tokens held besides it, and when the first held lease expires.
-        self.spending = _NO_LEASE
-        self.spare = 0
-        self.fresh_until = 0.0
-        self.tally = _Tally(self)
-        #: The grants of one token by :meth:`grant`, by the tokens left after them (a
-        #: decision is immutable, and making one costs a quarter of such a take).
+        self.ledger = _core.Ledger(
+            key, self.rate, self.cap, config.batch, config.ttl_ms, config.renew_at,
+            config.jitter, self.timeout, self.init, self.version,
+        )  # fmt: skip
+        #: How long a lease call's reply is awaited, whoever waits (the ledger's bound,
+        #: ``max(10 s, ttl + timeout + 1 s)``): a call older than this is given up on, and
+        #: what it brings then is past its TTL and goes back.
+        self.late_limit = self.ledger.late_bound() / 1e9
+        #: The grants of one token from memory, by the tokens left after them (a decision
+        #: is immutable, and making one costs a quarter of such a take).
         self.ones: List[Optional[Decision]] = [None] * _CACHED
+        self.tally = _Tally(self.ledger, self.metrics)
         self.metrics.watch(self, self.tally.drain)
-        self.threshold = 0
         #: The lease call in the air, if any (one at a time).
         self.flight: Optional[_Flight] = None
-        #: Bumped by close(): flights sent before it return what they get.
-        self.generation = 0
-        #: Redis denied ``denied_n`` tokens until then: deny that many or more without
-        #: asking (a smaller take may still be granted: the cache is per size).
-        self.denied_until = 0.0
-        self.denied_n = 0
         _cores.add(self)
         #: ``close()`` was called: no lease call is made any more, takes raise.
         self.closed = False
 
-    @property
-    def flight_limit(self) -> float:
-        """How long a lease call may be in the air before another one may be sent."""
-        return self.ttl_ms / 1000 + (self.timeout or 0.0) + 1.0
-
-    @property
-    def late_limit(self) -> float:
-        """How long an asyncio lease call may take before it is given up (and counted in
-        ``leases_lost``); a sync one is bounded by the client's socket timeout."""
-        return max(LATE_LIMIT, self.flight_limit)
-
-    # -- state (callers hold self.lock; every change of the leases ends in recount()) --
-
-    def recount(self) -> None:
-        """Updates what :meth:`grant` reads after the leases changed."""
-        older, newer = self.older, self.newer
-        if older is not None and older.left > 0:
-            self.spending = older
-            self.spare = newer.left if newer is not None else 0
-        else:
-            self.spending = newer if newer is not None else _NO_LEASE
-            self.spare = 0
-        expiries = [lease.expires for lease in (older, newer) if lease is not None]
-        self.fresh_until = min(expiries) if expiries else 0.0
-
-    def drop_expired(self, t: float) -> None:
-        for name in ("older", "newer"):
-            lease: Optional[_Lease] = getattr(self, name)
-            if lease is not None and lease.expires <= t:
-                if lease.left > 0:
-                    self.metrics.add("leases_expired")
-                setattr(self, name, None)
-        self.recount()
-
-    def left(self) -> int:
-        return (self.older.left if self.older else 0) + (self.newer.left if self.newer else 0)
-
-    def draw_threshold(self) -> int:
-        config = self.config
-        spread = config.jitter * self.batch * random.random()
-        return max(0, min(self.batch - 1, round(config.renew_at * self.batch + spread)))
-
-    def denied(self, n: int, t: float) -> bool:
-        return self.denied_until > t and n >= self.denied_n
+    def sync(self) -> None:
+        """Adds what the ledger counted into ``metrics`` (grants from memory wait for the
+        next read of the counters: :class:`_Tally`)."""
+        self.tally.sync()
 
     # -- decisions --
 
     def grant(self, n: int) -> Optional[Decision]:
         """The take from memory, the first step of both limiters' ``take``: ``n`` tokens
-        from the lease being spent, every held lease unexpired, more than the renewal
-        threshold left after it, all under one hold of the lock (a lease taken out to be
-        returned is no longer in the state). ``None``: anything else (:meth:`local` next).
-        Counted in the tally (calls, granted, tokens). Raises ``ValueError`` for an ``n``
-        that is not a positive int; one above ``cap`` finds no lease that large (a lease
-        holds at most ``max(batch, n)`` of a valid take) and is refused by :meth:`local`.
-
-        Every take served from memory runs this, on the caller's thread or task: it is
-        kept lean (plain ints, one lock, no ``with``, shared decisions for one token)."""
+        from the held leases when they have them, every lease unexpired, and more than the
+        renewal threshold left after it (the ledger's :meth:`grant`, one call). ``None``:
+        anything else (:meth:`local` next). Raises ``ValueError`` for an ``n`` that is not a
+        positive int; one above ``cap`` finds no lease that large and is refused by
+        :meth:`local`."""
         if n.__class__ is not int or n < 1:
             check_n(n, self.cap)
-        t = _monotonic()
-        lock = self.lock
-        lock.acquire()  # cheaper than a with block, which looks up __enter__ and __exit__
-        try:
-            lease = self.spending
-            left = lease.left - n
-            if left >= 0 and t < self.fresh_until:
-                total = left + self.spare
-                if total > self.threshold:
-                    lease.left = left
-                    tally = self.tally
-                    tally.takes += 1
-                    tally.tokens += n
-                    if n == 1 and total < _CACHED:
-                        d = self.ones[total]  # 0 <= threshold < total
-                        if d is None:
-                            fields = (True, float(total), 0, 0, 1, self.cap, _LEASE, None)
-                            d = self.ones[total] = _new_decision(Decision, fields)
-                        return d
-                    fields = (True, float(total), 0, 0, n, self.cap, _LEASE, None)
-                    return _new_decision(Decision, fields)
+        left = self.ledger.grant(n, _monotonic_ns())
+        if left is None:
             return None
-        finally:
-            lock.release()
+        if n == 1 and left < _CACHED:
+            d = self.ones[left]
+            if d is None:
+                fields = (True, float(left), 0, 0, 1, self.cap, _LEASE, None)
+                d = self.ones[left] = _new_decision(Decision, fields)
+            return d
+        return _new_decision(Decision, (True, float(left), 0, 0, n, self.cap, _LEASE, None))
 
     def local(self, n: int, calls: int = 0) -> Tuple[Optional[Decision], bool]:
         """:meth:`decide_locally` for a take :meth:`grant` did not serve, unless closed.
@@ -292,47 +201,18 @@ class _Core(_Bucket):
         """A grant from the held batch, or a recent denial of ``n`` or fewer tokens; ``None``
         if Redis must be asked. The flag says the caller should start a renewal. ``calls``
         (0 or 1): the take is counted in ``calls`` with its decision."""
-        t = _monotonic()
         with self.lock:
-            older, newer = self.older, self.newer
-            if (older is not None and older.expires <= t) or (
-                newer is not None and newer.expires <= t
-            ):
-                self.drop_expired(t)
-                older, newer = self.older, self.newer
-            left = (older.left if older is not None else 0) + (
-                newer.left if newer is not None else 0
-            )
-            if left >= n:
-                due = n
-                if older is not None:
-                    part = due if due <= older.left else older.left
-                    older.left -= part
-                    due -= part
-                if due:
-                    assert newer is not None
-                    newer.left -= due
-                self.recount()
-                left -= n
-                renew = (
-                    left <= self.threshold
-                    and self.flight is None
-                    and self.denied_until <= t
-                    and not self.health.down_until
-                    and not self.closed
-                )
-                tally = self.tally
-                if calls:
-                    tally.takes += 1
-                else:
-                    tally.granted += 1
-                tally.tokens += n
-                d = _new_decision(Decision, (True, float(left), 0, 0, n, self.cap, _LEASE, None))
-                return d, renew
-            if self.denied(n, t):
-                self.metrics.decided(False, 0, False, calls)
-                wait = max(1, round((self.denied_until - t) * 1000))
-                return Decision(False, 0.0, wait, 0, 0, self.cap, Source.LEASE), False
+            down = bool(self.health.down_until) or self.closed
+            kind, value, renew = self.ledger.take(n, _ns(), down)
+            self.sync()
+        if kind == "granted":
+            self.metrics.decided(True, n, False, calls)
+            return _new_decision(
+                Decision, (True, float(value), 0, 0, n, self.cap, _LEASE, None)
+            ), renew
+        if kind == "denied":
+            self.metrics.decided(False, 0, False, calls)
+            return Decision(False, 0.0, value, 0, 0, self.cap, Source.LEASE), False
         return None, False
 
     def fallback_decision(self, n: int) -> Decision:
@@ -364,136 +244,103 @@ class _Core(_Bucket):
     # -- flights --
 
     def begin(self, need: int) -> Tuple[Optional[_Flight], Optional[_Flight]]:
-        """A new flight asking for ``need`` tokens (0: a renewal), with the older lease taken
-        out of the state (the call returns it); or ``(None, the flight in the air)``."""
+        """A new flight asking for ``need`` tokens (0: a renewal), the older lease taken out
+        of the ledger (the call settles it); or ``(None, the flight in the air)``."""
+        assert self.protocol is not None
         with self.lock:
             if self.closed:
                 if need == 0:
                     return None, None  # a renewal racing close(): none
                 raise LimiterClosed(f"the limiter of {self.key!r} is closed")
-            t = now()
-            busy = self.flight
-            if busy is not None and t - busy.sent < self.flight_limit:
-                return None, busy
-            self.drop_expired(t)
-            settle, self.older = self.older, None
-            self.recount()
-            # An exempt (id 0) lease is dropped, never settled.
-            flight = _Flight(need, _pins.returnable(settle), t, self.generation)
+            kind, fid, command = self.ledger.begin(self.protocol.backend.value, need, _ns())
+            if kind == "busy":
+                if self.flight is not None and self.flight.id == fid:
+                    return None, self.flight
+                # A call this shell lost track of (its task destroyed unfinished): the
+                # ledger gives up on it at the late-reply bound; until then, an outage.
+                if need == 0:
+                    return None, None
+                raise concurrent.futures.TimeoutError("a lease call is still in the air")
+            if command is None:
+                raise LimiterClosed(f"the limiter of {self.key!r} is closed")
+            flight = _Flight(fid, need, tuple(a.decode() for a in command))
             self.flight = flight
             return flight, None
 
-    def lease_args(self, flight: _Flight) -> p.Args:
-        assert self.protocol is not None
-        settle = flight.settle
-        return self.protocol.lease(
-            self.key,
-            self.rate,
-            self.cap,
-            max(self.batch, flight.need),
-            self.ttl_ms,
-            max(1, flight.need),
-            (settle.id, settle.left) if settle is not None else None,
-            self.init,
-            self.version,
-        )
-
-    def land(self, flight: _Flight, reply: p.LeaseReply) -> List[_Lease]:
-        """Records a lease reply: the decision for the waiter, if any; the lease installed
-        (nothing spent from it if nobody waits). Returns leases to give back: one that
-        landed after ``sent + ttl`` or after ``close()``."""
-        self.answered()
-        if flight.settle is not None:
-            self.metrics.add("returns")
-            self.metrics.add("tokens_returned", flight.settle.left)
-        self.fallback.observe(self.key, reply.granted, None)
-        give_back: List[_Lease] = []
+    def land(self, flight: _Flight, reply: Any) -> List[_Lease]:
+        """Records a lease reply: the decision for the waiter, if any (the ledger spent its
+        tokens); the lease installed, or to give back (landed after ``sent + ttl``, after
+        ``close()``). A malformed reply ends the call in :class:`ProtocolError`."""
         with self.lock:
             if self.flight is flight:
                 self.flight = None
             flight.done = True
-            t = now()
-            if reply.granted == 0:
-                self.metrics.add("leases_denied")
-                self.denied_until = t + reply.retry_after_ms / 1000
-                self.denied_n = max(1, flight.need)
-                if flight.waiting:
-                    flight.decision = Decision(
-                        False, 0.0, reply.retry_after_ms, 0, 0, self.cap, Source.SERVER
-                    )
-                return give_back
-            self.metrics.add("leases")
-            self.metrics.add("lease_tokens", reply.granted)
-            expires = flight.sent + min(self.ttl_ms, reply.ttl_ms) / 1000
-            lease = _Lease(reply.lease_id, reply.granted, expires)
-            if t >= expires or flight.generation != self.generation:
-                # Landed after the lease's end as this client measures it (from when the
-                # call was sent), or after close(): none of it is spent; it goes back.
-                if t >= expires:
-                    self.metrics.add("leases_expired")
-                if _pins.returnable(lease):  # not an exempt (id 0) lease
-                    give_back.append(lease)
-                if flight.waiting:
-                    flight.decision = Decision(
-                        False, float(self.left()), 0, 0, 0, self.cap, Source.SERVER
-                    )
-                return give_back
-            spent = flight.need if flight.waiting else 0
-            lease.left -= spent
-            if self.older is not None:  # never more than two leases (not expected)
-                give_back.append(self.older)
-            self.older, self.newer = self.newer, lease
-            self.recount()
-            flight.lease = lease
-            self.threshold = self.draw_threshold()
-            self.denied_until = 0.0
-            if flight.waiting:
-                flight.decision = Decision(
-                    True, float(self.left()), 0, 0, spent, self.cap, Source.SERVER
+            try:
+                kind, served, value, back = self.ledger.landed(
+                    flight.id, reply, _ns(), random.random()
                 )
-        return give_back
+            except ProtocolError as e:
+                flight.error = e
+                self.sync()
+                self.metrics.add("server_errors")
+                return []
+            flight.installed = kind == "granted"
+            if served:
+                self.ledger.claim(flight.id)  # the waiter's: in its decision
+            self.sync()
+            if flight.waiting:
+                if kind == "granted" and served:
+                    flight.decision = Decision(
+                        True, float(value), 0, 0, flight.need, self.cap, Source.SERVER
+                    )
+                elif kind == "denied":
+                    flight.decision = Decision(False, 0.0, value, 0, 0, self.cap, Source.SERVER)
+                else:  # stale, or closed: nothing spent from it
+                    held = float(self.ledger.held(_ns()))
+                    flight.decision = Decision(False, held, 0, 0, 0, self.cap, Source.SERVER)
+        self.answered()
+        self.fallback.observe(self.key, int(reply[0]), None)
+        return [_Lease(i, left) for i, left in back]
 
     def fail(self, flight: _Flight, e: BaseException) -> List[_Lease]:
-        """A lease call failed. An error reply wrote nothing (the module decides before it
-        writes): the settled lease is still live and comes back into the state. After an
-        outage the outcome is unknown when the call timed out: counted in ``leases_lost``."""
-        give_back: List[_Lease] = []
+        """A lease call failed. An error reply or a call never sent wrote nothing: the
+        settled lease comes back into the ledger. An unknown outcome (a timeout, a reset
+        after the write) loses it and maybe the lease asked for: counted in
+        ``leases_lost``."""
+        if isinstance(e, ServerError):
+            kind = "refused"
+        elif isinstance(e, (*TIMEOUTS, asyncio.CancelledError)) or unknown_outcome(e):
+            kind = "unknown"
+        else:
+            kind = "not_sent"
         with self.lock:
             if self.flight is flight:
                 self.flight = None
             flight.done = True
             flight.error = e
-            settle = flight.settle
-            if isinstance(e, ServerError):
-                if settle is not None and settle.expires > now():
-                    if flight.generation == self.generation and self.older is None:
-                        self.older = settle
-                        self.recount()
-                    else:
-                        give_back.append(settle)
-            else:
-                if isinstance(e, (*TIMEOUTS, asyncio.CancelledError)) or unknown_outcome(e):
-                    self.metrics.add("leases_lost")
-                if not flight.timed_out:
-                    self.metrics.add("redis_errors")
-                    if isinstance(e, TIMEOUTS):
-                        self.metrics.add("redis_timeouts")
-        if isinstance(e, ServerError):
+            back = self.ledger.failed(flight.id, kind, _ns())
+            self.sync()
+            if kind != "refused" and not flight.timed_out:
+                self.metrics.add("redis_errors")
+                if isinstance(e, TIMEOUTS):
+                    self.metrics.add("redis_timeouts")
+        if kind == "refused":
             self.answered()
         else:
             self.health.failed()
-        return give_back
+        return [_Lease(i, left) for i, left in back]
 
     def give_up(self, flight: _Flight) -> Optional[Decision]:
         """The waiter's timeout: its decision if the flight landed meanwhile, else ``None``
-        (the flight then installs the whole lease for later takes)."""
+        (the flight then installs the whole lease for later takes; the call is judged slow,
+        counted once)."""
         with self.lock:
             if flight.done:
                 return flight.decision
             flight.waiting = False
             flight.timed_out = True
-            self.metrics.add("redis_timeouts")
-            self.metrics.add("redis_errors")
+            self.ledger.give_up(flight.id)
+            self.sync()
             return None
 
     def judged(self, flight: _Flight, limit: float) -> bool:
@@ -505,50 +352,118 @@ class _Core(_Bucket):
         with self.lock:
             if flight.done or flight.timed_out:
                 return True
-            if now() - flight.sent < limit:
+            verdict = self.ledger.judge(flight.id, _ns(), int(limit * 1e9))
+            if verdict == "wait":
                 return False
-            flight.timed_out = True
-            self.metrics.add("redis_timeouts")
-            self.metrics.add("redis_errors")
+            if verdict != "ended":
+                flight.timed_out = True
+                self.sync()
+        if verdict == "outage_first":
             self.health.failed()
-            return True
+        return True
 
     def cancelled(self, flight: _Flight) -> None:
         """The waiter was cancelled: what the flight spent for it goes back to the lease."""
         with self.lock:
             if not flight.done:
                 flight.waiting = False
+                self.ledger.release(flight.id, False, _ns())
                 return
-            d, lease = flight.decision, flight.lease
+            d = flight.decision
             flight.decision = None
-            held = lease is not None and (lease is self.older or lease is self.newer)
-            if d is not None and d.granted and held:
-                assert lease is not None
-                lease.left += d.tokens
-                self.recount()
+            if d is not None and d.granted:
+                self.ledger.unspend(d.tokens, _ns())
 
     def unspend(self, tokens: int) -> None:
         """Puts back ``tokens`` granted from a held lease to a take that never got them."""
         with self.lock:
-            lease = self.newer if self.newer is not None else self.older
-            if lease is not None:
-                lease.left += tokens
-                self.recount()
+            self.ledger.unspend(tokens, _ns())
 
-    def take_all(self) -> Tuple[Optional[_Lease], Optional[_Lease]]:
+    def take_all(self) -> List[_Lease]:
+        """Closes the ledger: the live leases to return (exempt ones, which debited
+        nothing, are not)."""
         with self.lock:
-            self.drop_expired(now())
-            # Exempt (id 0) leases debited nothing: never returned.
-            leases = (_pins.returnable(self.older), _pins.returnable(self.newer))
-            self.older = self.newer = None
-            self.recount()
-            self.generation += 1
             self.closed = True
-        return leases
+            leases = self.ledger.close(_ns())
+            self.sync()
+        return [_Lease(i, left) for i, left in leases]
 
-    def returned(self, lease: _Lease) -> None:
-        self.metrics.add("returns")
-        self.metrics.add("tokens_returned", lease.left)
+    def enter_line(self, n: int, front: bool, again: Optional[int] = None) -> int:
+        """A take stands in the ledger's line for a call (at the front: one woken to ask
+        Redis that found another call in the air); its number."""
+        with self.lock:
+            return self.ledger.enter_line(n, front, again)
+
+    def leave_line(self, place: int) -> Optional[int]:
+        """A take left the line; the one to wake in its place, if no call is in the air."""
+        with self.lock:
+            return self.ledger.leave_line(place)
+
+    def wake(self, installed: bool) -> List[int]:
+        """Whom a call's end wakes, taken out of the line: with a lease installed, those the
+        held tokens serve in arrival order and the first they do not; else everyone."""
+        with self.lock:
+            return self.ledger.wake(installed)
+
+    def return_args(self, lease: _Lease) -> p.Args:
+        assert self.protocol is not None
+        args = self.ledger.return_command(self.protocol.backend.value, lease.id, lease.left)
+        return tuple(a.decode() for a in args)
+
+    def returned(self, lease: _Lease, ok: bool = True) -> None:
+        """A return of ``lease`` ended: answered (``returns``), or lost."""
+        with self.lock:
+            self.ledger.returned(lease.id, lease.left, ok)
+            self.sync()
+
+    def held(self) -> int:
+        with self.lock:
+            held = self.ledger.held(_ns())
+            self.sync()
+            return held
+
+
+class _Tally:
+    """Moves what a ledger counts into its ``Metrics``: leases, returns and losses as they
+    happen (:meth:`sync`), the grants served from memory whenever the counters are read
+    (:meth:`drain`, see :meth:`Metrics.watch`: a second lock per take would cost as much as
+    the rest of it). Holds the ledger, not the limiter: a dropped limiter's last grants are
+    still counted."""
+
+    __slots__ = ("grants", "ledger", "lock", "metrics", "tokens")
+
+    def __init__(self, ledger: _core.Ledger, metrics: Any) -> None:
+        self.ledger = ledger
+        self.metrics = weakref.ref(metrics)  # the metrics object keeps this alive
+        self.lock = threading.Lock()
+        self.grants = self.tokens = 0
+
+    def sync(self) -> None:
+        if not self.ledger.counted():
+            return
+        counted = self.ledger.drain()
+        grants, tokens = counted.pop("memory_grants"), counted.pop("memory_tokens")
+        if grants:
+            with self.lock:
+                self.grants += grants
+                self.tokens += tokens
+        slow = counted.pop("slow_calls")
+        if slow:
+            counted["redis_timeouts"] = counted["redis_errors"] = slow
+        metrics = self.metrics()
+        if metrics is not None:
+            for name, value in counted.items():
+                if value:
+                    metrics.add(name, value)
+
+    def drain(self) -> Tuple[int, int, int]:
+        """``(calls, granted, tokens_granted)`` of the grants from memory since the last
+        drain."""
+        self.sync()
+        with self.lock:
+            grants, tokens = self.grants, self.tokens
+            self.grants = self.tokens = 0
+        return grants, grants, tokens
 
 
 def _failed(core: _Core, flight: _Flight, e: BaseException) -> List[_Lease]:
@@ -578,7 +493,7 @@ def _outlast(core: _Core, busy: _Flight) -> None:
     # Every sync lease call has a caller that judges it (waiting, or making it in its own
     # thread): the flight limit only bounds a call whose caller is gone.
     while not busy.event.wait(_LOOK):
-        if core.judged(busy, core.flight_limit):
+        if core.judged(busy, core.late_limit):
             break
     if not busy.done:
         raise concurrent.futures.TimeoutError()
@@ -685,9 +600,7 @@ class _Base(_Views):
     @property
     def held(self) -> int:
         """Tokens held locally right now (unexpired lease leftovers)."""
-        with self._core.lock:
-            self._core.drop_expired(now())
-            return self._core.left()
+        return self._core.held()
 
 
 class PrefetchLimiter(_Base):
@@ -789,7 +702,7 @@ class PrefetchLimiter(_Base):
 
     def _send(self, flight: _Flight) -> None:
         core = self._core
-        args = core.lease_args(flight)
+        args = flight.args
         core.metrics.add("redis_calls")
         if self._call.direct:
             # The client cannot outlive the timeout by itself: the call runs here (a reply
@@ -830,7 +743,7 @@ class PrefetchLimiter(_Base):
                 # Credentials first if due (the pooled path): a refusal is a ServerError, not
                 # a lease call redis-py retries past the timeout (an outage, failing open).
                 self._call.check()
-                reply = p.parse_lease(self._call.send(args))
+                reply = self._call.send(args)
             except BaseException as e:
                 give_back = _failed(core, flight, e)
             else:
@@ -845,10 +758,10 @@ class PrefetchLimiter(_Base):
         try:
             assert core.protocol is not None
             core.metrics.add("redis_calls")
-            self._call.send(core.protocol.return_(core.key, lease.id, lease.left))
+            self._call.send(core.return_args(lease))
             core.returned(lease)
         except Exception:
-            core.metrics.add("leases_lost")
+            core.returned(lease, False)
 
     def _renew(self) -> None:
         """The next batch, before this one runs out; the caller already has its grant."""
@@ -877,17 +790,14 @@ class PrefetchLimiter(_Base):
         credited = 0
         failure: Optional[BaseException] = None
         for lease in core.take_all():
-            if lease is None:
-                continue
             try:
                 if core.protocol is None:
                     core.protocol = resolve_backend(self.client, self._call, core.backend)
-                args = core.protocol.return_(core.key, lease.id, lease.left)
-                credited += p.to_int(self._call(args))
+                credited += p.to_int(self._call(core.return_args(lease)))
                 core.returned(lease)
             except Exception as e:
                 if lease.left > 0:
-                    core.metrics.add("leases_lost")
+                    core.returned(lease, False)
                 failure = failure or e
         self._call.close()
         if failure is not None:
@@ -911,17 +821,17 @@ class PrefetchLimiter(_Base):
             core = self._core
             if core.closed or core.protocol is None:
                 return
-            leases = [lease for lease in core.take_all() if lease is not None]
+            leases = core.take_all()
             if leases:
-                client, proto = self.client, core.protocol
+                client = self.client
 
                 def give_back() -> None:
                     for lease in leases:
                         try:
-                            execute(client, *proto.return_(core.key, lease.id, lease.left))
+                            execute(client, *core.return_args(lease))
                             core.returned(lease)
                         except Exception:
-                            core.metrics.add("leases_lost")
+                            core.returned(lease, False)
 
                 _pool().submit(give_back)
         except Exception:  # never raise from a finalizer (interpreter shutdown, no pool)
@@ -961,8 +871,9 @@ class AsyncPrefetchLimiter(_Base):
         self._call = AsyncCaller(client, self._core.timeout, self._core.metrics)
         self._backend = BackendTask()
         self._tasks: Set[asyncio.Task[None]] = set()
-        #: Takes waiting for a lease call in the air, in arrival order (``_in_line``).
-        self._line: Deque[Tuple[int, asyncio.Future[Optional[Decision]]]] = collections.deque()
+        #: Takes waiting for a lease call in the air, by their number in the ledger's line
+        #: (the ledger keeps the arrival order and says whom a landing wakes: ``_serve``).
+        self._line: Dict[int, Tuple[int, asyncio.Future[Optional[Decision]]]] = {}
 
     async def take(self, n: int = 1) -> Decision:
         """As :meth:`PrefetchLimiter.take`: a :class:`Decision`, truthy when granted."""
@@ -1032,7 +943,7 @@ class AsyncPrefetchLimiter(_Base):
         sync twin, a take's own wait running out is no outage: only the call's age is
         (:func:`_aoutlast`). Raises ``asyncio.TimeoutError`` when it was one."""
         core = self._core
-        limit = core.flight_limit if core.timeout is None else core.timeout
+        limit = core.late_limit if core.timeout is None else core.timeout
         loop = asyncio.get_running_loop()
         task = busy.task
         if task is None or task.get_loop() is not loop:
@@ -1044,10 +955,8 @@ class AsyncPrefetchLimiter(_Base):
                 raise asyncio.TimeoutError()
             return None
         fut: asyncio.Future[Optional[Decision]] = loop.create_future()
-        if again:
-            self._line.appendleft((n, fut))
-        else:
-            self._line.append((n, fut))
+        place = core.enter_line(n, again)
+        self._line[place] = (n, fut)
         wait = self._remaining(deadline)
         try:
             while True:
@@ -1067,34 +976,48 @@ class AsyncPrefetchLimiter(_Base):
                     core.unspend(d.tokens)  # served as it was cancelled: not spent
             fut.cancel()
             raise
+        finally:
+            if self._line.pop(place, None) is not None:
+                # Left the line unserved: with no call in the air, the first in line would
+                # wait for a call nobody makes; it looks again.
+                self._wake_next(core.leave_line(place))
+
+    def _wake_next(self, place: Optional[int]) -> None:
+        entry = None if place is None else self._line.pop(place, None)
+        if entry is not None:
+            _settle(self._core, entry[1], None)
 
     def _serve(self, flight: _Flight) -> None:
         """After a lease call ended: the takes in line it can serve, in arrival order, get
         their decisions (grants from the held leases, the denial Redis gave); the first it
         cannot serve is woken to ask Redis; the rest keep waiting. After a failure every
-        take in line looks again (the error, the outage)."""
-        line, core = self._line, self._core
-        while line:
-            n, fut = line[0]
-            if fut.done():  # gave up or cancelled
-                line.popleft()
+        take in line looks again (the error, the outage). Whom to wake is the ledger's."""
+        core = self._core
+        woken = core.wake(flight.installed)
+        for i, place in enumerate(woken):
+            entry = self._line.pop(place, None)
+            if entry is None or entry[1].done():  # gave up or cancelled
                 continue
+            n, fut = entry
             if flight.error is not None:
-                line.popleft()
                 _settle(core, fut, None)
                 continue
             d, renew = core.decide_locally(n)
-            line.popleft()
             _settle(core, fut, d)
             if renew:
                 self._renew()
             if d is None:
+                # Its turn to ask Redis; the others woken with it keep their places.
+                for rest in woken[i + 1 :]:
+                    back = self._line.get(rest)
+                    if back is not None:
+                        core.enter_line(back[0], False, rest)
                 break
 
     def _send(self, flight: _Flight) -> asyncio.Task[None]:
         core = self._core
         core.metrics.add("redis_calls")
-        task = asyncio.get_running_loop().create_task(self._fly(flight, core.lease_args(flight)))
+        task = asyncio.get_running_loop().create_task(self._fly(flight, flight.args))
         flight.task = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -1131,7 +1054,7 @@ class AsyncPrefetchLimiter(_Base):
             call = self._checked_call(args)
             # Bounded (a half-open connection with no socket timeout), but well past the
             # lease's end: a late lease is returned, not lost.
-            reply = p.parse_lease(await asyncio.wait_for(call, core.late_limit))
+            reply = await asyncio.wait_for(call, core.late_limit)
         except (redis.exceptions.RedisError, ProtocolError, *OUTAGES) as e:
             give_back = _failed(core, flight, e)
         except BaseException as e:  # cancelled: the event loop is closing
@@ -1155,11 +1078,11 @@ class AsyncPrefetchLimiter(_Base):
         try:
             assert core.protocol is not None
             core.metrics.add("redis_calls")
-            args = core.protocol.return_(core.key, lease.id, lease.left)
+            args = core.return_args(lease)
             await asyncio.wait_for(self.client.execute_command(*args), core.late_limit)
             core.returned(lease)
         except Exception:
-            core.metrics.add("leases_lost")
+            core.returned(lease, False)
 
     def _renew(self) -> None:
         """The next batch, in the background: the caller already has its grant."""
@@ -1177,17 +1100,14 @@ class AsyncPrefetchLimiter(_Base):
         credited = 0
         failure: Optional[BaseException] = None
         for lease in core.take_all():
-            if lease is None:
-                continue
             try:
                 await self._resolve(None)
                 assert core.protocol is not None
-                args = core.protocol.return_(core.key, lease.id, lease.left)
-                credited += p.to_int(await self._call(args))
+                credited += p.to_int(await self._call(core.return_args(lease)))
                 core.returned(lease)
             except Exception as e:
                 if lease.left > 0:
-                    core.metrics.add("leases_lost")
+                    core.returned(lease, False)
                 failure = failure or e
         if failure is not None:
             raise failure

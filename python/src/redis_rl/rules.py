@@ -10,7 +10,9 @@ A check is all or nothing: the buckets of every enforced layer that applies are 
 one ``RL.MTAKE`` (one round trip) when they share a slot, which they always do on one
 server; in a cluster, slot by slot in document order, and what an earlier slot granted is
 given back (``RL.REFUND``) when a later one refuses. Shadow layers are taken after a grant,
-each on its own: a shadow refusal is logged and counted, never enforced.
+each on its own: a shadow refusal is logged and counted, never enforced. The plan, the
+calls and the decision are the client core's (``redis_rl._core``, the Rust client's code):
+this module sends the calls, follows the document and counts.
 
 The document is polled (one ``HGET key version`` every ``poll_interval`` seconds); a new
 version is parsed and validated off the request path and swapped in whole, between two
@@ -30,13 +32,14 @@ import os
 import random
 import threading
 import time
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
 import redis.exceptions
 
 from . import _protocol as p
 from ._call import (
     OUTAGES,
+    OwnPool,
     aexecute,
     aplain_call,
     aresolve_backend,
@@ -45,7 +48,8 @@ from ._call import (
     resolve_backend,
 )
 from .decision import Decision, Source
-from .rules_doc import Applied, Bucket, Document, RulesError, parse_document, plan
+from .errors import ProtocolError
+from .rules_doc import Document, RulesError, parse_document
 from .types import AsyncClient, SyncClient
 
 log = logging.getLogger("redis_rl.rules")
@@ -375,71 +379,43 @@ class _Engine:
 
     # deciding
 
-    def groups(self, client: Any, buckets: Sequence[Bucket]) -> List[List[Bucket]]:
-        if not buckets:
-            return []
-        slot = getattr(client, "keyslot", None)
-        if slot is None or len(buckets) < 2:
-            return [list(buckets)]
-        by: Dict[int, List[Bucket]] = {}
-        for b in buckets:
-            by.setdefault(slot(b.key), []).append(b)
-        return list(by.values())
+    def start(self, attributes: Mapping[str, Any], cost: int, cluster: bool) -> Any:
+        """The core's check of ``attributes`` on the document in force (``ValueError`` for
+        a cost no layer that applies can grant)."""
+        if cost.__class__ is not int or cost < 1:
+            raise ValueError("cost must be a positive integer")
+        doc = self.document
+        assert doc is not None
+        try:
+            return doc.core.check(attributes, cost, self.fail_open, cluster)
+        except OverflowError:  # beyond 64 bits: above every cap a bucket can have
+            raise ValueError(f"cost {cost} exceeds every layer's cap") from None
 
-    def outcome(
+    def finish(
         self,
-        applied: List[Applied],
+        check: Any,
         attrs: Mapping[str, Any],
-        replies: List[Tuple[List[Bucket], p.MTakeReply]],
-        cost: int,
-        shadow_denied: Tuple[str, ...] = (),
+        malformed: Optional[str],
+        failure: Optional[BaseException],
     ) -> RuleDecision:
-        layer_of = {b.key: a.layer for a in applied for b in a.buckets}
-        last = replies[-1][1] if replies else None
-        if last is not None and not last.granted:
-            group, reply = replies[-1]
-            key = reply.denied_by or group[0].key
-            b = next((x for x in group if x.key == key), group[0])
-            left = reply.remaining[group.index(b)] if reply.remaining else 0.0
-            layer = layer_of[b.key]
-            d = RuleDecision(
-                False,
-                max(0.0, left),
-                reply.retry_after_ms,
-                _reset(b, left),
-                0,
-                b.cap,
-                Source.SERVER,
-                layer.name,
-                layer.code,
-                b.key,
-                shadow_denied,
-            )
-        else:
-            best: Optional[Tuple[float, Bucket]] = None
-            for group, reply in replies:
-                for i, b in enumerate(group):
-                    left = reply.remaining[i] if reply.remaining else b.cap
-                    if best is None or left < best[0]:
-                        best = (left, b)
-            if best is None:
-                d = RuleDecision(True, 0.0, 0, 0, cost, 0.0, shadow_denied=shadow_denied)
-            else:
-                left, b = best
-                layer = layer_of[b.key]
-                d = RuleDecision(
-                    True,
-                    left,
-                    0,
-                    _reset(b, left),
-                    cost,
-                    b.cap,
-                    Source.SERVER,
-                    layer.name,
-                    layer.code,
-                    b.key,
-                    shadow_denied,
-                )
+        """The check's decision, counted and logged; a malformed reply that left it without
+        one is raised (:class:`ProtocolError`, after the refunds)."""
+        t = check.decision()
+        if t is None:
+            raise ProtocolError(malformed or "a malformed RL.MTAKE reply")
+        granted, remaining, retry, reset, tokens, limit, fallback, layer, code, key, shadow = t
+        source = Source.FALLBACK if fallback else Source.SERVER
+        d = RuleDecision(
+            granted, remaining, retry, reset, tokens, limit, source, layer, code, key, tuple(shadow)
+        )
+        if fallback and granted:
+            self.metrics.add("fail_open")
+            log.warning("rules: Redis failed (%s); letting the request through", failure)
+        elif fallback:
+            self.metrics.add("fail_closed")
+            log.warning("rules: Redis failed (%s); refusing the request", failure)
+        elif malformed is not None:
+            log.warning("rules: a shadow layer skipped on a malformed reply: %s", malformed)
         self.record(d, attrs)
         return d
 
@@ -470,40 +446,8 @@ class _Engine:
                 entry["source"] = "fallback"
             decision_log.info(json.dumps(entry, default=str))
 
-    def failed(
-        self, e: BaseException, applied: List[Applied], attrs: Mapping[str, Any], cost: int
-    ) -> RuleDecision:
-        first = next((a for a in applied if not a.layer.shadow), None)
-        name = first.layer.name if first else None
-        if self.fail_open:
-            self.metrics.add("fail_open")
-            log.warning("rules: Redis failed (%s); letting the request through", e)
-            d = RuleDecision(True, 0.0, 0, 0, cost, 0.0, Source.FALLBACK)
-        else:
-            self.metrics.add("fail_closed")
-            log.warning("rules: Redis failed (%s); refusing the request", e)
-            code = first.layer.code if first else None
-            d = RuleDecision(False, 0.0, 1000, 0, 0, 0.0, Source.FALLBACK, name, code)
-        self.record(d, attrs)
-        return d
-
-
-def _reset(b: Bucket, left: float) -> int:
-    return max(0, int(-(-(b.cap - left) * 1000 // b.rate)))
-
 
 _ERRORS = (redis.exceptions.RedisError, *OUTAGES)
-
-
-def _check_cost(cost: int, applied: List[Applied]) -> None:
-    """A cost no bucket could ever grant is the caller's error, not Redis's (which would
-    answer an error reply, and fail open)."""
-    if cost.__class__ is not int or cost < 1:
-        raise ValueError("cost must be a positive integer")
-    for a in applied:
-        for b in a.buckets:
-            if cost > b.cap:
-                raise ValueError(f"cost {cost} exceeds layer {a.layer.name}'s cap {b.cap:g}")
 
 
 def _read_file(path: str, follow: bool) -> Tuple[Document, Optional[_Engine]]:
@@ -514,6 +458,21 @@ def _read_file(path: str, follow: bool) -> Tuple[Document, Optional[_Engine]]:
             return parse_document(f.read(), path), None
     reader = _Engine(None, 0.5, True, None, 0.0, p.AUTO)
     return reader.follow_file(path), reader
+
+
+def _direct(client: Any) -> Optional[OwnPool]:
+    """The client's own connection pool, called in this thread one command at a time (no
+    retry: a take retried after a lost reply could take twice; the failure policy answers
+    an outage), for a plain client; ``None`` for a cluster, a single-connection client or
+    anything else (``execute_command`` then)."""
+    pool = getattr(client, "connection_pool", None)
+    if (
+        not isinstance(client, redis.Redis)
+        or pool is None
+        or getattr(client, "connection", None) is not None
+    ):
+        return None
+    return OwnPool(pool, 0.0, getattr(client, "response_callbacks", None))
 
 
 class _RulesView:
@@ -548,8 +507,11 @@ class Rules(_RulesView):
     thread. ``check(attributes)`` returns a :class:`RuleDecision`.
 
     ``fail_open`` (default) lets a request through when Redis fails or answers an error
-    (counted: ``fail_open``); ``False`` refuses it. ``log_grants`` is the share of grants
-    written to the decision log (every denial is)."""
+    (counted: ``fail_open``); ``False`` refuses it, a denial by the first enforced layer,
+    retry after 1 s (counted: ``fail_closed``); both ``source`` ``FALLBACK``. A malformed
+    reply raises :class:`ProtocolError`. On a plain client the calls go on its connection
+    pool one try each (a take retried after a lost reply could take twice). ``log_grants``
+    is the share of grants written to the decision log (every denial is)."""
 
     def __init__(
         self,
@@ -566,6 +528,8 @@ class Rules(_RulesView):
         self.client = client
         source = RedisSource(key) if key is not None and document is None else None
         self._e = _Engine(source, poll_interval, fail_open, metrics, log_grants, backend)
+        self._cluster = getattr(client, "keyslot", None) is not None
+        self._direct = _direct(client)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         if document is not None:
@@ -634,57 +598,53 @@ class Rules(_RulesView):
 
     def check(self, attributes: Mapping[str, Any], cost: int = 1) -> RuleDecision:
         """Takes ``cost`` tokens from every layer that applies to ``attributes``, or from
-        none."""
+        none. Redis failing is the failure policy's decision (``fail_open``: granted, else
+        refused by the first enforced layer, retry after 1 s), never an exception."""
         e = self._e
         if e.pid != os.getpid() and e.source is not None:  # forked: the thread stayed behind
             e.pid = os.getpid()
             self._stop = threading.Event()
             self._start()
-        doc = e.document
-        assert doc is not None
-        applied = plan(doc, attributes)
-        if cost != 1:
-            _check_cost(cost, applied)
-        enforced = [b for a in applied if not a.layer.shadow for b in a.buckets]
-        replies: List[Tuple[List[Bucket], p.MTakeReply]] = []
-        try:
-            proto = self._proto()
-            for group in e.groups(self.client, enforced):
-                args = proto.mtake([(b.key, b.rate, b.cap) for b in group], cost, True)
-                reply = p.parse_mtake(execute(self.client, *args))
-                replies.append((group, reply))
-                if not reply.granted:
-                    self._refund(proto, replies[:-1], cost)
-                    return e.outcome(applied, attributes, replies, cost)
-            shadow_denied = self._shadow(proto, applied, cost)
-        except _ERRORS as err:
-            self._refund_quietly(replies, cost)
-            return e.failed(err, applied, attributes, cost)
-        return e.outcome(applied, attributes, replies, cost, shadow_denied)
-
-    def _shadow(self, proto: p.Protocol, applied: List[Applied], cost: int) -> Tuple[str, ...]:
-        out = []
-        for a in applied:
-            if a.layer.shadow:
-                args = proto.mtake([(b.key, b.rate, b.cap) for b in a.buckets], cost, False)
-                if not p.parse_mtake(execute(self.client, *args)).granted:
-                    out.append(a.layer.name)
-        return tuple(out)
-
-    def _refund(
-        self, proto: p.Protocol, granted: List[Tuple[List[Bucket], Any]], cost: int
-    ) -> None:
-        for group, _ in granted:
-            for b in group:
-                execute(self.client, *proto.refund(b.key, cost))
-
-    def _refund_quietly(self, replies: List[Tuple[List[Bucket], Any]], cost: int) -> None:
-        granted = [(g, r) for g, r in replies if r.granted]
-        if granted and self._e.protocol is not None:
+        check = e.start(attributes, cost, self._cluster)
+        malformed: Optional[str] = None
+        failure: Optional[BaseException] = None
+        proto = e.protocol
+        if proto is None and check.decision() is None:  # the first call: the backend first
             try:
-                self._refund(self._e.protocol, granted, cost)
+                proto = self._proto()
             except _ERRORS as err:
-                log.warning("rules: could not give back tokens after a failure: %s", err)
+                failure = err
+                while check.decision() is None:
+                    check.failed()
+        functions = proto is not None and proto.backend == p.FUNCTIONS
+        direct = self._direct  # a decided check sends nothing below
+        while True:
+            try:
+                if direct is not None:
+                    packed = check.packed(functions)
+                    if packed is None:
+                        break
+                    reply = direct.packed("FCALL" if functions else "RL.MTAKE", packed)
+                else:
+                    args = check.command(functions)
+                    if args is None:
+                        break
+                    reply = execute(self.client, *args)
+            except redis.exceptions.ResponseError as err:
+                check.error_reply(str(err))
+            except _ERRORS as err:
+                failure = err
+                check.failed()
+            else:
+                bad = check.reply(reply)
+                if bad is not None:
+                    malformed = bad
+        for args in check.refunds(functions):
+            try:
+                execute(self.client, *args)
+            except _ERRORS as err:  # a refund lost costs its tokens until they refill
+                log.warning("rules: could not give back tokens: %s", err)
+        return e.finish(check, attributes, malformed, failure)
 
     def __enter__(self) -> Rules:
         return self
@@ -713,6 +673,7 @@ class AsyncRules(_RulesView):
         self.client = client
         source = RedisSource(key) if key is not None and document is None else None
         self._e = _Engine(source, poll_interval, fail_open, metrics, log_grants, backend)
+        self._cluster = getattr(client, "keyslot", None) is not None
         self._task: Optional[asyncio.Task[None]] = None
         if document is not None:
             self._e.install(document)
@@ -795,44 +756,37 @@ class AsyncRules(_RulesView):
             assert e.source is not None
             e.fetched(await aexecute(self.client, *e.source.fetch_args()), first=True)
         self._ensure_task()
-        doc = e.document
-        assert doc is not None
-        applied = plan(doc, attributes)
-        if cost != 1:
-            _check_cost(cost, applied)
-        enforced = [b for a in applied if not a.layer.shadow for b in a.buckets]
-        replies: List[Tuple[List[Bucket], p.MTakeReply]] = []
-        try:
-            proto = await self._proto()
-            for group in e.groups(self.client, enforced):
-                args = proto.mtake([(b.key, b.rate, b.cap) for b in group], cost, True)
-                reply = p.parse_mtake(await aexecute(self.client, *args))
-                replies.append((group, reply))
-                if not reply.granted:
-                    await self._refund(proto, replies[:-1], cost)
-                    return e.outcome(applied, attributes, replies, cost)
-            shadow_denied = []
-            for a in applied:
-                if a.layer.shadow:
-                    args = proto.mtake([(b.key, b.rate, b.cap) for b in a.buckets], cost, False)
-                    if not p.parse_mtake(await aexecute(self.client, *args)).granted:
-                        shadow_denied.append(a.layer.name)
-        except _ERRORS as err:
-            granted = [(g, r) for g, r in replies if r.granted]
-            if granted and e.protocol is not None:
+        check = e.start(attributes, cost, self._cluster)
+        malformed: Optional[str] = None
+        failure: Optional[BaseException] = None
+        if check.decision() is None:
+            try:
+                functions = (await self._proto()).backend == p.FUNCTIONS
+            except _ERRORS as err:
+                failure, functions = err, False
+                while check.decision() is None:
+                    check.failed()
+            client = self.client
+            args = check.command(functions)
+            while args is not None:
                 try:
-                    await self._refund(e.protocol, granted, cost)
-                except _ERRORS as err2:
-                    log.warning("rules: could not give back tokens after a failure: %s", err2)
-            return e.failed(err, applied, attributes, cost)
-        return e.outcome(applied, attributes, replies, cost, tuple(shadow_denied))
-
-    async def _refund(
-        self, proto: p.Protocol, granted: List[Tuple[List[Bucket], Any]], cost: int
-    ) -> None:
-        for group, _ in granted:
-            for b in group:
-                await aexecute(self.client, *proto.refund(b.key, cost))
+                    reply = await aexecute(client, *args)
+                except redis.exceptions.ResponseError as err:
+                    check.error_reply(str(err))
+                except _ERRORS as err:
+                    failure = err
+                    check.failed()
+                else:
+                    bad = check.reply(reply)
+                    if bad is not None:
+                        malformed = bad
+                args = check.command(functions)
+            for args in check.refunds(functions):
+                try:
+                    await aexecute(client, *args)
+                except _ERRORS as err:  # a refund lost costs its tokens until they refill
+                    log.warning("rules: could not give back tokens: %s", err)
+        return e.finish(check, attributes, malformed, failure)
 
 
 __all__ = [
