@@ -23,13 +23,16 @@ async function admin(node, ...args) {
 
 async function until(what, check, ms = 60_000) {
   const deadline = Date.now() + ms;
+  let last = null;
   for (;;) {
     try {
       if (await check()) return;
-    } catch {
-      // not yet
+    } catch (e) {
+      last = e; // not yet
     }
-    if (Date.now() > deadline) throw new Error(`cluster: ${what} did not happen within ${ms} ms`);
+    if (Date.now() > deadline) {
+      throw new Error(`cluster: ${what} did not happen within ${ms} ms${last ? ` (last: ${last.message})` : ''}`);
+    }
     await new Promise((r) => setTimeout(r, 50));
   }
 }
