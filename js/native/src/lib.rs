@@ -15,8 +15,10 @@ mod budget;
 mod guard;
 mod limits;
 mod openai;
+mod patch;
 mod reply;
 mod take;
+mod typed;
 
 use rl_client_core::budget::Backend;
 
