@@ -23,16 +23,6 @@ export interface NamedCost {
   name: string
   tokens: number
 }
-/**
- * What a settle does: `send` these arguments and hand the reply to `settled`, `done`
- * (settled locally: each limit's tokens back, positive, or charged, negative), or
- * `nothing`.
- */
-export interface SettleStepJs {
-  kind: string
-  args?: Array<string>
-  results?: Array<number | undefined | null>
-}
 /** A budget's counters. */
 export interface BudgetCountersJs {
   granted: number
@@ -176,21 +166,12 @@ export interface TakeCounters {
 export declare function decisionHeaders(granted: boolean, remaining: number, retryAfterMs: number, resetAfterMs: number, limit: number): Array<string>
 /** The JSON body of a 429 for a denial that asks to retry after `retry_after_ms`. */
 export declare function tooManyBody(retryAfterMs: number): string
-/** One reservation's decision, and what settles it (opaque to JS). */
-export declare class Grant {
-  /** Whether every limit was reserved. */
-  readonly granted: boolean
-  readonly retryAfterMs: number
-  /** The index of the limit that refused, when denied. */
-  readonly deniedBy?: number
-  /** Each limit's tokens after the call, where known. */
-  readonly remaining?: Array<number>
-  /** `"server"` or `"fallback"`. */
-  readonly source: string
-  /** Whether a settle still has something to close. */
-  open(): boolean
-}
-/** One budget's decisions. */
+/**
+ * One budget's decisions. The tickets of open reservations are kept here, by a number the
+ * shell holds: a JS object per grant (a napi class instance) cost Node more than the rest
+ * of the call. The shell forgets a ticket when its reservation is collected, and a settle
+ * removes it (a settled ticket has nothing left to close).
+ */
 export declare class BudgetCore {
   /**
    * `policy`: `"allow"`, `"last_known"` or `"deny"`; `share`: 1 / instances (null: the
@@ -198,23 +179,45 @@ export declare class BudgetCore {
    */
   constructor(key: string, limits: Array<BudgetLimitSpec>, ttlMs: number, policy: string, share?: number | undefined | null)
   limits(): Array<BudgetLimitInfo>
-  /** Each limit's cost: `tokens` for a budget of one token limit, or `named` costs. */
-  costs(tokens: number | undefined | null, named: Array<NamedCost>): Array<number>
-  reserveCommand(backendName: string, costs: Array<number>): Array<string>
-  /** The decision Redis's reply makes; an `Error` (unexpected reply) if it is malformed. */
-  reserved(costs: Array<number>, reply: unknown): Grant
+  /**
+   * Each limit's cost into `out` (one number per limit): `tokens` for a budget of one
+   * token limit, or `amounts[i]` tokens on the limit `names[i]`.
+   */
+  costs(tokens: number | undefined | null, names: Array<string>, amounts: Float64Array, out: Float64Array): void
+  /**
+   * The reservation's command, as a patch of the last one the shell holds (`have`): see
+   * `patch.rs` (`positions[0]` is `WHOLE` when the strings are the whole command).
+   */
+  reserveCommand(backendName: string, costs: Float64Array, have: boolean, positions: Uint32Array): Array<string>
+  /**
+   * The decision Redis's reply makes, into `out` (see `GRANT_HEAD`); its ticket (0: none
+   * to settle). An `Error` (unexpected reply) if the reply is malformed.
+   */
+  reserved(costs: Float64Array, reply: unknown, out: Float64Array): number
   /**
    * The failure policy's decision while Redis does not answer, at `now_ms`
-   * (`performance.now()`).
+   * (`performance.now()`), into `out`; its ticket (0: none).
    */
-  outage(costs: Array<number>, nowMs: number): Grant
-  /** What settling `grant` with each limit's actual use (null: its estimate) does. */
-  settle(backendName: string, grant: Grant, actual: Array<number | undefined | null>, nowMs: number): SettleStepJs
+  outage(costs: Float64Array, nowMs: number, out: Float64Array): number
+  /** Whether the ticket still has something to close. */
+  open(ticket: number): boolean
   /**
-   * Each limit's result from Redis's reply to a settle: tokens back (positive), charged
-   * (negative), or null (nothing there to settle).
+   * Drops a ticket whose reservation the shell no longer holds (it expires in Redis as
+   * charged); an unknown one is ignored.
    */
-  settled(reply: unknown): Array<number | undefined | null>
+  forget(ticket: number): void
+  /**
+   * What settling the ticket with each limit's actual use (NaN: its estimate) does:
+   * `out[0]` says (nothing, send the arguments returned as a patch of the last settle
+   * the shell holds (`have`; see `patch.rs`), or done: each limit's result in
+   * `out[1..]`, NaN for none).
+   */
+  settle(backendName: string, ticket: number, actual: Float64Array, nowMs: number, out: Float64Array, have: boolean, positions: Uint32Array): Array<string> | null
+  /**
+   * Each limit's result from Redis's reply to a settle, into `out`: tokens back
+   * (positive), charged (negative), or NaN (nothing there to settle); their count.
+   */
+  settled(reply: unknown, out: Float64Array): number
   settleLost(): void
   counters(): BudgetCountersJs
 }
@@ -351,8 +354,12 @@ export declare class TakeCore {
   get cap(): number
   /** Refuses an `n` that could never be granted (0, a fraction, above the burst). */
   check(n: number): void
-  /** The command (name first) that takes `n` tokens on the limiter's key, or on `key`. */
-  command(backendName: string, n: number, key?: string | undefined | null): Array<string>
+  /**
+   * The command (name first) that takes `n` tokens on the limiter's key, or on `key`, as
+   * a patch of the last one the shell holds (`have`): see `patch.rs` (`positions[0]` is
+   * `WHOLE` when the strings are the whole command).
+   */
+  command(backendName: string, n: number, key: string | undefined | null, have: boolean, positions: Uint32Array): Array<string>
   /**
    * The decision Redis's reply makes, into `out` (see `SLOTS`); an `Error` (unexpected
    * reply) if it is malformed. `now_ms` (`performance.now()`, the clock `outage` is

@@ -15,6 +15,7 @@ mod policy;
 mod prefetch;
 mod reply;
 mod rules;
+mod share;
 
 use pyo3::prelude::*;
 
@@ -28,5 +29,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     permit::register(m)?;
     policy::register(m)?;
     prefetch::register(m)?;
+    share::register(m)?;
     Ok(())
 }
