@@ -18,10 +18,8 @@ const now = (): number => performance.now();
 const LATE_SLACK_MS = 1000;
 
 /** Who decided a prefetching take: `lease` when served from the held batch. */
-export type PrefetchSource = Source | 'lease';
-// Decision's `source` is typed for the plain Limiter; a prefetched grant says `lease` as the
-// Rust and Python clients do.
-const LEASE = 'lease' as unknown as Source;
+export type PrefetchSource = Source;
+const LEASE: Source = 'lease';
 
 export interface PrefetchOptions {
   /** The limit: `{ rate, cap }` here, or `limit` (`'1000/second'` or `{ rate, cap }`). */
