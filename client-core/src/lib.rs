@@ -6,6 +6,8 @@
 //! shells.
 //!
 //! - [`limits`]: limit strings (`"10/second;500/minute, burst 20"`).
+//! - [`commands`]: `RL.TAKE` with its options and `RL.RESERVE` for both backends, and the
+//!   replies of `RL.RESERVE` and `RL.ACQUIRE`.
 //! - [`reply`]: a reply as any Redis client hands it over, and the one error a malformed
 //!   reply is ([`ProtocolError`]).
 //! - [`budget`]: token budgets (`RL.BUDGET` / `RL.SETTLE`): the commands for the module and
@@ -26,6 +28,7 @@
 //!   [`rules`]: one check of it (`RL.MTAKE` calls out, replies in, a decision and refunds).
 
 pub mod budget;
+pub mod commands;
 pub mod fallback;
 pub mod health;
 pub mod lease;
