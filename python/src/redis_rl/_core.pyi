@@ -182,3 +182,28 @@ class Ledger:
     def counted(self) -> bool: ...
     def counters(self) -> Dict[str, int]: ...
     def drain(self) -> Dict[str, int]: ...
+
+# The take, reserve and acquire commands and replies (python/native/src/commands.rs).
+def take_command(
+    backend_name: str,
+    key: str,
+    rate: float,
+    cap: float,
+    n: int,
+    withstate: bool,
+    init: Optional[float] = None,
+    version: Optional[int] = None,
+) -> List[bytes]: ...
+def reserve_command(
+    backend_name: str,
+    key: str,
+    rate: float,
+    cap: float,
+    n: int,
+    max_wait_ms: int,
+    init: Optional[float] = None,
+    version: Optional[int] = None,
+) -> List[bytes]: ...
+def parse_take(reply: Any) -> Tuple[int, float, int, int, Optional[str]]: ...
+def parse_reserve(reply: Any) -> Tuple[int, int, float, int]: ...
+def parse_acquire(reply: Any) -> Tuple[bool, int, int, int]: ...

@@ -121,12 +121,6 @@ def to_str(value: Any) -> str:
     return str(value)
 
 
-def _list(reply: Any, size: int, what: str) -> List[Any]:
-    if not isinstance(reply, (list, tuple)) or len(reply) < size:
-        raise ProtocolError(f"unexpected {what} reply: {reply!r}")
-    return list(reply)
-
-
 @dataclass(frozen=True)
 class TakeReply:
     granted: int
@@ -201,12 +195,8 @@ def pin_kind(value: Any) -> str:
 
 def parse_take(reply: Any) -> TakeReply:
     """``[granted, remaining, retry_after_ms, reset_after_ms]``, and the kind of the pin
-    that decided as a fifth element when one did."""
-    r = _list(reply, 4, "RL.TAKE WITHSTATE")
-    if len(r) > 5:
-        raise ProtocolError(f"unexpected RL.TAKE WITHSTATE reply: {reply!r}")
-    pinned = pin_kind(r[4]) if len(r) == 5 else None
-    return TakeReply(to_int(r[0]), to_float(r[1]), to_int(r[2]), to_int(r[3]), pinned)
+    that decided as a fifth element when one did: the client core's parser."""
+    return TakeReply(*_core.parse_take(reply))
 
 
 def parse_lease(reply: Any) -> LeaseReply:
@@ -217,14 +207,12 @@ def parse_lease(reply: Any) -> LeaseReply:
 
 def parse_reserve(reply: Any) -> ReserveReply:
     """An ``RL.RESERVE`` reply as a :class:`ReserveReply`; else :class:`ProtocolError`."""
-    r = _list(reply, 4, "RL.RESERVE")
-    return ReserveReply(to_int(r[0]), to_int(r[1]), to_float(r[2]), to_int(r[3]))
+    return ReserveReply(*_core.parse_reserve(reply))
 
 
 def parse_acquire(reply: Any) -> AcquireReply:
     """An ``RL.ACQUIRE`` reply as an :class:`AcquireReply`; else :class:`ProtocolError`."""
-    r = _list(reply, 4, "RL.ACQUIRE")
-    return AcquireReply(bool(to_int(r[0])), to_int(r[1]), to_int(r[2]), to_int(r[3]))
+    return AcquireReply(*_core.parse_acquire(reply))
 
 
 def parse_mtake(reply: Any) -> MTakeReply:
@@ -334,14 +322,9 @@ class Protocol:
         version: Optional[int] = None,
     ) -> Args:
         """The arguments of a take: ``RL.TAKE key rate cap n [WITHSTATE] [INIT t] [VERSION v]`` (or
-        its ``FCALL``)."""
-        rest: List[Arg] = [num(rate), num(cap), n]
-        if withstate:
-            rest.append("WITHSTATE")
-        if init is not None:
-            rest += ["INIT", num(init)]
-        _version(rest, version)
-        return self._cmd("take", [key], rest)
+        its ``FCALL``), as the client core builds them."""
+        args = _core.take_command(self.backend.value, key, rate, cap, n, withstate, init, version)
+        return tuple(a.decode() for a in args)
 
     def lease(
         self,
@@ -409,12 +392,11 @@ class Protocol:
         version: Optional[int] = None,
     ) -> Args:
         """The arguments of ``RL.RESERVE key rate cap n max_wait_ms`` (``INIT``, ``VERSION`` where
-        given)."""
-        rest: List[Arg] = [num(rate), num(cap), n, max_wait_ms]
-        if init is not None:
-            rest += ["INIT", num(init)]
-        _version(rest, version)
-        return self._cmd("reserve", [key], rest)
+        given), as the client core builds them."""
+        args = _core.reserve_command(
+            self.backend.value, key, rate, cap, n, max_wait_ms, init, version
+        )
+        return tuple(a.decode() for a in args)
 
     def refund(self, key: str, n: int) -> Args:
         """The arguments of ``RL.REFUND key n``."""
