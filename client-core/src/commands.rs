@@ -1,6 +1,6 @@
 //! The single-key commands a limiter sends besides its takes' hot path and the leases:
 //! `RL.TAKE` with its options (`WITHSTATE`, `INIT`, `VERSION`), `RL.RESERVE`, and the
-//! replies of `RL.RESERVE` and `RL.ACQUIRE`, for the module and the Functions library
+//! replies of `RL.RESERVE`, `RL.ACQUIRE` and `RL.PEEK`, for the module and the Functions library
 //! alike. The Python package builds and reads them here (the golden cases of
 //! `protocol/cases/` pin both ends through it).
 
@@ -151,6 +151,70 @@ pub fn parse_acquire(reply: &Reply) -> Result<AcquireReply, ProtocolError> {
     })
 }
 
+/// What `RL.PEEK` answered for a key that exists.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Peek {
+    pub tokens: f64,
+    pub rate: f64,
+    pub cap: f64,
+    pub reset_after_ms: u64,
+    /// Leases out (0 from a server that does not say).
+    pub leases: u64,
+    pub leased_tokens: u64,
+    /// The stored limit's version; `None` from a server without it.
+    pub version: Option<u64>,
+}
+
+/// Reads `RL.PEEK`'s reply: a map under RESP3, a flat list of pairs under RESP2 (fields
+/// it does not know are skipped); `None` for a missing key (a full bucket).
+pub fn parse_peek(reply: &Reply) -> Result<Option<Peek>, ProtocolError> {
+    let pairs: Vec<(&Reply, &Reply)> = match reply {
+        Reply::Nil => return Ok(None),
+        Reply::Map(m) => m.iter().map(|(k, v)| (k, v)).collect(),
+        Reply::Array(a) if a.len() % 2 == 0 => a.chunks(2).map(|p| (&p[0], &p[1])).collect(),
+        other => {
+            return Err(ProtocolError(format!(
+                "RL.PEEK: a map or pairs expected, got {other:?}"
+            )))
+        }
+    };
+    let field = |name: &str| -> Result<Option<&Reply>, ProtocolError> {
+        for (k, v) in &pairs {
+            if k.bytes_or_nil("RL.PEEK field")? == Some(name.as_bytes()) {
+                return Ok(Some(*v));
+            }
+        }
+        Ok(None)
+    };
+    let need = |name: &str| {
+        field(name)?.ok_or_else(|| ProtocolError(format!("RL.PEEK reply lacks {name:?}")))
+    };
+    let finite = |name: &str| -> Result<f64, ProtocolError> {
+        let x = need(name)?.number(&format!("RL.PEEK {name}"))?;
+        if x.is_finite() {
+            Ok(x)
+        } else {
+            Err(ProtocolError(format!("RL.PEEK {name}: {x} is not finite")))
+        }
+    };
+    let count_or_zero = |name: &str| -> Result<u64, ProtocolError> {
+        field(name)?.map_or(Ok(0), |v| v.count(&format!("RL.PEEK {name}")))
+    };
+    let version = match field("version")? {
+        None | Some(Reply::Nil) => None,
+        Some(v) => Some(v.count("RL.PEEK version")?),
+    };
+    Ok(Some(Peek {
+        tokens: finite("tokens")?,
+        rate: finite("rate")?,
+        cap: finite("cap")?,
+        reset_after_ms: need("reset_after_ms")?.count("RL.PEEK reset_after_ms")?,
+        leases: count_or_zero("leases")?,
+        leased_tokens: count_or_zero("leased_tokens")?,
+        version,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,6 +283,10 @@ mod tests {
             assert!(parse_acquire(&bad).is_err(), "{bad:?}");
         }
         assert!(parse_acquire(&Array(vec![Int(2), Int(1), Int(1), Int(0)])).is_err());
+        assert!(parse_peek(&Array(vec![Bulk(b"tokens".to_vec())])).is_err());
+        assert!(parse_peek(&Array(vec![Int(1), Int(2)])).is_err());
+        assert!(parse_peek(&Map(vec![(Bulk(b"tokens".to_vec()), Int(1))])).is_err());
+        assert_eq!(parse_peek(&Nil), Ok(None));
         let ok = parse_acquire(&Array(vec![Int(1), Int(7), Int(1), Int(0)])).unwrap();
         assert!(ok.granted && ok.permit_id == 7);
     }

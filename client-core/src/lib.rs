@@ -7,7 +7,7 @@
 //!
 //! - [`limits`]: limit strings (`"10/second;500/minute, burst 20"`).
 //! - [`commands`]: `RL.TAKE` with its options and `RL.RESERVE` for both backends, and the
-//!   replies of `RL.RESERVE` and `RL.ACQUIRE`.
+//!   replies of `RL.RESERVE`, `RL.ACQUIRE` and `RL.PEEK`.
 //! - [`reply`]: a reply as any Redis client hands it over, and the one error a malformed
 //!   reply is ([`ProtocolError`]).
 //! - [`budget`]: token budgets (`RL.BUDGET` / `RL.SETTLE`): the commands for the module and

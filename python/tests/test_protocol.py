@@ -328,3 +328,12 @@ def test_malformed_take_reserve_acquire_replies_are_protocol_errors(reply: Any) 
             parse(reply)
     with pytest.raises(p.ProtocolError):
         p.parse_acquire([2, 1, 1, 0])  # granted is 0 or 1
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [1, b"x", [b"tokens"], [1, 2], {b"tokens": 1}, [b"tokens", b"x", b"rate", 1, b"cap", 1]],
+)
+def test_malformed_peek_replies_are_protocol_errors(reply: Any) -> None:
+    with pytest.raises(p.ProtocolError):
+        p.parse_peek(reply)

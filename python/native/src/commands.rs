@@ -1,6 +1,6 @@
-//! The take, reserve and acquire commands and replies as the client core builds and reads
+//! The take, reserve, acquire and peek commands and replies as the client core builds and reads
 //! them (`redis_rl._protocol`'s `Protocol.take` / `reserve`, `parse_take` / `parse_reserve`
-//! / `parse_acquire`): one encoding for both clients, pinned by `protocol/cases/`.
+//! / `parse_acquire` / `parse_peek`): one encoding for both clients, pinned by `protocol/cases/`.
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -121,11 +121,38 @@ fn parse_acquire(py: Python<'_>, reply: &Bound<'_, PyAny>) -> PyResult<(bool, u6
     })
 }
 
+/// The seven numbers of `RL.PEEK`'s reply, as `redis_rl.PeekReply` takes them.
+type PeekFields = (f64, f64, f64, u64, u64, u64, Option<u64>);
+
+/// `RL.PEEK`'s reply (a map or a flat list of pairs): `(tokens, rate, cap, reset_after_ms,
+/// leases, leased_tokens, version)`, or `None` for a missing key; else `ProtocolError`.
+#[pyfunction]
+fn parse_peek(py: Python<'_>, reply: &Bound<'_, PyAny>) -> PyResult<Option<PeekFields>> {
+    guarded(|| {
+        let r = to_reply(reply)
+            .and_then(|r| commands::parse_peek(&r))
+            .map_err(|e| protocol_error(py, e))?;
+        Ok(r.map(|p| {
+            let (tokens, rate, cap, reset) = (p.tokens, p.rate, p.cap, p.reset_after_ms);
+            (
+                tokens,
+                rate,
+                cap,
+                reset,
+                p.leases,
+                p.leased_tokens,
+                p.version,
+            )
+        }))
+    })
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(take_command, m)?)?;
     m.add_function(wrap_pyfunction!(reserve_command, m)?)?;
     m.add_function(wrap_pyfunction!(parse_take, m)?)?;
     m.add_function(wrap_pyfunction!(parse_reserve, m)?)?;
     m.add_function(wrap_pyfunction!(parse_acquire, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_peek, m)?)?;
     Ok(())
 }

@@ -229,27 +229,8 @@ def parse_mtake(reply: Any) -> MTakeReply:
 def parse_peek(reply: Any) -> Optional[PeekReply]:
     """An ``RL.PEEK`` reply (a map in RESP3, a flat list in RESP2) as a :class:`PeekReply`; ``None``
     for a missing key (a full bucket)."""
-    if reply is None:
-        return None
-    fields: Dict[str, Any] = {}
-    if isinstance(reply, dict):
-        fields = {to_str(k): v for k, v in reply.items()}
-    elif isinstance(reply, (list, tuple)) and len(reply) % 2 == 0:
-        fields = {to_str(reply[i]): reply[i + 1] for i in range(0, len(reply), 2)}
-    else:
-        raise ProtocolError(f"unexpected RL.PEEK reply: {reply!r}")
-    try:
-        return PeekReply(
-            tokens=to_float(fields["tokens"]),
-            rate=to_float(fields["rate"]),
-            cap=to_float(fields["cap"]),
-            reset_after_ms=to_int(fields["reset_after_ms"]),
-            leases=to_int(fields.get("leases", 0)),
-            leased_tokens=to_int(fields.get("leased_tokens", 0)),
-            version=None if fields.get("version") is None else to_int(fields["version"]),
-        )
-    except KeyError as e:
-        raise ProtocolError(f"RL.PEEK reply lacks {e}: {reply!r}") from None
+    fields = _core.parse_peek(reply)
+    return None if fields is None else PeekReply(*fields)
 
 
 def _unknown_command(reply: BaseException) -> bool:
