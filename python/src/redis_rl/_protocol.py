@@ -43,7 +43,6 @@ class Backend(str, enum.Enum):
 MODULE = Backend.MODULE
 FUNCTIONS = Backend.FUNCTIONS
 AUTO = Backend.AUTO
-BACKENDS = tuple(b.value for b in Backend)
 
 Arg = Union[str, int, float, bytes]
 Args = Tuple[Arg, ...]

@@ -222,22 +222,6 @@ class _LimiterCore(_Bucket):
             Decision, (False, remaining, retry, reset, 0, self.cap, _SERVER, pinned)
         )
 
-    def server_decision(self, key: str, n: int, reply: p.TakeReply) -> Decision:
-        self.answered()
-        granted = reply.granted > 0
-        self.fallback.observe(key, reply.granted, reply.remaining)
-        self.metrics.decided(granted, n if granted else 0, False)
-        return Decision(
-            granted,
-            reply.remaining,
-            reply.retry_after_ms,
-            reply.reset_after_ms,
-            n if granted else 0,
-            self.cap,
-            Source.SERVER,
-            reply.pinned,
-        )
-
     def fallback_decision(self, key: str, n: int, calls: int = 0, redis_calls: int = 0) -> Decision:
         d = self.fallback.decide(key, n)
         self.metrics.decided(d.granted, d.tokens, True, calls, redis_calls)
