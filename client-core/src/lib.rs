@@ -26,6 +26,9 @@
 //! - [`rules_doc`] (read by [`rules_yaml`], which keeps every node's line): a rules
 //!   document validated with the line and field of every problem, and a request's plan;
 //!   [`rules`]: one check of it (`RL.MTAKE` calls out, replies in, a decision and refunds).
+//! - [`share`], [`share_demand`], [`share_holder`]: a share of a key's rate (`RL.SHARE`):
+//!   its command and reply, the local bucket, when a share may be used, the failure
+//!   policy's share, the demand reported, and the holder every shell's `ShareLimiter` wraps.
 
 pub mod budget;
 pub mod commands;
@@ -41,6 +44,9 @@ pub mod reply;
 pub mod rules;
 pub mod rules_doc;
 pub mod rules_yaml;
+pub mod share;
+pub mod share_demand;
+pub mod share_holder;
 pub mod take;
 pub mod token_budget;
 

@@ -11,10 +11,10 @@ import pytest
 
 from redis_rl import _protocol as p
 from redis_rl import pins
+from redis_rl._core import parse_share
 from redis_rl.decision import Decision, Source
 from redis_rl.errors import BackendNotFound
 from redis_rl.policy import DENY, FailurePolicy, Fallback
-from redis_rl.share import parse_share
 
 
 def test_module_commands() -> None:
@@ -287,9 +287,9 @@ def _parse(args: List[str], reply: Any) -> Any:
         ms_left = -1 if info.ms_left is None else info.ms_left
         return {"kind": info.kind, "rate": info.rate, "cap": info.cap, "ms_left": ms_left}
     if name == "RL.SHARE":
-        g = parse_share(reply)
-        row = [g.rate, g.burst, round(g.lease * 1000), round(g.refresh * 1000), g.holders]
-        return row + ([g.pinned] if g.pinned is not None else [])  # a pin's sixth element
+        rate, burst, lease_ms, refresh_ms, n, pinned = parse_share(reply)
+        row: List[Any] = [rate, burst, lease_ms, refresh_ms, n]
+        return row + ([pinned] if pinned is not None else [])  # a pin's sixth element
     if name == "RL.REFUND":
         return p.to_float(reply)
     return p.to_int(reply)

@@ -16,6 +16,7 @@ mod policy;
 mod prefetch;
 mod reply;
 mod rules;
+mod share;
 
 use pyo3::prelude::*;
 
@@ -30,5 +31,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     policy::register(m)?;
     prefetch::register(m)?;
     commands::register(m)?;
+    share::register(m)?;
     Ok(())
 }
