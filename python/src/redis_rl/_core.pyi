@@ -210,6 +210,7 @@ def parse_acquire(reply: Any) -> Tuple[bool, int, int, int]: ...
 def parse_peek(
     reply: Any,
 ) -> Optional[Tuple[float, float, float, int, int, int, Optional[int]]]: ...
+
 # The share holder (native/src/share.rs): the takers' half, the refresh half, their events.
 SHARE_DRIFT_TICK_NS: int
 
