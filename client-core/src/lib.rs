@@ -6,6 +6,8 @@
 //! shells.
 //!
 //! - [`limits`]: limit strings (`"10/second;500/minute, burst 20"`).
+//! - [`commands`]: `RL.TAKE` with its options and `RL.RESERVE` for both backends, and the
+//!   replies of `RL.RESERVE`, `RL.ACQUIRE` and `RL.PEEK`.
 //! - [`reply`]: a reply as any Redis client hands it over, and the one error a malformed
 //!   reply is ([`ProtocolError`]).
 //! - [`budget`]: token budgets (`RL.BUDGET` / `RL.SETTLE`): the commands for the module and
@@ -29,6 +31,7 @@
 //!   policy's share, the demand reported, and the holder every shell's `ShareLimiter` wraps.
 
 pub mod budget;
+pub mod commands;
 pub mod fallback;
 pub mod health;
 pub mod lease;

@@ -7,6 +7,7 @@
 //! an abort or a `PanicException` (a `BaseException` an `except Exception` would miss).
 
 mod budget;
+mod commands;
 mod guard;
 mod limits;
 mod openai;
@@ -29,6 +30,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     permit::register(m)?;
     policy::register(m)?;
     prefetch::register(m)?;
+    commands::register(m)?;
     share::register(m)?;
     Ok(())
 }

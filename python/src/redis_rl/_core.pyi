@@ -183,6 +183,34 @@ class Ledger:
     def counters(self) -> Dict[str, int]: ...
     def drain(self) -> Dict[str, int]: ...
 
+# The take, reserve, acquire and peek commands and replies (python/native/src/commands.rs).
+def take_command(
+    backend_name: str,
+    key: str,
+    rate: float,
+    cap: float,
+    n: int,
+    withstate: bool,
+    init: Optional[float] = None,
+    version: Optional[int] = None,
+) -> List[bytes]: ...
+def reserve_command(
+    backend_name: str,
+    key: str,
+    rate: float,
+    cap: float,
+    n: int,
+    max_wait_ms: int,
+    init: Optional[float] = None,
+    version: Optional[int] = None,
+) -> List[bytes]: ...
+def parse_take(reply: Any) -> Tuple[int, float, int, int, Optional[str]]: ...
+def parse_reserve(reply: Any) -> Tuple[int, int, float, int]: ...
+def parse_acquire(reply: Any) -> Tuple[bool, int, int, int]: ...
+def parse_peek(
+    reply: Any,
+) -> Optional[Tuple[float, float, float, int, int, int, Optional[int]]]: ...
+
 # The share holder (native/src/share.rs): the takers' half, the refresh half, their events.
 SHARE_DRIFT_TICK_NS: int
 
