@@ -10,6 +10,7 @@ in one process on one connection, microseconds per call of:
 - ``PrefetchLimiter.take()`` / ``AsyncPrefetchLimiter.take()`` (batch 20; most takes are
   served from memory, one ``RL.LEASE`` per ~20), and a ``PrefetchLimiter.take()`` served
   from memory only (a batch no round spends);
+- ``ShareLimiter.take()`` (every take from the local bucket at the share: no Redis call);
 - the seed's Lua script (``EVALSHA``);
 - ``Rules.check()`` on the seed's rules document (3 layers, 4 buckets for a premium user
   on the search path: one ``RL.MTAKE``), next to ``Limiter.take()`` (python/bench_rules.py
@@ -51,7 +52,14 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from redis_rl import AsyncLimiter, AsyncPrefetchLimiter, Limiter, PrefetchLimiter, Rules
+from redis_rl import (
+    AsyncLimiter,
+    AsyncPrefetchLimiter,
+    Limiter,
+    PrefetchLimiter,
+    Rules,
+    ShareLimiter,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 RATE, CAP = 1e9, 1e12  # never runs dry: every decision is a grant
@@ -176,6 +184,10 @@ def run(
     memory = PrefetchLimiter(
         r, "bench:memory", RATE, CAP, batch=10_000_000, ttl=3600, backend="module"
     )
+    # The only holder: the whole rate, its bucket full long before the first round.
+    share = ShareLimiter(r, "bench:share", RATE, CAP, backend="module")
+    while share.share().tokens < 1e6:
+        time.sleep(0.01)
     raw = ("RL.TAKE", "bench:raw", "1000000000", "1000000000000", 1, "WITHSTATE")
     rules = Rules.from_text(r, SEED_RULES, backend="module")
     limiter_tcp = Limiter(rt, "bench:take-tcp", RATE, CAP, backend="module")
@@ -217,6 +229,7 @@ def run(
         ("limiter-client-tcp", limiter_client_tcp.take),
         ("prefetch", prefetch.take),
         ("memory", memory.take),
+        ("share", share.take),
         ("lua", lambda: r.evalsha(sha, 1, "bench:lua", RATE, CAP, 1)),
         ("rules", lambda: rules.check(RULES_ATTRS)),
     ]
@@ -245,6 +258,7 @@ def run(
             samples.setdefault(name, []).append(loop.run_until_complete(ameasure(afn, seconds)))
     prefetch.close()
     memory.close()
+    share.close()
     loop.run_until_complete(aprefetch.close())
     for lim in (limiter, limiter_tcp, limiter_default, limiter_default_tcp, limiter_client_tcp):
         lim.close()
@@ -293,6 +307,7 @@ def report(samples: Dict[str, List[Sample]], version: str, seconds: float, round
         (f"`PrefetchLimiter.take()`, batch {BATCH}", "prefetch", "raw"),
         (f"`AsyncPrefetchLimiter.take()`, batch {BATCH}", "aprefetch", "araw"),
         ("`PrefetchLimiter.take()` from memory (no renewal)", "memory", "raw"),
+        ("`ShareLimiter.take()` from memory (the local bucket)", "share", "raw"),
         ("seed Lua script (`EVALSHA`)", "lua", "raw"),
         (
             "`Rules.check()`, the seed's 3 layers (4 buckets), vs `Limiter.take()`",

@@ -259,7 +259,7 @@ impl Fallback {
             Some(b) if !entry.fresh => Level::new(Some(&b), b.limit(), now),
             carried => {
                 entry.fresh = false;
-                let start = start_level(policy, limit, default_local, entry, now);
+                let start = start_level(policy, limit, share, default_local, entry, now);
                 match carried {
                     None => start,
                     Some(b) => {
@@ -276,6 +276,46 @@ impl Fallback {
         }
     }
 
+    /// Frees at least a quarter of a full map. First what carries nothing (a full local
+    /// bucket is what a key never seen starts with; a meter untouched for [`STALE`] vouches
+    /// for no share), then the least recently used keys, down to half the map: a hot key
+    /// keeps its drained bucket however many cold keys come (clearing the map refilled it,
+    /// a share per `max_keys` new keys). A forgotten key restarts at its share, so only
+    /// more than `max_keys / 2` keys newer than it can refill it. Amortized: one pass per
+    /// `max_keys / 4` new keys.
+    fn make_room(&mut self, now: Nanos) {
+        let policy = self.policy;
+        self.keys.retain(|_, s| {
+            let full = s.local.is_none_or(|b| b.full_at() <= now);
+            let stale = now.saturating_sub(s.touched) >= STALE;
+            !(full && (policy == FailurePolicy::Allow || stale))
+        });
+        if self.keys.len() < self.max_keys - self.max_keys / 4 {
+            return;
+        }
+        let keep = self.max_keys / 2;
+        if keep == 0 {
+            self.keys.clear(); // a map of one key: room for the new one only
+            return;
+        }
+        let mut touched: Vec<Nanos> = self.keys.values().map(|s| s.touched).collect();
+        // The `keep`-th most recent instant: newer ones stay, and ties up to `keep`.
+        let cut = touched.len() - keep;
+        let (_, &mut threshold, _) = touched.select_nth_unstable(cut);
+        let mut ties = keep
+            - touched[cut + 1..]
+                .iter()
+                .filter(|&&t| t > threshold)
+                .count();
+        self.keys.retain(|_, s| {
+            s.touched > threshold
+                || (s.touched == threshold && ties > 0 && {
+                    ties -= 1;
+                    true
+                })
+        });
+    }
+
     fn store(&mut self, key: &[u8], level: &Level) {
         if let Some(entry) = self.keys.get_mut(key) {
             entry.local = Some(level.bucket());
@@ -287,12 +327,7 @@ impl Fallback {
         // answer from Redis comes through here).
         if !self.keys.contains_key(key) {
             if self.keys.len() >= self.max_keys {
-                self.keys
-                    .retain(|_, s| now.saturating_sub(s.touched) < STALE);
-                // Mostly fresh keys: start afresh rather than scan the map on every new key.
-                if self.keys.len() >= self.max_keys - self.max_keys / 4 {
-                    self.keys.clear();
-                }
+                self.make_room(now);
             }
             self.keys.insert(key.to_vec(), KeyState::default());
         }
@@ -306,13 +341,18 @@ impl Fallback {
 fn start_level(
     policy: FailurePolicy,
     limit: Limit,
+    configured: f64,
     default_local: Limit,
     entry: &KeyState,
     now: Nanos,
 ) -> Level {
     match (policy, entry.meter.rate()) {
         (FailurePolicy::LastKnown, Some(seen)) => {
-            let share = (seen / limit.rate()).clamp(MIN_MEASURED_SHARE, 1.0);
+            let mut share = (seen / limit.rate()).clamp(MIN_MEASURED_SHARE, 1.0);
+            if !entry.meter.vouches_at(now) {
+                // A young or stale meter: at most the configured share (see the meter).
+                share = share.min(configured);
+            }
             let local = share_of(limit, share);
             let tokens = match entry.last_tokens {
                 // The level is the fleet's: this instance spends its share of it.
@@ -509,6 +549,74 @@ mod tests {
         .is_err());
     }
 
+    /// Clearing a full map refilled every key: a hot key drained during an outage got its
+    /// share again each `max_keys` new keys (50 tokens of a cap of 10 at one instant). Now
+    /// only more than `max_keys / 2` keys newer than it can: 4 between its calls cannot.
+    #[test]
+    fn a_hot_key_keeps_its_drained_bucket_among_many_keys() {
+        for policy in [FailurePolicy::Allow, FailurePolicy::LastKnown] {
+            let limit = Limit::new(1.0, 10.0).unwrap();
+            let mut f = Fallback::new(policy, limit, 1.0, S, 10).unwrap();
+            let mut hot = 0;
+            let mut now = T0;
+            for round in 0..50u32 {
+                hot += (0..20).filter(|_| f.decide(b"hot", 1, now).granted).count();
+                for i in 0..4u32 {
+                    now += 1; // cold keys, one after another, each touched once
+                    f.decide(&(round * 100 + i).to_be_bytes(), 1, now);
+                    assert!(f.keys() <= 10);
+                }
+            }
+            assert_eq!(hot, 10, "{policy:?}: the cap once, nothing refilled");
+        }
+    }
+
+    #[test]
+    fn full_buckets_go_first_and_a_map_of_one_key_works() {
+        let limit = Limit::new(1.0, 10.0).unwrap();
+        let mut f = Fallback::new(FailurePolicy::Allow, limit, 1.0, S, 4).unwrap();
+        assert!(f.decide(b"drained", 10, T0).granted);
+        // Keys Redis granted nothing to under Allow keep full buckets: they go first.
+        for i in 0..100u32 {
+            f.decide_with(&i.to_be_bytes(), 0, limit, T0 + S + u64::from(i));
+        }
+        assert!(!f.decide(b"drained", 1, T0).granted, "kept, still empty");
+        let mut one = Fallback::new(FailurePolicy::Allow, limit, 1.0, S, 1).unwrap();
+        for i in 0..10u32 {
+            assert!(one.decide(&i.to_be_bytes(), 1, T0).granted);
+            assert_eq!(one.keys(), 1);
+        }
+    }
+
+    /// Four instances, each given the cap in one burst at a different hour, then one
+    /// outage: each read 80 tokens a second (20 over the young meter's 0.25 s), the whole
+    /// limit, and the fleet let out 396 in 10 s of a limit that lets out 120. A meter that
+    /// vouches for no recent whole window gives at most the configured share.
+    #[test]
+    fn a_burst_long_ago_vouches_for_no_more_than_the_configured_share() {
+        let limit = Limit::new(10.0, 20.0).unwrap();
+        let outage = T0 + 10_000 * S;
+        let mut fleet = 0;
+        for i in 0..4u64 {
+            let mut f = Fallback::new(FailurePolicy::LastKnown, limit, 0.25, S, 10).unwrap();
+            f.observe(b"k", 20, Some(0.0), T0 + i * 3600 * S);
+            fleet += (0..1000)
+                .filter(|j| f.decide(b"k", 1, outage + j * S / 100).granted)
+                .count();
+        }
+        // Each: a quarter of the rate from an empty start (the level it last saw) over 10 s.
+        assert!(fleet <= 4 * 25, "{fleet}");
+        // A burst just before the outage is as young: the configured share too.
+        let mut f = Fallback::new(FailurePolicy::LastKnown, limit, 0.25, S, 10).unwrap();
+        f.observe(b"k", 20, Some(20.0), outage - S / 2);
+        assert_eq!(
+            (0..100)
+                .filter(|_| f.decide(b"k", 1, outage).granted)
+                .count(),
+            5
+        );
+    }
+
     #[derive(Debug, Clone)]
     enum Event {
         Observe(u8, u64, Option<f64>),
@@ -623,6 +731,53 @@ mod tests {
             }
             let total: f64 = fleet.iter().filter_map(|f| f.observed_rate(b"k")).sum();
             prop_assert!(total <= 100.0 + 50.0 / 1.9 + 1e-6, "{total}");
+        }
+
+        /// A fleet whose instances stop sending at different times (skewed in time as well
+        /// as in traffic), then one outage: the local rates of the instances whose meters
+        /// vouch add up to at most what Redis let out over the 4 s before it
+        /// (`(cap + 4 * rate) / 1.9 s`), the others' to at most the configured shares (one
+        /// limit over the fleet), and their starts to that share of the cap: over `t`
+        /// seconds, at most `(cap + rate * t)` times `(cap + 4 * rate) / (1.9 s * rate) + 1`.
+        #[test]
+        fn a_fleet_skewed_in_time_stays_within_the_documented_bound(
+            fleet in proptest::collection::vec((0u64..20, 0u64..600, any::<bool>()), 2..8),
+        ) {
+            let limit = Limit::new(100.0, 50.0).unwrap();
+            let n = fleet.len() as f64;
+            let mut server: Option<rl_core::Bucket> = None;
+            let mut fs: Vec<Fallback> = fleet
+                .iter()
+                .map(|_| Fallback::new(FailurePolicy::LastKnown, limit, 1.0 / n, S, 10).unwrap())
+                .collect();
+            let mut now = T0;
+            for step in 0..600u64 {
+                now += 10 * MS;
+                for (f, &(w, stop, burst)) in fs.iter_mut().zip(&fleet) {
+                    // Until its own stop: steady, or one burst of the cap at its stop.
+                    let asks = match (step.cmp(&stop), burst) {
+                        (std::cmp::Ordering::Less, false) => w,
+                        (std::cmp::Ordering::Equal, true) => 50,
+                        _ => 0,
+                    };
+                    for _ in 0..asks {
+                        let mut level = Level::new(server.as_ref(), limit, now);
+                        let granted = level.try_take(1.0);
+                        server = Some(level.bucket());
+                        f.observe(b"k", u64::from(granted), Some(level.tokens()), now);
+                    }
+                }
+            }
+            let t = 20u64;
+            let mut out = 0u64;
+            for j in 0..(t * 100) {
+                for f in fs.iter_mut() {
+                    out += u64::from(f.decide(b"k", 1, now + j * 10 * MS).granted);
+                }
+            }
+            let factor = (50.0 + 4.0 * 100.0) / (1.9 * 100.0) + 1.0;
+            let bound = (50.0 + 100.0 * t as f64) * factor;
+            prop_assert!((out as f64) <= bound, "{out} > {bound}");
         }
 
         /// Any instants (a clock stepping back, 0, the end of time) and any `n`: a decision,

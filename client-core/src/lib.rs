@@ -6,6 +6,8 @@
 //! shells.
 //!
 //! - [`limits`]: limit strings (`"10/second;500/minute, burst 20"`).
+//! - [`commands`]: `RL.TAKE` with its options and `RL.RESERVE` for both backends, and the
+//!   replies of `RL.RESERVE`, `RL.ACQUIRE` and `RL.PEEK`.
 //! - [`reply`]: a reply as any Redis client hands it over, and the one error a malformed
 //!   reply is ([`ProtocolError`]).
 //! - [`budget`]: token budgets (`RL.BUDGET` / `RL.SETTLE`): the commands for the module and
@@ -24,8 +26,12 @@
 //! - [`rules_doc`] (read by [`rules_yaml`], which keeps every node's line): a rules
 //!   document validated with the line and field of every problem, and a request's plan;
 //!   [`rules`]: one check of it (`RL.MTAKE` calls out, replies in, a decision and refunds).
+//! - [`share`], [`share_demand`], [`share_holder`]: a share of a key's rate (`RL.SHARE`):
+//!   its command and reply, the local bucket, when a share may be used, the failure
+//!   policy's share, the demand reported, and the holder every shell's `ShareLimiter` wraps.
 
 pub mod budget;
+pub mod commands;
 pub mod fallback;
 pub mod health;
 pub mod lease;
@@ -38,6 +44,9 @@ pub mod reply;
 pub mod rules;
 pub mod rules_doc;
 pub mod rules_yaml;
+pub mod share;
+pub mod share_demand;
+pub mod share_holder;
 pub mod take;
 pub mod token_budget;
 

@@ -62,6 +62,18 @@ impl Meter {
         *at = at.saturating_add(tokens);
     }
 
+    /// Whether the rate speaks for the traffic up to `now`: the meter has seen a whole
+    /// window of answers (the 1.9 s of whole slots the rate divides by at least), and its
+    /// last is at most a window before `now`. A younger meter
+    /// divides a burst by its age (one burst of the cap read as four caps a second); an
+    /// older one measured a window no other instance's overlaps (a fleet whose instances
+    /// each burst at a different hour each read the whole limit). Neither bounds a fleet.
+    pub fn vouches_at(&self, now: Nanos) -> bool {
+        self.first.is_some_and(|first| {
+            self.last - first >= WINDOW - SLOT && now.saturating_sub(self.last) <= WINDOW
+        })
+    }
+
     /// Tokens a second Redis granted over the window up to its last answer; `None` before
     /// any answer.
     pub fn rate(&self) -> Option<f64> {
@@ -143,6 +155,24 @@ mod tests {
         m.add(1, 0);
         m.add(1, u64::MAX);
         assert!(m.rate().unwrap().is_finite());
+    }
+
+    #[test]
+    fn only_a_whole_recent_window_vouches() {
+        let mut m = Meter::default();
+        assert!(!m.vouches_at(T0));
+        m.add(20, T0);
+        assert!(!m.vouches_at(T0), "one burst: a young meter");
+        m.add(0, T0 + WINDOW - SLOT - 1);
+        assert!(!m.vouches_at(T0 + WINDOW - SLOT));
+        m.add(0, T0 + WINDOW);
+        assert!(m.vouches_at(T0 + WINDOW) && m.vouches_at(T0 + 2 * WINDOW));
+        assert!(
+            !m.vouches_at(T0 + 2 * WINDOW + 1),
+            "quiet for more than a window"
+        );
+        m.add(1, 0); // a clock stepped back: counted at the last instant
+        assert!(m.vouches_at(T0 + WINDOW));
     }
 
     proptest! {

@@ -369,6 +369,13 @@ impl TakeLimiter {
         self.counters.errors_let_through += 1;
     }
 
+    /// Tokens Redis granted on this limiter's key outside a take (a prefetching shell's
+    /// lease): debited from the failure policy's local bucket as a take's grant is, so an
+    /// outage after it lets out the share once, not again.
+    pub fn observe(&mut self, granted: u64, now: Nanos) {
+        self.fallback.observe(&self.key, granted, None, now);
+    }
+
     /// Decides a take of `n` on this limiter's key Redis did not answer, at `now`.
     pub fn outage(&mut self, n: u64, now: Nanos) -> Decision {
         let key = std::mem::take(&mut self.key);

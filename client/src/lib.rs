@@ -54,7 +54,6 @@ mod prefetch;
 mod protocol;
 pub mod rules;
 mod share;
-mod share_state;
 
 pub use backend::Backend;
 pub use budget::{BudgetConfig, BudgetReservation, TokenBudget};

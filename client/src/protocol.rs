@@ -333,71 +333,6 @@ pub(crate) fn acquire_reply(v: Value) -> Result<AcquireReply, Error> {
     })
 }
 
-/// `RL.SHARE key rate cap holder want period_ms [RELEASE] [VERSION v]`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn share_cmd(
-    backend: Backend,
-    key: &str,
-    limit: &Limit,
-    holder: &[u8],
-    want: f64,
-    period_ms: u64,
-    release: bool,
-    version: Option<u64>,
-) -> Cmd {
-    let mut cmd = head(backend, "RL.SHARE");
-    cmd.arg(key)
-        .arg(limit.rate())
-        .arg(limit.cap())
-        .arg(holder)
-        .arg(want)
-        .arg(period_ms);
-    if release {
-        cmd.arg("RELEASE");
-    }
-    if let Some(v) = version {
-        cmd.arg("VERSION").arg(v);
-    }
-    cmd
-}
-
-/// `RL.SHARE`'s `[rate, burst, lease_ms, refresh_ms, holders]`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct ShareReply {
-    pub(crate) rate: f64,
-    pub(crate) burst: f64,
-    pub(crate) lease_ms: u64,
-    pub(crate) refresh_ms: u64,
-    pub(crate) holders: u64,
-    /// The kind of the pin that decided (a sixth element), if one did.
-    pub(crate) pinned: Option<PinKind>,
-}
-
-pub(crate) fn share_reply(v: Value) -> Result<ShareReply, Error> {
-    let items = match v {
-        Value::Array(items) if items.len() == 5 || items.len() == 6 => items,
-        other => return Err(bad("expected an array of 5 or 6", &other)),
-    };
-    let reply = ShareReply {
-        rate: number(&items[0])?,
-        burst: number(&items[1])?,
-        lease_ms: count(&items[2])?,
-        refresh_ms: count(&items[3])?,
-        holders: count(&items[4])?,
-        pinned: items.get(5).map(pin_kind).transpose()?,
-    };
-    if !(reply.rate >= 0.0
-        && reply.burst >= 0.0
-        && reply.rate.is_finite()
-        && reply.burst.is_finite())
-    {
-        return Err(Error::Reply(format!(
-            "RL.SHARE: a share must be finite and >= 0: {reply:?}"
-        )));
-    }
-    Ok(reply)
-}
-
 /// `RL.REFUND`'s tokens credited.
 pub(crate) fn credited(v: Value) -> Result<f64, Error> {
     number(&v)
@@ -696,17 +631,20 @@ mod tests {
                         secs(r.retry_after),
                     ]
                 }),
-                "RL.SHARE" => share_reply(v).map(|r| {
-                    let mut got = vec![
-                        r.rate,
-                        r.burst,
-                        r.lease_ms as f64,
-                        r.refresh_ms as f64,
-                        r.holders as f64,
-                    ];
-                    got.extend(r.pinned.map(kind_code));
-                    got
-                }),
+                // The share holder's reply is read by the client core.
+                "RL.SHARE" => rl_client_core::share::parse_share(&crate::budget::to_reply(v))
+                    .map_err(|e| Error::Reply(e.0))
+                    .map(|g| {
+                        let mut got = vec![
+                            g.rate,
+                            g.burst,
+                            (g.lease / 1_000_000) as f64,
+                            (g.refresh / 1_000_000) as f64,
+                            g.holders as f64,
+                        ];
+                        got.extend(g.pinned.map(kind_code));
+                        got
+                    }),
                 "RL.MTAKE" if with_state => return None,
                 "RL.MTAKE" => mtake_reply(v).map(|g| vec![g as f64]),
                 "RL.PEEK" => peek_reply(v).map(|t| t.into_iter().collect()),

@@ -1,5 +1,7 @@
 //! [`ShareLimiter`]: a rate share of one key (`RL.SHARE`), spent from a local bucket; the
-//! share is refreshed in the background, so a take never waits for Redis.
+//! share is refreshed in the background, so a take never waits for Redis. What a take gets,
+//! what the next call asks for and when it goes are the client core's
+//! ([`rl_client_core::share_holder`]); this shell moves the bytes, waits, and locks.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -7,15 +9,18 @@ use std::time::Duration;
 
 use rl_core::Limit;
 
+use rl_client_core::budget::Backend as CoreBackend;
+use rl_client_core::share::{self as core, Policy, ShareKey};
+use rl_client_core::share_holder::{Event, Holder, Refresh, Take, DRIFT_TICK};
+
 use crate::backend::Selector;
+use crate::budget::to_reply;
 use crate::clock::mono_ns;
 use crate::config::check_request;
 use crate::conn::{call, RedisConnection};
 use crate::fallback::lock;
 use crate::lazy::LazyConnection;
-use crate::protocol::{share_cmd, share_reply};
-use crate::share_state::{By, Demand, Grant, Policy, ShareState, MS};
-use crate::{Decision, Error, LimiterConfig, Metrics, Source};
+use crate::{Backend, Decision, Error, LimiterConfig, Metrics, Source};
 
 /// Settings of a [`ShareLimiter`].
 #[derive(Debug, Clone, PartialEq)]
@@ -107,7 +112,8 @@ pub struct ShareInfo {
 /// - Redis unreachable: the share is used until its lease ends, then the failure policy
 ///   decides (`Deny`: nothing; `Allow`: `rate / holders` for `allow_for`; `LastKnown`: the
 ///   last share), counted as fallback decisions; recovery is automatic. Error replies are
-///   errors: takes return the last one until a refresh succeeds.
+///   errors, never a policy decision: once the share granted before one ends, takes return
+///   it until a refresh succeeds.
 /// - [`close`](Self::close) gives the share back (`RELEASE`); dropping the last handle does
 ///   the same, best effort. A forked child is a new holder with an empty bucket.
 ///
@@ -144,33 +150,23 @@ impl<C: RedisConnection> Clone for ShareLimiter<C> {
 #[derive(Debug)]
 struct Inner<C: RedisConnection> {
     conn: C,
-    key: String,
     limit: Limit,
     config: ShareConfig,
-    policy: Policy,
     metrics: Arc<Metrics>,
     backend: Selector,
-    /// The takers' state. The refresh task never waits for this lock (a thread taking in a
-    /// tight loop would starve it): it posts what happened to `mail`, which the next take
-    /// (or `share()`) applies, in order, before deciding.
-    state: Mutex<Holder>,
-    mail: Mutex<Vec<Event>>,
+    /// The takers' half of the holder. The refresh task never waits for this lock (a
+    /// thread taking in a tight loop would starve it): it posts what happened to `mail`,
+    /// which the next take (or `share()`) applies, in order, before deciding.
+    state: Mutex<Taker>,
+    mail: Mutex<Vec<Mail>>,
     has_mail: AtomicBool,
-    /// The holder id and the process generation it was made in (a copy of the holder's,
+    /// The holder id and the process generation it was made in (a copy of the taker's,
     /// for the refresh task).
     id: Mutex<(Vec<u8>, u64)>,
     /// Tokens asked for so far (granted or denied): the demand the refresh measures.
     attempted: AtomicU64,
-    /// The refresh task's own: the measured demand, and the attempts already counted in it.
-    demand: Mutex<(Demand, u64)>,
-    /// The recent demand, when it strayed from the one the last call reported: the next
-    /// call is early, and reports it.
-    early: Mutex<Option<f64>>,
-    /// The last call was answered (a stray in demand is no reason to call during an
-    /// outage).
-    answered_last: AtomicBool,
-    /// The share the last answer granted (tokens per second, as `f64` bits).
-    granted: AtomicU64,
+    /// The refresh task's half of the holder.
+    refresh: Mutex<Refresh>,
     closed: AtomicBool,
     /// [`ShareLimiter::abandon`]: no refresh, no release.
     abandoned: AtomicBool,
@@ -203,37 +199,22 @@ impl Failure {
     }
 }
 
-/// What the refresh task saw, for the takers to apply (times: monotonic ns).
+/// What the refresh task saw, for the takers to apply: the core's event, the process
+/// generation it belongs to, and the error reply a failed call got.
 #[derive(Debug, Clone)]
-enum Event {
-    /// A call was sent (the old share ends at `sent + HOLD` unless answered).
-    Sending { sent: u64, generation: u64 },
-    /// Its answer arrived at `at`.
-    Answered {
-        sent: u64,
-        grant: Grant,
-        at: u64,
-        generation: u64,
-    },
-    /// It was an outage; `refused`: it never left this process.
-    Outage {
-        refused: bool,
-        at: u64,
-        generation: u64,
-    },
-    /// It was answered with an error reply.
-    Failed { failure: Failure, generation: u64 },
+struct Mail {
+    event: Event,
+    generation: u64,
+    failure: Option<Failure>,
 }
 
 #[derive(Debug)]
-struct Holder {
+struct Taker {
     id: Vec<u8>,
     /// The process generation the id was made in (see [`forks`]).
     generation: u64,
-    state: ShareState,
-    /// The last call was an outage.
-    down: bool,
-    /// The last call was answered with an error reply.
+    holder: Holder,
+    /// The error reply the last call got (the core says when takes answer it).
     failure: Option<Failure>,
 }
 
@@ -320,35 +301,48 @@ impl<C: RedisConnection> ShareLimiter<C> {
         let now = mono_ns();
         let id = new_holder_id();
         let policy = Policy {
-            policy: config.limiter.policy,
+            policy: match config.limiter.policy {
+                crate::FailurePolicy::Allow => core::FailurePolicy::Allow,
+                crate::FailurePolicy::LastKnown => core::FailurePolicy::LastKnown,
+                crate::FailurePolicy::Deny => core::FailurePolicy::Deny,
+            },
+            allow_share: 1.0,
             rate: limit.rate(),
             cap: limit.cap(),
             instances: u64::from(config.limiter.instances),
-            allow_for: config.allow_for.as_nanos().min(u64::MAX as u128) as u64,
+            allow_for: nanos(config.allow_for),
         };
+        let key = ShareKey {
+            key: key.into().into_bytes(),
+            rate: limit.rate(),
+            cap: limit.cap(),
+            period_ms: config.period_ms(),
+            version: config.limiter.version,
+        };
+        let holder = Holder::new(
+            policy,
+            nanos(config.period),
+            nanos(config.limiter.deny_retry_after),
+            now,
+        );
+        let refresh = Refresh::new(key, config.headroom, now);
         let inner = Arc::new(Inner {
             conn,
-            key: key.into(),
             backend: Selector::new(config.limiter.backend),
-            policy,
             limit,
             config,
             metrics,
-            state: Mutex::new(Holder {
+            state: Mutex::new(Taker {
                 id: id.clone(),
                 generation: forks(),
-                state: ShareState::new(now),
-                down: false,
+                holder,
                 failure: None,
             }),
             mail: Mutex::new(Vec::new()),
             has_mail: AtomicBool::new(false),
             id: Mutex::new((id, forks())),
             attempted: AtomicU64::new(0),
-            demand: Mutex::new((Demand::new(now), 0)),
-            early: Mutex::new(None),
-            answered_last: AtomicBool::new(false),
-            granted: AtomicU64::new(0),
+            refresh: Mutex::new(refresh),
             closed: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),
             refresher: Mutex::new(None),
@@ -371,18 +365,17 @@ impl<C: RedisConnection> ShareLimiter<C> {
     /// The share held now, the local bucket and the holders seen.
     pub fn share(&self) -> ShareInfo {
         self.inner.adopt_fork();
-        let mut holder = lock(&self.inner.state);
-        self.inner.read_mail(&mut holder);
-        let now = mono_ns();
+        let mut taker = lock(&self.inner.state);
+        self.inner.read_mail(&mut taker);
         // Settles what ended by now, without counting a take.
-        let view = holder.state.peek(now);
+        let i = taker.holder.info(mono_ns());
         ShareInfo {
-            rate: view.0,
-            burst: view.1,
-            tokens: view.2,
-            holders: holder.state.last().map_or(0, |g| g.holders),
-            fallback: holder.state.in_fallback(),
-            pinned: holder.state.last().and_then(|g| g.pinned),
+            rate: i.rate,
+            burst: i.burst,
+            tokens: i.tokens,
+            holders: i.holders,
+            fallback: i.fallback,
+            pinned: i.pinned,
         }
     }
 
@@ -404,53 +397,26 @@ impl<C: RedisConnection> ShareLimiter<C> {
             return Err(Error::Closed);
         }
         inner.attempted.fetch_add(n, Ordering::Relaxed);
-        let local = {
-            let mut holder = lock(&inner.state);
-            if holder.generation != forks() {
-                drop(holder);
+        let take = {
+            let mut taker = lock(&inner.state);
+            if taker.generation != forks() {
+                drop(taker);
                 inner.adopt_fork();
-                holder = lock(&inner.state);
+                taker = lock(&inner.state);
             }
-            inner.read_mail(&mut holder);
-            if let Some(failure) = &holder.failure {
-                let e = failure.error();
-                drop(holder);
-                answer.errored(&e);
-                return Err(e);
+            inner.read_mail(&mut taker);
+            match taker.holder.take(n, mono_ns()) {
+                Some(take) => take,
+                None => {
+                    let e = taker.failure.as_ref().map_or(Error::Closed, Failure::error);
+                    drop(taker);
+                    answer.errored(&e);
+                    return Err(e);
+                }
             }
-            let down = holder.down;
-            holder
-                .state
-                .decide(n as f64, mono_ns(), down, &inner.policy)
         };
-        let fallback = local.by == By::Fallback;
-        answer.decided(local.allowed, if local.allowed { n } else { 0 }, fallback);
-        let source = if fallback {
-            Source::Fallback
-        } else {
-            Source::Share
-        };
-        let cap = inner.limit.cap();
-        let reset_after = Duration::from_nanos(local.reset_after);
-        if local.allowed {
-            let d = Decision::granted(n, local.remaining, reset_after, cap, source);
-            return Ok(Decision {
-                pinned: local.pinned,
-                ..d
-            });
-        }
-        let retry_after = match local.wait {
-            Some(ns) => Duration::from_nanos(ns),
-            None if fallback && inner.policy.policy == crate::FailurePolicy::Deny => {
-                inner.config.limiter.deny_retry_after
-            }
-            None => inner.config.period,
-        };
-        let d = Decision::denied(local.remaining, retry_after, reset_after, cap, source);
-        Ok(Decision {
-            pinned: local.pinned,
-            ..d
-        })
+        answer.decided(take.allowed, take.tokens, take.fallback);
+        Ok(decision(&take, n, inner.limit.cap()))
     }
 
     /// Stops refreshing and never releases, as a holder whose process died: the share
@@ -504,14 +470,11 @@ impl<C: RedisConnection> Inner<C> {
         let now = mono_ns();
         holder.id = new_holder_id();
         holder.generation = generation;
-        holder.state = ShareState::new(now);
-        holder.down = false;
+        holder.holder.reset(now);
         holder.failure = None;
         lock(&self.mail).clear();
         *lock(&self.id) = (holder.id.clone(), generation);
-        *lock(&self.demand) = (Demand::new(now), self.attempted.load(Ordering::Relaxed));
-        *lock(&self.early) = None;
-        self.answered_last.store(false, Ordering::Release);
+        lock(&self.refresh).reset(now, self.attempted.load(Ordering::Relaxed));
         drop(holder);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             if !self.closed.load(Ordering::Acquire) && !self.abandoned.load(Ordering::Acquire) {
@@ -522,7 +485,7 @@ impl<C: RedisConnection> Inner<C> {
 
     /// Applies what the refresh task posted, in order (events of an older process
     /// generation are dropped: the child is a new holder).
-    fn read_mail(&self, holder: &mut Holder) {
+    fn read_mail(&self, taker: &mut Taker) {
         if !self.has_mail.load(Ordering::Acquire) {
             return;
         }
@@ -531,203 +494,148 @@ impl<C: RedisConnection> Inner<C> {
             self.has_mail.store(false, Ordering::Release);
             std::mem::take(&mut *mail)
         };
-        for event in events {
-            match event {
-                Event::Sending { sent, generation } if generation == holder.generation => {
-                    holder.state.sending(sent);
-                }
-                Event::Answered {
-                    sent,
-                    grant,
-                    at,
-                    generation,
-                } if generation == holder.generation => {
-                    holder.state.answered(sent, grant, at);
-                    holder.down = false;
-                    holder.failure = None;
-                }
-                Event::Outage {
-                    refused,
-                    at,
-                    generation,
-                } if generation == holder.generation => {
-                    if refused {
-                        holder.state.not_sent(at);
-                    }
-                    holder.down = true;
-                }
-                Event::Failed {
-                    failure,
-                    generation,
-                } if generation == holder.generation => {
-                    holder.failure = Some(failure);
-                }
+        for m in events
+            .into_iter()
+            .filter(|m| m.generation == taker.generation)
+        {
+            match m.event {
+                Event::Answered { .. } => taker.failure = None,
+                Event::Failed => taker.failure = m.failure,
                 _ => {}
             }
+            taker.holder.apply(&m.event);
         }
     }
 
-    fn post(&self, event: Event) {
+    fn post(&self, event: Event, generation: u64, failure: Option<Failure>) {
         let mut mail = lock(&self.mail);
-        mail.push(event);
+        mail.push(Mail {
+            event,
+            generation,
+            failure,
+        });
         self.has_mail.store(true, Ordering::Release);
     }
 
-    /// Whether to call before `refresh_ms` is over: the last call was answered and the
-    /// demand since strayed from what it reported ([`Demand::drifted`]; the next call
-    /// reports the recent demand).
+    /// Whether to call before the next call is due (the core's [`Refresh::drifted`]).
     fn drifted(&self) -> bool {
-        if !self.answered_last.load(Ordering::Acquire) {
-            return false;
-        }
-        let now = mono_ns();
-        let mut demand = lock(&self.demand);
         let total = self.attempted.load(Ordering::Relaxed);
-        let (d, counted) = &mut *demand;
-        let share = f64::from_bits(self.granted.load(Ordering::Relaxed));
-        let recent = d.drifted(now, total.saturating_sub(*counted) as f64, share);
-        drop(demand);
-        if recent.is_some() {
-            *lock(&self.early) = recent;
-        }
-        recent.is_some()
+        lock(&self.refresh).drifted(mono_ns(), total)
     }
 
     /// One `RL.SHARE` call with the measured demand; answers when to call next.
     async fn refresh(&self) -> Duration {
-        let period = self.config.period;
-        let sent = mono_ns();
-        let want = {
-            let mut demand = lock(&self.demand);
-            let total = self.attempted.load(Ordering::Relaxed);
-            let (d, counted) = &mut *demand;
-            d.attempt(total.saturating_sub(*counted) as f64);
-            *counted = total;
-            let early = lock(&self.early).take();
-            (
-                d.want(sent, self.config.headroom, self.limit.rate(), early),
-                early.is_some(),
-            )
-        };
-        let (want, confirm) = want;
-        self.answered_last.store(false, Ordering::Release);
+        let timeout = self.config.limiter.timeout;
         // Not from `state`, which a taking thread may hold all the time.
         let (id, generation) = lock(&self.id).clone();
-        self.post(Event::Sending { sent, generation });
-        let timeout = self.config.limiter.timeout;
-        let outcome = async {
-            let backend = self.backend.get(&self.conn, timeout).await?;
-            let cmd = share_cmd(
-                backend,
-                &self.key,
-                &self.limit,
-                &id,
-                want,
-                self.config.period_ms(),
-                false,
-                self.config.limiter.version,
-            );
-            call(&self.conn, &cmd, timeout, &self.metrics)
-                .await
-                .and_then(share_reply)
-        }
-        .await;
+        let probe = nanos(self.config.limiter.probe_interval);
+        let backend = match self.backend.get(&self.conn, timeout).await {
+            Ok(b) => core_backend(b),
+            Err(e) => return self.failure(e, generation, probe),
+        };
+        let sent = mono_ns();
+        let attempted = self.attempted.load(Ordering::Relaxed);
+        let (args, sending) = lock(&self.refresh).send(backend, &id, attempted, sent);
+        self.post(sending, generation, None);
+        let outcome = call(&self.conn, &command(&args), timeout, &self.metrics).await;
         let at = mono_ns();
         if self.closed.load(Ordering::Acquire) {
-            return period;
+            return self.config.period;
         }
         match outcome {
-            Ok(r) => {
-                let grant = Grant {
-                    rate: r.rate,
-                    burst: r.burst,
-                    lease: r.lease_ms.saturating_mul(MS),
-                    refresh: r.refresh_ms.saturating_mul(MS),
-                    holders: r.holders,
-                    pinned: r.pinned,
-                };
-                self.post(Event::Answered {
-                    sent,
-                    grant,
-                    at,
-                    generation,
-                });
-                let before = f64::from_bits(self.granted.swap(r.rate.to_bits(), Ordering::Relaxed));
-                lock(&self.demand).0.answered(r.rate < before);
-                self.answered_last.store(true, Ordering::Release);
-                // When the server says, at most its period (a third of the lease: it raises
-                // a short one, so that no call comes within the previous call's hold). A
-                // server raises a period to 300 ms and no further, so a longer lease (not
-                // one of ours) is no reason to call less often than asked: the holder's
-                // want would go stale. A little early rather than late: the server counts
-                // on a call per period.
-                let raised = (r.lease_ms / 3).min(rl_core::share::SHORTEST_PERIOD_MS);
-                let mut most = raised.max(self.config.period_ms());
-                if confirm {
-                    // An early report measured its demand over a short span (a holder whose
-                    // demand fell, measured low, would be refused for a whole period): once
-                    // past its hold, it is measured again over the span since.
-                    most = most.min(CONFIRM_MS);
+            Ok(v) => {
+                let reply = to_reply(v);
+                let jitter = crate::jitter::unit();
+                let answered = lock(&self.refresh).answered(&reply, sent, at, jitter);
+                match answered {
+                    Ok((event, next)) => {
+                        self.post(event, generation, None);
+                        Duration::from_nanos(next)
+                    }
+                    Err(e) => self.failure(Error::Reply(e.0), generation, probe),
                 }
-                let next = Duration::from_millis(r.refresh_ms.clamp(10, most));
-                next.mul_f64(1.0 - 0.1 * crate::jitter::unit())
             }
-            Err(e) if e.is_outage() => {
-                self.post(Event::Outage {
-                    refused: refused(&e),
-                    at,
-                    generation,
-                });
-                self.config.limiter.probe_interval.min(period)
-            }
-            Err(e) => {
-                self.post(Event::Failed {
-                    failure: Failure::of(&e),
-                    generation,
-                });
-                period
-            }
+            Err(e) => self.failure(e, generation, probe),
         }
+    }
+
+    /// Posts a failed call (an outage, or an error reply); answers when to call next.
+    fn failure(&self, e: Error, generation: u64, probe: u64) -> Duration {
+        let mut refresh = lock(&self.refresh);
+        let (event, next, failure) = if e.is_outage() {
+            let (event, next) = refresh.outage(refused(&e), mono_ns(), probe);
+            (event, next, None)
+        } else {
+            let (event, next) = refresh.failed();
+            (event, next, Some(Failure::of(&e)))
+        };
+        drop(refresh);
+        self.post(event, generation, failure);
+        Duration::from_nanos(next)
     }
 
     /// `RL.SHARE ... RELEASE` for this holder.
     async fn release(self: Arc<Self>) -> Result<(), Error> {
         let id = {
-            let mut holder = lock(&self.state);
-            holder.state = ShareState::new(mono_ns());
-            holder.id.clone()
+            let mut taker = lock(&self.state);
+            taker.holder.reset(mono_ns());
+            taker.id.clone()
         };
         let timeout = self.config.limiter.timeout;
-        let backend = self.backend.get(&self.conn, timeout).await?;
-        let cmd = share_cmd(
-            backend,
-            &self.key,
-            &self.limit,
-            &id,
-            0.0,
-            self.config.period_ms(),
-            true,
-            self.config.limiter.version,
-        );
-        call(&self.conn, &cmd, timeout, &self.metrics)
-            .await
-            .and_then(share_reply)
+        let backend = core_backend(self.backend.get(&self.conn, timeout).await?);
+        let args = lock(&self.refresh).release_command(backend, &id);
+        let v = call(&self.conn, &command(&args), timeout, &self.metrics).await?;
+        core::parse_share(&to_reply(v))
             .map(|_| ())
+            .map_err(|e| Error::Reply(e.0))
     }
+}
+
+/// What a take of `n` got, as the shell's [`Decision`].
+fn decision(take: &Take, n: u64, cap: f64) -> Decision {
+    let source = if take.fallback {
+        Source::Fallback
+    } else {
+        Source::Share
+    };
+    let reset_after = Duration::from_nanos(take.reset_after);
+    let d = if take.allowed {
+        Decision::granted(n, take.remaining, reset_after, cap, source)
+    } else {
+        let retry_after = Duration::from_nanos(take.retry_after);
+        Decision::denied(take.remaining, retry_after, reset_after, cap, source)
+    };
+    Decision {
+        pinned: take.pinned,
+        ..d
+    }
+}
+
+/// The arguments the core built, as a command.
+fn command(args: &[Vec<u8>]) -> redis::Cmd {
+    let mut c = redis::cmd(std::str::from_utf8(&args[0]).unwrap_or("RL.SHARE"));
+    for a in &args[1..] {
+        c.arg(a.as_slice());
+    }
+    c
+}
+
+fn core_backend(b: Backend) -> CoreBackend {
+    match b {
+        Backend::Functions => CoreBackend::Functions,
+        // `Selector::get` resolves `Auto` to one of the two.
+        _ => CoreBackend::Module,
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    d.as_nanos().min(u128::from(u64::MAX)) as u64
 }
 
 /// Whether the call never left this process: the connection was refused.
 fn refused(e: &Error) -> bool {
     matches!(e, Error::Redis(r) if r.is_connection_refusal())
 }
-
-/// A call that reported an early demand is followed by one this soon at most, past its
-/// hold, that measures the demand over the span since.
-const CONFIRM_MS: u64 = 400;
-
-/// How often the refresh task looks at the demand between calls: a demand that moved is
-/// seen within a few ticks, and the instant it moved to within one.
-const DRIFT_TICK: Duration = Duration::from_millis(25);
 
 async fn refresh_loop<C: RedisConnection>(weak: Weak<Inner<C>>) {
     let mut next = Duration::ZERO;
@@ -740,7 +648,7 @@ async fn refresh_loop<C: RedisConnection>(weak: Weak<Inner<C>>) {
             if left.is_zero() {
                 break;
             }
-            tokio::time::sleep(left.min(DRIFT_TICK)).await;
+            tokio::time::sleep(left.min(Duration::from_nanos(DRIFT_TICK))).await;
             let Some(inner) = weak.upgrade() else {
                 return;
             };
@@ -779,16 +687,8 @@ impl<C: RedisConnection> Drop for Inner<C> {
             return;
         };
         let id = lock(&self.state).id.clone();
-        let cmd = share_cmd(
-            backend,
-            &self.key,
-            &self.limit,
-            &id,
-            0.0,
-            self.config.period_ms(),
-            true,
-            self.config.limiter.version,
-        );
+        let args = lock(&self.refresh).release_command(core_backend(backend), &id);
+        let cmd = command(&args);
         let mut conn = self.conn.clone();
         let timeout = self.config.limiter.timeout;
         let release = async move {
@@ -831,6 +731,232 @@ mod tests {
         let b = new_holder_id();
         assert_ne!(a, b);
         assert!((1..=64).contains(&a.len()), "{}", a.len());
+    }
+
+    /// A case's reply as redis-rs hands it over (RESP2 strings, RESP3 doubles).
+    fn value(j: &serde_json::Value) -> redis::Value {
+        use serde_json::Value as J;
+        match j {
+            J::Null => redis::Value::Nil,
+            J::Number(n) => redis::Value::Int(n.as_i64().unwrap()),
+            J::String(s) => redis::Value::BulkString(s.clone().into_bytes()),
+            J::Array(items) => redis::Value::Array(items.iter().map(value).collect()),
+            J::Object(o) => redis::Value::Double(o["double"].as_f64().unwrap()),
+            J::Bool(_) => panic!("no booleans in replies"),
+        }
+    }
+
+    fn ms(d: Duration) -> u64 {
+        rl_client_core::share_holder::ms_up(nanos(d))
+    }
+
+    /// The golden cases (protocol/client-cases/share.json) through this shell: replies as
+    /// redis-rs values, commands as the packed commands sent, decisions as [`Decision`]s.
+    #[test]
+    fn the_share_holder_follows_its_golden_cases_through_the_rust_shell() {
+        use serde_json::Value as J;
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../protocol/client-cases/share.json"
+        );
+        let doc: J = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut steps = 0;
+        for case in doc["cases"].as_array().unwrap() {
+            let name = case["name"].as_str().unwrap();
+            let mut h = doc["holder"].clone();
+            for (k, v) in case["holder"].as_object().unwrap() {
+                h[k] = v.clone();
+            }
+            let policy = match h["policy"].as_str().unwrap() {
+                "allow" => crate::FailurePolicy::Allow,
+                "last_known" => crate::FailurePolicy::LastKnown,
+                _ => crate::FailurePolicy::Deny,
+            };
+            if h["allow_share"].as_f64() != Some(1.0) {
+                continue; // Python's FailurePolicy.allow(share): no such setting here
+            }
+            let msd = |f: &str| Duration::from_millis(h[f].as_u64().unwrap());
+            let limit =
+                Limit::new(h["rate"].as_f64().unwrap(), h["cap"].as_f64().unwrap()).unwrap();
+            let config = ShareConfig {
+                period: msd("period_ms"),
+                headroom: h["headroom"].as_f64().unwrap(),
+                allow_for: msd("allow_for_ms"),
+                limiter: LimiterConfig {
+                    policy,
+                    instances: h["instances"].as_u64().unwrap() as u32,
+                    deny_retry_after: msd("deny_retry_after_ms"),
+                    probe_interval: msd("probe_ms"),
+                    version: h["version"].as_u64(),
+                    ..LimiterConfig::default()
+                },
+            };
+            // The shell's own construction of both halves (as `with_metrics` makes them).
+            let policy = Policy {
+                policy: match policy {
+                    crate::FailurePolicy::Allow => core::FailurePolicy::Allow,
+                    crate::FailurePolicy::LastKnown => core::FailurePolicy::LastKnown,
+                    crate::FailurePolicy::Deny => core::FailurePolicy::Deny,
+                },
+                allow_share: 1.0,
+                rate: limit.rate(),
+                cap: limit.cap(),
+                instances: u64::from(config.limiter.instances),
+                allow_for: nanos(config.allow_for),
+            };
+            let key = ShareKey {
+                key: h["key"].as_str().unwrap().as_bytes().to_vec(),
+                rate: limit.rate(),
+                cap: limit.cap(),
+                period_ms: config.period_ms(),
+                version: config.limiter.version,
+            };
+            let mut holder = Holder::new(
+                policy,
+                nanos(config.period),
+                nanos(config.limiter.deny_retry_after),
+                0,
+            );
+            let mut refresh = Refresh::new(key, config.headroom, 0);
+            let id = h["id"].as_str().unwrap().as_bytes().to_vec();
+            let probe = nanos(config.limiter.probe_interval);
+            let backend = |j: &J| match j.as_str() {
+                Some("functions") => Backend::Functions,
+                _ => Backend::Module,
+            };
+            let (mut sent, mut attempted, mut failure) = (0, 0u64, None::<Failure>);
+            for step in case["steps"].as_array().unwrap() {
+                let now = step["at_ms"].as_u64().unwrap_or(0) * 1_000_000;
+                let mut apply =
+                    |event: Event, f: Option<Failure>, failure: &mut Option<Failure>| {
+                        match event {
+                            Event::Answered { .. } => *failure = None,
+                            Event::Failed => *failure = f,
+                            _ => {}
+                        }
+                        holder.apply(&event);
+                    };
+                let next =
+                    |d: u64| assert_eq!(J::from(d / 1_000_000), step["next_ms"], "{name}: {step}");
+                let packed = |args: &[Vec<u8>]| {
+                    let want: Vec<String> = step["command"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|a| a.as_str().unwrap().to_owned())
+                        .collect();
+                    let mut cmd = redis::cmd(&want[0]);
+                    for a in &want[1..] {
+                        cmd.arg(a.as_str());
+                    }
+                    assert_eq!(
+                        command(args).get_packed_command(),
+                        cmd.get_packed_command(),
+                        "{name}: {step}"
+                    );
+                };
+                if let Some(b) = step.get("send") {
+                    let (args, event) = refresh.send(core_backend(backend(b)), &id, attempted, now);
+                    if step.get("command").is_some() {
+                        packed(&args);
+                    }
+                    apply(event, None, &mut failure);
+                    sent = now;
+                } else if let Some(b) = step.get("release") {
+                    packed(&refresh.release_command(core_backend(backend(b)), &id));
+                } else if let Some(r) = step.get("reply") {
+                    match refresh.answered(&to_reply(value(r)), sent, now, 0.0) {
+                        Ok((event, d)) => {
+                            assert!(step.get("protocol_error").is_none(), "{name}: {step}");
+                            apply(event, None, &mut failure);
+                            next(d);
+                        }
+                        Err(e) => {
+                            assert_eq!(step["protocol_error"], J::Bool(true), "{name}: {e}");
+                            let (event, d) = refresh.failed();
+                            apply(event, Some(Failure::of(&Error::Reply(e.0))), &mut failure);
+                            next(d);
+                        }
+                    }
+                } else if let Some(text) = step.get("error") {
+                    let (event, d) = refresh.failed();
+                    let f = Failure::Server(text.as_str().unwrap().to_owned());
+                    apply(event, Some(f), &mut failure);
+                    next(d);
+                } else if step.get("timeout").is_some() || step.get("refused").is_some() {
+                    let (event, d) = refresh.outage(step.get("refused").is_some(), now, probe);
+                    apply(event, None, &mut failure);
+                    next(d);
+                } else if let Some(n) = step.get("take") {
+                    let n = n.as_u64().unwrap();
+                    attempted += n;
+                    match holder.take(n, now) {
+                        None => {
+                            assert_eq!(step["failed"], J::Bool(true), "{name}: {step}");
+                            assert!(failure.is_some(), "{name}: the error to answer");
+                        }
+                        Some(t) => {
+                            let d = decision(&t, n, limit.cap());
+                            let w = &step["decision"];
+                            assert_eq!(
+                                d.allowed,
+                                w["allowed"].as_bool().unwrap(),
+                                "{name}: {step}"
+                            );
+                            let fallback = d.source == Source::Fallback;
+                            assert_eq!(
+                                fallback,
+                                w["fallback"].as_bool().unwrap(),
+                                "{name}: {step}"
+                            );
+                            assert!(
+                                (d.remaining - w["remaining"].as_f64().unwrap()).abs() < 1e-6,
+                                "{name}: {step}"
+                            );
+                            let retry = if d.allowed {
+                                0
+                            } else {
+                                ms(d.retry_after).max(1)
+                            };
+                            assert_eq!(J::from(retry), w["retry_after_ms"], "{name}: {step}");
+                            assert_eq!(
+                                J::from(ms(d.reset_after)),
+                                w["reset_after_ms"],
+                                "{name}: {step}"
+                            );
+                            assert_eq!(
+                                J::from(d.pinned.map(|p| p.name())),
+                                w["pinned"],
+                                "{name}: {step}"
+                            );
+                            assert_eq!(d.granted, if d.allowed { n } else { 0 });
+                        }
+                    }
+                } else if let Some(w) = step.get("share") {
+                    let i = holder.info(now);
+                    assert!(
+                        (i.tokens - w["tokens"].as_f64().unwrap()).abs() < 1e-6,
+                        "{name}"
+                    );
+                    assert!(
+                        (i.rate - w["rate"].as_f64().unwrap()).abs() < 1e-6,
+                        "{name}"
+                    );
+                    assert_eq!(J::from(i.holders), w["holders"], "{name}");
+                    assert_eq!(J::from(i.fallback), w["fallback"], "{name}");
+                } else if step.get("tick").is_some() {
+                    assert_eq!(
+                        J::from(refresh.drifted(now, attempted)),
+                        step["drifted"],
+                        "{name}"
+                    );
+                } else {
+                    panic!("{name}: unknown step {step}");
+                }
+                steps += 1;
+            }
+        }
+        assert!(steps > 40, "{steps} steps");
     }
 
     #[test]

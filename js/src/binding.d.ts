@@ -23,16 +23,6 @@ export interface NamedCost {
   name: string
   tokens: number
 }
-/**
- * What a settle does: `send` these arguments and hand the reply to `settled`, `done`
- * (settled locally: each limit's tokens back, positive, or charged, negative), or
- * `nothing`.
- */
-export interface SettleStepJs {
-  kind: string
-  args?: Array<string>
-  results?: Array<number | undefined | null>
-}
 /** A budget's counters. */
 export interface BudgetCountersJs {
   granted: number
@@ -86,6 +76,78 @@ export declare function estimateChat(body: Buffer, defaultOutput: number): ChatE
 export declare function chatUsage(body: Buffer): ChatUsage | null
 /** The costs (or actuals) of each of a budget's limits for `input` and `output` tokens. */
 export declare function splitUsage(names: Array<string>, input: number, output: number): Array<NamedCost>
+/**
+ * A lease call the ledger hands out: `kind` is `send` (with `command`), `busy` (the call in
+ * the air is `flight`) or `closed`.
+ */
+export interface Began {
+  kind: string
+  flight: number
+  command?: Array<string>
+}
+/**
+ * What a landed call left: `kind` `granted` (`value`: tokens held after), `denied`
+ * (`value`: retry_after_ms), `stale` or `closed`; `give_back`: `[id, left]` pairs to return.
+ */
+export interface Landing {
+  kind: string
+  served: boolean
+  value: number
+  giveBack: Array<Array<number>>
+}
+/**
+ * A take decided from what is held: `kind` `granted` (`value`: left), `denied` (`value`:
+ * retry_after_ms) or `ask`.
+ */
+export interface LocalTake {
+  kind: string
+  value: number
+  renew: boolean
+}
+/** A prefetching limiter's counters: the ledger's and the takes'. */
+export interface PrefetchCounters {
+  leases: number
+  leaseTokens: number
+  leasesDenied: number
+  leasesExpired: number
+  leasesLost: number
+  returns: number
+  tokensReturned: number
+  slowCalls: number
+  memoryGrants: number
+  memoryTokens: number
+  fallbackGranted: number
+  fallbackDenied: number
+  outages: number
+  errors: number
+}
+/** One problem of a document that does not validate. */
+export interface RulesProblem {
+  line?: number
+  field: string
+  message: string
+}
+/** The problems of the document in `text` (none: it is valid). */
+export declare function rulesProblems(text: string): Array<RulesProblem>
+/** A layer that applies to a request: its name and its buckets' keys. */
+export interface PlannedLayer {
+  layer: string
+  keys: Array<string>
+}
+/** A check's decision. */
+export interface RuleOutcome {
+  granted: boolean
+  remaining: number
+  retryAfterMs: number
+  resetAfterMs: number
+  tokens: number
+  limit: number
+  layer?: string
+  code?: string
+  key?: string
+  shadowDenied: Array<string>
+  fallback: boolean
+}
 /** A limiter's counters. */
 export interface TakeCounters {
   granted: number
@@ -104,21 +166,12 @@ export interface TakeCounters {
 export declare function decisionHeaders(granted: boolean, remaining: number, retryAfterMs: number, resetAfterMs: number, limit: number): Array<string>
 /** The JSON body of a 429 for a denial that asks to retry after `retry_after_ms`. */
 export declare function tooManyBody(retryAfterMs: number): string
-/** One reservation's decision, and what settles it (opaque to JS). */
-export declare class Grant {
-  /** Whether every limit was reserved. */
-  readonly granted: boolean
-  readonly retryAfterMs: number
-  /** The index of the limit that refused, when denied. */
-  readonly deniedBy?: number
-  /** Each limit's tokens after the call, where known. */
-  readonly remaining?: Array<number>
-  /** `"server"` or `"fallback"`. */
-  readonly source: string
-  /** Whether a settle still has something to close. */
-  open(): boolean
-}
-/** One budget's decisions. */
+/**
+ * One budget's decisions. The tickets of open reservations are kept here, by a number the
+ * shell holds: a JS object per grant (a napi class instance) cost Node more than the rest
+ * of the call. The shell forgets a ticket when its reservation is collected, and a settle
+ * removes it (a settled ticket has nothing left to close).
+ */
 export declare class BudgetCore {
   /**
    * `policy`: `"allow"`, `"last_known"` or `"deny"`; `share`: 1 / instances (null: the
@@ -126,23 +179,45 @@ export declare class BudgetCore {
    */
   constructor(key: string, limits: Array<BudgetLimitSpec>, ttlMs: number, policy: string, share?: number | undefined | null)
   limits(): Array<BudgetLimitInfo>
-  /** Each limit's cost: `tokens` for a budget of one token limit, or `named` costs. */
-  costs(tokens: number | undefined | null, named: Array<NamedCost>): Array<number>
-  reserveCommand(backendName: string, costs: Array<number>): Array<string>
-  /** The decision Redis's reply makes; an `Error` (unexpected reply) if it is malformed. */
-  reserved(costs: Array<number>, reply: unknown): Grant
+  /**
+   * Each limit's cost into `out` (one number per limit): `tokens` for a budget of one
+   * token limit, or `amounts[i]` tokens on the limit `names[i]`.
+   */
+  costs(tokens: number | undefined | null, names: Array<string>, amounts: Float64Array, out: Float64Array): void
+  /**
+   * The reservation's command, as a patch of the last one the shell holds (`have`): see
+   * `patch.rs` (`positions[0]` is `WHOLE` when the strings are the whole command).
+   */
+  reserveCommand(backendName: string, costs: Float64Array, have: boolean, positions: Uint32Array): Array<string>
+  /**
+   * The decision Redis's reply makes, into `out` (see `GRANT_HEAD`); its ticket (0: none
+   * to settle). An `Error` (unexpected reply) if the reply is malformed.
+   */
+  reserved(costs: Float64Array, reply: unknown, out: Float64Array): number
   /**
    * The failure policy's decision while Redis does not answer, at `now_ms`
-   * (`performance.now()`).
+   * (`performance.now()`), into `out`; its ticket (0: none).
    */
-  outage(costs: Array<number>, nowMs: number): Grant
-  /** What settling `grant` with each limit's actual use (null: its estimate) does. */
-  settle(backendName: string, grant: Grant, actual: Array<number | undefined | null>, nowMs: number): SettleStepJs
+  outage(costs: Float64Array, nowMs: number, out: Float64Array): number
+  /** Whether the ticket still has something to close. */
+  open(ticket: number): boolean
   /**
-   * Each limit's result from Redis's reply to a settle: tokens back (positive), charged
-   * (negative), or null (nothing there to settle).
+   * Drops a ticket whose reservation the shell no longer holds (it expires in Redis as
+   * charged); an unknown one is ignored.
    */
-  settled(reply: unknown): Array<number | undefined | null>
+  forget(ticket: number): void
+  /**
+   * What settling the ticket with each limit's actual use (NaN: its estimate) does:
+   * `out[0]` says (nothing, send the arguments returned as a patch of the last settle
+   * the shell holds (`have`; see `patch.rs`), or done: each limit's result in
+   * `out[1..]`, NaN for none).
+   */
+  settle(backendName: string, ticket: number, actual: Float64Array, nowMs: number, out: Float64Array, have: boolean, positions: Uint32Array): Array<string> | null
+  /**
+   * Each limit's result from Redis's reply to a settle, into `out`: tokens back
+   * (positive), charged (negative), or NaN (nothing there to settle); their count.
+   */
+  settled(reply: unknown, out: Float64Array): number
   settleLost(): void
   counters(): BudgetCountersJs
 }
@@ -157,6 +232,120 @@ export declare class StreamUsage {
   /** The usage seen so far. */
   usage(): ChatUsage | null
 }
+/** One prefetching limiter's state. */
+export declare class PrefetchCore {
+  /**
+   * `timeout_ms`: the limiter's timeout (null: none); `policy`: `allow` or `deny`;
+   * `share`: 1 / instances (null: the core's default).
+   */
+  constructor(key: string, rate: number, cap: number, batch: number, ttlMs: number, renewAt: number, jitter: number, timeoutMs: number | undefined | null, policy: string, share?: number | undefined | null, init?: number | undefined | null, version?: number | undefined | null)
+  get rate(): number
+  get cap(): number
+  /** Refuses an `n` that could never be granted (0, a fraction, above the burst). */
+  check(n: number): void
+  /**
+   * The hot path: `n` from memory, answering the tokens left, or -1 (nothing changed:
+   * the shell's full path decides). No allocation.
+   */
+  grant(n: number, nowMs: number): number
+  /** A take from what is held (`down`: the shell believes Redis down or is closed). */
+  take(n: number, nowMs: number, down: boolean): LocalTake
+  renewalDue(nowMs: number, down: boolean): boolean
+  begin(backendName: string, need: number, nowMs: number): Began
+  /**
+   * The reply to call `flight`; a malformed one (or one that is no reply at all) ends the
+   * call all the same and is thrown as an unexpected reply.
+   */
+  landed(flight: number, reply: unknown, nowMs: number, draw: number): Landing
+  /**
+   * A failed call: `kind` `refused` (an error reply), `not_sent` or `unknown`; answers
+   * the `[id, left]` leases to return.
+   */
+  failed(flight: number, kind: string, nowMs: number): Array<Array<number>>
+  /** Its own caller gives up on call `flight`: the tokens it brought (null: none yet). */
+  giveUp(flight: number): number | null
+  claim(flight: number): number | null
+  hasEnded(flight: number): boolean
+  release(flight: number, claimed: boolean, nowMs: number): void
+  /** `wait`, `ended`, `outage_first` or `outage`. */
+  judge(flight: number, nowMs: number, limitMs: number): string
+  /** Closes the ledger: the `[id, left]` leases to return. */
+  close(nowMs: number): Array<Array<number>>
+  get closed(): boolean
+  held(nowMs: number): number
+  get inFlight(): boolean
+  /**
+   * How long a lease call's reply is awaited, in milliseconds: `max(10 s, ttl + timeout
+   * + 1 s)`, the bound every client keeps.
+   */
+  get lateBoundMs(): number
+  returnCommand(backendName: string, leaseId: number, left: number): Array<string>
+  /** A return's reply read (the tokens credited back); a malformed one is thrown. */
+  parseReturn(reply: unknown): number
+  returned(leaseId: number, left: number, ok: boolean): void
+  /**
+   * Stands `n` in the ledger's line (`front`: for its own call; `again`: its number if it
+   * stood there already): its number.
+   */
+  enterLine(n: number, front: boolean, again?: number | undefined | null): number
+  /** Leaves the line: the waiter to wake next (null: none). */
+  leaveLine(waiter: number): number | null
+  /** A call ended (`granted`: it brought tokens): the waiters to wake. */
+  wake(granted: boolean): Array<number>
+  /**
+   * Whether a caller at `now_ms` should ask Redis (while it is believed down, one probe
+   * per interval).
+   */
+  mayCall(nowMs: number): boolean
+  get down(): boolean
+  /** A call failed as an outage at `now_ms`. */
+  callFailed(nowMs: number): void
+  /** Redis answered. */
+  callSucceeded(): void
+  /** The failure policy's decision on `n` at `now_ms`, into `out` (the `Limiter`'s slots). */
+  outage(n: number, nowMs: number, out: Float64Array): void
+  /** An error reply raised to the caller. */
+  error(): void
+  counters(): PrefetchCounters
+}
+/** A parsed, valid rules document. */
+export declare class RulesDocument {
+  /**
+   * The document in `text` (YAML 1.2, JSON included); an invalid one throws (its problems:
+   * [`rules_problems`]).
+   */
+  constructor(text: string)
+  get prefix(): string
+  /** The attributes a request may have, in the order `plan` and `check` take their values. */
+  get attributes(): Array<string>
+  /** Which of `attributes` some layer reads (the others need not be looked up). */
+  get used(): Array<boolean>
+  /**
+   * The layers that apply to a request whose attributes are `values` (in the order of
+   * `attributes`; null: absent).
+   */
+  plan(values: Array<string | undefined | null>): Array<PlannedLayer>
+  /**
+   * A check of a request: `cost` tokens from every bucket that applies. A cost no bucket
+   * could grant throws (`InvalidArg`) before any call.
+   */
+  check(values: Array<string | undefined | null>, cost: number, failOpen: boolean, cluster: boolean): RulesCheck
+}
+/** One check in progress. */
+export declare class RulesCheck {
+  /** The call to send now (`functions`: for the Functions library), or null once decided. */
+  command(functions: boolean): Array<string> | null
+  /** The reply to the last call; a malformed one's message is answered (null: read). */
+  reply(reply: unknown): string | null
+  /** The last call answered with an error reply. */
+  errorReply(text: string): void
+  /** The last call got no reply (an outage, a timeout, no backend). */
+  failed(): void
+  /** The calls that give back what was taken for nothing (best effort). */
+  refunds(functions: boolean): Array<Array<string>>
+  /** The decision, or null (a malformed reply ended the check). */
+  decision(): RuleOutcome | null
+}
 /** One limiter's decisions. */
 export declare class TakeCore {
   /** `policy`: `"allow"` or `"deny"`; `share`: 1 / instances (null: the core's default). */
@@ -165,8 +354,12 @@ export declare class TakeCore {
   get cap(): number
   /** Refuses an `n` that could never be granted (0, a fraction, above the burst). */
   check(n: number): void
-  /** The command (name first) that takes `n` tokens on the limiter's key, or on `key`. */
-  command(backendName: string, n: number, key?: string | undefined | null): Array<string>
+  /**
+   * The command (name first) that takes `n` tokens on the limiter's key, or on `key`, as
+   * a patch of the last one the shell holds (`have`): see `patch.rs` (`positions[0]` is
+   * `WHOLE` when the strings are the whole command).
+   */
+  command(backendName: string, n: number, key: string | undefined | null, have: boolean, positions: Uint32Array): Array<string>
   /**
    * The decision Redis's reply makes, into `out` (see `SLOTS`); an `Error` (unexpected
    * reply) if it is malformed. `now_ms` (`performance.now()`, the clock `outage` is

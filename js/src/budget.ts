@@ -3,6 +3,7 @@ import { Connection, Outage, type BackendOption, type RedisClient } from './clie
 import { core } from './errors';
 import { rateCap, type LimitLike } from './limits';
 import { native } from './native';
+import { LastCommands } from './patch';
 import { share, type FailurePolicy, type Source } from './policy';
 
 const now = (): number => performance.now();
@@ -30,6 +31,24 @@ export interface TokenBudgetOptions {
   backend?: BackendOption;
 }
 
+/** How many numbers the core writes for a grant before each limit's remaining tokens. */
+const GRANT_HEAD = 5;
+const SETTLE_NOTHING = 0;
+const SETTLE_DONE = 2;
+const NO_COSTS = new Float64Array(0);
+
+/**
+ * The core keeps each open reservation's ticket (a number here): a reservation collected before
+ * it was settled is forgotten there (it expires charged in Redis, as any unsettled one).
+ */
+const unsettled = new FinalizationRegistry<{ core: Binding.BudgetCore; ticket: number }>((held) => {
+  try {
+    held.core.forget(held.ticket);
+  } catch {
+    // nothing to give back: a finalizer must not throw
+  }
+});
+
 /** A budget's counters (this process). */
 export type BudgetCounters = Binding.BudgetCountersJs;
 
@@ -54,25 +73,32 @@ export class Reservation {
   /** After settling: each limit's tokens back (positive), charged (negative), or null (expired). */
   settlement: Record<string, number | null> | null = null;
   private used: Tokens | undefined;
+  /** The core's ticket of this reservation (0: nothing to settle). */
+  private ticket: number;
 
-  /** @internal */
+  /** @internal `out`: the grant the core just wrote (`GRANT_HEAD`, then each limit's remaining). */
   constructor(
     private readonly budget: TokenBudget,
-    private readonly grant: Binding.Grant,
-    costs: number[],
+    ticket: number,
+    out: Float64Array,
+    costs: Float64Array,
   ) {
     const names = budget.names;
-    this.granted = grant.granted;
-    this.retryAfterMs = grant.retryAfterMs;
-    this.deniedBy = grant.deniedBy == null ? null : (names[grant.deniedBy] ?? null);
-    this.remaining = grant.remaining == null ? null : zip(names, grant.remaining);
-    this.source = grant.source as Source;
+    this.granted = out[0] === 1;
+    this.retryAfterMs = out[1]!;
+    const deniedBy = out[2]!;
+    this.deniedBy = deniedBy < 0 ? null : (names[deniedBy] ?? null);
+    const known = out[4]!;
+    this.remaining = known < 0 ? null : zip(names, out.subarray(GRANT_HEAD, GRANT_HEAD + known));
+    this.source = out[3] === 1 ? 'fallback' : 'server';
     this.reserved = zip(names, costs);
+    this.ticket = ticket;
+    if (ticket !== 0) unsettled.register(this, { core: budget.core, ticket });
   }
 
   /** Whether a settle still has something to close. */
   get open(): boolean {
-    return this.grant.open();
+    return this.ticket !== 0 && this.budget.core.open(this.ticket);
   }
 
   /** Records what the call used, for a later `settle()` without arguments. */
@@ -89,12 +115,14 @@ export class Reservation {
   async settle(actual?: Tokens): Promise<Record<string, number | null> | null> {
     const b = this.budget;
     const used = b.actuals(actual ?? this.used);
-    const step = core(() => b.core.settle(b.backendName(), this.grant, used, now()));
-    if (step.kind === 'nothing') return null;
-    if (step.kind === 'done') return this.done(step.results ?? []);
+    const out = b.settleOut;
+    const args = b.settleCommand(this.ticket, used);
+    this.ticket = 0; // the core let go of it: settled once
+    if (out[0] === SETTLE_NOTHING) return null;
+    if (out[0] === SETTLE_DONE) return this.done(out.subarray(1));
     let reply: unknown;
     try {
-      reply = await b.conn.call(step.args ?? []);
+      reply = await b.conn.call(args, undefined, b.routeKey);
     } catch (e) {
       if (e instanceof Outage) {
         b.core.settleLost();
@@ -102,18 +130,23 @@ export class Reservation {
       }
       throw e;
     }
-    return this.done(core(() => b.core.settled(reply)));
+    const n = core(() => b.core.settled(reply, b.settleOut));
+    return this.done(b.settleOut.subarray(0, n));
   }
 
-  private done(results: Array<number | null | undefined>): Record<string, number | null> {
+  /** `results`: each limit's, NaN for none (the core's form). */
+  private done(results: Float64Array): Record<string, number | null> {
     const out: Record<string, number | null> = {};
-    this.budget.names.forEach((name, i) => (out[name] = results[i] ?? null));
+    this.budget.names.forEach((name, i) => {
+      const r = results[i];
+      out[name] = r === undefined || Number.isNaN(r) ? null : r;
+    });
     this.settlement = out;
     return out;
   }
 }
 
-function zip(names: string[], xs: number[]): Record<string, number> {
+function zip(names: string[], xs: ArrayLike<number>): Record<string, number> {
   const out: Record<string, number> = {};
   names.forEach((name, i) => {
     if (xs[i] !== undefined) out[name] = xs[i]!;
@@ -132,6 +165,14 @@ export class TokenBudget {
   /** @internal */ readonly conn: Connection;
   /** The limits' names, in the order the core keeps them. */
   readonly names: string[];
+  /** @internal Where the core writes a grant (read at once, before any await). */
+  readonly grantOut: Float64Array;
+  /** @internal Where the core writes a settle's kind and results (likewise). */
+  readonly settleOut: Float64Array;
+  private readonly commands = new LastCommands();
+  private readonly settles = new LastCommands();
+  /** @internal A key of the budget's (all share one slot): what routes its commands on a cluster. */
+  readonly routeKey: string;
 
   constructor(
     client: RedisClient,
@@ -155,7 +196,11 @@ export class TokenBudget {
     const ttlMs = options.ttlMs ?? DEFAULT_TTL_MS;
     const policy = options.failurePolicy ?? 'allow';
     this.core = core(() => new native.BudgetCore(key, specs, Math.ceil(ttlMs), policy, share(options.instances)));
-    this.names = this.core.limits().map((l) => l.name);
+    const limits = this.core.limits();
+    this.names = limits.map((l) => l.name);
+    this.routeKey = limits[0]!.key;
+    this.grantOut = new Float64Array(GRANT_HEAD + this.names.length);
+    this.settleOut = new Float64Array(1 + this.names.length);
     const timeout = options.timeoutMs === undefined ? 200 : options.timeoutMs;
     this.conn = new Connection(client, timeout, options.backend ?? 'auto');
   }
@@ -172,17 +217,33 @@ export class TokenBudget {
     return this.core.counters();
   }
 
+  /**
+   * @internal Settles `ticket` in the core: its kind and results in `settleOut`, and the
+   * command to send when there is one (empty otherwise).
+   */
+  settleCommand(ticket: number, used: Float64Array): string[] {
+    const backend = this.backendName();
+    const p = this.settles;
+    const strings = core(() => this.core.settle(backend, ticket, used, now(), this.settleOut, p.has(backend), p.positions));
+    return strings === null ? [] : p.apply(backend, strings);
+  }
+
   /** @internal */
   backendName(): 'module' | 'functions' {
     return this.conn.backend ?? 'module';
   }
 
-  /** @internal Each limit's actual use (null: its estimate). */
-  actuals(actual: Tokens | undefined): Array<number | null> {
-    if (actual === undefined || actual === null) return this.names.map(() => null);
+  /** @internal Each limit's actual use (NaN: its estimate; the core checks the rest). */
+  actuals(actual: Tokens | undefined): Float64Array {
+    const out = new Float64Array(this.names.length).fill(NaN);
+    if (actual === undefined || actual === null) return out;
     if (typeof actual === 'number') {
+      if (Number.isNaN(actual)) throw new RangeError('actual: a non-negative integer expected, got NaN');
       // One number: the token limits' use (a request is a request).
-      return this.names.map((name) => (name === REQUESTS ? null : actual));
+      this.names.forEach((name, i) => {
+        if (name !== REQUESTS) out[i] = actual;
+      });
+      return out;
     }
     if (typeof actual !== 'object') throw new TypeError('actual: a number of tokens, or tokens by limit name');
     for (const name of Object.keys(actual)) {
@@ -190,16 +251,35 @@ export class TokenBudget {
         throw new RangeError(`this budget has no limit ${JSON.stringify(name)} (its limits: ${this.names.join(', ')})`);
       }
     }
-    return this.names.map((name) => (name in actual ? actual[name]! : null));
+    this.names.forEach((name, i) => {
+      if (!(name in actual)) return;
+      const x = actual[name];
+      if (typeof x !== 'number' || Number.isNaN(x)) {
+        throw new RangeError(`actual ${JSON.stringify(name)}: a non-negative integer expected, got ${String(x)}`);
+      }
+      out[i] = x;
+    });
+    return out;
   }
 
-  private costs(tokens: Tokens): number[] {
-    if (typeof tokens === 'number') return core(() => this.core.costs(tokens, []));
+  private costs(tokens: Tokens): Float64Array {
+    const out = new Float64Array(this.names.length);
+    if (typeof tokens === 'number') {
+      core(() => this.core.costs(tokens, [], NO_COSTS, out));
+      return out;
+    }
     if (tokens === null || typeof tokens !== 'object') {
       throw new TypeError('tokens: a number, or tokens by limit name ({ input, output })');
     }
-    const named = Object.entries(tokens).map(([name, n]) => ({ name, tokens: n }));
-    return core(() => this.core.costs(null, named));
+    const names = Object.keys(tokens);
+    const amounts = new Float64Array(names.length);
+    names.forEach((name, i) => {
+      const x = tokens[name];
+      if (typeof x !== 'number') throw new TypeError(`tokens ${JSON.stringify(name)}: a number expected, got ${typeof x}`);
+      amounts[i] = x;
+    });
+    core(() => this.core.costs(null, names, amounts, out));
+    return out;
   }
 
   /**
@@ -221,29 +301,34 @@ export class TokenBudget {
     }
   }
 
-  private async once(costs: number[]): Promise<Reservation> {
+  private async once(costs: Float64Array): Promise<Reservation> {
     let reply: unknown;
     try {
       const backend = await this.conn.resolve();
-      const args = core(() => this.core.reserveCommand(backend, costs));
-      reply = await this.conn.call(args, (late) => this.giveBack(costs, late));
+      const p = this.commands;
+      const args = p.apply(backend, core(() => this.core.reserveCommand(backend, costs, p.has(backend), p.positions)));
+      reply = await this.conn.call(args, (late) => this.giveBack(costs, late), this.routeKey);
     } catch (e) {
-      if (e instanceof Outage) return new Reservation(this, core(() => this.core.outage(costs, now())), costs);
+      if (e instanceof Outage) {
+        const ticket = core(() => this.core.outage(costs, now(), this.grantOut));
+        return new Reservation(this, ticket, this.grantOut, costs);
+      }
       throw e;
     }
-    return new Reservation(this, core(() => this.core.reserved(costs, reply)), costs);
+    const ticket = core(() => this.core.reserved(costs, reply, this.grantOut));
+    return new Reservation(this, ticket, this.grantOut, costs);
   }
 
   /** A reservation granted after its caller stopped waiting: settled at once with nothing used. */
-  private giveBack(costs: number[], reply: unknown): void {
+  private giveBack(costs: Float64Array, reply: unknown): void {
     try {
-      const grant = this.core.reserved(costs, reply);
-      const step = this.core.settle(this.backendName(), grant, costs.map(() => 0), now());
-      if (step.kind === 'send' && step.args) {
-        this.conn.call(step.args).then(
+      const ticket = this.core.reserved(costs, reply, this.grantOut);
+      const args = this.settleCommand(ticket, new Float64Array(costs.length));
+      if (args.length > 0) {
+        this.conn.call(args, undefined, this.routeKey).then(
           (settled) => {
             try {
-              this.core.settled(settled);
+              this.core.settled(settled, this.settleOut);
             } catch {
               // unknown: it expires charged
             }

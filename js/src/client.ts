@@ -15,8 +15,18 @@ export interface NodeRedisLike {
   sendCommand(args: Array<string | Buffer>, options?: unknown): Promise<unknown>;
 }
 
-/** The user's client: ioredis or node-redis. */
-export type RedisClient = IoredisLike | NodeRedisLike;
+/**
+ * node-redis' cluster (`createCluster()`): `sendCommand(firstKey, isReadonly, args)`, the key
+ * routing the command to its slot's master (it follows `MOVED` and `ASK` itself).
+ */
+export interface NodeRedisClusterLike {
+  sendCommand(firstKey: string | Buffer | undefined, isReadonly: boolean | undefined, args: Array<string | Buffer>, options?: unknown): Promise<unknown>;
+  readonly masters: unknown;
+  readonly slots: unknown;
+}
+
+/** The user's client: ioredis (`Redis`, `Cluster`) or node-redis (a client or a cluster). */
+export type RedisClient = IoredisLike | NodeRedisLike | NodeRedisClusterLike;
 
 /** Which server-side implementation: the module (`RL.*`) or the Functions library. */
 export type Backend = 'module' | 'functions';
@@ -49,7 +59,8 @@ export function isReplyError(e: unknown): e is Error {
   return false;
 }
 
-type Send = (args: string[]) => Promise<unknown>;
+/** Sends a command; `key`, the key it works on, routes it on a node-redis cluster. */
+type Send = (args: string[], key: string | undefined) => Promise<unknown>;
 
 function sender(client: RedisClient): Send {
   const c = client as Partial<IoredisLike & NodeRedisLike> | null;
@@ -64,6 +75,11 @@ function sender(client: RedisClient): Send {
   if (typeof c.call === 'function') {
     const call = c.call.bind(c);
     return (args) => call(args[0]!, ...args.slice(1));
+  }
+  if (typeof c.sendCommand === 'function' && 'masters' in c && 'slots' in c) {
+    // node-redis' cluster: the first key picks the node (ioredis' Cluster finds it itself).
+    const send = (c as unknown as NodeRedisClusterLike).sendCommand.bind(c);
+    return (args, key) => send(key, false, args);
   }
   if (typeof c.sendCommand === 'function') {
     const send = c.sendCommand.bind(c);
@@ -99,12 +115,13 @@ export class Connection {
   /**
    * Sends `args` and waits at most the timeout: the reply, a `ServerError` for an error reply,
    * or an `Outage` (no connection, a timeout, an error reply that stands for one). `late`
-   * gets a reply that arrives after the timeout (a grant to give back).
+   * gets a reply that arrives after the timeout (a grant to give back); `key` is the key the
+   * command works on (a cluster client routes by it).
    */
-  call(args: string[], late?: (reply: unknown) => void): Promise<unknown> {
+  call(args: string[], late?: (reply: unknown) => void, key?: string): Promise<unknown> {
     let raw: Promise<unknown>;
     try {
-      raw = this.send(args);
+      raw = this.send(args, key);
     } catch (e) {
       return Promise.reject(classify(e));
     }

@@ -14,7 +14,7 @@ export {
 export { parseLimit, parseLimits, type RateCap, type LimitLike, type ParsedLimit } from './limits';
 export { ALLOW, DENY, LAST_KNOWN, type FailurePolicy, type Source } from './policy';
 export { RedisRlError, ServerError, ProtocolError, BackendNotFound, InternalError } from './errors';
-export type { RedisClient, IoredisLike, NodeRedisLike, Backend, BackendOption } from './client';
+export type { RedisClient, IoredisLike, NodeRedisLike, NodeRedisClusterLike, Backend, BackendOption } from './client';
 export { rateLimit, type ExpressMiddleware, type ResponseLike } from './express';
 export { fastifyRateLimit, type FastifyHook, type FastifyReplyLike } from './fastify';
 export { byIp, byHeader, byRoute, type KeyFunc, type MiddlewareOptions, type RequestLike } from './http';
@@ -28,3 +28,6 @@ export {
   type ChatUsage,
 } from './openai';
 export { budgetFetch, type BudgetFetchOptions } from './openai-fetch';
+export { PrefetchLimiter, type PrefetchOptions, type PrefetchCounters, type PrefetchSource } from './prefetch';
+export { Rules, RuleDecision, RulesError, type RulesOptions, type RulesProblem, type Attributes } from './rules';
+export { rulesRateLimit, fastifyRules, type RulesMiddlewareOptions } from './rules-middleware';

@@ -3,6 +3,7 @@ import { Connection, Outage, type BackendOption, type RedisClient } from './clie
 import { core, ServerError } from './errors';
 import { rateCap, type LimitLike } from './limits';
 import { native } from './native';
+import { LastCommands } from './patch';
 import { share, type Source } from './policy';
 
 /** Milliseconds on a monotonic clock (what the core's local buckets run on). */
@@ -119,6 +120,7 @@ export class Limiter {
   private readonly core: Binding.TakeCore;
   private readonly conn: Connection;
   private readonly args = new Map<number, string[]>();
+  private readonly commands = new LastCommands();
   private closed = false;
 
   constructor(client: RedisClient, key: string, limit: LimitLike, options: LimiterOptions = {}) {
@@ -152,15 +154,19 @@ export class Limiter {
       return this.failed(e, n, key);
     }
     let args: string[];
-    if (key === undefined) {
-      const id = backend === 'module' ? n : -n;
-      args = this.args.get(id) ?? this.cached(id, core(() => this.core.command(backend, n, null)));
+    const id = backend === 'module' ? n : -n;
+    const cached = key === undefined ? this.args.get(id) : undefined;
+    if (cached !== undefined) {
+      args = cached;
     } else {
-      args = core(() => this.core.command(backend, n, key));
+      // The core's last command and the shell's are one: every command made goes through it.
+      const p = this.commands;
+      args = p.apply(backend, core(() => this.core.command(backend, n, key ?? null, p.has(backend), p.positions)));
+      if (key === undefined) this.cached(id, args);
     }
     let reply: unknown;
     try {
-      reply = await this.conn.call(args);
+      reply = await this.conn.call(args, undefined, key ?? this.key);
     } catch (e) {
       return this.failed(e, n, key);
     }

@@ -56,6 +56,7 @@ class Server {
     this.proc = proc;
     this.url = `redis://127.0.0.1:${port}`;
   }
+
   kill() {
     if (this.proc.exitCode === null && this.proc.signalCode === null) this.proc.kill('SIGKILL');
     live.delete(this);
@@ -63,6 +64,7 @@ class Server {
   async stop() {
     if (this.proc.exitCode !== null || this.proc.signalCode !== null) {
       live.delete(this);
+      fs.rmSync(this.dir, { recursive: true, force: true });
       return;
     }
     const gone = new Promise((r) => this.proc.once('exit', r));
@@ -74,9 +76,9 @@ class Server {
 
 /**
  * A server with the module (`module: true`, default) and/or the Functions library
- * (`functions: true`) loaded.
+ * (`functions: true`) loaded; `extra`: more arguments for the server (`--cluster-enabled yes`).
  */
-async function start({ module = true, functions = false } = {}) {
+async function start({ module = true, functions = false, extra = [] } = {}) {
   if (module && !fs.existsSync(MODULE)) {
     throw new Error(`the module ${MODULE} is missing: cargo build -p redis-rl (or set RL_MODULE)`);
   }
@@ -84,11 +86,27 @@ async function start({ module = true, functions = false } = {}) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'rl-js-'));
   const args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir];
   if (module) args.push('--loadmodule', MODULE);
-  const log = fs.openSync(path.join(dir, 'server.log'), 'w');
+  args.push(...extra);
+  const server = new Server(port, dir, spawnServer(dir, args));
+  live.add(server);
+  await ready(server);
+  if (functions) {
+    const reply = await raw(port, ['FUNCTION', 'LOAD', 'REPLACE', LIBRARY]);
+    if (!reply.includes('rl')) throw new Error(`FUNCTION LOAD: ${reply}`);
+  }
+  return server;
+}
+
+function spawnServer(dir, args) {
+  const log = fs.openSync(path.join(dir, 'server.log'), 'a');
   const proc = spawn(SERVER, args, { stdio: ['ignore', log, log] });
   fs.closeSync(log);
-  const server = new Server(port, dir, proc);
-  live.add(server);
+  return proc;
+}
+
+/** Waits until the server answers PING. */
+async function ready(server) {
+  const { proc, port, dir } = server;
   for (let i = 0; ; i++) {
     if (proc.exitCode !== null) {
       throw new Error(`redis-server exited: ${fs.readFileSync(path.join(dir, 'server.log'), 'utf8').slice(-2000)}`);
@@ -101,11 +119,6 @@ async function start({ module = true, functions = false } = {}) {
     if (i > 500) throw new Error('redis-server did not start');
     await new Promise((r) => setTimeout(r, 10));
   }
-  if (functions) {
-    const reply = await raw(port, ['FUNCTION', 'LOAD', 'REPLACE', LIBRARY]);
-    if (!reply.includes('rl')) throw new Error(`FUNCTION LOAD: ${reply}`);
-  }
-  return server;
 }
 
 module.exports = { start, raw, SERVER, MODULE };

@@ -226,3 +226,61 @@ test('an error reply is a ServerError; LOADING and READONLY are outages', async 
     assert.equal((await l.take()).source, 'fallback');
   }
 });
+
+test('commands handed over as patches are the whole commands a fresh core makes', () => {
+  const { LastCommands } = require('../dist/cjs/patch');
+  const patched = new native.TakeCore('user:42', 5, 10, 'allow', null);
+  const p = new LastCommands();
+  const keys = [null, 'rl:a', 'rl:b', 'rl:b', 'a-much-longer-key:with:parts', 'rl:a', null];
+  let i = 0;
+  for (const backend of ['module', 'functions', 'module']) {
+    for (const key of keys) {
+      const n = 1 + (i++ % 3);
+      const got = p.apply(backend, patched.command(backend, n, key, p.has(backend), p.positions));
+      const fresh = new native.TakeCore('user:42', 5, 10, 'allow', null);
+      assert.deepEqual(got, fresh.command(backend, n, key, false, new Uint32Array(64)), `${backend} ${key} ${n}`);
+    }
+  }
+  const specs = [{ name: 'tokens', rate: 100, cap: 10000 }, { name: 'requests', rate: 1, cap: 10 }];
+  const budget = new native.BudgetCore('org', specs, 60000, 'allow', null);
+  const b = new LastCommands();
+  for (const backend of ['module', 'functions', 'module', 'functions']) {
+    for (const cost of [500, 500, 9999, 1, 42]) {
+      const costs = Float64Array.of(cost, 1);
+      const got = b.apply(backend, budget.reserveCommand(backend, costs, b.has(backend), b.positions));
+      const fresh = new native.BudgetCore('org', specs, 60000, 'allow', null);
+      assert.deepEqual(got, fresh.reserveCommand(backend, costs, false, new Uint32Array(64)), `${backend} ${cost}`);
+    }
+  }
+});
+
+test('typed arrays of the wrong kind or size are refused before anything is decided', () => {
+  const take = new native.TakeCore('k', 1, 5, 'allow', null);
+  assert.throws(() => guard(() => take.taken(1, [1, 4, 0, 1000], null, new Float32Array(8), 0)), RangeError);
+  assert.throws(() => guard(() => take.outage(1, 0, null, new Uint32Array(8))), RangeError);
+  assert.throws(() => guard(() => take.command('module', 1, 'x', true, new Float64Array(8))), RangeError);
+  assert.deepEqual(
+    [take.counters().granted, take.counters().outages, take.counters().fallbackGranted],
+    [0, 0, 0],
+    'nothing counted',
+  );
+  const budget = new native.BudgetCore('org', [{ name: 'tokens', rate: 100, cap: 10000 }], 60000, 'allow', null);
+  const reply = [1, 77, null, 0, [Buffer.from('9500')]];
+  assert.throws(() => guard(() => budget.reserved(new Float64Array([500]), reply, new Float64Array(2))), RangeError);
+  assert.throws(() => guard(() => budget.reserved([500], reply, new Float64Array(8))), RangeError);
+  assert.equal(budget.counters().granted, 0);
+  const out = new Float64Array(8);
+  const ticket = budget.reserved(Float64Array.of(500), reply, out);
+  assert.ok(ticket > 0 && budget.open(ticket));
+  assert.deepEqual([...out.subarray(0, 6)], [1, 0, -1, 0, 1, 9500]);
+  // A settle whose positions are of the wrong kind keeps the ticket open.
+  assert.throws(() => guard(() => budget.settle('module', ticket, Float64Array.of(NaN), 0, new Float64Array(2), false, new Float64Array(8))), RangeError);
+  assert.ok(budget.open(ticket));
+  const args = budget.settle('module', ticket, Float64Array.of(400), 0, new Float64Array(2), false, new Uint32Array(64));
+  assert.deepEqual(args, ['RL.SETTLE', '77', '{org}:tokens', '400']);
+  assert.equal(budget.open(ticket), false, 'a settled ticket is let go');
+  assert.equal(budget.settle('module', ticket, Float64Array.of(400), 0, out, false, new Uint32Array(64)), null);
+  assert.equal(out[0], 0, 'nothing to settle a second time');
+  budget.forget(ticket); // forgetting a settled (or unknown) ticket is harmless
+  budget.forget(12345);
+});

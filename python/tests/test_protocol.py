@@ -11,25 +11,21 @@ import pytest
 
 from redis_rl import _protocol as p
 from redis_rl import pins
+from redis_rl._core import parse_share
 from redis_rl.decision import Decision, Source
 from redis_rl.errors import BackendNotFound
 from redis_rl.policy import DENY, FailurePolicy, Fallback
-from redis_rl.share import parse_share
 
 
 def test_module_commands() -> None:
     m = p.Protocol("module")
-    assert m.take("k", 5, 10, 2) == ("RL.TAKE", "k", "5", "10", 2, "WITHSTATE")
+    # The take, reserve and lease commands are the client core's (client-core/src/commands.rs,
+    # lease.rs): every word text.
+    assert m.take("k", 5, 10, 2) == ("RL.TAKE", "k", "5", "10", "2", "WITHSTATE")
     assert m.take("k", 0.5, 10.25, 1, False, init=0) == (
-        "RL.TAKE",
-        "k",
-        "0.5",
-        "10.25",
-        1,
-        "INIT",
-        "0",
+        *("RL.TAKE", "k", "0.5", "10.25", "1"),
+        *("INIT", "0"),
     )
-    # The lease commands are the client core's (client-core/src/lease.rs): every word text.
     assert m.lease("k", 100, 200, 20, 2000, 3, (7, 4)) == (
         *("RL.LEASE", "k", "100", "200", "20", "2000"),
         *("MIN", "3", "RETURN", "7", "4"),
@@ -47,7 +43,7 @@ def test_module_commands() -> None:
         "4",
         "WITHSTATE",
     )
-    assert m.reserve("k", 1, 2, 1, 500) == ("RL.RESERVE", "k", "1", "2", 1, 500)
+    assert m.reserve("k", 1, 2, 1, 500) == ("RL.RESERVE", "k", "1", "2", "1", "500")
     assert m.refund("k", 3) == ("RL.REFUND", "k", 3)
     assert m.acquire("k", 4, 1000) == ("RL.ACQUIRE", "k", 4, 1000)
     assert m.release("k", 9) == ("RL.RELEASE", "k", 9)
@@ -56,7 +52,11 @@ def test_module_commands() -> None:
 
 def test_functions_commands() -> None:
     f = p.Protocol("functions")
-    assert f.take("k", 5, 10, 2) == ("FCALL", "rl_take", 1, "k", "5", "10", 2, "WITHSTATE")
+    assert f.take("k", 5, 10, 2) == ("FCALL", "rl_take", "1", "k", "5", "10", "2", "WITHSTATE")
+    assert f.reserve("k", 1, 2, 1, 500, 0) == (
+        *("FCALL", "rl_reserve", "1", "k", "1", "2", "1", "500"),
+        *("INIT", "0"),
+    )
     assert f.peek("k") == ("FCALL", "rl_peek", 1, "k")
     assert f.mtake([("a", 1, 2), ("b", 3, 4)], 2, True, 0) == (
         "FCALL",
@@ -157,17 +157,17 @@ def test_local_policies() -> None:
 def test_version_is_sent_only_when_set() -> None:
     m, f = p.Protocol("module"), p.Protocol("functions")
     assert m.take("k", 5, 10, 2, version=3) == (
-        *("RL.TAKE", "k", "5", "10", 2, "WITHSTATE"),
-        *("VERSION", 3),
+        *("RL.TAKE", "k", "5", "10", "2", "WITHSTATE"),
+        *("VERSION", "3"),
     )
     assert "VERSION" not in m.take("k", 5, 10, 2)
     assert m.lease("k", 1, 2, 2, 100, version=0)[-2:] == ("VERSION", "0")
     assert "VERSION" not in m.lease("k", 1, 2, 2, 100)
-    assert m.reserve("k", 1, 2, 1, 500, version=2**53 - 1)[-2:] == ("VERSION", 2**53 - 1)
+    assert m.reserve("k", 1, 2, 1, 500, version=2**53 - 1)[-2:] == ("VERSION", str(2**53 - 1))
     assert m.mtake([("a", 1, 2), ("b", 3, 4)], 1, version=7)[-2:] == ("VERSION", 7)
     assert f.take("k", 5, 10, 1, False, version=2) == (
-        *("FCALL", "rl_take", 1, "k", "5", "10", 1),
-        *("VERSION", 2),
+        *("FCALL", "rl_take", "1", "k", "5", "10", "1"),
+        *("VERSION", "2"),
     )
     assert f.mtake([("a", 1, 2)], 1, version=1)[-2:] == ("VERSION", 1)
     for bad in (-1, 2**53, 1.0, True):
@@ -287,9 +287,9 @@ def _parse(args: List[str], reply: Any) -> Any:
         ms_left = -1 if info.ms_left is None else info.ms_left
         return {"kind": info.kind, "rate": info.rate, "cap": info.cap, "ms_left": ms_left}
     if name == "RL.SHARE":
-        g = parse_share(reply)
-        row = [g.rate, g.burst, round(g.lease * 1000), round(g.refresh * 1000), g.holders]
-        return row + ([g.pinned] if g.pinned is not None else [])  # a pin's sixth element
+        rate, burst, lease_ms, refresh_ms, n, pinned = parse_share(reply)
+        row: List[Any] = [rate, burst, lease_ms, refresh_ms, n]
+        return row + ([pinned] if pinned is not None else [])  # a pin's sixth element
     if name == "RL.REFUND":
         return p.to_float(reply)
     return p.to_int(reply)
@@ -301,3 +301,39 @@ def test_golden_case_replies_parse(case: Dict[str, Any]) -> None:
     for protocol in ("resp2", "resp3"):
         got = _parse(case["args"], _reply(case[protocol]))
         assert got == want, protocol
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        None,
+        1,
+        True,
+        b"OK",
+        [1, 2, 3],
+        [1, b"x", 0, 1],
+        [-1, 1, 0, 1],
+        [1, float("nan"), 0, 1],
+        [1, 1, 0, 1, b"pinned?"],
+        [1, 1, 0, 1, b"rate", 6],
+        [2**64, 1, 0, 1],
+        [object(), 1, 0, 1],
+    ],
+)
+def test_malformed_take_reserve_acquire_replies_are_protocol_errors(reply: Any) -> None:
+    # The core's parsers: any reply not of the command's shape is a ProtocolError, never a
+    # panic, an IndexError or a number made up.
+    for parse in (p.parse_take, p.parse_reserve, p.parse_acquire):
+        with pytest.raises(p.ProtocolError):
+            parse(reply)
+    with pytest.raises(p.ProtocolError):
+        p.parse_acquire([2, 1, 1, 0])  # granted is 0 or 1
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [1, b"x", [b"tokens"], [1, 2], {b"tokens": 1}, [b"tokens", b"x", b"rate", 1, b"cap", 1]],
+)
+def test_malformed_peek_replies_are_protocol_errors(reply: Any) -> None:
+    with pytest.raises(p.ProtocolError):
+        p.parse_peek(reply)

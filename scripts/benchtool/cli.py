@@ -40,10 +40,31 @@ def log(msg):
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
+#: Sections of BENCHMARKS.md that other tools write between their markers (js/bench-compare.js
+#: writes the JavaScript comparison): a render keeps each as the file has it.
+KEPT_BLOCKS = ("js",)
+
+
+def keep_blocks(text, out):
+    """``text`` with each kept block as ``out`` holds it now (appended if the template lacks
+    its markers; left out if ``out`` has none)."""
+    old = out.read_text() if out.exists() else ""
+    for name in KEPT_BLOCKS:
+        begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+        if begin not in old or end not in old:
+            continue
+        block = old[old.index(begin) : old.index(end) + len(end)]
+        if begin in text and end in text:
+            text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
+        else:
+            text = text.rstrip() + "\n\n" + block + "\n"
+    return text
+
+
 def render_to(results, out):
     """Renders, writes and checks; returns the list of problems (empty when all is well)."""
     report = Report(results)
-    text = report.markdown()
+    text = keep_blocks(report.markdown(), Path(out))
     Path(out).write_text(text)
     problems = [f"missing from the profile: {m}" for m in report.missing]
     problems += check_markdown(text, len(results["profiles"]))

@@ -15,8 +15,12 @@ mod budget;
 mod guard;
 mod limits;
 mod openai;
+mod patch;
+mod prefetch;
 mod reply;
+mod rules;
 mod take;
+mod typed;
 
 use rl_client_core::budget::Backend;
 

@@ -3,24 +3,18 @@
 //! or says the call failed; the decision, from Redis or from the failure policy, is the
 //! core's.
 
-use napi::{Env, JsUnknown};
+use napi::{Env, JsTypedArray, JsUnknown};
 use napi_derive::napi;
 
-use napi::bindgen_prelude::Float64Array;
+use rl_client_core::budget::Backend;
 use rl_client_core::take::{Decision, Pinned, TakeLimiter, TakePolicy};
 use rl_client_core::token_budget::Source;
 
+use crate::backend;
 use crate::guard::{count, guarded, invalid, nanos, protocol};
+use crate::patch::LastCommands;
 use crate::reply::to_reply;
-use crate::{backend, strings};
-
-pub(crate) fn source(s: Source) -> String {
-    match s {
-        Source::Server => "server",
-        Source::Fallback => "fallback",
-    }
-    .to_owned()
-}
+use crate::typed::{f64s, u32s, Elements};
 
 /// How many numbers [`TakeCore::taken`] and [`TakeCore::outage`] write.
 pub const SLOTS: usize = 8;
@@ -29,7 +23,7 @@ pub const SLOTS: usize = 8;
 /// far less than making an object): granted (0 or 1), tokens, remaining, retry_after_ms,
 /// reset_after_ms, limit, source (0 server, 1 fallback), pinned (0 none, 1 rate, 2 block,
 /// 3 exempt).
-fn write(d: &Decision, out: &mut [f64]) -> napi::Result<()> {
+pub(crate) fn write(d: &Decision, out: &mut [f64]) -> napi::Result<()> {
     if out.len() < SLOTS {
         return Err(invalid(format!("a Float64Array of {SLOTS} expected")));
     }
@@ -50,6 +44,15 @@ fn write(d: &Decision, out: &mut [f64]) -> napi::Result<()> {
         Some(Pinned::Exempt) => 3.0,
     };
     Ok(())
+}
+
+/// The array a decision is written into, checked before anything is decided.
+fn slots(out: JsTypedArray) -> napi::Result<Elements> {
+    let mut out = f64s(out)?;
+    if out.f64s().len() < SLOTS {
+        return Err(invalid(format!("a Float64Array of {SLOTS} expected")));
+    }
+    Ok(out)
 }
 
 /// A limiter's counters.
@@ -113,6 +116,8 @@ pub fn too_many_body(retry_after_ms: f64) -> napi::Result<String> {
 #[napi]
 pub struct TakeCore {
     inner: TakeLimiter,
+    /// The last per-call-key command (a middleware's: only the key changes).
+    commands: LastCommands<2>,
 }
 
 #[napi]
@@ -137,7 +142,10 @@ impl TakeCore {
                 }
             };
             TakeLimiter::new(&key, rate, cap, policy, share)
-                .map(|inner| TakeCore { inner })
+                .map(|inner| TakeCore {
+                    inner,
+                    commands: LastCommands::default(),
+                })
                 .map_err(invalid)
         })
     }
@@ -158,23 +166,33 @@ impl TakeCore {
         guarded(|| self.inner.check(count("n", n)?).map_err(invalid))
     }
 
-    /// The command (name first) that takes `n` tokens on the limiter's key, or on `key`.
+    /// The command (name first) that takes `n` tokens on the limiter's key, or on `key`, as
+    /// a patch of the last one the shell holds (`have`): see `patch.rs` (`positions[0]` is
+    /// `WHOLE` when the strings are the whole command).
     #[napi]
     pub fn command(
-        &self,
+        &mut self,
         backend_name: String,
         n: f64,
         key: Option<String>,
+        have: bool,
+        #[napi(ts_arg_type = "Uint32Array")] positions: JsTypedArray,
     ) -> napi::Result<Vec<String>> {
         guarded(|| {
             let n = count("n", n)?;
             self.inner.check(n).map_err(invalid)?;
             let b = backend(&backend_name)?;
-            Ok(strings(match key {
+            let args = match key {
                 None => self.inner.command(b, n),
                 Some(k) if k.is_empty() => return Err(invalid("key must not be empty")),
                 Some(k) => self.inner.command_on(b, k.as_bytes(), n),
-            }))
+            };
+            let slot = match b {
+                Backend::Module => 0,
+                Backend::Functions => 1,
+            };
+            self.commands
+                .patch(slot, args, have, u32s(positions)?.u32s())
         })
     }
 
@@ -188,10 +206,12 @@ impl TakeCore {
         n: f64,
         reply: JsUnknown,
         key: Option<String>,
-        mut out: Float64Array,
+        #[napi(ts_arg_type = "Float64Array")] out: JsTypedArray,
         now_ms: f64,
     ) -> napi::Result<()> {
         guarded(|| {
+            // Checked before anything is decided: a bad call changes nothing.
+            let mut out = slots(out)?;
             let n = count("n", n)?;
             let now = nanos(now_ms)?;
             let reply = match to_reply(&env, reply) {
@@ -206,7 +226,7 @@ impl TakeCore {
                 Some(k) => self.inner.taken_on(k.as_bytes(), n, &reply, now),
             }
             .map_err(protocol)
-            .and_then(|d| write(&d, &mut out))
+            .and_then(|d| write(&d, out.f64s()))
         })
     }
 
@@ -218,16 +238,17 @@ impl TakeCore {
         n: f64,
         now_ms: f64,
         key: Option<String>,
-        mut out: Float64Array,
+        #[napi(ts_arg_type = "Float64Array")] out: JsTypedArray,
     ) -> napi::Result<()> {
         guarded(|| {
+            let mut out = slots(out)?;
             let n = count("n", n)?;
             let now = nanos(now_ms)?;
             let d = match key {
                 None => self.inner.outage(n, now),
                 Some(k) => self.inner.outage_on(k.as_bytes(), n, now),
             };
-            write(&d, &mut out)
+            write(&d, out.f64s())
         })
     }
 

@@ -7,6 +7,7 @@
 //! an abort or a `PanicException` (a `BaseException` an `except Exception` would miss).
 
 mod budget;
+mod commands;
 mod guard;
 mod limits;
 mod openai;
@@ -15,6 +16,7 @@ mod policy;
 mod prefetch;
 mod reply;
 mod rules;
+mod share;
 
 use pyo3::prelude::*;
 
@@ -28,5 +30,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     permit::register(m)?;
     policy::register(m)?;
     prefetch::register(m)?;
+    commands::register(m)?;
+    share::register(m)?;
     Ok(())
 }

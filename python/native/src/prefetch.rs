@@ -23,7 +23,7 @@ use crate::budget::protocol_error;
 use crate::guard::guarded;
 use crate::reply::to_reply;
 
-fn backend(name: &str) -> PyResult<Backend> {
+pub(crate) fn backend(name: &str) -> PyResult<Backend> {
     match name {
         "module" => Ok(Backend::Module),
         "functions" => Ok(Backend::Functions),

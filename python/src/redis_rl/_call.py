@@ -45,8 +45,6 @@ OUTAGES = (
     asyncio.TimeoutError,
     concurrent.futures.TimeoutError,
 )
-#: The old name of :data:`OUTAGES`.
-FAILURES = OUTAGES
 TIMEOUTS = (redis.exceptions.TimeoutError, asyncio.TimeoutError, concurrent.futures.TimeoutError)
 #: Error replies that redis-py raises as a ``ConnectionError``: ``WRONGPASS`` and
 #: ``NOAUTH`` (``AuthenticationError``) are the server refusing this client's credentials, a

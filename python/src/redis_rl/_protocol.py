@@ -43,7 +43,6 @@ class Backend(str, enum.Enum):
 MODULE = Backend.MODULE
 FUNCTIONS = Backend.FUNCTIONS
 AUTO = Backend.AUTO
-BACKENDS = tuple(b.value for b in Backend)
 
 Arg = Union[str, int, float, bytes]
 Args = Tuple[Arg, ...]
@@ -121,12 +120,6 @@ def to_str(value: Any) -> str:
     return str(value)
 
 
-def _list(reply: Any, size: int, what: str) -> List[Any]:
-    if not isinstance(reply, (list, tuple)) or len(reply) < size:
-        raise ProtocolError(f"unexpected {what} reply: {reply!r}")
-    return list(reply)
-
-
 @dataclass(frozen=True)
 class TakeReply:
     granted: int
@@ -201,12 +194,8 @@ def pin_kind(value: Any) -> str:
 
 def parse_take(reply: Any) -> TakeReply:
     """``[granted, remaining, retry_after_ms, reset_after_ms]``, and the kind of the pin
-    that decided as a fifth element when one did."""
-    r = _list(reply, 4, "RL.TAKE WITHSTATE")
-    if len(r) > 5:
-        raise ProtocolError(f"unexpected RL.TAKE WITHSTATE reply: {reply!r}")
-    pinned = pin_kind(r[4]) if len(r) == 5 else None
-    return TakeReply(to_int(r[0]), to_float(r[1]), to_int(r[2]), to_int(r[3]), pinned)
+    that decided as a fifth element when one did: the client core's parser."""
+    return TakeReply(*_core.parse_take(reply))
 
 
 def parse_lease(reply: Any) -> LeaseReply:
@@ -217,14 +206,12 @@ def parse_lease(reply: Any) -> LeaseReply:
 
 def parse_reserve(reply: Any) -> ReserveReply:
     """An ``RL.RESERVE`` reply as a :class:`ReserveReply`; else :class:`ProtocolError`."""
-    r = _list(reply, 4, "RL.RESERVE")
-    return ReserveReply(to_int(r[0]), to_int(r[1]), to_float(r[2]), to_int(r[3]))
+    return ReserveReply(*_core.parse_reserve(reply))
 
 
 def parse_acquire(reply: Any) -> AcquireReply:
     """An ``RL.ACQUIRE`` reply as an :class:`AcquireReply`; else :class:`ProtocolError`."""
-    r = _list(reply, 4, "RL.ACQUIRE")
-    return AcquireReply(bool(to_int(r[0])), to_int(r[1]), to_int(r[2]), to_int(r[3]))
+    return AcquireReply(*_core.parse_acquire(reply))
 
 
 def parse_mtake(reply: Any) -> MTakeReply:
@@ -241,27 +228,8 @@ def parse_mtake(reply: Any) -> MTakeReply:
 def parse_peek(reply: Any) -> Optional[PeekReply]:
     """An ``RL.PEEK`` reply (a map in RESP3, a flat list in RESP2) as a :class:`PeekReply`; ``None``
     for a missing key (a full bucket)."""
-    if reply is None:
-        return None
-    fields: Dict[str, Any] = {}
-    if isinstance(reply, dict):
-        fields = {to_str(k): v for k, v in reply.items()}
-    elif isinstance(reply, (list, tuple)) and len(reply) % 2 == 0:
-        fields = {to_str(reply[i]): reply[i + 1] for i in range(0, len(reply), 2)}
-    else:
-        raise ProtocolError(f"unexpected RL.PEEK reply: {reply!r}")
-    try:
-        return PeekReply(
-            tokens=to_float(fields["tokens"]),
-            rate=to_float(fields["rate"]),
-            cap=to_float(fields["cap"]),
-            reset_after_ms=to_int(fields["reset_after_ms"]),
-            leases=to_int(fields.get("leases", 0)),
-            leased_tokens=to_int(fields.get("leased_tokens", 0)),
-            version=None if fields.get("version") is None else to_int(fields["version"]),
-        )
-    except KeyError as e:
-        raise ProtocolError(f"RL.PEEK reply lacks {e}: {reply!r}") from None
+    fields = _core.parse_peek(reply)
+    return None if fields is None else PeekReply(*fields)
 
 
 def _unknown_command(reply: BaseException) -> bool:
@@ -334,14 +302,9 @@ class Protocol:
         version: Optional[int] = None,
     ) -> Args:
         """The arguments of a take: ``RL.TAKE key rate cap n [WITHSTATE] [INIT t] [VERSION v]`` (or
-        its ``FCALL``)."""
-        rest: List[Arg] = [num(rate), num(cap), n]
-        if withstate:
-            rest.append("WITHSTATE")
-        if init is not None:
-            rest += ["INIT", num(init)]
-        _version(rest, version)
-        return self._cmd("take", [key], rest)
+        its ``FCALL``), as the client core builds them."""
+        args = _core.take_command(self.backend.value, key, rate, cap, n, withstate, init, version)
+        return tuple(a.decode() for a in args)
 
     def lease(
         self,
@@ -409,12 +372,11 @@ class Protocol:
         version: Optional[int] = None,
     ) -> Args:
         """The arguments of ``RL.RESERVE key rate cap n max_wait_ms`` (``INIT``, ``VERSION`` where
-        given)."""
-        rest: List[Arg] = [num(rate), num(cap), n, max_wait_ms]
-        if init is not None:
-            rest += ["INIT", num(init)]
-        _version(rest, version)
-        return self._cmd("reserve", [key], rest)
+        given), as the client core builds them."""
+        args = _core.reserve_command(
+            self.backend.value, key, rate, cap, n, max_wait_ms, init, version
+        )
+        return tuple(a.decode() for a in args)
 
     def refund(self, key: str, n: int) -> Args:
         """The arguments of ``RL.REFUND key n``."""

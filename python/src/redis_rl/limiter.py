@@ -170,6 +170,27 @@ class _LimiterCore(_Bucket):
         self._args: dict[Tuple[str, int], p.Args] = {}
         _cores.add(self)
 
+    def outage(
+        self, e: BaseException, key: str, n: int, calls: int = 0, redis_calls: int = 0
+    ) -> Decision:
+        """A call met an outage: one that may have run took its grant with it (counted
+        lost); the failure policy decides."""
+        if unknown_outcome(e):
+            self.metrics.add("takes_lost")
+        self.health.failed()
+        return self.fallback_decision(key, n, calls, redis_calls)
+
+    def reserve_start(
+        self, n: int, max_wait: float, key: Optional[str]
+    ) -> Tuple[str, int, Optional[Decision]]:
+        """A reservation's checks and count: its key, its longest wait in ms, and the
+        failure policy's decision while Redis is held down (then nothing is sent)."""
+        check_n(n, self.cap)
+        ms = wait_ms(max_wait)
+        key = self.key if key is None else key
+        self.metrics.add("calls")
+        return key, ms, None if self.health.may_call() else self.fallback_decision(key, n)
+
     def raised(self, e: BaseException, calls: int = 0) -> None:
         """A call ends in an exception, not a decision (counted in ``errors``)."""
         self.metrics.add("errors")
@@ -220,22 +241,6 @@ class _LimiterCore(_Bucket):
         self.metrics.decided(False, 0, False, 1, 1)
         return _new_decision(
             Decision, (False, remaining, retry, reset, 0, self.cap, _SERVER, pinned)
-        )
-
-    def server_decision(self, key: str, n: int, reply: p.TakeReply) -> Decision:
-        self.answered()
-        granted = reply.granted > 0
-        self.fallback.observe(key, reply.granted, reply.remaining)
-        self.metrics.decided(granted, n if granted else 0, False)
-        return Decision(
-            granted,
-            reply.remaining,
-            reply.retry_after_ms,
-            reply.reset_after_ms,
-            n if granted else 0,
-            self.cap,
-            Source.SERVER,
-            reply.pinned,
         )
 
     def fallback_decision(self, key: str, n: int, calls: int = 0, redis_calls: int = 0) -> Decision:
@@ -399,10 +404,7 @@ class Limiter(_Base):
                         late = self._refund_late(key, n, p.parse_take)
                         reply = call(args, deadline, late, count=False)
                 except OUTAGES as e:
-                    if unknown_outcome(e):  # it may have run: its grant, if any, is gone
-                        core.metrics.add("takes_lost")
-                    core.health.failed()
-                    d = core.fallback_decision(key, n, 1, 1)
+                    d = core.outage(e, key, n, 1, 1)
                 else:
                     d = core.take_decision(key, n, reply)
         except BaseException as e:
@@ -431,12 +433,9 @@ class Limiter(_Base):
         ``max_wait`` seconds; ``retry_after_ms`` then says the wait needed. Redis failures
         go to the failure policy (which never sleeps)."""
         core = self._core
-        check_n(n, core.cap)
-        ms = wait_ms(max_wait)
-        key = core.key if key is None else key
-        core.metrics.add("calls")
-        if not core.health.may_call():
-            return core.fallback_decision(key, n)
+        key, ms, held = core.reserve_start(n, max_wait, key)
+        if held is not None:
+            return held
         try:
             deadline = self._call.deadline()
             args = self._protocol(deadline).reserve(
@@ -446,10 +445,7 @@ class Limiter(_Base):
                 self._call(args, deadline, self._refund_late(key, n, p.parse_reserve))
             )
         except OUTAGES as e:
-            if unknown_outcome(e):  # it may have run: its grant, if any, is gone
-                core.metrics.add("takes_lost")
-            core.health.failed()
-            return core.fallback_decision(key, n)
+            return core.outage(e, key, n)
         except BaseException as e:
             core.raised(e)
             raise
@@ -618,10 +614,7 @@ class AsyncLimiter(_Base):
                     late = self._refund_late(key, n, p.parse_take)
                     reply = await call(args, deadline, late, count=False)
                 except OUTAGES as e:
-                    if unknown_outcome(e):  # it may have run: its grant, if any, is gone
-                        core.metrics.add("takes_lost")
-                    core.health.failed()
-                    d = core.fallback_decision(key, n, 1, 1)
+                    d = core.outage(e, key, n, 1, 1)
                 else:
                     d = core.take_decision(key, n, reply)
         except BaseException as e:  # an error reply, or cancelled
@@ -649,12 +642,9 @@ class AsyncLimiter(_Base):
         """As :meth:`Limiter.reserve`, sleeping with ``asyncio.sleep``; cancelled during its
         wait, it gives its tokens back."""
         core = self._core
-        check_n(n, core.cap)
-        ms = wait_ms(max_wait)
-        key = core.key if key is None else key
-        core.metrics.add("calls")
-        if not core.health.may_call():
-            return core.fallback_decision(key, n)
+        key, ms, held = core.reserve_start(n, max_wait, key)
+        if held is not None:
+            return held
         try:
             deadline = self._call.deadline()
             proto = await self._protocol(deadline)
@@ -663,10 +653,7 @@ class AsyncLimiter(_Base):
             reply = await self._call(args, deadline, late)
             r = p.parse_reserve(reply)
         except OUTAGES as e:
-            if unknown_outcome(e):  # it may have run: its grant, if any, is gone
-                core.metrics.add("takes_lost")
-            core.health.failed()
-            return core.fallback_decision(key, n)
+            return core.outage(e, key, n)
         except BaseException as e:
             core.raised(e)
             raise

@@ -73,6 +73,10 @@ class Health(_core.Health):
     _lock: threading.Lock
 
     def __new__(cls, probe_interval: float) -> Health:
+        if isinstance(probe_interval, bool) or not isinstance(probe_interval, (int, float)):
+            raise TypeError(f"probe_interval must be a number of seconds, not {probe_interval!r}")
+        if not probe_interval >= 0:  # NaN too
+            raise ValueError(f"probe_interval must be >= 0 seconds, not {probe_interval!r}")
         # Nanoseconds, within the core's u64 (an infinite interval: never probe again).
         ns = probe_interval * 1e9
         return super().__new__(cls, 2**64 - 1 if ns >= 2**64 else max(0, round(ns)))

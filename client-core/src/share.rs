@@ -1,30 +1,128 @@
-//! The pure parts of a [`ShareLimiter`](crate::ShareLimiter): its local bucket, when a share
-//! may be used, what the failure policy lets out, and how much the holder asks for. Time
-//! enters as monotonic nanoseconds (never the wall clock), so every rule here is tested by
-//! stepping a number.
+//! A share of one key's rate (`RL.SHARE`, docs/share.md), on the holder's side: the command
+//! and its reply for the module and the Functions library, the local bucket filled at the
+//! share, when a share may be used (the hold of a call in the air, the lease, the drift
+//! margin) and what the failure policy lets out while Redis is down. The demand a holder
+//! reports is [`crate::share_demand`]'s; the holder every shell wraps (its takers' side and
+//! its refresh side) is [`crate::share_holder`]'s.
+//!
+//! Time enters as nanoseconds on a monotonic clock the shell keeps (never the wall clock),
+//! so every rule here is tested by stepping a number.
 
-use std::collections::VecDeque;
+pub use rl_core::pin::PinKind;
 
-use crate::FailurePolicy;
+use crate::budget::Backend;
+use crate::reply::{ProtocolError, Reply};
 
-pub(crate) const MS: u64 = 1_000_000;
+/// One millisecond in nanoseconds.
+pub const MS: u64 = 1_000_000;
 const NANOS_PER_SEC: f64 = 1e9;
 
 /// The protocol's `HOLD_MS`: a holder that sent a call at `s` stops using the share it had
 /// before at `min(answer arrives, s + HOLD)`; the server counts the old share that long.
-pub(crate) const HOLD: u64 = 250 * MS;
+pub const HOLD: u64 = rl_core::share::HOLD;
 
 /// How much earlier than `sent + lease` a share stops being used: 1 % of the lease plus
 /// 10 ms, for the drift between this machine's monotonic clock and the server's clock over
 /// one lease (and the server's time `T >= sent`, which only helps).
-pub(crate) fn drift_margin(lease: u64) -> u64 {
+pub fn drift_margin(lease: u64) -> u64 {
     lease / 100 + 10 * MS
+}
+
+/// A number as the module and the library read it back exactly: the shortest digits that
+/// round-trip, never an exponent.
+fn number(x: f64) -> Vec<u8> {
+    format!("{x}").into_bytes()
+}
+
+/// What one holder's `RL.SHARE` carries besides its holder id and want.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShareKey {
+    pub key: Vec<u8>,
+    /// The key's whole limit.
+    pub rate: f64,
+    pub cap: f64,
+    pub period_ms: u64,
+    /// The limit's `VERSION`, if the caller sets one.
+    pub version: Option<u64>,
+}
+
+/// The arguments (command name first) of `RL.SHARE key rate cap holder want period_ms
+/// [RELEASE] [VERSION v]`, or the library's `FCALL rl_share 1 key ...` with the same.
+pub fn share_command(
+    backend: Backend,
+    key: &ShareKey,
+    holder: &[u8],
+    want: f64,
+    release: bool,
+) -> Vec<Vec<u8>> {
+    let mut out: Vec<Vec<u8>> = Vec::with_capacity(12);
+    match backend {
+        Backend::Module => out.push(b"RL.SHARE".to_vec()),
+        Backend::Functions => out.extend([b"FCALL".to_vec(), b"rl_share".to_vec(), b"1".to_vec()]),
+    }
+    out.extend([
+        key.key.clone(),
+        number(key.rate),
+        number(key.cap),
+        holder.to_vec(),
+        number(want),
+        key.period_ms.to_string().into_bytes(),
+    ]);
+    if release {
+        out.push(b"RELEASE".to_vec());
+    }
+    if let Some(v) = key.version {
+        out.extend([b"VERSION".to_vec(), v.to_string().into_bytes()]);
+    }
+    out
+}
+
+/// Reads `RL.SHARE`'s `[rate, burst, lease_ms, refresh_ms, holders]` (doubles as strings
+/// under RESP2), with the kind of the pin that decided as a sixth element when one did.
+pub fn parse_share(reply: &Reply) -> Result<Grant, ProtocolError> {
+    let items = reply.items("RL.SHARE")?;
+    if items.len() != 5 && items.len() != 6 {
+        return Err(ProtocolError(format!(
+            "RL.SHARE: 5 or 6 elements expected, got {}",
+            items.len()
+        )));
+    }
+    let rate = items[0].number("RL.SHARE rate")?;
+    let burst = items[1].number("RL.SHARE burst")?;
+    if !(rate >= 0.0 && burst >= 0.0 && rate.is_finite() && burst.is_finite()) {
+        return Err(ProtocolError(format!(
+            "RL.SHARE: a share must be finite and >= 0: {rate} {burst}"
+        )));
+    }
+    let lease_ms = items[2].count("RL.SHARE lease_ms")?;
+    let refresh_ms = items[3].count("RL.SHARE refresh_ms")?;
+    let holders = items[4].count("RL.SHARE holders")?;
+    let pinned = match items.get(5) {
+        None => None,
+        Some(kind) => {
+            let name = kind.bytes_or_nil("RL.SHARE pin")?.unwrap_or_default();
+            let kind = std::str::from_utf8(name).ok().and_then(PinKind::parse);
+            Some(kind.ok_or_else(|| {
+                ProtocolError(format!(
+                    "RL.SHARE pin: {name:?} is not rate, block or exempt"
+                ))
+            })?)
+        }
+    };
+    Ok(Grant {
+        rate,
+        burst,
+        lease: lease_ms.saturating_mul(MS),
+        refresh: refresh_ms.saturating_mul(MS),
+        holders,
+        pinned,
+    })
 }
 
 /// A token bucket that starts empty, fills at `rate` up to `burst`, and whose limit can only
 /// be clamped: a new or changed share never adds tokens.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct LocalBucket {
+pub struct LocalBucket {
     tokens: f64,
     at: u64,
     rate: f64,
@@ -33,7 +131,7 @@ pub(crate) struct LocalBucket {
 
 impl LocalBucket {
     /// An empty bucket with no share (it fills at nothing).
-    pub(crate) fn empty(now: u64) -> LocalBucket {
+    pub fn empty(now: u64) -> LocalBucket {
         LocalBucket {
             tokens: 0.0,
             at: now,
@@ -53,7 +151,7 @@ impl LocalBucket {
 
     /// From `now` on, fill at `rate` up to `burst`: what was earned under the old limit is
     /// kept up to the new burst, nothing is added.
-    pub(crate) fn set(&mut self, rate: f64, burst: f64, now: u64) {
+    pub fn set(&mut self, rate: f64, burst: f64, now: u64) {
         self.advance(now);
         self.rate = rate.max(0.0);
         self.burst = burst.max(0.0);
@@ -61,7 +159,7 @@ impl LocalBucket {
     }
 
     /// Takes `n` tokens at `now` if they are there.
-    pub(crate) fn try_take(&mut self, n: f64, now: u64) -> bool {
+    pub fn try_take(&mut self, n: f64, now: u64) -> bool {
         self.advance(now);
         if self.tokens >= n {
             self.tokens -= n;
@@ -71,21 +169,21 @@ impl LocalBucket {
         }
     }
 
-    pub(crate) fn tokens(&self) -> f64 {
+    pub fn tokens(&self) -> f64 {
         self.tokens
     }
 
-    pub(crate) fn rate(&self) -> f64 {
+    pub fn rate(&self) -> f64 {
         self.rate
     }
 
-    pub(crate) fn burst(&self) -> f64 {
+    pub fn burst(&self) -> f64 {
         self.burst
     }
 
     /// How long until `n` tokens are there at this rate (`None`: never, `n` above the burst
     /// or no rate).
-    pub(crate) fn wait_for(&self, n: f64) -> Option<u64> {
+    pub fn wait_for(&self, n: f64) -> Option<u64> {
         if n > self.burst || self.rate <= 0.0 {
             return None;
         }
@@ -94,7 +192,7 @@ impl LocalBucket {
     }
 
     /// How long until the bucket is full at this rate (0 with no rate).
-    pub(crate) fn reset_after(&self) -> u64 {
+    pub fn reset_after(&self) -> u64 {
         if self.rate <= 0.0 {
             return 0;
         }
@@ -104,15 +202,15 @@ impl LocalBucket {
 
 /// A share as the server granted it (times in ns).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Grant {
-    pub(crate) rate: f64,
-    pub(crate) burst: f64,
-    pub(crate) lease: u64,
-    pub(crate) refresh: u64,
-    pub(crate) holders: u64,
+pub struct Grant {
+    pub rate: f64,
+    pub burst: f64,
+    pub lease: u64,
+    pub refresh: u64,
+    pub holders: u64,
     /// The kind of the operator's pin that decided: `Block` answers no share (every take
     /// denied), `Exempt` a share whose takes are all granted and counted nowhere.
-    pub(crate) pinned: Option<crate::PinKind>,
+    pub pinned: Option<PinKind>,
 }
 
 /// What the failure policy lets out while the share cannot be used and Redis is down.
@@ -124,7 +222,7 @@ struct Fallback {
 
 /// Who decided a take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum By {
+pub enum By {
     /// The share the server granted.
     Share,
     /// The failure policy (Redis down and no usable share).
@@ -133,34 +231,49 @@ pub(crate) enum By {
 
 /// A decision of the local state.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Local {
-    pub(crate) allowed: bool,
-    pub(crate) by: By,
-    pub(crate) remaining: f64,
+pub struct Local {
+    pub allowed: bool,
+    pub by: By,
+    pub remaining: f64,
     /// Until `n` tokens are there (`None`: not at the present share).
-    pub(crate) wait: Option<u64>,
-    pub(crate) reset_after: u64,
+    pub wait: Option<u64>,
+    pub reset_after: u64,
     /// The kind of the pin behind the last answer, if one decided it.
-    pub(crate) pinned: Option<crate::PinKind>,
+    pub pinned: Option<PinKind>,
+}
+
+/// What a holder does once no share may be used and Redis is down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// `rate / holders` (times `allow_share`) for `allow_for`, then nothing until Redis
+    /// answers.
+    Allow,
+    /// The last share granted, until Redis answers.
+    LastKnown,
+    /// Nothing.
+    Deny,
 }
 
 /// The policy settings the state needs.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Policy {
-    pub(crate) policy: FailurePolicy,
+pub struct Policy {
+    pub policy: FailurePolicy,
+    /// The part of `rate / holders` that `Allow` lets out (Python's
+    /// `FailurePolicy.allow(share)`; 1 in Rust).
+    pub allow_share: f64,
     /// The key's whole limit.
-    pub(crate) rate: f64,
-    pub(crate) cap: f64,
+    pub rate: f64,
+    pub cap: f64,
     /// Holders assumed when none was ever seen (`LimiterConfig::instances`).
-    pub(crate) instances: u64,
+    pub instances: u64,
     /// How long `Allow` lets out `rate / holders` in one outage.
-    pub(crate) allow_for: u64,
+    pub allow_for: u64,
 }
 
 /// One holder's share of a key, on this side: the local bucket and the windows in which the
 /// share may be used.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct ShareState {
+pub struct ShareState {
     bucket: LocalBucket,
     /// The share in use, if it may still be used.
     share: Option<Grant>,
@@ -169,6 +282,9 @@ pub(crate) struct ShareState {
     /// `s + HOLD` of a call sent at `s` whose answer has not come (or never will): the share
     /// had before it is used no longer than that.
     hold_end: Option<u64>,
+    /// `hold_end` before the last call was sent: a call refused at the connection restores
+    /// it (an earlier call whose reply never came may have reached the server).
+    hold_before: Option<u64>,
     /// The last share granted, kept past its end (LastKnown uses it, Allow its holders).
     last: Option<Grant>,
     fallback: Option<Fallback>,
@@ -178,12 +294,13 @@ pub(crate) struct ShareState {
 
 impl ShareState {
     /// A new holder: an empty bucket, no share.
-    pub(crate) fn new(now: u64) -> ShareState {
+    pub fn new(now: u64) -> ShareState {
         ShareState {
             bucket: LocalBucket::empty(now),
             share: None,
             lease_end: 0,
             hold_end: None,
+            hold_before: None,
             last: None,
             fallback: None,
             allow_spent: false,
@@ -191,7 +308,7 @@ impl ShareState {
     }
 
     /// Until when the share in use may be used (0: none).
-    pub(crate) fn usable_until(&self) -> u64 {
+    pub fn usable_until(&self) -> u64 {
         match self.share {
             Some(_) => self.lease_end.min(self.hold_end.unwrap_or(u64::MAX)),
             None => 0,
@@ -199,22 +316,20 @@ impl ShareState {
     }
 
     /// The share in use, if any.
-    #[cfg(test)]
-    pub(crate) fn share(&self) -> Option<Grant> {
+    pub fn share(&self) -> Option<Grant> {
         self.share
     }
 
-    pub(crate) fn last(&self) -> Option<Grant> {
+    pub fn last(&self) -> Option<Grant> {
         self.last
     }
 
-    #[cfg(test)]
-    pub(crate) fn bucket(&self) -> &LocalBucket {
+    pub fn bucket(&self) -> &LocalBucket {
         &self.bucket
     }
 
     /// `(rate, burst, tokens)` at `now`, after settling what ended by then.
-    pub(crate) fn peek(&mut self, now: u64) -> (f64, f64, f64) {
+    pub fn peek(&mut self, now: u64) -> (f64, f64, f64) {
         self.settle(now);
         let (rate, burst) = (self.bucket.rate(), self.bucket.burst());
         self.bucket.set(rate, burst, now);
@@ -222,13 +337,13 @@ impl ShareState {
     }
 
     /// Whether the failure policy is deciding.
-    pub(crate) fn in_fallback(&self) -> bool {
+    pub fn in_fallback(&self) -> bool {
         self.fallback.is_some()
     }
 
     /// Ends what has ended by `now`: the share at the end of its window, a bounded
     /// fallback at its end. The bucket fills until that instant, then holds nothing.
-    fn settle(&mut self, now: u64) {
+    pub fn settle(&mut self, now: u64) {
         if self.share.is_some() {
             let end = self.usable_until();
             if now >= end {
@@ -247,15 +362,16 @@ impl ShareState {
 
     /// A call is sent at `sent`: the share had before it is used until its answer, at most
     /// until `sent + HOLD`.
-    pub(crate) fn sending(&mut self, sent: u64) {
+    pub fn sending(&mut self, sent: u64) {
         self.settle(sent);
+        self.hold_before = self.hold_end;
         let hold = sent.saturating_add(HOLD);
         self.hold_end = Some(self.hold_end.map_or(hold, |h| h.min(hold)));
     }
 
     /// The answer to the call sent at `sent` arrived at `now`: the new share is used until
     /// `sent + lease - margin`, and the bucket is only clamped to its burst.
-    pub(crate) fn answered(&mut self, sent: u64, grant: Grant, now: u64) {
+    pub fn answered(&mut self, sent: u64, grant: Grant, now: u64) {
         self.settle(now);
         let lease_end = sent
             .saturating_add(grant.lease)
@@ -266,12 +382,13 @@ impl ShareState {
             self.bucket = LocalBucket::empty(now);
         }
         self.hold_end = None;
+        self.hold_before = None;
         self.fallback = None;
         self.allow_spent = false;
         self.last = Some(grant);
         if now < lease_end {
             // An exempt answer counts nothing: the bucket is not filled from it.
-            let exempt = grant.pinned == Some(crate::PinKind::Exempt);
+            let exempt = grant.pinned == Some(PinKind::Exempt);
             let (rate, burst) = if exempt {
                 (0.0, 0.0)
             } else {
@@ -287,16 +404,18 @@ impl ShareState {
         }
     }
 
-    /// The call sent at `sent` never reached Redis (the connection was refused): the
-    /// server still counts the share had before, until its lease ends.
-    pub(crate) fn not_sent(&mut self, now: u64) {
+    /// The call last sent never reached Redis (the connection was refused): the server still
+    /// counts the share had before until its lease ends, or until the hold of an earlier
+    /// call whose reply never came (it may have reached the server, which then counted the
+    /// old share only until that hold): the hold from before the refused call is restored.
+    pub fn not_sent(&mut self, now: u64) {
         self.settle(now);
-        self.hold_end = None;
+        self.hold_end = self.hold_before;
     }
 
     /// Decides on `n` tokens at `now`. `down`: Redis is believed down (the last call was an
     /// outage), so once no share may be used, the failure policy decides.
-    pub(crate) fn decide(&mut self, n: f64, now: u64, down: bool, policy: &Policy) -> Local {
+    pub fn decide(&mut self, n: f64, now: u64, down: bool, policy: &Policy) -> Local {
         self.settle(now);
         if self.share.is_none() && down {
             self.fall_back(now, policy);
@@ -314,7 +433,7 @@ impl ShareState {
             (None, By::Share) => self.last.and_then(|g| g.pinned),
             (None, By::Fallback) => None,
         };
-        if pinned == Some(crate::PinKind::Exempt) && self.share.is_some() {
+        if pinned == Some(PinKind::Exempt) && self.share.is_some() {
             // Exempt: granted, nothing counted, until the answer's lease ends.
             return Local {
                 allowed: true,
@@ -350,8 +469,8 @@ impl ShareState {
         let (rate, burst, until) = match p.policy {
             FailurePolicy::Deny => (0.0, 0.0, None),
             FailurePolicy::Allow => (
-                p.rate / holders,
-                p.cap / holders,
+                p.rate * p.allow_share / holders,
+                p.cap * p.allow_share / holders,
                 Some(now.saturating_add(p.allow_for)),
             ),
             FailurePolicy::LastKnown => match self.last {
@@ -361,177 +480,6 @@ impl ShareState {
         };
         self.bucket.set(rate, burst, now);
         self.fallback = Some(Fallback { until });
-    }
-}
-
-/// The measured demand: attempted tokens per second (granted and denied) over the span since
-/// the last call, so that a step either way is in the next call's want in full; `want`
-/// adds `headroom`. Between calls the refresh task notes the attempts at each tick, so that
-/// a demand that strays from the one last reported is seen over the latest [`RECENT`]
-/// ([`Demand::drifted`]) and reported early, as its level since it moved.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Demand {
-    last: Option<f64>,
-    attempted: f64,
-    since: u64,
-    /// `(instant, attempts since the last call)` at the refresh task's ticks, over the
-    /// latest [`HISTORY`].
-    ticks: VecDeque<(u64, f64)>,
-    /// No early call within this long of the last one: [`SHORTEST`] after a call that
-    /// shrank the share (the server would answer a call within its hold from the entry,
-    /// without taking the want), else 0.
-    gate: u64,
-}
-
-/// Shortest span a sample is taken over: calls closer together (a holder sent back soon
-/// to pick up what another frees) keep the last want and go on counting, so that a holder
-/// asking a few times a second is not measured at 0 over a few milliseconds.
-const MIN_SAMPLE: u64 = HOLD;
-/// No early call within this long of a call that shrank the share (its hold).
-pub(crate) const SHORTEST: u64 = rl_core::share::SHORTEST_PERIOD_MS * MS;
-/// The span a stray is looked for over: short, so that a demand that stepped is seen soon.
-const RECENT: u64 = 150 * MS;
-/// A demand that strayed this far (a fraction of the one last reported) is reported early.
-const DRIFT: f64 = 0.25;
-/// An early report is the demand since the instant it moved (the split of the ticks that
-/// fits two rates best), measured over at least this long: a mix of the old and new
-/// levels would keep a holder whose demand fell holding most of what it no longer uses.
-const SETTLED: u64 = 100 * MS;
-/// The ticks kept to find that instant.
-const HISTORY: u64 = 1000 * MS;
-/// How much better (log-likelihood) two rates split at an instant must fit the ticks than
-/// one rate for the demand to have moved at that instant rather than before the last call.
-const SPLIT: f64 = 5.0;
-
-/// Log-likelihood (up to terms that do not depend on the split) of `count` Poisson
-/// arrivals over `span` seconds at their own rate.
-fn fit(count: f64, span: f64) -> f64 {
-    if count <= 0.0 || span <= 0.0 {
-        0.0
-    } else {
-        count * (count / span).ln() - count
-    }
-}
-
-impl Demand {
-    pub(crate) fn new(now: u64) -> Demand {
-        Demand {
-            last: None,
-            attempted: 0.0,
-            since: now,
-            ticks: VecDeque::new(),
-            gate: SHORTEST,
-        }
-    }
-
-    pub(crate) fn attempt(&mut self, n: f64) {
-        self.attempted += n;
-    }
-
-    /// The answer to the last call shrank the holder's share (`shrank`) or not: how soon
-    /// it may call early again.
-    pub(crate) fn answered(&mut self, shrank: bool) {
-        self.gate = if shrank { SHORTEST } else { 0 };
-    }
-
-    /// Notes this tick; answers the demand over the latest [`RECENT`] (at least), `None`
-    /// within the gate or [`SETTLED`] of the last call.
-    fn recent(&mut self, now: u64, pending: f64) -> Option<f64> {
-        let total = self.attempted + pending;
-        self.ticks.push_back((now, total));
-        while self.ticks.len() > 1 && now.saturating_sub(self.ticks[1].0) >= HISTORY {
-            self.ticks.pop_front();
-        }
-        if now.saturating_sub(self.since) < self.gate.max(SETTLED) {
-            return None;
-        }
-        let (t, n) = (self.ticks.iter().rev())
-            .find(|&&(t, _)| now.saturating_sub(t) >= RECENT)
-            .copied()
-            .unwrap_or((self.since, 0.0));
-        Some((total - n) * NANOS_PER_SEC / now.saturating_sub(t).max(1) as f64)
-    }
-
-    /// The demand since it moved: the ticks since the last call split where two rates fit
-    /// them best, the rate after the split (`None` while that is under [`SETTLED`]); the
-    /// rate since the call if no split fits much better than none.
-    fn since_move(&self, now: u64) -> Option<f64> {
-        let &(_, total) = self.ticks.back()?;
-        let (t0, n0) = if now.saturating_sub(self.since) <= HISTORY {
-            (self.since, 0.0)
-        } else {
-            self.ticks[0]
-        };
-        let secs = |a: u64, b: u64| b.saturating_sub(a) as f64 / NANOS_PER_SEC;
-        let mut best: Option<(f64, u64, f64)> = None;
-        for &(t, n) in &self.ticks {
-            if t <= t0 || t >= now {
-                continue;
-            }
-            let score = fit(n - n0, secs(t0, t)) + fit(total - n, secs(t, now));
-            if best.is_none_or(|(s, _, _)| score > s) {
-                best = Some((score, t, n));
-            }
-        }
-        match best {
-            // No instant fits much better than none: the demand moved before the last call
-            // (within its gate), and all of the span since is at its new level.
-            Some((s, _, _)) if s - fit(total - n0, secs(t0, now)) < SPLIT => {
-                Some((total - n0) / secs(t0, now).max(1e-9))
-            }
-            None => Some((total - n0) / secs(t0, now).max(1e-9)),
-            Some((_, t, n)) => {
-                (now.saturating_sub(t) >= SETTLED).then(|| (total - n) / secs(t, now))
-            }
-        }
-    }
-
-    /// The demand since it moved ([`Demand::since_move`]) if the recent demand strayed from
-    /// the one the last call reported by more than [`DRIFT`] of it and more than chance
-    /// would (three standard deviations of a Poisson count over the span): the holder
-    /// calls early, so that a holder whose demand fell gives back what it no longer uses
-    /// and one whose demand rose asks for it, instead of waiting a whole period.
-    /// `pending`: attempts not yet added. Not while both demands are well above the
-    /// holder's `share` (if it has one): its want is then above the division's level
-    /// either way, and reporting it changes nothing (a tight loop's demand swings with the
-    /// CPU it gets).
-    pub(crate) fn drifted(&mut self, now: u64, pending: f64, share: f64) -> Option<f64> {
-        let last = self.last?;
-        let rate = self.recent(now, pending)?;
-        if 0.0 < share * (1.0 + DRIFT) && share * (1.0 + DRIFT) < rate.min(last) {
-            return None;
-        }
-        let span = RECENT as f64 / NANOS_PER_SEC;
-        let expected = last * span;
-        let gap = (rate - last).abs() * span;
-        if gap > DRIFT * expected && gap > 3.0 * expected.sqrt() + 2.0 {
-            self.since_move(now)
-        } else {
-            None
-        }
-    }
-
-    /// Closes the sample since the last call and answers `sample * (1 + headroom)` (the
-    /// `recent` demand instead, when the call is early for it), or `initial` before
-    /// anything was measured.
-    pub(crate) fn want(
-        &mut self,
-        now: u64,
-        headroom: f64,
-        initial: f64,
-        recent: Option<f64>,
-    ) -> f64 {
-        let dt = now.saturating_sub(self.since);
-        if dt >= MIN_SAMPLE || recent.is_some() {
-            self.last = Some(recent.unwrap_or(self.attempted * NANOS_PER_SEC / dt as f64));
-            self.attempted = 0.0;
-            self.since = now;
-            self.ticks.clear();
-        }
-        match self.last {
-            None => initial,
-            Some(d) => (d * (1.0 + headroom)).clamp(0.0, 1e15),
-        }
     }
 }
 
@@ -555,7 +503,6 @@ mod tests {
 
     #[test]
     fn exempt_grants_without_counting_and_block_denies_saying_so() {
-        use crate::PinKind;
         let p = policy(FailurePolicy::Deny);
         let mut st = ShareState::new(T0);
         st.sending(T0);
@@ -587,6 +534,7 @@ mod tests {
     fn policy(policy: FailurePolicy) -> Policy {
         Policy {
             policy,
+            allow_share: 1.0,
             rate: 100.0,
             cap: 40.0,
             instances: 4,
@@ -701,6 +649,26 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_call_after_one_that_timed_out_keeps_the_earlier_hold() {
+        // Call 1 timed out (it may have reached the server, which then counted the old
+        // share until its hold); call 2 was refused at the connection: the old share ends
+        // at call 1's hold, not at its lease.
+        let p = policy(FailurePolicy::Deny);
+        let mut s = ShareState::new(T0);
+        s.sending(T0);
+        s.answered(T0, grant(1000.0, 10.0), T0);
+        let first = T0 + S;
+        s.sending(first);
+        let second = first + 100 * MS;
+        s.sending(second);
+        s.not_sent(second + MS);
+        assert_eq!(s.usable_until(), first + HOLD);
+        assert!(s.decide(1.0, first + HOLD - 1, true, &p).allowed);
+        let d = s.decide(1.0, first + HOLD, true, &p);
+        assert!(!d.allowed && d.by == By::Fallback, "{d:?}");
+    }
+
+    #[test]
     fn allow_lets_out_rate_over_holders_for_a_bounded_time() {
         let p = policy(FailurePolicy::Allow);
         let mut s = ShareState::new(T0);
@@ -799,84 +767,5 @@ mod tests {
                 "seed {seed}: let out {let_out} > earned {earned}"
             );
         }
-    }
-
-    #[test]
-    fn want_is_the_demand_since_the_last_call_and_a_stray_is_reported_early() {
-        let mut d = Demand::new(T0);
-        assert_eq!(d.want(T0, 0.5, 123.0, None), 123.0, "nothing measured yet");
-        // 100 attempts a second for a second: 100, with headroom 150.
-        d.attempt(100.0);
-        let mut now = T0 + S;
-        assert!((d.want(now, 0.5, 123.0, None) - 150.0).abs() < 1e-6);
-        // A step to 1000/s is in the next want in full.
-        d.attempt(1000.0);
-        now += S;
-        assert!((d.want(now, 0.0, 0.0, None) - 1000.0).abs() < 1e-6);
-        // Calls closer than the shortest sample keep the last want.
-        d.attempt(1e9);
-        assert!((d.want(now + MS, 0.0, 0.0, None) - 1000.0).abs() < 1e-6);
-        let mut d = Demand::new(T0);
-        d.attempt(1000.0);
-        now = T0 + S;
-        d.want(now, 0.0, 0.0, None);
-        // At 1000/s, ticks every 25 ms: no stray; never within SHORTEST of the first call.
-        let tick = 25 * MS;
-        let mut pending = 0.0;
-        for k in 1..=40u64 {
-            pending += 25.0;
-            assert_eq!(
-                d.drifted(now + k * tick, pending, f64::INFINITY),
-                None,
-                "tick {k}"
-            );
-        }
-        // The demand falls to 200/s: seen within 200 ms, reported as its level since the
-        // fall (not a mix of the two, which would keep most of what the holder no longer
-        // uses).
-        let mut seen = None;
-        for k in 41..=80u64 {
-            pending += 5.0;
-            if let Some(r) = d.drifted(now + k * tick, pending, f64::INFINITY) {
-                seen = Some((k, r));
-                break;
-            }
-        }
-        let (k, r) = seen.expect("a fall to a fifth is reported");
-        assert!(k <= 48 && (r - 200.0).abs() < 1e-6, "tick {k}: {r}");
-        let mut at = now + k * tick;
-        assert!((d.want(at, 0.0, 0.0, Some(r)) - r).abs() < 1e-9);
-        // The answer did not shrink the share: a rise is reported early without waiting
-        // out the call's hold, as soon as it is settled.
-        d.answered(false);
-        pending = 0.0;
-        let mut seen = None;
-        for k in 1..=12u64 {
-            pending += 25.0;
-            if let Some(r) = d.drifted(at + k * tick, pending, f64::INFINITY) {
-                seen = Some((k, r));
-                break;
-            }
-        }
-        let (k, r) = seen.expect("a rise to five times is reported");
-        assert!(k <= 5 && (r - 1000.0).abs() < 1e-6, "tick {k}: {r}");
-        at += k * tick;
-        d.want(at, 0.0, 0.0, Some(r));
-        // After an answer that shrank the share, no early call within SHORTEST of the
-        // call: the server would answer it from the entry (the call's hold) and not take
-        // the want.
-        d.answered(true);
-        pending = 0.0;
-        for k in 1..=11u64 {
-            pending += 1.0;
-            assert_eq!(
-                d.drifted(at + k * tick, pending, f64::INFINITY),
-                None,
-                "tick {k}"
-            );
-        }
-        assert!(d
-            .drifted(at + 325 * MS, pending + 1.0, f64::INFINITY)
-            .is_some());
     }
 }
