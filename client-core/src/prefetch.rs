@@ -405,6 +405,12 @@ impl Ledger {
     }
 
     /// Puts back `tokens` granted to a take that never got them (its caller gone).
+    ///
+    /// They go to the newest lease held, which may not be the one they came from (a call
+    /// landed meanwhile): nothing is minted by it (they were debited once, and the server
+    /// credits a settle at most what the lease it names was granted), but they may then be
+    /// spent after their own lease's `sent + ttl`, up to the newer one's: a shift in time of
+    /// tokens already counted, within the fleet bound. With no live lease they are dropped.
     pub fn unspend(&mut self, tokens: u64, now: Nanos) {
         self.drop_expired(now);
         if let Some(lease) = self.newer.as_mut().or(self.older.as_mut()) {

@@ -5,8 +5,11 @@
 //! without lines.
 //!
 //! Hostile documents stay cheap: an alias shares its anchor's node (a "billion laughs"
-//! document stays as small as its text), and nesting deeper than [`MAX_DEPTH`] is refused
-//! before the tree holds it (a deep tree would also be dropped recursively).
+//! document stays as small as its text in memory), nesting deeper than [`MAX_DEPTH`] is
+//! refused before the tree holds it (a deep tree would also be dropped recursively), and so
+//! is a tree whose aliases expand it past [`MAX_EXPANDED`]: the validator walks the tree as
+//! its aliases name it, so a 1 MiB text naming billions of nodes would otherwise hang the
+//! host or exhaust its memory.
 
 use std::collections::HashMap;
 use std::ffi::CStr;
@@ -17,6 +20,11 @@ use unsafe_libyaml as unsafe_sys;
 
 /// Nesting of collections at most (a rules document needs four).
 pub const MAX_DEPTH: usize = 64;
+
+/// The size a document may have with its aliases expanded, in nodes plus scalar bytes: four
+/// times the longest text read (`rules_doc::MAX_TEXT`), so that a document without
+/// aliases never meets it and one with aliases costs at most a few passes over 1 MiB.
+pub const MAX_EXPANDED: u64 = 4 << 20;
 
 /// A scalar's value under YAML 1.2's core schema (what serde_yaml resolves), or a
 /// collection.
@@ -131,6 +139,8 @@ struct Frame {
     open: Open,
     line: u32,
     anchor: Option<Vec<u8>>,
+    /// The collection's size so far with its aliases expanded ([`MAX_EXPANDED`]).
+    expanded: u64,
 }
 
 /// The parser, deleted however reading ends.
@@ -165,12 +175,23 @@ unsafe fn c_text(p: *const u8) -> Option<Vec<u8>> {
     }
 }
 
-fn unreadable(parser: &unsafe_sys::yaml_parser_t) -> Unreadable {
+fn unreadable(parser: &unsafe_sys::yaml_parser_t, text: &str) -> Unreadable {
     // SAFETY: libyaml sets `problem` to a static C string (or leaves it null).
     let problem = unsafe { c_text(parser.problem as *const u8) }
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_else(|| "unreadable".into());
-    let line = parser.problem_mark.line as u32 + 1;
+    // The reader (a control character such as NUL, a bad encoding) reports a byte offset
+    // and leaves the mark at the start: the line is counted from the offset.
+    let line = if parser.error == unsafe_sys::YAML_READER_ERROR {
+        let at = (parser.problem_offset as usize).min(text.len());
+        text.as_bytes()[..at]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count() as u32
+            + 1
+    } else {
+        parser.problem_mark.line as u32 + 1
+    };
     Unreadable {
         line: Some(line),
         message: format!("not YAML or JSON: {problem} at line {line}"),
@@ -213,7 +234,8 @@ fn read_yaml(text: &str) -> Result<Node, Unreadable> {
             text.len() as u64,
         );
     }
-    let mut anchors: HashMap<Vec<u8>, Node> = HashMap::new();
+    // Each anchor's node and its expanded size.
+    let mut anchors: HashMap<Vec<u8>, (Node, u64)> = HashMap::new();
     let mut stack: Vec<Frame> = Vec::new();
     let mut root: Option<Node> = None;
     loop {
@@ -222,14 +244,14 @@ fn read_yaml(text: &str) -> Result<Node, Unreadable> {
         // unfilled one is not made into an `Event` that a failure would delete.
         let e = unsafe {
             if unsafe_sys::yaml_parser_parse(parser.0.as_mut_ptr(), event.0.as_mut_ptr()).fail {
-                let why = unreadable(&*parser.0.as_ptr());
+                let why = unreadable(&*parser.0.as_ptr(), text);
                 std::mem::forget(event);
                 return Err(why);
             }
             &*event.0.as_ptr()
         };
         let line = e.start_mark.line as u32 + 1;
-        let done: Option<(Node, Option<Vec<u8>>)> = match e.type_ {
+        let done: Option<(Node, Option<Vec<u8>>, u64)> = match e.type_ {
             unsafe_sys::YAML_STREAM_END_EVENT => break,
             unsafe_sys::YAML_DOCUMENT_START_EVENT if root.is_some() => {
                 return Err(Unreadable {
@@ -256,18 +278,20 @@ fn read_yaml(text: &str) -> Result<Node, Unreadable> {
                 } else {
                     Value::Str(text)
                 };
+                let expanded = 1 + bytes.len() as u64;
                 Some((
                     Node {
                         line: Some(line),
                         value: Rc::new(value),
                     },
                     anchor,
+                    expanded,
                 ))
             }
             unsafe_sys::YAML_ALIAS_EVENT => {
                 // SAFETY: an alias event's union member is `alias`.
                 let name = unsafe { c_text(e.data.alias.anchor) }.unwrap_or_default();
-                let Some(target) = anchors.get(&name) else {
+                let Some((target, expanded)) = anchors.get(&name) else {
                     return Err(Unreadable {
                         line: Some(line),
                         message: "not YAML or JSON: an alias to no anchor".into(),
@@ -277,7 +301,7 @@ fn read_yaml(text: &str) -> Result<Node, Unreadable> {
                     line: Some(line),
                     value: target.value.clone(),
                 };
-                Some((node, None))
+                Some((node, None, *expanded))
             }
             unsafe_sys::YAML_SEQUENCE_START_EVENT | unsafe_sys::YAML_MAPPING_START_EVENT => {
                 if stack.len() >= MAX_DEPTH {
@@ -303,6 +327,7 @@ fn read_yaml(text: &str) -> Result<Node, Unreadable> {
                     },
                     line,
                     anchor,
+                    expanded: 1,
                 });
                 None
             }
@@ -324,13 +349,30 @@ fn read_yaml(text: &str) -> Result<Node, Unreadable> {
                         value: Rc::new(value),
                     },
                     frame.anchor,
+                    frame.expanded,
                 ))
             }
             _ => None,
         };
-        let Some((node, anchor)) = done else { continue };
+        let Some((node, anchor, expanded)) = done else {
+            continue;
+        };
+        if let Some(parent) = stack.last_mut() {
+            // Sizes add up through every open collection to the root, so the check at the
+            // parent bounds the whole tree.
+            parent.expanded = parent.expanded.saturating_add(expanded);
+            if parent.expanded > MAX_EXPANDED {
+                return Err(Unreadable {
+                    line: Some(line),
+                    message: format!(
+                        "aliases expand the document past {MAX_EXPANDED} nodes and bytes \
+                         (a rules document needs far fewer)"
+                    ),
+                });
+            }
+        }
         if let Some(a) = anchor {
-            anchors.insert(a, node.clone());
+            anchors.insert(a, (node.clone(), expanded));
         }
         match stack.last_mut() {
             None => root = Some(node),

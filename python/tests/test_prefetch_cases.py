@@ -96,6 +96,10 @@ def test_prefetch_ledger_case(case: Any) -> None:
             assert lg.judge(step["judge"], now, step["limit_ms"] * MS) == step["judged"], at
         elif "close" in step:
             assert pairs(lg.close(now)) == step["give_back"], at
+        elif "grant" in step:
+            assert lg.grant(step["grant"], now) == step["left"], at
+        elif "forget" in step:
+            lg.forget()
         elif "held" in step:
             assert lg.held(now) == step["held"], at
         elif "late_bound_ms" in step:

@@ -132,6 +132,11 @@ pub fn run(reply: &dyn Fn(&J) -> Reply) -> usize {
                 assert_eq!(json!(got), step["judged"], "{at}");
             } else if step.get("close").is_some() {
                 assert_eq!(pairs(&l.close(now)), step["give_back"], "{at}");
+            } else if let Some(n) = step.get("grant") {
+                let got = l.grant(n.as_u64().unwrap(), now);
+                assert_eq!(json!(got), step["left"], "{at}");
+            } else if step.get("forget").is_some() {
+                l.forget();
             } else if let Some(h) = step.get("held") {
                 assert_eq!(json!(l.held(now)), *h, "{at}");
             } else if let Some(b) = step.get("late_bound_ms") {

@@ -49,7 +49,7 @@ from ._call import (
 )
 from .decision import Decision, Source
 from .errors import ProtocolError
-from .rules_doc import Document, RulesError, parse_document
+from .rules_doc import Document, RulesError, parse_document, read_text
 from .types import AsyncClient, SyncClient
 
 log = logging.getLogger("redis_rl.rules")
@@ -222,8 +222,7 @@ class FileSource:
 
     def read(self) -> str:
         """The file's text."""
-        with open(self.path, encoding="utf-8") as f:
-            return f.read()
+        return read_text(self.path)
 
     def __str__(self) -> str:
         return f"file {self.path!r}"
@@ -454,8 +453,7 @@ def _read_file(path: str, follow: bool) -> Tuple[Document, Optional[_Engine]]:
     """The document in the file at ``path``, and (with ``follow``) the engine that read it,
     which knows the file's signature from that reading."""
     if not follow:
-        with open(path, encoding="utf-8") as f:
-            return parse_document(f.read(), path), None
+        return parse_document(read_text(path), path), None
     reader = _Engine(None, 0.5, True, None, 0.0, p.AUTO)
     return reader.follow_file(path), reader
 

@@ -141,7 +141,22 @@ def parse_document(text: str, source: str = "rules") -> Document:
     return Document(core.prefix(), layers, text, tuple(core.attributes()), core=core)
 
 
+def read_text(path: str) -> str:
+    """The text of the file at ``path``; bytes that are not UTF-8 are a :class:`RulesError`
+    naming the file and the line (a bare ``UnicodeDecodeError`` names neither)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        byte = data[err.start]
+        raise RulesError(
+            [Problem(line, "(document)", f"not UTF-8: byte 0x{byte:02x} at line {line}")],
+            path,
+        ) from None
+
+
 def load_document(path: str) -> Document:
     """The rules document in the YAML file at ``path`` (refused with the line at fault)."""
-    with open(path, encoding="utf-8") as f:
-        return parse_document(f.read(), path)
+    return parse_document(read_text(path), path)
