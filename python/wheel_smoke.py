@@ -79,7 +79,7 @@ def main() -> None:
             assert got == [True] * 15, got
         left = redis_rl.Limiter(r, "wheel:lease", rate=0.001, cap=100, timeout=5)
         after = left.take(1).remaining
-        assert abs(after - (100 - 15 - 1)) < 1e-6, after
+        assert 84 <= after < 84.1, after  # refilled at 0.001/s meanwhile, nothing more
         # A ShareLimiter holds a share of a quota (its first answer comes from a thread of
         # its own) and spends it from memory: the only holder gets the whole rate.
         with redis_rl.ShareLimiter(r, "wheel:share", rate=1000, cap=100, timeout=5) as share:
