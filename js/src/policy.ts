@@ -13,7 +13,7 @@ export const LAST_KNOWN = 'last_known' as const;
 export const DENY = 'deny' as const;
 
 /** Who decided. */
-export type Source = 'server' | 'fallback';
+export type Source = 'server' | 'fallback' | 'share';
 
 /** `1 / instances`, or null (the core's default: 4 instances). */
 export function share(instances: number | undefined): number | null {

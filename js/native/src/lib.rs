@@ -17,6 +17,7 @@ mod limits;
 mod openai;
 mod patch;
 mod reply;
+mod share;
 mod take;
 mod typed;
 
