@@ -19,8 +19,6 @@ import type { FailurePolicy } from './policy';
 const now = (): number => performance.now();
 /** How often the refresh looks at the demand between calls (ms): the core's drift tick. */
 const DRIFT_TICK_MS = 25;
-/** Retry interval while Redis is down (ms), at most a period: Python's `probe_interval`. */
-const PROBE_MS = 1000;
 const PINS: readonly Decision['pinned'][] = [null, 'rate', 'block', 'exempt'];
 const slots = new Float64Array(8);
 
@@ -40,16 +38,25 @@ export interface ShareLimiterOptions {
   period?: number;
   /** Extra want above the measured demand (a fraction, default 0). */
   headroom?: number;
-  /** While Redis is unreachable and the share's lease ended: `deny` (default), `allow`, `last_known`. */
+  /** While Redis is unreachable and the share's lease ended: `allow` (default, as Python), `last_known`, `deny`. */
   policy?: FailurePolicy;
   /** Holders assumed before any answer (the `allow` policy's `rate / holders`); default 4. */
   instances?: number;
   /** Seconds the `allow` policy lets through after the share ended (default 30). */
   allowFor?: number;
-  /** Milliseconds each RL.SHARE call may take before it counts as an outage; default 200. */
+  /** Seconds each RL.SHARE call may take before it counts as an outage (as `period`, Python's unit); default 0.2; null: no limit. */
   timeout?: number | null;
+  /** Seconds between calls while Redis is down (at most a period); default 0.5. */
+  probeInterval?: number;
+  /** The retry hint of a `deny` fallback decision, in seconds; default 1. */
+  denyRetryAfter?: number;
   /** `auto` (default), `module` or `functions`. */
   backend?: BackendOption;
+}
+
+function seconds(what: string, x: unknown): number {
+  if (!(typeof x === 'number' && Number.isFinite(x) && x >= 0)) throw new RangeError(`${what} must be finite seconds, at least 0`);
+  return x;
 }
 
 let ids = 0;
@@ -90,6 +97,7 @@ export class ShareLimiter {
   private readonly core: Binding.ShareCore;
   private readonly conn: Connection;
   private readonly periodMs: number;
+  private readonly probeMs: number;
   private timer: NodeJS.Timeout | null = null;
   /** The call in the air (one at a time per holder: a release waits for it). */
   private inAir: Promise<void> | null = null;
@@ -122,16 +130,21 @@ export class ShareLimiter {
           this.periodMs,
           null,
           options.headroom ?? 0,
-          options.policy ?? 'deny',
+          options.policy ?? 'allow',
           1,
           instances,
           allowFor * 1000,
-          1000,
+          seconds('denyRetryAfter', options.denyRetryAfter ?? 1) * 1000,
           now(),
         ),
     );
-    const timeout = options.timeout === undefined ? 200 : options.timeout;
-    this.conn = new Connection(client, timeout, options.backend ?? 'auto');
+    this.probeMs = seconds('probeInterval', options.probeInterval ?? 0.5) * 1000;
+    if (this.probeMs <= 0) throw new RangeError('probeInterval must be positive seconds');
+    const timeout = options.timeout === undefined ? 0.2 : options.timeout;
+    if (timeout !== null && !(typeof timeout === 'number' && timeout > 0)) {
+      throw new RangeError('timeout must be positive seconds (or null: no limit)');
+    }
+    this.conn = new Connection(client, timeout === null ? null : timeout * 1000, options.backend ?? 'auto');
     this.key = key;
     this.rate = rate;
     this.cap = cap;
@@ -243,7 +256,7 @@ export class ShareLimiter {
     if (e instanceof Outage) {
       const refused = neverSent(e);
       this.mayHold = this.mayHold || !refused;
-      return c.outage(refused, now(), PROBE_MS);
+      return c.outage(refused, now(), this.probeMs);
     }
     this.failure = e instanceof Error ? e : new ServerError(String(e));
     return c.failed();

@@ -173,7 +173,7 @@ for (const c of CLIENTS) {
     const b = await c.connect(server.url);
     t.after(() => a.close());
     t.after(() => b.close());
-    const opts = { rate: 100, cap: 20, period: 0.3, timeout: 5000 };
+    const opts = { rate: 100, cap: 20, period: 0.3, timeout: 5 };
     const la = new rl.ShareLimiter(a.client, 'fleet', opts);
     const lb = new rl.ShareLimiter(b.client, 'fleet', opts);
     await until('both holders seen', () => la.share().holders === 2 && lb.share().holders === 2);
@@ -190,32 +190,38 @@ for (const c of CLIENTS) {
   });
 }
 
-test('an outage mid-run goes to the failure policy and back', async (t) => {
+test('an outage mid-run goes to the failure policy and back (allow, deny)', async (t) => {
   const server = await start();
   let proc = null;
+  const stopCurrent = async () => {
+    if (proc === null) return server.kill();
+    if (proc.exitCode !== null || proc.signalCode !== null) return;
+    const gone = new Promise((r) => proc.once('exit', r));
+    proc.kill('SIGKILL');
+    await gone;
+  };
   t.after(async () => {
-    if (proc && proc.exitCode === null) {
-      const gone = new Promise((r) => proc.once('exit', r));
-      proc.kill('SIGKILL');
-      await gone;
-    }
+    if (proc !== null) await stopCurrent();
     await server.stop();
   });
   const { client, close } = await ioredis.connect(server.url, { retries: 0 });
   t.after(() => close());
-  for (const policy of ['allow']) {
-    const l = new rl.ShareLimiter(client, `out:${policy}`, { rate: 1000, cap: 50, period: 0.3, policy, instances: 2, timeout: 100 });
+  for (const policy of ['allow', 'deny']) {
+    const l = new rl.ShareLimiter(client, `out:${policy}`, { rate: 1000, cap: 50, period: 0.3, policy, instances: 2, timeout: 0.1, probeInterval: 0.05 });
     await until('a share', () => l.share().rate > 0 && !l.share().fallback);
     assert.equal((await granted(l, 'a share grant')).source, 'share');
-    server.kill();
-    const f = await until('a fallback grant', () => {
+    await stopCurrent();
+    const f = await until('a fallback decision', () => {
       const d = l.take();
-      return d.source === 'fallback' && d.granted ? d : null;
+      return d.source === 'fallback' && (d.granted || policy === 'deny') ? d : null;
     });
-    assert.equal(f.source, 'fallback');
-    // The policy decides from the first take with no share (ALLOW: the limit over the holders seen, 1).
-    assert.deepEqual([l.share().fallback, l.share().rate], [true, 1000]);
     assert.ok(l.counters.outages > 0);
+    if (policy === 'allow') {
+      // ALLOW: the limit over the holders seen (1).
+      assert.deepEqual([l.share().fallback, l.share().rate], [true, 1000]);
+    } else {
+      assert.deepEqual([f.granted, f.retryAfterMs, l.share().rate], [false, 1000, 0]);
+    }
     // The server again, on its port and directory.
     proc = spawn(SERVER, ['--port', String(server.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', server.dir, '--loadmodule', MODULE], { stdio: 'ignore' });
     await until('back on the share', () => {
