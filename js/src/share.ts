@@ -102,6 +102,8 @@ export class ShareLimiter {
   /** The call in the air (one at a time per holder: a release waits for it). */
   private inAir: Promise<void> | null = null;
   private failure: Error | null = null;
+  /** When the last call was sent: a late reply to an older one is dropped (it would overtake the newer). */
+  private lastSent = -1;
   /** A call may have given this holder a share on the server: close() releases it. */
   private mayHold = false;
   private closed = false;
@@ -221,6 +223,7 @@ export class ShareLimiter {
     if (this.closed) return 0;
     const sent = now();
     const args = core(() => c.send(backend, this.holderId, sent));
+    this.lastSent = sent;
     try {
       const reply = await this.conn.call(args, (late) => this.late(late, sent), this.key);
       return this.outcome(sent, undefined, reply);
@@ -229,9 +232,9 @@ export class ShareLimiter {
     }
   }
 
-  /** A reply after the timeout is still an answer (the next call has not been sent yet). */
+  /** A reply after the timeout is still an answer, while no newer call was sent. */
   private late(reply: unknown, sent: number): void {
-    if (this.closed) return;
+    if (this.closed || this.lastSent !== sent) return;
     try {
       core(() => this.core.answered(reply, sent, now(), 0));
       this.mayHold = true;
