@@ -161,6 +161,7 @@ export class ShareLimiter {
    */
   take(n = 1): Decision {
     if (this.closed) throw new Error(`redis-rl: take on a closed ShareLimiter (${this.key})`);
+    if (typeof n !== 'number') throw new TypeError('n must be a number (a positive integer)');
     if (!core(() => this.core.take(n, slots, now()))) {
       throw this.failure ?? new ServerError('RL.SHARE failed');
     }

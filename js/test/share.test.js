@@ -232,3 +232,22 @@ test('an outage mid-run goes to the failure policy and back (allow, deny)', asyn
     await l.close();
   }
 });
+
+test('a bad n throws a RangeError and counts nothing; a limiter left open never keeps the process alive', async () => {
+  const grant = [Buffer.from('100'), Buffer.from('10'), 3000, 1000, 1];
+  const l = new rl.ShareLimiter(answering(grant), 'k', { rate: 100, cap: 10, backend: 'module' });
+  await until('a share', () => l.share().rate === 100);
+  for (const n of [0, -1, 1.5, 11, NaN, Infinity]) assert.throws(() => l.take(n), RangeError, String(n));
+  for (const n of ['1', null, {}]) assert.throws(() => l.take(n), TypeError, String(n));
+  const k = l.counters;
+  assert.deepEqual([k.granted, k.denied, k.errors], [0, 0, 0]);
+  await l.close();
+  await l.close(); // twice: nothing more
+  // A process whose only work is a share limiter (its client never answers) ends by itself.
+  const script = `const rl = require(${JSON.stringify(path.join(__dirname, '..'))});
+    new rl.ShareLimiter({ call: () => new Promise(() => {}) }, 'k', { rate: 10, cap: 5, backend: 'module' });
+    setTimeout(() => {}, 50);`;
+  const child = spawn(process.execPath, ['-e', script], { stdio: 'ignore' });
+  const code = await new Promise((r) => child.once('exit', r));
+  assert.equal(code, 0);
+});
