@@ -251,3 +251,36 @@ test('a bad n throws a RangeError and counts nothing; a limiter left open never 
   const code = await new Promise((r) => child.once('exit', r));
   assert.equal(code, 0);
 });
+
+test('ShareLimiter on the Functions library: a share, and close() releases it', async (t) => {
+  const server = await start({ module: false, functions: true });
+  t.after(() => server.stop());
+  const a = await ioredis.connect(server.url);
+  const b = await ioredis.connect(server.url);
+  t.after(() => a.close());
+  t.after(() => b.close());
+  const opts = { rate: 100, cap: 20, period: 0.3, timeout: 5 };
+  const la = new rl.ShareLimiter(a.client, 'fn:fleet', opts);
+  const lb = new rl.ShareLimiter(b.client, 'fn:fleet', { ...opts, backend: 'functions' });
+  await until('both holders seen', () => la.share().holders === 2 && lb.share().holders === 2);
+  assert.equal((await granted(la, 'a grant')).source, 'share');
+  await lb.close();
+  await until('the whole rate after the release', () => la.share().rate === 100 && la.share().holders === 1);
+  await la.close();
+});
+
+test('a malformed or error reply to RELEASE rejects close(), no crash', async () => {
+  const grant = [Buffer.from('100'), Buffer.from('10'), 3000, 1000, 1];
+  const ReplyError = class ReplyError extends Error {};
+  for (const [what, release] of [
+    ['OK', async () => 'OK'],
+    ['a nested object', async () => [{ x: new Date() }]],
+    ['an error reply', async () => { throw new ReplyError('ERR nope'); }],
+  ]) {
+    const client = { call: (name, ...args) => (args.includes('RELEASE') ? release() : Promise.resolve(grant)) };
+    const l = new rl.ShareLimiter(client, 'k', { rate: 100, cap: 10, backend: 'module' });
+    await until('a share', () => l.share().rate === 100);
+    await assert.rejects(l.close(), rl.ServerError, what);
+    assert.throws(() => l.take(), /closed/);
+  }
+});
