@@ -66,6 +66,10 @@ time('BudgetCore.reserved + settle (RL.SETTLE args)', N, () => {
 });
 time('BudgetCore.settled (an RL.SETTLE reply)', N, () => budget.settled([100, 0], settleOut));
 time('parseLimits("10/second;500/minute, burst 20")', N, () => native.parseLimits('10/second;500/minute, burst 20'));
+const shareCore = new native.ShareCore('fleet', 1e9, 1e9, 1000, null, 0, 'deny', 1, 4, 30000, 1000, 0);
+shareCore.send('module', 'h1', 0);
+shareCore.answered([Buffer.from('1000000000'), Buffer.from('1000000000'), 3_600_000, 1000, 1], 0, 0, 0);
+time('ShareCore.take (the local bucket, a share held)', N, (i) => shareCore.take(1, out, i / 1e6));
 
 // Limiter.take end to end over a client that answers at once (a resolved promise).
 const fake = { call: async (name) => (name === 'RL.BUDGET' ? reply : ioredis) };
@@ -73,6 +77,12 @@ const limiter = new rl.Limiter(fake, 'user:42', { rate: 5, cap: 10 }, { backend:
 (async () => {
   await timeAsync('Limiter.take() over an instant client (all of the shell)', () => limiter.take());
   await timeAsync('Limiter.take(1, { key }) (a middleware\'s per-caller key)', (i) => limiter.take(1, { key: `rl:http:10.1.${i & 255}.3` }));
+  // ShareLimiter.take: from memory (synchronous), a share held from a client that grants it.
+  const grant = [Buffer.from('1000000000'), Buffer.from('1000000000'), 3_600_000, 1000, 1];
+  const sl = new rl.ShareLimiter({ call: async () => grant }, 'fleet', { rate: 1e9, cap: 1e9, backend: 'module' });
+  while (sl.share().rate === 0) await new Promise((r) => setTimeout(r, 5));
+  time('ShareLimiter.take() (from memory, a share held)', N, () => sl.take());
+  await sl.close();
   const tb = new rl.TokenBudget(fake, 'org', { rate: 100, cap: 10000 }, { requests: { rate: 1, cap: 10 }, backend: 'module' });
   await timeAsync('TokenBudget.reserve() over an instant client (all of it)', (i) => tb.reserve(500 + (i & 63)));
 })();

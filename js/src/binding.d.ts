@@ -148,6 +148,36 @@ export interface RuleOutcome {
   shadowDenied: Array<string>
   fallback: boolean
 }
+/** A share limiter's counters (this process). */
+export interface ShareCounters {
+  granted: number
+  denied: number
+  tokensGranted: number
+  fallbackGranted: number
+  fallbackDenied: number
+  /** Calls that were an outage (timeout, no connection). */
+  outages: number
+  /** Error replies (and malformed replies) to `RL.SHARE`, and takes that threw one. */
+  errors: number
+  /** `RL.SHARE` calls sent. */
+  redisCalls: number
+}
+/** What the holder holds now. */
+export interface ShareInfo {
+  /** Tokens per second this instance may use (0 when it may use none). */
+  rate: number
+  burst: number
+  /** Tokens in the local bucket. */
+  tokens: number
+  /** Live holders of the key at the last answer (0 before any). */
+  holders: number
+  /** Whether the failure policy is deciding. */
+  fallback: boolean
+  /** The kind of the operator's pin behind the last answer. */
+  pinned?: string
+}
+/** Checks a reply is `RL.SHARE`'s (a release's): throws `unexpected reply` if not. */
+export declare function checkShareReply(reply: unknown): void
 /** A limiter's counters. */
 export interface TakeCounters {
   granted: number
@@ -345,6 +375,49 @@ export declare class RulesCheck {
   refunds(functions: boolean): Array<Array<string>>
   /** The decision, or null (a malformed reply ended the check). */
   decision(): RuleOutcome | null
+/** One holder of a shared key. */
+export declare class ShareCore {
+  /**
+   * `policy`: `"allow"`, `"last_known"` or `"deny"`; `allow_share`: the share of
+   * `rate / holders` the `allow` policy lets through; `instances`: holders assumed before
+   * any answer; `version`: the protocol version to ask for (null: the server's); times
+   * in milliseconds, `now_ms` on `performance.now()`.
+   */
+  constructor(key: string, rate: number, cap: number, periodMs: number, version: number | undefined | null, headroom: number, policy: string, allowShare: number, instances: number, allowForMs: number, denyRetryAfterMs: number, nowMs: number)
+  /**
+   * Decides on `n` tokens at `now_ms` into `out` (see [`SLOTS`]): `true`, or `false`
+   * when the last call was answered with an error reply and no share may be used (the
+   * shell throws that error; counted). A bad `n` throws and changes nothing.
+   */
+  take(n: number, out: Float64Array, nowMs: number): boolean
+  /** The `RL.SHARE` call to send at `now_ms` for `holder` (its sending applied). */
+  send(backendName: string, holder: string, nowMs: number): Array<string>
+  /** `RL.SHARE ... RELEASE` for `holder`. */
+  releaseCommand(backendName: string, holder: string): Array<string>
+  /**
+   * The reply to the call sent at `sent_ms` came at `at_ms`: milliseconds until the next
+   * call. A reply that is not `RL.SHARE`'s throws (`unexpected reply`) and changes
+   * nothing: the shell then reports it with [`ShareCore::failed`].
+   */
+  answered(reply: unknown, sentMs: number, atMs: number, jitter: number): number
+  /**
+   * The call was an outage at `at_ms` (`refused`: it never left): milliseconds until the
+   * next call (`probe_ms`, at most a period).
+   */
+  outage(refused: boolean, atMs: number, probeMs: number): number
+  /**
+   * The call was answered with an error reply (or a malformed one): milliseconds until
+   * the next call.
+   */
+  failed(): number
+  /** Whether to call before the next call is due (the demand strayed), at `now_ms`. */
+  drifted(nowMs: number): boolean
+  /** What the holder holds at `now_ms`. */
+  info(nowMs: number): ShareInfo
+  /** Tokens asked for so far (granted or denied). */
+  attempted(): number
+  /** What this holder counted so far. */
+  counters(): ShareCounters
 }
 /** One limiter's decisions. */
 export declare class TakeCore {

@@ -2,6 +2,7 @@
 // Functions library) through your own ioredis or node-redis client. The decisions are the
 // client core's (Rust, compiled in): the same code as the Rust and Python clients.
 
+export { ShareLimiter, type ShareLimiterOptions, type ShareInfo, type ShareCounters } from './share';
 export { Limiter, Decision, DEFAULT_TIMEOUT_MS, type LimiterOptions, type LimiterCounters } from './limiter';
 export {
   TokenBudget,

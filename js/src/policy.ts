@@ -12,8 +12,9 @@ export const ALLOW = 'allow' as const;
 export const LAST_KNOWN = 'last_known' as const;
 export const DENY = 'deny' as const;
 
-/** Who decided: Redis, a batch leased earlier (`PrefetchLimiter`), or the failure policy. */
-export type Source = 'server' | 'lease' | 'fallback';
+/** Who decided: Redis, a batch leased earlier (`PrefetchLimiter`), the share held
+ * (`ShareLimiter`), or the failure policy. */
+export type Source = 'server' | 'lease' | 'share' | 'fallback';
 
 /** `1 / instances`, or null (the core's default: 4 instances). */
 export function share(instances: number | undefined): number | null {

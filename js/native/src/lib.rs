@@ -19,6 +19,7 @@ mod patch;
 mod prefetch;
 mod reply;
 mod rules;
+mod share;
 mod take;
 mod typed;
 
