@@ -274,6 +274,11 @@ export declare class PrefetchCore {
   /** Refuses an `n` that could never be granted (0, a fraction, above the burst). */
   check(n: number): void
   /**
+   * Forgets the leases, the call in the air and the denial (the golden cases' forked
+   * child; Node has no fork, the step is the core's).
+   */
+  forget(): void
+  /**
    * The hot path: `n` from memory, answering the tokens left, or -1 (nothing changed:
    * the shell's full path decides). No allocation.
    */
@@ -375,6 +380,7 @@ export declare class RulesCheck {
   refunds(functions: boolean): Array<Array<string>>
   /** The decision, or null (a malformed reply ended the check). */
   decision(): RuleOutcome | null
+}
 /** One holder of a shared key. */
 export declare class ShareCore {
   /**

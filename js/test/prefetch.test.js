@@ -90,6 +90,11 @@ function run(c, mutate) {
       assert.equal(lg.leaveLine(step.leave), step.next, at);
     } else if ('wake' in step) {
       assert.deepEqual(lg.wake(step.wake), step.woken, at);
+    } else if ('grant' in step) {
+      const left = lg.grant(step.grant, t);
+      assert.equal(left === -1 ? null : left, step.left ?? null, at);
+    } else if ('forget' in step) {
+      lg.forget();
     } else if ('counters' in step) {
       const got = lg.counters();
       for (const [k, v] of Object.entries(step.counters)) assert.equal(got[SNAKE(k)], v, `${at}: counter ${k}`);

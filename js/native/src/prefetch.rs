@@ -172,6 +172,16 @@ impl PrefetchCore {
         guarded(|| self.policy.check(count("n", n)?).map_err(invalid))
     }
 
+    /// Forgets the leases, the call in the air and the denial (the golden cases' forked
+    /// child; Node has no fork, the step is the core's).
+    #[napi]
+    pub fn forget(&mut self) -> napi::Result<()> {
+        guarded(|| {
+            self.ledger.forget();
+            Ok(())
+        })
+    }
+
     /// The hot path: `n` from memory, answering the tokens left, or -1 (nothing changed:
     /// the shell's full path decides). No allocation.
     #[napi]
