@@ -12,6 +12,29 @@ export type ExpressMiddleware<R> = ((req: R, res: ResponseLike, next: (err?: unk
   limiter: Limiter;
 };
 
+/** What a middleware answers from: a limiter's or a rules check's decision. */
+export interface Answer {
+  readonly granted: boolean;
+  headers(): Record<string, string>;
+  body(): string;
+}
+
+/**
+ * Writes `d` to an Express (or `http`) response: its headers, then `next()` when granted (or
+ * no decision: let through), else the 429 with its JSON body. Shared by the middlewares.
+ */
+export function respond(d: Answer | null, res: ResponseLike, next: (err?: unknown) => void): void {
+  if (d === null) return next();
+  const headers = d.headers();
+  for (const name of Object.keys(headers)) res.setHeader(name, headers[name]!);
+  if (d.granted) return next();
+  const body = d.body();
+  res.statusCode = 429;
+  res.setHeader('Content-Type', 'application/json');
+  res.setHeader('Content-Length', Buffer.byteLength(body));
+  res.end(body);
+}
+
 /**
  * Express (or connect, or plain `http`) middleware: one bucket per caller (`key`), a 429 with
  * `Retry-After`, `X-RateLimit-*` headers and the Python middleware's JSON body when denied, the
@@ -24,17 +47,7 @@ export function rateLimit<R extends RequestLike = RequestLike>(options: Middlewa
   const gate = new Gate<R>(options);
   const middleware = (req: R, res: ResponseLike, next: (err?: unknown) => void): void => {
     gate.decide(req).then(
-      (d) => {
-        if (d === null) return next();
-        const headers = d.headers();
-        for (const name of Object.keys(headers)) res.setHeader(name, headers[name]!);
-        if (d.granted) return next();
-        const body = d.body();
-        res.statusCode = 429;
-        res.setHeader('Content-Type', 'application/json');
-        res.setHeader('Content-Length', Buffer.byteLength(body));
-        res.end(body);
-      },
+      (d) => respond(d, res, next),
       (e: unknown) => next(e),
     );
   };

@@ -2,8 +2,8 @@
 // rules' decision answered as the limiter middleware answers (429 with the binding layer's
 // headers and the rules' body when refused, the headers on the response when granted).
 
-import type { ResponseLike } from './express';
-import type { FastifyReplyLike } from './fastify';
+import { respond, type ResponseLike } from './express';
+import { reply429, type FastifyReplyLike } from './fastify';
 import type { Attributes, RuleDecision, Rules } from './rules';
 
 export interface RulesMiddlewareOptions<R> {
@@ -27,17 +27,7 @@ export function rulesRateLimit<R>(
 ): (req: R, res: ResponseLike, next: (err?: unknown) => void) => void {
   return (req, res, next) => {
     decide(options, req).then(
-      (d) => {
-        if (d === null) return next();
-        const headers = d.headers();
-        for (const name of Object.keys(headers)) res.setHeader(name, headers[name]!);
-        if (d.granted) return next();
-        const body = d.body();
-        res.statusCode = 429;
-        res.setHeader('Content-Type', 'application/json');
-        res.setHeader('Content-Length', Buffer.byteLength(body));
-        res.end(body);
-      },
+      (d) => respond(d, res, next),
       (e: unknown) => next(e),
     );
   };
@@ -48,11 +38,6 @@ export function fastifyRules<R>(
   options: RulesMiddlewareOptions<R>,
 ): (request: R, reply: FastifyReplyLike) => Promise<FastifyReplyLike | undefined> {
   return async (request, reply) => {
-    const d = await decide(options, request);
-    if (d === null) return undefined;
-    const headers = d.headers();
-    for (const name of Object.keys(headers)) reply.header(name, headers[name]!);
-    if (d.granted) return undefined;
-    return reply.code(429).header('content-type', 'application/json').send(d.body());
+    return reply429(await decide(options, request), reply);
   };
 }
